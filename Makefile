@@ -1,0 +1,50 @@
+# cryobox — the two commands a new user runs are `make run` and `make test`; both start with `make setup`.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+CRYOBOX := $(VENV)/bin/cryobox
+APT_PACKAGES := qemu-system-x86 qemu-utils debootstrap busybox-static e2fsprogs
+PYTEST_ARGS ?=
+ARGS ?=
+
+.PHONY: setup apt venv images run test lint unit bench clean-venv
+
+setup: apt venv images
+
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ] || ! apt-cache show linux-image-cloud-amd64 >/dev/null 2>&1; then \
+	  echo "installing:$$missing"; apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(APT_PACKAGES); \
+	fi
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+images: venv
+	$(CRYOBOX) image build
+
+run: setup
+	$(CRYOBOX) serve $(ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/mypy
+
+test: setup lint
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+unit: venv
+	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+
+bench: setup
+	$(CRYOBOX) bench create --json $(ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

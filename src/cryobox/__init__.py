@@ -1,0 +1,45 @@
+"""cryobox: self-hosted microVM sandboxes where every create is a snapshot restore.
+
+from cryobox import Sandbox
+
+with Sandbox.create(template="code-interpreter") as sbx:
+    print(sbx.exec("python3 -c 'print(6 * 7)'").stdout)
+"""
+
+from .errors import (
+    CommandFailed,
+    CryoboxError,
+    GuestError,
+    HostUnavailable,
+    InvalidArgument,
+    NotFound,
+    PayloadTooLarge,
+    QuotaExceeded,
+    SandboxTimeout,
+    StateError,
+    Unauthorized,
+    VmmError,
+)
+from .sdk.sandbox import ExecResult, Filesystem, Sandbox, StreamEvent
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CommandFailed",
+    "CryoboxError",
+    "ExecResult",
+    "Filesystem",
+    "GuestError",
+    "HostUnavailable",
+    "InvalidArgument",
+    "NotFound",
+    "PayloadTooLarge",
+    "QuotaExceeded",
+    "Sandbox",
+    "SandboxTimeout",
+    "StateError",
+    "StreamEvent",
+    "Unauthorized",
+    "VmmError",
+    "__version__",
+]

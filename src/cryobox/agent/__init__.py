@@ -1,0 +1,1 @@
+"""Host agent: everything on one host (QEMU processes, templates, sandboxes, reclaim)."""

@@ -1,0 +1,136 @@
+"""Making MicroVMs for a template: a per-VM run directory, a qcow2 overlay over the template's disk, and a
+QEMU waiting in ``-incoming defer`` with the template's memory image mapped ``share=off``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import shutil
+from pathlib import Path
+
+from ..errors import VmmError
+from .templates import Template
+from .vm import MemoryBacking, MicroVM, VmPaths
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(8)}"
+
+
+class VmFactory:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._seed_locks: dict[Path, asyncio.Lock] = {}
+
+    async def _empty_overlay(self, template: Template) -> Path:
+        """An empty overlay over the template's disk, made once per template; copies are ~200 KiB.
+
+        Concurrent spawns share one creation (a lock per seed): copying a half-written qcow2 header gives a
+        guest whose disk fails every read.
+        """
+        seed = self.run_dir / "overlays" / f"{template.name}-{template.generation}.qcow2"
+        lock = self._seed_locks.setdefault(seed, asyncio.Lock())
+        async with lock:
+            if not seed.exists():
+                await self._create_overlay(template, seed)
+        return seed
+
+    async def _create_overlay(self, template: Template, seed: Path) -> None:
+        seed.parent.mkdir(parents=True, exist_ok=True)
+        tmp = seed.with_name(f".{seed.name}.{new_id('tmp')}")
+        argv = ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(template.disk), str(tmp)]
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        out, _ = await proc.communicate()
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise VmmError(f"qemu-img create failed: {out.decode(errors='replace')}")
+        tmp.replace(seed)
+
+    async def spawn_incoming(self, template: Template) -> MicroVM:
+        """A QEMU for ``template`` waiting for its state, with the guest-agent socket already connected
+        (connecting before the state loads keeps the guest's port open across the restore)."""
+        vm_id = new_id("vm")
+        paths = VmPaths(self.run_dir / vm_id)
+        paths.root.mkdir(parents=True)
+        shutil.copyfile(await self._empty_overlay(template), paths.disk)
+        vm = MicroVM(vm_id, template.machine, paths, MemoryBacking(template.memory, share=False), paths.disk)
+        try:
+            await vm.start(incoming=True)
+            await vm.connect_guest()
+        except BaseException:
+            await self.destroy(vm)
+            raise
+        return vm
+
+    async def destroy(self, vm: MicroVM) -> None:
+        """Kill the VM and remove its run directory. Idempotent."""
+        await vm.kill()
+        with contextlib.suppress(OSError):
+            shutil.rmtree(vm.paths.root)
+
+
+class PrespawnPool:
+    """Keeps up to ``size`` QEMUs per template waiting in ``-incoming``, so a create skips process start-up.
+
+    ``take()`` never waits for the refill: an empty pool spawns inline.
+    """
+
+    def __init__(self, factory: VmFactory, template: Template, size: int) -> None:
+        self.factory = factory
+        self.template = template
+        self.size = size
+        self._ready: list[MicroVM] = []
+        self._spawning = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    @property
+    def ready_count(self) -> int:
+        return len(self._ready)
+
+    async def take(self) -> MicroVM:
+        while self._ready:
+            vm = self._ready.pop(0)
+            if vm.state.alive and vm.pid is not None:
+                self.refill()
+                return vm
+            await self.factory.destroy(vm)
+        self.refill()
+        return await self.factory.spawn_incoming(self.template)
+
+    def refill(self) -> None:
+        while not self._closed and len(self._ready) + self._spawning < self.size:
+            self._spawning += 1
+            task = asyncio.create_task(self._spawn_one())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _spawn_one(self) -> None:
+        try:
+            vm = await self.factory.spawn_incoming(self.template)
+        except Exception:
+            return
+        finally:
+            self._spawning -= 1
+        if self._closed:
+            await self.factory.destroy(vm)
+        else:
+            self._ready.append(vm)
+
+    async def wait_filled(self, timeout: float = 30.0) -> None:
+        async with asyncio.timeout(timeout):
+            while len(self._ready) < self.size and not self._closed:
+                await asyncio.sleep(0.01)
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+        while self._ready:
+            await self.factory.destroy(self._ready.pop())

@@ -1,0 +1,59 @@
+"""A sandbox: one restored MicroVM plus what the platform knows about it."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from ..errors import StateError
+from .vm import MicroVM
+
+
+class SandboxState(enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPED = "stopped"
+    ERROR = "error"
+
+    @property
+    def accepts_requests(self) -> bool:
+        return self is SandboxState.RUNNING
+
+
+def rfc3339(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class Sandbox:
+    id: str
+    template: str
+    cpus: int
+    memory_mib: int
+    vm: MicroVM
+    created_at: float
+    boot_mode: str = "restore"
+    boot_ms: float = 0.0
+    state: SandboxState = SandboxState.STARTING
+    metadata: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    persistent: bool = False
+    ttl_s: int | None = None
+    last_active: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def expires_at(self) -> float | None:
+        if self.ttl_s is None or self.persistent:
+            return None
+        return self.created_at + self.ttl_s
+
+    def require_running(self) -> None:
+        if not self.state.accepts_requests:
+            raise StateError(f"sandbox {self.id} is {self.state.value}", state=self.state.value, required="running")
+
+    def touch(self) -> None:
+        self.last_active = time.monotonic()

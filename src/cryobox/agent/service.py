@@ -1,0 +1,161 @@
+"""The host agent's sandbox service: create (always by restore), exec, files, delete.
+
+Create = take a QEMU waiting in ``-incoming`` from the template's pre-spawn pool (or spawn one), load the
+template's device state, ``cont``, step the guest clock from the host, confirm the agent answers; only then
+is the sandbox reported running. Nothing here cold-boots: that happens only in a bake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from ..errors import NotFound, PayloadTooLarge
+from .exec import ExecEvent, ExecResult, ExecSpec, run_exec, stream_exec
+from .factory import PrespawnPool, VmFactory, new_id
+from .guest_client import GuestClient, b64, unb64
+from .sandbox import Sandbox, SandboxState
+from .templates import Template
+from .vm import MicroVM
+
+log = logging.getLogger(__name__)
+MAX_FILE_BYTES = 64 << 20
+
+
+async def sync_clock(guest: GuestClient) -> int:
+    """Step the guest's wall clock to the host's. Returns the guest-minus-host error after the step (ns),
+    measured by a ping round trip (half the RTT is the uncertainty)."""
+    await guest.call("set_clock", {"epoch_ns": time.time_ns()}, timeout=10)
+    sent = time.time_ns()
+    reply = await guest.ping(timeout=10)
+    received = time.time_ns()
+    return int(reply["time_ns"]) - (sent + received) // 2
+
+
+class SandboxService:
+    def __init__(self, templates: Mapping[str, Template], factory: VmFactory, prespawn: int = 2) -> None:
+        self.templates = dict(templates)
+        self.factory = factory
+        self.pools = {name: PrespawnPool(factory, t, prespawn) for name, t in self.templates.items()}
+        self.sandboxes: dict[str, Sandbox] = {}
+        self._closing = False
+
+    def start(self) -> None:
+        for pool in self.pools.values():
+            pool.refill()
+
+    def template(self, name: str) -> Template:
+        try:
+            return self.templates[name]
+        except KeyError:
+            raise NotFound(f"template {name!r} not found", details={"template": name}) from None
+
+    async def create(
+        self,
+        template: str,
+        *,
+        metadata: dict[str, str] | None = None,
+        env: dict[str, str] | None = None,
+        ttl_s: int | None = None,
+        persistent: bool = False,
+    ) -> Sandbox:
+        tmpl = self.template(template)
+        started = time.monotonic()
+        vm = await self.pools[template].take()
+        sandbox = Sandbox(
+            id=new_id("sb"),
+            template=template,
+            cpus=tmpl.machine.cpus,
+            memory_mib=tmpl.machine.memory_mib,
+            vm=vm,
+            created_at=time.time(),
+            metadata=dict(metadata or {}),
+            env=dict(env or {}),
+            ttl_s=ttl_s,
+            persistent=persistent,
+        )
+        self.sandboxes[sandbox.id] = sandbox
+        try:
+            await vm.restore(tmpl.vmstate)
+            guest = await vm.connect_guest()
+            await sync_clock(guest)
+        except BaseException:
+            sandbox.state = SandboxState.ERROR
+            self.sandboxes.pop(sandbox.id, None)
+            await self.factory.destroy(vm)
+            raise
+        sandbox.boot_ms = round((time.monotonic() - started) * 1000, 1)
+        sandbox.state = SandboxState.RUNNING
+        log.info("sandbox %s restored from %s in %.0f ms (vm %s)", sandbox.id, template, sandbox.boot_ms, vm.vm_id)
+        return sandbox
+
+    def get(self, sandbox_id: str) -> Sandbox:
+        try:
+            return self.sandboxes[sandbox_id]
+        except KeyError:
+            raise NotFound(f"sandbox {sandbox_id!r} not found", details={"id": sandbox_id}) from None
+
+    def all(self) -> list[Sandbox]:
+        return sorted(self.sandboxes.values(), key=lambda s: s.created_at)
+
+    async def delete(self, sandbox_id: str) -> None:
+        sandbox = self.get(sandbox_id)
+        self.sandboxes.pop(sandbox_id, None)
+        sandbox.state = SandboxState.STOPPED
+        await self.factory.destroy(sandbox.vm)
+
+    async def _guest(self, sandbox_id: str) -> tuple[Sandbox, GuestClient]:
+        sandbox = self.get(sandbox_id)
+        sandbox.require_running()
+        sandbox.touch()
+        return sandbox, await sandbox.vm.connect_guest()
+
+    def _spec(self, sandbox: Sandbox, spec: ExecSpec) -> ExecSpec:
+        if not sandbox.env:
+            return spec
+        return ExecSpec(
+            cmd=spec.cmd, timeout_s=spec.timeout_s, env={**sandbox.env, **spec.env}, cwd=spec.cwd, stdin=spec.stdin
+        )
+
+    async def exec(self, sandbox_id: str, spec: ExecSpec) -> ExecResult:
+        sandbox, guest = await self._guest(sandbox_id)
+        return await run_exec(guest, self._spec(sandbox, spec))
+
+    async def exec_stream(self, sandbox_id: str, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
+        sandbox, guest = await self._guest(sandbox_id)
+        async for event in stream_exec(guest, self._spec(sandbox, spec)):
+            yield event
+
+    async def read_file(self, sandbox_id: str, path: str) -> bytes:
+        _, guest = await self._guest(sandbox_id)
+        return unb64((await guest.call("read_file", {"path": path}, timeout=120)).get("content"))
+
+    async def write_file(self, sandbox_id: str, path: str, data: bytes) -> dict[str, Any]:
+        if len(data) > MAX_FILE_BYTES:
+            raise PayloadTooLarge(f"file of {len(data)} bytes exceeds {MAX_FILE_BYTES}")
+        _, guest = await self._guest(sandbox_id)
+        return await guest.call("write_file", {"path": path, "content": b64(data)}, timeout=120)
+
+    async def file_op(self, sandbox_id: str, op: str, path: str) -> dict[str, Any]:
+        _, guest = await self._guest(sandbox_id)
+        return await guest.call(op, {"path": path}, timeout=60)
+
+    async def reap_expired(self, now: float | None = None) -> list[str]:
+        now = time.time() if now is None else now
+        expired = [s.id for s in self.sandboxes.values() if s.expires_at is not None and s.expires_at <= now]
+        for sandbox_id in expired:
+            with contextlib.suppress(NotFound):
+                await self.delete(sandbox_id)
+        return expired
+
+    async def close(self) -> None:
+        """Kill every sandbox and pooled QEMU this service owns."""
+        self._closing = True
+        await asyncio.gather(*(pool.close() for pool in self.pools.values()), return_exceptions=True)
+        vms: list[MicroVM] = [s.vm for s in self.sandboxes.values()]
+        self.sandboxes.clear()
+        await asyncio.gather(*(self.factory.destroy(vm) for vm in vms), return_exceptions=True)

@@ -1,0 +1,188 @@
+"""Baked templates: a cold boot whose RAM lives in a ``share=on`` file, warmed up, quiesced and snapshotted.
+
+A template directory ``<templates_dir>/<name>-<generation>/`` holds::
+
+    memory        raw guest RAM (restores map it MAP_PRIVATE; never modified)
+    vmstate       device state only (x-ignore-shared skipped the RAM)
+    disk.qcow2    root-disk overlay over the read-only rootfs base
+    console.log   the bake's guest console
+    manifest.json written last; a directory without it is an unfinished bake and is never used
+
+The generation is a hash of every input (spec, image cache keys, machine config, QEMU version), so a re-bake
+with different inputs gets a new directory and never reuses stale files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import CryoboxError, StateError
+from ..image.builder import ImageSet
+from ..image.specs import TemplateSpec
+from ..util.files import fsync_dir, stable_hash, write_json_atomic
+from ..util.proc import Progress
+from .exec import run_exec
+from .guest_client import b64
+from .quiesce import established_connections
+from .vm import MachineConfig, MemoryBacking, MicroVM, VmPaths
+
+FORMAT_VERSION = 1
+COLD_BOOT_TIMEOUT_S = 180.0
+
+
+def qemu_version() -> str:
+    out = subprocess.run(["qemu-system-x86_64", "--version"], capture_output=True, text=True, check=True)
+    return str(out.stdout).splitlines()[0].strip()
+
+
+@dataclass(frozen=True)
+class Template:
+    name: str
+    generation: str
+    path: Path
+    machine: MachineConfig
+    manifest: dict[str, Any]
+
+    @property
+    def memory(self) -> Path:
+        return self.path / "memory"
+
+    @property
+    def vmstate(self) -> Path:
+        return self.path / "vmstate"
+
+    @property
+    def disk(self) -> Path:
+        return self.path / "disk.qcow2"
+
+    @property
+    def created_at(self) -> float:
+        return float(self.manifest["created_at"])
+
+
+def generation_of(spec: TemplateSpec, images: ImageSet, machine: MachineConfig, qemu: str) -> str:
+    return stable_hash(
+        {
+            "format": FORMAT_VERSION,
+            "spec": spec.to_json(),
+            "images": images.identity,
+            "machine": machine.identity(),
+            "qemu": qemu,
+        }
+    )
+
+
+class TemplateBaker:
+    def __init__(self, templates_dir: Path, run_dir: Path, progress: Progress) -> None:
+        self.templates_dir = templates_dir
+        self.run_dir = run_dir
+        self.progress = progress
+
+    def load(self, spec: TemplateSpec, images: ImageSet, machine: MachineConfig) -> Template | None:
+        generation = generation_of(spec, images, machine, qemu_version())
+        path = self.templates_dir / f"{spec.name}-{generation}"
+        manifest_path = path / "manifest.json"
+        if not manifest_path.exists():
+            return None
+        return Template(spec.name, generation, path, machine, json.loads(manifest_path.read_text()))
+
+    async def ensure(self, spec: TemplateSpec, images: ImageSet, machine: MachineConfig) -> Template:
+        """Return the template for these inputs, baking it first if no finished bake exists."""
+        found = self.load(spec, images, machine)
+        if found is not None:
+            return found
+        generation = generation_of(spec, images, machine, qemu_version())
+        self.templates_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.templates_dir / f".{spec.name}-{generation}.lock", "w") as lock:
+            # another process baking the same generation: wait for it, then use its result
+            await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)
+            found = self.load(spec, images, machine)
+            if found is not None:
+                return found
+            return await self.bake(spec, images, machine)
+
+    async def bake(self, spec: TemplateSpec, images: ImageSet, machine: MachineConfig) -> Template:
+        qemu = qemu_version()
+        generation = generation_of(spec, images, machine, qemu)
+        final = self.templates_dir / f"{spec.name}-{generation}"
+        work = self.templates_dir / f".{spec.name}-{generation}.baking{os.getpid()}"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        vm_paths = VmPaths(self.run_dir / f"bake-{spec.name}-{generation}")
+        shutil.rmtree(vm_paths.root, ignore_errors=True)
+        vm: MicroVM | None = None
+        try:
+            disk = work / "disk.qcow2"
+            subprocess.run(
+                ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(images.rootfs.image), str(disk)],
+                check=True,
+            )
+            memory = work / "memory"
+            with open(memory, "wb") as fh:
+                fh.truncate(machine.memory_mib << 20)
+            vm = MicroVM(f"bake-{spec.name}", machine, vm_paths, MemoryBacking(memory, share=True), disk)
+            self.progress(f"baking template {spec.name} ({generation}): cold boot")
+            started = time.monotonic()
+            await vm.start(incoming=False)
+            await vm.wait_guest_ready(COLD_BOOT_TIMEOUT_S)
+            boot_s = time.monotonic() - started
+            self.progress(f"  guest agent answered after {boot_s:.1f}s; warming up")
+            guest = await vm.connect_guest()
+            for path, content in spec.files.items():
+                await guest.call("write_file", {"path": path, "content": b64(content.encode())})
+            for command in spec.warmup:
+                result = await run_exec(guest, command, timeout_s=300)
+                if result.exit_code != 0:
+                    raise CryoboxError(f"warm-up command failed ({result.exit_code}): {command}\n{result.stderr}")
+            await run_exec(guest, "sync", timeout_s=60)
+            tcp = await run_exec(guest, "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null", timeout_s=30)
+            connections = established_connections(tcp.stdout)
+            if connections:
+                raise StateError(
+                    "refusing to bake: the guest holds established TCP connections: "
+                    + ", ".join(map(str, connections)),
+                    state="connected",
+                    required="quiesced",
+                    details={"connections": [str(c) for c in connections]},
+                )
+            self.progress("  snapshotting")
+            await vm.save_state(work / "vmstate")
+            await vm.kill()
+            shutil.copy2(vm_paths.console_log, work / "console.log")
+            for name in ("memory", "vmstate", "disk.qcow2"):
+                with open(work / name, "rb+") as fh:
+                    os.fsync(fh.fileno())
+                (work / name).chmod(0o444)
+            manifest = {
+                "format": FORMAT_VERSION,
+                "name": spec.name,
+                "generation": generation,
+                "spec": spec.to_json(),
+                "images": images.identity,
+                "machine": machine.identity(),
+                "qemu": qemu,
+                "kernel": str(machine.kernel),
+                "initrd": str(machine.initrd),
+                "rootfs": str(images.rootfs.image),
+                "cold_boot_s": round(boot_s, 3),
+                "created_at": time.time(),
+            }
+            write_json_atomic(work / "manifest.json", manifest)
+            os.replace(work, final)
+            fsync_dir(final.parent)
+            self.progress(f"  template {spec.name} ready ({generation})")
+            return Template(spec.name, generation, final, machine, manifest)
+        finally:
+            if vm is not None:
+                await vm.kill()
+            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(vm_paths.root, ignore_errors=True)

@@ -1,0 +1,151 @@
+"""The QEMU command line for one microVM, derived from a frozen machine config.
+
+A snapshot restores only into a QEMU with the same device list, so everything that shapes the device model
+lives in :class:`MachineConfig`, and :meth:`MachineConfig.identity` is part of every template generation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .accel import Accel
+
+QEMU_BINARY = "qemu-system-x86_64"
+
+
+@dataclass(frozen=True)
+class MachineConfig:
+    memory_mib: int
+    cpus: int
+    accel: Accel
+    kernel: Path
+    initrd: Path
+    tsc_khz: int
+    norandmaps: bool
+
+    @property
+    def kernel_cmdline(self) -> str:
+        parts = ["console=ttyS0", "quiet", "panic=-1", "reboot=t", "8250.nr_uarts=1", "i8042.noaux"]
+        if self.accel.needs_legacy_timers:
+            parts.append(f"tsc_early_khz={self.tsc_khz}")
+        if self.norandmaps:
+            parts.append("norandmaps")
+        return " ".join(parts)
+
+    @property
+    def machine_arg(self) -> str:
+        timers = "pit=on,pic=on,rtc=on" if self.accel.needs_legacy_timers else "pit=off,pic=off,rtc=on"
+        return f"microvm,{timers},isa-serial=on,acpi=on,x-option-roms=off,memory-backend=ram"
+
+    def identity(self) -> dict[str, object]:
+        """What a snapshot depends on (the device model and guest-visible CPU)."""
+        return {
+            "memory_mib": self.memory_mib,
+            "cpus": self.cpus,
+            "accel": self.accel.value,
+            "machine": self.machine_arg,
+            "cpu": self.accel.cpu_model,
+            "cmdline": self.kernel_cmdline,
+        }
+
+
+@dataclass(frozen=True)
+class MemoryBacking:
+    """Guest RAM as a file: ``share=True`` while baking (RAM lands in the file), ``share=False`` on restore
+    (the image is mapped MAP_PRIVATE: lazy, copy-on-write, never modified, page cache shared by every restore)."""
+
+    path: Path
+    share: bool
+
+
+@dataclass(frozen=True)
+class VmPaths:
+    """Files of one VM, all inside its run directory (reclaimed wholesale at agent start)."""
+
+    root: Path
+
+    @property
+    def qmp(self) -> Path:
+        return self.root / "qmp.sock"
+
+    @property
+    def agent(self) -> Path:
+        return self.root / "agent.sock"
+
+    @property
+    def console_log(self) -> Path:
+        return self.root / "console.log"
+
+    @property
+    def qemu_log(self) -> Path:
+        return self.root / "qemu.log"
+
+    @property
+    def pidfile(self) -> Path:
+        return self.root / "qemu.pid"
+
+    @property
+    def disk(self) -> Path:
+        return self.root / "disk.qcow2"
+
+
+def qemu_argv(
+    config: MachineConfig, paths: VmPaths, memory: MemoryBacking, disk: Path, *, name: str, incoming: bool
+) -> list[str]:
+    share = "on" if memory.share else "off"
+    argv = [
+        QEMU_BINARY,
+        "-name",
+        name,
+        "-M",
+        config.machine_arg,
+        "-accel",
+        config.accel.qemu_accel,
+        "-cpu",
+        config.accel.cpu_model,
+        "-smp",
+        str(config.cpus),
+        "-m",
+        f"{config.memory_mib}M",
+        "-object",
+        f"memory-backend-file,id=ram,size={config.memory_mib}M,mem-path={memory.path},share={share}",
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-no-reboot",
+        "-kernel",
+        str(config.kernel),
+        "-initrd",
+        str(config.initrd),
+        "-append",
+        config.kernel_cmdline,
+        "-drive",
+        f"id=root,file={disk},format=qcow2,if=none,cache=unsafe,discard=unmap",
+        "-device",
+        "virtio-blk-device,drive=root",
+        "-device",
+        "virtio-serial-device",
+        "-chardev",
+        f"socket,id=agent,path={paths.agent},server=on,wait=off",
+        "-device",
+        "virtserialport,chardev=agent,name=cryobox.agent",
+        "-object",
+        "rng-random,id=rng,filename=/dev/urandom",
+        "-device",
+        "virtio-rng-device,rng=rng",
+        "-chardev",
+        f"file,id=console,path={paths.console_log}",
+        "-serial",
+        "chardev:console",
+        "-chardev",
+        f"socket,id=qmp,path={paths.qmp},server=on,wait=off",
+        "-mon",
+        "chardev=qmp,mode=control",
+        "-pidfile",
+        str(paths.pidfile),
+    ]
+    if incoming:
+        argv += ["-S", "-incoming", "defer"]
+    return argv

@@ -1,0 +1,235 @@
+"""One QEMU microVM process, its QMP connection (through ``qemu.qmp``) and its guest-agent connection.
+
+Lifecycle (``@require`` guards every transition)::
+
+    CREATED --start(incoming=False)--> RUNNING <--pause/resume--> PAUSED
+    CREATED --start(incoming=True)---> INCOMING --restore(vmstate)--> RUNNING
+    RUNNING|PAUSED --save_state(path)--> SAVED          (QEMU idles in postmigrate; kill it next)
+    any --kill()--> KILLED                               (idempotent)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import functools
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
+
+from qemu.qmp import ExecuteError, QMPClient, QMPError
+
+from ...errors import GuestError, StateError, VmmError
+from ..guest_client import GuestClient
+from .machine import MachineConfig, MemoryBacking, VmPaths, qemu_argv
+
+log = logging.getLogger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class VmState(enum.Enum):
+    CREATED = "created"
+    INCOMING = "incoming"
+    RUNNING = "running"
+    PAUSED = "paused"
+    SAVED = "saved"
+    KILLED = "killed"
+
+    @property
+    def alive(self) -> bool:
+        return self in (VmState.INCOMING, VmState.RUNNING, VmState.PAUSED, VmState.SAVED)
+
+
+def require(
+    *states: VmState,
+) -> Callable[
+    [Callable[Concatenate[MicroVM, P], Coroutine[Any, Any, R]]],
+    Callable[Concatenate[MicroVM, P], Coroutine[Any, Any, R]],
+]:
+    def decorate(
+        fn: Callable[Concatenate[MicroVM, P], Coroutine[Any, Any, R]],
+    ) -> Callable[Concatenate[MicroVM, P], Coroutine[Any, Any, R]]:
+        @functools.wraps(fn)
+        async def wrapper(self: MicroVM, *args: P.args, **kwargs: P.kwargs) -> R:
+            if self.state not in states:
+                raise StateError(
+                    f"{fn.__name__} needs the VM in {'/'.join(s.value for s in states)}, it is {self.state.value}",
+                    state=self.state.value,
+                    required="|".join(s.value for s in states),
+                )
+            return await fn(self, *args, **kwargs)
+
+        return cast("Callable[Concatenate[MicroVM, P], Coroutine[Any, Any, R]]", wrapper)
+
+    return decorate
+
+
+async def _poll(predicate: Callable[[], bool], timeout: float, what: str, alive: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if not alive():
+            raise VmmError(f"QEMU exited while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise VmmError(f"timed out after {timeout:.1f}s waiting for {what}")
+        await asyncio.sleep(0.003)
+
+
+class MicroVM:
+    def __init__(
+        self,
+        vm_id: str,
+        config: MachineConfig,
+        paths: VmPaths,
+        memory: MemoryBacking,
+        disk: Path,
+    ) -> None:
+        self.vm_id = vm_id
+        self.config = config
+        self.paths = paths
+        self.memory = memory
+        self.disk = disk
+        self.state = VmState.CREATED
+        self.log = log.getChild(vm_id)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._qmp: QMPClient | None = None
+        self.guest: GuestClient | None = None
+
+    def __repr__(self) -> str:
+        return f"MicroVM({self.vm_id!r}, {self.state.value}, pid={self.pid})"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def _alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def qmp(self) -> QMPClient:
+        if self._qmp is None:
+            raise StateError("QMP is not connected", state=self.state.value, required="incoming|running")
+        return self._qmp
+
+    async def execute(self, command: str, arguments: dict[str, Any] | None = None) -> Any:
+        """Run a QMP command; QMP failures become :class:`VmmError` (the one translation point)."""
+        try:
+            return await self.qmp.execute(command, arguments)
+        except ExecuteError as err:
+            raise VmmError(f"QMP {command} failed: {err}", details={"class": err.error_class}) from err
+        except (QMPError, OSError, EOFError) as err:
+            raise VmmError(f"QMP {command} failed: {err!r}") from err
+
+    @require(VmState.CREATED)
+    async def start(self, *, incoming: bool, timeout: float = 20.0) -> None:
+        """Spawn QEMU and connect QMP. With ``incoming`` it waits in ``-incoming defer`` for :meth:`restore`."""
+        self.paths.root.mkdir(parents=True, exist_ok=True)
+        argv = qemu_argv(
+            self.config, self.paths, self.memory, self.disk, name=f"cryobox-{self.vm_id}", incoming=incoming
+        )
+        with open(self.paths.qemu_log, "ab") as qemu_log:
+            self._proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=qemu_log, start_new_session=True
+            )
+        self.state = VmState.INCOMING if incoming else VmState.RUNNING
+        try:
+            await _poll(self.paths.qmp.exists, timeout, "the QMP socket", self._alive)
+            qmp = QMPClient(self.vm_id)
+            await qmp.connect(str(self.paths.qmp))
+            self._qmp = qmp
+        except BaseException:
+            await self.kill()
+            raise
+
+    async def _migration(self, start: Awaitable[Any], timeout: float) -> None:
+        """Run a migration command and wait for its MIGRATION event to report completion."""
+        with self.qmp.listener("MIGRATION") as listener:
+            await start
+            async with asyncio.timeout(timeout):
+                async for event in listener:
+                    status = cast(dict[str, Any], event["data"])["status"]
+                    if status == "completed":
+                        return
+                    if status in ("failed", "cancelled"):
+                        raise VmmError(f"migration {status}; see {self.paths.qemu_log}")
+
+    async def _set_capabilities(self) -> None:
+        await self.execute(
+            "migrate-set-capabilities",
+            {
+                "capabilities": [
+                    {"capability": "x-ignore-shared", "state": True},
+                    {"capability": "events", "state": True},
+                ]
+            },
+        )
+
+    @require(VmState.INCOMING)
+    async def restore(self, vmstate: Path, timeout: float = 60.0) -> None:
+        """Load device state; RAM comes from the ``share=off`` memory image. Ends RUNNING."""
+        await self._set_capabilities()
+        await self._migration(self.execute("migrate-incoming", {"uri": f"exec:cat {vmstate}"}), timeout)
+        await self.execute("cont")
+        self.state = VmState.RUNNING
+
+    @require(VmState.RUNNING)
+    async def pause(self) -> None:
+        await self.execute("stop")
+        self.state = VmState.PAUSED
+
+    @require(VmState.PAUSED)
+    async def resume(self) -> None:
+        await self.execute("cont")
+        self.state = VmState.RUNNING
+
+    @require(VmState.RUNNING, VmState.PAUSED)
+    async def save_state(self, vmstate: Path, timeout: float = 120.0) -> None:
+        """Stop the guest and write its device state (shared RAM is skipped: it already is the file)."""
+        if self.state is VmState.RUNNING:
+            await self.pause()
+        await self._set_capabilities()
+        await self._migration(self.execute("migrate", {"uri": f"exec:cat > {vmstate}"}), timeout)
+        self.state = VmState.SAVED
+
+    async def connect_guest(self, timeout: float = 10.0) -> GuestClient:
+        """Open the host end of the guest-agent port (the socket exists as soon as QEMU is up)."""
+        if self.guest is not None and not self.guest.closed:
+            return self.guest
+        await _poll(self.paths.agent.exists, timeout, "the agent socket", self._alive)
+        self.guest = await GuestClient.connect(self.paths.agent, self.vm_id)
+        return self.guest
+
+    async def wait_guest_ready(self, timeout: float, ping_timeout: float = 0.5) -> dict[str, Any]:
+        """Ping the guest agent until it answers (pings sent before the guest opens its port are lost)."""
+        guest = await self.connect_guest()
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self._alive():
+                raise VmmError(f"QEMU exited before the guest agent answered; see {self.paths.console_log}")
+            try:
+                return await guest.ping(timeout=min(ping_timeout, max(0.05, deadline - time.monotonic())))
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise GuestError(f"guest agent did not answer within {timeout:.0f}s") from None
+
+    async def kill(self) -> None:
+        """Stop QEMU for good. Idempotent; safe from any state."""
+        if self.state is VmState.KILLED:
+            return
+        self.state = VmState.KILLED
+        if self.guest is not None:
+            await self.guest.aclose()
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._proc.pid, signal.SIGKILL)
+            await asyncio.to_thread(self._proc.wait)
+        if self._qmp is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(2):
+                    await self._qmp.disconnect()

@@ -1,0 +1,1 @@
+"""The ``cryobox`` command line."""

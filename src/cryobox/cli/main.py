@@ -1,0 +1,80 @@
+"""Entry point of the ``cryobox`` command."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(help="cryobox: microVM sandboxes where every create is a snapshot restore.", no_args_is_help=True)
+image_app = typer.Typer(help="Guest images and templates.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks (print figures, write JSON under bench/results/).", no_args_is_help=True)
+app.add_typer(image_app, name="image")
+app.add_typer(bench_app, name="bench")
+console = Console(stderr=True)
+
+DataDir = Annotated[Path | None, typer.Option("--data-dir", help="platform state (default /var/lib/cryobox)")]
+CacheDir = Annotated[Path | None, typer.Option("--cache-dir", help="image cache (default /var/cache/cryobox)")]
+
+
+@app.command()
+def serve(
+    data_dir: DataDir = None,
+    cache_dir: CacheDir = None,
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8080,
+    prespawn: Annotated[int, typer.Option(help="QEMUs kept waiting in -incoming per template")] = 2,
+) -> None:
+    """Start the platform: build images and templates if needed, then serve the HTTP API."""
+    from .serve import serve as run_serve
+
+    run_serve(data_dir, cache_dir, host, port, prespawn, console)
+
+
+@image_app.command("build")
+def image_build(data_dir: DataDir = None, cache_dir: CacheDir = None) -> None:
+    """Build the guest images and bake the default templates (cached: a second run rebuilds nothing)."""
+    from ..agent.platform import HostConfig, prepare_templates
+    from ..config import Paths
+
+    config = HostConfig(paths=Paths.from_env(data_dir, cache_dir))
+    with console.status("building") as status:
+
+        def progress(line: str) -> None:
+            status.update(line[:100])
+            if not line.startswith("debootstrap: "):
+                console.print(line)
+
+        templates = asyncio.run(prepare_templates(config, progress))
+    for name, template in templates.items():
+        console.print(f"{name}: {template.generation} {template.path}")
+
+
+@bench_app.command("create")
+def bench_create(
+    n: Annotated[int, typer.Option("--n", help="samples per measurement")] = 20,
+    template: Annotated[str, typer.Option(help="template to measure")] = "base",
+    as_json: Annotated[bool, typer.Option("--json", help="print the JSON result")] = False,
+    out_dir: Annotated[Path, typer.Option(help="where to write the JSON")] = Path("bench/results"),
+    cache_dir: CacheDir = None,
+) -> None:
+    """Cold boot vs bare restore vs API create, each to the first exec answered, in one run."""
+    from ..bench.create import run_create_bench
+
+    result = asyncio.run(
+        run_create_bench(n=n, template=template, out_dir=out_dir, cache_dir=cache_dir, console=console)
+    )
+    if as_json:
+        print(json.dumps(result, indent=2))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""One error tree for cryobox, with stable wire codes.
+
+::
+
+    CryoboxError (code "internal", HTTP 500)
+     ├── InvalidArgument     invalid_argument   400
+     ├── Unauthorized        unauthorized       401
+     ├── NotFound            not_found          404
+     ├── StateError          wrong_state        409
+     ├── PayloadTooLarge     payload_too_large  413
+     ├── QuotaExceeded       rate_limited       429
+     ├── HostUnavailable     capacity           503
+     ├── SandboxTimeout      timeout            504
+     ├── VmmError            vmm_error          500  (QEMU / QMP failures)
+     ├── GuestError          guest_error        500  (the guest agent failed or vanished)
+     └── ImageBuildError     image_build_failed 500
+
+Foreign exceptions are translated at one boundary per layer and re-raised ``from`` the original.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class CryoboxError(Exception):
+    """Root of every error cryobox raises on purpose."""
+
+    code: ClassVar[str] = "internal"
+    http_status: ClassVar[int] = 500
+
+    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = dict(details or {})
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"error": self.message, "code": self.code, "details": self.details}
+
+
+class InvalidArgument(CryoboxError):
+    code = "invalid_argument"
+    http_status = 400
+
+
+class Unauthorized(CryoboxError):
+    code = "unauthorized"
+    http_status = 401
+
+
+class NotFound(CryoboxError):
+    code = "not_found"
+    http_status = 404
+
+
+class StateError(CryoboxError):
+    """An operation was asked of an object in a state that does not allow it."""
+
+    code = "wrong_state"
+    http_status = 409
+
+    def __init__(self, message: str, *, state: str = "", required: str = "", **kw: Any) -> None:
+        details = dict(kw.pop("details", None) or {})
+        details.update({"state": state, "required": required})
+        super().__init__(message, details=details)
+        self.state = state
+        self.required = required
+
+
+class PayloadTooLarge(CryoboxError):
+    code = "payload_too_large"
+    http_status = 413
+
+
+class QuotaExceeded(CryoboxError):
+    code = "rate_limited"
+    http_status = 429
+
+
+class HostUnavailable(CryoboxError):
+    """Capacity refusal: nothing was created; retry after ``retry_after_s``."""
+
+    code = "capacity"
+    http_status = 503
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.retry_after_s = retry_after_s
+
+
+class SandboxTimeout(CryoboxError):
+    code = "timeout"
+    http_status = 504
+
+
+class VmmError(CryoboxError):
+    code = "vmm_error"
+
+
+class GuestError(CryoboxError):
+    code = "guest_error"
+
+
+class ImageBuildError(CryoboxError):
+    code = "image_build_failed"
+
+
+ERRORS_BY_CODE: dict[str, type[CryoboxError]] = {
+    cls.code: cls
+    for cls in (
+        CryoboxError,
+        InvalidArgument,
+        Unauthorized,
+        NotFound,
+        StateError,
+        PayloadTooLarge,
+        QuotaExceeded,
+        HostUnavailable,
+        SandboxTimeout,
+        VmmError,
+        GuestError,
+        ImageBuildError,
+    )
+}
+
+
+class CommandFailed(CryoboxError):
+    """``exec(..., check=True)`` saw a non-zero exit code (raised by the SDK, never sent on the wire)."""
+
+    code = "command_failed"
+    http_status = 200
+
+    def __init__(self, message: str, *, exit_code: int, stdout: str, stderr: str) -> None:
+        super().__init__(message, details={"exit_code": exit_code})
+        self.exit_code = exit_code
+        self.stdout = stdout
+        self.stderr = stderr

@@ -1,0 +1,37 @@
+"""Build (or find in the cache) everything a template's VM boots from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..util.proc import Progress, Runner, run
+from .cache import ContentCache
+from .initramfs import Initramfs, build_initramfs
+from .kernel import Kernel, build_kernel
+from .rootfs import Rootfs, build_rootfs
+from .specs import TemplateSpec
+
+
+@dataclass(frozen=True)
+class ImageSet:
+    kernel: Kernel
+    initramfs: Initramfs
+    rootfs: Rootfs
+
+    @property
+    def identity(self) -> dict[str, str]:
+        """Cache keys of every part: the image half of a template's generation."""
+        return {
+            "kernel": self.kernel.path.name,
+            "initramfs": self.initramfs.path.name,
+            "rootfs": self.rootfs.path.name,
+        }
+
+
+def build_images(images_dir: Path, spec: TemplateSpec, progress: Progress, runner: Runner = run) -> ImageSet:
+    cache = ContentCache(images_dir)
+    kernel = build_kernel(cache, progress, runner)
+    initramfs = build_initramfs(cache, kernel, progress)
+    rootfs = build_rootfs(cache, spec.packages, progress, runner)
+    return ImageSet(kernel=kernel, initramfs=initramfs, rootfs=rootfs)

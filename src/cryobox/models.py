@@ -1,0 +1,108 @@
+"""Wire models of the public API (``/v1``), shared by the server and the SDK."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SandboxStatus = Literal["starting", "running", "paused", "hibernated", "stopped", "error"]
+BootMode = Literal["restore", "cold"]
+
+
+class NetworkSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    egress: Literal["deny", "allow"] = "deny"
+    allow: list[str] = Field(default_factory=list)
+
+
+class CreateSandboxRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    template: str = Field(default="code-interpreter", min_length=1, max_length=128)
+    ttl_seconds: int | None = Field(default=None, ge=1, le=30 * 24 * 3600)
+    persistent: bool = False
+    metadata: dict[str, str] = Field(default_factory=dict)
+    from_snapshot: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    network: NetworkSpec | None = None
+
+
+class Sandbox(BaseModel):
+    id: str
+    template: str
+    cpu: int
+    memory_mb: int
+    status: SandboxStatus
+    guest_ip: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    from_snapshot: str | None = None
+    boot_ms: float
+    boot_mode: BootMode
+    created_at: str
+    persistent: bool = False
+    expires_at: str | None = None
+    host: str | None = None
+
+
+class SandboxList(BaseModel):
+    items: list[Sandbox]
+
+
+class ExecRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    cmd: str = Field(min_length=1, max_length=1 << 20)
+    timeout_seconds: float | None = Field(default=60.0, gt=0, le=24 * 3600)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    stdin: str | None = Field(default=None, max_length=64 << 20)
+
+
+class ExecResponse(BaseModel):
+    stdout: str
+    stderr: str
+    exit_code: int
+    duration_ms: float
+
+
+class FileEntry(BaseModel):
+    name: str
+    is_dir: bool
+    size: int
+    mode: int
+    mtime: float
+
+
+class DirListing(BaseModel):
+    path: str
+    entries: list[FileEntry]
+
+
+class WriteResult(BaseModel):
+    path: str
+    bytes: int
+
+
+class Template(BaseModel):
+    name: str
+    cpu: int
+    memory_mb: int
+    generation: str
+    status: Literal["ready", "building", "error"]
+    created_at: str
+
+
+class TemplateList(BaseModel):
+    items: list[Template]
+
+
+class ErrorBody(BaseModel):
+    error: str
+    code: str
+    details: dict[str, object] = Field(default_factory=dict)
+
+
+class Info(BaseModel):
+    version: str
+    accelerator: Literal["kvm", "tcg"]
+    hosts: list[str]
+    capacity: dict[str, int]

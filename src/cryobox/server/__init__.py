@@ -1,0 +1,1 @@
+"""Control plane: the public HTTP API (``/v1``) over the host agent."""

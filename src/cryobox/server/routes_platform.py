@@ -1,0 +1,39 @@
+"""Templates, platform info and liveness."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from .. import models
+from ..agent.sandbox import SandboxState
+from .deps import Ctx, PublicCtx
+from .views import template_view
+
+router = APIRouter(tags=["platform"])
+
+
+@router.get("/v1/templates", response_model=models.TemplateList)
+async def list_templates(ctx: Ctx) -> models.TemplateList:
+    return models.TemplateList(items=[template_view(t) for t in ctx.service.templates.values()])
+
+
+@router.get("/v1/templates/{name}", response_model=models.Template)
+async def get_template(name: str, ctx: Ctx) -> models.Template:
+    return template_view(ctx.service.template(name))
+
+
+@router.get("/v1/info", response_model=models.Info)
+async def info(ctx: PublicCtx) -> models.Info:
+    running = sum(1 for s in ctx.service.all() if s.state is SandboxState.RUNNING)
+    prespawned = sum(pool.ready_count for pool in ctx.service.pools.values())
+    return models.Info(
+        version=ctx.version,
+        accelerator=ctx.accel.value,
+        hosts=[ctx.host],
+        capacity={"sandboxes_running": running, "prespawned_vms": prespawned},
+    )
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}

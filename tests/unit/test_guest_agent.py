@@ -1,0 +1,348 @@
+"""Guest agent over a socketpair: the agent serves one end in a thread, a sync client drives the other."""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cryobox.guest import ops_exec
+from cryobox.guest.__main__ import find_port
+from cryobox.guest.agent import GuestAgent
+from cryobox.guest.protocol import HEADER, decode_body, decode_length, encode
+
+
+class Client:
+    """Synchronous test client: sends requests and reads frames from its end of the socketpair."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.sock.settimeout(10.0)
+        self.next_id = 0
+        self.buf = b""
+
+    def send(self, op: str, args: dict[str, Any] | None = None) -> int:
+        self.next_id += 1
+        self.sock.sendall(encode({"id": self.next_id, "op": op, "args": args or {}}))
+        return self.next_id
+
+    def _read_exact(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                raise EOFError("agent closed the connection")
+            self.buf += chunk
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+    def recv(self) -> dict[str, Any]:
+        length = decode_length(self._read_exact(HEADER.size))
+        return decode_body(self._read_exact(length))
+
+    def call_full(self, op: str, args: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """All frames for one request, events first, final reply last."""
+        req_id = self.send(op, args)
+        frames: list[dict[str, Any]] = []
+        while True:
+            frame = self.recv()
+            assert frame["id"] == req_id
+            frames.append(frame)
+            if "ok" in frame:
+                return frames
+
+    def call(self, op: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.call_full(op, args)[-1]
+
+    def ok(self, op: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
+        reply = self.call(op, args)
+        assert reply["ok"] is True, reply
+        result: dict[str, Any] = reply["result"]
+        return result
+
+    def error_code(self, op: str, args: dict[str, Any] | None = None) -> str:
+        reply = self.call(op, args)
+        assert reply["ok"] is False, reply
+        code: str = reply["error"]["code"]
+        return code
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def unb64(text: str) -> bytes:
+    return base64.b64decode(text)
+
+
+class Harness:
+    def __init__(self, agent: GuestAgent) -> None:
+        self.agent = agent
+        self.agent_sock, client_sock = socket.socketpair()
+        self.client = Client(client_sock)
+        self.served: list[int] = []
+        self.thread = threading.Thread(
+            target=lambda: self.served.append(agent.serve_socket(self.agent_sock)), daemon=True
+        )
+        self.thread.start()
+
+    def close(self) -> None:
+        self.client.sock.close()
+        self.thread.join(timeout=5)
+        self.agent_sock.close()
+
+
+@pytest.fixture
+def clock_calls() -> list[int]:
+    return []
+
+
+@pytest.fixture
+def harness(clock_calls: list[int]) -> Iterator[Harness]:
+    h = Harness(GuestAgent(clock_setter=clock_calls.append))
+    yield h
+    h.close()
+    assert not h.thread.is_alive()
+
+
+@pytest.fixture
+def client(harness: Harness) -> Client:
+    return harness.client
+
+
+def exec_(client: Client, cmd: str, **args: Any) -> dict[str, Any]:
+    return client.ok("exec", {"cmd": cmd, "timeout_seconds": 10, **args})
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"  # an unreaped zombie is dead too
+    except FileNotFoundError:
+        return True
+
+
+def test_ping(client: Client) -> None:
+    result = client.ok("ping")
+    assert result["pong"] is True
+    assert result["pid"] == os.getpid()
+    assert result["version"] == 1
+    assert abs(result["time_ns"] - time.time_ns()) < 5 * 10**9
+
+
+def test_exec_captures_output_and_exit_code(client: Client) -> None:
+    result = exec_(client, "echo out; echo err >&2; exit 3")
+    assert unb64(result["stdout"]) == b"out\n"
+    assert unb64(result["stderr"]) == b"err\n"
+    assert result["exit_code"] == 3
+    assert result["timed_out"] is False and result["truncated"] is False
+    assert result["duration_ms"] >= 0
+
+
+def test_exec_signal_exit_code(client: Client) -> None:
+    assert exec_(client, "kill -TERM $$")["exit_code"] == 128 + signal.SIGTERM
+
+
+def test_exec_env_cwd_stdin(client: Client, tmp_path: Path) -> None:
+    result = exec_(
+        client,
+        'printf "%s|%s|" "$GREETING" "$(pwd)"; cat; printf "|%s" "$HOME"',
+        env={"GREETING": "hello"},
+        cwd=str(tmp_path),
+        stdin=b64(b"from stdin\x00\xff"),
+    )
+    home = os.environ.get("HOME", "/root").encode()
+    assert unb64(result["stdout"]) == b"hello|" + str(tmp_path).encode() + b"|from stdin\x00\xff|" + home
+    assert result["exit_code"] == 0
+
+
+def test_exec_stdin_null_is_dev_null(client: Client) -> None:
+    assert unb64(exec_(client, "wc -c")["stdout"]).strip() == b"0"
+
+
+def test_exec_stream_events_in_order(client: Client) -> None:
+    cmd = "for i in 1 2 3 4 5; do echo $i; echo e$i >&2; sleep 0.05; done"
+    frames = client.call_full("exec", {"cmd": cmd, "stream": True, "timeout_seconds": 10})
+    final, events = frames[-1], frames[:-1]
+    assert final["ok"] is True and all("event" in e for e in events)
+    assert final["result"]["stdout"] == "" and final["result"]["stderr"] == ""
+    out = b"".join(unb64(e["data"]) for e in events if e["event"] == "stdout")
+    err = b"".join(unb64(e["data"]) for e in events if e["event"] == "stderr")
+    assert out == b"1\n2\n3\n4\n5\n"
+    assert err == b"e1\ne2\ne3\ne4\ne5\n"
+    # stdout line i+1 is printed 50 ms after stderr line i, so its event comes later
+    order = [(e["event"], unb64(e["data"])) for e in events]
+    for i in range(1, 5):
+        first_err = next(n for n, (ev, d) in enumerate(order) if ev == "stderr" and f"e{i}".encode() in d)
+        next_out = next(n for n, (ev, d) in enumerate(order) if ev == "stdout" and f"{i + 1}".encode() in d)
+        assert first_err < next_out
+
+
+def test_exec_timeout_kills_process_group(client: Client, tmp_path: Path) -> None:
+    pid_file = tmp_path / "bg.pid"
+    cmd = f"echo started; sh -c 'sleep 30 & echo $! > {pid_file}; sleep 30'"
+    start = time.monotonic()
+    result = client.ok("exec", {"cmd": cmd, "timeout_seconds": 0.5})
+    assert time.monotonic() - start < 2.0
+    assert result["timed_out"] is True
+    assert result["exit_code"] == 137
+    assert unb64(result["stdout"]) == b"started\n"
+    bg_pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 2
+    while not process_gone(bg_pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert process_gone(bg_pid)
+
+
+def test_exec_background_grandchild_does_not_hang(client: Client) -> None:
+    start = time.monotonic()
+    result = exec_(client, "sleep 30 & echo $!")
+    elapsed = time.monotonic() - start
+    bg_pid = int(unb64(result["stdout"]))
+    os.kill(bg_pid, signal.SIGKILL)
+    assert elapsed < 2.0
+    assert result["exit_code"] == 0 and result["timed_out"] is False
+
+
+def test_exec_output_cap(client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ops_exec, "MAX_CAPTURE", 1000)
+    result = exec_(client, "head -c 5000 /dev/zero")
+    assert result["truncated"] is True
+    assert unb64(result["stdout"]) == b"\0" * 1000
+
+
+def test_exec_invalid_arguments(client: Client, tmp_path: Path) -> None:
+    assert client.error_code("exec", {}) == "invalid_argument"
+    assert client.error_code("exec", {"cmd": 5}) == "invalid_argument"
+    assert client.error_code("exec", {"cmd": "true", "timeout_seconds": -1}) == "invalid_argument"
+    assert client.error_code("exec", {"cmd": "true", "cwd": "relative"}) == "invalid_argument"
+    assert client.error_code("exec", {"cmd": "true", "cwd": str(tmp_path / "nope")}) == "not_found"
+
+
+def test_binary_file_round_trip(client: Client, tmp_path: Path) -> None:
+    for name, data in [("all.bin", bytes(range(256))), ("random.bin", os.urandom(1 << 20))]:
+        path = tmp_path / "deep" / "er" / name
+        written = client.ok("write_file", {"path": str(path), "content": b64(data), "mode": 0o600})
+        assert written == {"path": str(path), "bytes": len(data)}
+        assert path.read_bytes() == data
+        assert path.stat().st_mode & 0o7777 == 0o600
+        read = client.ok("read_file", {"path": str(path)})
+        assert unb64(read["content"]) == data and read["size"] == len(data)
+    assert sorted(os.listdir(tmp_path / "deep" / "er")) == ["all.bin", "random.bin"]  # no temp files left
+
+
+def test_write_file_default_mode_and_directory_target(client: Client, tmp_path: Path) -> None:
+    path = tmp_path / "plain.txt"
+    client.ok("write_file", {"path": str(path), "content": b64(b"x")})
+    assert path.stat().st_mode & 0o7777 == 0o644
+    assert client.error_code("write_file", {"path": str(tmp_path), "content": ""}) == "is_a_directory"
+
+
+def test_list_dir_stat_mkdir_delete(client: Client, tmp_path: Path) -> None:
+    client.ok("mkdir", {"path": str(tmp_path / "d" / "sub")})
+    (tmp_path / "b.txt").write_bytes(b"12345")
+    (tmp_path / "b.txt").chmod(0o640)
+    (tmp_path / "dangling").symlink_to(tmp_path / "missing")
+    listing = client.ok("list_dir", {"path": str(tmp_path)})
+    assert listing["path"] == str(tmp_path)
+    names = [e["name"] for e in listing["entries"]]
+    assert names == ["b.txt", "d", "dangling"]
+    b = listing["entries"][0]
+    assert (b["is_dir"], b["size"], b["mode"]) == (False, 5, 0o640)
+    assert abs(b["mtime"] - (tmp_path / "b.txt").stat().st_mtime) < 1e-3
+    assert listing["entries"][1]["is_dir"] is True
+
+    st = client.ok("stat", {"path": str(tmp_path / "d")})
+    assert st["name"] == "d" and st["is_dir"] is True and st["path"] == str(tmp_path / "d")
+
+    assert client.ok("delete", {"path": str(tmp_path / "d")}) == {}
+    assert client.ok("delete", {"path": str(tmp_path / "dangling")}) == {}
+    assert client.ok("delete", {"path": str(tmp_path / "b.txt")}) == {}
+    assert os.listdir(tmp_path) == []
+    assert client.error_code("delete", {"path": str(tmp_path / "d")}) == "not_found"
+
+
+def test_error_codes(client: Client, tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    assert client.error_code("read_file", {"path": str(tmp_path / "missing")}) == "not_found"
+    assert client.error_code("read_file", {"path": str(tmp_path)}) == "is_a_directory"
+    assert client.error_code("read_file", {"path": "relative/path"}) == "invalid_argument"
+    assert client.error_code("list_dir", {"path": str(tmp_path / "missing")}) == "not_found"
+    assert client.error_code("list_dir", {"path": str(tmp_path / "f")}) == "not_a_directory"
+    assert client.error_code("stat", {"path": str(tmp_path / "missing")}) == "not_found"
+    assert client.error_code("mkdir", {"path": str(tmp_path / "f")}) == "exists"
+    reply = client.call("frobnicate")
+    assert reply["ok"] is False and reply["error"]["code"] == "invalid_argument"
+    assert "frobnicate" in reply["error"]["message"]
+
+
+def test_unexpected_exception_is_internal_and_agent_survives(harness: Harness) -> None:
+    def boom(args: dict[str, Any], emit: Any) -> dict[str, Any]:
+        raise RuntimeError("kaboom")
+
+    harness.agent.register("boom", boom)
+    reply = harness.client.call("boom")
+    assert reply["ok"] is False
+    assert reply["error"] == {"code": "internal", "message": "RuntimeError: kaboom"}
+    assert harness.client.ok("ping")["pong"] is True
+
+
+def test_concurrent_requests(client: Client) -> None:
+    slow = client.send("exec", {"cmd": "sleep 1", "timeout_seconds": 10})
+    fast = client.send("ping")
+    first = client.recv()
+    second = client.recv()
+    assert first["id"] == fast and first["ok"] is True
+    assert second["id"] == slow and second["result"]["exit_code"] == 0
+
+
+def test_set_clock_uses_injected_setter(client: Client, clock_calls: list[int]) -> None:
+    before_real = time.time_ns()
+    result = client.ok("set_clock", {"epoch_ns": 1_700_000_000_123_456_789})
+    assert clock_calls == [1_700_000_000_123_456_789]
+    assert before_real <= result["before_ns"] <= result["after_ns"] <= time.time_ns()
+    assert client.error_code("set_clock", {"epoch_ns": "soon"}) == "invalid_argument"
+
+
+def test_set_clock_permission_denied() -> None:
+    def refuse(epoch_ns: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    reply = GuestAgent(clock_setter=refuse).handle({"id": 1, "op": "set_clock", "args": {"epoch_ns": 1}})
+    assert reply["ok"] is False and reply["error"]["code"] == "permission_denied"
+
+
+def test_peer_close_makes_serve_return(harness: Harness) -> None:
+    harness.client.ok("ping")
+    harness.client.sock.close()
+    harness.thread.join(timeout=2)
+    assert not harness.thread.is_alive()
+    assert harness.served == [1]
+
+
+def test_bad_frame_makes_serve_return(harness: Harness) -> None:
+    harness.client.sock.sendall(HEADER.pack(0xFFFFFFFF))
+    harness.thread.join(timeout=2)
+    assert not harness.thread.is_alive()
+
+
+def test_find_port_scans_sysfs(tmp_path: Path) -> None:
+    sys_dir, dev_dir = tmp_path / "sys", tmp_path / "dev"
+    dev_dir.mkdir()
+    for name, port in [("vport0p1", "org.qemu.guest_agent.0"), ("vport1p1", "cryobox.agent")]:
+        (sys_dir / name).mkdir(parents=True)
+        (sys_dir / name / "name").write_text(port + "\n")
+        (dev_dir / name).write_text("")
+    missing = str(tmp_path / "no-such-link")
+    assert find_port(missing, str(sys_dir), str(dev_dir)) == str(dev_dir / "vport1p1")
+    link = tmp_path / "link"
+    link.write_text("")
+    assert find_port(str(link), str(sys_dir), str(dev_dir)) == str(link)
+    assert find_port(missing, str(tmp_path / "nothing"), str(dev_dir)) is None

@@ -61,6 +61,9 @@ class StateError(CryoboxError):
 
     def __init__(self, message: str, *, state: str = "", required: str = "", **kw: Any) -> None:
         details = dict(kw.pop("details", None) or {})
+        # explicit arguments win; otherwise keep what came over the wire in ``details``
+        state = state or str(details.get("state", ""))
+        required = required or str(details.get("required", ""))
         details.update({"state": state, "required": required})
         super().__init__(message, details=details)
         self.state = state

@@ -117,7 +117,7 @@ class TemplateBaker:
         work = self.templates_dir / f".{spec.name}-{generation}.baking{os.getpid()}"
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
-        vm_paths = VmPaths(self.run_dir / f"bake-{spec.name}-{generation}")
+        vm_paths = VmPaths(self.run_dir / f"bake-{generation[:12]}")
         shutil.rmtree(vm_paths.root, ignore_errors=True)
         vm: MicroVM | None = None
         try:

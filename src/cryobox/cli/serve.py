@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 from rich.console import Console
@@ -49,4 +51,12 @@ def serve(data_dir: Path | None, cache_dir: Path | None, host: str, port: int, p
         finally:
             await service.close()
 
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT (the lifespan kills every VM), then re-raises the signal
+    # with the previous handler: make that handler a clean exit so a graceful stop exits 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_cleanly)
     asyncio.run(main())
+
+
+def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)

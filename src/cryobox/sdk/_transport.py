@@ -52,8 +52,11 @@ def raise_for_error(response: httpx.Response) -> None:
     raise cls(message, details=details)
 
 
+_BY_STATUS: dict[int, type[CryoboxError]] = {
+    cls.http_status: cls for cls in ERRORS_BY_CODE.values() if cls.http_status not in (200, 500)
+}
+
+
 def _by_status(status: int) -> type[CryoboxError]:
-    for cls in ERRORS_BY_CODE.values():
-        if cls.http_status == status and cls is not CryoboxError:
-            return cls
-    return CryoboxError
+    """For bodies without a known code (a proxy's page, say): only unambiguous statuses map to a subclass."""
+    return _BY_STATUS.get(status, CryoboxError)

@@ -140,8 +140,12 @@ class Sandbox:
     def connect(cls, sandbox_id: str, *, api_url: str | None = None, api_key: str | None = None) -> Sandbox:
         config = ClientConfig.resolve(api_url, api_key)
         http = config.client()
-        response = http.get(f"/v1/sandboxes/{sandbox_id}")
-        raise_for_error(response)
+        try:
+            response = http.get(f"/v1/sandboxes/{sandbox_id}")
+            raise_for_error(response)
+        except BaseException:
+            http.close()
+            raise
         return cls(models.Sandbox.model_validate(response.json()), config, http)
 
     @staticmethod
@@ -226,6 +230,10 @@ class Sandbox:
                     if event == "error":
                         raise CryoboxError(str(data.get("error")), details=data)
                     yield StreamEvent(kind=event, chunk=str(data.get("chunk", "")))
+
+    def close(self) -> None:
+        """Release this client's HTTP connections; the sandbox keeps running."""
+        self._http.close()
 
     def kill(self) -> None:
         """Delete the sandbox. Killing an already-deleted sandbox is not an error."""

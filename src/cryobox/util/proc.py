@@ -25,16 +25,16 @@ def run(argv: Sequence[str], *, cwd: Path | None = None, progress: Progress | No
 
     :raises ImageBuildError: the command failed (its last output lines are in the message).
     """
-    proc = subprocess.Popen(
-        list(argv), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
-    )
-    assert proc.stdout is not None
     lines: list[str] = []
-    for line in proc.stdout:
-        lines.append(line)
-        if progress is not None:
-            progress(line.rstrip())
-    code = proc.wait()
+    with subprocess.Popen(
+        list(argv), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if progress is not None:
+                progress(line.rstrip())
+        code = proc.wait()
     if code != 0:
         tail = "".join(lines[-15:])
         raise ImageBuildError(f"{argv[0]} exited with {code}:\n{tail}", details={"argv": list(argv)})

@@ -30,6 +30,7 @@ from ..guest_client import GuestClient
 from .machine import MachineConfig, MemoryBacking, VmPaths, qemu_argv
 
 log = logging.getLogger(__name__)
+MAX_UNIX_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -126,9 +127,21 @@ class MicroVM:
         except (QMPError, OSError, EOFError) as err:
             raise VmmError(f"QMP {command} failed: {err!r}") from err
 
+    def qemu_log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.paths.qemu_log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
     @require(VmState.CREATED)
     async def start(self, *, incoming: bool, timeout: float = 20.0) -> None:
-        """Spawn QEMU and connect QMP. With ``incoming`` it waits in ``-incoming defer`` for :meth:`restore`."""
+        """Spawn QEMU and connect QMP. With ``incoming`` it waits in ``-incoming defer`` for :meth:`restore`.
+
+        :raises VmmError: QEMU failed to start (the message carries the tail of its log).
+        """
+        for sock in (self.paths.qmp, self.paths.agent):
+            if len(str(sock)) > MAX_UNIX_PATH:
+                raise VmmError(f"unix socket path {sock} is longer than {MAX_UNIX_PATH} bytes; use a shorter data dir")
         self.paths.root.mkdir(parents=True, exist_ok=True)
         argv = qemu_argv(
             self.config, self.paths, self.memory, self.disk, name=f"cryobox-{self.vm_id}", incoming=incoming
@@ -143,6 +156,9 @@ class MicroVM:
             qmp = QMPClient(self.vm_id)
             await qmp.connect(str(self.paths.qmp))
             self._qmp = qmp
+        except VmmError as err:
+            await self.kill()
+            raise VmmError(f"{err.message}; QEMU log:\n{self.qemu_log_tail()}") from err
         except BaseException:
             await self.kill()
             raise

@@ -1,0 +1,75 @@
+"""Fixtures for tests that boot and restore real QEMU microVMs (TCG on hosts without VT-x; never skipped).
+
+Ladder: ``templates`` (built/baked once, cached across runs) -> ``server`` (a real ``cryobox serve`` process)
+-> ``sandbox`` (one restored sandbox per test, killed in a finalizer even when the test fails).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cryobox import Sandbox
+from cryobox.agent.platform import HostConfig, prepare_templates
+from cryobox.agent.reclaim import find_own_qemus
+from cryobox.agent.templates import Template
+from cryobox.bench.server import ServeProcess
+from cryobox.config import Paths
+
+from .support import Api
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/integration" in str(item.path):
+            item.add_marker(pytest.mark.vm)
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> Path:
+    return Path(os.environ.get("CRYOBOX_CACHE_DIR", "/var/cache/cryobox"))
+
+
+@pytest.fixture(scope="session")
+def host_paths(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Paths:
+    paths = Paths(data_dir=tmp_path_factory.mktemp("host"), cache_dir=cache_dir)
+    paths.ensure()
+    return paths
+
+
+@pytest.fixture(scope="session")
+def templates(host_paths: Paths) -> dict[str, Template]:
+    return asyncio.run(prepare_templates(HostConfig(paths=host_paths), print))
+
+
+@pytest.fixture(scope="session")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, templates: dict[str, Template]
+) -> Iterator[ServeProcess]:
+    data_dir = tmp_path_factory.mktemp("serve")
+    proc = ServeProcess(data_dir, cache_dir=cache_dir).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+        leaked = find_own_qemus(data_dir / "run")
+        assert not leaked, f"cryobox serve left QEMU processes behind: {leaked}"
+
+
+@pytest.fixture
+def api(server: ServeProcess) -> Api:
+    """Keyword arguments for SDK calls against the test server."""
+    return Api(api_url=server.url, api_key=server.api_key)
+
+
+@pytest.fixture
+def sandbox(api: Api) -> Iterator[Sandbox]:
+    sbx = Sandbox.create(template="base", **api)
+    try:
+        yield sbx
+    finally:
+        sbx.kill()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
+import pytest
 
 from cryobox import Sandbox
 from cryobox.agent.templates import Template
@@ -72,3 +74,16 @@ def test_code_interpreter_template_has_the_scientific_stack(api: Api) -> None:
             timeout_seconds=120,
         )
         assert result.stdout == "6 pandas\n", result.stderr
+
+
+def test_spawned_pool_mode_also_creates_by_restore(
+    tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, templates: dict[str, Template]
+) -> None:
+    """The non-default pool mode (QEMU waiting in -incoming, state loaded at create) works end to end."""
+    with ServeProcess(tmp_path_factory.mktemp("spawned"), cache_dir=cache_dir, prespawn=1, pool_mode="spawned") as srv:
+        for _ in range(2):
+            with Sandbox.create(template="base", api_url=srv.url, api_key=srv.api_key) as sbx:
+                assert sbx.info.boot_mode == "restore"
+                before = time.time()
+                guest = float(sbx.exec("date +%s.%N").stdout)
+                assert before - 1.0 <= guest <= time.time() + 1.0

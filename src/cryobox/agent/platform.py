@@ -9,7 +9,7 @@ from ..config import Paths
 from ..image.builder import ImageSet, build_images
 from ..image.specs import DEFAULT_TEMPLATES, TemplateSpec
 from ..util.proc import Progress
-from .factory import VmFactory
+from .factory import PoolMode, VmFactory
 from .reclaim import reclaim
 from .service import SandboxService
 from .templates import Template, TemplateBaker
@@ -21,6 +21,7 @@ class HostConfig:
     paths: Paths
     accel: Accel = field(default_factory=detect_accel)
     prespawn: int = 2
+    pool_mode: PoolMode = PoolMode.WARM
     templates: tuple[TemplateSpec, ...] = DEFAULT_TEMPLATES
 
 
@@ -54,6 +55,8 @@ async def start_host(config: HostConfig, progress: Progress) -> SandboxService:
     if killed:
         progress(f"reclaimed {killed} leftover QEMU process(es)")
     templates = await prepare_templates(config, progress)
-    service = SandboxService(templates, VmFactory(config.paths.run_dir), prespawn=config.prespawn)
+    service = SandboxService(
+        templates, VmFactory(config.paths.run_dir), prespawn=config.prespawn, pool_mode=config.pool_mode
+    )
     service.start()
     return service

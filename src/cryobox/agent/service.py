@@ -16,11 +16,11 @@ from typing import Any
 
 from ..errors import NotFound, PayloadTooLarge
 from .exec import ExecEvent, ExecResult, ExecSpec, run_exec, stream_exec
-from .factory import PrespawnPool, VmFactory, new_id
+from .factory import PoolMode, PrespawnPool, VmFactory, new_id
 from .guest_client import GuestClient, b64, unb64
 from .sandbox import Sandbox, SandboxState
 from .templates import Template
-from .vm import MicroVM
+from .vm import MicroVM, VmState
 
 log = logging.getLogger(__name__)
 MAX_FILE_BYTES = 64 << 20
@@ -37,10 +37,16 @@ async def sync_clock(guest: GuestClient) -> int:
 
 
 class SandboxService:
-    def __init__(self, templates: Mapping[str, Template], factory: VmFactory, prespawn: int = 2) -> None:
+    def __init__(
+        self,
+        templates: Mapping[str, Template],
+        factory: VmFactory,
+        prespawn: int = 2,
+        pool_mode: PoolMode = PoolMode.WARM,
+    ) -> None:
         self.templates = dict(templates)
         self.factory = factory
-        self.pools = {name: PrespawnPool(factory, t, prespawn) for name, t in self.templates.items()}
+        self.pools = {name: PrespawnPool(factory, t, prespawn, pool_mode) for name, t in self.templates.items()}
         self.sandboxes: dict[str, Sandbox] = {}
         self._closing = False
 
@@ -80,7 +86,10 @@ class SandboxService:
         )
         self.sandboxes[sandbox.id] = sandbox
         try:
-            await vm.restore(tmpl.vmstate)
+            if vm.state is VmState.PAUSED:  # a warm pool VM: state already loaded from the template
+                await vm.resume()
+            else:
+                await vm.restore(tmpl.vmstate)
             guest = await vm.connect_guest()
             await sync_clock(guest)
         except BaseException:

@@ -6,7 +6,8 @@ answered, on the same template in one run.
 - bare restore: the benchmark itself spawns a plain QEMU on the template's files (``-incoming defer``,
   memory ``share=off``, ``migrate-incoming``, ``cont``) without the platform, from process start until
   ``exec true`` is answered.
-- create: SDK ``Sandbox.create`` against a real ``cryobox serve`` until ``exec true`` is answered.
+- create: SDK ``Sandbox.create`` against a real ``cryobox serve`` until ``exec true`` is answered, with the
+  default warm pool, and (for comparison, same run) a pool of QEMUs only spawned, and no pool at all.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ from ..image.specs import DEFAULT_TEMPLATES
 from ..sdk.sandbox import Sandbox
 from .server import ServeProcess
 from .stats import stats
+
+# (label, pre-spawned VMs per template, pool mode): the default first, then what each layer buys
+POOL_VARIANTS = (("warm_pool", 2, "warm"), ("spawned_pool", 2, "spawned"), ("no_pool", 0, "spawned"))
+REFILL_PAUSE_S = 1.0  # between sequential creates, as between real requests: the pool refills
 
 
 async def _cold_boot(template: Template, work: Path, i: int) -> float:
@@ -104,17 +109,26 @@ async def run_create_bench(
         for i in range(n):
             bare.append(await _bare_restore(tmpl, work, i))
         console.print(f"bare restore p50 {stats(bare)['p50']:.0f} ms")
-        create: list[float] = []
-        create_call: list[float] = []
-        boot: list[float] = []
-        with ServeProcess(work / "serve", cache_dir=cache_dir, log_path=work / "serve.log") as server:
-            for _ in range(n):
-                total, call, boot_ms = await asyncio.to_thread(_api_create, server, template)
-                create.append(total)
-                create_call.append(call)
-                boot.append(boot_ms)
-                await asyncio.sleep(0.3)  # let the pre-spawn pool refill, as between real requests
-        console.print(f"create p50 {stats(create)['p50']:.0f} ms")
+        runs: dict[str, dict[str, list[float]]] = {}
+        for label, prespawn, mode in POOL_VARIANTS:
+            samples: dict[str, list[float]] = {"total": [], "call": [], "boot": [], "first_exec": []}
+            serve_dir = work / f"serve-{label}"
+            with ServeProcess(serve_dir, cache_dir=cache_dir, prespawn=prespawn, pool_mode=mode) as server:
+                await asyncio.sleep(3.0)  # let the pool fill before the first sample
+                for _ in range(n):
+                    total, call, boot_ms = await asyncio.to_thread(_api_create, server, template)
+                    samples["total"].append(total)
+                    samples["call"].append(call)
+                    samples["boot"].append(boot_ms)
+                    samples["first_exec"].append(total - call)
+                    await asyncio.sleep(REFILL_PAUSE_S)
+            runs[label] = samples
+            console.print(
+                f"create ({label}) p50 {stats(samples['total'])['p50']:.0f} ms "
+                f"(create call {stats(samples['call'])['p50']:.0f} ms, "
+                f"first exec {stats(samples['first_exec'])['p50']:.0f} ms)"
+            )
+        create = runs["warm_pool"]["total"]
 
     result: dict[str, Any] = {
         "n": n,
@@ -124,8 +138,18 @@ async def run_create_bench(
         "cold_boot_ms": stats(cold),
         "bare_restore_ms": stats(bare),
         "create_ms": stats(create),
-        "create_call_ms": stats(create_call),
-        "server_boot_ms": stats(boot),
+        "create_call_ms": stats(runs["warm_pool"]["call"]),
+        "first_exec_after_create_ms": stats(runs["warm_pool"]["first_exec"]),
+        "server_boot_ms": stats(runs["warm_pool"]["boot"]),
+        "variants": {
+            label: {
+                "create_ms": stats(samples["total"]),
+                "create_call_ms": stats(samples["call"]),
+                "first_exec_after_create_ms": stats(samples["first_exec"]),
+                "server_boot_ms": stats(samples["boot"]),
+            }
+            for label, samples in runs.items()
+        },
         "ratio_cold_over_create": round(stats(cold)["p50"] / stats(create)["p50"], 2),
         "ratio_create_over_bare": round(stats(create)["p50"] / stats(bare)["p50"], 2),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

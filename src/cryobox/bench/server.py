@@ -30,12 +30,14 @@ class ServeProcess:
         *,
         cache_dir: Path | None = None,
         prespawn: int = 2,
+        pool_mode: str = "warm",
         log_path: Path | None = None,
         extra_env: dict[str, str] | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.cache_dir = cache_dir
         self.prespawn = prespawn
+        self.pool_mode = pool_mode
         self.port = free_port()
         self.api_key = "cbx_test_" + secrets.token_hex(8)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -56,6 +58,8 @@ class ServeProcess:
             str(self.port),
             "--prespawn",
             str(self.prespawn),
+            "--pool-mode",
+            self.pool_mode,
         ]
         if self.cache_dir is not None:
             argv += ["--cache-dir", str(self.cache_dir)]

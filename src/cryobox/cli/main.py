@@ -27,12 +27,21 @@ def serve(
     cache_dir: CacheDir = None,
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on")] = 8080,
-    prespawn: Annotated[int, typer.Option(help="QEMUs kept waiting in -incoming per template")] = 2,
+    prespawn: Annotated[int, typer.Option(help="prepared QEMUs kept per template (0: none)")] = 2,
+    pool_mode: Annotated[
+        str,
+        typer.Option(envvar="CRYOBOX_POOL_MODE", help="'warm' (state loaded, first exec done, paused) or 'spawned'"),
+    ] = "warm",
 ) -> None:
     """Start the platform: build images and templates if needed, then serve the HTTP API."""
+    from ..agent.factory import PoolMode
     from .serve import serve as run_serve
 
-    run_serve(data_dir, cache_dir, host, port, prespawn, console)
+    try:
+        mode = PoolMode(pool_mode)
+    except ValueError:
+        raise typer.BadParameter(f"--pool-mode must be 'warm' or 'spawned', not {pool_mode!r}") from None
+    run_serve(data_dir, cache_dir, host, port, prespawn, mode, console)
 
 
 @image_app.command("build")

@@ -12,16 +12,25 @@ from types import FrameType
 import uvicorn
 from rich.console import Console
 
+from ..agent.factory import PoolMode
 from ..agent.platform import HostConfig, start_host
 from ..config import Paths
 from ..server.app import create_app
 from ..server.auth import load_or_create_key
 
 
-def serve(data_dir: Path | None, cache_dir: Path | None, host: str, port: int, prespawn: int, console: Console) -> None:
+def serve(
+    data_dir: Path | None,
+    cache_dir: Path | None,
+    host: str,
+    port: int,
+    prespawn: int,
+    pool_mode: PoolMode,
+    console: Console,
+) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     paths = Paths.from_env(data_dir, cache_dir)
-    config = HostConfig(paths=paths, prespawn=prespawn)
+    config = HostConfig(paths=paths, prespawn=prespawn, pool_mode=pool_mode)
 
     async def main() -> None:
         console.print(

@@ -109,7 +109,8 @@ def build_kernel(cache: ContentCache, progress: Progress, runner: Runner = run) 
         progress(f"downloading {package.name} {package.version}")
         with tempfile.TemporaryDirectory(prefix="cryobox-kernel-") as tmp:
             work = Path(tmp)
-            shutil.chown(work, user="_apt") if _has_user("_apt") else None
+            if _has_user("_apt"):  # apt downloads as _apt when it can write the target directory
+                shutil.chown(work, user="_apt")
             runner(["apt-get", "download", f"{package.name}={package.version}"], cwd=work)
             debs = list(work.glob("*.deb"))
             if len(debs) != 1:

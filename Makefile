@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 CRYOBOX := $(VENV)/bin/cryobox
-APT_PACKAGES := qemu-system-x86 qemu-utils debootstrap busybox-static e2fsprogs
+APT_PACKAGES := qemu-system-x86 qemu-utils debootstrap busybox-static e2fsprogs postgresql
 PYTEST_ARGS ?=
 ARGS ?=
 
@@ -33,8 +33,8 @@ run: setup
 	$(CRYOBOX) serve $(ARGS)
 
 lint: venv
-	$(VENV)/bin/ruff check src tests
-	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/ruff check src tests scripts
+	$(VENV)/bin/ruff format --check src tests scripts
 	$(VENV)/bin/mypy
 
 test: setup lint

@@ -4,6 +4,8 @@ from cryobox import Sandbox
 
 with Sandbox.create(template="code-interpreter") as sbx:
     print(sbx.exec("python3 -c 'print(6 * 7)'").stdout)
+
+``AsyncSandbox`` has the same methods for asyncio (``async with await AsyncSandbox.create() as sbx``).
 """
 
 from .errors import (
@@ -20,11 +22,13 @@ from .errors import (
     Unauthorized,
     VmmError,
 )
-from .sdk.sandbox import ExecResult, Filesystem, Sandbox, StreamEvent
+from .sdk import AsyncFilesystem, AsyncSandbox, ExecResult, Filesystem, RetryPolicy, Sandbox, StreamEvent
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncFilesystem",
+    "AsyncSandbox",
     "CommandFailed",
     "CryoboxError",
     "ExecResult",
@@ -35,6 +39,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "QuotaExceeded",
+    "RetryPolicy",
     "Sandbox",
     "SandboxTimeout",
     "StateError",

@@ -76,8 +76,14 @@ class PayloadTooLarge(CryoboxError):
 
 
 class QuotaExceeded(CryoboxError):
+    """Rate limited: retry after ``retry_after_s``."""
+
     code = "rate_limited"
     http_status = 429
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.retry_after_s = retry_after_s
 
 
 class HostUnavailable(CryoboxError):

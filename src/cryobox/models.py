@@ -48,6 +48,19 @@ class SandboxList(BaseModel):
     items: list[Sandbox]
 
 
+class Lifecycle(BaseModel):
+    ttl_seconds: int | None
+    persistent: bool
+    idle_seconds: float
+    expires_at: str | None
+
+
+class LifecyclePatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ttl_seconds: int | None = Field(default=None, ge=1, le=30 * 24 * 3600)
+    persistent: bool | None = None
+
+
 class ExecRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     cmd: str = Field(min_length=1, max_length=1 << 20)

@@ -1,4 +1,8 @@
-"""SDK: error mapping at the HTTP boundary, and Sandbox over an httpx.MockTransport."""
+"""SDK: error mapping at the HTTP boundary, and the sync Sandbox over an httpx.MockTransport.
+
+The async twin is tested in test_sdk_async.py (reusing the helpers defined here); the generation of the sync
+code from the async code in test_unasync.py.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from cryobox.errors import (
     ERRORS_BY_CODE,
     CommandFailed,
     CryoboxError,
+    GuestError,
     HostUnavailable,
     InvalidArgument,
     NotFound,
@@ -23,6 +28,15 @@ from cryobox.errors import (
     SandboxTimeout,
     StateError,
     Unauthorized,
+)
+from cryobox.sdk import AsyncSandbox, Lifecycle, RetryPolicy
+from cryobox.sdk._base import (
+    DEFAULT_URL,
+    ExecStreamDecoder,
+    SSEDecoder,
+    SSEMessage,
+    error_from_response,
+    parse_retry_after,
 )
 from cryobox.sdk._transport import ClientConfig, raise_for_error
 from cryobox.sdk.sandbox import ExecResult, Sandbox, StreamEvent
@@ -370,6 +384,8 @@ def test_context_manager_kills(make_sandbox: MakeSandbox) -> None:
 
 def test_public_surface() -> None:
     assert sorted(cryobox.__all__) == [
+        "AsyncFilesystem",
+        "AsyncSandbox",
         "CommandFailed",
         "CryoboxError",
         "ExecResult",
@@ -380,6 +396,7 @@ def test_public_surface() -> None:
         "NotFound",
         "PayloadTooLarge",
         "QuotaExceeded",
+        "RetryPolicy",
         "Sandbox",
         "SandboxTimeout",
         "StateError",
@@ -391,3 +408,580 @@ def test_public_surface() -> None:
     for name in cryobox.__all__:
         assert hasattr(cryobox, name), name
     assert cryobox.Sandbox is Sandbox
+    assert cryobox.AsyncSandbox is AsyncSandbox
+    assert cryobox.RetryPolicy is RetryPolicy
+
+
+# --- shared helpers (also used by test_sdk_async.py) -----------------------------------------------------------
+
+
+def capacity(retry_after: str | None = "2", message: str = "no capacity") -> httpx.Response:
+    headers = {"Retry-After": retry_after} if retry_after is not None else {}
+    return httpx.Response(503, json={"error": message, "code": "capacity", "details": {}}, headers=headers)
+
+
+def created(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(201, json=INFO)
+
+
+def sequence(*responses: httpx.Response | Handler) -> Handler:
+    """A handler answering with ``responses`` in order (a callable is called with the request)."""
+    pending = list(responses)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        item = pending.pop(0)
+        return item if isinstance(item, httpx.Response) else item(request)
+
+    return handler
+
+
+class FakeTime:
+    """Injected into RetryPolicy: a clock that only moves when slept on, and a 'random' that picks mid-range."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+        self.jitter_caps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    async def async_sleep(self, seconds: float) -> None:
+        self.sleep(seconds)
+
+    def rand(self, low: float, high: float) -> float:
+        assert low == 0.0
+        self.jitter_caps.append(high)
+        return high / 2
+
+    def policy(self, budget_s: float = 60.0) -> RetryPolicy:
+        return RetryPolicy(
+            budget_s=budget_s, sleep=self.sleep, async_sleep=self.async_sleep, rand=self.rand, clock=self.clock
+        )
+
+
+SSE_NO_EXIT = 'event: stdout\ndata: {"chunk": "partial"}\n\n'
+SSE_TIMEOUT = 'event: stdout\ndata: {"chunk": "a"}\n\nevent: error\ndata: {"error": "timed out", "code": "timeout"}\n\n'
+LIFECYCLE = {"ttl_seconds": 600, "persistent": True, "idle_seconds": 12.5, "expires_at": "2024-05-01T13:10:00Z"}
+
+
+def sse(body: str) -> Handler:
+    return lambda request: httpx.Response(200, content=body.encode(), headers={"Content-Type": "text/event-stream"})
+
+
+# --- configuration ---------------------------------------------------------------------------------------------
+
+
+def test_config_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CRYOBOX_API_URL", raising=False)
+    monkeypatch.delenv("CRYOBOX_API_KEY", raising=False)
+    assert ClientConfig.resolve() == ClientConfig(api_url=DEFAULT_URL, api_key="")
+    monkeypatch.setenv("CRYOBOX_API_URL", "http://env:9000/")
+    monkeypatch.setenv("CRYOBOX_API_KEY", "env-key")
+    assert ClientConfig.resolve() == ClientConfig(api_url="http://env:9000", api_key="env-key")
+    assert ClientConfig.resolve("http://arg:1", "arg-key", 5.0) == ClientConfig("http://arg:1", "arg-key", 5.0)
+
+
+def test_config_client_options_send_bearer_key() -> None:
+    options = ClientConfig("http://h:1", "secret", 42.0).client_options()
+    assert options["base_url"] == "http://h:1"
+    assert options["headers"]["Authorization"] == "Bearer secret"
+    assert options["timeout"] == httpx.Timeout(42.0, connect=10.0)
+    assert "Authorization" not in ClientConfig("http://h:1", "").client_options()["headers"]
+
+
+# --- construction ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def make_http() -> Iterator[Callable[[Handler], tuple[httpx.Client, Recorder]]]:
+    clients: list[httpx.Client] = []
+
+    def make(handler: Handler) -> tuple[httpx.Client, Recorder]:
+        recorder = Recorder(handler)
+        http = httpx.Client(transport=httpx.MockTransport(recorder), base_url="http://test")
+        clients.append(http)
+        return http, recorder
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+MakeHttp = Callable[[Handler], tuple[httpx.Client, Recorder]]
+
+
+def test_create_posts_body_and_returns_sandbox(make_http: MakeHttp) -> None:
+    http, rec = make_http(created)
+    sbx = Sandbox.create(
+        "base",
+        ttl_seconds=600,
+        persistent=True,
+        metadata={"owner": "tests"},
+        env={"A": "1"},
+        network={"egress": "allow", "allow": ["10.0.0.0/8"]},
+        from_snapshot="snap_1",
+        http=http,
+    )
+    assert isinstance(sbx.info, models.Sandbox)
+    assert sbx.id == "sbx_0123"
+    assert sbx._http is http
+    (request,) = rec.requests
+    assert (request.method, request.url.path) == ("POST", "/v1/sandboxes")
+    assert json.loads(request.content) == {
+        "template": "base",
+        "ttl_seconds": 600,
+        "persistent": True,
+        "metadata": {"owner": "tests"},
+        "env": {"A": "1"},
+        "network": {"egress": "allow", "allow": ["10.0.0.0/8"]},
+        "from_snapshot": "snap_1",
+    }
+
+
+def test_create_defaults(make_http: MakeHttp) -> None:
+    http, rec = make_http(created)
+    Sandbox.create(http=http)
+    assert json.loads(rec.requests[0].content) == {
+        "template": "code-interpreter",
+        "persistent": False,
+        "metadata": {},
+        "env": {},
+    }
+
+
+def test_create_rejects_bad_network_before_sending(make_http: MakeHttp) -> None:
+    http, rec = make_http(created)
+    with pytest.raises(InvalidArgument, match="network"):
+        Sandbox.create(network={"egress": "sometimes"}, http=http)
+    assert rec.requests == []
+
+
+def test_create_malformed_response_is_cryobox_error(make_http: MakeHttp) -> None:
+    http, _ = make_http(lambda request: httpx.Response(201, json={"id": "sbx_1"}))
+    with pytest.raises(CryoboxError, match="unexpected response to POST /v1/sandboxes") as info:
+        Sandbox.create(http=http)
+    assert type(info.value) is CryoboxError
+    assert not http.is_closed  # a caller's client is the caller's to close on failure
+
+
+def test_connect(make_http: MakeHttp) -> None:
+    http, rec = make_http(lambda request: httpx.Response(200, json=INFO))
+    sbx = Sandbox.connect("sbx_0123", http=http)
+    assert sbx.info == models.Sandbox.model_validate(INFO)
+    assert (rec.requests[0].method, rec.requests[0].url.path) == ("GET", "/v1/sandboxes/sbx_0123")
+
+
+def test_connect_quotes_the_id(make_http: MakeHttp) -> None:
+    http, rec = make_http(lambda request: _error(404, "not_found", "no such sandbox"))
+    with pytest.raises(NotFound):
+        Sandbox.connect("../templates", http=http)
+    assert rec.requests[0].url.raw_path == b"/v1/sandboxes/..%2Ftemplates"
+
+
+def test_list_builds_filters(make_http: MakeHttp) -> None:
+    http, rec = make_http(lambda request: httpx.Response(200, json={"items": [INFO, {**INFO, "id": "sbx_2"}]}))
+    items = Sandbox.list(status="running", metadata={"owner": "tests", "team": "a b"}, http=http)
+    assert [item.id for item in items] == ["sbx_0123", "sbx_2"]
+    assert all(isinstance(item, models.Sandbox) for item in items)
+    (request,) = rec.requests
+    assert request.url.path == "/v1/sandboxes"
+    assert dict(request.url.params) == {"status": "running", "metadata.owner": "tests", "metadata.team": "a b"}
+    assert not http.is_closed
+
+
+def test_list_without_filters_has_no_query(make_http: MakeHttp) -> None:
+    http, rec = make_http(lambda request: httpx.Response(200, json={"items": []}))
+    assert Sandbox.list(http=http) == []
+    assert rec.requests[0].url.query == b""
+
+
+# --- state and lifecycle ---------------------------------------------------------------------------------------
+
+
+def test_refresh_updates_info(make_sandbox: MakeSandbox) -> None:
+    sbx, rec = make_sandbox(lambda request: httpx.Response(200, json={**INFO, "status": "paused"}))
+    assert sbx.refresh().status == "paused"
+    assert sbx.info.status == "paused"
+    assert rec.requests[0].url.path == "/v1/sandboxes/sbx_0123"
+
+
+def test_lifecycle(make_sandbox: MakeSandbox) -> None:
+    sbx, rec = make_sandbox(lambda request: httpx.Response(200, json=LIFECYCLE))
+    assert sbx.lifecycle() == Lifecycle(
+        ttl_seconds=600, persistent=True, idle_seconds=12.5, expires_at="2024-05-01T13:10:00Z"
+    )
+    assert (rec.requests[0].method, rec.requests[0].url.path) == ("GET", "/v1/sandboxes/sbx_0123/lifecycle")
+
+
+def test_lifecycle_without_ttl(make_sandbox: MakeSandbox) -> None:
+    body = {"ttl_seconds": None, "persistent": False, "idle_seconds": 0, "expires_at": None}
+    sbx, _ = make_sandbox(lambda request: httpx.Response(200, json=body))
+    assert sbx.lifecycle() == Lifecycle(ttl_seconds=None, persistent=False, idle_seconds=0.0, expires_at=None)
+
+
+def test_set_ttl_and_persistent_patch(make_sandbox: MakeSandbox) -> None:
+    sbx, rec = make_sandbox(lambda request: httpx.Response(200, json=LIFECYCLE))
+    assert sbx.set_ttl(600).ttl_seconds == 600
+    assert sbx.set_persistent(True).persistent is True
+    assert [(r.method, r.url.path) for r in rec.requests] == [("PATCH", "/v1/sandboxes/sbx_0123/lifecycle")] * 2
+    assert [json.loads(r.content) for r in rec.requests] == [{"ttl_seconds": 600}, {"persistent": True}]
+    assert sbx.info.persistent is True
+    assert sbx.info.expires_at == "2024-05-01T13:10:00Z"
+
+
+def test_malformed_lifecycle_is_cryobox_error(make_sandbox: MakeSandbox) -> None:
+    sbx, _ = make_sandbox(lambda request: httpx.Response(200, json={"ttl_seconds": "soon"}))
+    with pytest.raises(CryoboxError, match="unexpected response"):
+        sbx.lifecycle()
+
+
+def test_kill_keep_snapshots(make_sandbox: MakeSandbox) -> None:
+    sbx, rec = make_sandbox(lambda request: httpx.Response(204))
+    sbx.kill(keep_snapshots=True)
+    assert rec.requests[0].url.params["keep_snapshots"] == "true"
+
+
+def test_close_keeps_sandbox(make_sandbox: MakeSandbox) -> None:
+    sbx, rec = make_sandbox(lambda request: httpx.Response(204))
+    sbx.close()
+    assert rec.requests == []
+    assert sbx._http.is_closed
+
+
+def test_context_manager_keeps_the_original_exception(make_sandbox: MakeSandbox) -> None:
+    sbx, rec = make_sandbox(lambda request: _error(500, "internal", "delete failed"))
+    with pytest.raises(ValueError, match="body failed") as info, sbx:
+        raise ValueError("body failed")
+    assert any("delete failed" in note for note in info.value.__notes__)
+    assert [r.method for r in rec.requests] == ["DELETE"]
+    assert sbx._http.is_closed
+
+
+# --- exec ------------------------------------------------------------------------------------------------------
+
+
+def test_exec_read_timeout_covers_the_command(make_sandbox: MakeSandbox) -> None:
+    sbx, rec = make_sandbox(_exec_ok(0))
+    sbx.exec("sleep 500", timeout_seconds=600)
+    sbx.exec("true", timeout_seconds=1)
+    sbx.exec("forever", timeout_seconds=None)
+    reads = [r.extensions["timeout"]["read"] for r in rec.requests]
+    assert reads == [630.0, 300.0, None]
+
+
+def test_exec_stream_callbacks(make_sandbox: MakeSandbox) -> None:
+    sbx, _ = make_sandbox(sse(SSE))
+    out: list[str] = []
+    err: list[str] = []
+    events = list(sbx.exec_stream("x", on_stdout=out.append, on_stderr=err.append))
+    assert out == ["hello ", "world\n"]
+    assert err == ["warn\n"]
+    assert events[-1] == StreamEvent(kind="exit", exit_code=7)
+
+
+def test_exec_stream_without_exit_raises(make_sandbox: MakeSandbox) -> None:
+    sbx, _ = make_sandbox(sse(SSE_NO_EXIT))
+    stream = sbx.exec_stream("x")
+    assert next(stream) == StreamEvent(kind="stdout", chunk="partial")
+    with pytest.raises(GuestError, match="ended before the command reported an exit code"):
+        next(stream)
+
+
+def test_exec_stream_empty_body_raises(make_sandbox: MakeSandbox) -> None:
+    sbx, _ = make_sandbox(sse(""))
+    with pytest.raises(GuestError, match="exit code"):
+        list(sbx.exec_stream("x"))
+
+
+def test_exec_stream_error_event_maps_code(make_sandbox: MakeSandbox) -> None:
+    sbx, _ = make_sandbox(sse(SSE_TIMEOUT))
+    seen: list[StreamEvent] = []
+    with pytest.raises(SandboxTimeout, match="timed out"):
+        for event in sbx.exec_stream("sleep 10", timeout_seconds=1):
+            seen.append(event)
+    assert seen == [StreamEvent(kind="stdout", chunk="a")]
+
+
+def test_exec_stream_exit_without_trailing_blank_line(make_sandbox: MakeSandbox) -> None:
+    sbx, _ = make_sandbox(sse('event: ping\ndata: {}\n\nevent: exit\r\ndata:{"exit_code": 0}'))
+    assert list(sbx.exec_stream("x")) == [StreamEvent(kind="exit", exit_code=0)]
+
+
+def test_exec_stream_transport_error(make_sandbox: MakeSandbox) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadError("connection reset", request=request)
+
+    sbx, _ = make_sandbox(handler)
+    with pytest.raises(CryoboxError, match="ReadError") as info:
+        list(sbx.exec_stream("x"))
+    assert type(info.value) is CryoboxError
+    assert isinstance(info.value.__cause__, httpx.ReadError)
+
+
+def test_sse_decoder() -> None:
+    decoder = SSEDecoder()
+    lines = [": comment", "event: stdout", "data: line one", "data:line two", "id: 7", "", "", "data: x", "\r"]
+    messages = [message for line in lines if (message := decoder.feed(line)) is not None]
+    assert messages == [SSEMessage("stdout", "line one\nline two"), SSEMessage("message", "x")]
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        ("event: stdout\ndata: not json\n\n", "malformed"),
+        ("event: stdout\ndata: [1]\n\n", "malformed"),
+        ('event: exit\ndata: {"exit_code": "0"}\n\n', "without an integer exit_code"),
+        ("event: exit\ndata: {}\n\n", "without an integer exit_code"),
+    ],
+)
+def test_malformed_stream_is_guest_error(body: str, match: str) -> None:
+    decoder = ExecStreamDecoder()
+    with pytest.raises(GuestError, match=match):
+        for line in [*body.split("\n"), ""]:
+            decoder.feed(line)
+
+
+@pytest.mark.parametrize(
+    ("data", "cls"),
+    [
+        ({"error": "x", "code": "timeout"}, SandboxTimeout),
+        ({"error": "x", "code": "guest_error"}, GuestError),
+        ({"error": "x", "code": "wrong_state", "details": {"state": "paused"}}, StateError),
+        ({"error": "x"}, CryoboxError),
+        ({"error": "x", "code": "no_such_code"}, CryoboxError),
+    ],
+)
+def test_stream_error_event_table(data: dict[str, Any], cls: type[CryoboxError]) -> None:
+    decoder = ExecStreamDecoder()
+    decoder.feed("event: error")
+    decoder.feed("data: " + json.dumps(data))
+    with pytest.raises(CryoboxError) as info:
+        decoder.feed("")
+    assert type(info.value) is cls
+    assert info.value.message == "x"
+
+
+# --- filesystem ------------------------------------------------------------------------------------------------
+
+ENTRY = {"name": "a.txt", "is_dir": False, "size": 3, "mode": 0o100644, "mtime": 1.5}
+
+
+def test_filesystem_list_stat_remove_read_text(make_sandbox: MakeSandbox) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/fs/dir"):
+            return httpx.Response(200, json={"path": "/work", "entries": [ENTRY]})
+        if request.url.path.endswith("/fs/stat"):
+            return httpx.Response(200, json=ENTRY)
+        if request.method == "DELETE":
+            return httpx.Response(204)
+        return httpx.Response(200, content="héllo".encode())
+
+    sbx, rec = make_sandbox(handler)
+    assert sbx.filesystem.list("/work") == [models.FileEntry.model_validate(ENTRY)]
+    assert sbx.filesystem.stat("/work/a.txt").size == 3
+    sbx.filesystem.remove("/work/a.txt")
+    assert sbx.filesystem.read_text("/work/a.txt") == "héllo"
+    assert [(r.method, r.url.path, r.url.params["path"]) for r in rec.requests] == [
+        ("GET", "/v1/sandboxes/sbx_0123/fs/dir", "/work"),
+        ("GET", "/v1/sandboxes/sbx_0123/fs/stat", "/work/a.txt"),
+        ("DELETE", "/v1/sandboxes/sbx_0123/fs", "/work/a.txt"),
+        ("GET", "/v1/sandboxes/sbx_0123/fs", "/work/a.txt"),
+    ]
+
+
+def test_filesystem_write_too_large(make_sandbox: MakeSandbox) -> None:
+    sbx, _ = make_sandbox(lambda request: _error(413, "payload_too_large", "body over 64 MiB"))
+    with pytest.raises(PayloadTooLarge):
+        sbx.filesystem.write("/big", b"x")
+
+
+# --- transport errors ------------------------------------------------------------------------------------------
+
+
+def _raise(exc_type: type[httpx.TransportError]) -> Handler:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise exc_type("boom", request=request)
+
+    return handler
+
+
+@pytest.mark.parametrize("exc_type", [httpx.ConnectError, httpx.ConnectTimeout])
+def test_connect_failure_is_host_unavailable(make_http: MakeHttp, exc_type: type[httpx.TransportError]) -> None:
+    http, rec = make_http(_raise(exc_type))
+    with pytest.raises(HostUnavailable, match="cannot reach the cryobox API at http://test") as info:
+        Sandbox.create(http=http, retry=FakeTime().policy())
+    assert isinstance(info.value.__cause__, exc_type)
+    assert len(rec.requests) == 1  # connection failures are not capacity refusals: never retried
+
+
+@pytest.mark.parametrize("exc_type", [httpx.ReadError, httpx.ReadTimeout, httpx.RemoteProtocolError])
+def test_other_transport_failures_are_plain_errors(
+    make_sandbox: MakeSandbox, exc_type: type[httpx.TransportError]
+) -> None:
+    sbx, _ = make_sandbox(_raise(exc_type))
+    with pytest.raises(CryoboxError) as info:
+        sbx.exec("true")
+    assert type(info.value) is CryoboxError
+    assert isinstance(info.value.__cause__, exc_type)
+
+
+# --- capacity retry --------------------------------------------------------------------------------------------
+
+
+def test_create_retries_capacity_honouring_retry_after(make_http: MakeHttp) -> None:
+    fake = FakeTime()
+    http, rec = make_http(sequence(capacity("2"), capacity("3"), capacity("1"), created))
+    sbx = Sandbox.create(http=http, retry=fake.policy())
+    assert sbx.id == "sbx_0123"
+    assert len(rec.requests) == 4
+    assert all((r.method, r.url.path) == ("POST", "/v1/sandboxes") for r in rec.requests)
+    assert fake.jitter_caps == [1, 2, 4]
+    assert fake.sleeps == [2 + 0.5, 3 + 1, 1 + 2]
+
+
+def test_jitter_doubles_then_caps(make_http: MakeHttp) -> None:
+    fake = FakeTime()
+    http, _ = make_http(sequence(*[capacity("0")] * 7, created))
+    Sandbox.create(http=http, retry=fake.policy(budget_s=1000))
+    assert fake.jitter_caps == [1, 2, 4, 8, 15, 15, 15]
+
+
+def test_retry_budget_exhausted_raises_last_refusal(make_http: MakeHttp) -> None:
+    fake = FakeTime()
+    http, rec = make_http(sequence(capacity("10"), capacity("10"), capacity("7", "third refusal"), created))
+    with pytest.raises(HostUnavailable, match="third refusal") as info:
+        Sandbox.create(http=http, retry=fake.policy(budget_s=25))
+    # waits 10.5 and 11 fit in 25 s; the third (7 + 2) does not fit in the 3.5 s left, so it is not attempted
+    assert fake.sleeps == [10.5, 11]
+    assert len(rec.requests) == 3
+    assert info.value.retry_after_s == 7
+
+
+def test_retry_budget_counts_time_spent_in_requests(make_http: MakeHttp) -> None:
+    fake = FakeTime()
+
+    def slow_refusal(request: httpx.Request) -> httpx.Response:
+        fake.now += 30
+        return capacity("1")
+
+    http, rec = make_http(sequence(slow_refusal, slow_refusal, created))
+    with pytest.raises(HostUnavailable):
+        Sandbox.create(http=http, retry=fake.policy(budget_s=60))
+    assert fake.sleeps == [1.5]
+    assert len(rec.requests) == 2
+
+
+def test_zero_budget_disables_retry(make_http: MakeHttp) -> None:
+    fake = FakeTime()
+    http, rec = make_http(sequence(capacity("1"), created))
+    with pytest.raises(HostUnavailable):
+        Sandbox.create(http=http, retry=fake.policy(budget_s=0))
+    assert fake.sleeps == []
+    assert len(rec.requests) == 1
+
+
+def test_rate_limit_with_retry_after_is_retried(make_http: MakeHttp) -> None:
+    fake = FakeTime()
+    limited = httpx.Response(429, json={"error": "slow down", "code": "rate_limited"}, headers={"Retry-After": "4"})
+    http, rec = make_http(sequence(limited, created))
+    Sandbox.create(http=http, retry=fake.policy())
+    assert fake.sleeps == [4.5]
+    assert len(rec.requests) == 2
+
+
+def test_rate_limit_beyond_budget_carries_retry_after(make_http: MakeHttp) -> None:
+    fake = FakeTime()
+    limited = httpx.Response(429, json={"error": "slow down", "code": "rate_limited"}, headers={"Retry-After": "90"})
+    http, _ = make_http(sequence(limited))
+    with pytest.raises(QuotaExceeded) as info:
+        Sandbox.create(http=http, retry=fake.policy())
+    assert info.value.retry_after_s == 90
+    assert fake.sleeps == []
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        capacity(retry_after=None),  # no Retry-After
+        httpx.Response(503, text="<html>Service Unavailable</html>", headers={"Retry-After": "1"}),  # not JSON
+        httpx.Response(503, json={"detail": "busy"}, headers={"Retry-After": "1"}),  # JSON without "error"
+        httpx.Response(503, json=["busy"], headers={"Retry-After": "1"}),  # JSON, not an object
+        capacity(retry_after="whenever"),  # unparseable Retry-After
+        httpx.Response(429, json={"error": "slow down", "code": "rate_limited"}),  # 429 without Retry-After
+        _error(500, "internal"),
+        _error(400, "invalid_argument"),
+        _error(404, "not_found", "no such template"),
+    ],
+)
+def test_create_does_not_retry_other_refusals(make_http: MakeHttp, refusal: httpx.Response) -> None:
+    fake = FakeTime()
+    http, rec = make_http(sequence(refusal, created))
+    with pytest.raises(CryoboxError) as info:
+        Sandbox.create(http=http, retry=fake.policy())
+    assert type(info.value) is type(error_from_response(refusal))
+    assert fake.sleeps == []
+    assert len(rec.requests) == 1
+
+
+def test_non_create_requests_are_not_retried() -> None:
+    fake = FakeTime()
+    recorder = Recorder(lambda request: capacity("1"))
+    with httpx.Client(transport=httpx.MockTransport(recorder), base_url="http://test") as http:
+        sbx = Sandbox(models.Sandbox.model_validate(INFO), ClientConfig("http://test", "k"), http, retry=fake.policy())
+        with pytest.raises(HostUnavailable):
+            sbx.exec("true")
+        with pytest.raises(HostUnavailable):
+            sbx.filesystem.write("/a", "b")
+        with pytest.raises(HostUnavailable):
+            sbx.refresh()
+    assert fake.sleeps == []
+    assert len(recorder.requests) == 3
+
+
+def test_retry_policy_validates() -> None:
+    with pytest.raises(ValueError, match="budget_s"):
+        RetryPolicy(budget_s=-1)
+    assert RetryPolicy().budget_s == 60
+    assert [RetryPolicy().jitter_cap(n) for n in range(7)] == [1, 2, 4, 8, 15, 15, 15]
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("3", 3.0),
+        ("1.5", 1.5),
+        ("-4", 0.0),
+        ("", None),
+        (None, None),
+        ("soon", None),
+        ("nan", None),
+        ("Wed, 21 Oct 2015 07:28:10 GMT", 10.0),
+    ],
+)
+def test_parse_retry_after(value: str | None, seconds: float | None) -> None:
+    assert parse_retry_after(value, now=1445412480.0) == seconds
+
+
+@pytest.mark.parametrize(
+    ("status", "cls"),
+    [
+        (400, InvalidArgument),
+        (401, Unauthorized),
+        (404, NotFound),
+        (409, StateError),
+        (413, PayloadTooLarge),
+        (429, QuotaExceeded),
+        (503, HostUnavailable),
+        (504, SandboxTimeout),
+        (418, CryoboxError),
+        (502, CryoboxError),
+    ],
+)
+def test_status_fallback_without_code(status: int, cls: type[CryoboxError]) -> None:
+    error = error_from_response(httpx.Response(status, text="<html>proxy page</html>"))
+    assert type(error) is cls

@@ -38,22 +38,27 @@ class Sandbox:
     boot_mode: str = "restore"
     boot_ms: float = 0.0
     state: SandboxState = SandboxState.STARTING
+    workspace_id: str = "default"
     metadata: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     persistent: bool = False
     ttl_s: int | None = None
-    last_active: float = field(default_factory=time.monotonic)
+    last_active: float = field(default_factory=time.time)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def expires_at(self) -> float | None:
+        """TTL is idle-based: a sandbox expires ``ttl_s`` after its last request; persistent ones never do."""
         if self.ttl_s is None or self.persistent:
             return None
-        return self.created_at + self.ttl_s
+        return self.last_active + self.ttl_s
+
+    def idle_s(self, now: float) -> float:
+        return max(0.0, now - self.last_active)
 
     def require_running(self) -> None:
         if not self.state.accepts_requests:
             raise StateError(f"sandbox {self.id} is {self.state.value}", state=self.state.value, required="running")
 
-    def touch(self) -> None:
-        self.last_active = time.monotonic()
+    def touch(self, now: float | None = None) -> None:
+        self.last_active = time.time() if now is None else now

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from ..errors import NotFound, PayloadTooLarge
@@ -43,7 +43,9 @@ class SandboxService:
         factory: VmFactory,
         prespawn: int = 2,
         pool_mode: PoolMode = PoolMode.WARM,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        self.clock = clock
         self.templates = dict(templates)
         self.factory = factory
         self.pools = {name: PrespawnPool(factory, t, prespawn, pool_mode) for name, t in self.templates.items()}
@@ -68,21 +70,25 @@ class SandboxService:
         env: dict[str, str] | None = None,
         ttl_s: int | None = None,
         persistent: bool = False,
+        workspace_id: str = "default",
     ) -> Sandbox:
         tmpl = self.template(template)
         started = time.monotonic()
         vm = await self.pools[template].take()
+        now = self.clock()
         sandbox = Sandbox(
             id=new_id("sb"),
             template=template,
             cpus=tmpl.machine.cpus,
             memory_mib=tmpl.machine.memory_mib,
             vm=vm,
-            created_at=time.time(),
+            created_at=now,
+            workspace_id=workspace_id,
             metadata=dict(metadata or {}),
             env=dict(env or {}),
             ttl_s=ttl_s,
             persistent=persistent,
+            last_active=now,
         )
         self.sandboxes[sandbox.id] = sandbox
         try:
@@ -102,25 +108,26 @@ class SandboxService:
         log.info("sandbox %s restored from %s in %.0f ms (vm %s)", sandbox.id, template, sandbox.boot_ms, vm.vm_id)
         return sandbox
 
-    def get(self, sandbox_id: str) -> Sandbox:
-        try:
-            return self.sandboxes[sandbox_id]
-        except KeyError:
-            raise NotFound(f"sandbox {sandbox_id!r} not found", details={"id": sandbox_id}) from None
+    def get(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:
+        """The live sandbox; another workspace's sandbox is reported as not found (404, not 403)."""
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is None or (workspace_id is not None and sandbox.workspace_id != workspace_id):
+            raise NotFound(f"sandbox {sandbox_id!r} not found", details={"id": sandbox_id})
+        return sandbox
 
     def all(self) -> list[Sandbox]:
         return sorted(self.sandboxes.values(), key=lambda s: s.created_at)
 
-    async def delete(self, sandbox_id: str) -> None:
-        sandbox = self.get(sandbox_id)
+    async def delete(self, sandbox_id: str, workspace_id: str | None = None) -> None:
+        sandbox = self.get(sandbox_id, workspace_id)
         self.sandboxes.pop(sandbox_id, None)
         sandbox.state = SandboxState.STOPPED
         await self.factory.destroy(sandbox.vm)
 
-    async def _guest(self, sandbox_id: str) -> tuple[Sandbox, GuestClient]:
-        sandbox = self.get(sandbox_id)
+    async def _guest(self, sandbox_id: str, workspace_id: str | None) -> tuple[Sandbox, GuestClient]:
+        sandbox = self.get(sandbox_id, workspace_id)
         sandbox.require_running()
-        sandbox.touch()
+        sandbox.touch(self.clock())
         return sandbox, await sandbox.vm.connect_guest()
 
     def _spec(self, sandbox: Sandbox, spec: ExecSpec) -> ExecSpec:
@@ -130,31 +137,35 @@ class SandboxService:
             cmd=spec.cmd, timeout_s=spec.timeout_s, env={**sandbox.env, **spec.env}, cwd=spec.cwd, stdin=spec.stdin
         )
 
-    async def exec(self, sandbox_id: str, spec: ExecSpec) -> ExecResult:
-        sandbox, guest = await self._guest(sandbox_id)
+    async def exec(self, sandbox_id: str, spec: ExecSpec, workspace_id: str | None = None) -> ExecResult:
+        sandbox, guest = await self._guest(sandbox_id, workspace_id)
         return await run_exec(guest, self._spec(sandbox, spec))
 
-    async def exec_stream(self, sandbox_id: str, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
-        sandbox, guest = await self._guest(sandbox_id)
+    async def exec_stream(
+        self, sandbox_id: str, spec: ExecSpec, workspace_id: str | None = None
+    ) -> AsyncIterator[ExecEvent]:
+        sandbox, guest = await self._guest(sandbox_id, workspace_id)
         async for event in stream_exec(guest, self._spec(sandbox, spec)):
             yield event
 
-    async def read_file(self, sandbox_id: str, path: str) -> bytes:
-        _, guest = await self._guest(sandbox_id)
+    async def read_file(self, sandbox_id: str, path: str, workspace_id: str | None = None) -> bytes:
+        _, guest = await self._guest(sandbox_id, workspace_id)
         return unb64((await guest.call("read_file", {"path": path}, timeout=120)).get("content"))
 
-    async def write_file(self, sandbox_id: str, path: str, data: bytes) -> dict[str, Any]:
+    async def write_file(
+        self, sandbox_id: str, path: str, data: bytes, workspace_id: str | None = None
+    ) -> dict[str, Any]:
         if len(data) > MAX_FILE_BYTES:
             raise PayloadTooLarge(f"file of {len(data)} bytes exceeds {MAX_FILE_BYTES}")
-        _, guest = await self._guest(sandbox_id)
+        _, guest = await self._guest(sandbox_id, workspace_id)
         return await guest.call("write_file", {"path": path, "content": b64(data)}, timeout=120)
 
-    async def file_op(self, sandbox_id: str, op: str, path: str) -> dict[str, Any]:
-        _, guest = await self._guest(sandbox_id)
+    async def file_op(self, sandbox_id: str, op: str, path: str, workspace_id: str | None = None) -> dict[str, Any]:
+        _, guest = await self._guest(sandbox_id, workspace_id)
         return await guest.call(op, {"path": path}, timeout=60)
 
     async def reap_expired(self, now: float | None = None) -> list[str]:
-        now = time.time() if now is None else now
+        now = self.clock() if now is None else now
         expired = [s.id for s in self.sandboxes.values() if s.expires_at is not None and s.expires_at <= now]
         for sandbox_id in expired:
             with contextlib.suppress(NotFound):

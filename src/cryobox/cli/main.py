@@ -10,10 +10,16 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from .keys_cmds import keys_app
+from .sandbox_cmds import sandbox_app, template_app
+
 app = typer.Typer(help="cryobox: microVM sandboxes where every create is a snapshot restore.", no_args_is_help=True)
 image_app = typer.Typer(help="Guest images and templates.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks (print figures, write JSON under bench/results/).", no_args_is_help=True)
 app.add_typer(image_app, name="image")
+app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(template_app, name="template")
+app.add_typer(keys_app, name="keys")
 app.add_typer(bench_app, name="bench")
 console = Console(stderr=True)
 
@@ -32,16 +38,44 @@ def serve(
         str,
         typer.Option(envvar="CRYOBOX_POOL_MODE", help="'warm' (state loaded, first exec done, paused) or 'spawned'"),
     ] = "warm",
+    max_concurrent_restores: Annotated[
+        int | None, typer.Option(help="restores running at once (env CRYOBOX_MAX_CONCURRENT_RESTORES, default 4)")
+    ] = None,
+    admission_queue: Annotated[
+        int | None, typer.Option(help="creates that may wait for a slot (env CRYOBOX_ADMISSION_QUEUE, default 64)")
+    ] = None,
+    admission_timeout: Annotated[
+        float | None, typer.Option(help="seconds a create may wait (env CRYOBOX_ADMISSION_TIMEOUT_S, default 30)")
+    ] = None,
+    reap_interval: Annotated[float, typer.Option(help="seconds between TTL reaper sweeps")] = 5.0,
 ) -> None:
     """Start the platform: build images and templates if needed, then serve the HTTP API."""
     from ..agent.factory import PoolMode
+    from ..errors import CryoboxError
+    from .serve import ServeOptions
     from .serve import serve as run_serve
 
     try:
         mode = PoolMode(pool_mode)
     except ValueError:
         raise typer.BadParameter(f"--pool-mode must be 'warm' or 'spawned', not {pool_mode!r}") from None
-    run_serve(data_dir, cache_dir, host, port, prespawn, mode, console)
+    options = ServeOptions(
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        host=host,
+        port=port,
+        prespawn=prespawn,
+        pool_mode=mode,
+        max_concurrent_restores=max_concurrent_restores,
+        admission_queue=admission_queue,
+        admission_timeout_s=admission_timeout,
+        reap_interval_s=reap_interval,
+    )
+    try:
+        run_serve(options, console)
+    except CryoboxError as error:
+        console.print(f"[red]cannot start[/red] ({error.code}): {error.message}")
+        raise typer.Exit(2) from error
 
 
 @image_app.command("build")

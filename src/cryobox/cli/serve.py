@@ -1,4 +1,4 @@
-"""``cryobox serve``: host agent + control plane in one process (embedded defaults)."""
+"""``cryobox serve``: host agent + control plane in one process (embedded defaults: SQLite, local files)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -15,27 +16,54 @@ from rich.console import Console
 from ..agent.factory import PoolMode
 from ..agent.platform import HostConfig, start_host
 from ..config import Paths
+from ..registry import Registry
+from ..server.admission import AdmissionConfig, AdmissionController
 from ..server.app import create_app
 from ..server.auth import load_or_create_key
+from ..server.control import ControlPlane
+from ..server.metrics import Metrics
+from ..server.ratelimit import RateLimitConfig, RateLimiter
+
+DEFAULT_WORKSPACE = "default"
 
 
-def serve(
-    data_dir: Path | None,
-    cache_dir: Path | None,
-    host: str,
-    port: int,
-    prespawn: int,
-    pool_mode: PoolMode,
-    console: Console,
-) -> None:
+@dataclass(frozen=True)
+class ServeOptions:
+    data_dir: Path | None
+    cache_dir: Path | None
+    host: str
+    port: int
+    prespawn: int
+    pool_mode: PoolMode
+    max_concurrent_restores: int | None = None
+    admission_queue: int | None = None
+    admission_timeout_s: float | None = None
+    reap_interval_s: float = 5.0
+
+
+def serve(options: ServeOptions, console: Console) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    paths = Paths.from_env(data_dir, cache_dir)
-    config = HostConfig(paths=paths, prespawn=prespawn, pool_mode=pool_mode)
+    paths = Paths.from_env(options.data_dir, options.cache_dir)
+    config = HostConfig(paths=paths, prespawn=options.prespawn, pool_mode=options.pool_mode)
+    # validate every setting before anything starts (fail fast)
+    admission_config = AdmissionConfig.from_env(
+        max_concurrent=options.max_concurrent_restores,
+        queue_length=options.admission_queue,
+        timeout_s=options.admission_timeout_s,
+    )
+    limiter = RateLimiter.from_config(RateLimitConfig.from_env())
+    paths.ensure()
+    registry = Registry.for_data_dir(paths.data_dir)
 
     async def main() -> None:
         console.print(
-            f"[bold]cryobox[/bold] data dir {paths.data_dir}, cache {paths.cache_dir}, accelerator {config.accel.value}"
+            f"[bold]cryobox[/bold] data dir {paths.data_dir}, cache {paths.cache_dir}, "
+            f"accelerator {config.accel.value}, registry {registry.url}"
         )
+        await asyncio.to_thread(registry.migrate)
+        workspace = await asyncio.to_thread(registry.ensure_workspace, DEFAULT_WORKSPACE)
+        key, generated = load_or_create_key(paths.data_dir)
+        await asyncio.to_thread(registry.import_key, workspace.id, key, "bootstrap")
         with console.status("preparing images and templates") as status:
 
             def progress(line: str) -> None:
@@ -46,15 +74,21 @@ def serve(
                     status.update(line[:100])
 
             service = await start_host(config, progress)
-        key, generated = load_or_create_key(paths.data_dir)
-        app = create_app(service, api_key=key, accel=config.accel, host=socket.gethostname())
+        metrics = Metrics()
+        admission = AdmissionController(admission_config, observer=metrics.admission_observer())
+        control = ControlPlane(service, registry, admission, metrics, host=socket.gethostname())
+        app = create_app(
+            control, limiter=limiter, accel=config.accel, host=control.host, reap_interval_s=options.reap_interval_s
+        )
         console.print(f"templates ready: {', '.join(service.templates)}")
         if generated:
             console.print(f"generated API key (saved in {paths.data_dir / 'api_key'}): [bold]{key}[/bold]")
         else:
-            console.print(f"API key: [bold]{key}[/bold]")
-        console.print(f"export CRYOBOX_API_URL=http://{host}:{port} CRYOBOX_API_KEY={key}")
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info", lifespan="on"))
+            console.print(f"API key (workspace {DEFAULT_WORKSPACE}): [bold]{key}[/bold]")
+        console.print(f"export CRYOBOX_API_URL=http://{options.host}:{options.port} CRYOBOX_API_KEY={key}")
+        server = uvicorn.Server(
+            uvicorn.Config(app, host=options.host, port=options.port, log_level="info", lifespan="on")
+        )
         try:
             await server.serve()
         finally:
@@ -64,7 +98,10 @@ def serve(
     # with the previous handler: make that handler a clean exit so a graceful stop exits 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _exit_cleanly)
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        registry.close()
 
 
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:

@@ -10,10 +10,13 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from .. import __version__
-from ..agent.service import SandboxService
 from ..agent.vm import Accel
+from .control import ControlPlane
 from .deps import AppContext
 from .errors import install_error_handlers
+from .limits import BodyLimitMiddleware
+from .metrics import MetricsMiddleware
+from .ratelimit import RateLimiter
 from .routes_files import router as files_router
 from .routes_platform import router as platform_router
 from .routes_sandboxes import router as sandboxes_router
@@ -22,16 +25,17 @@ log = logging.getLogger(__name__)
 
 
 def create_app(
-    service: SandboxService, *, api_key: str, accel: Accel, host: str, reap_interval_s: float = 5.0
+    control: ControlPlane, *, limiter: RateLimiter, accel: Accel, host: str, reap_interval_s: float = 5.0
 ) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await control.startup()
+
         async def reaper() -> None:
             while True:
                 await asyncio.sleep(reap_interval_s)
                 try:
-                    for sandbox_id in await service.reap_expired():
-                        log.info("sandbox %s expired (ttl)", sandbox_id)
+                    await control.reap_expired()
                 except Exception:
                     log.exception("ttl reaper failed")
 
@@ -42,11 +46,18 @@ def create_app(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            await service.close()
+            await control.service.close()
 
-    app = FastAPI(title="cryobox", version=__version__, lifespan=lifespan)
-    app.state.ctx = AppContext(service=service, api_key=api_key, accel=accel, host=host, version=__version__)
+    app = FastAPI(
+        title="cryobox",
+        version=__version__,
+        lifespan=lifespan,
+        description="Self-hosted microVM sandboxes where every create is a snapshot restore.",
+    )
+    app.state.ctx = AppContext(control=control, limiter=limiter, accel=accel, host=host, version=__version__)
     install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware)
+    app.add_middleware(MetricsMiddleware, metrics=control.metrics)
     app.include_router(sandboxes_router)
     app.include_router(files_router)
     app.include_router(platform_router)

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import hmac
 import os
 import secrets
 from pathlib import Path
-
-from ..errors import Unauthorized
 
 
 def load_or_create_key(data_dir: Path, env: dict[str, str] | None = None) -> tuple[str, bool]:
@@ -24,10 +21,3 @@ def load_or_create_key(data_dir: Path, env: dict[str, str] | None = None) -> tup
     with os.fdopen(fd, "w") as fh:
         fh.write(key + "\n")
     return key, True
-
-
-def check_bearer(header: str | None, key: str) -> None:
-    if not header or not header.lower().startswith("bearer "):
-        raise Unauthorized("missing bearer API key (Authorization: Bearer <key>)")
-    if not hmac.compare_digest(header[7:].strip().encode(), key.encode()):
-        raise Unauthorized("invalid API key")

@@ -1,7 +1,8 @@
-"""Request-scoped dependencies: the service and API-key check (no module-level state: all on app.state)."""
+"""Request-scoped dependencies. Nothing is global: the app's parts live on ``app.state.ctx``."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -9,16 +10,52 @@ from fastapi import Depends, Request
 
 from ..agent.service import SandboxService
 from ..agent.vm import Accel
-from .auth import check_bearer
+from ..errors import Unauthorized
+from ..registry import Registry, WorkspaceInfo
+from .control import ControlPlane
+from .metrics import Metrics
+from .ratelimit import RateLimiter
 
 
 @dataclass
 class AppContext:
-    service: SandboxService
-    api_key: str
+    control: ControlPlane
+    limiter: RateLimiter
     accel: Accel
     host: str
     version: str
+
+    @property
+    def service(self) -> SandboxService:
+        return self.control.service
+
+    @property
+    def registry(self) -> Registry:
+        return self.control.registry
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.control.metrics
+
+
+@dataclass(frozen=True)
+class Caller:
+    """An authenticated request: the app's parts plus the caller's workspace."""
+
+    app: AppContext
+    workspace: WorkspaceInfo
+
+    @property
+    def workspace_id(self) -> str:
+        return self.workspace.id
+
+    @property
+    def control(self) -> ControlPlane:
+        return self.app.control
+
+    @property
+    def service(self) -> SandboxService:
+        return self.app.control.service
 
 
 def context(request: Request) -> AppContext:
@@ -26,10 +63,16 @@ def context(request: Request) -> AppContext:
     return ctx
 
 
-def authenticated(request: Request, ctx: Annotated[AppContext, Depends(context)]) -> AppContext:
-    check_bearer(request.headers.get("authorization"), ctx.api_key)
-    return ctx
+async def authenticated(request: Request, ctx: Annotated[AppContext, Depends(context)]) -> Caller:
+    header = request.headers.get("authorization")
+    if not header or not header.lower().startswith("bearer ") or not header[7:].strip():
+        raise Unauthorized("missing bearer API key (Authorization: Bearer <key>)")
+    workspace = await asyncio.to_thread(ctx.registry.authenticate, header[7:].strip())
+    if workspace is None:
+        raise Unauthorized("invalid or revoked API key")
+    ctx.limiter.check(workspace.id)
+    return Caller(app=ctx, workspace=workspace)
 
 
-Ctx = Annotated[AppContext, Depends(authenticated)]
+Ctx = Annotated[Caller, Depends(authenticated)]
 PublicCtx = Annotated[AppContext, Depends(context)]

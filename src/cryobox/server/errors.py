@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -11,8 +12,24 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import CryoboxError, HostUnavailable, QuotaExceeded
+from ..models import ErrorBody
 
 log = logging.getLogger(__name__)
+
+_DESCRIPTIONS = {
+    400: "invalid input; nothing changed",
+    401: "missing or invalid API key",
+    404: "unknown id (or another workspace's)",
+    409: "wrong state for this operation",
+    413: "request too large",
+    429: "rate limited; retry after Retry-After seconds",
+    503: "no capacity; nothing was created; retry after Retry-After seconds",
+    504: "the command timed out (process group killed)",
+}
+# Documented on every route so the OpenAPI document states what clients can get back.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": text} for status, text in _DESCRIPTIONS.items()
+}
 
 _STATUS_CODES = {
     400: "invalid_argument",

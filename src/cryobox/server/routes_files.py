@@ -8,9 +8,10 @@ from .. import models
 from ..agent.service import MAX_FILE_BYTES
 from ..errors import InvalidArgument, PayloadTooLarge
 from .deps import Ctx
+from .errors import ERROR_RESPONSES
 from .views import file_entry
 
-router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}/fs", tags=["files"])
+router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}/fs", tags=["files"], responses=ERROR_RESPONSES)
 PathQuery = Query(min_length=1, max_length=4096, description="absolute path inside the guest")
 
 
@@ -22,14 +23,14 @@ def checked(path: str) -> str:
 
 @router.get("", response_class=Response, responses={200: {"content": {"application/octet-stream": {}}}})
 async def read_file(sandbox_id: str, ctx: Ctx, path: str = PathQuery) -> Response:
-    data = await ctx.service.read_file(sandbox_id, checked(path))
+    data = await ctx.service.read_file(sandbox_id, checked(path), ctx.workspace_id)
     return Response(content=data, media_type="application/octet-stream")
 
 
 @router.put("", response_model=models.WriteResult)
 async def write_file(sandbox_id: str, request: Request, ctx: Ctx, path: str = PathQuery) -> models.WriteResult:
     checked(path)
-    ctx.service.get(sandbox_id).require_running()
+    ctx.service.get(sandbox_id, ctx.workspace_id).require_running()
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_FILE_BYTES:
         raise PayloadTooLarge(f"body of {declared} bytes exceeds {MAX_FILE_BYTES}", details={"limit": MAX_FILE_BYTES})
@@ -38,22 +39,22 @@ async def write_file(sandbox_id: str, request: Request, ctx: Ctx, path: str = Pa
         body += chunk
         if len(body) > MAX_FILE_BYTES:
             raise PayloadTooLarge(f"body exceeds {MAX_FILE_BYTES} bytes", details={"limit": MAX_FILE_BYTES})
-    result = await ctx.service.write_file(sandbox_id, path, bytes(body))
+    result = await ctx.service.write_file(sandbox_id, path, bytes(body), ctx.workspace_id)
     return models.WriteResult(path=str(result.get("path", path)), bytes=int(result.get("bytes", len(body))))
 
 
 @router.delete("", status_code=204)
 async def delete_file(sandbox_id: str, ctx: Ctx, path: str = PathQuery) -> Response:
-    await ctx.service.file_op(sandbox_id, "delete", checked(path))
+    await ctx.service.file_op(sandbox_id, "delete", checked(path), ctx.workspace_id)
     return Response(status_code=204)
 
 
 @router.get("/dir", response_model=models.DirListing)
 async def list_dir(sandbox_id: str, ctx: Ctx, path: str = PathQuery) -> models.DirListing:
-    raw = await ctx.service.file_op(sandbox_id, "list_dir", checked(path))
+    raw = await ctx.service.file_op(sandbox_id, "list_dir", checked(path), ctx.workspace_id)
     return models.DirListing(path=path, entries=[file_entry(e) for e in raw.get("entries", [])])
 
 
 @router.get("/stat", response_model=models.FileEntry)
 async def stat(sandbox_id: str, ctx: Ctx, path: str = PathQuery) -> models.FileEntry:
-    return file_entry(await ctx.service.file_op(sandbox_id, "stat", checked(path)))
+    return file_entry(await ctx.service.file_op(sandbox_id, "stat", checked(path), ctx.workspace_id))

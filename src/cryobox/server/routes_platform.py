@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from .. import models
 from ..agent.sandbox import SandboxState
 from .deps import Ctx, PublicCtx
+from .errors import ERROR_RESPONSES
 from .views import template_view
 
 router = APIRouter(tags=["platform"])
 
 
-@router.get("/v1/templates", response_model=models.TemplateList)
+@router.get("/v1/templates", response_model=models.TemplateList, responses=ERROR_RESPONSES)
 async def list_templates(ctx: Ctx) -> models.TemplateList:
     return models.TemplateList(items=[template_view(t) for t in ctx.service.templates.values()])
 
 
-@router.get("/v1/templates/{name}", response_model=models.Template)
+@router.get("/v1/templates/{name}", response_model=models.Template, responses=ERROR_RESPONSES)
 async def get_template(name: str, ctx: Ctx) -> models.Template:
     return template_view(ctx.service.template(name))
 
@@ -30,8 +31,19 @@ async def info(ctx: PublicCtx) -> models.Info:
         version=ctx.version,
         accelerator=ctx.accel.value,
         hosts=[ctx.host],
-        capacity={"sandboxes_running": running, "prespawned_vms": prespawned},
+        capacity={
+            "sandboxes_running": running,
+            "prespawned_vms": prespawned,
+            "max_concurrent_restores": ctx.control.admission.config.max_concurrent,
+            "admission_queue_depth": ctx.control.admission.queue_depth,
+        },
     )
+
+
+@router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+async def metrics(ctx: PublicCtx) -> Response:
+    body, content_type = ctx.metrics.render()
+    return Response(content=body, media_type=content_type)
 
 
 @router.get("/healthz")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request, Response
@@ -10,58 +11,95 @@ from fastapi.responses import StreamingResponse
 
 from .. import models
 from ..agent.exec import ExecSpec
+from ..agent.sandbox import rfc3339
 from ..errors import CryoboxError, InvalidArgument, SandboxTimeout
+from .control import UNSET, CreateRequest
 from .deps import Ctx
+from .errors import ERROR_RESPONSES
 from .views import sandbox_view
 
-router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
+router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"], responses=ERROR_RESPONSES)
 
 
 @router.post("", status_code=201, response_model=models.Sandbox)
 async def create_sandbox(body: models.CreateSandboxRequest, ctx: Ctx) -> models.Sandbox:
     if body.from_snapshot is not None:
         raise InvalidArgument("from_snapshot is not supported by this server yet", details={"field": "from_snapshot"})
-    sandbox = await ctx.service.create(
-        body.template, metadata=body.metadata, env=body.env, ttl_s=body.ttl_seconds, persistent=body.persistent
+    row = await ctx.control.create(
+        CreateRequest(
+            template=body.template,
+            workspace_id=ctx.workspace_id,
+            metadata=body.metadata,
+            env=body.env,
+            ttl_s=body.ttl_seconds,
+            persistent=body.persistent,
+        )
     )
-    return sandbox_view(sandbox, ctx.host)
+    return sandbox_view(row)
 
 
 @router.get("", response_model=models.SandboxList)
-async def list_sandboxes(request: Request, ctx: Ctx, status: str | None = None) -> models.SandboxList:
+async def list_sandboxes(request: Request, ctx: Ctx, status: models.SandboxStatus | None = None) -> models.SandboxList:
     wanted = {k[len("metadata.") :]: v for k, v in request.query_params.items() if k.startswith("metadata.")}
-    items = [
-        sandbox_view(s, ctx.host)
-        for s in ctx.service.all()
-        if (status is None or s.state.value == status) and all(s.metadata.get(k) == v for k, v in wanted.items())
-    ]
-    return models.SandboxList(items=items)
+    rows = await ctx.control.list_rows(ctx.workspace_id, status, wanted)
+    return models.SandboxList(items=[sandbox_view(r) for r in rows])
 
 
 @router.get("/{sandbox_id}", response_model=models.Sandbox)
 async def get_sandbox(sandbox_id: str, ctx: Ctx) -> models.Sandbox:
-    return sandbox_view(ctx.service.get(sandbox_id), ctx.host)
+    return sandbox_view(await ctx.control.get(sandbox_id, ctx.workspace_id))
 
 
-@router.delete("/{sandbox_id}", status_code=204)
+@router.delete("/{sandbox_id}", status_code=204, response_class=Response)
 async def delete_sandbox(sandbox_id: str, ctx: Ctx) -> Response:
-    await ctx.service.delete(sandbox_id)
+    await ctx.control.delete(sandbox_id, ctx.workspace_id)
     return Response(status_code=204)
 
 
+def _lifecycle(ctx: Ctx, sandbox_id: str) -> models.Lifecycle:
+    sandbox = ctx.service.get(sandbox_id, ctx.workspace_id)
+    expires = sandbox.expires_at
+    return models.Lifecycle(
+        ttl_seconds=sandbox.ttl_s,
+        persistent=sandbox.persistent,
+        idle_seconds=round(sandbox.idle_s(ctx.service.clock()), 3),
+        expires_at=rfc3339(expires) if expires is not None else None,
+    )
+
+
+@router.get("/{sandbox_id}/lifecycle", response_model=models.Lifecycle)
+async def get_lifecycle(sandbox_id: str, ctx: Ctx) -> models.Lifecycle:
+    return _lifecycle(ctx, sandbox_id)
+
+
+@router.patch("/{sandbox_id}/lifecycle", response_model=models.Lifecycle)
+async def patch_lifecycle(sandbox_id: str, body: models.LifecyclePatch, ctx: Ctx) -> models.Lifecycle:
+    ttl = body.ttl_seconds if "ttl_seconds" in body.model_fields_set else UNSET
+    await ctx.control.update_lifecycle(sandbox_id, ctx.workspace_id, ttl_s=ttl, persistent=body.persistent)
+    return _lifecycle(ctx, sandbox_id)
+
+
 def exec_spec(body: models.ExecRequest) -> ExecSpec:
-    stdin = None
-    if body.stdin is not None:
-        stdin = body.stdin.encode()
+    stdin = body.stdin.encode() if body.stdin is not None else None
     return ExecSpec(cmd=body.cmd, timeout_s=body.timeout_seconds, env=body.env, cwd=body.cwd, stdin=stdin)
+
+
+def _timeout_message(body: models.ExecRequest) -> str:
+    return f"command timed out after {body.timeout_seconds}s (timeout_seconds reached; process group killed)"
 
 
 @router.post("/{sandbox_id}/exec", response_model=models.ExecResponse)
 async def exec_command(sandbox_id: str, body: models.ExecRequest, ctx: Ctx) -> models.ExecResponse:
-    result = await ctx.service.exec(sandbox_id, exec_spec(body))
+    started = time.monotonic()
+    try:
+        result = await ctx.service.exec(sandbox_id, exec_spec(body), ctx.workspace_id)
+    except CryoboxError:
+        ctx.app.metrics.observe_exec("error", time.monotonic() - started)
+        raise
+    ctx.app.metrics.observe_exec("timeout" if result.timed_out else "ok", time.monotonic() - started)
     if result.timed_out:
         raise SandboxTimeout(
-            f"command timed out after {body.timeout_seconds}s (process group killed)",
+            _timeout_message(body),
             details={
                 "stdout": result.stdout,
                 "stderr": result.stderr,
@@ -81,20 +119,18 @@ def _sse(event: str, data: dict[str, object]) -> bytes:
 @router.post(
     "/{sandbox_id}/exec/stream",
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {}}}},
+    responses={200: {"content": {"text/event-stream": {}}, "description": "server-sent events"}},
 )
 async def exec_stream(sandbox_id: str, body: models.ExecRequest, ctx: Ctx) -> StreamingResponse:
-    ctx.service.get(sandbox_id).require_running()  # unknown id / wrong state: a plain error, not a stream
+    ctx.service.get(sandbox_id, ctx.workspace_id).require_running()  # plain 404/409 errors, not a stream
     spec = exec_spec(body)
 
     async def events() -> AsyncIterator[bytes]:
         try:
-            async for event in ctx.service.exec_stream(sandbox_id, spec):
+            async for event in ctx.service.exec_stream(sandbox_id, spec, ctx.workspace_id):
                 if event.kind == "exit" and event.result is not None:
                     if event.result.timed_out:
-                        yield _sse(
-                            "error", {"error": f"command timed out after {body.timeout_seconds}s", "code": "timeout"}
-                        )
+                        yield _sse("error", {"error": _timeout_message(body), "code": "timeout"})
                     else:
                         yield _sse("exit", {"exit_code": event.result.exit_code})
                     return

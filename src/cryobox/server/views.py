@@ -1,32 +1,33 @@
-"""Host-agent objects -> wire models."""
+"""Registry rows and host-agent objects -> wire models."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 from .. import models
-from ..agent.sandbox import Sandbox, rfc3339
+from ..agent.sandbox import rfc3339
 from ..agent.templates import Template
-from ..models import BootMode
+from ..registry import SandboxRow
 
 
-def sandbox_view(sandbox: Sandbox, host: str) -> models.Sandbox:
-    expires = sandbox.expires_at
-    return models.Sandbox(
-        id=sandbox.id,
-        template=sandbox.template,
-        cpu=sandbox.cpus,
-        memory_mb=sandbox.memory_mib,
-        status=sandbox.state.value,
-        guest_ip=None,
-        metadata=sandbox.metadata,
-        from_snapshot=None,
-        boot_ms=sandbox.boot_ms,
-        boot_mode=cast(BootMode, sandbox.boot_mode),
-        created_at=rfc3339(sandbox.created_at),
-        persistent=sandbox.persistent,
-        expires_at=rfc3339(expires) if expires is not None else None,
-        host=host,
+def sandbox_view(row: SandboxRow) -> models.Sandbox:
+    return models.Sandbox.model_validate(
+        {
+            "id": row.id,
+            "template": row.template,
+            "cpu": row.cpu,
+            "memory_mb": row.memory_mb,
+            "status": row.status,
+            "guest_ip": row.guest_ip,
+            "metadata": row.metadata,
+            "from_snapshot": row.from_snapshot,
+            "boot_ms": row.boot_ms,
+            "boot_mode": row.boot_mode,
+            "created_at": rfc3339(row.created_at),
+            "persistent": row.persistent,
+            "expires_at": rfc3339(row.expires_at) if row.expires_at is not None else None,
+            "host": row.host,
+        }
     )
 
 

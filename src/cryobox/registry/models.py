@@ -1,0 +1,101 @@
+"""ORM tables of the registry (SQLAlchemy 2 typed declarative).
+
+The schema is created and changed only by the Alembic revisions in ``migrations/versions``; these classes must
+stay in step with them (a unit test compares the migrated database with this metadata). Timestamps are float
+epoch seconds; JSON columns use the generic ``JSON`` type, which works on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import JSON, BigInteger, Boolean, Double, ForeignKey, Integer, MetaData, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+ID = String(128)
+NAME = String(255)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Workspace(Base):
+    __tablename__ = "workspaces"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    name: Mapped[str] = mapped_column(NAME, unique=True)
+    created_at: Mapped[float] = mapped_column(Double)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(ID, ForeignKey("workspaces.id"), index=True)
+    name: Mapped[str] = mapped_column(NAME)
+    prefix: Mapped[str] = mapped_column(String(16), index=True)
+    hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[float] = mapped_column(Double)
+    revoked_at: Mapped[float | None] = mapped_column(Double)
+
+
+class Template(Base):
+    __tablename__ = "templates"
+
+    name: Mapped[str] = mapped_column(NAME, primary_key=True)
+    generation: Mapped[str] = mapped_column(NAME)
+    cpu: Mapped[int] = mapped_column(Integer)
+    memory_mb: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(32))
+    path: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Double)
+
+
+class Sandbox(Base):
+    __tablename__ = "sandboxes"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(ID, ForeignKey("workspaces.id"), index=True)
+    template: Mapped[str] = mapped_column(NAME)
+    cpu: Mapped[int] = mapped_column(Integer)
+    memory_mb: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(32), index=True)
+    # ``metadata`` is reserved on declarative classes: the attribute is ``metadata_``, the column "metadata"
+    metadata_: Mapped[dict[str, str]] = mapped_column("metadata", JSON)
+    env: Mapped[dict[str, str]] = mapped_column(JSON)
+    from_snapshot: Mapped[str | None] = mapped_column(ID)
+    boot_ms: Mapped[float] = mapped_column(Double)
+    boot_mode: Mapped[str] = mapped_column(String(32))
+    host: Mapped[str] = mapped_column(NAME)
+    created_at: Mapped[float] = mapped_column(Double)
+    persistent: Mapped[bool] = mapped_column(Boolean)
+    ttl_seconds: Mapped[int | None] = mapped_column(Integer)
+    expires_at: Mapped[float | None] = mapped_column(Double)
+    last_active_at: Mapped[float] = mapped_column(Double)
+    vm_id: Mapped[str | None] = mapped_column(ID)
+    guest_ip: Mapped[str | None] = mapped_column(String(64))
+
+
+class Snapshot(Base):
+    __tablename__ = "snapshots"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(ID, ForeignKey("workspaces.id"), index=True)
+    # not a foreign key: the sandbox row may be deleted while its snapshots stay
+    sandbox_id: Mapped[str | None] = mapped_column(ID, index=True)
+    template: Mapped[str] = mapped_column(NAME)
+    parent_id: Mapped[str | None] = mapped_column(ID)
+    path: Mapped[str] = mapped_column(Text)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    pause_ms: Mapped[float | None] = mapped_column(Double)
+    labels: Mapped[dict[str, str]] = mapped_column(JSON)
+    retain: Mapped[bool] = mapped_column(Boolean)
+    created_at: Mapped[float] = mapped_column(Double)
+    orphaned_at: Mapped[float | None] = mapped_column(Double)

@@ -1,0 +1,517 @@
+"""The registry: workspaces, API keys, templates, sandboxes and snapshots, kept in SQLite or PostgreSQL.
+
+Every method is synchronous, runs one short transaction and returns frozen dataclasses, never ORM objects, so
+callers may use the results from any thread after the session is gone.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import types
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.orm import Session
+
+from ..errors import InvalidArgument, NotFound
+from . import keys
+from . import models as m
+from .db import AlreadyExists, Database, url_for_data_dir
+
+# ---------------------------------------------------------------------------------------------------------------
+# rows
+
+
+@dataclass(frozen=True)
+class WorkspaceInfo:
+    id: str
+    name: str
+    created_at: float
+
+
+@dataclass(frozen=True)
+class ApiKeyInfo:
+    """An API key as listed: never the hash, never the plaintext."""
+
+    id: str
+    workspace_id: str
+    name: str
+    prefix: str
+    created_at: float
+    revoked_at: float | None = None
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
+
+
+@dataclass(frozen=True)
+class TemplateRow:
+    name: str
+    generation: str
+    cpu: int
+    memory_mb: int
+    status: str
+    path: str
+    created_at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class SandboxRow:
+    id: str
+    workspace_id: str
+    template: str
+    cpu: int
+    memory_mb: int
+    status: str = "starting"
+    metadata: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    from_snapshot: str | None = None
+    boot_ms: float = 0.0
+    boot_mode: str = "restore"
+    host: str = ""
+    created_at: float = field(default_factory=time.time)
+    persistent: bool = False
+    ttl_seconds: int | None = None
+    expires_at: float | None = None
+    last_active_at: float = field(default_factory=time.time)
+    vm_id: str | None = None
+    guest_ip: str | None = None
+
+
+@dataclass(frozen=True)
+class SnapshotRow:
+    id: str
+    workspace_id: str
+    template: str
+    path: str
+    sandbox_id: str | None = None
+    parent_id: str | None = None
+    size_bytes: int = 0
+    pause_ms: float | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    retain: bool = False
+    created_at: float = field(default_factory=time.time)
+    orphaned_at: float | None = None
+
+
+@dataclass(frozen=True)
+class ReconcileReport:
+    deleted_snapshots: list[str] = field(default_factory=list)
+    """Snapshot rows removed because their files are gone."""
+    stopped_sandboxes: list[str] = field(default_factory=list)
+    """Sandbox rows marked ``stopped`` because their VM did not survive the restart."""
+
+
+STOPPED_STATUSES = ("stopped", "error")
+_IMMUTABLE = frozenset({"id", "workspace_id"})
+_CHUNK = 500  # ids per IN (...) clause
+
+_Row = TypeVar("_Row", SandboxRow, SnapshotRow, TemplateRow)
+
+# ---------------------------------------------------------------------------------------------------------------
+# row <-> ORM conversion and validation
+
+
+def _attr(name: str) -> str:
+    """ORM attribute of a dataclass field (``metadata`` is reserved on declarative classes)."""
+    return "metadata_" if name == "metadata" else name
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    origin = get_origin(hint)
+    if origin is Union or origin is types.UnionType:
+        return any(_matches(value, arg) for arg in get_args(hint))
+    if hint is type(None):
+        return value is None
+    if origin is dict:
+        key_t, value_t = get_args(hint)
+        return isinstance(value, dict) and all(_matches(k, key_t) and _matches(v, value_t) for k, v in value.items())
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def _check_fields(cls: type[Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """Values checked against ``cls``'s annotations (SQLite would store anything); ints widened where float."""
+    hints = get_type_hints(cls)
+    checked: dict[str, Any] = {}
+    for name, value in values.items():
+        hint = hints[name]
+        if not _matches(value, hint):
+            raise InvalidArgument(
+                f"{cls.__name__}.{name} must be {getattr(hint, '__name__', hint)}, not {type(value).__name__}",
+                details={"field": name},
+            )
+        if isinstance(value, dict):
+            value = dict(value)
+        elif hint is float or hint == float | None:
+            value = None if value is None else float(value)
+        checked[name] = value
+    return checked
+
+
+def _to_orm(row: _Row, orm_cls: type[m.Base]) -> m.Base:
+    values = _check_fields(type(row), {f.name: getattr(row, f.name) for f in fields(row)})
+    return orm_cls(**{_attr(name): value for name, value in values.items()})
+
+
+def _from_orm(obj: m.Base, cls: type[_Row]) -> _Row:
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        value = getattr(obj, _attr(f.name))
+        values[f.name] = dict(value) if isinstance(value, dict) else value
+    return cls(**values)
+
+
+def _workspace_info(obj: m.Workspace) -> WorkspaceInfo:
+    return WorkspaceInfo(id=obj.id, name=obj.name, created_at=obj.created_at)
+
+
+def _key_info(obj: m.ApiKey) -> ApiKeyInfo:
+    return ApiKeyInfo(
+        id=obj.id,
+        workspace_id=obj.workspace_id,
+        name=obj.name,
+        prefix=obj.prefix,
+        created_at=obj.created_at,
+        revoked_at=obj.revoked_at,
+    )
+
+
+def _subset(want: Mapping[str, str] | None, have: Mapping[str, str]) -> bool:
+    return not want or all(k in have and have[k] == v for k, v in want.items())
+
+
+def _chunks(ids: list[str]) -> Iterable[list[str]]:
+    for start in range(0, len(ids), _CHUNK):
+        yield ids[start : start + _CHUNK]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the registry
+
+
+class Registry:
+    """Synchronous, thread-safe access to the registry database. Call :meth:`migrate` once before use."""
+
+    def __init__(self, url: str) -> None:
+        self._db = Database(url)
+
+    @classmethod
+    def for_data_dir(cls, data_dir: Path, env: Mapping[str, str] | None = None) -> Registry:
+        """``CRYOBOX_DATABASE_URL`` from ``env`` (default: ``os.environ``) if set, else ``data_dir/registry.sqlite``.
+
+        A bare ``postgresql://`` URL is rewritten to ``postgresql+psycopg://``.
+        """
+        return cls(url_for_data_dir(data_dir, env))
+
+    @property
+    def url(self) -> str:
+        """The database URL, password hidden."""
+        return self._db.url
+
+    @property
+    def database(self) -> Database:
+        return self._db
+
+    def migrate(self) -> None:
+        """Bring the schema to the newest Alembic revision (idempotent)."""
+        self._db.migrate()
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Registry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- workspaces ------------------------------------------------------------------------------------------
+
+    def ensure_workspace(self, name: str) -> WorkspaceInfo:
+        """The workspace called ``name``, created if missing (safe against concurrent callers)."""
+        if not name or not name.strip() or len(name) > 255:
+            raise InvalidArgument("workspace name must be 1-255 characters and not blank", details={"name": name})
+        for _ in range(2):
+            with self._db.session(write=False) as s:
+                found = s.scalar(select(m.Workspace).where(m.Workspace.name == name))
+                if found is not None:
+                    return _workspace_info(found)
+            try:
+                with self._db.session(what=f"workspace {name!r}") as s:
+                    obj = m.Workspace(id=f"ws-{secrets.token_hex(8)}", name=name, created_at=time.time())
+                    s.add(obj)
+                    s.flush()
+                    return _workspace_info(obj)
+            except AlreadyExists:
+                continue  # created by a concurrent caller in between: read it
+        raise AssertionError("unreachable: workspace neither found nor created")  # pragma: no cover
+
+    def get_workspace(self, workspace_id: str) -> WorkspaceInfo:
+        with self._db.session(write=False) as s:
+            return _workspace_info(self._workspace(s, workspace_id))
+
+    def list_workspaces(self) -> list[WorkspaceInfo]:
+        with self._db.session(write=False) as s:
+            rows = s.scalars(select(m.Workspace).order_by(m.Workspace.created_at, m.Workspace.id))
+            return [_workspace_info(obj) for obj in rows]
+
+    @staticmethod
+    def _workspace(s: Session, workspace_id: str) -> m.Workspace:
+        obj = s.get(m.Workspace, workspace_id)
+        if obj is None:
+            raise NotFound(f"workspace {workspace_id} not found", details={"workspace_id": workspace_id})
+        return obj
+
+    # -- API keys --------------------------------------------------------------------------------------------
+
+    def create_key(self, workspace_id: str, name: str = "") -> tuple[ApiKeyInfo, str]:
+        """A new key for the workspace: ``(info, plaintext)``. The plaintext is not stored and cannot be recovered."""
+        plaintext = keys.generate_key()
+        with self._db.session(what=f"API key {name!r}") as s:
+            self._workspace(s, workspace_id)
+            obj = self._new_key(workspace_id, plaintext, name)
+            s.add(obj)
+            s.flush()
+            return _key_info(obj), plaintext
+
+    def import_key(self, workspace_id: str, plaintext: str, name: str = "") -> ApiKeyInfo:
+        """Register a key chosen elsewhere (e.g. ``CRYOBOX_API_KEY``); idempotent.
+
+        Importing a key that is already stored for the same workspace returns it unchanged (a revoked key stays
+        revoked); a key that belongs to another workspace is refused.
+        """
+        if not plaintext or plaintext != plaintext.strip():
+            raise InvalidArgument("an API key must be non-empty without surrounding whitespace")
+        digest = keys.hash_key(plaintext)
+        for _ in range(2):
+            try:
+                with self._db.session(what=f"API key {name!r}") as s:
+                    self._workspace(s, workspace_id)
+                    existing = s.scalar(select(m.ApiKey).where(m.ApiKey.hash == digest))
+                    if existing is not None:
+                        if existing.workspace_id != workspace_id:
+                            raise InvalidArgument("this API key already belongs to another workspace")
+                        return _key_info(existing)
+                    obj = self._new_key(workspace_id, plaintext, name)
+                    s.add(obj)
+                    s.flush()
+                    return _key_info(obj)
+            except AlreadyExists:
+                continue  # imported by a concurrent caller in between: read it
+        raise AssertionError("unreachable: key neither found nor imported")  # pragma: no cover
+
+    @staticmethod
+    def _new_key(workspace_id: str, plaintext: str, name: str) -> m.ApiKey:
+        return m.ApiKey(
+            id=f"key-{secrets.token_hex(8)}",
+            workspace_id=workspace_id,
+            name=name,
+            prefix=keys.key_prefix(plaintext),
+            hash=keys.hash_key(plaintext),
+            created_at=time.time(),
+            revoked_at=None,
+        )
+
+    def authenticate(self, plaintext: str) -> WorkspaceInfo | None:
+        """The workspace of a presented key, or ``None`` when the key is unknown or revoked."""
+        if not plaintext:
+            return None
+        with self._db.session(write=False) as s:
+            candidates = s.execute(
+                select(m.ApiKey.hash, m.Workspace)
+                .join(m.Workspace, m.Workspace.id == m.ApiKey.workspace_id)
+                .where(m.ApiKey.prefix == keys.key_prefix(plaintext), m.ApiKey.revoked_at.is_(None))
+            ).all()
+            match: WorkspaceInfo | None = None
+            for stored_hash, workspace in candidates:  # check all candidates: no early exit
+                if keys.verify_key(plaintext, stored_hash):
+                    match = _workspace_info(workspace)
+            return match
+
+    def list_keys(self, workspace_id: str | None = None) -> list[ApiKeyInfo]:
+        query = select(m.ApiKey).order_by(m.ApiKey.created_at, m.ApiKey.id)
+        if workspace_id is not None:
+            query = query.where(m.ApiKey.workspace_id == workspace_id)
+        with self._db.session(write=False) as s:
+            return [_key_info(obj) for obj in s.scalars(query)]
+
+    def revoke_key(self, key_id: str) -> ApiKeyInfo:
+        """Revoke a key (idempotent: revoking again keeps the first ``revoked_at``)."""
+        with self._db.session(what=f"API key {key_id}") as s:
+            obj = s.get(m.ApiKey, key_id)
+            if obj is None:
+                raise NotFound(f"API key {key_id} not found", details={"key_id": key_id})
+            if obj.revoked_at is None:
+                obj.revoked_at = time.time()
+            return _key_info(obj)
+
+    # -- templates -------------------------------------------------------------------------------------------
+
+    def upsert_template(self, row: TemplateRow) -> None:
+        values = _check_fields(TemplateRow, {f.name: getattr(row, f.name) for f in fields(row)})
+        for _ in range(2):
+            try:
+                with self._db.session(what=f"template {row.name!r}") as s:
+                    obj = s.get(m.Template, row.name)
+                    if obj is None:
+                        s.add(m.Template(**values))
+                    else:
+                        for name, value in values.items():
+                            setattr(obj, name, value)
+                return
+            except AlreadyExists:
+                continue  # inserted by a concurrent caller in between: update it
+        raise AssertionError("unreachable: template neither inserted nor updated")  # pragma: no cover
+
+    def list_templates(self) -> list[TemplateRow]:
+        with self._db.session(write=False) as s:
+            return [_from_orm(obj, TemplateRow) for obj in s.scalars(select(m.Template).order_by(m.Template.name))]
+
+    def get_template(self, name: str) -> TemplateRow:
+        with self._db.session(write=False) as s:
+            obj = s.get(m.Template, name)
+            if obj is None:
+                raise NotFound(f"template {name!r} not found", details={"template": name})
+            return _from_orm(obj, TemplateRow)
+
+    # -- sandboxes -------------------------------------------------------------------------------------------
+
+    def add_sandbox(self, row: SandboxRow) -> None:
+        """Insert a sandbox; :class:`AlreadyExists` for a duplicate id, InvalidArgument for an unknown workspace."""
+        with self._db.session(what=f"sandbox {row.id}") as s:
+            s.add(_to_orm(row, m.Sandbox))
+
+    def update_sandbox(self, sandbox_id: str, **fields_: Any) -> SandboxRow:
+        """Set some fields of a sandbox row and return the result."""
+        values = self._changes(SandboxRow, fields_)
+        with self._db.session(what=f"sandbox {sandbox_id}") as s:
+            obj = s.get(m.Sandbox, sandbox_id)
+            if obj is None:
+                raise NotFound(f"sandbox {sandbox_id} not found", details={"sandbox_id": sandbox_id})
+            for name, value in values.items():
+                setattr(obj, _attr(name), value)
+            s.flush()
+            return _from_orm(obj, SandboxRow)
+
+    def get_sandbox(self, sandbox_id: str, workspace_id: str | None = None) -> SandboxRow:
+        """The sandbox; NotFound also when it belongs to another workspace than ``workspace_id``."""
+        with self._db.session(write=False) as s:
+            obj = s.get(m.Sandbox, sandbox_id)
+            if obj is None or (workspace_id is not None and obj.workspace_id != workspace_id):
+                raise NotFound(f"sandbox {sandbox_id} not found", details={"sandbox_id": sandbox_id})
+            return _from_orm(obj, SandboxRow)
+
+    def list_sandboxes(
+        self,
+        workspace_id: str | None = None,
+        status: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> list[SandboxRow]:
+        """Sandboxes, oldest first; ``metadata`` keeps those whose metadata holds every given pair."""
+        query = select(m.Sandbox).order_by(m.Sandbox.created_at, m.Sandbox.id)
+        if workspace_id is not None:
+            query = query.where(m.Sandbox.workspace_id == workspace_id)
+        if status is not None:
+            query = query.where(m.Sandbox.status == status)
+        with self._db.session(write=False) as s:
+            rows = [_from_orm(obj, SandboxRow) for obj in s.scalars(query)]
+        return [row for row in rows if _subset(metadata, row.metadata)]
+
+    def delete_sandbox(self, sandbox_id: str) -> None:
+        """Remove a sandbox row (idempotent). Its snapshots stay."""
+        with self._db.session(what=f"sandbox {sandbox_id}") as s:
+            s.execute(delete(m.Sandbox).where(m.Sandbox.id == sandbox_id))
+
+    # -- snapshots -------------------------------------------------------------------------------------------
+
+    def add_snapshot(self, row: SnapshotRow) -> None:
+        with self._db.session(what=f"snapshot {row.id}") as s:
+            s.add(_to_orm(row, m.Snapshot))
+
+    def update_snapshot(self, snapshot_id: str, **fields_: Any) -> SnapshotRow:
+        values = self._changes(SnapshotRow, fields_)
+        with self._db.session(what=f"snapshot {snapshot_id}") as s:
+            obj = s.get(m.Snapshot, snapshot_id)
+            if obj is None:
+                raise NotFound(f"snapshot {snapshot_id} not found", details={"snapshot_id": snapshot_id})
+            for name, value in values.items():
+                setattr(obj, _attr(name), value)
+            s.flush()
+            return _from_orm(obj, SnapshotRow)
+
+    def get_snapshot(self, snapshot_id: str, workspace_id: str | None = None) -> SnapshotRow:
+        with self._db.session(write=False) as s:
+            obj = s.get(m.Snapshot, snapshot_id)
+            if obj is None or (workspace_id is not None and obj.workspace_id != workspace_id):
+                raise NotFound(f"snapshot {snapshot_id} not found", details={"snapshot_id": snapshot_id})
+            return _from_orm(obj, SnapshotRow)
+
+    def list_snapshots(
+        self,
+        workspace_id: str | None = None,
+        sandbox_id: str | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> list[SnapshotRow]:
+        """Snapshots, newest first; ``labels`` keeps those whose labels hold every given pair."""
+        query = select(m.Snapshot).order_by(m.Snapshot.created_at.desc(), m.Snapshot.id.desc())
+        if workspace_id is not None:
+            query = query.where(m.Snapshot.workspace_id == workspace_id)
+        if sandbox_id is not None:
+            query = query.where(m.Snapshot.sandbox_id == sandbox_id)
+        with self._db.session(write=False) as s:
+            rows = [_from_orm(obj, SnapshotRow) for obj in s.scalars(query)]
+        return [row for row in rows if _subset(labels, row.labels)]
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Remove a snapshot row (idempotent)."""
+        with self._db.session(what=f"snapshot {snapshot_id}") as s:
+            s.execute(delete(m.Snapshot).where(m.Snapshot.id == snapshot_id))
+
+    # -- crash consistency -----------------------------------------------------------------------------------
+
+    def reconcile(self, snapshot_dir_exists: Callable[[str], bool], live_sandbox_ids: set[str]) -> ReconcileReport:
+        """Make the rows agree with the host after a restart.
+
+        Snapshot rows whose files are gone are deleted; sandbox rows not in ``live_sandbox_ids`` whose status is
+        not ``stopped``/``error`` are marked ``stopped`` (their VMs did not survive). Run it at start-up, before
+        serving requests, so no snapshot is being written while its directory is checked.
+        """
+        with self._db.session(write=False) as s:
+            snapshots = s.execute(select(m.Snapshot.id, m.Snapshot.path)).all()
+        gone = sorted(snapshot_id for snapshot_id, path in snapshots if not snapshot_dir_exists(path))
+        with self._db.session(what="registry reconciliation") as s:
+            for chunk in _chunks(gone):
+                s.execute(delete(m.Snapshot).where(m.Snapshot.id.in_(chunk)))
+            active = s.scalars(select(m.Sandbox.id).where(m.Sandbox.status.not_in(STOPPED_STATUSES))).all()
+            dead = sorted(set(active) - live_sandbox_ids)
+            for chunk in _chunks(dead):
+                s.execute(update(m.Sandbox).where(m.Sandbox.id.in_(chunk)).values(status="stopped"))
+        return ReconcileReport(deleted_snapshots=gone, stopped_sandboxes=dead)
+
+    # -- helpers ---------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _changes(cls: type[Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise InvalidArgument(f"unknown {cls.__name__} field(s): {', '.join(unknown)}", details={"fields": unknown})
+        fixed = sorted(set(changes) & _IMMUTABLE)
+        if fixed:
+            raise InvalidArgument(
+                f"{cls.__name__} field(s) cannot change: {', '.join(fixed)}", details={"fields": fixed}
+            )
+        if not changes:
+            raise InvalidArgument(f"no {cls.__name__} fields to update")
+        return _check_fields(cls, changes)

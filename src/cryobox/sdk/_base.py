@@ -1,0 +1,563 @@
+"""The IO-free core of the SDK, shared by ``Sandbox`` (sync) and ``AsyncSandbox`` (async).
+
+Everything here is plain computation: resolving configuration, building requests, parsing responses and
+server-sent events, mapping error bodies to the :mod:`cryobox.errors` tree, and planning capacity retries. The
+two clients (``_async/``, hand-written, and ``_sync/``, generated from it by ``scripts/unasync.py``) only send
+the requests built here and feed the responses back; they never interpret the wire format themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel
+
+from .. import models
+from ..errors import (
+    ERRORS_BY_CODE,
+    CommandFailed,
+    CryoboxError,
+    GuestError,
+    HostUnavailable,
+    InvalidArgument,
+    QuotaExceeded,
+)
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+CONNECT_TIMEOUT_S = 10.0
+# an exec's HTTP read timeout is at least the command's own timeout plus this margin
+EXEC_READ_MARGIN_S = 30.0
+
+# --- configuration ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Where the API is and how to talk to it. ``resolve`` applies: argument, else environment, else default."""
+
+    api_url: str
+    api_key: str
+    timeout_s: float = 300.0
+
+    @classmethod
+    def resolve(cls, api_url: str | None = None, api_key: str | None = None, timeout_s: float = 300.0) -> ClientConfig:
+        url = api_url or os.environ.get("CRYOBOX_API_URL") or DEFAULT_URL
+        key = api_key or os.environ.get("CRYOBOX_API_KEY") or ""
+        return cls(api_url=url.rstrip("/"), api_key=key, timeout_s=timeout_s)
+
+    def client_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``httpx.Client`` / ``httpx.AsyncClient``."""
+        headers = {"User-Agent": "cryobox-python"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return {
+            "base_url": self.api_url,
+            "headers": headers,
+            "timeout": httpx.Timeout(self.timeout_s, connect=CONNECT_TIMEOUT_S),
+        }
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(**self.client_options())
+
+    def async_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(**self.client_options())
+
+
+# --- results ---------------------------------------------------------------------------------------------------
+
+StreamKind = Literal["stdout", "stderr", "exit"]
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    stdout: str
+    stderr: str
+    exit_code: int
+    duration_ms: float
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """``kind`` is ``stdout``, ``stderr`` (with ``chunk``) or ``exit`` (with ``exit_code``)."""
+
+    kind: StreamKind
+    chunk: str = ""
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """``GET /v1/sandboxes/{id}/lifecycle``: ``ttl_seconds`` is ``None`` when the sandbox has no TTL."""
+
+    ttl_seconds: int | None
+    persistent: bool
+    idle_seconds: float
+    expires_at: str | None
+
+
+# --- capacity retry --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long ``create`` keeps retrying capacity refusals (503 / 429 with ``Retry-After``).
+
+    Each retry waits ``Retry-After + uniform(0, jitter)``; ``jitter`` starts at ``base_jitter_s`` and doubles per
+    retry up to ``max_jitter_s``. A retry whose wait would overrun ``budget_s`` (measured by ``clock`` from the
+    first attempt) is not attempted and the last refusal is raised. ``budget_s=0`` disables retrying.
+
+    ``sleep`` is used by ``Sandbox``, ``async_sleep`` by ``AsyncSandbox``; ``rand`` and ``clock`` by both.
+    Inject fakes for tests.
+    """
+
+    budget_s: float = 60.0
+    base_jitter_s: float = 1.0
+    max_jitter_s: float = 15.0
+    sleep: Callable[[float], None] = time.sleep
+    async_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    rand: Callable[[float, float], float] = random.uniform
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        for name in ("budget_s", "base_jitter_s", "max_jitter_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"RetryPolicy.{name} must be >= 0")
+
+    def jitter_cap(self, retries_done: int) -> float:
+        """The upper bound of the random jitter added to the ``retries_done + 1``-th wait: 1, 2, 4, 8, 15, 15…"""
+        return min(self.base_jitter_s * 2.0 ** min(retries_done, 32), self.max_jitter_s)
+
+
+DEFAULT_RETRY = RetryPolicy()
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """``Retry-After`` in seconds (delta-seconds or an HTTP date); ``None`` when absent or unparseable."""
+    if value is None or not value.strip():
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    if seconds != seconds:  # NaN
+        return None
+    return max(0.0, seconds)
+
+
+def capacity_retry_after(response: httpx.Response) -> float | None:
+    """The wait the server asked for, if ``response`` is a refusal worth retrying; else ``None``.
+
+    Retryable: 429 with ``Retry-After``, and 503 with ``Retry-After`` *and* a JSON body carrying ``error`` (a
+    cryobox capacity refusal, sent before anything was created; a bare 503 from a proxy is not one).
+    """
+    retry_after = parse_retry_after(response.headers.get("retry-after"))
+    if retry_after is None:
+        return None
+    if response.status_code == 429:
+        return retry_after
+    if response.status_code == 503:
+        body = _json_object(response)
+        if body is not None and isinstance(body.get("error"), str) and body["error"]:
+            return retry_after
+    return None
+
+
+class RetryPlan:
+    """The retry state of one logical request: ask ``next_delay`` after each refusal."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self._policy = policy
+        self._started = policy.clock()
+        self.retries = 0
+
+    def next_delay(self, response: httpx.Response) -> float | None:
+        """Seconds to sleep before the next attempt, or ``None``: do not retry, raise this refusal."""
+        policy = self._policy
+        if policy.budget_s <= 0:
+            return None
+        retry_after = capacity_retry_after(response)
+        if retry_after is None:
+            return None
+        delay = retry_after + policy.rand(0.0, policy.jitter_cap(self.retries))
+        remaining = policy.budget_s - (policy.clock() - self._started)
+        if delay > remaining:
+            return None
+        self.retries += 1
+        return delay
+
+
+# --- requests --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ApiRequest:
+    """One API call, ready to send. ``retry_capacity`` marks the calls that may retry capacity refusals."""
+
+    method: str
+    path: str
+    params: dict[str, str] | None = None
+    json: Any = None
+    content: bytes | None = None
+    headers: dict[str, str] | None = None
+    timeout: httpx.Timeout | None = None
+    retry_capacity: bool = False
+
+    def send_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``client.request`` / ``client.stream`` (besides method and path)."""
+        return {
+            "params": self.params,
+            "json": self.json,
+            "content": self.content,
+            "headers": self.headers,
+            "timeout": self.timeout if self.timeout is not None else httpx.USE_CLIENT_DEFAULT,
+        }
+
+
+def _sandbox_path(sandbox_id: str, suffix: str = "") -> str:
+    return f"/v1/sandboxes/{quote(sandbox_id, safe='')}{suffix}"
+
+
+def create_request(
+    template: str,
+    *,
+    ttl_seconds: int | None,
+    persistent: bool,
+    metadata: Mapping[str, str] | None,
+    env: Mapping[str, str] | None,
+    network: models.NetworkSpec | Mapping[str, Any] | None,
+    from_snapshot: str | None,
+) -> ApiRequest:
+    body: dict[str, Any] = {
+        "template": template,
+        "persistent": persistent,
+        "metadata": dict(metadata or {}),
+        "env": dict(env or {}),
+    }
+    if ttl_seconds is not None:
+        body["ttl_seconds"] = ttl_seconds
+    if from_snapshot is not None:
+        body["from_snapshot"] = from_snapshot
+    if network is not None:
+        try:
+            spec = network if isinstance(network, models.NetworkSpec) else models.NetworkSpec.model_validate(network)
+        except ValueError as err:
+            raise InvalidArgument(f"invalid network spec: {err}") from err
+        body["network"] = spec.model_dump()
+    return ApiRequest("POST", "/v1/sandboxes", json=body, retry_capacity=True)
+
+
+def get_request(sandbox_id: str) -> ApiRequest:
+    return ApiRequest("GET", _sandbox_path(sandbox_id))
+
+
+def list_request(*, status: str | None, metadata: Mapping[str, str] | None) -> ApiRequest:
+    params: dict[str, str] = {}
+    if status is not None:
+        params["status"] = status
+    for key, value in (metadata or {}).items():
+        params[f"metadata.{key}"] = value
+    return ApiRequest("GET", "/v1/sandboxes", params=params or None)
+
+
+def kill_request(sandbox_id: str, *, keep_snapshots: bool = False) -> ApiRequest:
+    params = {"keep_snapshots": "true"} if keep_snapshots else None
+    return ApiRequest("DELETE", _sandbox_path(sandbox_id), params=params)
+
+
+def lifecycle_request(sandbox_id: str) -> ApiRequest:
+    return ApiRequest("GET", _sandbox_path(sandbox_id, "/lifecycle"))
+
+
+def update_lifecycle_request(
+    sandbox_id: str, *, ttl_seconds: int | None = None, persistent: bool | None = None
+) -> ApiRequest:
+    body: dict[str, Any] = {}
+    if ttl_seconds is not None:
+        body["ttl_seconds"] = ttl_seconds
+    if persistent is not None:
+        body["persistent"] = persistent
+    return ApiRequest("PATCH", _sandbox_path(sandbox_id, "/lifecycle"), json=body)
+
+
+def exec_timeout(client_timeout_s: float, timeout_seconds: float | None) -> httpx.Timeout:
+    """Never let the HTTP read timeout cut a command short: wait at least its own timeout plus a margin."""
+    read = None if timeout_seconds is None else max(client_timeout_s, timeout_seconds + EXEC_READ_MARGIN_S)
+    return httpx.Timeout(client_timeout_s, connect=CONNECT_TIMEOUT_S, read=read)
+
+
+def exec_request(
+    sandbox_id: str,
+    cmd: str,
+    *,
+    timeout_seconds: float | None,
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    stdin: str | None,
+    client_timeout_s: float,
+    stream: bool = False,
+) -> ApiRequest:
+    body = {"cmd": cmd, "timeout_seconds": timeout_seconds, "env": dict(env or {}), "cwd": cwd, "stdin": stdin}
+    path = _sandbox_path(sandbox_id, "/exec/stream" if stream else "/exec")
+    return ApiRequest("POST", path, json=body, timeout=exec_timeout(client_timeout_s, timeout_seconds))
+
+
+def fs_request(
+    sandbox_id: str, method: str, path: str, *, suffix: str = "", content: bytes | None = None
+) -> ApiRequest:
+    """``/v1/sandboxes/{id}/fs{suffix}?path=…``; a body is sent as raw bytes."""
+    headers = {"Content-Type": "application/octet-stream"} if content is not None else None
+    return ApiRequest(
+        method, _sandbox_path(sandbox_id, f"/fs{suffix}"), params={"path": path}, content=content, headers=headers
+    )
+
+
+# --- responses -------------------------------------------------------------------------------------------------
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _json_object(response: httpx.Response) -> dict[str, Any] | None:
+    try:
+        body = response.json()
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _unexpected(response: httpx.Response, err: Exception) -> CryoboxError:
+    request = response.request
+    return CryoboxError(
+        f"unexpected response to {request.method} {request.url.path} (HTTP {response.status_code}): {err}",
+        details={"status": response.status_code},
+    )
+
+
+def parse_model(model: type[M], response: httpx.Response) -> M:
+    """Validate a JSON body into a wire model; a malformed body is a :class:`CryoboxError`, not a crash."""
+    try:
+        return model.model_validate(response.json())
+    except ValueError as err:  # includes pydantic.ValidationError and JSONDecodeError
+        raise _unexpected(response, err) from err
+
+
+def parse_sandbox(response: httpx.Response) -> models.Sandbox:
+    return parse_model(models.Sandbox, response)
+
+
+def parse_sandbox_list(response: httpx.Response) -> list[models.Sandbox]:
+    return parse_model(models.SandboxList, response).items
+
+
+def parse_exec(response: httpx.Response, *, cmd: str, check: bool) -> ExecResult:
+    """:raises CommandFailed: ``check`` is set and the command exited non-zero."""
+    body = parse_model(models.ExecResponse, response)
+    result = ExecResult(stdout=body.stdout, stderr=body.stderr, exit_code=body.exit_code, duration_ms=body.duration_ms)
+    if check and result.exit_code != 0:
+        raise CommandFailed(
+            f"command exited with {result.exit_code}: {cmd}",
+            exit_code=result.exit_code,
+            stdout=result.stdout,
+            stderr=result.stderr,
+        )
+    return result
+
+
+def parse_lifecycle(response: httpx.Response) -> Lifecycle:
+    body = _json_object(response)
+    try:
+        if body is None:
+            raise ValueError("body is not a JSON object")
+        ttl = body.get("ttl_seconds")
+        expires_at = body.get("expires_at")
+        return Lifecycle(
+            ttl_seconds=None if ttl is None else int(ttl),
+            persistent=bool(body.get("persistent", False)),
+            idle_seconds=float(body.get("idle_seconds") or 0.0),
+            expires_at=None if expires_at is None else str(expires_at),
+        )
+    except (TypeError, ValueError) as err:
+        raise _unexpected(response, err) from err
+
+
+def parse_write(response: httpx.Response) -> int:
+    return parse_model(models.WriteResult, response).bytes
+
+
+def parse_dir(response: httpx.Response) -> list[models.FileEntry]:
+    return parse_model(models.DirListing, response).entries
+
+
+def parse_entry(response: httpx.Response) -> models.FileEntry:
+    return parse_model(models.FileEntry, response)
+
+
+# --- errors ----------------------------------------------------------------------------------------------------
+
+_BY_STATUS: dict[int, type[CryoboxError]] = {
+    cls.http_status: cls for cls in ERRORS_BY_CODE.values() if cls.http_status not in (200, 500)
+}
+
+
+def _by_status(status: int) -> type[CryoboxError]:
+    """For bodies without a known code (a proxy's page, say): only unambiguous statuses map to a subclass."""
+    return _BY_STATUS.get(status, CryoboxError)
+
+
+def _build_error(
+    cls: type[CryoboxError], message: str, details: dict[str, Any], retry_after_s: float | None
+) -> CryoboxError:
+    if issubclass(cls, HostUnavailable | QuotaExceeded):
+        return cls(message, retry_after_s=1.0 if retry_after_s is None else retry_after_s, details=details)
+    return cls(message, details=details)
+
+
+def error_from_response(response: httpx.Response) -> CryoboxError | None:
+    """The error an HTTP response stands for (``None`` below 400). The body must have been read."""
+    if response.status_code < 400:
+        return None
+    body = _json_object(response) or {}
+    message = body.get("error")
+    if not isinstance(message, str) or not message:
+        message = f"HTTP {response.status_code}"
+    details = body.get("details")
+    cls = ERRORS_BY_CODE.get(str(body.get("code") or "")) or _by_status(response.status_code)
+    retry_after = parse_retry_after(response.headers.get("retry-after"))
+    return _build_error(cls, message, details if isinstance(details, dict) else {}, retry_after)
+
+
+def raise_for_error(response: httpx.Response) -> None:
+    """Raise the mapped :class:`CryoboxError` for an error response; do nothing for a success."""
+    error = error_from_response(response)
+    if error is not None:
+        raise error
+
+
+def transport_error(err: httpx.TransportError, api_url: str) -> CryoboxError:
+    """Translate an httpx transport failure; raise the result ``from err``.
+
+    Only a failure to connect (nothing was sent) is a :class:`HostUnavailable`; anything later (a read error, a
+    timeout mid-request) may have had effects on the server and is a plain :class:`CryoboxError`.
+    """
+    if isinstance(err, httpx.ConnectError | httpx.ConnectTimeout):
+        return HostUnavailable(f"cannot reach the cryobox API at {api_url}: {err}")
+    return CryoboxError(f"request to the cryobox API at {api_url} failed: {type(err).__name__}: {err}")
+
+
+# --- exec streams (server-sent events) -------------------------------------------------------------------------
+
+STREAM_ENDED_EARLY = "exec stream ended before the command reported an exit code"
+
+
+@dataclass(frozen=True)
+class SSEMessage:
+    event: str
+    data: str
+
+
+class SSEDecoder:
+    """Incremental ``text/event-stream`` decoder: feed it lines (without their terminators)."""
+
+    def __init__(self) -> None:
+        self._event = ""
+        self._data: list[str] = []
+
+    def feed(self, line: str) -> SSEMessage | None:
+        """Returns a message when ``line`` completes one (a blank line), else ``None``."""
+        line = line.rstrip("\r\n")
+        if not line:
+            return self._dispatch()
+        if line.startswith(":"):
+            return None
+        name, sep, value = line.partition(":")
+        if sep and value.startswith(" "):
+            value = value[1:]
+        if name == "event":
+            self._event = value
+        elif name == "data":
+            self._data.append(value)
+        return None
+
+    def _dispatch(self) -> SSEMessage | None:
+        event, data = self._event or "message", self._data
+        self._event, self._data = "", []
+        if not data:
+            return None
+        return SSEMessage(event=event, data="\n".join(data))
+
+
+def stream_error(data: Mapping[str, Any]) -> CryoboxError:
+    """The error an ``event: error`` stands for: its ``code`` through the error table (default CryoboxError)."""
+    message = data.get("error")
+    if not isinstance(message, str) or not message:
+        message = "exec stream reported an error"
+    details = data.get("details")
+    cls = ERRORS_BY_CODE.get(str(data.get("code") or ""), CryoboxError)
+    return _build_error(cls, message, details if isinstance(details, dict) else {}, None)
+
+
+def decode_stream_message(message: SSEMessage) -> StreamEvent | None:
+    """One SSE message of an exec stream as a :class:`StreamEvent` (``None`` for events we do not know).
+
+    :raises CryoboxError: an ``error`` event (mapped by its ``code``), or malformed data.
+    """
+    if message.event not in ("stdout", "stderr", "exit", "error"):
+        return None
+    try:
+        data = json.loads(message.data)
+    except ValueError as err:
+        raise GuestError(f"malformed exec stream data for {message.event!r}: {message.data[:200]!r}") from err
+    if not isinstance(data, dict):
+        raise GuestError(f"malformed exec stream data for {message.event!r}: {message.data[:200]!r}")
+    if message.event == "error":
+        raise stream_error(data)
+    if message.event == "exit":
+        exit_code = data.get("exit_code")
+        if isinstance(exit_code, bool) or not isinstance(exit_code, int):
+            raise GuestError(f"exec stream exit event without an integer exit_code: {message.data[:200]!r}")
+        return StreamEvent(kind="exit", exit_code=exit_code)
+    kind: StreamKind = "stdout" if message.event == "stdout" else "stderr"
+    chunk = data.get("chunk", "")
+    return StreamEvent(kind=kind, chunk=chunk if isinstance(chunk, str) else str(chunk))
+
+
+class ExecStreamDecoder:
+    """Lines of an exec stream in, :class:`StreamEvent` out. Feed ``""`` at end of stream to flush."""
+
+    def __init__(self) -> None:
+        self._sse = SSEDecoder()
+
+    def feed(self, line: str) -> StreamEvent | None:
+        """:raises CryoboxError: the line completed an ``error`` event or malformed data."""
+        message = self._sse.feed(line)
+        return decode_stream_message(message) if message is not None else None
+
+
+OutputCallback = Callable[[str], object]
+
+
+def notify(event: StreamEvent, on_stdout: OutputCallback | None, on_stderr: OutputCallback | None) -> None:
+    """Hand an output chunk to the matching callback, if any."""
+    if event.kind == "stdout" and on_stdout is not None:
+        on_stdout(event.chunk)
+    elif event.kind == "stderr" and on_stderr is not None:
+        on_stderr(event.chunk)
+
+
+def stream_ended_early() -> GuestError:
+    return GuestError(STREAM_ENDED_EARLY)

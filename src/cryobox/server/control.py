@@ -1,0 +1,190 @@
+"""The control plane's sandbox operations: admission, the host agent, the registry and metrics together.
+
+The host agent (:class:`SandboxService`) owns live VMs; the registry owns what must survive a restart. A
+sandbox row is written only after its VM answered, and removed before the VM is killed on delete, so a crash
+leaves at worst a row whose VM is gone (``reconcile`` marks it stopped at the next start), never a VM no row
+knows about (startup reclaim kills those).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..agent.sandbox import Sandbox
+from ..agent.service import SandboxService
+from ..errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound
+from ..registry import Registry, SandboxRow, TemplateRow
+from .admission import AdmissionController
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    template: str
+    workspace_id: str
+    metadata: dict[str, str]
+    env: dict[str, str]
+    ttl_s: int | None
+    persistent: bool
+
+
+def row_for(sandbox: Sandbox, host: str) -> SandboxRow:
+    return SandboxRow(
+        id=sandbox.id,
+        workspace_id=sandbox.workspace_id,
+        template=sandbox.template,
+        cpu=sandbox.cpus,
+        memory_mb=sandbox.memory_mib,
+        status=sandbox.state.value,
+        metadata=sandbox.metadata,
+        env=sandbox.env,
+        boot_ms=sandbox.boot_ms,
+        boot_mode=sandbox.boot_mode,
+        host=host,
+        created_at=sandbox.created_at,
+        persistent=sandbox.persistent,
+        ttl_seconds=sandbox.ttl_s,
+        expires_at=sandbox.expires_at,
+        last_active_at=sandbox.last_active,
+        vm_id=sandbox.vm.vm_id,
+    )
+
+
+class ControlPlane:
+    def __init__(
+        self, service: SandboxService, registry: Registry, admission: AdmissionController, metrics: Metrics, host: str
+    ) -> None:
+        self.service = service
+        self.registry = registry
+        self.admission = admission
+        self.metrics = metrics
+        self.host = host
+        metrics.set_sandbox_state_provider(self.state_counts)
+
+    def state_counts(self) -> dict[str, int]:
+        return dict(Counter(s.state.value for s in self.service.all()))
+
+    async def startup(self) -> None:
+        """Record templates; rows of sandboxes that did not survive the restart become ``stopped``."""
+        for template in self.service.templates.values():
+            await asyncio.to_thread(
+                self.registry.upsert_template,
+                TemplateRow(
+                    name=template.name,
+                    generation=template.generation,
+                    cpu=template.machine.cpus,
+                    memory_mb=template.machine.memory_mib,
+                    status="ready",
+                    path=str(template.path),
+                    created_at=template.created_at,
+                ),
+            )
+        report = await asyncio.to_thread(
+            self.registry.reconcile, lambda path: Path(path).exists(), {s.id for s in self.service.all()}
+        )
+        if report.stopped_sandboxes:
+            log.info("reconcile: %d sandbox rows marked stopped (VMs gone)", len(report.stopped_sandboxes))
+
+    async def create(self, request: CreateRequest) -> SandboxRow:
+        self.service.template(request.template)  # unknown template: 404 before queueing
+        started = time.monotonic()
+        try:
+            async with self.admission.slot():
+                sandbox = await self.service.create(
+                    request.template,
+                    metadata=request.metadata,
+                    env=request.env,
+                    ttl_s=request.ttl_s,
+                    persistent=request.persistent,
+                    workspace_id=request.workspace_id,
+                )
+        except HostUnavailable:
+            self.metrics.observe_create("refused", "restore")
+            raise
+        except BaseException:
+            self.metrics.observe_create("error", "restore")
+            raise
+        row = row_for(sandbox, self.host)
+        try:
+            await asyncio.to_thread(self.registry.add_sandbox, row)
+        except BaseException:
+            await self.service.delete(sandbox.id)
+            self.metrics.observe_create("error", "restore")
+            raise
+        self.metrics.observe_create("ok", sandbox.boot_mode, time.monotonic() - started)
+        return row
+
+    async def get(self, sandbox_id: str, workspace_id: str) -> SandboxRow:
+        row = await asyncio.to_thread(self.registry.get_sandbox, sandbox_id, workspace_id)
+        return self._with_live_state(row)
+
+    def _with_live_state(self, row: SandboxRow) -> SandboxRow:
+        live = self.service.sandboxes.get(row.id)
+        if live is None:
+            return row
+        return replace(
+            row,
+            status=live.state.value,
+            expires_at=live.expires_at,
+            last_active_at=live.last_active,
+            ttl_seconds=live.ttl_s,
+            persistent=live.persistent,
+        )
+
+    async def list_rows(self, workspace_id: str, status: str | None, metadata: dict[str, str]) -> list[SandboxRow]:
+        rows = await asyncio.to_thread(self.registry.list_sandboxes, workspace_id, None, metadata)
+        return [r for r in map(self._with_live_state, rows) if status is None or r.status == status]
+
+    async def delete(self, sandbox_id: str, workspace_id: str) -> None:
+        await asyncio.to_thread(self.registry.get_sandbox, sandbox_id, workspace_id)  # 404 across workspaces
+        await asyncio.to_thread(self.registry.delete_sandbox, sandbox_id)
+        with contextlib.suppress(NotFound):
+            await self.service.delete(sandbox_id, workspace_id)
+
+    async def update_lifecycle(
+        self, sandbox_id: str, workspace_id: str, *, ttl_s: int | None | object, persistent: bool | None
+    ) -> SandboxRow:
+        sandbox = self.service.get(sandbox_id, workspace_id)
+        if ttl_s is not _UNSET:
+            if ttl_s is not None and not isinstance(ttl_s, int):
+                raise InvalidArgument("ttl_seconds must be an integer or null")
+            sandbox.ttl_s = ttl_s
+        if persistent is not None:
+            sandbox.persistent = persistent
+        sandbox.touch(self.service.clock())
+        await asyncio.to_thread(
+            self.registry.update_sandbox,
+            sandbox_id,
+            ttl_seconds=sandbox.ttl_s,
+            persistent=sandbox.persistent,
+            expires_at=sandbox.expires_at,
+            last_active_at=sandbox.last_active,
+        )
+        return self._with_live_state(await asyncio.to_thread(self.registry.get_sandbox, sandbox_id, workspace_id))
+
+    async def reap_expired(self) -> list[str]:
+        """Delete sandboxes idle past their TTL (rows first, then VMs)."""
+        now = self.service.clock()
+        expired = [s for s in self.service.all() if s.expires_at is not None and s.expires_at <= now]
+        for sandbox in expired:
+            try:
+                await asyncio.to_thread(self.registry.delete_sandbox, sandbox.id)
+                await self.service.delete(sandbox.id)
+                log.info(
+                    "sandbox %s expired after %.0fs idle (ttl %ss)", sandbox.id, sandbox.idle_s(now), sandbox.ttl_s
+                )
+            except (CryoboxError, OSError) as err:
+                log.warning("reaping %s failed: %s", sandbox.id, err)
+        return [s.id for s in expired]
+
+
+_UNSET = object()
+UNSET = _UNSET

@@ -33,6 +33,7 @@ class ServeProcess:
         pool_mode: str = "warm",
         log_path: Path | None = None,
         extra_env: dict[str, str] | None = None,
+        extra_args: list[str] | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.cache_dir = cache_dir
@@ -43,6 +44,7 @@ class ServeProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path or data_dir / "serve.log"
         self.extra_env = extra_env or {}
+        self.extra_args = list(extra_args or [])
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 1800.0) -> ServeProcess:
@@ -63,6 +65,7 @@ class ServeProcess:
         ]
         if self.cache_dir is not None:
             argv += ["--cache-dir", str(self.cache_dir)]
+        argv += self.extra_args
         env = {**os.environ, "CRYOBOX_API_KEY": self.api_key, **self.extra_env}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=log, env=env, stdin=subprocess.DEVNULL)

@@ -153,15 +153,25 @@ class MicroVM:
         self.state = VmState.INCOMING if incoming else VmState.RUNNING
         try:
             await _poll(self.paths.qmp.exists, timeout, "the QMP socket", self._alive)
-            qmp = QMPClient(self.vm_id)
-            await qmp.connect(str(self.paths.qmp))
-            self._qmp = qmp
+            self._qmp = await self._connect_qmp(time.monotonic() + timeout)
         except VmmError as err:
             await self.kill()
             raise VmmError(f"{err.message}; QEMU log:\n{self.qemu_log_tail()}") from err
         except BaseException:
             await self.kill()
             raise
+
+    async def _connect_qmp(self, deadline: float) -> QMPClient:
+        """Connect QMP. The socket file appears at bind(), a moment before QEMU listens: retry refusals."""
+        while True:
+            qmp = QMPClient(self.vm_id)
+            try:
+                await qmp.connect(str(self.paths.qmp))
+                return qmp
+            except (QMPError, OSError) as err:
+                if not self._alive() or time.monotonic() > deadline:
+                    raise VmmError(f"cannot connect to QMP at {self.paths.qmp}: {err}") from err
+                await asyncio.sleep(0.005)
 
     async def _migration(self, start: Awaitable[Any], timeout: float) -> None:
         """Run a migration command and wait for its MIGRATION event to report completion."""

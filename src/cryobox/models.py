@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -102,6 +102,26 @@ class Template(BaseModel):
     generation: str
     status: Literal["ready", "building", "error"]
     created_at: str
+    progress: str | None = None
+    error: str | None = None
+
+
+class TemplateCreateRequest(BaseModel):
+    """A custom template: a built-in's image plus Debian packages, pip packages, files and warm-up commands."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    base: Literal["base", "code-interpreter"] = "base"
+    packages: list[Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9+.-]{0,99}$")]] = Field(
+        default_factory=list, max_length=64
+    )
+    pip: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._\[\],<>=!~-]{0,199}$")]] = Field(
+        default_factory=list, max_length=64
+    )
+    files: dict[Annotated[str, Field(pattern=r"^/[^\x00]{1,4095}$")], str] = Field(default_factory=dict)
+    warmup: list[Annotated[str, Field(min_length=1, max_length=65536)]] = Field(default_factory=list, max_length=32)
+    cpu: int | None = Field(default=None, ge=1, le=8)
+    memory_mb: int | None = Field(default=None, ge=256, le=16384)
 
 
 class TemplateList(BaseModel):

@@ -410,3 +410,22 @@ def test_postgres_url_rewrite() -> None:
     with Registry.for_data_dir(Path("/unused"), env=env) as reg:  # no connection is made before first use
         assert reg.url == "postgresql+psycopg://cbx:***@db.invalid:5433/cryobox"
         assert reg.database.dialect == "postgresql"
+
+
+def test_custom_template_rows_keep_owner_spec_and_error(registry: Registry) -> None:
+    ws = registry.ensure_workspace("builders")
+    spec = {"name": "t1", "packages": ["jq"], "files": {"/a": "b"}, "cpu": None, "nested": {"x": [1, 2]}}
+    registry.upsert_template(
+        TemplateRow(
+            name="t1", generation="", cpu=1, memory_mb=512, status="building", path="", workspace_id=ws.id, spec=spec
+        )
+    )
+    registry.update_template_status("t1", "error", "warm-up failed")
+    row = registry.get_template("t1")
+    assert (row.workspace_id, row.spec, row.status, row.error) == (ws.id, spec, "error", "warm-up failed")
+    registry.delete_template("t1")
+    registry.delete_template("t1")  # idempotent
+    with pytest.raises(NotFound):
+        registry.get_template("t1")
+    with pytest.raises(NotFound):
+        registry.update_template_status("t1", "ready")

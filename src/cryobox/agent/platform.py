@@ -37,16 +37,16 @@ def machine_for(spec: TemplateSpec, images: ImageSet, accel: Accel, tsc_khz: int
     )
 
 
-async def prepare_templates(config: HostConfig, progress: Progress) -> dict[str, Template]:
-    """Build every template's images and bake it unless a finished bake with the same inputs exists."""
+async def prepare_template(config: HostConfig, spec: TemplateSpec, progress: Progress) -> Template:
+    """Build the template's images and bake it unless a finished bake with the same inputs exists."""
     config.paths.ensure()
-    tsc_khz = host_tsc_khz()
     baker = TemplateBaker(config.paths.templates_dir, config.paths.run_dir, progress)
-    templates: dict[str, Template] = {}
-    for spec in config.templates:
-        images = await asyncio.to_thread(build_images, config.paths.images_dir, spec, progress)
-        templates[spec.name] = await baker.ensure(spec, images, machine_for(spec, images, config.accel, tsc_khz))
-    return templates
+    images = await asyncio.to_thread(build_images, config.paths.images_dir, spec, progress)
+    return await baker.ensure(spec, images, machine_for(spec, images, config.accel, host_tsc_khz()))
+
+
+async def prepare_templates(config: HostConfig, progress: Progress) -> dict[str, Template]:
+    return {spec.name: await prepare_template(config, spec, progress) for spec in config.templates}
 
 
 async def start_host(config: HostConfig, progress: Progress) -> SandboxService:

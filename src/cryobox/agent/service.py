@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any
 
 from ..errors import NotFound, PayloadTooLarge
@@ -48,6 +48,9 @@ class SandboxService:
         self.clock = clock
         self.templates = dict(templates)
         self.factory = factory
+        self.prespawn = prespawn
+        self.pool_mode = pool_mode
+        self._background: set[asyncio.Task[None]] = set()
         self.pools = {name: PrespawnPool(factory, t, prespawn, pool_mode) for name, t in self.templates.items()}
         self.sandboxes: dict[str, Sandbox] = {}
         self._closing = False
@@ -55,6 +58,27 @@ class SandboxService:
     def start(self) -> None:
         for pool in self.pools.values():
             pool.refill()
+
+    def add_template(self, template: Template) -> None:
+        """Serve creates from a newly built template (replacing one of the same name)."""
+        old = self.pools.pop(template.name, None)
+        if old is not None:
+            self._spawn_background(old.close())
+        self.templates[template.name] = template
+        self.pools[template.name] = PrespawnPool(self.factory, template, self.prespawn, self.pool_mode)
+        self.pools[template.name].refill()
+
+    async def remove_template(self, name: str) -> None:
+        """Stop creating from ``name``; running sandboxes of it keep running."""
+        self.templates.pop(name, None)
+        pool = self.pools.pop(name, None)
+        if pool is not None:
+            await pool.close()
+
+    def _spawn_background(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def template(self, name: str) -> Template:
         try:
@@ -175,6 +199,9 @@ class SandboxService:
     async def close(self) -> None:
         """Kill every sandbox and pooled QEMU this service owns."""
         self._closing = True
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         await asyncio.gather(*(pool.close() for pool in self.pools.values()), return_exceptions=True)
         vms: list[MicroVM] = [s.vm for s in self.sandboxes.values()]
         self.sandboxes.clear()

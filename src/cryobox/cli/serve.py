@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 import socket
@@ -14,7 +15,7 @@ import uvicorn
 from rich.console import Console
 
 from ..agent.factory import PoolMode
-from ..agent.platform import HostConfig, start_host
+from ..agent.platform import HostConfig, prepare_template, start_host
 from ..config import Paths
 from ..registry import Registry
 from ..server.admission import AdmissionConfig, AdmissionController
@@ -76,7 +77,14 @@ def serve(options: ServeOptions, console: Console) -> None:
             service = await start_host(config, progress)
         metrics = Metrics()
         admission = AdmissionController(admission_config, observer=metrics.admission_observer())
-        control = ControlPlane(service, registry, admission, metrics, host=socket.gethostname())
+        control = ControlPlane(
+            service,
+            registry,
+            admission,
+            metrics,
+            host=socket.gethostname(),
+            preparer=functools.partial(prepare_template, config),
+        )
         app = create_app(
             control, limiter=limiter, accel=config.accel, host=control.host, reap_interval_s=options.reap_interval_s
         )

@@ -33,5 +33,5 @@ def build_images(images_dir: Path, spec: TemplateSpec, progress: Progress, runne
     cache = ContentCache(images_dir)
     kernel = build_kernel(cache, progress, runner)
     initramfs = build_initramfs(cache, kernel, progress)
-    rootfs = build_rootfs(cache, spec.packages, progress, runner)
+    rootfs = build_rootfs(cache, spec.packages, progress, runner, spec.pip)
     return ImageSet(kernel=kernel, initramfs=initramfs, rootfs=rootfs)

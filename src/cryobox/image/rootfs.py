@@ -31,8 +31,12 @@ class Rootfs:
         return self.path / "rootfs.ext4"
 
 
-def build_tree(cache: ContentCache, packages: tuple[str, ...], progress: Progress, runner: Runner = run) -> Path:
-    inputs = {"suite": DEBIAN_SUITE, "variant": "minbase", "packages": sorted(packages), "layout": 1}
+def build_tree(
+    cache: ContentCache, packages: tuple[str, ...], progress: Progress, runner: Runner = run, pip: tuple[str, ...] = ()
+) -> Path:
+    inputs: dict[str, object] = {"suite": DEBIAN_SUITE, "variant": "minbase", "packages": sorted(packages), "layout": 1}
+    if pip:
+        inputs["pip"] = sorted(pip)
 
     def build(out: Path) -> None:
         progress(f"debootstrap {DEBIAN_SUITE} minbase + {', '.join(packages)} (a few minutes, once)")
@@ -41,6 +45,8 @@ def build_tree(cache: ContentCache, packages: tuple[str, ...], progress: Progres
             ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", DEBIAN_SUITE, str(tree), mirror()],
             progress=lambda line: progress(f"debootstrap: {line}"),
         )
+        if pip:
+            pip_install(tree, pip, progress, runner)
         # Trim what a sandbox never needs: package lists and caches.
         for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
             for child in (tree / junk).glob("*"):
@@ -51,12 +57,38 @@ def build_tree(cache: ContentCache, packages: tuple[str, ...], progress: Progres
     return path / "tree"
 
 
+def pip_install(tree: Path, requirements: tuple[str, ...], progress: Progress, runner: Runner = run) -> None:
+    """Install pip packages into the tree at build time (the host reaches PyPI; guests have no network)."""
+    progress(f"pip install {' '.join(requirements)}")
+    resolv = tree / "etc" / "resolv.conf"
+    shutil.copyfile("/etc/resolv.conf", resolv)
+    try:
+        runner(
+            [
+                "chroot",
+                str(tree),
+                "python3",
+                "-m",
+                "pip",
+                "install",
+                "--no-cache-dir",
+                "--break-system-packages",
+                *requirements,
+            ],
+            progress=lambda line: progress(f"pip: {line}"),
+        )
+    finally:
+        resolv.unlink(missing_ok=True)
+
+
 def init_script() -> bytes:
     return resources.files("cryobox.image").joinpath("files/cryobox-init").read_bytes()
 
 
-def build_rootfs(cache: ContentCache, packages: tuple[str, ...], progress: Progress, runner: Runner = run) -> Rootfs:
-    tree = build_tree(cache, packages, progress, runner)
+def build_rootfs(
+    cache: ContentCache, packages: tuple[str, ...], progress: Progress, runner: Runner = run, pip: tuple[str, ...] = ()
+) -> Rootfs:
+    tree = build_tree(cache, packages, progress, runner, pip)
     inputs = {
         "tree": tree.parent.name,
         "agent": tree_hash(GUEST_PACKAGE_DIR),

@@ -19,9 +19,13 @@ class TemplateSpec:
     cpus: int = 1
     warmup: tuple[str, ...] = ()
     files: dict[str, str] = field(default_factory=dict)
+    pip: tuple[str, ...] = ()  # installed into the image with pip at build time (python3-pip is added)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if not data["pip"]:
+            del data["pip"]  # keeps the generations of specs that predate the field
+        return data
 
 
 BASE = TemplateSpec(
@@ -44,6 +48,32 @@ CODE_INTERPRETER = TemplateSpec(
 )
 
 DEFAULT_TEMPLATES: tuple[TemplateSpec, ...] = (BASE, CODE_INTERPRETER)
+
+
+def derived_spec(
+    name: str,
+    base: TemplateSpec,
+    *,
+    packages: tuple[str, ...] = (),
+    pip: tuple[str, ...] = (),
+    files: dict[str, str] | None = None,
+    warmup: tuple[str, ...] = (),
+    cpus: int | None = None,
+    memory_mib: int | None = None,
+) -> TemplateSpec:
+    """A custom template: a built-in's package set plus extra Debian and pip packages, files and warm-up."""
+    extra = tuple(p for p in packages if p not in base.packages)
+    if pip and "python3-pip" not in base.packages + extra:
+        extra += ("python3-pip",)
+    return TemplateSpec(
+        name=name,
+        packages=base.packages + extra,
+        memory_mib=memory_mib or base.memory_mib,
+        cpus=cpus or base.cpus,
+        warmup=base.warmup + warmup,
+        files={**base.files, **(files or {})},
+        pip=base.pip + pip,
+    )
 
 
 def by_name(name: str) -> TemplateSpec | None:

@@ -7,6 +7,8 @@ epoch seconds; JSON columns use the generic ``JSON`` type, which works on SQLite
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import JSON, BigInteger, Boolean, Double, ForeignKey, Integer, MetaData, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -56,6 +58,10 @@ class Template(Base):
     status: Mapped[str] = mapped_column(String(32))
     path: Mapped[str] = mapped_column(Text)
     created_at: Mapped[float] = mapped_column(Double)
+    # custom templates (revision 0002): owner (NULL = built-in, visible to all), build spec, last build error
+    workspace_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    spec: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Sandbox(Base):

@@ -58,6 +58,9 @@ class TemplateRow:
     status: str
     path: str
     created_at: float = field(default_factory=time.time)
+    workspace_id: str | None = None  # None: built-in, visible to every workspace
+    spec: dict[str, Any] | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,8 @@ def _attr(name: str) -> str:
 
 
 def _matches(value: Any, hint: Any) -> bool:
+    if hint is Any:  # a class on 3.11+, but not one isinstance() accepts
+        return True
     origin = get_origin(hint)
     if origin is Union or origin is types.UnionType:
         return any(_matches(value, arg) for arg in get_args(hint))
@@ -377,6 +382,22 @@ class Registry:
     def list_templates(self) -> list[TemplateRow]:
         with self._db.session(write=False) as s:
             return [_from_orm(obj, TemplateRow) for obj in s.scalars(select(m.Template).order_by(m.Template.name))]
+
+    def update_template_status(self, name: str, status: str, error: str | None = None) -> None:
+        """:raises NotFound: no such template."""
+        with self._db.session(what=f"template {name!r}") as s:
+            obj = s.get(m.Template, name)
+            if obj is None:
+                raise NotFound(f"template {name!r} not found", details={"template": name})
+            obj.status = status
+            obj.error = error
+
+    def delete_template(self, name: str) -> None:
+        """Idempotent."""
+        with self._db.session(what=f"template {name!r}") as s:
+            obj = s.get(m.Template, name)
+            if obj is not None:
+                s.delete(obj)
 
     def get_template(self, name: str) -> TemplateRow:
         with self._db.session(write=False) as s:

@@ -46,6 +46,7 @@ def create_app(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            await control.templates.close()
             await control.service.close()
 
     app = FastAPI(

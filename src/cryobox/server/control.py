@@ -19,9 +19,10 @@ from pathlib import Path
 from ..agent.sandbox import Sandbox
 from ..agent.service import SandboxService
 from ..errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound
-from ..registry import Registry, SandboxRow, TemplateRow
+from ..registry import Registry, SandboxRow
 from .admission import AdmissionController
 from .metrics import Metrics
+from .templates_ctl import TemplateJobs, TemplatePreparer, row_for_template
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +61,20 @@ def row_for(sandbox: Sandbox, host: str) -> SandboxRow:
 
 class ControlPlane:
     def __init__(
-        self, service: SandboxService, registry: Registry, admission: AdmissionController, metrics: Metrics, host: str
+        self,
+        service: SandboxService,
+        registry: Registry,
+        admission: AdmissionController,
+        metrics: Metrics,
+        host: str,
+        preparer: TemplatePreparer | None = None,
     ) -> None:
         self.service = service
         self.registry = registry
         self.admission = admission
         self.metrics = metrics
         self.host = host
+        self.templates = TemplateJobs(service, registry, preparer)
         metrics.set_sandbox_state_provider(self.state_counts)
 
     def state_counts(self) -> dict[str, int]:
@@ -75,26 +83,16 @@ class ControlPlane:
     async def startup(self) -> None:
         """Record templates; rows of sandboxes that did not survive the restart become ``stopped``."""
         for template in self.service.templates.values():
-            await asyncio.to_thread(
-                self.registry.upsert_template,
-                TemplateRow(
-                    name=template.name,
-                    generation=template.generation,
-                    cpu=template.machine.cpus,
-                    memory_mb=template.machine.memory_mib,
-                    status="ready",
-                    path=str(template.path),
-                    created_at=template.created_at,
-                ),
-            )
+            await asyncio.to_thread(self.registry.upsert_template, row_for_template(template, None, None))
         report = await asyncio.to_thread(
             self.registry.reconcile, lambda path: Path(path).exists(), {s.id for s in self.service.all()}
         )
         if report.stopped_sandboxes:
             log.info("reconcile: %d sandbox rows marked stopped (VMs gone)", len(report.stopped_sandboxes))
+        await self.templates.resume_builds()
 
     async def create(self, request: CreateRequest) -> SandboxRow:
-        self.service.template(request.template)  # unknown template: 404 before queueing
+        await self.templates.require_ready(request.template, request.workspace_id)  # 404/409 before queueing
         started = time.monotonic()
         try:
             async with self.admission.slot():

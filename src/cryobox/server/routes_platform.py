@@ -15,12 +15,29 @@ router = APIRouter(tags=["platform"])
 
 @router.get("/v1/templates", response_model=models.TemplateList, responses=ERROR_RESPONSES)
 async def list_templates(ctx: Ctx) -> models.TemplateList:
-    return models.TemplateList(items=[template_view(t) for t in ctx.service.templates.values()])
+    jobs = ctx.control.templates
+    return models.TemplateList(
+        items=[template_view(r, jobs.progress.get(r.name)) for r in await jobs.list(ctx.workspace_id)]
+    )
 
 
 @router.get("/v1/templates/{name}", response_model=models.Template, responses=ERROR_RESPONSES)
 async def get_template(name: str, ctx: Ctx) -> models.Template:
-    return template_view(ctx.service.template(name))
+    jobs = ctx.control.templates
+    return template_view(await jobs.visible(name, ctx.workspace_id), jobs.progress.get(name))
+
+
+@router.post("/v1/templates", status_code=202, response_model=models.Template, responses=ERROR_RESPONSES)
+async def create_template(body: models.TemplateCreateRequest, ctx: Ctx) -> models.Template:
+    """Start building a custom template (images, then a bake); poll ``GET /v1/templates/{name}``."""
+    row = await ctx.control.templates.start_build(ctx.workspace_id, body)
+    return template_view(row, ctx.control.templates.progress.get(row.name))
+
+
+@router.delete("/v1/templates/{name}", status_code=204, response_class=Response, responses=ERROR_RESPONSES)
+async def delete_template(name: str, ctx: Ctx) -> Response:
+    await ctx.control.templates.delete(name, ctx.workspace_id)
+    return Response(status_code=204)
 
 
 @router.get("/v1/info", response_model=models.Info)

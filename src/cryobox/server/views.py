@@ -6,8 +6,7 @@ from typing import Any
 
 from .. import models
 from ..agent.sandbox import rfc3339
-from ..agent.templates import Template
-from ..registry import SandboxRow
+from ..registry import SandboxRow, TemplateRow
 
 
 def sandbox_view(row: SandboxRow) -> models.Sandbox:
@@ -31,14 +30,18 @@ def sandbox_view(row: SandboxRow) -> models.Sandbox:
     )
 
 
-def template_view(template: Template) -> models.Template:
-    return models.Template(
-        name=template.name,
-        cpu=template.machine.cpus,
-        memory_mb=template.machine.memory_mib,
-        generation=template.generation,
-        status="ready",
-        created_at=rfc3339(template.created_at),
+def template_view(row: TemplateRow, progress: str | None = None) -> models.Template:
+    return models.Template.model_validate(
+        {
+            "name": row.name,
+            "cpu": row.cpu,
+            "memory_mb": row.memory_mb,
+            "generation": row.generation,
+            "status": row.status,
+            "created_at": rfc3339(row.created_at),
+            "progress": progress if row.status == "building" else None,
+            "error": row.error,
+        }
     )
 
 

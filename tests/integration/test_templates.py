@@ -1,0 +1,111 @@
+"""Custom templates through the API: build job with progress, workspace scoping, failure, delete."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import httpx
+
+from cryobox import Sandbox
+from cryobox.bench.server import ServeProcess
+
+
+def _wait_built(server: ServeProcess, name: str, headers: dict[str, str], timeout_s: float = 600) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    seen_progress = False
+    while time.monotonic() < deadline:
+        body: dict[str, Any] = httpx.get(f"{server.url}/v1/templates/{name}", headers=headers).json()
+        seen_progress = seen_progress or bool(body.get("progress"))
+        if body["status"] != "building":
+            body["seen_progress"] = seen_progress
+            return body
+        time.sleep(0.5)
+    raise AssertionError(f"template {name} still building after {timeout_s}s")
+
+
+def test_custom_template_build_use_scope_and_delete(server: ServeProcess) -> None:
+    headers = {"Authorization": f"Bearer {server.api_key}"}
+    spec = {
+        "name": "tpl-custom",
+        "base": "base",
+        "memory_mb": 384,
+        "files": {"/etc/cryobox-motd": "hello from a custom template\n"},
+        "warmup": ["echo warmed > /root/warm.txt"],
+    }
+    started = httpx.post(f"{server.url}/v1/templates", json=spec, headers=headers)
+    assert started.status_code == 202, started.text
+    assert started.json()["status"] == "building"
+    again = httpx.post(f"{server.url}/v1/templates", json=spec, headers=headers)
+    assert again.status_code == 409  # already building
+    built = _wait_built(server, "tpl-custom", headers)
+    assert built["status"] == "ready", built
+    assert built["memory_mb"] == 384 and built["generation"]
+    assert "tpl-custom" in [t["name"] for t in httpx.get(f"{server.url}/v1/templates", headers=headers).json()["items"]]
+
+    with Sandbox.create(template="tpl-custom", api_url=server.url, api_key=server.api_key) as sbx:
+        assert sbx.info.boot_mode == "restore" and sbx.info.memory_mb == 384
+        assert sbx.exec("cat /etc/cryobox-motd /root/warm.txt").stdout == "hello from a custom template\nwarmed\n"
+
+    other = json.loads(
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "cryobox.cli.main",
+                "keys",
+                "create",
+                "--workspace",
+                "tpl-other",
+                "--data-dir",
+                str(server.data_dir),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )["key"]
+    other_headers = {"Authorization": f"Bearer {other}"}
+    assert httpx.get(f"{server.url}/v1/templates/tpl-custom", headers=other_headers).status_code == 404
+    assert "tpl-custom" not in [
+        t["name"] for t in httpx.get(f"{server.url}/v1/templates", headers=other_headers).json()["items"]
+    ]
+    response = httpx.post(f"{server.url}/v1/sandboxes", json={"template": "tpl-custom"}, headers=other_headers)
+    assert response.status_code == 404
+    taken = httpx.post(f"{server.url}/v1/templates", json={"name": "tpl-custom"}, headers=other_headers)
+    assert taken.status_code == 400 and "taken" in taken.json()["error"]
+
+    assert httpx.delete(f"{server.url}/v1/templates/base", headers=headers).status_code == 409
+    assert httpx.delete(f"{server.url}/v1/templates/tpl-custom", headers=headers).status_code == 204
+    assert httpx.get(f"{server.url}/v1/templates/tpl-custom", headers=headers).status_code == 404
+    response = httpx.post(f"{server.url}/v1/sandboxes", json={"template": "tpl-custom"}, headers=headers)
+    assert response.status_code == 404
+
+
+def test_failing_template_build_reports_the_error(server: ServeProcess) -> None:
+    headers = {"Authorization": f"Bearer {server.api_key}"}
+    spec = {"name": "tpl-broken", "warmup": ["echo about to fail >&2; exit 9"]}
+    assert httpx.post(f"{server.url}/v1/templates", json=spec, headers=headers).status_code == 202
+    built = _wait_built(server, "tpl-broken", headers)
+    assert built["status"] == "error"
+    assert "warm-up command failed (9)" in built["error"]
+    response = httpx.post(f"{server.url}/v1/sandboxes", json={"template": "tpl-broken"}, headers=headers)
+    assert response.status_code == 409
+    assert httpx.delete(f"{server.url}/v1/templates/tpl-broken", headers=headers).status_code == 204
+
+
+def test_invalid_template_specs_are_400(server: ServeProcess) -> None:
+    headers = {"Authorization": f"Bearer {server.api_key}"}
+    for spec in (
+        {"name": "Bad Name"},
+        {"name": "ok", "packages": ["rm -rf /"]},
+        {"name": "ok", "memory_mb": 1},
+        {"name": "ok", "files": {"relative/path": "x"}},
+        {"name": "ok", "base": "nope"},
+    ):
+        response = httpx.post(f"{server.url}/v1/templates", json=spec, headers=headers)
+        assert response.status_code == 400, (spec, response.text)

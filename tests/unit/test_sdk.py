@@ -30,14 +30,8 @@ from cryobox.errors import (
     Unauthorized,
 )
 from cryobox.sdk import AsyncSandbox, Lifecycle, RetryPolicy
-from cryobox.sdk._base import (
-    DEFAULT_URL,
-    ExecStreamDecoder,
-    SSEDecoder,
-    SSEMessage,
-    error_from_response,
-    parse_retry_after,
-)
+from cryobox.sdk._base import DEFAULT_URL, error_from_response, parse_retry_after
+from cryobox.sdk._sse import ExecStreamDecoder, SSEDecoder, SSEMessage
 from cryobox.sdk._transport import ClientConfig, raise_for_error
 from cryobox.sdk.sandbox import ExecResult, Sandbox, StreamEvent
 

@@ -23,8 +23,9 @@ import httpx
 
 from ... import models
 from ...errors import CryoboxError, NotFound
-from .. import _base
-from .._base import DEFAULT_RETRY, ClientConfig, ExecResult, Lifecycle, OutputCallback, RetryPolicy, StreamEvent
+from .. import _base, _sse
+from .._base import DEFAULT_RETRY, ClientConfig, ExecResult, Lifecycle, RetryPolicy, StreamEvent
+from .._sse import OutputCallback
 from ._http import send
 
 
@@ -298,7 +299,7 @@ class AsyncSandbox:
             client_timeout_s=self._config.timeout_s,
             stream=True,
         )
-        decoder = _base.ExecStreamDecoder()
+        decoder = _sse.ExecStreamDecoder()
         try:
             async with self._http.stream(request.method, request.path, **request.send_options()) as response:
                 if response.status_code >= 400:
@@ -308,13 +309,13 @@ class AsyncSandbox:
                     event = decoder.feed(line)
                     if event is None:
                         continue
-                    _base.notify(event, on_stdout, on_stderr)
+                    _sse.notify(event, on_stdout, on_stderr)
                     yield event
                     if event.kind == "exit":
                         return
         except httpx.TransportError as err:
             raise _base.transport_error(err, str(self._http.base_url)) from err
-        raise _base.stream_ended_early()
+        raise _sse.stream_ended_early()
 
     # --- teardown ------------------------------------------------------------------------------------------------
 

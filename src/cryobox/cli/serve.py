@@ -90,10 +90,14 @@ def serve(options: ServeOptions, console: Console) -> None:
         )
         console.print(f"templates ready: {', '.join(service.templates)}")
         if generated:
-            console.print(f"generated API key (saved in {paths.data_dir / 'api_key'}): [bold]{key}[/bold]")
+            console.print(
+                f"generated API key (saved in {paths.data_dir / 'api_key'}): [bold]{key}[/bold]", soft_wrap=True
+            )
         else:
-            console.print(f"API key (workspace {DEFAULT_WORKSPACE}): [bold]{key}[/bold]")
-        console.print(f"export CRYOBOX_API_URL=http://{options.host}:{options.port} CRYOBOX_API_KEY={key}")
+            console.print(f"API key (workspace {DEFAULT_WORKSPACE}): [bold]{key}[/bold]", soft_wrap=True)
+        console.print(
+            f"export CRYOBOX_API_URL=http://{options.host}:{options.port} CRYOBOX_API_KEY={key}", soft_wrap=True
+        )
         server = uvicorn.Server(
             uvicorn.Config(app, host=options.host, port=options.port, log_level="info", lifespan="on")
         )

@@ -158,11 +158,6 @@ class PrespawnPool:
         else:
             self._ready.append(vm)
 
-    async def wait_filled(self, timeout: float = 30.0) -> None:
-        async with asyncio.timeout(timeout):
-            while len(self._ready) < self.size and not self._closed:
-                await asyncio.sleep(0.01)
-
     async def close(self) -> None:
         self._closed = True
         for task in list(self._tasks):

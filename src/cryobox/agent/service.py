@@ -8,7 +8,6 @@ is the sandbox reported running. Nothing here cold-boots: that happens only in a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
@@ -53,7 +52,6 @@ class SandboxService:
         self._background: set[asyncio.Task[None]] = set()
         self.pools = {name: PrespawnPool(factory, t, prespawn, pool_mode) for name, t in self.templates.items()}
         self.sandboxes: dict[str, Sandbox] = {}
-        self._closing = False
 
     def start(self) -> None:
         for pool in self.pools.values():
@@ -188,17 +186,8 @@ class SandboxService:
         _, guest = await self._guest(sandbox_id, workspace_id)
         return await guest.call(op, {"path": path}, timeout=60)
 
-    async def reap_expired(self, now: float | None = None) -> list[str]:
-        now = self.clock() if now is None else now
-        expired = [s.id for s in self.sandboxes.values() if s.expires_at is not None and s.expires_at <= now]
-        for sandbox_id in expired:
-            with contextlib.suppress(NotFound):
-                await self.delete(sandbox_id)
-        return expired
-
     async def close(self) -> None:
         """Kill every sandbox and pooled QEMU this service owns."""
-        self._closing = True
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)

@@ -25,6 +25,7 @@ from .metrics import Metrics
 from .templates_ctl import TemplateJobs, TemplatePreparer, row_for_template
 
 log = logging.getLogger(__name__)
+UNSET = object()  # "not given" in a PATCH, distinct from an explicit null
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ class ControlPlane:
         self, sandbox_id: str, workspace_id: str, *, ttl_s: int | None | object, persistent: bool | None
     ) -> SandboxRow:
         sandbox = self.service.get(sandbox_id, workspace_id)
-        if ttl_s is not _UNSET:
+        if ttl_s is not UNSET:
             if ttl_s is not None and not isinstance(ttl_s, int):
                 raise InvalidArgument("ttl_seconds must be an integer or null")
             sandbox.ttl_s = ttl_s
@@ -182,7 +183,3 @@ class ControlPlane:
             except (CryoboxError, OSError) as err:
                 log.warning("reaping %s failed: %s", sandbox.id, err)
         return [s.id for s in expired]
-
-
-_UNSET = object()
-UNSET = _UNSET

@@ -7,15 +7,8 @@ is managed by the Alembic revisions shipped in ``migrations/`` and applied by :m
 from __future__ import annotations
 
 from .db import DATABASE_URL_ENV, AlreadyExists, Database, normalize_url, url_for_data_dir
-from .repo import (
-    ApiKeyInfo,
-    ReconcileReport,
-    Registry,
-    SandboxRow,
-    SnapshotRow,
-    TemplateRow,
-    WorkspaceInfo,
-)
+from .repo import Registry
+from .rows import ApiKeyInfo, ReconcileReport, SandboxRow, SnapshotRow, TemplateRow, WorkspaceInfo
 
 __all__ = [
     "DATABASE_URL_ENV",

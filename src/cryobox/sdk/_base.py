@@ -1,9 +1,10 @@
 """The IO-free core of the SDK, shared by ``Sandbox`` (sync) and ``AsyncSandbox`` (async).
 
-Everything here is plain computation: resolving configuration, building requests, parsing responses and
-server-sent events, mapping error bodies to the :mod:`cryobox.errors` tree, and planning capacity retries. The
-two clients (``_async/``, hand-written, and ``_sync/``, generated from it by ``scripts/unasync.py``) only send
-the requests built here and feed the responses back; they never interpret the wire format themselves.
+Everything here is plain computation: resolving configuration, parsing responses, mapping error bodies to the
+:mod:`cryobox.errors` tree, and planning capacity retries (requests are built in :mod:`._requests`, server-sent
+events decoded in :mod:`._sse`). The two clients (``_async/``, hand-written, and ``_sync/``, generated from it
+by ``scripts/unasync.py``) only send those requests and feed the responses back; they never interpret the wire
+format themselves.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ import email.utils
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
-from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel
@@ -27,7 +27,6 @@ from ..errors import (
     CommandFailed,
     CryoboxError,
     HostUnavailable,
-    InvalidArgument,
     QuotaExceeded,
 )
 
@@ -198,131 +197,6 @@ class RetryPlan:
             return None
         self.retries += 1
         return delay
-
-
-# --- requests --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ApiRequest:
-    """One API call, ready to send. ``retry_capacity`` marks the calls that may retry capacity refusals."""
-
-    method: str
-    path: str
-    params: dict[str, str] | None = None
-    json: Any = None
-    content: bytes | None = None
-    headers: dict[str, str] | None = None
-    timeout: httpx.Timeout | None = None
-    retry_capacity: bool = False
-
-    def send_options(self) -> dict[str, Any]:
-        """Keyword arguments for ``client.request`` / ``client.stream`` (besides method and path)."""
-        return {
-            "params": self.params,
-            "json": self.json,
-            "content": self.content,
-            "headers": self.headers,
-            "timeout": self.timeout if self.timeout is not None else httpx.USE_CLIENT_DEFAULT,
-        }
-
-
-def _sandbox_path(sandbox_id: str, suffix: str = "") -> str:
-    return f"/v1/sandboxes/{quote(sandbox_id, safe='')}{suffix}"
-
-
-def create_request(
-    template: str,
-    *,
-    ttl_seconds: int | None,
-    persistent: bool,
-    metadata: Mapping[str, str] | None,
-    env: Mapping[str, str] | None,
-    network: models.NetworkSpec | Mapping[str, Any] | None,
-    from_snapshot: str | None,
-) -> ApiRequest:
-    body: dict[str, Any] = {
-        "template": template,
-        "persistent": persistent,
-        "metadata": dict(metadata or {}),
-        "env": dict(env or {}),
-    }
-    if ttl_seconds is not None:
-        body["ttl_seconds"] = ttl_seconds
-    if from_snapshot is not None:
-        body["from_snapshot"] = from_snapshot
-    if network is not None:
-        try:
-            spec = network if isinstance(network, models.NetworkSpec) else models.NetworkSpec.model_validate(network)
-        except ValueError as err:
-            raise InvalidArgument(f"invalid network spec: {err}") from err
-        body["network"] = spec.model_dump()
-    return ApiRequest("POST", "/v1/sandboxes", json=body, retry_capacity=True)
-
-
-def get_request(sandbox_id: str) -> ApiRequest:
-    return ApiRequest("GET", _sandbox_path(sandbox_id))
-
-
-def list_request(*, status: str | None, metadata: Mapping[str, str] | None) -> ApiRequest:
-    params: dict[str, str] = {}
-    if status is not None:
-        params["status"] = status
-    for key, value in (metadata or {}).items():
-        params[f"metadata.{key}"] = value
-    return ApiRequest("GET", "/v1/sandboxes", params=params or None)
-
-
-def kill_request(sandbox_id: str, *, keep_snapshots: bool = False) -> ApiRequest:
-    params = {"keep_snapshots": "true"} if keep_snapshots else None
-    return ApiRequest("DELETE", _sandbox_path(sandbox_id), params=params)
-
-
-def lifecycle_request(sandbox_id: str) -> ApiRequest:
-    return ApiRequest("GET", _sandbox_path(sandbox_id, "/lifecycle"))
-
-
-def update_lifecycle_request(
-    sandbox_id: str, *, ttl_seconds: int | None = None, persistent: bool | None = None
-) -> ApiRequest:
-    body: dict[str, Any] = {}
-    if ttl_seconds is not None:
-        body["ttl_seconds"] = ttl_seconds
-    if persistent is not None:
-        body["persistent"] = persistent
-    return ApiRequest("PATCH", _sandbox_path(sandbox_id, "/lifecycle"), json=body)
-
-
-def exec_timeout(client_timeout_s: float, timeout_seconds: float | None) -> httpx.Timeout:
-    """Never let the HTTP read timeout cut a command short: wait at least its own timeout plus a margin."""
-    read = None if timeout_seconds is None else max(client_timeout_s, timeout_seconds + EXEC_READ_MARGIN_S)
-    return httpx.Timeout(client_timeout_s, connect=CONNECT_TIMEOUT_S, read=read)
-
-
-def exec_request(
-    sandbox_id: str,
-    cmd: str,
-    *,
-    timeout_seconds: float | None,
-    env: Mapping[str, str] | None,
-    cwd: str | None,
-    stdin: str | None,
-    client_timeout_s: float,
-    stream: bool = False,
-) -> ApiRequest:
-    body = {"cmd": cmd, "timeout_seconds": timeout_seconds, "env": dict(env or {}), "cwd": cwd, "stdin": stdin}
-    path = _sandbox_path(sandbox_id, "/exec/stream" if stream else "/exec")
-    return ApiRequest("POST", path, json=body, timeout=exec_timeout(client_timeout_s, timeout_seconds))
-
-
-def fs_request(
-    sandbox_id: str, method: str, path: str, *, suffix: str = "", content: bytes | None = None
-) -> ApiRequest:
-    """``/v1/sandboxes/{id}/fs{suffix}?path=…``; a body is sent as raw bytes."""
-    headers = {"Content-Type": "application/octet-stream"} if content is not None else None
-    return ApiRequest(
-        method, _sandbox_path(sandbox_id, f"/fs{suffix}"), params={"path": path}, content=content, headers=headers
-    )
 
 
 # --- responses -------------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from .._base import ApiRequest, RetryPlan, RetryPolicy, error_from_response, transport_error
+from .._base import RetryPlan, RetryPolicy, error_from_response, transport_error
+from .._requests import ApiRequest
 
 
 async def send(http: httpx.AsyncClient, request: ApiRequest, retry: RetryPolicy) -> httpx.Response:

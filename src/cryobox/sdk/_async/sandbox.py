@@ -23,7 +23,7 @@ import httpx
 
 from ... import models
 from ...errors import CryoboxError, NotFound
-from .. import _base, _sse
+from .. import _base, _requests, _sse
 from .._base import DEFAULT_RETRY, ClientConfig, ExecResult, Lifecycle, RetryPolicy, StreamEvent
 from .._sse import OutputCallback
 from ._http import send
@@ -48,7 +48,7 @@ class AsyncFilesystem:
 
     async def read(self, path: str) -> bytes:
         """:raises NotFound: no such file."""
-        response = await self._sbx._send(_base.fs_request(self._sbx.id, "GET", path))
+        response = await self._sbx._send(_requests.fs_request(self._sbx.id, "GET", path))
         return response.content
 
     async def read_text(self, path: str, encoding: str = "utf-8") -> str:
@@ -61,15 +61,15 @@ class AsyncFilesystem:
         :raises PayloadTooLarge: more than the server accepts (64 MiB).
         """
         payload = data.encode() if isinstance(data, str) else data
-        response = await self._sbx._send(_base.fs_request(self._sbx.id, "PUT", path, content=payload))
+        response = await self._sbx._send(_requests.fs_request(self._sbx.id, "PUT", path, content=payload))
         return _base.parse_write(response)
 
     async def list(self, path: str) -> list[models.FileEntry]:
-        response = await self._sbx._send(_base.fs_request(self._sbx.id, "GET", path, suffix="/dir"))
+        response = await self._sbx._send(_requests.fs_request(self._sbx.id, "GET", path, suffix="/dir"))
         return _base.parse_dir(response)
 
     async def stat(self, path: str) -> models.FileEntry:
-        response = await self._sbx._send(_base.fs_request(self._sbx.id, "GET", path, suffix="/stat"))
+        response = await self._sbx._send(_requests.fs_request(self._sbx.id, "GET", path, suffix="/stat"))
         return _base.parse_entry(response)
 
     async def exists(self, path: str) -> bool:
@@ -81,7 +81,7 @@ class AsyncFilesystem:
         return True
 
     async def remove(self, path: str) -> None:
-        await self._sbx._send(_base.fs_request(self._sbx.id, "DELETE", path))
+        await self._sbx._send(_requests.fs_request(self._sbx.id, "DELETE", path))
 
 
 class AsyncSandbox:
@@ -112,7 +112,7 @@ class AsyncSandbox:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.id!r}, template={self.info.template!r}, status={self.info.status!r})"
 
-    async def _send(self, request: _base.ApiRequest) -> httpx.Response:
+    async def _send(self, request: _requests.ApiRequest) -> httpx.Response:
         return await send(self._http, request, self._retry)
 
     # --- construction --------------------------------------------------------------------------------------------
@@ -144,7 +144,7 @@ class AsyncSandbox:
         :raises QuotaExceeded: rate limited beyond the retry budget.
         :raises NotFound: unknown template or snapshot.
         """
-        request = _base.create_request(
+        request = _requests.create_request(
             template,
             ttl_seconds=ttl_seconds,
             persistent=persistent,
@@ -153,11 +153,16 @@ class AsyncSandbox:
             network=network,
             from_snapshot=from_snapshot,
         )
-        config = ClientConfig.resolve(api_url, api_key, timeout_s)
+        return await cls._attach(ClientConfig.resolve(api_url, api_key, timeout_s), http, request, retry)
+
+    @classmethod
+    async def _attach(
+        cls, config: ClientConfig, http: httpx.AsyncClient | None, request: _requests.ApiRequest, retry: RetryPolicy
+    ) -> AsyncSandbox:
+        """Send a request answered by a Sandbox and wrap it; a client opened here is closed if that fails."""
         client = http if http is not None else _open(config)
         try:
-            response = await send(client, request, retry)
-            info = _base.parse_sandbox(response)
+            info = _base.parse_sandbox(await send(client, request, retry))
         except BaseException:
             if http is None:
                 await client.aclose()
@@ -180,14 +185,7 @@ class AsyncSandbox:
         :raises NotFound: no such sandbox (or it belongs to another workspace).
         """
         config = ClientConfig.resolve(api_url, api_key, timeout_s)
-        client = http if http is not None else _open(config)
-        try:
-            info = _base.parse_sandbox(await send(client, _base.get_request(sandbox_id), retry))
-        except BaseException:
-            if http is None:
-                await client.aclose()
-            raise
-        return cls(info, config, client, retry=retry)
+        return await cls._attach(config, http, _requests.get_request(sandbox_id), retry)
 
     @classmethod
     async def list(
@@ -207,7 +205,7 @@ class AsyncSandbox:
         config = ClientConfig.resolve(api_url, api_key, timeout_s)
         client = http if http is not None else _open(config)
         try:
-            response = await send(client, _base.list_request(status=status, metadata=metadata), DEFAULT_RETRY)
+            response = await send(client, _requests.list_request(status=status, metadata=metadata), DEFAULT_RETRY)
             return _base.parse_sandbox_list(response)
         finally:
             if http is None:
@@ -217,24 +215,24 @@ class AsyncSandbox:
 
     async def refresh(self) -> models.Sandbox:
         """Re-read the sandbox from the API into ``info``."""
-        self.info = _base.parse_sandbox(await self._send(_base.get_request(self.id)))
+        self.info = _base.parse_sandbox(await self._send(_requests.get_request(self.id)))
         return self.info
 
     async def lifecycle(self) -> Lifecycle:
-        return _base.parse_lifecycle(await self._send(_base.lifecycle_request(self.id)))
+        return _base.parse_lifecycle(await self._send(_requests.lifecycle_request(self.id)))
 
     async def set_ttl(self, seconds: int) -> Lifecycle:
         """Reset the time to live to ``seconds`` from now.
 
         :raises InvalidArgument: ``seconds`` is out of range.
         """
-        return await self._update_lifecycle(_base.update_lifecycle_request(self.id, ttl_seconds=seconds))
+        return await self._update_lifecycle(_requests.update_lifecycle_request(self.id, ttl_seconds=seconds))
 
     async def set_persistent(self, persistent: bool) -> Lifecycle:
         """A persistent sandbox is hibernated instead of deleted when it expires."""
-        return await self._update_lifecycle(_base.update_lifecycle_request(self.id, persistent=persistent))
+        return await self._update_lifecycle(_requests.update_lifecycle_request(self.id, persistent=persistent))
 
-    async def _update_lifecycle(self, request: _base.ApiRequest) -> Lifecycle:
+    async def _update_lifecycle(self, request: _requests.ApiRequest) -> Lifecycle:
         lifecycle = _base.parse_lifecycle(await self._send(request))
         self.info = self.info.model_copy(
             update={"persistent": lifecycle.persistent, "expires_at": lifecycle.expires_at}
@@ -258,7 +256,7 @@ class AsyncSandbox:
         :raises SandboxTimeout: the command ran past ``timeout_seconds`` (its process group was killed).
         :raises CommandFailed: ``check`` is set and the exit code is not 0.
         """
-        request = _base.exec_request(
+        request = _requests.exec_request(
             self.id,
             cmd,
             timeout_seconds=timeout_seconds,
@@ -289,7 +287,7 @@ class AsyncSandbox:
         :raises GuestError: the stream ended without an exit code.
         :raises CryoboxError: any other ``error`` event, mapped by its code.
         """
-        request = _base.exec_request(
+        request = _requests.exec_request(
             self.id,
             cmd,
             timeout_seconds=timeout_seconds,
@@ -329,7 +327,7 @@ class AsyncSandbox:
         Killing an already-deleted sandbox is not an error.
         """
         try:
-            await self._send(_base.kill_request(self.id, keep_snapshots=keep_snapshots))
+            await self._send(_requests.kill_request(self.id, keep_snapshots=keep_snapshots))
         except NotFound:
             pass
         finally:

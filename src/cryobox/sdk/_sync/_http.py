@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import httpx
 
-from .._base import ApiRequest, RetryPlan, RetryPolicy, error_from_response, transport_error
+from .._base import RetryPlan, RetryPolicy, error_from_response, transport_error
+from .._requests import ApiRequest
 
 
 def send(http: httpx.Client, request: ApiRequest, retry: RetryPolicy) -> httpx.Response:

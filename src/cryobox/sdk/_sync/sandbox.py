@@ -25,7 +25,7 @@ import httpx
 
 from ... import models
 from ...errors import CryoboxError, NotFound
-from .. import _base, _sse
+from .. import _base, _requests, _sse
 from .._base import DEFAULT_RETRY, ClientConfig, ExecResult, Lifecycle, RetryPolicy, StreamEvent
 from .._sse import OutputCallback
 from ._http import send
@@ -50,7 +50,7 @@ class Filesystem:
 
     def read(self, path: str) -> bytes:
         """:raises NotFound: no such file."""
-        response = self._sbx._send(_base.fs_request(self._sbx.id, "GET", path))
+        response = self._sbx._send(_requests.fs_request(self._sbx.id, "GET", path))
         return response.content
 
     def read_text(self, path: str, encoding: str = "utf-8") -> str:
@@ -63,15 +63,15 @@ class Filesystem:
         :raises PayloadTooLarge: more than the server accepts (64 MiB).
         """
         payload = data.encode() if isinstance(data, str) else data
-        response = self._sbx._send(_base.fs_request(self._sbx.id, "PUT", path, content=payload))
+        response = self._sbx._send(_requests.fs_request(self._sbx.id, "PUT", path, content=payload))
         return _base.parse_write(response)
 
     def list(self, path: str) -> list[models.FileEntry]:
-        response = self._sbx._send(_base.fs_request(self._sbx.id, "GET", path, suffix="/dir"))
+        response = self._sbx._send(_requests.fs_request(self._sbx.id, "GET", path, suffix="/dir"))
         return _base.parse_dir(response)
 
     def stat(self, path: str) -> models.FileEntry:
-        response = self._sbx._send(_base.fs_request(self._sbx.id, "GET", path, suffix="/stat"))
+        response = self._sbx._send(_requests.fs_request(self._sbx.id, "GET", path, suffix="/stat"))
         return _base.parse_entry(response)
 
     def exists(self, path: str) -> bool:
@@ -83,7 +83,7 @@ class Filesystem:
         return True
 
     def remove(self, path: str) -> None:
-        self._sbx._send(_base.fs_request(self._sbx.id, "DELETE", path))
+        self._sbx._send(_requests.fs_request(self._sbx.id, "DELETE", path))
 
 
 class Sandbox:
@@ -114,7 +114,7 @@ class Sandbox:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.id!r}, template={self.info.template!r}, status={self.info.status!r})"
 
-    def _send(self, request: _base.ApiRequest) -> httpx.Response:
+    def _send(self, request: _requests.ApiRequest) -> httpx.Response:
         return send(self._http, request, self._retry)
 
     # --- construction --------------------------------------------------------------------------------------------
@@ -146,7 +146,7 @@ class Sandbox:
         :raises QuotaExceeded: rate limited beyond the retry budget.
         :raises NotFound: unknown template or snapshot.
         """
-        request = _base.create_request(
+        request = _requests.create_request(
             template,
             ttl_seconds=ttl_seconds,
             persistent=persistent,
@@ -155,11 +155,16 @@ class Sandbox:
             network=network,
             from_snapshot=from_snapshot,
         )
-        config = ClientConfig.resolve(api_url, api_key, timeout_s)
+        return cls._attach(ClientConfig.resolve(api_url, api_key, timeout_s), http, request, retry)
+
+    @classmethod
+    def _attach(
+        cls, config: ClientConfig, http: httpx.Client | None, request: _requests.ApiRequest, retry: RetryPolicy
+    ) -> Sandbox:
+        """Send a request answered by a Sandbox and wrap it; a client opened here is closed if that fails."""
         client = http if http is not None else _open(config)
         try:
-            response = send(client, request, retry)
-            info = _base.parse_sandbox(response)
+            info = _base.parse_sandbox(send(client, request, retry))
         except BaseException:
             if http is None:
                 client.close()
@@ -182,14 +187,7 @@ class Sandbox:
         :raises NotFound: no such sandbox (or it belongs to another workspace).
         """
         config = ClientConfig.resolve(api_url, api_key, timeout_s)
-        client = http if http is not None else _open(config)
-        try:
-            info = _base.parse_sandbox(send(client, _base.get_request(sandbox_id), retry))
-        except BaseException:
-            if http is None:
-                client.close()
-            raise
-        return cls(info, config, client, retry=retry)
+        return cls._attach(config, http, _requests.get_request(sandbox_id), retry)
 
     @classmethod
     def list(
@@ -209,7 +207,7 @@ class Sandbox:
         config = ClientConfig.resolve(api_url, api_key, timeout_s)
         client = http if http is not None else _open(config)
         try:
-            response = send(client, _base.list_request(status=status, metadata=metadata), DEFAULT_RETRY)
+            response = send(client, _requests.list_request(status=status, metadata=metadata), DEFAULT_RETRY)
             return _base.parse_sandbox_list(response)
         finally:
             if http is None:
@@ -219,24 +217,24 @@ class Sandbox:
 
     def refresh(self) -> models.Sandbox:
         """Re-read the sandbox from the API into ``info``."""
-        self.info = _base.parse_sandbox(self._send(_base.get_request(self.id)))
+        self.info = _base.parse_sandbox(self._send(_requests.get_request(self.id)))
         return self.info
 
     def lifecycle(self) -> Lifecycle:
-        return _base.parse_lifecycle(self._send(_base.lifecycle_request(self.id)))
+        return _base.parse_lifecycle(self._send(_requests.lifecycle_request(self.id)))
 
     def set_ttl(self, seconds: int) -> Lifecycle:
         """Reset the time to live to ``seconds`` from now.
 
         :raises InvalidArgument: ``seconds`` is out of range.
         """
-        return self._update_lifecycle(_base.update_lifecycle_request(self.id, ttl_seconds=seconds))
+        return self._update_lifecycle(_requests.update_lifecycle_request(self.id, ttl_seconds=seconds))
 
     def set_persistent(self, persistent: bool) -> Lifecycle:
         """A persistent sandbox is hibernated instead of deleted when it expires."""
-        return self._update_lifecycle(_base.update_lifecycle_request(self.id, persistent=persistent))
+        return self._update_lifecycle(_requests.update_lifecycle_request(self.id, persistent=persistent))
 
-    def _update_lifecycle(self, request: _base.ApiRequest) -> Lifecycle:
+    def _update_lifecycle(self, request: _requests.ApiRequest) -> Lifecycle:
         lifecycle = _base.parse_lifecycle(self._send(request))
         self.info = self.info.model_copy(
             update={"persistent": lifecycle.persistent, "expires_at": lifecycle.expires_at}
@@ -260,7 +258,7 @@ class Sandbox:
         :raises SandboxTimeout: the command ran past ``timeout_seconds`` (its process group was killed).
         :raises CommandFailed: ``check`` is set and the exit code is not 0.
         """
-        request = _base.exec_request(
+        request = _requests.exec_request(
             self.id,
             cmd,
             timeout_seconds=timeout_seconds,
@@ -291,7 +289,7 @@ class Sandbox:
         :raises GuestError: the stream ended without an exit code.
         :raises CryoboxError: any other ``error`` event, mapped by its code.
         """
-        request = _base.exec_request(
+        request = _requests.exec_request(
             self.id,
             cmd,
             timeout_seconds=timeout_seconds,
@@ -331,7 +329,7 @@ class Sandbox:
         Killing an already-deleted sandbox is not an error.
         """
         try:
-            self._send(_base.kill_request(self.id, keep_snapshots=keep_snapshots))
+            self._send(_requests.kill_request(self.id, keep_snapshots=keep_snapshots))
         except NotFound:
             pass
         finally:

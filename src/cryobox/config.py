@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_DATA_DIR = Path("/var/lib/cryobox")
@@ -20,6 +21,14 @@ class Paths:
 
     data_dir: Path
     cache_dir: Path
+    hot_dir: Path = field(default=Path())
+    """Memory images VMs map, on tmpfs (``CRYOBOX_HOT_DIR``; default ``/dev/shm/cryobox-<hash of data_dir>``)."""
+
+    def __post_init__(self) -> None:
+        if self.hot_dir == Path():
+            digest = hashlib.sha256(str(self.data_dir.resolve()).encode()).hexdigest()[:12]
+            hot = os.environ.get("CRYOBOX_HOT_DIR") or f"/dev/shm/cryobox-{digest}"
+            object.__setattr__(self, "hot_dir", Path(hot))
 
     @classmethod
     def from_env(cls, data_dir: Path | None = None, cache_dir: Path | None = None) -> Paths:
@@ -28,9 +37,28 @@ class Paths:
         return cls(data_dir=data.resolve(), cache_dir=cache.resolve())
 
     @property
+    def volume_dir(self) -> Path:
+        """The reflink-capable volume (the data dir itself, or an XFS image loop-mounted here)."""
+        return self.data_dir / "vol"
+
+    @property
     def run_dir(self) -> Path:
-        """Per-VM runtime directories (sockets, overlays, logs); reclaimed at agent start."""
-        return self.data_dir / "run"
+        """Per-VM runtime directories (sockets, disk overlays, logs); reclaimed at agent start."""
+        return self.volume_dir / "run"
+
+    @property
+    def snapshots_dir(self) -> Path:
+        return self.volume_dir / "snapshots"
+
+    @property
+    def hibernate_dir(self) -> Path:
+        """Captures of hibernated sandboxes (they do not outlive the agent: wiped at start)."""
+        return self.volume_dir / "hibernate"
+
+    @property
+    def bake_dir(self) -> Path:
+        """Run directories of template bakes (sockets and logs only)."""
+        return self.data_dir / "bake"
 
     @property
     def images_dir(self) -> Path:
@@ -41,5 +69,5 @@ class Paths:
         return self.cache_dir / "templates"
 
     def ensure(self) -> None:
-        for path in (self.data_dir, self.run_dir, self.images_dir, self.templates_dir):
+        for path in (self.data_dir, self.bake_dir, self.images_dir, self.templates_dir):
             path.mkdir(parents=True, exist_ok=True)

@@ -56,7 +56,8 @@ def server(
         yield proc
     finally:
         proc.stop()
-        leaked = find_own_qemus(data_dir / "run")
+        leaked = find_own_qemus(data_dir / "vol" / "run")
+        proc.cleanup()
         assert not leaked, f"cryobox serve left QEMU processes behind: {leaked}"
 
 

@@ -22,7 +22,7 @@ def _alive(pid: int) -> bool:
 
 def test_restart_after_sigkill_reclaims_qemu(tmp_path: Path, cache_dir: Path, templates: dict[str, Template]) -> None:
     data_dir = tmp_path / "data"
-    run_dir = data_dir / "run"
+    run_dir = data_dir / "vol" / "run"
     first = ServeProcess(data_dir, cache_dir=cache_dir, prespawn=1).start()
     second: ServeProcess | None = None
     try:
@@ -46,3 +46,4 @@ def test_restart_after_sigkill_reclaims_qemu(tmp_path: Path, cache_dir: Path, te
             second.stop(signal.SIGKILL)
         for pid in find_own_qemus(run_dir):
             os.kill(pid, signal.SIGKILL)
+        first.cleanup()

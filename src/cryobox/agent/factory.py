@@ -1,5 +1,11 @@
-"""Making MicroVMs for a template: a per-VM run directory, a qcow2 overlay over the template's disk, and a
-QEMU waiting in ``-incoming defer`` with the template's memory image mapped ``share=off``."""
+"""Making MicroVMs: a per-VM run directory, a qcow2 overlay, and a QEMU waiting in ``-incoming defer`` with a
+memory image mapped ``share=off``.
+
+A restore source is a baked template or a snapshot; its memory is mapped from the host's hot copy on tmpfs
+(one per image, shared by every VM restored from it), its disk overlay is copied (template: an empty overlay
+over the template's disk; snapshot: a reflink clone of the snapshot's overlay). Fork children cold-boot from a
+disk clone instead, with fresh, empty RAM.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +13,20 @@ import asyncio
 import contextlib
 import enum
 import logging
+import os
 import secrets
 import shutil
 from pathlib import Path
 
 from ..errors import VmmError
 from .exec import run_exec
+from .store.hot import HotImages
+from .store.snapshots import SnapshotImage
+from .store.volume import clone_file
 from .templates import Template
-from .vm import MemoryBacking, MicroVM, VmPaths
+from .vm import MachineConfig, MemoryBacking, MicroVM, VmPaths
+
+RestoreSource = Template | SnapshotImage
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +36,9 @@ def new_id(prefix: str) -> str:
 
 
 class VmFactory:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, hot: HotImages) -> None:
         self.run_dir = run_dir
+        self.hot = hot
         self._seed_locks: dict[Path, asyncio.Lock] = {}
 
     async def _empty_overlay(self, template: Template) -> Path:
@@ -54,16 +67,44 @@ class VmFactory:
             raise VmmError(f"qemu-img create failed: {out.decode(errors='replace')}")
         tmp.replace(seed)
 
-    async def spawn_incoming(self, template: Template) -> MicroVM:
-        """A QEMU for ``template`` waiting for its state, with the guest-agent socket already connected
+    async def spawn_incoming(self, source: RestoreSource) -> MicroVM:
+        """A QEMU for ``source`` waiting for its state, with the guest-agent socket already connected
         (connecting before the state loads keeps the guest's port open across the restore)."""
         vm_id = new_id("vm")
         paths = VmPaths(self.run_dir / vm_id)
         paths.root.mkdir(parents=True)
-        shutil.copyfile(await self._empty_overlay(template), paths.disk)
-        vm = MicroVM(vm_id, template.machine, paths, MemoryBacking(template.memory, share=False), paths.disk)
+        try:
+            if isinstance(source, Template):
+                shutil.copyfile(await self._empty_overlay(source), paths.disk)
+            else:
+                await asyncio.to_thread(clone_file, source.disk, paths.disk)
+            memory = await self.hot.ensure(source.hot_key, source.memory)
+        except BaseException:
+            shutil.rmtree(paths.root, ignore_errors=True)
+            raise
+        vm = MicroVM(vm_id, source.machine, paths, MemoryBacking(memory, share=False), paths.disk)
         try:
             await vm.start(incoming=True)
+            await vm.connect_guest()
+        except BaseException:
+            await self.destroy(vm)
+            raise
+        return vm
+
+    async def spawn_cold(self, machine: MachineConfig, disk: Path) -> MicroVM:
+        """A VM that cold-boots from ``disk`` (moved into its run directory) with fresh RAM; returned running,
+        its guest still booting."""
+        vm_id = new_id("vm")
+        paths = VmPaths(self.run_dir / vm_id)
+        paths.root.mkdir(parents=True)
+        os.replace(disk, paths.disk)
+        memory = self.hot.path(vm_id)
+        memory.parent.mkdir(parents=True, exist_ok=True)
+        with open(memory, "wb") as fh:
+            fh.truncate(machine.memory_mib << 20)
+        vm = MicroVM(vm_id, machine, paths, MemoryBacking(memory, share=False), paths.disk)
+        try:
+            await vm.start(incoming=False)
             await vm.connect_guest()
         except BaseException:
             await self.destroy(vm)
@@ -85,6 +126,7 @@ class VmFactory:
         await vm.kill()
         with contextlib.suppress(OSError):
             shutil.rmtree(vm.paths.root)
+        self.hot.drop(vm.vm_id)  # fresh RAM of a cold-booted VM (no-op for restored ones)
 
 
 class PoolMode(enum.Enum):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import shutil
 from dataclasses import dataclass, field
 
 from ..config import Paths
@@ -10,10 +12,16 @@ from ..image.builder import ImageSet, build_images
 from ..image.specs import DEFAULT_TEMPLATES, TemplateSpec
 from ..util.proc import Progress
 from .factory import PoolMode, VmFactory
+from .forking import Forking
 from .reclaim import reclaim
 from .service import SandboxService
-from .templates import Template, TemplateBaker
+from .store.hot import HotImages
+from .store.snapshots import SnapshotStore
+from .store.volume import Volume, ensure_volume, release_volume
+from .templates import Template, TemplateBaker, qemu_version
 from .vm import Accel, MachineConfig, detect_accel, host_tsc_khz
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -40,7 +48,7 @@ def machine_for(spec: TemplateSpec, images: ImageSet, accel: Accel, tsc_khz: int
 async def prepare_template(config: HostConfig, spec: TemplateSpec, progress: Progress) -> Template:
     """Build the template's images and bake it unless a finished bake with the same inputs exists."""
     config.paths.ensure()
-    baker = TemplateBaker(config.paths.templates_dir, config.paths.run_dir, progress)
+    baker = TemplateBaker(config.paths.templates_dir, config.paths.bake_dir, progress)
     images = await asyncio.to_thread(build_images, config.paths.images_dir, spec, progress)
     return await baker.ensure(spec, images, machine_for(spec, images, config.accel, host_tsc_khz()))
 
@@ -49,14 +57,47 @@ async def prepare_templates(config: HostConfig, progress: Progress) -> dict[str,
     return {spec.name: await prepare_template(config, spec, progress) for spec in config.templates}
 
 
-async def start_host(config: HostConfig, progress: Progress) -> SandboxService:
-    config.paths.ensure()
-    killed = await asyncio.to_thread(reclaim, config.paths.run_dir)
+@dataclass
+class Host:
+    """Everything one agent process runs; :meth:`close` stops it all (idempotent)."""
+
+    config: HostConfig
+    volume: Volume
+    hot: HotImages
+    service: SandboxService
+    snapshots: SnapshotStore
+    forking: Forking
+
+    async def close(self, release: bool = True) -> None:
+        await self.service.close()
+        await asyncio.to_thread(self.hot.close)
+        if release and self.volume.image is not None:
+            await asyncio.to_thread(release_volume, self.config.paths.data_dir)
+
+
+async def start_host(config: HostConfig, progress: Progress) -> Host:
+    """Mount the data volume, reclaim what a previous agent left behind, make sure templates exist, start."""
+    paths = config.paths
+    paths.ensure()
+    volume = await asyncio.to_thread(ensure_volume, paths.data_dir)
+    progress(f"data volume {volume.root} ({'reflink' if volume.reflink else 'copy'}, image {volume.image})")
+    killed = await asyncio.to_thread(reclaim, paths.run_dir)
     if killed:
         progress(f"reclaimed {killed} leftover QEMU process(es)")
+    hot = HotImages(paths.hot_dir)
+    await asyncio.to_thread(hot.wipe)
+    shutil.rmtree(paths.hibernate_dir, ignore_errors=True)  # hibernated sandboxes do not survive the agent
+    snapshots = SnapshotStore(paths.snapshots_dir, hot, qemu_version())
+    hibernation = SnapshotStore(paths.hibernate_dir, hot, qemu_version())
+    for partial in await asyncio.to_thread(snapshots.sweep_partials):
+        log.info("removed unfinished snapshot %s", partial)
     templates = await prepare_templates(config, progress)
     service = SandboxService(
-        templates, VmFactory(config.paths.run_dir), prespawn=config.prespawn, pool_mode=config.pool_mode
+        templates,
+        VmFactory(paths.run_dir, hot),
+        hibernation,
+        prespawn=config.prespawn,
+        pool_mode=config.pool_mode,
     )
     service.start()
-    return service
+    return Host(config, volume, hot, service, snapshots, Forking(service, snapshots))

@@ -9,12 +9,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from ..errors import StateError
+from .store.snapshots import SnapshotImage
 from .vm import MicroVM
 
 
 class SandboxState(enum.Enum):
     STARTING = "starting"
     RUNNING = "running"
+    PAUSED = "paused"
+    HIBERNATED = "hibernated"
     STOPPED = "stopped"
     ERROR = "error"
 
@@ -44,6 +47,9 @@ class Sandbox:
     persistent: bool = False
     ttl_s: int | None = None
     last_active: float = field(default_factory=time.time)
+    from_snapshot: str | None = None
+    hibernation: SnapshotImage | None = None
+    """The capture a hibernated sandbox wakes from (its QEMU is gone meanwhile)."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property

@@ -1,8 +1,11 @@
-"""The host agent's sandbox service: create (always by restore), exec, files, delete.
+"""The host agent's sandbox service: create (always by restore), exec, files, lifecycle, delete.
 
-Create = take a QEMU waiting in ``-incoming`` from the template's pre-spawn pool (or spawn one), load the
-template's device state, ``cont``, step the guest clock from the host, confirm the agent answers; only then
-is the sandbox reported running. Nothing here cold-boots: that happens only in a bake.
+Create = take a QEMU waiting in ``-incoming`` from the template's pre-spawn pool (or spawn one; for a
+snapshot, always spawn one), load the device state, ``cont``, step the guest clock from the host, confirm the
+agent answers; only then is the sandbox reported running. Nothing here cold-boots (bakes and forks do).
+
+Lifecycle: pause/resume stop and continue the vCPUs in place; hibernate captures the VM into the host's
+hibernation store and kills QEMU; any request to a hibernated sandbox (or ``wake``) restores it first.
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any
 
-from ..errors import NotFound, PayloadTooLarge
+from ..errors import NotFound, PayloadTooLarge, StateError
 from .exec import ExecEvent, ExecResult, ExecSpec, run_exec, stream_exec
-from .factory import PoolMode, PrespawnPool, VmFactory, new_id
+from .factory import PoolMode, PrespawnPool, RestoreSource, VmFactory, new_id
 from .guest_client import GuestClient, b64, unb64
 from .sandbox import Sandbox, SandboxState
+from .store.snapshots import CaptureInfo, SnapshotImage, SnapshotStore
 from .templates import Template
 from .vm import MicroVM, VmState
 
@@ -38,6 +42,7 @@ class SandboxService:
         self,
         templates: Mapping[str, Template],
         factory: VmFactory,
+        hibernation: SnapshotStore,
         prespawn: int = 2,
         pool_mode: PoolMode = PoolMode.WARM,
         clock: Callable[[], float] = time.time,
@@ -45,6 +50,7 @@ class SandboxService:
         self.clock = clock
         self.templates = dict(templates)
         self.factory = factory
+        self.hibernation = hibernation
         self.prespawn = prespawn
         self.pool_mode = pool_mode
         self._background: set[asyncio.Task[None]] = set()
@@ -86,21 +92,27 @@ class SandboxService:
         self,
         template: str,
         *,
+        from_snapshot: SnapshotImage | None = None,
         metadata: dict[str, str] | None = None,
         env: dict[str, str] | None = None,
         ttl_s: int | None = None,
         persistent: bool = False,
         workspace_id: str = "default",
     ) -> Sandbox:
-        tmpl = self.template(template)
+        """Restore a new sandbox from ``template`` (its warm pool) or from ``from_snapshot`` (a fresh QEMU
+        mapping the snapshot's memory copy-on-write; any number of these run side by side)."""
+        source: RestoreSource = from_snapshot if from_snapshot is not None else self.template(template)
         started = time.monotonic()
-        vm = await self.pools[template].take()
+        if from_snapshot is None:
+            vm = await self.pools[template].take()
+        else:
+            vm = await self.factory.spawn_incoming(from_snapshot)
         now = self.clock()
         sandbox = Sandbox(
             id=new_id("sb"),
-            template=template,
-            cpus=tmpl.machine.cpus,
-            memory_mib=tmpl.machine.memory_mib,
+            template=from_snapshot.template if from_snapshot is not None else template,
+            cpus=source.machine.cpus,
+            memory_mib=source.machine.memory_mib,
             vm=vm,
             created_at=now,
             workspace_id=workspace_id,
@@ -109,15 +121,11 @@ class SandboxService:
             ttl_s=ttl_s,
             persistent=persistent,
             last_active=now,
+            from_snapshot=from_snapshot.id if from_snapshot is not None else None,
         )
         self.sandboxes[sandbox.id] = sandbox
         try:
-            if vm.state is VmState.PAUSED:  # a warm pool VM: state already loaded from the template
-                await vm.resume()
-            else:
-                await vm.restore(tmpl.vmstate)
-            guest = await vm.connect_guest()
-            step_ns = await sync_clock(guest)
+            step_ns = await self._bring_up(vm, source)
         except BaseException:
             sandbox.state = SandboxState.ERROR
             self.sandboxes.pop(sandbox.id, None)
@@ -128,12 +136,21 @@ class SandboxService:
         log.info(
             "sandbox %s restored from %s in %.0f ms (vm %s, clock stepped %+.3f s)",
             sandbox.id,
-            template,
+            sandbox.from_snapshot or template,
             sandbox.boot_ms,
             vm.vm_id,
             step_ns / 1e9,
         )
         return sandbox
+
+    @staticmethod
+    async def _bring_up(vm: MicroVM, source: RestoreSource) -> int:
+        """Continue a pooled VM or load ``source``'s state into a waiting one, then step the guest clock."""
+        if vm.state is VmState.PAUSED:  # a warm pool VM: state already loaded from the template
+            await vm.resume()
+        else:
+            await vm.restore(source.vmstate)
+        return await sync_clock(await vm.connect_guest())
 
     def get(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:
         """The live sandbox; another workspace's sandbox is reported as not found (404, not 403)."""
@@ -150,9 +167,78 @@ class SandboxService:
         self.sandboxes.pop(sandbox_id, None)
         sandbox.state = SandboxState.STOPPED
         await self.factory.destroy(sandbox.vm)
+        await asyncio.to_thread(self.hibernation.delete, sandbox.id)
+
+    async def pause(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:
+        """Freeze the vCPUs in place (idempotent)."""
+        sandbox = self.get(sandbox_id, workspace_id)
+        async with sandbox.lock:
+            if sandbox.state is SandboxState.RUNNING:
+                await sandbox.vm.pause()
+                sandbox.state = SandboxState.PAUSED
+            elif sandbox.state is not SandboxState.PAUSED:
+                sandbox.require_running()
+        return sandbox
+
+    async def resume(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:
+        """Continue a paused (or wake a hibernated) sandbox; the guest clock is stepped before it answers."""
+        sandbox = self.get(sandbox_id, workspace_id)
+        async with sandbox.lock:
+            if sandbox.state is SandboxState.PAUSED:
+                await sandbox.vm.resume()
+                await sync_clock(await sandbox.vm.connect_guest())
+                sandbox.state = SandboxState.RUNNING
+            elif sandbox.state is SandboxState.HIBERNATED:
+                await self._wake(sandbox)
+            sandbox.require_running()
+            sandbox.touch(self.clock())
+        return sandbox
+
+    async def hibernate(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:
+        """Capture the sandbox to disk and stop its QEMU (idempotent); it wakes on its next request."""
+        sandbox = self.get(sandbox_id, workspace_id)
+        async with sandbox.lock:
+            if sandbox.state is SandboxState.HIBERNATED:
+                return sandbox
+            if sandbox.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
+                sandbox.require_running()
+            info = CaptureInfo(sandbox.template, sandbox.id, sandbox.workspace_id, sandbox.from_snapshot)
+            await asyncio.to_thread(self.hibernation.delete, sandbox.id)
+            sandbox.hibernation = await self.hibernation.capture(sandbox.vm, sandbox.id, info, keep_running=False)
+            await self.factory.destroy(sandbox.vm)
+            sandbox.state = SandboxState.HIBERNATED
+            log.info("sandbox %s hibernated (%d bytes)", sandbox.id, sandbox.hibernation.size_bytes)
+        return sandbox
+
+    async def wake(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:
+        """Restore a hibernated sandbox; any other sandbox is returned as it is."""
+        sandbox = self.get(sandbox_id, workspace_id)
+        if sandbox.state is SandboxState.HIBERNATED:
+            return await self.resume(sandbox_id, workspace_id)
+        return sandbox
+
+    async def _wake(self, sandbox: Sandbox) -> None:
+        """Restore a hibernated sandbox into a new QEMU (caller holds the sandbox lock)."""
+        image = sandbox.hibernation
+        if image is None:
+            raise StateError(f"sandbox {sandbox.id} has no hibernation image", state=sandbox.state.value)
+        started = time.monotonic()
+        vm = await self.factory.spawn_incoming(image)
+        try:
+            await self._bring_up(vm, image)
+        except BaseException:
+            await self.factory.destroy(vm)
+            raise
+        sandbox.vm = vm
+        sandbox.hibernation = None
+        sandbox.state = SandboxState.RUNNING
+        await asyncio.to_thread(self.hibernation.delete, sandbox.id)
+        log.info("sandbox %s woke in %.0f ms", sandbox.id, (time.monotonic() - started) * 1000)
 
     async def _guest(self, sandbox_id: str, workspace_id: str | None) -> tuple[Sandbox, GuestClient]:
         sandbox = self.get(sandbox_id, workspace_id)
+        if sandbox.state is SandboxState.HIBERNATED:  # any request wakes it
+            await self.resume(sandbox_id, workspace_id)
         sandbox.require_running()
         sandbox.touch(self.clock())
         return sandbox, await sandbox.vm.connect_guest()

@@ -68,6 +68,11 @@ class Template:
     def created_at(self) -> float:
         return float(self.manifest["created_at"])
 
+    @property
+    def hot_key(self) -> str:
+        """Name of the template's memory copy in the host's hot directory."""
+        return f"tpl-{self.name}-{self.generation}"
+
 
 def generation_of(spec: TemplateSpec, images: ImageSet, machine: MachineConfig, qemu: str) -> str:
     return stable_hash(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,6 +14,9 @@ from pathlib import Path
 from types import TracebackType
 
 import httpx
+
+from ..agent.store.volume import release_volume
+from ..config import DEFAULT_CACHE_DIR, Paths
 
 
 def free_port() -> int:
@@ -80,6 +84,7 @@ class ServeProcess:
                 pass
             time.sleep(0.1)
         self.stop()
+        self.cleanup()
         raise RuntimeError(f"cryobox serve did not come up within {timeout_s}s; see {self.log_path}")
 
     @property
@@ -99,6 +104,12 @@ class ServeProcess:
             self.proc.kill()
             return self.proc.wait()
 
+    def cleanup(self) -> None:
+        """After :meth:`stop`: unmount the data volume and remove the hot directory, even if serve died
+        without doing it (a kill -9, a crash)."""
+        release_volume(self.data_dir)
+        shutil.rmtree(Paths(self.data_dir, self.cache_dir or DEFAULT_CACHE_DIR).hot_dir, ignore_errors=True)
+
     def __enter__(self) -> ServeProcess:
         return self.start()
 
@@ -106,3 +117,4 @@ class ServeProcess:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+        self.cleanup()

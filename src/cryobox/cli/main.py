@@ -12,12 +12,14 @@ from rich.console import Console
 
 from .keys_cmds import keys_app
 from .sandbox_cmds import sandbox_app, template_app
+from .snapshot_cmds import snapshot_app
 
 app = typer.Typer(help="cryobox: microVM sandboxes where every create is a snapshot restore.", no_args_is_help=True)
 image_app = typer.Typer(help="Guest images and templates.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks (print figures, write JSON under bench/results/).", no_args_is_help=True)
 app.add_typer(image_app, name="image")
 app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(template_app, name="template")
 app.add_typer(keys_app, name="keys")
 app.add_typer(bench_app, name="bench")
@@ -48,6 +50,14 @@ def serve(
         float | None, typer.Option(help="seconds a create may wait (env CRYOBOX_ADMISSION_TIMEOUT_S, default 30)")
     ] = None,
     reap_interval: Annotated[float, typer.Option(help="seconds between TTL reaper sweeps")] = 5.0,
+    snapshot_grace: Annotated[
+        float | None,
+        typer.Option(help="seconds an orphaned snapshot is kept (env CRYOBOX_SNAPSHOT_GRACE_S, default 7 days)"),
+    ] = None,
+    orphan_sweep_interval: Annotated[
+        float | None,
+        typer.Option(help="seconds between orphan sweeps (env CRYOBOX_ORPHAN_SWEEP_INTERVAL_S, default 900)"),
+    ] = None,
 ) -> None:
     """Start the platform: build images and templates if needed, then serve the HTTP API."""
     from ..agent.factory import PoolMode
@@ -70,6 +80,8 @@ def serve(
         admission_queue=admission_queue,
         admission_timeout_s=admission_timeout,
         reap_interval_s=reap_interval,
+        snapshot_grace_s=snapshot_grace,
+        orphan_sweep_interval_s=orphan_sweep_interval,
     )
     try:
         run_serve(options, console)

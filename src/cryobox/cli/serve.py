@@ -24,6 +24,7 @@ from ..server.auth import load_or_create_key
 from ..server.control import ControlPlane
 from ..server.metrics import Metrics
 from ..server.ratelimit import RateLimitConfig, RateLimiter
+from ..server.snapshots_ctl import RetentionPolicy, SnapshotControl
 
 DEFAULT_WORKSPACE = "default"
 
@@ -40,6 +41,8 @@ class ServeOptions:
     admission_queue: int | None = None
     admission_timeout_s: float | None = None
     reap_interval_s: float = 5.0
+    snapshot_grace_s: float | None = None
+    orphan_sweep_interval_s: float | None = None
 
 
 def serve(options: ServeOptions, console: Console) -> None:
@@ -53,6 +56,7 @@ def serve(options: ServeOptions, console: Console) -> None:
         timeout_s=options.admission_timeout_s,
     )
     limiter = RateLimiter.from_config(RateLimitConfig.from_env())
+    retention = RetentionPolicy.from_env(options.snapshot_grace_s, options.orphan_sweep_interval_s)
     paths.ensure()
     registry = Registry.for_data_dir(paths.data_dir)
 
@@ -74,7 +78,8 @@ def serve(options: ServeOptions, console: Console) -> None:
                     console.print(line)
                     status.update(line[:100])
 
-            service = await start_host(config, progress)
+            agent = await start_host(config, progress)
+        service = agent.service
         metrics = Metrics()
         admission = AdmissionController(admission_config, observer=metrics.admission_observer())
         control = ControlPlane(
@@ -83,6 +88,7 @@ def serve(options: ServeOptions, console: Console) -> None:
             admission,
             metrics,
             host=socket.gethostname(),
+            snapshots=SnapshotControl(registry, agent.snapshots, agent.forking, service.clock, retention),
             preparer=functools.partial(prepare_template, config),
         )
         app = create_app(
@@ -104,7 +110,7 @@ def serve(options: ServeOptions, console: Console) -> None:
         try:
             await server.serve()
         finally:
-            await service.close()
+            await agent.close()
 
     # uvicorn shuts down gracefully on SIGTERM/SIGINT (the lifespan kills every VM), then re-raises the signal
     # with the previous handler: make that handler a clean exit so a graceful stop exits 0.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI
 
@@ -18,8 +18,10 @@ from .limits import BodyLimitMiddleware
 from .metrics import MetricsMiddleware
 from .ratelimit import RateLimiter
 from .routes_files import router as files_router
+from .routes_forks import router as forks_router
 from .routes_platform import router as platform_router
 from .routes_sandboxes import router as sandboxes_router
+from .routes_snapshots import router as snapshots_router
 
 log = logging.getLogger(__name__)
 
@@ -31,21 +33,28 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await control.startup()
 
-        async def reaper() -> None:
+        async def every(interval_s: float, what: str, job: Callable[[], Awaitable[object]]) -> None:
             while True:
-                await asyncio.sleep(reap_interval_s)
+                await asyncio.sleep(interval_s)
                 try:
-                    await control.reap_expired()
+                    await job()
                 except Exception:
-                    log.exception("ttl reaper failed")
+                    log.exception("%s failed", what)
 
-        task = asyncio.create_task(reaper())
+        tasks = [
+            asyncio.create_task(every(reap_interval_s, "ttl reaper", control.reap_expired)),
+            asyncio.create_task(
+                every(control.snapshots.retention.sweep_interval_s, "orphan sweep", control.snapshots.sweep)
+            ),
+        ]
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await control.templates.close()
             await control.service.close()
 
@@ -61,5 +70,7 @@ def create_app(
     app.add_middleware(MetricsMiddleware, metrics=control.metrics)
     app.include_router(sandboxes_router)
     app.include_router(files_router)
+    app.include_router(snapshots_router)
+    app.include_router(forks_router)
     app.include_router(platform_router)
     return app

@@ -22,6 +22,7 @@ from ..errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound
 from ..registry import Registry, SandboxRow
 from .admission import AdmissionController
 from .metrics import Metrics
+from .snapshots_ctl import SnapshotControl
 from .templates_ctl import TemplateJobs, TemplatePreparer, row_for_template
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class CreateRequest:
     env: dict[str, str]
     ttl_s: int | None
     persistent: bool
+    from_snapshot: str | None = None
 
 
 def row_for(sandbox: Sandbox, host: str) -> SandboxRow:
@@ -57,6 +59,7 @@ def row_for(sandbox: Sandbox, host: str) -> SandboxRow:
         expires_at=sandbox.expires_at,
         last_active_at=sandbox.last_active,
         vm_id=sandbox.vm.vm_id,
+        from_snapshot=sandbox.from_snapshot,
     )
 
 
@@ -68,9 +71,11 @@ class ControlPlane:
         admission: AdmissionController,
         metrics: Metrics,
         host: str,
+        snapshots: SnapshotControl,
         preparer: TemplatePreparer | None = None,
     ) -> None:
         self.service = service
+        self.snapshots = snapshots
         self.registry = registry
         self.admission = admission
         self.metrics = metrics
@@ -90,15 +95,21 @@ class ControlPlane:
         )
         if report.stopped_sandboxes:
             log.info("reconcile: %d sandbox rows marked stopped (VMs gone)", len(report.stopped_sandboxes))
+        await self.snapshots.reconcile({s.id for s in self.service.all()})
         await self.templates.resume_builds()
 
     async def create(self, request: CreateRequest) -> SandboxRow:
-        await self.templates.require_ready(request.template, request.workspace_id)  # 404/409 before queueing
+        image = None
+        if request.from_snapshot is not None:  # 404 before queueing
+            image = await self.snapshots.image(request.from_snapshot, request.workspace_id)
+        else:
+            await self.templates.require_ready(request.template, request.workspace_id)  # 404/409 before queueing
         started = time.monotonic()
         try:
             async with self.admission.slot():
                 sandbox = await self.service.create(
                     request.template,
+                    from_snapshot=image,
                     metadata=request.metadata,
                     env=request.env,
                     ttl_s=request.ttl_s,
@@ -111,14 +122,19 @@ class ControlPlane:
         except BaseException:
             self.metrics.observe_create("error", "restore")
             raise
+        row = await self.record(sandbox)
+        self.metrics.observe_create("ok", sandbox.boot_mode, time.monotonic() - started)
+        return row
+
+    async def record(self, sandbox: Sandbox) -> SandboxRow:
+        """Write the row of a sandbox whose VM answered; if that fails, the VM goes too."""
         row = row_for(sandbox, self.host)
         try:
             await asyncio.to_thread(self.registry.add_sandbox, row)
         except BaseException:
             await self.service.delete(sandbox.id)
-            self.metrics.observe_create("error", "restore")
+            self.metrics.observe_create("error", sandbox.boot_mode)
             raise
-        self.metrics.observe_create("ok", sandbox.boot_mode, time.monotonic() - started)
         return row
 
     async def get(self, sandbox_id: str, workspace_id: str) -> SandboxRow:
@@ -142,11 +158,18 @@ class ControlPlane:
         rows = await asyncio.to_thread(self.registry.list_sandboxes, workspace_id, None, metadata)
         return [r for r in map(self._with_live_state, rows) if status is None or r.status == status]
 
-    async def delete(self, sandbox_id: str, workspace_id: str) -> None:
+    async def delete(self, sandbox_id: str, workspace_id: str, keep_snapshots: bool = False) -> None:
+        """Row, then snapshots (deleted, or orphaned when ``retain``/``keep_snapshots``), then the VM."""
         await asyncio.to_thread(self.registry.get_sandbox, sandbox_id, workspace_id)  # 404 across workspaces
         await asyncio.to_thread(self.registry.delete_sandbox, sandbox_id)
+        await self.snapshots.sandbox_gone(sandbox_id, keep_snapshots=keep_snapshots)
         with contextlib.suppress(NotFound):
             await self.service.delete(sandbox_id, workspace_id)
+
+    async def set_status(self, sandbox: Sandbox) -> None:
+        await asyncio.to_thread(
+            self.registry.update_sandbox, sandbox.id, status=sandbox.state.value, vm_id=sandbox.vm.vm_id
+        )
 
     async def update_lifecycle(
         self, sandbox_id: str, workspace_id: str, *, ttl_s: int | None | object, persistent: bool | None
@@ -176,6 +199,7 @@ class ControlPlane:
         for sandbox in expired:
             try:
                 await asyncio.to_thread(self.registry.delete_sandbox, sandbox.id)
+                await self.snapshots.sandbox_gone(sandbox.id, keep_snapshots=False)
                 await self.service.delete(sandbox.id)
                 log.info(
                     "sandbox %s expired after %.0fs idle (ttl %ss)", sandbox.id, sandbox.idle_s(now), sandbox.ttl_s

@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 from .. import models
 from ..agent.exec import ExecSpec
 from ..agent.sandbox import rfc3339
-from ..errors import CryoboxError, InvalidArgument, SandboxTimeout
+from ..errors import CryoboxError, SandboxTimeout
 from .control import UNSET, CreateRequest
 from .deps import Ctx
 from .errors import ERROR_RESPONSES
@@ -23,8 +23,6 @@ router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"], responses=ERROR_R
 
 @router.post("", status_code=201, response_model=models.Sandbox)
 async def create_sandbox(body: models.CreateSandboxRequest, ctx: Ctx) -> models.Sandbox:
-    if body.from_snapshot is not None:
-        raise InvalidArgument("from_snapshot is not supported by this server yet", details={"field": "from_snapshot"})
     row = await ctx.control.create(
         CreateRequest(
             template=body.template,
@@ -33,6 +31,7 @@ async def create_sandbox(body: models.CreateSandboxRequest, ctx: Ctx) -> models.
             env=body.env,
             ttl_s=body.ttl_seconds,
             persistent=body.persistent,
+            from_snapshot=body.from_snapshot,
         )
     )
     return sandbox_view(row)
@@ -51,8 +50,10 @@ async def get_sandbox(sandbox_id: str, ctx: Ctx) -> models.Sandbox:
 
 
 @router.delete("/{sandbox_id}", status_code=204, response_class=Response)
-async def delete_sandbox(sandbox_id: str, ctx: Ctx) -> Response:
-    await ctx.control.delete(sandbox_id, ctx.workspace_id)
+async def delete_sandbox(sandbox_id: str, ctx: Ctx, keep_snapshots: bool = False) -> Response:
+    """Delete the sandbox and its snapshots, except ``retain`` ones (or all of them with ``keep_snapshots``),
+    which become orphans: deleted by the sweep once the grace period (default 7 days) has passed."""
+    await ctx.control.delete(sandbox_id, ctx.workspace_id, keep_snapshots=keep_snapshots)
     return Response(status_code=204)
 
 

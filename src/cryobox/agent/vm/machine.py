@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .accel import Accel
 
@@ -48,6 +49,30 @@ class MachineConfig:
             "cpu": self.accel.cpu_model,
             "cmdline": self.kernel_cmdline,
         }
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything needed to rebuild this config (kept in every snapshot manifest)."""
+        return {
+            "memory_mib": self.memory_mib,
+            "cpus": self.cpus,
+            "accel": self.accel.value,
+            "kernel": str(self.kernel),
+            "initrd": str(self.initrd),
+            "tsc_khz": self.tsc_khz,
+            "norandmaps": self.norandmaps,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> MachineConfig:
+        return cls(
+            memory_mib=int(data["memory_mib"]),
+            cpus=int(data["cpus"]),
+            accel=Accel(data["accel"]),
+            kernel=Path(data["kernel"]),
+            initrd=Path(data["initrd"]),
+            tsc_khz=int(data["tsc_khz"]),
+            norandmaps=bool(data["norandmaps"]),
+        )
 
 
 @dataclass(frozen=True)

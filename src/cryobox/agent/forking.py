@@ -1,0 +1,178 @@
+"""Snapshot, fork and fork_tree on the host agent.
+
+- ``snapshot``: capture a sandbox into the snapshot store while it keeps running (see :mod:`.vm.capture`).
+- ``fork``: pause the parent, reflink-clone its disk, continue it, cold-boot a child from the clone (disk
+  only: the child has the parent's files and fresh processes).
+- ``fork_tree``: one snapshot, then ``count`` restores of it in parallel (memory and disk); a child that fails
+  is reported in ``errors`` and does not fail the tree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from ..errors import CryoboxError, InvalidArgument, StateError
+from .exec import run_exec
+from .factory import new_id
+from .quiesce import established_connections
+from .sandbox import Sandbox, SandboxState
+from .service import SandboxService, sync_clock
+from .store.snapshots import CaptureInfo, SnapshotImage, SnapshotStore
+from .store.volume import clone_file
+from .vm import VmState
+
+log = logging.getLogger(__name__)
+MAX_TREE = 16
+FORK_BOOT_TIMEOUT_S = 180.0
+
+
+@dataclass
+class TreeResult:
+    tree_id: str
+    snapshot: SnapshotImage
+    children: list[Sandbox] = field(default_factory=list)
+    errors: list[tuple[int, str]] = field(default_factory=list)
+
+
+class Forking:
+    def __init__(self, service: SandboxService, store: SnapshotStore) -> None:
+        self.service = service
+        self.store = store
+
+    async def _check_quiesced(self, sandbox: Sandbox) -> None:
+        guest = await sandbox.vm.connect_guest()
+        tcp = await run_exec(guest, "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null", timeout_s=30)
+        connections = established_connections(tcp.stdout)
+        if connections:
+            raise StateError(
+                "refusing to snapshot: the guest holds established TCP connections: "
+                + ", ".join(map(str, connections)),
+                state="connected",
+                required="quiesced",
+                details={"connections": [str(c) for c in connections]},
+            )
+
+    async def snapshot(
+        self,
+        sandbox_id: str,
+        workspace_id: str | None = None,
+        *,
+        snapshot_id: str | None = None,
+        labels: dict[str, str] | None = None,
+        quiesce: bool = False,
+    ) -> SnapshotImage:
+        """Capture a running or paused sandbox (a hibernated one is woken first); it keeps its state."""
+        sandbox = self.service.get(sandbox_id, workspace_id)
+        if sandbox.state is SandboxState.HIBERNATED:
+            await self.service.wake(sandbox_id, workspace_id)
+        async with sandbox.lock:
+            if sandbox.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
+                sandbox.require_running()
+            if quiesce:
+                if sandbox.state is not SandboxState.RUNNING:
+                    raise StateError("quiesce needs a running sandbox", state=sandbox.state.value, required="running")
+                await self._check_quiesced(sandbox)
+            info = CaptureInfo(sandbox.template, sandbox.id, sandbox.workspace_id, sandbox.from_snapshot, labels)
+            image = await self.store.capture(sandbox.vm, snapshot_id or new_id("snap"), info)
+            sandbox.touch(self.service.clock())
+        log.info(
+            "snapshot %s of %s: paused %.1f ms, %.0f ms in all",
+            image.id,
+            sandbox.id,
+            image.pause_ms,
+            image.manifest["capture"]["total_ms"],
+        )
+        return image
+
+    async def fork(
+        self, sandbox_id: str, workspace_id: str | None = None, *, metadata: dict[str, str] | None = None
+    ) -> Sandbox:
+        """A child that cold-boots from a copy of the parent's disk (no memory)."""
+        parent = self.service.get(sandbox_id, workspace_id)
+        if parent.state is SandboxState.HIBERNATED:
+            await self.service.wake(sandbox_id, workspace_id)
+        service = self.service
+        async with parent.lock:
+            if parent.state is not SandboxState.PAUSED:
+                parent.require_running()
+            vm = parent.vm
+            disk = service.factory.run_dir / f".fork-{new_id('disk')}.qcow2"
+            was_running = vm.state is VmState.RUNNING
+            started = time.monotonic()
+            if was_running:
+                await vm.pause()
+            try:
+                method = await asyncio.to_thread(clone_file, vm.disk, disk)
+            finally:
+                if was_running:
+                    await vm.resume()
+            paused_ms = (time.monotonic() - started) * 1000
+        log.info("fork of %s: parent paused %.1f ms (disk %s)", parent.id, paused_ms, method)
+        try:
+            child_vm = await service.factory.spawn_cold(vm.config, disk)
+        finally:
+            disk.unlink(missing_ok=True)
+        now = service.clock()
+        child = Sandbox(
+            id=new_id("sb"),
+            template=parent.template,
+            cpus=parent.cpus,
+            memory_mib=parent.memory_mib,
+            vm=child_vm,
+            created_at=now,
+            boot_mode="cold",
+            workspace_id=parent.workspace_id,
+            metadata=dict(metadata or {}),
+            env=dict(parent.env),
+            last_active=now,
+        )
+        service.sandboxes[child.id] = child
+        try:
+            await child_vm.wait_guest_ready(FORK_BOOT_TIMEOUT_S)
+            await sync_clock(await child_vm.connect_guest())
+        except BaseException:
+            service.sandboxes.pop(child.id, None)
+            await service.factory.destroy(child_vm)
+            raise
+        child.boot_ms = round((time.monotonic() - started) * 1000, 1)
+        child.state = SandboxState.RUNNING
+        return child
+
+    async def fork_tree(
+        self,
+        sandbox_id: str,
+        workspace_id: str | None = None,
+        *,
+        count: int = 2,
+        metadata: dict[str, str] | None = None,
+        snapshot_id: str | None = None,
+    ) -> TreeResult:
+        """``count`` children restored in parallel from one snapshot of the parent (memory and disk)."""
+        if not 1 <= count <= MAX_TREE:
+            raise InvalidArgument(f"count must be between 1 and {MAX_TREE}", details={"count": count})
+        parent = self.service.get(sandbox_id, workspace_id)
+        image = await self.snapshot(sandbox_id, workspace_id, snapshot_id=snapshot_id)
+        tree = TreeResult(tree_id=new_id("tree"), snapshot=image)
+        child_meta = {**(metadata or {}), "cryobox.tree_id": tree.tree_id, "cryobox.parent_id": parent.id}
+        results = await asyncio.gather(
+            *(
+                self.service.create(
+                    image.template, from_snapshot=image, metadata=child_meta, workspace_id=parent.workspace_id
+                )
+                for _ in range(count)
+            ),
+            return_exceptions=True,
+        )
+        for index, result in enumerate(results):
+            if isinstance(result, Sandbox):
+                tree.children.append(result)
+            elif isinstance(result, Exception):
+                message = result.message if isinstance(result, CryoboxError) else repr(result)
+                tree.errors.append((index, message))
+                log.warning("fork_tree %s: child %d failed: %s", tree.tree_id, index, message)
+            else:
+                raise result
+        return tree

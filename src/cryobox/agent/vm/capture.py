@@ -1,0 +1,170 @@
+"""Capturing a live VM's state without stopping it for longer than its device state takes to save.
+
+A restored VM's RAM is a ``share=off`` (MAP_PRIVATE) mapping of its parent's image, so ``x-ignore-shared``
+does not skip it and a stopped migration would copy all of it inside the pause (1.2 s for 512 MiB under TCG).
+Instead (measured in docs/ARCHITECTURE.md, "Snapshots"):
+
+1. pre-populate the RAM mapping from outside, reading ``/proc/<qemu>/mem`` while the guest runs (QEMU's
+   background snapshot otherwise faults every page in during its setup, with the guest stopped);
+2. ``stop``; capture the disk (a reflink clone of the qcow2 overlay: ``stop`` drained and flushed it);
+3. ``migrate`` with the ``background-snapshot`` capability to a file descriptor: QEMU saves the device state,
+   write-protects RAM with userfaultfd and continues the guest; pages are streamed while it runs (a page the
+   guest writes is saved first). The pause is steps 2–3, which does not grow with RAM size.
+
+A VM that is already paused (or about to be hibernated) is captured with a plain migration instead: it is not
+running, so there is no pause to keep short, and it must stay stopped afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...errors import VmmError
+from .microvm import MicroVM, VmState
+
+MAX_BANDWIDTH = 8 << 30  # bytes/s; the default (128 MiB/s) throttles a local stream for nothing
+FD_NAME = "cryobox-snapshot"
+
+
+@dataclass(frozen=True)
+class CaptureReport:
+    mode: str
+    """``background`` (guest kept running) or ``stopped``."""
+    pause_ms: float
+    """From our ``stop`` to the guest running again (0 for a VM that was not running)."""
+    total_ms: float
+    qemu_downtime_ms: float | None
+    prepopulate_ms: float
+    stream_bytes: int
+
+
+def ram_mapping(pid: int, memory_path: Path) -> tuple[int, int]:
+    """The address range of the guest RAM mapping in QEMU's address space."""
+    target = str(memory_path)
+    with open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].rstrip("\n") == target:
+                lo, hi = fields[0].split("-")
+                return int(lo, 16), int(hi, 16)
+    raise VmmError(f"QEMU {pid} has no mapping of {memory_path}")
+
+
+def prepopulate(pid: int, memory_path: Path, chunk: int = 1 << 20) -> None:
+    """Fault every page of the RAM mapping in (read-only) through ``/proc/<pid>/mem``."""
+    lo, hi = ram_mapping(pid, memory_path)
+    fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+    try:
+        for offset in range(lo, hi, chunk):
+            os.pread(fd, min(chunk, hi - offset), offset)
+    finally:
+        os.close(fd)
+
+
+async def _capabilities(vm: MicroVM, background: bool) -> None:
+    caps = [
+        {"capability": "x-ignore-shared", "state": True},
+        {"capability": "events", "state": True},
+        {"capability": "background-snapshot", "state": background},
+    ]
+    await vm.execute("migrate-set-capabilities", {"capabilities": caps})
+    await vm.execute("migrate-set-parameters", {"max-bandwidth": MAX_BANDWIDTH})
+
+
+async def _send_fd(vm: MicroVM, stream: Path) -> None:
+    fd = os.open(stream, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        vm.qmp.send_fd_scm(fd)
+        await vm.execute("getfd", {"fdname": FD_NAME})
+    finally:
+        os.close(fd)
+
+
+async def _wait(listener: Any, background: bool, started: float, timeout: float) -> tuple[float, float]:
+    """Wait for completion (and, in background mode, the guest's RESUME); returns (pause_ms, total_ms)."""
+    resumed: float | None = None
+    completed: float | None = None
+    async with asyncio.timeout(timeout):
+        async for event in listener:
+            now = time.monotonic()
+            if event["event"] == "RESUME" and resumed is None:
+                resumed = now
+            elif event["event"] == "MIGRATION":
+                status = event["data"]["status"]
+                if status in ("failed", "cancelled"):
+                    raise VmmError(f"snapshot migration {status}")
+                if status == "completed":
+                    completed = now
+            if completed is not None and (resumed is not None or not background):
+                break
+    assert completed is not None
+    pause = (resumed - started) * 1000 if resumed is not None else 0.0
+    return pause, (completed - started) * 1000
+
+
+async def capture(
+    vm: MicroVM,
+    stream: Path,
+    capture_disk: Callable[[], Awaitable[None]],
+    *,
+    keep_running: bool = True,
+    timeout: float = 300.0,
+) -> CaptureReport:
+    """Write ``vm``'s full migration stream (device state + all RAM) to ``stream`` and call ``capture_disk``
+    at the instant it describes. A running VM with ``keep_running`` pauses only for the device state; any
+    other VM ends stopped (``PAUSED``; QEMU accepts ``cont`` after the migration).
+
+    :raises VmmError: QEMU refused or the migration failed (a running VM is continued again).
+    """
+    if vm.state not in (VmState.RUNNING, VmState.PAUSED):
+        raise VmmError(f"cannot snapshot a VM in state {vm.state.value}")
+    if vm.pid is None:
+        raise VmmError("QEMU is not running")
+    background = keep_running and vm.state is VmState.RUNNING
+    prepopulate_ms = 0.0
+    if background:
+        t = time.monotonic()
+        await asyncio.to_thread(prepopulate, vm.pid, vm.memory.path)
+        prepopulate_ms = (time.monotonic() - t) * 1000
+    await _capabilities(vm, background)
+    await _send_fd(vm, stream)
+    was_running = vm.state is VmState.RUNNING
+    try:
+        with vm.qmp.listener(("MIGRATION", "RESUME")) as listener:
+            started = time.monotonic()
+            if was_running:
+                await vm.execute("stop")
+                vm.state = VmState.PAUSED
+            await capture_disk()
+            await vm.execute("migrate", {"uri": f"fd:{FD_NAME}"})
+            pause_ms, total_ms = await _wait(listener, background, started, timeout)
+        if background:
+            vm.state = VmState.RUNNING
+        info = await vm.execute("query-migrate")
+    except BaseException:
+        if background and vm.state.alive:
+            status = await vm.execute("query-status")
+            if not status.get("running"):
+                await vm.execute("cont")
+            vm.state = VmState.RUNNING
+        raise
+    finally:
+        if vm.state.alive:
+            await vm.execute(
+                "migrate-set-capabilities", {"capabilities": [{"capability": "background-snapshot", "state": False}]}
+            )
+    downtime = info.get("downtime")
+    return CaptureReport(
+        mode="background" if background else "stopped",
+        pause_ms=round(pause_ms, 1) if background else 0.0,
+        total_ms=round(total_ms, 1),
+        qemu_downtime_ms=float(downtime) if downtime is not None else None,
+        prepopulate_ms=round(prepopulate_ms, 1),
+        stream_bytes=stream.stat().st_size,
+    )

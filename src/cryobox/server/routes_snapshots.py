@@ -1,0 +1,61 @@
+"""Snapshot routes: take one of a running sandbox, list/get/patch/delete."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from ..agent.sandbox import rfc3339
+from ..registry import SnapshotRow
+from . import wire
+from .deps import Ctx
+from .errors import ERROR_RESPONSES
+
+router = APIRouter(prefix="/v1", tags=["snapshots"], responses=ERROR_RESPONSES)
+
+
+def snapshot_view(row: SnapshotRow) -> wire.Snapshot:
+    return wire.Snapshot(
+        id=row.id,
+        sandbox_id=row.sandbox_id,
+        template=row.template,
+        size_bytes=row.size_bytes,
+        created_at=rfc3339(row.created_at),
+        labels=row.labels,
+        retain=row.retain,
+        parent_id=row.parent_id,
+        pause_ms=row.pause_ms,
+    )
+
+
+@router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201, response_model=wire.Snapshot)
+async def create_snapshot(sandbox_id: str, body: wire.SnapshotCreateRequest, ctx: Ctx) -> wire.Snapshot:
+    """Snapshot memory, device state and disk while the sandbox keeps running (it pauses for ``pause_ms``)."""
+    await ctx.control.get(sandbox_id, ctx.workspace_id)  # 404 across workspaces / for unknown ids
+    row = await ctx.control.snapshots.take(
+        sandbox_id, ctx.workspace_id, labels=body.labels, retain=body.retain, quiesce=body.quiesce
+    )
+    return snapshot_view(row)
+
+
+@router.get("/snapshots", response_model=wire.SnapshotList)
+async def list_snapshots(request: Request, ctx: Ctx, sandbox_id: str | None = None) -> wire.SnapshotList:
+    labels = {k[len("label.") :]: v for k, v in request.query_params.items() if k.startswith("label.")}
+    rows = await ctx.control.snapshots.list_rows(ctx.workspace_id, sandbox_id, labels)
+    return wire.SnapshotList(snapshots=[snapshot_view(r) for r in rows])
+
+
+@router.get("/snapshots/{snapshot_id}", response_model=wire.Snapshot)
+async def get_snapshot(snapshot_id: str, ctx: Ctx) -> wire.Snapshot:
+    return snapshot_view(await ctx.control.snapshots.get(snapshot_id, ctx.workspace_id))
+
+
+@router.patch("/snapshots/{snapshot_id}", response_model=wire.Snapshot)
+async def patch_snapshot(snapshot_id: str, body: wire.SnapshotPatch, ctx: Ctx) -> wire.Snapshot:
+    row = await ctx.control.snapshots.update(snapshot_id, ctx.workspace_id, labels=body.labels, retain=body.retain)
+    return snapshot_view(row)
+
+
+@router.delete("/snapshots/{snapshot_id}", status_code=204, response_class=Response)
+async def delete_snapshot(snapshot_id: str, ctx: Ctx) -> Response:
+    await ctx.control.snapshots.delete(snapshot_id, ctx.workspace_id)
+    return Response(status_code=204)

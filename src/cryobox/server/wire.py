@@ -1,0 +1,96 @@
+"""Server-side wire models for snapshots, forks and lifecycle actions (``/v1``; see docs/API.md).
+
+The SDK parses the same JSON into the frozen dataclasses of :mod:`cryobox.models`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from ..models import Sandbox, SandboxStatus
+
+LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+LabelValue = Annotated[str, StringConstraints(max_length=1024)]
+Labels = dict[LabelKey, LabelValue]
+
+
+class SnapshotCreateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    labels: Labels = Field(default_factory=dict, max_length=64)
+    retain: bool = False
+    quiesce: bool = False
+
+
+class SnapshotPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    labels: Labels | None = Field(default=None, max_length=64)
+    retain: bool | None = None
+
+
+class Snapshot(BaseModel):
+    id: str
+    sandbox_id: str | None
+    template: str
+    size_bytes: int
+    created_at: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    retain: bool = False
+    parent_id: str | None = None
+    pause_ms: float | None = None
+
+
+class SnapshotList(BaseModel):
+    snapshots: list[Snapshot]
+
+
+class ForkRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class ForkResponse(BaseModel):
+    parent_id: str
+    sandbox: Sandbox
+
+
+class ForkTreeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    count: int = Field(default=2, ge=1, le=16)
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class ForkTreeError(BaseModel):
+    index: int
+    error: str
+
+
+class ForkTreeResponse(BaseModel):
+    tree_id: str
+    parent_id: str
+    snapshot_id: str
+    children: list[Sandbox]
+    errors: list[ForkTreeError]
+
+
+class PromoteRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tree_id: str = Field(min_length=1)
+    cleanup_siblings: bool = True
+
+
+class PromoteFailure(BaseModel):
+    id: str
+    error: str
+
+
+class PromoteResponse(BaseModel):
+    winner: str
+    tree_id: str
+    deleted: list[str]
+    failures: list[PromoteFailure]
+
+
+class StatusResponse(BaseModel):
+    status: SandboxStatus

@@ -37,6 +37,8 @@ HEADER = (
 SUBS: dict[str, str] = {
     "AsyncSandbox": "Sandbox",
     "AsyncFilesystem": "Filesystem",
+    "AsyncSnapshots": "Snapshots",
+    "AsyncForkTree": "ForkTree",
     "AsyncIterator": "Iterator",
     "AsyncGenerator": "Generator",
     "httpx.AsyncClient": "httpx.Client",

@@ -6,6 +6,8 @@ with Sandbox.create(template="code-interpreter") as sbx:
     print(sbx.exec("python3 -c 'print(6 * 7)'").stdout)
 
 ``AsyncSandbox`` has the same methods for asyncio (``async with await AsyncSandbox.create() as sbx``).
+Snapshots and forks: ``sbx.snapshot()``, ``Sandbox.create(from_snapshot=...)``, ``sbx.fork()``,
+``sbx.fork_tree(n)`` and ``Snapshots`` (``AsyncSnapshots``) for the workspace's snapshots.
 """
 
 from .errors import (
@@ -22,26 +24,47 @@ from .errors import (
     Unauthorized,
     VmmError,
 )
-from .sdk import AsyncFilesystem, AsyncSandbox, ExecResult, Filesystem, RetryPolicy, Sandbox, StreamEvent
+from .models import ForkTreeError, PromoteFailure, PromoteResult, Snapshot
+from .sdk import (
+    AsyncFilesystem,
+    AsyncForkTree,
+    AsyncSandbox,
+    AsyncSnapshots,
+    ExecResult,
+    Filesystem,
+    ForkTree,
+    RetryPolicy,
+    Sandbox,
+    Snapshots,
+    StreamEvent,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncFilesystem",
+    "AsyncForkTree",
     "AsyncSandbox",
+    "AsyncSnapshots",
     "CommandFailed",
     "CryoboxError",
     "ExecResult",
     "Filesystem",
+    "ForkTree",
+    "ForkTreeError",
     "GuestError",
     "HostUnavailable",
     "InvalidArgument",
     "NotFound",
     "PayloadTooLarge",
+    "PromoteFailure",
+    "PromoteResult",
     "QuotaExceeded",
     "RetryPolicy",
     "Sandbox",
     "SandboxTimeout",
+    "Snapshot",
+    "Snapshots",
     "StateError",
     "StreamEvent",
     "Unauthorized",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -139,3 +141,51 @@ class Info(BaseModel):
     accelerator: Literal["kvm", "tcg"]
     hosts: list[str]
     capacity: dict[str, int]
+
+
+# --- snapshots and forks (SDK results; frozen dataclasses, validated from the wire by pydantic) -----------------
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A snapshot of a sandbox's memory and disk (``GET /v1/snapshots/{id}``).
+
+    ``size_bytes`` is the allocated size of all its files; ``retain`` keeps it when its sandbox is deleted;
+    ``parent_id`` is the snapshot it was taken on top of, if any; ``pause_ms`` how long the sandbox was paused.
+    """
+
+    id: str
+    sandbox_id: str
+    template: str
+    size_bytes: int
+    created_at: datetime
+    labels: dict[str, str] = field(default_factory=dict)
+    retain: bool = False
+    parent_id: str | None = None
+    pause_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class ForkTreeError:
+    """A child of a fork tree that could not be created: ``index`` among the ``count`` asked for."""
+
+    index: int
+    error: str
+
+
+@dataclass(frozen=True)
+class PromoteFailure:
+    """A sibling that ``promote`` could not delete."""
+
+    id: str
+    error: str
+
+
+@dataclass(frozen=True)
+class PromoteResult:
+    """``POST /v1/sandboxes/{id}/promote``: the ``winner`` of ``tree_id`` and the siblings deleted (or not)."""
+
+    winner: str
+    tree_id: str
+    deleted: list[str] = field(default_factory=list)
+    failures: list[PromoteFailure] = field(default_factory=list)

@@ -20,7 +20,7 @@ from cryobox.agent.templates import Template
 from cryobox.bench.server import ServeProcess
 from cryobox.config import Paths
 
-from .support import Api
+from .support import Api, Client
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -74,3 +74,13 @@ def sandbox(api: Api) -> Iterator[Sandbox]:
         yield sbx
     finally:
         sbx.kill()
+
+
+@pytest.fixture
+def client(server: ServeProcess) -> Iterator[Client]:
+    """A raw HTTP client for the test server; sandboxes it creates are deleted afterwards."""
+    http = Client(server.url, server.api_key)
+    try:
+        yield http
+    finally:
+        http.close()

@@ -379,20 +379,28 @@ def test_context_manager_kills(make_sandbox: MakeSandbox) -> None:
 def test_public_surface() -> None:
     assert sorted(cryobox.__all__) == [
         "AsyncFilesystem",
+        "AsyncForkTree",
         "AsyncSandbox",
+        "AsyncSnapshots",
         "CommandFailed",
         "CryoboxError",
         "ExecResult",
         "Filesystem",
+        "ForkTree",
+        "ForkTreeError",
         "GuestError",
         "HostUnavailable",
         "InvalidArgument",
         "NotFound",
         "PayloadTooLarge",
+        "PromoteFailure",
+        "PromoteResult",
         "QuotaExceeded",
         "RetryPolicy",
         "Sandbox",
         "SandboxTimeout",
+        "Snapshot",
+        "Snapshots",
         "StateError",
         "StreamEvent",
         "Unauthorized",
@@ -404,6 +412,7 @@ def test_public_surface() -> None:
     assert cryobox.Sandbox is Sandbox
     assert cryobox.AsyncSandbox is AsyncSandbox
     assert cryobox.RetryPolicy is RetryPolicy
+    assert cryobox.Snapshot is models.Snapshot
 
 
 # --- shared helpers (also used by test_sdk_async.py) -----------------------------------------------------------

@@ -127,6 +127,21 @@ def bench_create(
         print(json.dumps(result, indent=2))
 
 
+@bench_app.command("snapshot")
+def bench_snapshot(
+    n: Annotated[int, typer.Option("--n", help="samples per pause-window measurement (restores: at least 10)")] = 5,
+    as_json: Annotated[bool, typer.Option("--json", help="print the JSON result")] = False,
+    out_dir: Annotated[Path, typer.Option(help="where to write the JSON")] = Path("bench/results"),
+    cache_dir: CacheDir = None,
+) -> None:
+    """Snapshot pause window (512 MiB vs 2 GiB), restore, fork-tree of 16 and their Pss, in one run."""
+    from ..bench.snapshot import run_snapshot_bench
+
+    result = run_snapshot_bench(n=n, out_dir=out_dir, cache_dir=cache_dir, console=console)
+    if as_json:
+        print(json.dumps(result, indent=2))
+
+
 def main() -> None:
     app()
 

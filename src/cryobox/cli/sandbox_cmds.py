@@ -2,85 +2,86 @@
 
 from __future__ import annotations
 
-import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import httpx
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from .. import models
 from ..errors import CryoboxError
+from ..sdk import _requests
+from ..sdk._base import DEFAULT_RETRY
+from ..sdk._sync._http import send
 from ..sdk._transport import ClientConfig, raise_for_error
 from ..sdk.sandbox import Sandbox
+from ._common import (
+    ApiKey,
+    ApiUrl,
+    Json,
+    err,
+    fail,
+    out,
+    parse_pairs,
+    print_json,
+    sandbox_table,
+    snapshot_json,
+)
 
 sandbox_app = typer.Typer(help="Create, inspect, use and delete sandboxes.", no_args_is_help=True)
 template_app = typer.Typer(help="Templates.", no_args_is_help=True)
-out = Console()
-err = Console(stderr=True)
 
-Json = Annotated[bool, typer.Option("--json", help="machine-readable output")]
-ApiUrl = Annotated[str | None, typer.Option("--api-url", envvar="CRYOBOX_API_URL", help="API base URL")]
-ApiKey = Annotated[str | None, typer.Option("--api-key", envvar="CRYOBOX_API_KEY", help="API key")]
+Metadata = Annotated[list[str] | None, typer.Option("--metadata", "-m", help="KEY=VALUE (repeatable)")]
 
 
-def _fail(error: CryoboxError) -> None:
-    err.print(f"[red]error[/red] ({error.code}): {error.message}")
-    raise typer.Exit(2)
-
-
-def _print_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
-
-
-def _sandbox_table(items: list[models.Sandbox]) -> Table:
-    table = Table("id", "template", "status", "boot", "created", "metadata")
-    for s in items:
-        table.add_row(
-            s.id,
-            s.template,
-            s.status,
-            f"{s.boot_mode} {s.boot_ms:.0f} ms",
-            s.created_at,
-            " ".join(f"{k}={v}" for k, v in s.metadata.items()),
-        )
-    return table
-
-
-def _metadata(pairs: list[str]) -> dict[str, str]:
-    result = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise typer.BadParameter(f"metadata must be KEY=VALUE, not {pair!r}")
-        result[key] = value
-    return result
+@contextmanager
+def _connected(sandbox_id: str, api_url: str | None, api_key: str | None) -> Iterator[Sandbox]:
+    """The sandbox, closed afterwards; an API error on the way exits with its message."""
+    try:
+        sbx = Sandbox.connect(sandbox_id, api_url=api_url, api_key=api_key)
+    except CryoboxError as error:
+        fail(error)
+    try:
+        yield sbx
+    except CryoboxError as error:
+        fail(error)
+    finally:
+        sbx.close()
 
 
 @sandbox_app.command("create")
 def create(
     template: Annotated[str, typer.Option(help="template name")] = "code-interpreter",
+    from_snapshot: Annotated[
+        str | None, typer.Option("--from-snapshot", help="restore this snapshot instead of the template")
+    ] = None,
     ttl: Annotated[int | None, typer.Option("--ttl", help="idle TTL in seconds")] = None,
-    metadata: Annotated[list[str] | None, typer.Option("--metadata", "-m", help="KEY=VALUE (repeatable)")] = None,
+    metadata: Metadata = None,
     as_json: Json = False,
     api_url: ApiUrl = None,
     api_key: ApiKey = None,
 ) -> None:
-    """Create a sandbox (a restore of the template's snapshot) and print its id."""
+    """Create a sandbox (a restore of the template's snapshot, or of --from-snapshot) and print its id."""
+    what = f"snapshot {from_snapshot}" if from_snapshot else f"a {template} sandbox"
     try:
-        with err.status(f"restoring a {template} sandbox"):
+        with err.status(f"restoring {what}"):
             sbx = Sandbox.create(
-                template=template, ttl_seconds=ttl, metadata=_metadata(metadata or []), api_url=api_url, api_key=api_key
+                template=template,
+                from_snapshot=from_snapshot,
+                ttl_seconds=ttl,
+                metadata=parse_pairs(metadata),
+                api_url=api_url,
+                api_key=api_key,
             )
         sbx.close()
     except CryoboxError as error:
-        _fail(error)
-        return
+        fail(error)
     if as_json:
-        _print_json(sbx.info.model_dump())
+        print_json(sbx.info.model_dump())
     else:
         out.print(sbx.id)
         err.print(f"{sbx.info.boot_mode} in {sbx.info.boot_ms:.0f} ms")
@@ -92,27 +93,22 @@ def list_(as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None)
     try:
         items = Sandbox.list(api_url=api_url, api_key=api_key)
     except CryoboxError as error:
-        _fail(error)
-        return
+        fail(error)
     if as_json:
-        _print_json([s.model_dump() for s in items])
+        print_json([s.model_dump() for s in items])
     else:
-        out.print(_sandbox_table(items))
+        out.print(sandbox_table(items))
 
 
 @sandbox_app.command("get")
 def get(sandbox_id: str, as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
     """Show one sandbox."""
-    try:
-        sbx = Sandbox.connect(sandbox_id, api_url=api_url, api_key=api_key)
-        sbx.close()
-    except CryoboxError as error:
-        _fail(error)
-        return
+    with _connected(sandbox_id, api_url, api_key) as sbx:
+        pass
     if as_json:
-        _print_json(sbx.info.model_dump())
+        print_json(sbx.info.model_dump())
     else:
-        out.print(_sandbox_table([sbx.info]))
+        out.print(sandbox_table([sbx.info]))
 
 
 @sandbox_app.command("exec")
@@ -130,7 +126,7 @@ def exec_(
         try:
             if as_json:
                 result = sbx.exec(" ".join(cmd), timeout_seconds=timeout)
-                _print_json(
+                print_json(
                     {
                         "stdout": result.stdout,
                         "stderr": result.stderr,
@@ -153,7 +149,7 @@ def exec_(
         finally:
             sbx.close()
     except CryoboxError as error:
-        _fail(error)
+        fail(error)
 
 
 @sandbox_app.command("cp")
@@ -183,20 +179,166 @@ def cp(
         finally:
             sbx.close()
     except CryoboxError as error:
-        _fail(error)
+        fail(error)
+
+
+# --- power state, snapshots and forks -------------------------------------------------------------------------
+
+
+def _power(action: str, sandbox_id: str, as_json: bool, api_url: str | None, api_key: str | None) -> None:
+    with _connected(sandbox_id, api_url, api_key) as sbx:
+        getattr(sbx, action)()
+    if as_json:
+        print_json({"id": sbx.id, "status": sbx.info.status})
+    else:
+        err.print(f"{sbx.id}: {sbx.info.status}")
+
+
+@sandbox_app.command("pause")
+def pause(sandbox_id: str, as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
+    """Freeze a sandbox's vCPUs in place (until `resume`)."""
+    _power("pause", sandbox_id, as_json, api_url, api_key)
+
+
+@sandbox_app.command("resume")
+def resume(sandbox_id: str, as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
+    """Continue a paused sandbox."""
+    _power("resume", sandbox_id, as_json, api_url, api_key)
+
+
+@sandbox_app.command("hibernate")
+def hibernate(sandbox_id: str, as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
+    """Snapshot a sandbox to disk and stop it (`wake`, or any request to it, brings it back)."""
+    _power("hibernate", sandbox_id, as_json, api_url, api_key)
+
+
+@sandbox_app.command("wake")
+def wake(sandbox_id: str, as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
+    """Restore a hibernated sandbox."""
+    _power("wake", sandbox_id, as_json, api_url, api_key)
+
+
+@sandbox_app.command("snapshot")
+def snapshot(
+    sandbox_id: str,
+    label: Annotated[list[str] | None, typer.Option("--label", "-l", help="KEY=VALUE (repeatable)")] = None,
+    retain: Annotated[bool, typer.Option("--retain", help="keep it when the sandbox is deleted")] = False,
+    quiesce: Annotated[bool, typer.Option("--quiesce", help="flush the guest's filesystems first")] = False,
+    as_json: Json = False,
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Snapshot a sandbox (memory and disk; it keeps running) and print the snapshot id."""
+    labels = parse_pairs(label, "label")
+    with _connected(sandbox_id, api_url, api_key) as sbx, err.status(f"snapshotting {sandbox_id}"):
+        snap = sbx.snapshot(labels, retain=retain, quiesce=quiesce)
+    if as_json:
+        print_json(snapshot_json(snap))
+        return
+    out.print(snap.id)
+    paused = "" if snap.pause_ms is None else f", paused {snap.pause_ms:.0f} ms"
+    err.print(f"{snap.size_bytes} bytes{paused}")
+
+
+@sandbox_app.command("fork")
+def fork(
+    sandbox_id: str, metadata: Metadata = None, as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None
+) -> None:
+    """Create a sandbox booted from a copy of this one's disk (not its memory) and print its id."""
+    with _connected(sandbox_id, api_url, api_key) as sbx, err.status(f"forking {sandbox_id}"):
+        child = sbx.fork(parse_pairs(metadata))
+        child.close()
+    if as_json:
+        print_json({"parent_id": sbx.id, "sandbox": child.info.model_dump()})
+    else:
+        out.print(child.id)
+
+
+@sandbox_app.command("fork-tree")
+def fork_tree(
+    sandbox_id: str,
+    count: Annotated[int, typer.Option("--count", "-n", min=1, help="children to create (the API allows 1-16)")] = 2,
+    metadata: Metadata = None,
+    as_json: Json = False,
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Restore COUNT children from one snapshot of a sandbox (memory and disk); exit 1 if some failed."""
+    with _connected(sandbox_id, api_url, api_key) as sbx, err.status(f"forking {sandbox_id} x{count}"):
+        tree = sbx.fork_tree(count, metadata=parse_pairs(metadata))
+        tree.close()
+    if as_json:
+        print_json(
+            {
+                "tree_id": tree.tree_id,
+                "parent_id": tree.parent_id,
+                "snapshot_id": tree.snapshot_id,
+                "children": [child.info.model_dump() for child in tree.children],
+                "errors": [{"index": e.index, "error": e.error} for e in tree.errors],
+            }
+        )
+    else:
+        err.print(f"tree {tree.tree_id} from snapshot {tree.snapshot_id}")
+        out.print(sandbox_table([child.info for child in tree.children]))
+        for e in tree.errors:
+            err.print(f"[red]child {e.index} failed[/red]: {e.error}")
+    if tree.errors:
+        raise typer.Exit(1)
+
+
+@sandbox_app.command("promote")
+def promote(
+    sandbox_id: str,
+    tree_id: Annotated[str, typer.Option("--tree", help="the fork tree (from `fork-tree`)")],
+    cleanup: Annotated[bool, typer.Option("--cleanup/--keep-siblings", help="delete the other children")] = True,
+    as_json: Json = False,
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Make a fork-tree child the winner (deleting its siblings by default); exit 1 if some could not be deleted."""
+    with _connected(sandbox_id, api_url, api_key) as sbx:
+        result = sbx.promote(tree_id, cleanup_siblings=cleanup)
+    if as_json:
+        print_json(
+            {
+                "winner": result.winner,
+                "tree_id": result.tree_id,
+                "deleted": result.deleted,
+                "failures": [{"id": f.id, "error": f.error} for f in result.failures],
+            }
+        )
+    else:
+        err.print(f"winner {result.winner}; deleted {len(result.deleted)}: {' '.join(result.deleted)}")
+        for f in result.failures:
+            err.print(f"[red]could not delete {f.id}[/red]: {f.error}")
+    if result.failures:
+        raise typer.Exit(1)
 
 
 @sandbox_app.command("kill")
-def kill(sandbox_ids: list[str], api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
-    """Delete sandboxes."""
+def kill(
+    sandbox_ids: list[str],
+    keep_snapshots: Annotated[
+        bool, typer.Option("--keep-snapshots", help="keep the sandboxes' snapshots (default: delete unretained ones)")
+    ] = False,
+    as_json: Json = False,
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Delete sandboxes (and, unless --keep-snapshots, their snapshots not marked retain)."""
     config = ClientConfig.resolve(api_url, api_key)
+    killed: list[str] = []
     with config.client() as http:
         for sandbox_id in sandbox_ids:
             try:
-                raise_for_error(http.delete(f"/v1/sandboxes/{sandbox_id}"))
+                send(http, _requests.kill_request(sandbox_id, keep_snapshots=keep_snapshots), DEFAULT_RETRY)
             except CryoboxError as error:
-                _fail(error)
-            err.print(f"killed {sandbox_id}")
+                fail(error)
+            killed.append(sandbox_id)
+            if not as_json:
+                err.print(f"killed {sandbox_id}")
+    if as_json:
+        print_json({"killed": killed})
 
 
 @template_app.command("list")
@@ -208,14 +350,14 @@ def template_list(as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey
             response = http.get("/v1/templates")
             raise_for_error(response)
     except CryoboxError as error:
-        _fail(error)
+        fail(error)
         return
     except httpx.HTTPError as error:
         err.print(f"[red]error[/red]: {error}")
         raise typer.Exit(2) from error
     items = models.TemplateList.model_validate(response.json()).items
     if as_json:
-        _print_json([t.model_dump() for t in items])
+        print_json([t.model_dump() for t in items])
         return
     table = Table("name", "cpu", "memory_mb", "generation", "status", "created")
     for t in items:

@@ -70,6 +70,22 @@ class ClientConfig:
         return httpx.AsyncClient(**self.client_options())
 
 
+class SharedClient:
+    """Counts the SDK objects using one HTTP client (a sandbox and its forks): the last one out closes it."""
+
+    def __init__(self) -> None:
+        self.holders = 1
+
+    def join(self) -> SharedClient:
+        self.holders += 1
+        return self
+
+    def leave(self) -> bool:
+        """Drop one holder; ``True`` when it was the last (close the client now)."""
+        self.holders -= 1
+        return self.holders == 0
+
+
 # --- results ---------------------------------------------------------------------------------------------------
 
 StreamKind = Literal["stdout", "stderr", "exit"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import httpx
@@ -136,3 +136,66 @@ def fs_request(
     return ApiRequest(
         method, _sandbox_path(sandbox_id, f"/fs{suffix}"), params={"path": path}, content=content, headers=headers
     )
+
+
+# --- power state, snapshots and forks --------------------------------------------------------------------------
+
+PowerAction = Literal["pause", "resume", "hibernate", "wake"]
+
+
+def power_request(sandbox_id: str, action: PowerAction) -> ApiRequest:
+    return ApiRequest("POST", _sandbox_path(sandbox_id, f"/{action}"))
+
+
+def _snapshot_path(snapshot_id: str) -> str:
+    return f"/v1/snapshots/{quote(snapshot_id, safe='')}"
+
+
+def snapshot_request(sandbox_id: str, *, labels: Mapping[str, str] | None, retain: bool, quiesce: bool) -> ApiRequest:
+    body = {"labels": dict(labels or {}), "retain": retain, "quiesce": quiesce}
+    return ApiRequest("POST", _sandbox_path(sandbox_id, "/snapshots"), json=body)
+
+
+def list_snapshots_request(*, sandbox_id: str | None, labels: Mapping[str, str] | None) -> ApiRequest:
+    params: dict[str, str] = {}
+    if sandbox_id is not None:
+        params["sandbox_id"] = sandbox_id
+    for key, value in (labels or {}).items():
+        params[f"label.{key}"] = value
+    return ApiRequest("GET", "/v1/snapshots", params=params or None)
+
+
+def get_snapshot_request(snapshot_id: str) -> ApiRequest:
+    return ApiRequest("GET", _snapshot_path(snapshot_id))
+
+
+def delete_snapshot_request(snapshot_id: str) -> ApiRequest:
+    return ApiRequest("DELETE", _snapshot_path(snapshot_id))
+
+
+def update_snapshot_request(
+    snapshot_id: str, *, labels: Mapping[str, str] | None = None, retain: bool | None = None
+) -> ApiRequest:
+    """``labels`` replaces the whole map; a field left ``None`` is not sent (unchanged)."""
+    body: dict[str, Any] = {}
+    if labels is not None:
+        body["labels"] = dict(labels)
+    if retain is not None:
+        body["retain"] = retain
+    return ApiRequest("PATCH", _snapshot_path(snapshot_id), json=body)
+
+
+# forks create sandboxes: like a create, a capacity refusal (sent before anything was created) is retried
+def fork_request(sandbox_id: str, *, metadata: Mapping[str, str] | None) -> ApiRequest:
+    body = {"metadata": dict(metadata or {})}
+    return ApiRequest("POST", _sandbox_path(sandbox_id, "/fork"), json=body, retry_capacity=True)
+
+
+def fork_tree_request(sandbox_id: str, *, count: int, metadata: Mapping[str, str] | None) -> ApiRequest:
+    body = {"count": count, "metadata": dict(metadata or {})}
+    return ApiRequest("POST", _sandbox_path(sandbox_id, "/fork-tree"), json=body, retry_capacity=True)
+
+
+def promote_request(sandbox_id: str, *, tree_id: str, cleanup_siblings: bool) -> ApiRequest:
+    body = {"tree_id": tree_id, "cleanup_siblings": cleanup_siblings}
+    return ApiRequest("POST", _sandbox_path(sandbox_id, "/promote"), json=body)

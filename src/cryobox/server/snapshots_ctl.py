@@ -53,14 +53,17 @@ class RetentionPolicy:
                     value = float(raw) if raw else default
                 except ValueError:
                     raise InvalidArgument(f"{name} must be a number of seconds, not {raw!r}") from None
-            if value < 0:
-                raise InvalidArgument(f"{name} must not be negative")
+            if not value >= 0:  # also NaN, which would disable the sweep without a word
+                raise InvalidArgument(f"{name} must be a non-negative number of seconds, not {value!r}")
             return value
 
-        return cls(
+        policy = cls(
             grace_s=pick(grace_s, "CRYOBOX_SNAPSHOT_GRACE_S", DEFAULT_GRACE_S),
             sweep_interval_s=pick(sweep_interval_s, "CRYOBOX_ORPHAN_SWEEP_INTERVAL_S", DEFAULT_SWEEP_INTERVAL_S),
         )
+        if policy.sweep_interval_s < 0.1:
+            raise InvalidArgument("the orphan sweep interval must be at least 0.1 s")
+        return policy
 
 
 def snapshot_row(image: SnapshotImage, workspace_id: str, retain: bool, labels: dict[str, str]) -> SnapshotRow:
@@ -184,7 +187,10 @@ class SnapshotControl:
         for snapshot_id in await asyncio.to_thread(self.store.ids):
             if snapshot_id not in known:
                 log.info("removing snapshot files without a registry row: %s", snapshot_id)
-                await asyncio.to_thread(self.store.delete, snapshot_id)
+                try:
+                    await asyncio.to_thread(self.store.delete, snapshot_id)
+                except OSError as err:
+                    log.warning("removing %s failed: %s", snapshot_id, err)
 
     async def fork_tree(
         self, sandbox_id: str, workspace_id: str, *, count: int, metadata: dict[str, str]

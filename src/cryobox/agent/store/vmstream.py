@@ -64,11 +64,15 @@ class _Reader:
         self.pos = 0
         self.consumed = 0
 
-    def _fill(self, n: int) -> None:
+    def _fill(self, n: int, strict: bool = True) -> None:
+        """Buffer at least ``n`` bytes ahead; at the end of the stream that is corrupt if ``strict``, else fine
+        (then fewer are buffered)."""
         while len(self.buf) - self.pos < n:
             more = self.src.read(max(self.chunk, n))
             if not more:
-                raise VmmError(f"migration stream truncated at byte {self.consumed + len(self.buf) - self.pos}")
+                if not strict:
+                    return
+                raise VmmError(f"migration stream truncated at byte {self.consumed + len(self.buf)}")
             self.buf = self.buf[self.pos :] + more
             self.consumed += self.pos
             self.pos = 0
@@ -129,6 +133,8 @@ def _ram_records(r: _Reader, main: bytes, memory_fd: int, stats: SplitStats, out
             raise VmmError(f"migration stream: unsupported RAM record flags {flags:#x}")
         if not flags & FLAG_CONTINUE:
             block = r.idstr()
+        if not block:
+            raise VmmError("migration stream: RAM record continues a block that was never named")
         if flags & FLAG_ZERO:
             fill = r.u8()
             if block == main and fill == 0:
@@ -138,6 +144,8 @@ def _ram_records(r: _Reader, main: bytes, memory_fd: int, stats: SplitStats, out
         else:
             if block == main:
                 page = r.view(PAGE_SIZE)
+                if addr + PAGE_SIZE > stats.blocks.get(main.decode(), 0):
+                    raise VmmError(f"migration stream: page at {addr:#x} is outside the RAM block")
                 os.pwrite(memory_fd, page, addr)
                 stats.pages += 1
                 continue
@@ -180,7 +188,7 @@ def split_stream(src: BinaryIO, vmstate: BinaryIO, memory_fd: int, main_block: s
     if head != b"QEVM":
         raise VmmError("migration stream: bad magic")
     r.pos = 0
-    r._fill(4096)
+    r._fill(1 << 16, strict=False)  # the search window (a shorter stream is searched whole)
     match = RAM_START.search(r.buf, 0, min(len(r.buf), 1 << 16))
     if match is None:
         raise VmmError("migration stream: no RAM section found")
@@ -210,9 +218,11 @@ def split_stream(src: BinaryIO, vmstate: BinaryIO, memory_fd: int, main_block: s
         if kind == SECTION_END:
             break
     out += r.rest()
+    tail = 0
     while more := src.read(1 << 20):
         out += more
+        tail += len(more)
     vmstate.write(out)
     stats.vmstate_bytes += len(out)
-    stats.stream_bytes = r.consumed
+    stats.stream_bytes = r.consumed + tail
     return stats

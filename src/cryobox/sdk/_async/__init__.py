@@ -1,5 +1,7 @@
 """The asynchronous SDK classes (``sdk/_async`` is hand-written; ``sdk/_sync`` is generated from it)."""
 
-from .sandbox import AsyncFilesystem, AsyncSandbox
+from .filesystem import AsyncFilesystem
+from .sandbox import AsyncSandbox
+from .snapshots import AsyncForkTree, AsyncSnapshots
 
-__all__ = ["AsyncFilesystem", "AsyncSandbox"]
+__all__ = ["AsyncFilesystem", "AsyncForkTree", "AsyncSandbox", "AsyncSnapshots"]

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import httpx
 
-from .._base import RetryPlan, RetryPolicy, error_from_response, transport_error
+from .._base import ClientConfig, RetryPlan, RetryPolicy, error_from_response, transport_error
 from .._requests import ApiRequest
+
+
+def open_client(config: ClientConfig) -> httpx.AsyncClient:
+    return httpx.AsyncClient(**config.client_options())
 
 
 async def send(http: httpx.AsyncClient, request: ApiRequest, retry: RetryPolicy) -> httpx.Response:

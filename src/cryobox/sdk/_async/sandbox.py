@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from types import TracebackType
 from typing import Any
@@ -23,14 +24,14 @@ import httpx
 
 from ... import models
 from ...errors import CryoboxError, NotFound
-from .. import _base, _requests, _sse
-from .._base import DEFAULT_RETRY, ClientConfig, ExecResult, Lifecycle, RetryPolicy, StreamEvent
+from .. import _base, _requests, _snapshots, _sse
+from .._base import DEFAULT_RETRY, ClientConfig, ExecResult, Lifecycle, RetryPolicy, SharedClient, StreamEvent
 from .._sse import OutputCallback
-from ._http import send
+from ._http import open_client, send
+from .filesystem import AsyncFilesystem
+from .snapshots import AsyncForkTree
 
-
-def _open(config: ClientConfig) -> httpx.AsyncClient:
-    return httpx.AsyncClient(**config.client_options())
+__all__ = ["AsyncFilesystem", "AsyncSandbox"]
 
 
 async def _lines_then_end(response: httpx.Response) -> AsyncIterator[str]:
@@ -40,55 +41,11 @@ async def _lines_then_end(response: httpx.Response) -> AsyncIterator[str]:
     yield ""
 
 
-class AsyncFilesystem:
-    """Files inside the sandbox's guest (``sbx.filesystem``); paths are guest paths."""
-
-    def __init__(self, sandbox: AsyncSandbox) -> None:
-        self._sbx = sandbox
-
-    async def read(self, path: str) -> bytes:
-        """:raises NotFound: no such file."""
-        response = await self._sbx._send(_requests.fs_request(self._sbx.id, "GET", path))
-        return response.content
-
-    async def read_text(self, path: str, encoding: str = "utf-8") -> str:
-        data = await self.read(path)
-        return data.decode(encoding)
-
-    async def write(self, path: str, data: str | bytes) -> int:
-        """Write ``data`` (``str`` is UTF-8 encoded), creating parent directories; returns the bytes written.
-
-        :raises PayloadTooLarge: more than the server accepts (64 MiB).
-        """
-        payload = data.encode() if isinstance(data, str) else data
-        response = await self._sbx._send(_requests.fs_request(self._sbx.id, "PUT", path, content=payload))
-        return _base.parse_write(response)
-
-    async def list(self, path: str) -> list[models.FileEntry]:
-        response = await self._sbx._send(_requests.fs_request(self._sbx.id, "GET", path, suffix="/dir"))
-        return _base.parse_dir(response)
-
-    async def stat(self, path: str) -> models.FileEntry:
-        response = await self._sbx._send(_requests.fs_request(self._sbx.id, "GET", path, suffix="/stat"))
-        return _base.parse_entry(response)
-
-    async def exists(self, path: str) -> bool:
-        """``False`` only when the path does not exist; any other failure is raised."""
-        try:
-            await self.stat(path)
-        except NotFound:
-            return False
-        return True
-
-    async def remove(self, path: str) -> None:
-        await self._sbx._send(_requests.fs_request(self._sbx.id, "DELETE", path))
-
-
 class AsyncSandbox:
     """One sandbox. Build it with ``create`` or ``connect``; ``async with`` kills it on exit.
 
     The object owns its HTTP client: ``aclose()`` releases it and leaves the sandbox running, ``kill()`` deletes
-    the sandbox and releases it.
+    the sandbox and releases it. Forks share their parent's client; the last of them to be closed closes it.
     """
 
     def __init__(
@@ -101,8 +58,10 @@ class AsyncSandbox:
     ) -> None:
         self.info = info
         self._config = config
-        self._http = http if http is not None else _open(config)
+        self._http = http if http is not None else open_client(config)
         self._retry = retry
+        self._shared = SharedClient()
+        self._released = False
         self.filesystem = AsyncFilesystem(self)
 
     @property
@@ -114,6 +73,12 @@ class AsyncSandbox:
 
     async def _send(self, request: _requests.ApiRequest) -> httpx.Response:
         return await send(self._http, request, self._retry)
+
+    def _adopt(self, info: models.Sandbox) -> AsyncSandbox:
+        """An object for the fork ``info``, sharing this one's configuration, retry policy and HTTP client."""
+        child = type(self)(info, self._config, self._http, retry=self._retry)
+        child._shared = self._shared.join()
+        return child
 
     # --- construction --------------------------------------------------------------------------------------------
 
@@ -160,7 +125,7 @@ class AsyncSandbox:
         cls, config: ClientConfig, http: httpx.AsyncClient | None, request: _requests.ApiRequest, retry: RetryPolicy
     ) -> AsyncSandbox:
         """Send a request answered by a Sandbox and wrap it; a client opened here is closed if that fails."""
-        client = http if http is not None else _open(config)
+        client = http if http is not None else open_client(config)
         try:
             info = _base.parse_sandbox(await send(client, request, retry))
         except BaseException:
@@ -203,7 +168,7 @@ class AsyncSandbox:
         A given ``http`` client is left open.
         """
         config = ClientConfig.resolve(api_url, api_key, timeout_s)
-        client = http if http is not None else _open(config)
+        client = http if http is not None else open_client(config)
         try:
             response = await send(client, _requests.list_request(status=status, metadata=metadata), DEFAULT_RETRY)
             return _base.parse_sandbox_list(response)
@@ -238,6 +203,71 @@ class AsyncSandbox:
             update={"persistent": lifecycle.persistent, "expires_at": lifecycle.expires_at}
         )
         return lifecycle
+
+    async def pause(self) -> None:
+        """Freeze the vCPUs in place (``info.status`` becomes ``paused``) until ``resume()``."""
+        await self._power("pause", "paused")
+
+    async def resume(self) -> None:
+        """Continue a paused sandbox (its clock is re-synced)."""
+        await self._power("resume", "running")
+
+    async def hibernate(self) -> None:
+        """Snapshot the sandbox to disk and stop it; ``wake()`` (or any request to it) brings it back."""
+        await self._power("hibernate")
+
+    async def wake(self) -> None:
+        """Restore a hibernated sandbox."""
+        await self._power("wake")
+
+    async def _power(self, action: _requests.PowerAction, status: models.SandboxStatus | None = None) -> None:
+        """:raises StateError: the sandbox is not in a state ``action`` applies to."""
+        response = await self._send(_requests.power_request(self.id, action))
+        new_status = status if status is not None else _snapshots.parse_status(response)
+        self.info = self.info.model_copy(update={"status": new_status})
+
+    # --- snapshots and forks -------------------------------------------------------------------------------------
+
+    async def snapshot(
+        self, labels: Mapping[str, str] | None = None, *, retain: bool = False, quiesce: bool = False
+    ) -> models.Snapshot:
+        """Snapshot memory and disk; the sandbox keeps running. Restore with ``create(from_snapshot=snap.id)``.
+
+        ``retain`` keeps the snapshot when this sandbox is killed; ``quiesce`` flushes the guest's filesystems
+        first.
+        """
+        request = _requests.snapshot_request(self.id, labels=labels, retain=retain, quiesce=quiesce)
+        return _snapshots.parse_snapshot(await self._send(request))
+
+    async def snapshots(self) -> builtins.list[models.Snapshot]:
+        """This sandbox's snapshots, newest first."""
+        request = _requests.list_snapshots_request(sandbox_id=self.id, labels=None)
+        return _snapshots.parse_snapshot_list(await self._send(request))
+
+    async def fork(self, metadata: Mapping[str, str] | None = None) -> AsyncSandbox:
+        """A new sandbox booted fresh from a copy of this one's disk (not its memory); it shares this client."""
+        forked = _snapshots.parse_fork(await self._send(_requests.fork_request(self.id, metadata=metadata)))
+        return self._adopt(forked.sandbox)
+
+    async def fork_tree(self, count: int = 2, *, metadata: Mapping[str, str] | None = None) -> AsyncForkTree:
+        """``count`` children restored from one snapshot of this sandbox (memory and disk), to try alternatives.
+
+        Children that could not be created are reported in ``errors``; keep one with ``AsyncForkTree.promote``.
+
+        :raises InvalidArgument: ``count`` is out of range (1 to 16).
+        """
+        request = _requests.fork_tree_request(self.id, count=count, metadata=metadata)
+        body = _snapshots.parse_fork_tree(await self._send(request))
+        children = [self._adopt(info) for info in body.children]
+        return AsyncForkTree(body.tree_id, body.parent_id, body.snapshot_id, children, body.errors)
+
+    async def promote(self, tree_id: str, *, cleanup_siblings: bool = True) -> models.PromoteResult:
+        """Make this child of fork tree ``tree_id`` the winner; ``cleanup_siblings`` deletes the other children.
+
+        :raises NotFound: no such tree, or this sandbox is not one of its children.
+        """
+        request = _requests.promote_request(self.id, tree_id=tree_id, cleanup_siblings=cleanup_siblings)
+        return _snapshots.parse_promote(await self._send(request))
 
     # --- commands ------------------------------------------------------------------------------------------------
 
@@ -318,8 +348,12 @@ class AsyncSandbox:
     # --- teardown ------------------------------------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Release this object's HTTP connections; the sandbox keeps running."""
-        await self._http.aclose()
+        """Release this object's HTTP connections (unless forks still share them); the sandbox keeps running."""
+        if self._released:
+            return
+        self._released = True
+        if self._shared.leave():
+            await self._http.aclose()
 
     async def kill(self, *, keep_snapshots: bool = False) -> None:
         """Delete the sandbox (and its non-retained snapshots unless ``keep_snapshots``), then ``aclose()``.

@@ -2,6 +2,8 @@
 # Edit the async source and run `python scripts/unasync.py`.
 """The synchronous SDK classes (``sdk/_async`` is hand-written; ``sdk/_sync`` is generated from it)."""
 
-from .sandbox import Filesystem, Sandbox
+from .filesystem import Filesystem
+from .sandbox import Sandbox
+from .snapshots import ForkTree, Snapshots
 
-__all__ = ["Filesystem", "Sandbox"]
+__all__ = ["Filesystem", "ForkTree", "Sandbox", "Snapshots"]

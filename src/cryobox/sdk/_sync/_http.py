@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import httpx
 
-from .._base import RetryPlan, RetryPolicy, error_from_response, transport_error
+from .._base import ClientConfig, RetryPlan, RetryPolicy, error_from_response, transport_error
 from .._requests import ApiRequest
+
+
+def open_client(config: ClientConfig) -> httpx.Client:
+    return httpx.Client(**config.client_options())
 
 
 def send(http: httpx.Client, request: ApiRequest, retry: RetryPolicy) -> httpx.Response:

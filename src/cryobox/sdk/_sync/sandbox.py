@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Generator, Iterator, Mapping
 from types import TracebackType
 from typing import Any
@@ -25,14 +26,14 @@ import httpx
 
 from ... import models
 from ...errors import CryoboxError, NotFound
-from .. import _base, _requests, _sse
-from .._base import DEFAULT_RETRY, ClientConfig, ExecResult, Lifecycle, RetryPolicy, StreamEvent
+from .. import _base, _requests, _snapshots, _sse
+from .._base import DEFAULT_RETRY, ClientConfig, ExecResult, Lifecycle, RetryPolicy, SharedClient, StreamEvent
 from .._sse import OutputCallback
-from ._http import send
+from ._http import open_client, send
+from .filesystem import Filesystem
+from .snapshots import ForkTree
 
-
-def _open(config: ClientConfig) -> httpx.Client:
-    return httpx.Client(**config.client_options())
+__all__ = ["Filesystem", "Sandbox"]
 
 
 def _lines_then_end(response: httpx.Response) -> Iterator[str]:
@@ -42,55 +43,11 @@ def _lines_then_end(response: httpx.Response) -> Iterator[str]:
     yield ""
 
 
-class Filesystem:
-    """Files inside the sandbox's guest (``sbx.filesystem``); paths are guest paths."""
-
-    def __init__(self, sandbox: Sandbox) -> None:
-        self._sbx = sandbox
-
-    def read(self, path: str) -> bytes:
-        """:raises NotFound: no such file."""
-        response = self._sbx._send(_requests.fs_request(self._sbx.id, "GET", path))
-        return response.content
-
-    def read_text(self, path: str, encoding: str = "utf-8") -> str:
-        data = self.read(path)
-        return data.decode(encoding)
-
-    def write(self, path: str, data: str | bytes) -> int:
-        """Write ``data`` (``str`` is UTF-8 encoded), creating parent directories; returns the bytes written.
-
-        :raises PayloadTooLarge: more than the server accepts (64 MiB).
-        """
-        payload = data.encode() if isinstance(data, str) else data
-        response = self._sbx._send(_requests.fs_request(self._sbx.id, "PUT", path, content=payload))
-        return _base.parse_write(response)
-
-    def list(self, path: str) -> list[models.FileEntry]:
-        response = self._sbx._send(_requests.fs_request(self._sbx.id, "GET", path, suffix="/dir"))
-        return _base.parse_dir(response)
-
-    def stat(self, path: str) -> models.FileEntry:
-        response = self._sbx._send(_requests.fs_request(self._sbx.id, "GET", path, suffix="/stat"))
-        return _base.parse_entry(response)
-
-    def exists(self, path: str) -> bool:
-        """``False`` only when the path does not exist; any other failure is raised."""
-        try:
-            self.stat(path)
-        except NotFound:
-            return False
-        return True
-
-    def remove(self, path: str) -> None:
-        self._sbx._send(_requests.fs_request(self._sbx.id, "DELETE", path))
-
-
 class Sandbox:
     """One sandbox. Build it with ``create`` or ``connect``; ``with`` kills it on exit.
 
     The object owns its HTTP client: ``close()`` releases it and leaves the sandbox running, ``kill()`` deletes
-    the sandbox and releases it.
+    the sandbox and releases it. Forks share their parent's client; the last of them to be closed closes it.
     """
 
     def __init__(
@@ -103,8 +60,10 @@ class Sandbox:
     ) -> None:
         self.info = info
         self._config = config
-        self._http = http if http is not None else _open(config)
+        self._http = http if http is not None else open_client(config)
         self._retry = retry
+        self._shared = SharedClient()
+        self._released = False
         self.filesystem = Filesystem(self)
 
     @property
@@ -116,6 +75,12 @@ class Sandbox:
 
     def _send(self, request: _requests.ApiRequest) -> httpx.Response:
         return send(self._http, request, self._retry)
+
+    def _adopt(self, info: models.Sandbox) -> Sandbox:
+        """An object for the fork ``info``, sharing this one's configuration, retry policy and HTTP client."""
+        child = type(self)(info, self._config, self._http, retry=self._retry)
+        child._shared = self._shared.join()
+        return child
 
     # --- construction --------------------------------------------------------------------------------------------
 
@@ -162,7 +127,7 @@ class Sandbox:
         cls, config: ClientConfig, http: httpx.Client | None, request: _requests.ApiRequest, retry: RetryPolicy
     ) -> Sandbox:
         """Send a request answered by a Sandbox and wrap it; a client opened here is closed if that fails."""
-        client = http if http is not None else _open(config)
+        client = http if http is not None else open_client(config)
         try:
             info = _base.parse_sandbox(send(client, request, retry))
         except BaseException:
@@ -205,7 +170,7 @@ class Sandbox:
         A given ``http`` client is left open.
         """
         config = ClientConfig.resolve(api_url, api_key, timeout_s)
-        client = http if http is not None else _open(config)
+        client = http if http is not None else open_client(config)
         try:
             response = send(client, _requests.list_request(status=status, metadata=metadata), DEFAULT_RETRY)
             return _base.parse_sandbox_list(response)
@@ -240,6 +205,71 @@ class Sandbox:
             update={"persistent": lifecycle.persistent, "expires_at": lifecycle.expires_at}
         )
         return lifecycle
+
+    def pause(self) -> None:
+        """Freeze the vCPUs in place (``info.status`` becomes ``paused``) until ``resume()``."""
+        self._power("pause", "paused")
+
+    def resume(self) -> None:
+        """Continue a paused sandbox (its clock is re-synced)."""
+        self._power("resume", "running")
+
+    def hibernate(self) -> None:
+        """Snapshot the sandbox to disk and stop it; ``wake()`` (or any request to it) brings it back."""
+        self._power("hibernate")
+
+    def wake(self) -> None:
+        """Restore a hibernated sandbox."""
+        self._power("wake")
+
+    def _power(self, action: _requests.PowerAction, status: models.SandboxStatus | None = None) -> None:
+        """:raises StateError: the sandbox is not in a state ``action`` applies to."""
+        response = self._send(_requests.power_request(self.id, action))
+        new_status = status if status is not None else _snapshots.parse_status(response)
+        self.info = self.info.model_copy(update={"status": new_status})
+
+    # --- snapshots and forks -------------------------------------------------------------------------------------
+
+    def snapshot(
+        self, labels: Mapping[str, str] | None = None, *, retain: bool = False, quiesce: bool = False
+    ) -> models.Snapshot:
+        """Snapshot memory and disk; the sandbox keeps running. Restore with ``create(from_snapshot=snap.id)``.
+
+        ``retain`` keeps the snapshot when this sandbox is killed; ``quiesce`` flushes the guest's filesystems
+        first.
+        """
+        request = _requests.snapshot_request(self.id, labels=labels, retain=retain, quiesce=quiesce)
+        return _snapshots.parse_snapshot(self._send(request))
+
+    def snapshots(self) -> builtins.list[models.Snapshot]:
+        """This sandbox's snapshots, newest first."""
+        request = _requests.list_snapshots_request(sandbox_id=self.id, labels=None)
+        return _snapshots.parse_snapshot_list(self._send(request))
+
+    def fork(self, metadata: Mapping[str, str] | None = None) -> Sandbox:
+        """A new sandbox booted fresh from a copy of this one's disk (not its memory); it shares this client."""
+        forked = _snapshots.parse_fork(self._send(_requests.fork_request(self.id, metadata=metadata)))
+        return self._adopt(forked.sandbox)
+
+    def fork_tree(self, count: int = 2, *, metadata: Mapping[str, str] | None = None) -> ForkTree:
+        """``count`` children restored from one snapshot of this sandbox (memory and disk), to try alternatives.
+
+        Children that could not be created are reported in ``errors``; keep one with ``ForkTree.promote``.
+
+        :raises InvalidArgument: ``count`` is out of range (1 to 16).
+        """
+        request = _requests.fork_tree_request(self.id, count=count, metadata=metadata)
+        body = _snapshots.parse_fork_tree(self._send(request))
+        children = [self._adopt(info) for info in body.children]
+        return ForkTree(body.tree_id, body.parent_id, body.snapshot_id, children, body.errors)
+
+    def promote(self, tree_id: str, *, cleanup_siblings: bool = True) -> models.PromoteResult:
+        """Make this child of fork tree ``tree_id`` the winner; ``cleanup_siblings`` deletes the other children.
+
+        :raises NotFound: no such tree, or this sandbox is not one of its children.
+        """
+        request = _requests.promote_request(self.id, tree_id=tree_id, cleanup_siblings=cleanup_siblings)
+        return _snapshots.parse_promote(self._send(request))
 
     # --- commands ------------------------------------------------------------------------------------------------
 
@@ -320,8 +350,12 @@ class Sandbox:
     # --- teardown ------------------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Release this object's HTTP connections; the sandbox keeps running."""
-        self._http.close()
+        """Release this object's HTTP connections (unless forks still share them); the sandbox keeps running."""
+        if self._released:
+            return
+        self._released = True
+        if self._shared.leave():
+            self._http.close()
 
     def kill(self, *, keep_snapshots: bool = False) -> None:
         """Delete the sandbox (and its non-retained snapshots unless ``keep_snapshots``), then ``close()``.

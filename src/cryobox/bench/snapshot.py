@@ -1,0 +1,562 @@
+"""``cryobox bench snapshot``: what a live snapshot costs the sandbox and what restoring from one costs the host,
+measured against a real ``cryobox serve`` (no pre-spawn pool, so the only QEMUs are the bench's sandboxes).
+
+1. Pause window: a sandbox of ``base`` (512 MiB) and of a 2 GiB variant dirties 64 MiB of guest RAM (a file on
+   the guest's tmpfs ``/dev/shm``), then is snapshotted; the server reports how long the guest was paused.
+   The pause should not grow with guest memory (RAM is written while the guest runs).
+2. Snapshot call: wall time of the ``POST .../snapshots`` (512 MiB), end to end.
+3. Restore: ``POST /v1/sandboxes {"from_snapshot"}`` until it returns and the first ``exec true`` is answered.
+4. Fork tree: ``POST .../fork-tree {"count": 16}`` until every child has answered ``exec true``.
+5. Memory: Pss of the 16 fork-tree children's QEMUs against 16 private copies of the guest's touched memory.
+
+Everything goes through the HTTP API with plain ``httpx``; everything created is deleted in ``finally``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from ..agent.reclaim import find_own_qemus
+from ..config import DEFAULT_CACHE_DIR, Paths
+from .pss import allocated_bytes, parse_rollup, smaps_mapping_kib, sum_mib
+from .server import ServeProcess
+from .stats import stats
+
+TARGETS: dict[str, float] = {
+    "pause_ms_512_max": 100,
+    "pause_ratio_max": 1.5,
+    "fork_tree_over_restore_max": 8,
+    "pss_ratio_max": 0.25,
+}
+BIG_TEMPLATE = "bench-2g"
+BIG_MEMORY_MB = 2048
+DIRTY_MIB = 64
+DIRTY_CMD = f"dd if=/dev/urandom of=/dev/shm/dirty bs=1M count={DIRTY_MIB} status=none"
+TREE_COUNT = 16
+MIN_RESTORES = 10
+PRIVATE_COPY_BASIS = (
+    "allocated bytes (st_blocks * 512) of the fork-tree snapshot's sparse memory image "
+    "(<data_dir>/vol/snapshots/<id>/memory; zero pages are holes), i.e. the guest RAM one child would need "
+    "as a private copy"
+)
+_MIB = 1 << 20
+
+
+class BenchError(RuntimeError):
+    """A step of the benchmark failed; no figures are produced."""
+
+
+def stats_n(samples: list[float]) -> dict[str, float]:
+    """:func:`.stats.stats` plus the sample count."""
+    if not samples:
+        raise BenchError("no samples")
+    return {**stats(samples), "n": len(samples)}
+
+
+def guest_used_mib(meminfo: str) -> float:
+    """RAM the guest kernel has handed out (``MemTotal - MemFree``, page cache included), from ``/proc/meminfo``."""
+    fields = parse_rollup(meminfo)
+    if "MemTotal" not in fields or "MemFree" not in fields:
+        raise BenchError("guest /proc/meminfo has no MemTotal/MemFree")
+    return (fields["MemTotal"] - fields["MemFree"]) / 1024
+
+
+# --- the HTTP API --------------------------------------------------------------------------------------------------
+
+
+class Api:
+    """A plain ``httpx`` client for ``/v1`` that remembers what it created so :meth:`cleanup` can delete it."""
+
+    def __init__(self, url: str, api_key: str) -> None:
+        self.http = httpx.Client(
+            base_url=url,
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=httpx.Timeout(600.0, connect=10.0),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
+        )
+        self.sandboxes: list[str] = []
+        self.snapshots: list[str] = []
+        self.templates: list[str] = []
+
+    def call(self, method: str, path: str, expect: int, body: dict[str, Any] | None = None) -> Any:
+        try:
+            resp = self.http.request(method, path, json=body)
+        except httpx.HTTPError as err:
+            raise BenchError(f"{method} {path} failed: {err!r}") from err
+        if resp.status_code != expect:
+            raise BenchError(f"{method} {path} -> HTTP {resp.status_code} (expected {expect}): {resp.text[:2000]}")
+        return resp.json() if resp.content else None
+
+    def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        sbx: dict[str, Any] = self.call("POST", "/v1/sandboxes", 201, body)
+        self.sandboxes.append(sbx["id"])
+        return sbx
+
+    def exec(self, sandbox_id: str, cmd: str, timeout_s: float = 300.0) -> dict[str, Any]:
+        out: dict[str, Any] = self.call(
+            "POST", f"/v1/sandboxes/{sandbox_id}/exec", 200, {"cmd": cmd, "timeout_seconds": timeout_s}
+        )
+        if out["exit_code"] != 0:
+            tail = out["stderr"][-2000:] or out["stdout"][-2000:]
+            raise BenchError(f"exec {cmd!r} in {sandbox_id} exited {out['exit_code']}: {tail}")
+        return out
+
+    def snapshot(self, sandbox_id: str) -> dict[str, Any]:
+        snap: dict[str, Any] = self.call(
+            "POST", f"/v1/sandboxes/{sandbox_id}/snapshots", 201, {"labels": {}, "retain": False}
+        )
+        self.snapshots.append(snap["id"])
+        return snap
+
+    def fork_tree(self, sandbox_id: str, count: int) -> dict[str, Any]:
+        tree: dict[str, Any] = self.call("POST", f"/v1/sandboxes/{sandbox_id}/fork-tree", 201, {"count": count})
+        self.snapshots.append(tree["snapshot_id"])
+        self.sandboxes.extend(child["id"] for child in tree["children"])
+        return tree
+
+    def delete_sandbox(self, sandbox_id: str) -> None:
+        self.call("DELETE", f"/v1/sandboxes/{sandbox_id}", 204)
+        self.sandboxes.remove(sandbox_id)
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self.call("DELETE", f"/v1/snapshots/{snapshot_id}", 204)
+        self.snapshots.remove(snapshot_id)
+
+    def build_template(self, name: str, memory_mb: int, console: Console, timeout_s: float = 1800.0) -> dict[str, Any]:
+        """``base`` with ``memory_mb`` of RAM, built (or found in the cache) and ready."""
+        self.call("POST", "/v1/templates", 202, {"name": name, "base": "base", "memory_mb": memory_mb})
+        self.templates.append(name)
+        deadline = time.monotonic() + timeout_s
+        last = ""
+        while time.monotonic() < deadline:
+            row: dict[str, Any] = self.call("GET", f"/v1/templates/{name}", 200)
+            if row["status"] == "ready":
+                if row["memory_mb"] != memory_mb:
+                    raise BenchError(f"template {name} is ready with {row['memory_mb']} MiB, asked for {memory_mb}")
+                return row
+            if row["status"] == "error":
+                raise BenchError(f"template {name} failed to build: {row.get('error')}")
+            progress = str(row.get("progress") or "")
+            if progress and progress != last:
+                console.print(f"  {name}: {progress}")
+                last = progress
+            time.sleep(1.0)
+        raise BenchError(f"template {name} was not ready within {timeout_s:.0f}s")
+
+    def cleanup(self) -> list[str]:
+        """Delete every sandbox, snapshot and template still recorded (404 is fine: a sandbox's delete takes its
+        snapshots along). Returns what could not be deleted."""
+        failures: list[str] = []
+
+        def delete(path: str) -> None:
+            try:
+                resp = self.http.delete(path)
+                if resp.status_code not in (204, 404):
+                    failures.append(f"DELETE {path} -> HTTP {resp.status_code}: {resp.text[:500]}")
+            except httpx.HTTPError as err:
+                failures.append(f"DELETE {path}: {err!r}")
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(delete, [f"/v1/sandboxes/{s}" for s in reversed(self.sandboxes)]))
+        for snap in self.snapshots:
+            delete(f"/v1/snapshots/{snap}")
+        for name in self.templates:
+            delete(f"/v1/templates/{name}")
+        self.sandboxes.clear()
+        self.snapshots.clear()
+        self.templates.clear()
+        return failures
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def _ms_since(started: float) -> float:
+    return (time.monotonic() - started) * 1000
+
+
+# --- the measurements ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Samples:
+    """Raw measurements of one run (what :func:`build_result` summarises)."""
+
+    pause_512: list[float] = field(default_factory=list)
+    pause_2048: list[float] = field(default_factory=list)
+    snapshot_wall_512: list[float] = field(default_factory=list)
+    snapshot_wall_2048: list[float] = field(default_factory=list)
+    snapshot_size_512: list[float] = field(default_factory=list)
+    restore_total: list[float] = field(default_factory=list)
+    restore_call: list[float] = field(default_factory=list)
+    restore_first_exec: list[float] = field(default_factory=list)
+    restore_boot: list[float] = field(default_factory=list)
+    tree_total_ms: float = 0.0
+    tree_call_ms: float = 0.0
+    tree_child_ready_ms: list[float] = field(default_factory=list)
+    tree_child_boot: list[float] = field(default_factory=list)
+    pss_children_mib: list[float] = field(default_factory=list)
+    rss_children_mib: list[float] = field(default_factory=list)
+    pss_shmem_children_mib: list[float] = field(default_factory=list)
+    pss_ram_children_mib: list[float] = field(default_factory=list)
+    cow_ram_children_mib: list[float] = field(default_factory=list)
+    capture_512: list[dict[str, float]] = field(default_factory=list)
+    capture_2048: list[dict[str, float]] = field(default_factory=list)
+    snapshot_memory_bytes: int = 0
+    hot_copy_bytes: int | None = None
+    guest_used_mib: float = 0.0
+
+
+@dataclass
+class Kept:
+    """The last 512 MiB sandbox and its snapshot, kept for the restore and fork-tree steps."""
+
+    sandbox_id: str
+    snapshot_id: str
+
+
+CAPTURE_FIELDS = ("pause_ms", "qemu_downtime_ms", "prepopulate_ms", "migrate_ms", "total_ms")
+
+
+def capture_breakdown(manifest: dict[str, Any]) -> dict[str, float]:
+    """The server's own timing of a capture (``capture`` in the snapshot's ``manifest.json``), numbers only."""
+    capture = manifest.get("capture") or {}
+    return {k: float(capture[k]) for k in CAPTURE_FIELDS if isinstance(capture.get(k), int | float)}
+
+
+def _read_capture(paths: Paths, snapshot_id: str) -> dict[str, float]:
+    manifest = paths.snapshots_dir / snapshot_id / "manifest.json"
+    try:
+        return capture_breakdown(json.loads(manifest.read_text()))
+    except (OSError, ValueError) as err:
+        raise BenchError(f"cannot read {manifest}: {err}") from err
+
+
+def _pause_runs(
+    api: Api,
+    paths: Paths,
+    template: str,
+    n: int,
+    pauses: list[float],
+    walls: list[float],
+    captures: list[dict[str, float]],
+    sizes: list[float] | None,
+    keep: bool,
+) -> Kept | None:
+    kept = None
+    for i in range(n):
+        sbx = api.create({"template": template})
+        api.exec(sbx["id"], DIRTY_CMD)
+        started = time.monotonic()
+        snap = api.snapshot(sbx["id"])
+        walls.append(_ms_since(started))
+        if snap.get("pause_ms") is None:
+            raise BenchError(f"snapshot {snap['id']} of {sbx['id']} has no pause_ms: {snap}")
+        pauses.append(float(snap["pause_ms"]))
+        captures.append(_read_capture(paths, snap["id"]))
+        if sizes is not None:
+            sizes.append(float(snap["size_bytes"]))
+        if keep and i == n - 1:
+            kept = Kept(sbx["id"], snap["id"])
+        else:
+            api.delete_snapshot(snap["id"])
+            api.delete_sandbox(sbx["id"])
+    return kept
+
+
+def _restore_runs(api: Api, snapshot_id: str, n: int, s: Samples) -> None:
+    for _ in range(n):
+        started = time.monotonic()
+        sbx = api.create({"from_snapshot": snapshot_id})
+        created = time.monotonic()
+        api.exec(sbx["id"], "true")
+        s.restore_total.append(_ms_since(started))
+        s.restore_call.append((created - started) * 1000)
+        s.restore_first_exec.append(_ms_since(created))
+        s.restore_boot.append(float(sbx["boot_ms"]))
+        api.delete_sandbox(sbx["id"])
+
+
+def _fork_tree(api: Api, parent_id: str, run_dir: Path, paths: Paths, s: Samples) -> None:
+    before = set(find_own_qemus(run_dir))
+    started = time.monotonic()
+    tree = api.fork_tree(parent_id, TREE_COUNT)
+    s.tree_call_ms = _ms_since(started)
+    if tree["errors"] or len(tree["children"]) != TREE_COUNT:
+        raise BenchError(f"fork-tree made {len(tree['children'])} of {TREE_COUNT} children; errors: {tree['errors']}")
+
+    def first_exec(child_id: str) -> float:
+        api.exec(child_id, "true")
+        return _ms_since(started)
+
+    with ThreadPoolExecutor(max_workers=TREE_COUNT) as pool:
+        s.tree_child_ready_ms = list(pool.map(first_exec, [c["id"] for c in tree["children"]]))
+    s.tree_total_ms = max(s.tree_child_ready_ms)
+    s.tree_child_boot = [float(c["boot_ms"]) for c in tree["children"]]
+
+    pids = sorted(set(find_own_qemus(run_dir)) - before)
+    if len(pids) != TREE_COUNT:
+        raise BenchError(f"found {len(pids)} new QEMU processes under {run_dir} after the fork-tree, expected 16")
+    s.pss_children_mib = [sum_mib([pid]) for pid in pids]
+    s.rss_children_mib = [sum_mib([pid], "Rss") for pid in pids]
+    s.pss_shmem_children_mib = [sum_mib([pid], "Pss_Shmem") for pid in pids]
+    snap_id = tree["snapshot_id"]
+    hot = paths.hot_dir / snap_id / "memory"
+    try:
+        ram = [smaps_mapping_kib(pid, hot) for pid in pids]
+    except RuntimeError as err:
+        raise BenchError(f"guest RAM mapping of a fork-tree child: {err}") from err
+    s.pss_ram_children_mib = [r["Pss"] / 1024 for r in ram]
+    s.cow_ram_children_mib = [r.get("Anonymous", 0) / 1024 for r in ram]
+    memory = paths.snapshots_dir / snap_id / "memory"
+    try:
+        s.snapshot_memory_bytes = allocated_bytes(memory)
+    except OSError as err:
+        raise BenchError(f"cannot stat the fork-tree snapshot's memory image {memory}: {err}") from err
+    s.hot_copy_bytes = allocated_bytes(hot) if hot.exists() else None
+
+
+def _in_parallel(fn: Callable[[str], None], items: list[str]) -> None:
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(fn, items))
+
+
+def qemu_version() -> str:
+    out = subprocess.run(["qemu-system-x86_64", "--version"], capture_output=True, text=True, check=True).stdout
+    return out.splitlines()[0].strip() if out else "unknown"
+
+
+def measure(api: Api, n: int, paths: Paths, console: Console) -> Samples:
+    s = Samples()
+    console.print(f"building/locating template {BIG_TEMPLATE} ({BIG_MEMORY_MB} MiB)")
+    api.build_template(BIG_TEMPLATE, BIG_MEMORY_MB, console)
+
+    console.print(f"pause window, base (512 MiB), {n} sandboxes dirtying {DIRTY_MIB} MiB each")
+    kept = _pause_runs(
+        api, paths, "base", n, s.pause_512, s.snapshot_wall_512, s.capture_512, s.snapshot_size_512, keep=True
+    )
+    assert kept is not None
+    console.print(
+        f"  pause p50 {stats(s.pause_512)['p50']} ms, snapshot call p50 {stats(s.snapshot_wall_512)['p50']} ms"
+    )
+    console.print(f"pause window, {BIG_TEMPLATE} ({BIG_MEMORY_MB} MiB), {n} sandboxes")
+    _pause_runs(api, paths, BIG_TEMPLATE, n, s.pause_2048, s.snapshot_wall_2048, s.capture_2048, None, keep=False)
+    console.print(
+        f"  pause p50 {stats(s.pause_2048)['p50']} ms, snapshot call p50 {stats(s.snapshot_wall_2048)['p50']} ms"
+    )
+
+    n_restore = max(n, MIN_RESTORES)
+    console.print(f"restore from {kept.snapshot_id}, {n_restore} times")
+    _restore_runs(api, kept.snapshot_id, n_restore, s)
+    console.print(
+        f"  restore+exec p50 {stats(s.restore_total)['p50']} ms "
+        f"(create call {stats(s.restore_call)['p50']} ms, first exec {stats(s.restore_first_exec)['p50']} ms)"
+    )
+
+    s.guest_used_mib = guest_used_mib(api.exec(kept.sandbox_id, "cat /proc/meminfo")["stdout"])
+    console.print(f"fork-tree of {kept.sandbox_id}, {TREE_COUNT} children")
+    _fork_tree(api, kept.sandbox_id, paths.run_dir, paths, s)
+    console.print(f"  fork-tree to all answered {s.tree_total_ms:.0f} ms (call {s.tree_call_ms:.0f} ms)")
+    children = [sid for sid in api.sandboxes if sid != kept.sandbox_id]
+    _in_parallel(api.delete_sandbox, children)
+    api.delete_snapshot(kept.snapshot_id)
+    api.delete_sandbox(kept.sandbox_id)
+    return s
+
+
+# --- the result ----------------------------------------------------------------------------------------------------
+
+
+def _ratio(num: float, den: float) -> float:
+    if den <= 0:
+        raise BenchError(f"cannot form a ratio over {den}")
+    return round(num / den, 3)
+
+
+def _capture_stats(captures: list[dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Per field of the server's capture timing, the stats over the runs that reported it."""
+    keys = [k for k in CAPTURE_FIELDS if any(k in c for c in captures)]
+    return {k: stats_n([c[k] for c in captures if k in c]) for k in keys}
+
+
+def build_result(
+    s: Samples, *, n: int, cores: int, accelerator: str, qemu: str, server_version: str, measured_at: str
+) -> dict[str, Any]:
+    pause_512, pause_2048, restore = stats_n(s.pause_512), stats_n(s.pause_2048), stats_n(s.restore_total)
+    pss_16 = sum(s.pss_children_mib)
+    private_copy_mib = s.snapshot_memory_bytes / _MIB
+    private_16 = TREE_COUNT * private_copy_mib
+    result: dict[str, Any] = {
+        "n": n,
+        "machine": {"cores": cores, "accelerator": accelerator},
+        "qemu": qemu,
+        "server_version": server_version,
+        "dirty_mib": DIRTY_MIB,
+        "pause_ms_512": pause_512,
+        "pause_ms_2048": pause_2048,
+        "pause_ratio": _ratio(pause_2048["p50"], pause_512["p50"]),
+        "snapshot_ms": stats_n(s.snapshot_wall_512),
+        "snapshot_ms_2048": stats_n(s.snapshot_wall_2048),
+        "snapshot_size_mib_512": stats_n([b / _MIB for b in s.snapshot_size_512]),
+        "restore_ms": restore,
+        "restore_call_ms": stats_n(s.restore_call),
+        "restore_first_exec_ms": stats_n(s.restore_first_exec),
+        "restore_boot_ms": stats_n(s.restore_boot),
+        "fork_tree16_ms": round(s.tree_total_ms, 1),
+        "fork_tree16_call_ms": round(s.tree_call_ms, 1),
+        "fork_tree16_child_ready_ms": stats_n(s.tree_child_ready_ms),
+        "fork_tree16_child_boot_ms": stats_n(s.tree_child_boot),
+        "fork_tree_over_restore": _ratio(s.tree_total_ms, restore["p50"]),
+        "pss_16_restores_mib": round(pss_16, 1),
+        "pss_per_restore_mib": stats_n(s.pss_children_mib),
+        "pss_shmem_16_restores_mib": round(sum(s.pss_shmem_children_mib), 1),
+        "pss_guest_ram_16_restores_mib": round(sum(s.pss_ram_children_mib), 1),
+        "guest_ram_cow_16_restores_mib": round(sum(s.cow_ram_children_mib), 1),
+        "pss_qemu_other_16_restores_mib": round(pss_16 - sum(s.pss_ram_children_mib), 1),
+        "rss_16_restores_mib": round(sum(s.rss_children_mib), 1),
+        "private_copy_mib": round(private_copy_mib, 1),
+        "private_copies_16_mib": round(private_16, 1),
+        "private_copy_basis": PRIVATE_COPY_BASIS,
+        "pss_ratio": _ratio(pss_16, private_16),
+        "hot_copy_mib": None if s.hot_copy_bytes is None else round(s.hot_copy_bytes / _MIB, 1),
+        "guest_used_mib": round(s.guest_used_mib, 1),
+        "capture_512": _capture_stats(s.capture_512),
+        "capture_2048": _capture_stats(s.capture_2048),
+        "samples": {
+            "pause_ms_512": s.pause_512,
+            "pause_ms_2048": s.pause_2048,
+            "snapshot_ms": [round(v, 1) for v in s.snapshot_wall_512],
+            "snapshot_ms_2048": [round(v, 1) for v in s.snapshot_wall_2048],
+            "restore_ms": [round(v, 1) for v in s.restore_total],
+            "restore_first_exec_ms": [round(v, 1) for v in s.restore_first_exec],
+        },
+        "targets": dict(TARGETS),
+        "measured_at": measured_at,
+    }
+    result["checks"] = {
+        "pause_ms_512_p50": pause_512["p50"] <= TARGETS["pause_ms_512_max"],
+        "pause_ratio": result["pause_ratio"] <= TARGETS["pause_ratio_max"],
+        "fork_tree_over_restore": result["fork_tree_over_restore"] <= TARGETS["fork_tree_over_restore_max"],
+        "pss_ratio": result["pss_ratio"] <= TARGETS["pss_ratio_max"],
+    }
+    return result
+
+
+def _fmt(value: float) -> str:
+    return f"{value:,.1f}" if abs(value) < 100 else f"{value:,.0f}"
+
+
+def result_table(result: dict[str, Any]) -> Table:
+    table = Table(
+        title=f"cryobox bench snapshot ({result['machine']['accelerator']}, {result['machine']['cores']} cores, "
+        f"n={result['n']})"
+    )
+    for col in ("metric", "p50", "p90", "max", "n", "target"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    targets, checks = result["targets"], result["checks"]
+
+    def verdict(ok: bool, text: str) -> str:
+        return f"[green]{text} ok[/]" if ok else f"[red]{text} over[/]"
+
+    def row(label: str, key: str, target: str = "") -> None:
+        st = result[key]
+        table.add_row(label, _fmt(st["p50"]), _fmt(st["p90"]), _fmt(st["max"]), str(st["n"]), target)
+
+    def single(label: str, value: float, target: str = "") -> None:
+        table.add_row(label, _fmt(value), "", "", "", target)
+
+    row(
+        f"pause ms, 512 MiB ({result['dirty_mib']} MiB dirty)",
+        "pause_ms_512",
+        verdict(checks["pause_ms_512_p50"], f"p50 ≤ {targets['pause_ms_512_max']}"),
+    )
+    row(f"pause ms, 2048 MiB ({result['dirty_mib']} MiB dirty)", "pause_ms_2048")
+    single(
+        "pause ratio 2048/512 (p50)",
+        result["pause_ratio"],
+        verdict(checks["pause_ratio"], f"≤ {targets['pause_ratio_max']}"),
+    )
+    for mib in (512, 2048):
+        downtime = result[f"capture_{mib}"].get("qemu_downtime_ms")
+        if downtime is not None:
+            table.add_row(
+                f"  QEMU-reported downtime ms, {mib} MiB",
+                _fmt(downtime["p50"]),
+                _fmt(downtime["p90"]),
+                _fmt(downtime["max"]),
+                str(downtime["n"]),
+                "",
+            )
+    row("snapshot call ms, 512 MiB", "snapshot_ms")
+    row("snapshot call ms, 2048 MiB", "snapshot_ms_2048")
+    row("restore ms (create + first exec)", "restore_ms")
+    row("  create call ms", "restore_call_ms")
+    row("  first exec ms", "restore_first_exec_ms")
+    row("  server boot_ms", "restore_boot_ms")
+    single("fork-tree 16 ms (all answered)", result["fork_tree16_ms"])
+    single("  fork-tree call ms", result["fork_tree16_call_ms"])
+    single(
+        "fork-tree 16 / restore p50",
+        result["fork_tree_over_restore"],
+        verdict(checks["fork_tree_over_restore"], f"≤ {targets['fork_tree_over_restore_max']}"),
+    )
+    single("Pss of 16 restores, MiB", result["pss_16_restores_mib"])
+    row("  Pss per restore, MiB", "pss_per_restore_mib")
+    single("  of it guest RAM mapping, MiB", result["pss_guest_ram_16_restores_mib"])
+    single("  of it QEMU itself, MiB", result["pss_qemu_other_16_restores_mib"])
+    single("  Rss of 16 restores, MiB", result["rss_16_restores_mib"])
+    single("private copy (snapshot memory), MiB", result["private_copy_mib"])
+    single("16 private copies, MiB", result["private_copies_16_mib"])
+    single("Pss ratio", result["pss_ratio"], verdict(checks["pss_ratio"], f"≤ {targets['pss_ratio_max']}"))
+    return table
+
+
+def run_snapshot_bench(*, n: int, out_dir: Path, cache_dir: Path | None, console: Console) -> dict[str, Any]:
+    if n < 1:
+        raise BenchError("--n must be at least 1")
+    qemu = qemu_version()
+    with tempfile.TemporaryDirectory(prefix="cryobox-bench-snap-") as tmp:
+        data_dir = Path(tmp) / "data"
+        console.print("starting cryobox serve (prespawn 0)")
+        with ServeProcess(data_dir, cache_dir=cache_dir, prespawn=0) as server:
+            paths = Paths(data_dir.resolve(), (cache_dir or DEFAULT_CACHE_DIR).resolve())
+            api = Api(server.url, server.api_key)
+            try:
+                info = api.call("GET", "/v1/info", 200)
+                samples = measure(api, n, paths, console)
+            finally:
+                failures = api.cleanup()
+                api.close()
+                for failure in failures:
+                    console.print(f"[red]cleanup: {failure}[/]")
+            if failures:
+                raise BenchError("cleanup failed: " + "; ".join(failures))
+
+    result = build_result(
+        samples,
+        n=n,
+        cores=os.cpu_count() or 0,
+        accelerator=str(info["accelerator"]),
+        qemu=qemu,
+        server_version=str(info["version"]),
+        measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"snapshot-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    console.print(result_table(result), width=max(console.width, 110))
+    console.print(f"written to {out}")
+    return result

@@ -1,0 +1,87 @@
+"""Helpers shared by the API commands (``cryobox sandbox``, ``template``, ``snapshot``): options, output, errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any, NoReturn
+
+import typer
+from pydantic import TypeAdapter
+from rich.console import Console
+from rich.table import Table
+
+from .. import models
+from ..errors import CryoboxError
+
+out = Console()
+err = Console(stderr=True)
+
+Json = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+ApiUrl = Annotated[str | None, typer.Option("--api-url", envvar="CRYOBOX_API_URL", help="API base URL")]
+ApiKey = Annotated[str | None, typer.Option("--api-key", envvar="CRYOBOX_API_KEY", help="API key")]
+
+_SNAPSHOT = TypeAdapter(models.Snapshot)
+
+
+def fail(error: CryoboxError) -> NoReturn:
+    err.print(f"[red]error[/red] ({error.code}): {error.message}")
+    raise typer.Exit(2)
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+def parse_pairs(pairs: list[str] | None, what: str = "metadata") -> dict[str, str]:
+    """``["K=V", ...]`` as a dict (the last K wins); ``K=`` gives an empty value."""
+    result = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{what} must be KEY=VALUE, not {pair!r}")
+        result[key] = value
+    return result
+
+
+def format_pairs(pairs: dict[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in pairs.items())
+
+
+def sandbox_table(items: list[models.Sandbox]) -> Table:
+    table = Table("id", "template", "status", "boot", "created", "metadata")
+    for s in items:
+        table.add_row(
+            s.id, s.template, s.status, f"{s.boot_mode} {s.boot_ms:.0f} ms", s.created_at, format_pairs(s.metadata)
+        )
+    return table
+
+
+def snapshot_json(snapshot: models.Snapshot) -> dict[str, Any]:
+    """The snapshot as the API sends it (``created_at`` in RFC 3339)."""
+    value: dict[str, Any] = _SNAPSHOT.dump_python(snapshot, mode="json")
+    return value
+
+
+def _size(size_bytes: int) -> str:
+    value, unit = float(size_bytes), "B"
+    for larger in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, larger
+    return f"{size_bytes} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+def snapshot_table(items: list[models.Snapshot]) -> Table:
+    table = Table("id", "sandbox", "template", "size", "created", "retain", "labels")
+    for s in items:
+        table.add_row(
+            s.id,
+            s.sandbox_id,
+            s.template,
+            _size(s.size_bytes),
+            s.created_at.isoformat(timespec="seconds"),
+            "yes" if s.retain else "",
+            format_pairs(s.labels),
+        )
+    return table

@@ -1,0 +1,111 @@
+"""``cryobox snapshot ...``: the workspace's snapshots from the shell (through ``cryobox.Snapshots``).
+
+Snapshots are taken with ``cryobox sandbox snapshot ID`` and restored with ``cryobox sandbox create
+--from-snapshot SNAPSHOT_ID``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated
+
+import typer
+
+from ..errors import CryoboxError
+from ..sdk import Snapshots
+from ._common import ApiKey, ApiUrl, Json, err, fail, out, parse_pairs, print_json, snapshot_json, snapshot_table
+
+snapshot_app = typer.Typer(help="Snapshots: list, inspect, label and delete.", no_args_is_help=True)
+
+
+@contextmanager
+def _snapshots(api_url: str | None, api_key: str | None) -> Iterator[Snapshots]:
+    """A ``Snapshots`` handle, closed afterwards; an API error on the way exits with its message."""
+    with Snapshots(api_url=api_url, api_key=api_key) as snapshots:
+        try:
+            yield snapshots
+        except CryoboxError as error:
+            fail(error)
+
+
+def merge_labels(current: dict[str, str], changes: dict[str, str]) -> dict[str, str]:
+    """``current`` updated with ``changes``, where an empty value removes the key."""
+    merged = dict(current)
+    for key, value in changes.items():
+        if value:
+            merged[key] = value
+        else:
+            merged.pop(key, None)
+    return merged
+
+
+@snapshot_app.command("list")
+def list_(
+    sandbox: Annotated[str | None, typer.Option("--sandbox", help="only this sandbox's snapshots")] = None,
+    label: Annotated[
+        list[str] | None, typer.Option("--label", "-l", help="only snapshots with label KEY=VALUE (repeatable)")
+    ] = None,
+    as_json: Json = False,
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+) -> None:
+    """List snapshots, newest first."""
+    labels = parse_pairs(label, "label")
+    with _snapshots(api_url, api_key) as snapshots:
+        items = snapshots.list(sandbox_id=sandbox, labels=labels)
+    if as_json:
+        print_json([snapshot_json(s) for s in items])
+    else:
+        out.print(snapshot_table(items))
+
+
+@snapshot_app.command("get")
+def get(snapshot_id: str, as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
+    """Show one snapshot."""
+    with _snapshots(api_url, api_key) as snapshots:
+        snap = snapshots.get(snapshot_id)
+    if as_json:
+        print_json(snapshot_json(snap))
+    else:
+        out.print(snapshot_table([snap]))
+
+
+@snapshot_app.command("rm")
+def rm(snapshot_ids: list[str], as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
+    """Delete snapshots (local files, object-store copy and registry row)."""
+    deleted: list[str] = []
+    with _snapshots(api_url, api_key) as snapshots:
+        for snapshot_id in snapshot_ids:
+            snapshots.delete(snapshot_id)
+            deleted.append(snapshot_id)
+            if not as_json:
+                err.print(f"deleted {snapshot_id}")
+    if as_json:
+        print_json({"deleted": deleted})
+
+
+@snapshot_app.command("label")
+def label(
+    snapshot_id: str,
+    pairs: Annotated[
+        list[str] | None, typer.Argument(help="KEY=VALUE to set, KEY= to remove (merged with the current labels)")
+    ] = None,
+    retain: Annotated[
+        bool | None, typer.Option("--retain/--no-retain", help="keep the snapshot when its sandbox is deleted")
+    ] = None,
+    as_json: Json = False,
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Set or remove labels of a snapshot, and/or change whether it is retained."""
+    changes = parse_pairs(pairs, "label")
+    if not changes and retain is None:
+        raise typer.BadParameter("nothing to change: give KEY=VALUE labels and/or --retain / --no-retain")
+    with _snapshots(api_url, api_key) as snapshots:
+        labels = merge_labels(snapshots.get(snapshot_id).labels, changes) if changes else None
+        snap = snapshots.update(snapshot_id, labels=labels, retain=retain)
+    if as_json:
+        print_json(snapshot_json(snap))
+    else:
+        out.print(snapshot_table([snap]))

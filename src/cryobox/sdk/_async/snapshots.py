@@ -1,0 +1,131 @@
+"""``AsyncSnapshots`` (the workspace's snapshots) and ``AsyncForkTree`` (the result of ``AsyncSandbox.fork_tree``).
+
+Snapshots are taken from a sandbox (``await sbx.snapshot(labels={"step": "3"})``) and restored by creating a
+sandbox from them (``await AsyncSandbox.create(from_snapshot=snap.id)``). ``AsyncSnapshots`` manages them
+across sandboxes; it resolves ``api_url`` / ``api_key`` like ``AsyncSandbox.create`` (argument, else
+``$CRYOBOX_API_URL`` / ``$CRYOBOX_API_KEY``) and owns one HTTP client, released by ``aclose()`` or ``async with``::
+
+    from cryobox import AsyncSandbox, AsyncSnapshots
+
+    async with AsyncSnapshots() as snapshots:
+        for snap in await snapshots.list(labels={"stage": "baseline"}):
+            print(snap.id, snap.sandbox_id, snap.size_bytes, snap.created_at)
+        snap = await snapshots.get("snp_0123")
+        await snapshots.update(snap.id, labels={**snap.labels, "keep": "yes"}, retain=True)
+
+A fork tree restores several children from one snapshot of a parent, to try alternatives side by side::
+
+    tree = await parent.fork_tree(3)
+    results = [await child.exec("python3 attempt.py") for child in tree.children]
+    winner = tree.children[best_of(results)]
+    await tree.promote(winner)   # deletes the other children and releases their handles
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import httpx
+
+from ... import models
+from .. import _requests, _snapshots
+from .._base import DEFAULT_RETRY, ClientConfig
+from ._http import open_client, send
+
+if TYPE_CHECKING:
+    from .sandbox import AsyncSandbox
+
+
+class AsyncSnapshots:
+    """The workspace's snapshots. Build one per API endpoint; ``aclose()`` (or ``async with``) releases it.
+
+    ``http`` is an optional client to use (custom transport, tests); this object takes ownership of it.
+    """
+
+    def __init__(
+        self,
+        *,
+        api_url: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 300.0,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._config = ClientConfig.resolve(api_url, api_key, timeout_s)
+        self._http = http if http is not None else open_client(self._config)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._config.api_url!r})"
+
+    async def _send(self, request: _requests.ApiRequest) -> httpx.Response:
+        return await send(self._http, request, DEFAULT_RETRY)
+
+    async def list(
+        self, *, sandbox_id: str | None = None, labels: Mapping[str, str] | None = None
+    ) -> list[models.Snapshot]:
+        """Snapshots, newest first: only ``sandbox_id``'s when given, only those whose labels contain ``labels``."""
+        request = _requests.list_snapshots_request(sandbox_id=sandbox_id, labels=labels)
+        return _snapshots.parse_snapshot_list(await self._send(request))
+
+    async def get(self, snapshot_id: str) -> models.Snapshot:
+        """:raises NotFound: no such snapshot (or it belongs to another workspace)."""
+        return _snapshots.parse_snapshot(await self._send(_requests.get_snapshot_request(snapshot_id)))
+
+    async def delete(self, snapshot_id: str) -> None:
+        """Delete the snapshot everywhere (local files, object store, registry).
+
+        :raises NotFound: no such snapshot.
+        """
+        await self._send(_requests.delete_snapshot_request(snapshot_id))
+
+    async def update(
+        self, snapshot_id: str, *, labels: Mapping[str, str] | None = None, retain: bool | None = None
+    ) -> models.Snapshot:
+        """Replace the snapshot's labels (the whole map) and/or set ``retain``; ``None`` leaves a field unchanged.
+
+        :raises NotFound: no such snapshot.
+        """
+        request = _requests.update_snapshot_request(snapshot_id, labels=labels, retain=retain)
+        return _snapshots.parse_snapshot(await self._send(request))
+
+    async def aclose(self) -> None:
+        """Release the HTTP connections."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncSnapshots:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+@dataclass(frozen=True)
+class AsyncForkTree:
+    """Children restored from one snapshot (``snapshot_id``) of ``parent_id``, memory and disk.
+
+    ``children`` share the parent's HTTP client; ``errors`` lists the children that could not be created.
+    """
+
+    tree_id: str
+    parent_id: str
+    snapshot_id: str
+    children: list[AsyncSandbox]
+    errors: list[models.ForkTreeError]
+
+    async def promote(self, winner: AsyncSandbox, *, cleanup_siblings: bool = True) -> models.PromoteResult:
+        """``winner.promote(tree_id)``, then release the handles of the children the server deleted."""
+        result = await winner.promote(self.tree_id, cleanup_siblings=cleanup_siblings)
+        deleted = set(result.deleted)
+        for child in self.children:
+            if child.id in deleted and child is not winner:
+                await child.aclose()
+        return result
+
+    async def aclose(self) -> None:
+        """Release every child's handle; the sandboxes keep running."""
+        for child in self.children:
+            await child.aclose()

@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 CRYOBOX := $(VENV)/bin/cryobox
-APT_PACKAGES := qemu-system-x86 qemu-utils debootstrap busybox-static e2fsprogs postgresql
+APT_PACKAGES := qemu-system-x86 qemu-utils debootstrap busybox-static e2fsprogs postgresql xfsprogs
 PYTEST_ARGS ?=
 ARGS ?=
 
@@ -45,6 +45,7 @@ unit: venv
 
 bench: setup
 	$(CRYOBOX) bench create --json $(ARGS)
+	$(CRYOBOX) bench snapshot --json $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

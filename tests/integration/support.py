@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,10 +19,14 @@ class Api(TypedDict):
     api_key: str
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run ``cryobox`` in a subprocess."""
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``cryobox`` in a subprocess (``env`` is added to this process's environment)."""
     return subprocess.run(
-        [sys.executable, "-m", "cryobox.cli.main", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "cryobox.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
     )
 
 

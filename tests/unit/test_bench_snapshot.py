@@ -188,6 +188,7 @@ def test_build_result_shape_and_ratios() -> None:
     assert result["private_copies_16_mib"] == 2560.0
     assert result["pss_ratio"] == 0.125
     assert result["pss_guest_ram_16_restores_mib"] == 192.0
+    assert result["pss_ratio_guest_ram"] == 0.075
     assert result["pss_qemu_other_16_restores_mib"] == 128.0
     assert result["guest_ram_cow_16_restores_mib"] == 32.0
     assert result["capture_512"]["qemu_downtime_ms"] == {"p50": 30.0, "p90": 35.0, "p99": 35.0, "max": 35.0, "n": 2}
@@ -223,9 +224,11 @@ def test_build_result_refuses_zero_denominator() -> None:
 
 def test_table_renders() -> None:
     result = build_result(samples(), n=3, cores=2, accelerator="tcg", qemu="q", server_version="v", measured_at="now")
-    console = Console(record=True, width=160)
+    console = Console(record=True, width=80)  # what rich uses when stderr is not a terminal
     console.print(result_table(result))
     text = console.export_text()
-    assert "pause ms, 512 MiB" in text
+    assert "pause ms 512M (64M dirty)" in text  # not wrapped
+    assert "fork-tree 16 ms (all exec)" in text
     assert "Pss ratio" in text
-    assert "QEMU-reported downtime ms, 512 MiB" in text
+    assert "QEMU downtime ms 512M" in text
+    assert "≤ 0.25 ok" in text

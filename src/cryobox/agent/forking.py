@@ -63,8 +63,10 @@ class Forking:
         snapshot_id: str | None = None,
         labels: dict[str, str] | None = None,
         quiesce: bool = False,
+        durable: bool = True,
     ) -> SnapshotImage:
-        """Capture a running or paused sandbox (a hibernated one is woken first); it keeps its state."""
+        """Capture a running or paused sandbox (a hibernated one is woken first); it keeps its state.
+        Without ``durable`` the snapshot is only restorable on this host until ``store.finish`` is called."""
         sandbox = self.service.get(sandbox_id, workspace_id)
         if sandbox.state is SandboxState.HIBERNATED:
             await self.service.wake(sandbox_id, workspace_id)
@@ -76,8 +78,10 @@ class Forking:
                     raise StateError("quiesce needs a running sandbox", state=sandbox.state.value, required="running")
                 await self._check_quiesced(sandbox)
             info = CaptureInfo(sandbox.template, sandbox.id, sandbox.workspace_id, sandbox.from_snapshot, labels)
-            image = await self.store.capture(sandbox.vm, snapshot_id or new_id("snap"), info)
-            sandbox.touch(self.service.clock())
+            image = await self.store.begin(sandbox.vm, snapshot_id or new_id("snap"), info)
+        if durable:
+            image = await self.store.finish(image)
+        sandbox.touch(self.service.clock())
         log.info(
             "snapshot %s of %s: paused %.1f ms, %.0f ms in all",
             image.id,
@@ -154,9 +158,11 @@ class Forking:
         if not 1 <= count <= MAX_TREE:
             raise InvalidArgument(f"count must be between 1 and {MAX_TREE}", details={"count": count})
         parent = self.service.get(sandbox_id, workspace_id)
-        image = await self.snapshot(sandbox_id, workspace_id, snapshot_id=snapshot_id)
+        image = await self.snapshot(sandbox_id, workspace_id, snapshot_id=snapshot_id, durable=False)
         tree = TreeResult(tree_id=new_id("tree"), snapshot=image)
         child_meta = {**(metadata or {}), "cryobox.tree_id": tree.tree_id, "cryobox.parent_id": parent.id}
+        # the children restore from the hot copy while the snapshot is made durable alongside
+        finishing = asyncio.ensure_future(self.store.finish(image))
         results = await asyncio.gather(
             *(
                 self.service.create(
@@ -166,6 +172,13 @@ class Forking:
             ),
             return_exceptions=True,
         )
+        try:
+            tree.snapshot = await finishing
+        except BaseException:
+            for result in results:
+                if isinstance(result, Sandbox):
+                    await self.service.delete(result.id)
+            raise
         for index, result in enumerate(results):
             if isinstance(result, Sandbox):
                 tree.children.append(result)

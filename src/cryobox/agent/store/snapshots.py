@@ -7,9 +7,12 @@ A snapshot directory ``<volume>/snapshots/<id>/`` has the same shape as a baked 
     disk.qcow2    the root-disk overlay at the same instant (a reflink clone taken inside the pause)
     manifest.json written last; a directory without it is an unfinished capture and is never used
 
-While a capture is in progress it lives in ``.<id>.partial`` and is removed if anything fails, so a crash at
-any step leaves either nothing or a complete snapshot (partials are swept at start). Restores map a copy of
-``memory`` in the host's hot directory on tmpfs (see :mod:`.hot`), which is where the capture writes it first.
+A capture has two phases. :meth:`SnapshotStore.begin` streams the VM's state, splitting it as it arrives
+into the hot copy of ``memory`` (tmpfs, see :mod:`.hot`: what restores map) and ``vmstate``, next to the
+disk clone; the snapshot can already be restored from (fork_tree starts its children here).
+:meth:`SnapshotStore.finish` makes it durable: ``memory`` copied out of tmpfs, every file fsynced, the manifest
+written last. A directory without a manifest is unfinished and is removed at start (and on any failure), so a
+crash at any step leaves either nothing or a complete snapshot.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ...errors import NotFound, VmmError
 from ...util.files import fsync_dir, write_json_atomic
@@ -96,11 +99,11 @@ class SnapshotStore:
         self.qemu_version = qemu_version
 
     def sweep_partials(self) -> list[str]:
-        """Remove unfinished captures (a crash mid-capture); run at start before any capture."""
+        """Remove unfinished captures and deletions (a crash mid-way); run at start before any capture."""
         self.root.mkdir(parents=True, exist_ok=True)
         removed = []
         for entry in self.root.iterdir():
-            if entry.name.startswith(".") and entry.name.endswith(".partial"):
+            if entry.name.startswith(".") or not (entry / "manifest.json").is_file():
                 shutil.rmtree(entry, ignore_errors=True)
                 removed.append(entry.name)
         return removed
@@ -129,7 +132,7 @@ class SnapshotStore:
         """Remove the snapshot's files (idempotent). VMs restored from it keep their mappings."""
         path = self.root / snapshot_id
         if path.exists():
-            tomb = self.root / f".{snapshot_id}.deleting.partial"
+            tomb = self.root / f".{snapshot_id}.deleting"
             os.replace(path, tomb)
             shutil.rmtree(tomb, ignore_errors=True)
         self.hot.drop(snapshot_id)
@@ -137,48 +140,74 @@ class SnapshotStore:
     async def capture(
         self, vm: MicroVM, snapshot_id: str, info: CaptureInfo, *, keep_running: bool = True
     ) -> SnapshotImage:
-        """Snapshot ``vm`` into ``<root>/<snapshot_id>``. The VM keeps running (``keep_running``) after a
-        pause covering only its device state and a disk clone; otherwise it ends stopped.
+        """Snapshot ``vm`` into ``<root>/<snapshot_id>`` durably (:meth:`begin` then :meth:`finish`)."""
+        return await self.finish(await self.begin(vm, snapshot_id, info, keep_running=keep_running))
+
+    async def begin(
+        self, vm: MicroVM, snapshot_id: str, info: CaptureInfo, *, keep_running: bool = True
+    ) -> SnapshotImage:
+        """Capture ``vm``: restorable on this host when this returns, durable only after :meth:`finish`.
+        The VM keeps running (``keep_running``) after a pause covering only its device state and a disk
+        clone; otherwise it ends stopped.
 
         :raises VmmError: the capture failed; nothing is left behind and a running VM is running again.
         """
         self.root.mkdir(parents=True, exist_ok=True)
-        work = self.root / f".{snapshot_id}.partial"
+        work = self.root / snapshot_id
         work.mkdir()
         hot_dir = self.hot.path(snapshot_id).parent
-        stream = self.hot.root / f".{snapshot_id}.stream"
         started = time.monotonic()
         try:
+            hot_dir.mkdir(parents=True, exist_ok=True)
+            ram_bytes = vm.config.memory_mib << 20
 
             async def capture_disk() -> None:
                 await asyncio.to_thread(clone_file, vm.disk, work / "disk.qcow2")
 
-            report = await capture(vm, stream, capture_disk, keep_running=keep_running)
-            hot_dir.mkdir(parents=True, exist_ok=True)
-            stats = await asyncio.to_thread(self._split, stream, hot_dir, work, vm.config.memory_mib << 20)
-            await asyncio.to_thread(self._persist, hot_dir / "memory", work)
-            total_ms = (time.monotonic() - started) * 1000
-            manifest = self._manifest(snapshot_id, vm, info, report, stats, work, total_ms)
-            write_json_atomic(work / "manifest.json", manifest)
-            final = self.root / snapshot_id
-            os.replace(work, final)
+            report = await capture(
+                vm,
+                lambda stream: self._split(stream, hot_dir, work, ram_bytes),
+                capture_disk,
+                keep_running=keep_running,
+            )
+        except BaseException:
+            self._discard(snapshot_id)
+            raise
+        manifest = self._manifest(snapshot_id, vm, info, report, (time.monotonic() - started) * 1000)
+        return SnapshotImage(snapshot_id, work, vm.config, manifest)
+
+    async def finish(self, image: SnapshotImage) -> SnapshotImage:
+        """Make a captured snapshot durable; the manifest is written last.
+
+        :raises OSError: the files could not be written; the snapshot is removed.
+        """
+        started = time.monotonic()
+        try:
+            await asyncio.to_thread(self._persist, self.hot.path(image.id), image.path)
+            manifest = dict(image.manifest)
+            manifest["size_bytes"] = sum(allocated_bytes(image.path / name) for name in FILES)
+            capture_info = dict(manifest["capture"])
+            capture_info["total_ms"] = round(capture_info["total_ms"] + (time.monotonic() - started) * 1000, 1)
+            manifest["capture"] = capture_info
+            write_json_atomic(image.path / "manifest.json", manifest)
             fsync_dir(self.root)
         except BaseException:
-            shutil.rmtree(work, ignore_errors=True)
-            shutil.rmtree(hot_dir, ignore_errors=True)
+            self._discard(image.id)
             raise
-        finally:
-            stream.unlink(missing_ok=True)
-        return SnapshotImage(snapshot_id, final, vm.config, manifest)
+        return SnapshotImage(image.id, image.path, image.machine, manifest)
+
+    def _discard(self, snapshot_id: str) -> None:
+        shutil.rmtree(self.root / snapshot_id, ignore_errors=True)
+        self.hot.drop(snapshot_id)
 
     @staticmethod
-    def _split(stream: Path, hot_dir: Path, work: Path, ram_bytes: int) -> SplitStats:
+    def _split(stream: BinaryIO, hot_dir: Path, work: Path, ram_bytes: int) -> SplitStats:
         tmp = hot_dir / ".memory.tmp"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.ftruncate(fd, ram_bytes)
-            with open(stream, "rb") as src, open(work / "vmstate", "wb") as vmstate:
-                stats = split_stream(src, vmstate, fd)
+            with open(work / "vmstate", "wb") as vmstate:
+                stats = split_stream(stream, vmstate, fd)
         finally:
             os.close(fd)
         if stats.blocks.get("ram") != ram_bytes:
@@ -198,11 +227,10 @@ class SnapshotStore:
         snapshot_id: str,
         vm: MicroVM,
         info: CaptureInfo,
-        report: CaptureReport,
-        stats: SplitStats,
-        work: Path,
+        report: CaptureReport[SplitStats],
         total_ms: float,
     ) -> dict[str, Any]:
+        stats = report.result
         return {
             "format": FORMAT_VERSION,
             "id": snapshot_id,
@@ -214,7 +242,7 @@ class SnapshotStore:
             "machine": vm.config.to_json(),
             "qemu": self.qemu_version,
             "created_at": time.time(),
-            "size_bytes": sum(allocated_bytes(work / name) for name in FILES),
+            "size_bytes": 0,  # counted by finish()
             "memory": {"bytes": vm.config.memory_mib << 20, "pages": stats.pages, "zero_pages": stats.zero_pages},
             "capture": {
                 "mode": report.mode,
@@ -222,7 +250,7 @@ class SnapshotStore:
                 "migrate_ms": report.total_ms,
                 "qemu_downtime_ms": report.qemu_downtime_ms,
                 "prepopulate_ms": report.prepopulate_ms,
-                "stream_bytes": report.stream_bytes,
+                "stream_bytes": stats.stream_bytes,
                 "total_ms": round(total_ms, 1),
             },
         }

@@ -18,22 +18,26 @@ running, so there is no pause to keep short, and it must stay stopped afterwards
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Generic, TypeVar
 
 from ...errors import VmmError
 from .microvm import MicroVM, VmState
 
 MAX_BANDWIDTH = 8 << 30  # bytes/s; the default (128 MiB/s) throttles a local stream for nothing
 FD_NAME = "cryobox-snapshot"
+PIPE_BYTES = 1 << 20
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class CaptureReport:
+class CaptureReport(Generic[T]):
     mode: str
     """``background`` (guest kept running) or ``stopped``."""
     pause_ms: float
@@ -41,7 +45,8 @@ class CaptureReport:
     total_ms: float
     qemu_downtime_ms: float | None
     prepopulate_ms: float
-    stream_bytes: int
+    result: T
+    """What the stream consumer returned."""
 
 
 def ram_mapping(pid: int, memory_path: Path) -> tuple[int, int]:
@@ -56,13 +61,15 @@ def ram_mapping(pid: int, memory_path: Path) -> tuple[int, int]:
     raise VmmError(f"QEMU {pid} has no mapping of {memory_path}")
 
 
-def prepopulate(pid: int, memory_path: Path, chunk: int = 1 << 20) -> None:
+def prepopulate(pid: int, memory_path: Path, chunk: int = 4 << 20) -> None:
     """Fault every page of the RAM mapping in (read-only) through ``/proc/<pid>/mem``."""
     lo, hi = ram_mapping(pid, memory_path)
+    buffer = bytearray(chunk)
     fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
     try:
         for offset in range(lo, hi, chunk):
-            os.pread(fd, min(chunk, hi - offset), offset)
+            view = memoryview(buffer)[: min(chunk, hi - offset)]
+            os.preadv(fd, [view], offset)
     finally:
         os.close(fd)
 
@@ -77,13 +84,19 @@ async def _capabilities(vm: MicroVM, background: bool) -> None:
     await vm.execute("migrate-set-parameters", {"max-bandwidth": MAX_BANDWIDTH})
 
 
-async def _send_fd(vm: MicroVM, stream: Path) -> None:
-    fd = os.open(stream, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+async def _open_stream(vm: MicroVM) -> BinaryIO:
+    """A pipe whose write end QEMU holds (as ``fd:<FD_NAME>``); returns the read end."""
+    read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
     try:
-        vm.qmp.send_fd_scm(fd)
+        fcntl.fcntl(write_fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        vm.qmp.send_fd_scm(write_fd)
         await vm.execute("getfd", {"fdname": FD_NAME})
+    except BaseException:
+        os.close(read_fd)
+        raise
     finally:
-        os.close(fd)
+        os.close(write_fd)
+    return os.fdopen(read_fd, "rb", buffering=0)
 
 
 async def _wait(listener: Any, background: bool, started: float, timeout: float) -> tuple[float, float]:
@@ -110,15 +123,16 @@ async def _wait(listener: Any, background: bool, started: float, timeout: float)
 
 async def capture(
     vm: MicroVM,
-    stream: Path,
+    consume: Callable[[BinaryIO], T],
     capture_disk: Callable[[], Awaitable[None]],
     *,
     keep_running: bool = True,
     timeout: float = 300.0,
-) -> CaptureReport:
-    """Write ``vm``'s full migration stream (device state + all RAM) to ``stream`` and call ``capture_disk``
-    at the instant it describes. A running VM with ``keep_running`` pauses only for the device state; any
-    other VM ends stopped (``PAUSED``; QEMU accepts ``cont`` after the migration).
+) -> CaptureReport[T]:
+    """Stream ``vm``'s full migration stream (device state + all RAM) into ``consume`` (run in a thread while
+    QEMU writes, through a pipe) and call ``capture_disk`` at the instant the stream describes. A running VM
+    with ``keep_running`` pauses only for its device state; any other VM ends stopped (``PAUSED``; QEMU
+    accepts ``cont`` after the migration).
 
     :raises VmmError: QEMU refused or the migration failed (a running VM is continued again).
     """
@@ -133,7 +147,8 @@ async def capture(
         await asyncio.to_thread(prepopulate, vm.pid, vm.memory.path)
         prepopulate_ms = (time.monotonic() - t) * 1000
     await _capabilities(vm, background)
-    await _send_fd(vm, stream)
+    stream = await _open_stream(vm)
+    consumer: asyncio.Future[T] | None = None
     was_running = vm.state is VmState.RUNNING
     try:
         with vm.qmp.listener(("MIGRATION", "RESUME")) as listener:
@@ -143,18 +158,27 @@ async def capture(
                 vm.state = VmState.PAUSED
             await capture_disk()
             await vm.execute("migrate", {"uri": f"fd:{FD_NAME}"})
+            consumer = asyncio.ensure_future(asyncio.to_thread(consume, stream))
             pause_ms, total_ms = await _wait(listener, background, started, timeout)
         if background:
             vm.state = VmState.RUNNING
         info = await vm.execute("query-migrate")
+        result = await consumer
     except BaseException:
         if background and vm.state.alive:
             status = await vm.execute("query-status")
             if not status.get("running"):
                 await vm.execute("cont")
             vm.state = VmState.RUNNING
+        if vm.state.alive:
+            with contextlib.suppress(VmmError):
+                await vm.execute("migrate_cancel")  # closes QEMU's end of the pipe: the consumer sees EOF
+        if consumer is not None:
+            stream.close()  # QEMU closed its end on failure; the consumer sees EOF or a closed file
+            await asyncio.gather(consumer, return_exceptions=True)
         raise
     finally:
+        stream.close()
         if vm.state.alive:
             await vm.execute(
                 "migrate-set-capabilities", {"capabilities": [{"capability": "background-snapshot", "state": False}]}
@@ -166,5 +190,5 @@ async def capture(
         total_ms=round(total_ms, 1),
         qemu_downtime_ms=float(downtime) if downtime is not None else None,
         prepopulate_ms=round(prepopulate_ms, 1),
-        stream_bytes=stream.stat().st_size,
+        result=result,
     )

@@ -233,8 +233,8 @@ class AsyncSandbox:
     ) -> models.Snapshot:
         """Snapshot memory and disk; the sandbox keeps running. Restore with ``create(from_snapshot=snap.id)``.
 
-        ``retain`` keeps the snapshot when this sandbox is killed; ``quiesce`` flushes the guest's filesystems
-        first.
+        ``retain`` keeps the snapshot when this sandbox is killed; ``quiesce`` refuses (``StateError``)
+        while the guest holds established TCP connections.
         """
         request = _requests.snapshot_request(self.id, labels=labels, retain=retain, quiesce=quiesce)
         return _snapshots.parse_snapshot(await self._send(request))
@@ -360,12 +360,15 @@ class AsyncSandbox:
 
         Killing an already-deleted sandbox is not an error.
         """
+        if self._released and self.info.status == "stopped":
+            return  # killed already, or deleted by the server (a fork-tree sibling removed by promote)
         try:
             await self._send(_requests.kill_request(self.id, keep_snapshots=keep_snapshots))
         except NotFound:
             pass
         finally:
             await self.aclose()
+        self.info = self.info.model_copy(update={"status": "stopped"})
 
     async def __aenter__(self) -> AsyncSandbox:
         return self

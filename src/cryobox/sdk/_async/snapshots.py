@@ -122,6 +122,7 @@ class AsyncForkTree:
         deleted = set(result.deleted)
         for child in self.children:
             if child.id in deleted and child is not winner:
+                child.info = child.info.model_copy(update={"status": "stopped"})
                 await child.aclose()
         return result
 

@@ -235,8 +235,8 @@ class Sandbox:
     ) -> models.Snapshot:
         """Snapshot memory and disk; the sandbox keeps running. Restore with ``create(from_snapshot=snap.id)``.
 
-        ``retain`` keeps the snapshot when this sandbox is killed; ``quiesce`` flushes the guest's filesystems
-        first.
+        ``retain`` keeps the snapshot when this sandbox is killed; ``quiesce`` refuses (``StateError``)
+        while the guest holds established TCP connections.
         """
         request = _requests.snapshot_request(self.id, labels=labels, retain=retain, quiesce=quiesce)
         return _snapshots.parse_snapshot(self._send(request))
@@ -362,12 +362,15 @@ class Sandbox:
 
         Killing an already-deleted sandbox is not an error.
         """
+        if self._released and self.info.status == "stopped":
+            return  # killed already, or deleted by the server (a fork-tree sibling removed by promote)
         try:
             self._send(_requests.kill_request(self.id, keep_snapshots=keep_snapshots))
         except NotFound:
             pass
         finally:
             self.close()
+        self.info = self.info.model_copy(update={"status": "stopped"})
 
     def __enter__(self) -> Sandbox:
         return self

@@ -57,7 +57,7 @@ def test_fifty_concurrent_creates_with_admission_limit_of_four(
         assert httpx.get(f"{srv.url}/v1/sandboxes", headers=headers).json()["items"] == []
         deadline = time.monotonic() + 30  # the pools refill in the background; wait until they settle
         while True:
-            leftover = find_own_qemus(data_dir / "run")
+            leftover = find_own_qemus(data_dir / "vol" / "run")
             capacity = httpx.get(f"{srv.url}/v1/info").json()["capacity"]
             if len(leftover) == capacity["prespawned_vms"] or time.monotonic() > deadline:
                 break
@@ -67,4 +67,4 @@ def test_fifty_concurrent_creates_with_admission_limit_of_four(
         assert len(leftover) == capacity["prespawned_vms"] <= 2 * len(templates)
         metrics = httpx.get(f"{srv.url}/metrics").text
         assert f'cryobox_creates_total{{boot_mode="restore",result="refused"}} {float(len(refused))}' in metrics
-    assert find_own_qemus(data_dir / "run") == []
+    assert find_own_qemus(data_dir / "vol" / "run") == []

@@ -43,12 +43,21 @@ def test_machine_config_json_round_trip(accel: Accel, norandmaps: bool) -> None:
         "initrd": "/var/cache/cryobox/initramfs/def/initrd.img",
         "tsc_khz": 2_400_000,
         "norandmaps": norandmaps,
+        "nic": False,
     }
     back = MachineConfig.from_json(data)
     assert back == config
     assert back.identity() == config.identity()
     assert back.kernel_cmdline == config.kernel_cmdline
     assert isinstance(back.kernel, Path) and isinstance(back.accel, Accel)
+
+
+def test_machine_config_without_nic_key_reads_as_no_nic() -> None:
+    """Manifests written before NICs existed restore into a machine without one."""
+    config = _config(Accel.TCG)
+    data = config.to_json()
+    del data["nic"]
+    assert MachineConfig.from_json(data).nic is False
 
 
 def test_machine_config_from_json_ignores_extra_keys() -> None:

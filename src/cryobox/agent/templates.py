@@ -15,12 +15,15 @@ with different inputs gets a new directory and never reuses stale files.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +36,10 @@ from ..util.proc import Progress
 from .exec import run_exec
 from .guest_client import b64
 from .quiesce import established_connections
-from .vm import MachineConfig, MemoryBacking, MicroVM, VmPaths
+from .vm import MachineConfig, MemoryBacking, MicroVM, NetAttach, VmPaths
+
+BakeNet = Callable[[], AbstractAsyncContextManager[NetAttach]]
+"""Makes the private network a bake's NIC plugs into (a throwaway namespace with a tap), and removes it."""
 
 FORMAT_VERSION = 1
 COLD_BOOT_TIMEOUT_S = 180.0
@@ -87,10 +93,11 @@ def generation_of(spec: TemplateSpec, images: ImageSet, machine: MachineConfig, 
 
 
 class TemplateBaker:
-    def __init__(self, templates_dir: Path, run_dir: Path, progress: Progress) -> None:
+    def __init__(self, templates_dir: Path, run_dir: Path, progress: Progress, bake_net: BakeNet | None = None) -> None:
         self.templates_dir = templates_dir
         self.run_dir = run_dir
         self.progress = progress
+        self.bake_net = bake_net
 
     def load(self, spec: TemplateSpec, images: ImageSet, machine: MachineConfig) -> Template | None:
         generation = generation_of(spec, images, machine, qemu_version())
@@ -125,6 +132,7 @@ class TemplateBaker:
         vm_paths = VmPaths(self.run_dir / f"bake-{generation[:12]}")
         shutil.rmtree(vm_paths.root, ignore_errors=True)
         vm: MicroVM | None = None
+        stack = contextlib.AsyncExitStack()
         try:
             disk = work / "disk.qcow2"
             subprocess.run(
@@ -134,7 +142,10 @@ class TemplateBaker:
             memory = work / "memory"
             with open(memory, "wb") as fh:
                 fh.truncate(machine.memory_mib << 20)
-            vm = MicroVM(f"bake-{spec.name}", machine, vm_paths, MemoryBacking(memory, share=True), disk)
+            if machine.nic and self.bake_net is None:
+                raise CryoboxError("a machine with a NIC needs a bake network (bake_net)")
+            net = await stack.enter_async_context(self.bake_net()) if machine.nic and self.bake_net else None
+            vm = MicroVM(f"bake-{spec.name}", machine, vm_paths, MemoryBacking(memory, share=True), disk, net)
             self.progress(f"baking template {spec.name} ({generation}): cold boot")
             started = time.monotonic()
             await vm.start(incoming=False)
@@ -189,5 +200,6 @@ class TemplateBaker:
         finally:
             if vm is not None:
                 await vm.kill()
+            await stack.aclose()
             shutil.rmtree(work, ignore_errors=True)
             shutil.rmtree(vm_paths.root, ignore_errors=True)

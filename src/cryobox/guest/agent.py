@@ -19,14 +19,19 @@ from typing import Any
 
 from . import ops_exec
 from .ops_files import FILE_OPS, FileOp, OpError, error_from_oserror, invalid
+from .ops_inspect import InspectSources, NetInspector
+from .ops_resume import Resumer, ResumeSystem
 from .protocol import HEADER, FrameError, decode_body, decode_length, encode
 
 AGENT_VERSION = 1
 READ_SIZE = 1024 * 1024
 WRITE_POLL_MS = 100  # how often a writer blocked by a full connection re-checks whether it was closed
 # Ops answered on the reader thread itself. Starting a thread costs milliseconds under TCG, and set_clock's
-# precision is the time between the host stamping the request and the guest applying it.
-INLINE_OPS = frozenset({"ping", "set_clock"})
+# precision is the time between the host stamping the request and the guest applying it. ``resume`` steps the
+# clock first for the same reason; the trade-off is that its hooks (each in its own thread, with a timeout)
+# keep the reader busy until the last one finished or timed out, so requests sent after a resume start only
+# once the guest is fully resumed (which is also the order the host wants).
+INLINE_OPS = frozenset({"ping", "set_clock", "resume"})
 
 Emit = Callable[[str, bytes], None]
 Handler = Callable[[dict[str, Any], Emit], dict[str, Any]]
@@ -108,14 +113,26 @@ def read_frames(fd: int) -> Iterator[dict[str, Any]]:
 
 
 class GuestAgent:
-    """Dispatches requests to ops. ``clock_setter`` replaces the real CLOCK_REALTIME setter (tests)."""
+    """Dispatches requests to ops.
 
-    def __init__(self, clock_setter: ClockSetter | None = None) -> None:
+    ``clock_setter`` replaces the real CLOCK_REALTIME setter, ``resume_system`` what ``resume`` touches besides
+    the clock (neighbour table, resolvers, RNG, paths) and ``inspect_sources`` where ``inspect_net`` reads
+    from. Tests replace all three; the defaults act on the machine the agent runs on.
+    """
+
+    def __init__(
+        self,
+        clock_setter: ClockSetter | None = None,
+        resume_system: ResumeSystem | None = None,
+        inspect_sources: InspectSources | None = None,
+    ) -> None:
         self._clock_setter = clock_setter or set_realtime_clock
         self._ops: dict[str, Handler] = {
             "ping": self._op_ping,
             "set_clock": self._op_set_clock,
             "exec": ops_exec.op_exec,
+            "resume": Resumer(self._clock_setter, resume_system),
+            "inspect_net": NetInspector(inspect_sources),
         }
         for name, op in FILE_OPS.items():
             self.register(name, _without_events(op))

@@ -1,7 +1,18 @@
 """QEMU microVM driver."""
 
 from .accel import Accel, detect_accel, host_tsc_khz
-from .machine import MachineConfig, MemoryBacking, VmPaths
+from .machine import GUEST_MAC, MachineConfig, MemoryBacking, NetAttach, VmPaths
 from .microvm import MicroVM, VmState
 
-__all__ = ["Accel", "MachineConfig", "MemoryBacking", "MicroVM", "VmPaths", "VmState", "detect_accel", "host_tsc_khz"]
+__all__ = [
+    "GUEST_MAC",
+    "Accel",
+    "MachineConfig",
+    "MemoryBacking",
+    "MicroVM",
+    "NetAttach",
+    "VmPaths",
+    "VmState",
+    "detect_accel",
+    "host_tsc_khz",
+]

@@ -13,6 +13,26 @@ from typing import Any
 from .accel import Accel
 
 QEMU_BINARY = "qemu-system-x86_64"
+GUEST_MAC = "02:cb:00:00:00:02"
+
+
+@dataclass(frozen=True)
+class NetAttach:
+    """Where a VM's NIC plugs in: a tap inside a network namespace (QEMU is started inside it)."""
+
+    netns: str
+    tap: str = "tap0"
+
+    def netdev(self) -> str:
+        # vnet_hdr=off: the guest negotiates the same virtio-net features whatever backend the template was
+        # baked with, so a snapshot restores onto any slot's tap
+        return f"tap,id=net0,ifname={self.tap},script=no,downscript=no,vnet_hdr=off"
+
+    def wrapper(self) -> list[str]:
+        return ["nsenter", f"--net=/run/netns/{self.netns}", "--"]
+
+
+BAKE_NETDEV = "user,id=net0,restrict=on"  # a bake needs a backend for the NIC but no network at all
 
 
 @dataclass(frozen=True)
@@ -24,6 +44,8 @@ class MachineConfig:
     initrd: Path
     tsc_khz: int
     norandmaps: bool
+    nic: bool = False
+    """A virtio-net device with the guest identity every sandbox shares (MAC ``GUEST_MAC``)."""
 
     @property
     def kernel_cmdline(self) -> str:
@@ -48,6 +70,7 @@ class MachineConfig:
             "machine": self.machine_arg,
             "cpu": self.accel.cpu_model,
             "cmdline": self.kernel_cmdline,
+            **({"nic": GUEST_MAC} if self.nic else {}),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -60,6 +83,7 @@ class MachineConfig:
             "initrd": str(self.initrd),
             "tsc_khz": self.tsc_khz,
             "norandmaps": self.norandmaps,
+            "nic": self.nic,
         }
 
     @classmethod
@@ -72,6 +96,7 @@ class MachineConfig:
             initrd=Path(data["initrd"]),
             tsc_khz=int(data["tsc_khz"]),
             norandmaps=bool(data["norandmaps"]),
+            nic=bool(data.get("nic", False)),
         )
 
 
@@ -116,10 +141,18 @@ class VmPaths:
 
 
 def qemu_argv(
-    config: MachineConfig, paths: VmPaths, memory: MemoryBacking, disk: Path, *, name: str, incoming: bool
+    config: MachineConfig,
+    paths: VmPaths,
+    memory: MemoryBacking,
+    disk: Path,
+    *,
+    name: str,
+    incoming: bool,
+    net: NetAttach | None = None,
 ) -> list[str]:
     share = "on" if memory.share else "off"
     argv = [
+        *(net.wrapper() if net is not None else []),
         QEMU_BINARY,
         "-name",
         name,
@@ -171,6 +204,9 @@ def qemu_argv(
         "-pidfile",
         str(paths.pidfile),
     ]
+    if config.nic:
+        netdev = net.netdev() if net is not None else BAKE_NETDEV
+        argv += ["-netdev", netdev, "-device", f"virtio-net-device,netdev=net0,mac={GUEST_MAC}"]
     if incoming:
         argv += ["-S", "-incoming", "defer"]
     return argv

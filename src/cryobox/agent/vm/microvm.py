@@ -27,7 +27,7 @@ from qemu.qmp import ExecuteError, QMPClient, QMPError
 
 from ...errors import GuestError, StateError, VmmError
 from ..guest_client import GuestClient
-from .machine import MachineConfig, MemoryBacking, VmPaths, qemu_argv
+from .machine import MachineConfig, MemoryBacking, NetAttach, VmPaths, qemu_argv
 
 log = logging.getLogger(__name__)
 MAX_UNIX_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
@@ -90,8 +90,10 @@ class MicroVM:
         paths: VmPaths,
         memory: MemoryBacking,
         disk: Path,
+        net: NetAttach | None = None,
     ) -> None:
         self.vm_id = vm_id
+        self.net = net
         self.config = config
         self.paths = paths
         self.memory = memory
@@ -144,7 +146,13 @@ class MicroVM:
                 raise VmmError(f"unix socket path {sock} is longer than {MAX_UNIX_PATH} bytes; use a shorter data dir")
         self.paths.root.mkdir(parents=True, exist_ok=True)
         argv = qemu_argv(
-            self.config, self.paths, self.memory, self.disk, name=f"cryobox-{self.vm_id}", incoming=incoming
+            self.config,
+            self.paths,
+            self.memory,
+            self.disk,
+            name=f"cryobox-{self.vm_id}",
+            incoming=incoming,
+            net=self.net,
         )
         with open(self.paths.qemu_log, "ab") as qemu_log:
             self._proc = subprocess.Popen(

@@ -110,6 +110,13 @@ class GuestError(CryoboxError):
     code = "guest_error"
 
 
+class ResumeHookFailed(GuestError):
+    """A resume hook of the guest's own (``/etc/cryobox/resume.d``) failed: the sandbox did not become ready."""
+
+    code = "resume_hook_failed"
+    http_status = 424
+
+
 class ImageBuildError(CryoboxError):
     code = "image_build_failed"
 
@@ -128,6 +135,7 @@ ERRORS_BY_CODE: dict[str, type[CryoboxError]] = {
         SandboxTimeout,
         VmmError,
         GuestError,
+        ResumeHookFailed,
         ImageBuildError,
     )
 }

@@ -44,6 +44,7 @@ class Sandbox(BaseModel):
     persistent: bool = False
     expires_at: str | None = None
     host: str | None = None
+    instance_id: str | None = None
 
 
 class SandboxList(BaseModel):

@@ -149,6 +149,7 @@ INFO: dict[str, Any] = {
     "persistent": False,
     "expires_at": "2024-05-01T13:00:00Z",
     "host": "local",
+    "instance_id": "5f0c6a1e2b3d4c5e8f9a0b1c2d3e4f50",
 }
 
 

@@ -20,11 +20,15 @@ from pathlib import Path
 
 from ..errors import VmmError
 from .exec import run_exec
+from .fidelity import rejoin
+from .net.firewall import Firewall
+from .net.pool import SlotPool
+from .net.slots import Slot
 from .store.hot import HotImages
 from .store.snapshots import SnapshotImage
 from .store.volume import clone_file
 from .templates import Template
-from .vm import MachineConfig, MemoryBacking, MicroVM, VmPaths
+from .vm import MachineConfig, MemoryBacking, MicroVM, NetAttach, VmPaths
 
 RestoreSource = Template | SnapshotImage
 
@@ -36,10 +40,30 @@ def new_id(prefix: str) -> str:
 
 
 class VmFactory:
-    def __init__(self, run_dir: Path, hot: HotImages) -> None:
+    def __init__(self, run_dir: Path, hot: HotImages, slots: SlotPool, firewall: Firewall) -> None:
         self.run_dir = run_dir
         self.hot = hot
+        self.slots = slots
+        self.firewall = firewall
         self._seed_locks: dict[Path, asyncio.Lock] = {}
+        self._leases: dict[str, Slot] = {}
+
+    def slot_of(self, vm: MicroVM) -> Slot | None:
+        """The network slot ``vm`` runs in (its guest is reachable at ``slot.address``)."""
+        return self._leases.get(vm.vm_id)
+
+    async def _attach(self, vm_id: str, machine: MachineConfig) -> NetAttach | None:
+        if not machine.nic:
+            return None
+        slot = await self.slots.acquire()
+        self._leases[vm_id] = slot
+        return NetAttach(slot.netns, slot.tap)
+
+    async def allow_egress(self, vm: MicroVM, cidrs: list[str]) -> None:
+        slot = self.slot_of(vm)
+        if slot is None:
+            raise VmmError(f"VM {vm.vm_id} has no network slot")
+        await asyncio.to_thread(self.firewall.allow_egress, slot, cidrs)
 
     async def _empty_overlay(self, template: Template) -> Path:
         """An empty overlay over the template's disk, made once per template; copies are ~200 KiB.
@@ -79,10 +103,12 @@ class VmFactory:
             else:
                 await asyncio.to_thread(clone_file, source.disk, paths.disk)
             memory = await self.hot.ensure(source.hot_key, source.memory)
+            net = await self._attach(vm_id, source.machine)
         except BaseException:
             shutil.rmtree(paths.root, ignore_errors=True)
+            await self._release(vm_id)
             raise
-        vm = MicroVM(vm_id, source.machine, paths, MemoryBacking(memory, share=False), paths.disk)
+        vm = MicroVM(vm_id, source.machine, paths, MemoryBacking(memory, share=False), paths.disk, net)
         try:
             await vm.start(incoming=True)
             await vm.connect_guest()
@@ -104,6 +130,11 @@ class VmFactory:
             fh.truncate(machine.memory_mib << 20)
         vm = MicroVM(vm_id, machine, paths, MemoryBacking(memory, share=False), paths.disk)
         try:
+            vm.net = await self._attach(vm_id, machine)
+        except BaseException:
+            await self.destroy(vm)
+            raise
+        try:
             await vm.start(incoming=False)
             await vm.connect_guest()
         except BaseException:
@@ -115,7 +146,9 @@ class VmFactory:
         """Load the template's state, run one ``exec true`` (translation cache for the exec path), stop."""
         try:
             await vm.restore(template.vmstate)
-            await run_exec(await vm.connect_guest(), "true", timeout_s=60)
+            guest = await vm.connect_guest()
+            await run_exec(guest, "true", timeout_s=60)
+            await rejoin(guest, "pool-warm", run_hooks=False)  # translates the rejoin path; redone at hand-out
             await vm.pause()
         except BaseException:
             await self.destroy(vm)
@@ -127,6 +160,12 @@ class VmFactory:
         with contextlib.suppress(OSError):
             shutil.rmtree(vm.paths.root)
         self.hot.drop(vm.vm_id)  # fresh RAM of a cold-booted VM (no-op for restored ones)
+        await self._release(vm.vm_id)
+
+    async def _release(self, vm_id: str) -> None:
+        slot = self._leases.pop(vm_id, None)
+        if slot is not None:
+            await self.slots.release(slot)
 
 
 class PoolMode(enum.Enum):

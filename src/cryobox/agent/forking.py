@@ -12,14 +12,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 
 from ..errors import CryoboxError, InvalidArgument, StateError
 from .exec import run_exec
 from .factory import new_id
+from .fidelity import rejoin
 from .quiesce import established_connections
 from .sandbox import Sandbox, SandboxState
-from .service import SandboxService, sync_clock
+from .service import SandboxService
 from .store.snapshots import CaptureInfo, SnapshotImage, SnapshotStore
 from .store.volume import clone_file
 from .vm import VmState
@@ -132,11 +134,16 @@ class Forking:
             metadata=dict(metadata or {}),
             env=dict(parent.env),
             last_active=now,
+            instance_id=uuid.uuid4().hex,
+            slot=service.factory.slot_of(child_vm),
         )
         service.sandboxes[child.id] = child
         try:
+            if parent.egress is not None:
+                child.egress = list(parent.egress)
+                await service.factory.allow_egress(child_vm, child.egress)
             await child_vm.wait_guest_ready(FORK_BOOT_TIMEOUT_S)
-            await sync_clock(await child_vm.connect_guest())
+            await rejoin(await child_vm.connect_guest(), child.instance_id)
         except BaseException:
             service.sandboxes.pop(child.id, None)
             await service.factory.destroy(child_vm)
@@ -166,7 +173,11 @@ class Forking:
         results = await asyncio.gather(
             *(
                 self.service.create(
-                    image.template, from_snapshot=image, metadata=child_meta, workspace_id=parent.workspace_id
+                    image.template,
+                    from_snapshot=image,
+                    metadata=child_meta,
+                    workspace_id=parent.workspace_id,
+                    egress=parent.egress,
                 )
                 for _ in range(count)
             ),

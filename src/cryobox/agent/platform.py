@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import shutil
 from dataclasses import dataclass, field
@@ -13,6 +14,12 @@ from ..image.specs import DEFAULT_TEMPLATES, TemplateSpec
 from ..util.proc import Progress
 from .factory import PoolMode, VmFactory
 from .forking import Forking
+from .net.bakenet import bake_network, reclaim_bakes
+from .net.firewall import Firewall
+from .net.netlink import host_networks
+from .net.netlink import reclaim as reclaim_net
+from .net.pool import SlotPool
+from .net.slots import SlotPlan, tag_for
 from .reclaim import reclaim
 from .service import SandboxService
 from .store.hot import HotImages
@@ -30,6 +37,8 @@ class HostConfig:
     accel: Accel = field(default_factory=detect_accel)
     prespawn: int = 2
     pool_mode: PoolMode = PoolMode.WARM
+    net_pool: int = 8
+    """Network slots kept pre-built (``--net-pool``); creating one is never on a warm create path."""
     templates: tuple[TemplateSpec, ...] = DEFAULT_TEMPLATES
 
 
@@ -42,13 +51,14 @@ def machine_for(spec: TemplateSpec, images: ImageSet, accel: Accel, tsc_khz: int
         initrd=images.initramfs.image,
         tsc_khz=tsc_khz,
         norandmaps=accel.default_norandmaps,
+        nic=True,
     )
 
 
 async def prepare_template(config: HostConfig, spec: TemplateSpec, progress: Progress) -> Template:
     """Build the template's images and bake it unless a finished bake with the same inputs exists."""
     config.paths.ensure()
-    baker = TemplateBaker(config.paths.templates_dir, config.paths.bake_dir, progress)
+    baker = TemplateBaker(config.paths.templates_dir, config.paths.bake_dir, progress, bake_network)
     images = await asyncio.to_thread(build_images, config.paths.images_dir, spec, progress)
     return await baker.ensure(spec, images, machine_for(spec, images, config.accel, host_tsc_khz()))
 
@@ -67,9 +77,13 @@ class Host:
     service: SandboxService
     snapshots: SnapshotStore
     forking: Forking
+    slots: SlotPool
+    firewall: Firewall
 
     async def close(self, release: bool = True) -> None:
         await self.service.close()
+        await self.slots.close()
+        await asyncio.to_thread(self.firewall.remove)
         await asyncio.to_thread(self.hot.close)
         if release and self.volume.image is not None:
             await asyncio.to_thread(release_volume, self.config.paths.data_dir)
@@ -84,6 +98,15 @@ async def start_host(config: HostConfig, progress: Progress) -> Host:
     killed = await asyncio.to_thread(reclaim, paths.run_dir)
     if killed:
         progress(f"reclaimed {killed} leftover QEMU process(es)")
+    tag = tag_for(paths.data_dir)
+    await asyncio.to_thread(reclaim_net, tag)
+    plan = SlotPlan.from_env(tag, taken=await asyncio.to_thread(host_networks))
+    await asyncio.to_thread(reclaim_bakes)
+    firewall = Firewall(plan)
+    await asyncio.to_thread(functools.partial(firewall.ensure, fresh=True))
+    slots = SlotPool(plan, size=config.net_pool, egress=firewall)
+    slots.start()
+    progress(f"network slots from {plan.cidr} (tag {plan.tag}, {config.net_pool} pre-built)")
     hot = HotImages(paths.hot_dir)
     await asyncio.to_thread(hot.wipe)
     shutil.rmtree(paths.hibernate_dir, ignore_errors=True)  # hibernated sandboxes do not survive the agent
@@ -94,10 +117,10 @@ async def start_host(config: HostConfig, progress: Progress) -> Host:
     templates = await prepare_templates(config, progress)
     service = SandboxService(
         templates,
-        VmFactory(paths.run_dir, hot),
+        VmFactory(paths.run_dir, hot, slots, firewall),
         hibernation,
         prespawn=config.prespawn,
         pool_mode=config.pool_mode,
     )
     service.start()
-    return Host(config, volume, hot, service, snapshots, Forking(service, snapshots))
+    return Host(config, volume, hot, service, snapshots, Forking(service, snapshots), slots, firewall)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from ..errors import StateError
+from .net.slots import Slot
 from .store.snapshots import SnapshotImage
 from .vm import MicroVM
 
@@ -48,6 +49,12 @@ class Sandbox:
     ttl_s: int | None = None
     last_active: float = field(default_factory=time.time)
     from_snapshot: str | None = None
+    instance_id: str = ""
+    """New for every sandbox (every restore); written to ``/run/cryobox/instance-id`` in the guest."""
+    egress: list[str] | None = None
+    """CIDRs the guest may reach (NAT through the host); ``None``: egress denied."""
+    slot: Slot | None = None
+    """The network slot the sandbox's QEMU runs in; the host reaches the guest at ``slot.address``."""
     hibernation: SnapshotImage | None = None
     """The capture a hibernated sandbox wakes from (its QEMU is gone meanwhile)."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -58,6 +65,10 @@ class Sandbox:
         if self.ttl_s is None or self.persistent:
             return None
         return self.last_active + self.ttl_s
+
+    @property
+    def guest_ip(self) -> str | None:
+        return self.slot.address if self.slot is not None else None
 
     def idle_s(self, now: float) -> float:
         return max(0.0, now - self.last_active)

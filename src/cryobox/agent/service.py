@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any
 
 from ..errors import NotFound, PayloadTooLarge, StateError
 from .exec import ExecEvent, ExecResult, ExecSpec, run_exec, stream_exec
 from .factory import PoolMode, PrespawnPool, RestoreSource, VmFactory, new_id
+from .fidelity import rejoin
 from .guest_client import GuestClient, b64, unb64
 from .sandbox import Sandbox, SandboxState
 from .store.snapshots import CaptureInfo, SnapshotImage, SnapshotStore
@@ -98,6 +100,7 @@ class SandboxService:
         ttl_s: int | None = None,
         persistent: bool = False,
         workspace_id: str = "default",
+        egress: list[str] | None = None,
     ) -> Sandbox:
         """Restore a new sandbox from ``template`` (its warm pool) or from ``from_snapshot`` (a fresh QEMU
         mapping the snapshot's memory copy-on-write; any number of these run side by side)."""
@@ -122,10 +125,15 @@ class SandboxService:
             persistent=persistent,
             last_active=now,
             from_snapshot=from_snapshot.id if from_snapshot is not None else None,
+            instance_id=uuid.uuid4().hex,
+            slot=self.factory.slot_of(vm),
+            egress=list(egress) if egress is not None else None,
         )
         self.sandboxes[sandbox.id] = sandbox
         try:
-            step_ns = await self._bring_up(vm, source)
+            if egress is not None:
+                await self.factory.allow_egress(vm, egress)
+            step_ns = await self._bring_up(vm, source, sandbox.instance_id)
         except BaseException:
             sandbox.state = SandboxState.ERROR
             self.sandboxes.pop(sandbox.id, None)
@@ -144,13 +152,14 @@ class SandboxService:
         return sandbox
 
     @staticmethod
-    async def _bring_up(vm: MicroVM, source: RestoreSource) -> int:
-        """Continue a pooled VM or load ``source``'s state into a waiting one, then step the guest clock."""
+    async def _bring_up(vm: MicroVM, source: RestoreSource, instance_id: str) -> int:
+        """Continue a pooled VM or load ``source``'s state into a waiting one, then make the guest rejoin the
+        world (clock, names, entropy, identity, its resume hooks: :mod:`.fidelity`). Returns the clock step."""
         if vm.state is VmState.PAUSED:  # a warm pool VM: state already loaded from the template
             await vm.resume()
         else:
             await vm.restore(source.vmstate)
-        return await sync_clock(await vm.connect_guest())
+        return (await rejoin(await vm.connect_guest(), instance_id)).step_ns
 
     def get(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:
         """The live sandbox; another workspace's sandbox is reported as not found (404, not 403)."""
@@ -186,7 +195,7 @@ class SandboxService:
         async with sandbox.lock:
             if sandbox.state is SandboxState.PAUSED:
                 await sandbox.vm.resume()
-                await sync_clock(await sandbox.vm.connect_guest())
+                await rejoin(await sandbox.vm.connect_guest(), sandbox.instance_id)
                 sandbox.state = SandboxState.RUNNING
             elif sandbox.state is SandboxState.HIBERNATED:
                 await self._wake(sandbox)
@@ -225,11 +234,14 @@ class SandboxService:
         started = time.monotonic()
         vm = await self.factory.spawn_incoming(image)
         try:
-            await self._bring_up(vm, image)
+            if sandbox.egress is not None:
+                await self.factory.allow_egress(vm, sandbox.egress)
+            await self._bring_up(vm, image, sandbox.instance_id)
         except BaseException:
             await self.factory.destroy(vm)
             raise
         sandbox.vm = vm
+        sandbox.slot = self.factory.slot_of(vm)
         sandbox.hibernation = None
         sandbox.state = SandboxState.RUNNING
         await asyncio.to_thread(self.hibernation.delete, sandbox.id)
@@ -272,6 +284,11 @@ class SandboxService:
             raise PayloadTooLarge(f"file of {len(data)} bytes exceeds {MAX_FILE_BYTES}")
         _, guest = await self._guest(sandbox_id, workspace_id)
         return await guest.call("write_file", {"path": path, "content": b64(data)}, timeout=120)
+
+    async def inspect_net(self, sandbox_id: str, workspace_id: str | None = None) -> dict[str, Any]:
+        """The guest's sockets, neighbours, resolver config, interfaces, clocks and instance id."""
+        _, guest = await self._guest(sandbox_id, workspace_id)
+        return await guest.call("inspect_net", {}, timeout=60)
 
     async def file_op(self, sandbox_id: str, op: str, path: str, workspace_id: str | None = None) -> dict[str, Any]:
         _, guest = await self._guest(sandbox_id, workspace_id)

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from .inspect_cmds import inspect_app
 from .keys_cmds import keys_app
 from .sandbox_cmds import sandbox_app, template_app
 from .snapshot_cmds import snapshot_app
@@ -22,6 +23,7 @@ app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(template_app, name="template")
 app.add_typer(keys_app, name="keys")
+app.add_typer(inspect_app, name="inspect")
 app.add_typer(bench_app, name="bench")
 console = Console(stderr=True)
 
@@ -50,6 +52,9 @@ def serve(
         float | None, typer.Option(help="seconds a create may wait (env CRYOBOX_ADMISSION_TIMEOUT_S, default 30)")
     ] = None,
     reap_interval: Annotated[float, typer.Option(help="seconds between TTL reaper sweeps")] = 5.0,
+    net_pool: Annotated[
+        int, typer.Option(envvar="CRYOBOX_NET_POOL", help="network slots kept pre-built (slot CIDR: CRYOBOX_NET_CIDR)")
+    ] = 8,
     snapshot_grace: Annotated[
         float | None,
         typer.Option(help="seconds an orphaned snapshot is kept (env CRYOBOX_SNAPSHOT_GRACE_S, default 7 days)"),
@@ -80,6 +85,7 @@ def serve(
         admission_queue=admission_queue,
         admission_timeout_s=admission_timeout,
         reap_interval_s=reap_interval,
+        net_pool=net_pool,
         snapshot_grace_s=snapshot_grace,
         orphan_sweep_interval_s=orphan_sweep_interval,
     )

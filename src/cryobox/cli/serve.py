@@ -41,6 +41,7 @@ class ServeOptions:
     admission_queue: int | None = None
     admission_timeout_s: float | None = None
     reap_interval_s: float = 5.0
+    net_pool: int = 8
     snapshot_grace_s: float | None = None
     orphan_sweep_interval_s: float | None = None
 
@@ -48,7 +49,7 @@ class ServeOptions:
 def serve(options: ServeOptions, console: Console) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     paths = Paths.from_env(options.data_dir, options.cache_dir)
-    config = HostConfig(paths=paths, prespawn=options.prespawn, pool_mode=options.pool_mode)
+    config = HostConfig(paths=paths, prespawn=options.prespawn, pool_mode=options.pool_mode, net_pool=options.net_pool)
     # validate every setting before anything starts (fail fast)
     admission_config = AdmissionConfig.from_env(
         max_concurrent=options.max_concurrent_restores,

@@ -87,6 +87,7 @@ class Sandbox(Base):
     last_active_at: Mapped[float] = mapped_column(Double)
     vm_id: Mapped[str | None] = mapped_column(ID)
     guest_ip: Mapped[str | None] = mapped_column(String(64))
+    instance_id: Mapped[str | None] = mapped_column(String(64))
 
 
 class Snapshot(Base):

@@ -73,6 +73,7 @@ class SandboxRow:
     last_active_at: float = field(default_factory=time.time)
     vm_id: str | None = None
     guest_ip: str | None = None
+    instance_id: str | None = None
 
 
 @dataclass(frozen=True)

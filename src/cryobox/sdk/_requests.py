@@ -77,6 +77,10 @@ def get_request(sandbox_id: str) -> ApiRequest:
     return ApiRequest("GET", _sandbox_path(sandbox_id))
 
 
+def inspect_net_request(sandbox_id: str) -> ApiRequest:
+    return ApiRequest("GET", _sandbox_path(sandbox_id, "/net"))
+
+
 def list_request(*, status: str | None, metadata: Mapping[str, str] | None) -> ApiRequest:
     params: dict[str, str] = {}
     if status is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import Counter
@@ -38,6 +39,7 @@ class CreateRequest:
     ttl_s: int | None
     persistent: bool
     from_snapshot: str | None = None
+    egress: list[str] | None = None
 
 
 def row_for(sandbox: Sandbox, host: str) -> SandboxRow:
@@ -60,6 +62,8 @@ def row_for(sandbox: Sandbox, host: str) -> SandboxRow:
         last_active_at=sandbox.last_active,
         vm_id=sandbox.vm.vm_id,
         from_snapshot=sandbox.from_snapshot,
+        guest_ip=sandbox.guest_ip,
+        instance_id=sandbox.instance_id or None,
     )
 
 
@@ -115,6 +119,7 @@ class ControlPlane:
                     ttl_s=request.ttl_s,
                     persistent=request.persistent,
                     workspace_id=request.workspace_id,
+                    egress=request.egress,
                 )
         except HostUnavailable:
             self.metrics.observe_create("refused", "restore")
@@ -152,6 +157,7 @@ class ControlPlane:
             last_active_at=live.last_active,
             ttl_seconds=live.ttl_s,
             persistent=live.persistent,
+            guest_ip=live.guest_ip,
         )
 
     async def list_rows(self, workspace_id: str, status: str | None, metadata: dict[str, str]) -> list[SandboxRow]:
@@ -168,7 +174,13 @@ class ControlPlane:
 
     async def set_status(self, sandbox: Sandbox) -> None:
         await asyncio.to_thread(
-            self.registry.update_sandbox, sandbox.id, status=sandbox.state.value, vm_id=sandbox.vm.vm_id
+            functools.partial(
+                self.registry.update_sandbox,
+                sandbox.id,
+                status=sandbox.state.value,
+                vm_id=sandbox.vm.vm_id,
+                guest_ip=sandbox.guest_ip,
+            )
         )
 
     async def update_lifecycle(

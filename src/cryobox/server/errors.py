@@ -22,6 +22,7 @@ _DESCRIPTIONS = {
     404: "unknown id (or another workspace's)",
     409: "wrong state for this operation",
     413: "request too large",
+    424: "a resume hook of the guest failed after a restore, resume or wake (details.failed_hooks)",
     429: "rate limited; retry after Retry-After seconds",
     503: "no capacity; nothing was created; retry after Retry-After seconds",
     504: "the command timed out (process group killed)",

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
 from .. import models
 from ..agent.exec import ExecSpec
+from ..agent.net.firewall import parse_cidrs
 from ..agent.sandbox import rfc3339
 from ..errors import CryoboxError, SandboxTimeout
 from .control import UNSET, CreateRequest
@@ -23,6 +25,10 @@ router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"], responses=ERROR_R
 
 @router.post("", status_code=201, response_model=models.Sandbox)
 async def create_sandbox(body: models.CreateSandboxRequest, ctx: Ctx) -> models.Sandbox:
+    egress: list[str] | None = None
+    if body.network is not None and body.network.egress == "allow":
+        # validated before anything is created; an empty list means every destination
+        egress = [str(n) for n in parse_cidrs(body.network.allow or ["0.0.0.0/0"])]
     row = await ctx.control.create(
         CreateRequest(
             template=body.template,
@@ -32,6 +38,7 @@ async def create_sandbox(body: models.CreateSandboxRequest, ctx: Ctx) -> models.
             ttl_s=body.ttl_seconds,
             persistent=body.persistent,
             from_snapshot=body.from_snapshot,
+            egress=egress,
         )
     )
     return sandbox_view(row)
@@ -55,6 +62,13 @@ async def delete_sandbox(sandbox_id: str, ctx: Ctx, keep_snapshots: bool = False
     which become orphans: deleted by the sweep once the grace period (default 7 days) has passed."""
     await ctx.control.delete(sandbox_id, ctx.workspace_id, keep_snapshots=keep_snapshots)
     return Response(status_code=204)
+
+
+@router.get("/{sandbox_id}/net")
+async def inspect_net(sandbox_id: str, ctx: Ctx) -> dict[str, Any]:
+    """ext: the guest's sockets, neighbour table, resolver config, interfaces, wall and monotonic clocks and
+    instance id (``cryobox inspect net``): compare one taken before a snapshot with one after a restore."""
+    return await ctx.service.inspect_net(sandbox_id, ctx.workspace_id)
 
 
 def _lifecycle(ctx: Ctx, sandbox_id: str) -> models.Lifecycle:

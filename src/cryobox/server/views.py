@@ -26,6 +26,7 @@ def sandbox_view(row: SandboxRow) -> models.Sandbox:
             "persistent": row.persistent,
             "expires_at": rfc3339(row.expires_at) if row.expires_at is not None else None,
             "host": row.host,
+            "instance_id": row.instance_id,
         }
     )
 

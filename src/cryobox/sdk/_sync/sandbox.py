@@ -185,6 +185,12 @@ class Sandbox:
         self.info = _base.parse_sandbox(self._send(_requests.get_request(self.id)))
         return self.info
 
+    def inspect_net(self) -> dict[str, Any]:
+        """The guest's view of the network and time: sockets, neighbours, resolver config, interfaces, wall and
+        monotonic clocks, instance id. Take one before a snapshot and one after a restore, and diff them."""
+        body: dict[str, Any] = (self._send(_requests.inspect_net_request(self.id))).json()
+        return body
+
     def lifecycle(self) -> Lifecycle:
         return _base.parse_lifecycle(self._send(_requests.lifecycle_request(self.id)))
 

@@ -1,0 +1,244 @@
+"""Network slots and restore fidelity with real VMs: every restored guest rejoins the world before it is ready.
+
+All test traffic stays on this machine: between the host and the slot namespaces the server creates, and a
+stand-in "outside" namespace the test creates itself.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import secrets
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cryobox.agent.templates import Template
+from cryobox.bench.server import ServeProcess
+
+from .netutil import Listener, outside_network
+from .support import Client, cli
+
+GUEST_PROBE = (
+    "python3 -c 'import socket, sys\n"
+    "s = socket.socket(); s.settimeout(3)\n"
+    "try:\n"
+    '    s.connect((sys.argv[1], int(sys.argv[2]))); print("ok", s.recv(2).decode())\n'
+    "except OSError as e:\n"
+    '    print("blocked", type(e).__name__)\' {addr} {port}'
+)
+HOOKS = """
+from cryobox_guest import on_resume
+
+def make(order):
+    def hook(ctx):
+        with open("/root/hooks.log", "a") as log:
+            log.write(f"{order} {ctx['instance_id']}\\n")
+    return hook
+
+for order in ("readiness", "connections", "identity", "names", "clock"):
+    on_resume(make(order), order=order, name=f"log-{order}")
+"""
+
+
+def _host_ip(slot_address: str) -> str:
+    """The host end of a slot's /30 (the slot address is .2)."""
+    a, b, c, d = (int(x) for x in slot_address.split("."))
+    return f"{a}.{b}.{c}.{d - 1}"
+
+
+def test_two_sandboxes_get_different_slots_and_the_same_identity(client: Client) -> None:
+    first, second = client.create(), client.create()
+    assert first["guest_ip"] and second["guest_ip"] and first["guest_ip"] != second["guest_ip"]
+    assert first["instance_id"] and second["instance_id"] and first["instance_id"] != second["instance_id"]
+    views = [client.call("GET", f"/v1/sandboxes/{s['id']}/net") for s in (first, second)]
+    for sandbox, view in zip((first, second), views, strict=True):
+        eth0 = next(i for i in view["interfaces"] if i["name"] == "eth0")
+        assert eth0["mac"] == "02:cb:00:00:00:02"
+        assert "172.16.0.2/30" in eth0["addresses"]
+        assert view["instance_id"] == sandbox["instance_id"]
+        assert client.sh(sandbox["id"], "cat /run/cryobox/instance-id") == sandbox["instance_id"] + "\n"
+
+
+def test_host_reaches_a_guest_server_through_its_slot(client: Client) -> None:
+    sandbox = client.create()
+    client.sh(
+        sandbox["id"],
+        "nohup python3 -m http.server 8080 --bind 0.0.0.0 >/dev/null 2>&1 & "
+        "for i in $(seq 300); do grep -q ':1F90 ' /proc/net/tcp && break; sleep 0.1; done",
+    )
+    with socket.create_connection((sandbox["guest_ip"], 8080), timeout=10) as conn:
+        conn.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        assert conn.recv(12).startswith(b"HTTP/1.0 200")
+
+
+def test_guests_cannot_reach_each_other_or_the_host(server: ServeProcess, client: Client) -> None:
+    victim, attacker = client.create(), client.create()
+    client.sh(
+        victim["id"],
+        "nohup python3 -m http.server 8081 --bind 0.0.0.0 >/dev/null 2>&1 & "
+        "for i in $(seq 300); do grep -q ':1F91 ' /proc/net/tcp && break; sleep 0.1; done",
+    )
+    with socket.create_connection((victim["guest_ip"], 8081), timeout=10):  # the host can reach it
+        pass
+    host_listener = Listener(None, "0.0.0.0")  # a host service on every address
+    try:
+        api_port = int(server.url.rsplit(":", 1)[1])
+        targets = [
+            (victim["guest_ip"], 8081),  # another guest, at its slot address
+            (_host_ip(attacker["guest_ip"]), host_listener.port),  # the host, through the own gateway
+            (_host_ip(attacker["guest_ip"]), api_port),  # the API port on that address
+            (_host_ip(victim["guest_ip"]), host_listener.port),
+        ]
+        for addr, port in targets:
+            out = client.sh(attacker["id"], GUEST_PROBE.format(addr=addr, port=port), timeout=30)
+            assert out.startswith("blocked"), (addr, port, out)
+    finally:
+        host_listener.close()
+
+
+@pytest.fixture
+def outside() -> Iterator[tuple[str, str, str]]:
+    """A stand-in for the internet: a namespace of the test's own behind a veth from the host."""
+    tag = secrets.token_hex(3)
+    with outside_network(tag) as (cidr, server_ip):
+        yield cidr, server_ip, f"cryobox-{tag}-out"
+
+
+def test_egress_is_denied_by_default_and_allowed_when_asked(client: Client, outside: tuple[str, str, str]) -> None:
+    cidr, server_ip, name = outside
+    listener = Listener(name, server_ip)  # listens inside the outside namespace
+    try:
+        closed = client.create()
+        out = client.sh(closed["id"], GUEST_PROBE.format(addr=server_ip, port=listener.port), timeout=30)
+        assert out.startswith("blocked"), out
+        opened = client.create(network={"egress": "allow", "allow": [cidr]})
+        out = client.sh(opened["id"], GUEST_PROBE.format(addr=server_ip, port=listener.port), timeout=30)
+        assert out == "ok hi\n", out
+        client.call(
+            "POST", "/v1/sandboxes", 400, json={"template": "base", "network": {"egress": "allow", "allow": ["nope"]}}
+        )
+    finally:
+        listener.close()
+
+
+def _guest_clock_error_ms(client: Client, sandbox_id: str) -> float:
+    before = time.time_ns()
+    view = client.call("GET", f"/v1/sandboxes/{sandbox_id}/net")
+    after = time.time_ns()
+    guest = int(view["clock"]["realtime_ns"])
+    if guest < before:
+        return (before - guest) / 1e6
+    if guest > after:
+        return (guest - after) / 1e6
+    return 0.0
+
+
+def test_clock_after_restoring_a_minute_old_snapshot(client: Client) -> None:
+    source = client.create()
+    snap = client.snapshot(source["id"])
+    time.sleep(61)
+    restored = client.create(from_snapshot=snap["id"])
+    error_ms = _guest_clock_error_ms(client, restored["id"])
+    print(f"\nguest clock error after restoring a 61 s old snapshot: {error_ms:.1f} ms outside the request window")
+    assert error_ms < 50
+
+
+def test_fork_tree_children_have_distinct_entropy_and_identity(client: Client) -> None:
+    parent = client.create()
+    tree = client.call("POST", f"/v1/sandboxes/{parent['id']}/fork-tree", 201, json={"count": 16})
+    client.track(*tree["children"])
+    assert tree["errors"] == []
+    ids = [c["id"] for c in tree["children"]]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        outputs = list(
+            pool.map(lambda i: client.sh(i, "od -An -tx1 -N16 /dev/urandom; cat /run/cryobox/instance-id"), ids)
+        )
+    randoms = {o.splitlines()[0].strip() for o in outputs}
+    instance_ids = {o.splitlines()[-1].strip() for o in outputs}
+    assert len(randoms) == 16 and len(instance_ids) == 16
+    assert instance_ids == {c["instance_id"] for c in tree["children"]}
+    assert len({c["guest_ip"] for c in tree["children"]}) == 16
+
+
+def test_resume_hooks_run_once_per_restore_in_order(client: Client) -> None:
+    source = client.create()
+    client.call(
+        "PUT", f"/v1/sandboxes/{source['id']}/fs", params={"path": "/etc/cryobox/resume.d/log.py"}, content=HOOKS
+    )
+    snap = client.snapshot(source["id"])
+    restored = client.create(from_snapshot=snap["id"])
+    order = ["clock", "names", "identity", "connections", "readiness"]
+    log = client.sh(restored["id"], "cat /root/hooks.log").splitlines()
+    assert log == [f"{o} {restored['instance_id']}" for o in order]
+    client.call("POST", f"/v1/sandboxes/{restored['id']}/pause", 204)
+    client.call("POST", f"/v1/sandboxes/{restored['id']}/resume", 204)
+    log = client.sh(restored["id"], "cat /root/hooks.log").splitlines()
+    assert log == [f"{o} {restored['instance_id']}" for o in order] * 2  # once more for the resume
+
+    client.sh(
+        source["id"],
+        "printf 'from cryobox_guest import on_resume\\n"
+        'def bad(ctx):\\n    raise RuntimeError("db not reachable")\\n'
+        'on_resume(bad, order="connections", name="reconnect-db")\\n\' > /etc/cryobox/resume.d/bad.py',
+    )
+    broken = client.snapshot(source["id"])
+    failed = client.call("POST", "/v1/sandboxes", 424, json={"from_snapshot": broken["id"]})
+    assert failed["code"] == "resume_hook_failed"
+    assert "reconnect-db" in failed["error"] and "db not reachable" in failed["error"]
+
+
+def test_inspect_net_cli(server: ServeProcess, client: Client) -> None:
+    sandbox = client.create()
+    env = {"CRYOBOX_API_URL": server.url, "CRYOBOX_API_KEY": server.api_key}
+    done = cli("inspect", "net", sandbox["id"], "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    view: dict[str, Any] = json.loads(done.stdout)
+    assert view["instance_id"] == sandbox["instance_id"] and view["resolv_conf"]
+    table = cli("inspect", "net", sandbox["id"], env=env)
+    assert table.returncode == 0 and "instance id" in table.stdout
+
+
+def test_bake_refuses_with_an_open_connection(client: Client) -> None:
+    name = f"tcp-{secrets.token_hex(3)}"
+    warmup = (
+        "nohup python3 -c 'import socket, time\n"
+        's = socket.socket(); s.bind(("127.0.0.1", 7001)); s.listen()\n'
+        'c = socket.create_connection(("127.0.0.1", 7001)); a, _ = s.accept(); time.sleep(3600)\' '
+        ">/dev/null 2>&1 & "
+        "for i in $(seq 300); do awk '$4 == \"01\"' /proc/net/tcp | grep -q . && break; sleep 0.1; done"
+    )
+    client.call("POST", "/v1/templates", 202, json={"name": name, "base": "base", "warmup": [warmup]})
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            template = client.call("GET", f"/v1/templates/{name}")
+            if template["status"] != "building" or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        assert template["status"] == "error"
+        assert "established TCP" in template["error"] and "127.0.0.1:7001" in template["error"]
+    finally:
+        client.http.delete(f"/v1/templates/{name}")
+
+
+def test_sandbox_network_survives_nothing_after_stop(
+    tmp_path_factory: Any, cache_dir: Path, templates: dict[str, Template]
+) -> None:
+    """A server's slots, namespaces and firewall table are gone once it stops (and reclaimed after a crash)."""
+    from cryobox.agent.net.netlink import list_tagged
+    from cryobox.agent.net.slots import tag_for
+
+    data_dir = tmp_path_factory.mktemp("netstop")
+    with ServeProcess(data_dir, cache_dir=cache_dir, prespawn=1) as srv:
+        client = Client(srv.url, srv.api_key)
+        client.create()
+        tag = tag_for(data_dir)
+        assert list_tagged(tag).netns
+        client.http.close()
+    tagged = list_tagged(tag)
+    assert tagged.netns == [] and tagged.links == []

@@ -59,3 +59,27 @@ async def patch_snapshot(snapshot_id: str, body: wire.SnapshotPatch, ctx: Ctx) -
 async def delete_snapshot(snapshot_id: str, ctx: Ctx) -> Response:
     await ctx.control.snapshots.delete(snapshot_id, ctx.workspace_id)
     return Response(status_code=204)
+
+
+@router.get("/snapshots/{snapshot_id}/evidence", response_model=wire.EvidenceList)
+async def list_evidence(snapshot_id: str, ctx: Ctx) -> wire.EvidenceList:
+    """ext: files kept beside the snapshot (the VM's console and QEMU logs, plus what clients added)."""
+    files = await ctx.control.snapshots.evidence_list(snapshot_id, ctx.workspace_id)
+    return wire.EvidenceList.model_validate({"files": files})
+
+
+@router.get(
+    "/snapshots/{snapshot_id}/evidence/{name}",
+    response_class=Response,
+    responses={200: {"content": {"application/octet-stream": {}}, "description": "the file"}},
+)
+async def get_evidence(snapshot_id: str, name: str, ctx: Ctx) -> Response:
+    data = await ctx.control.snapshots.evidence_read(snapshot_id, ctx.workspace_id, name)
+    return Response(content=data, media_type="application/octet-stream")
+
+
+@router.put("/snapshots/{snapshot_id}/evidence/{name}", response_model=wire.EvidenceFile)
+async def put_evidence(snapshot_id: str, name: str, request: Request, ctx: Ctx) -> wire.EvidenceFile:
+    """ext: store a file beside the snapshot (raw body, at most 64 MiB), e.g. a failing test's log."""
+    size = await ctx.control.snapshots.evidence_put(snapshot_id, ctx.workspace_id, name, await request.body())
+    return wire.EvidenceFile(name=name, size=size)

@@ -18,9 +18,11 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..agent.forking import Forking, TreeResult
 from ..agent.sandbox import Sandbox
+from ..agent.store import evidence
 from ..agent.store.snapshots import SnapshotImage, SnapshotStore
 from ..errors import CryoboxError, InvalidArgument, NotFound
 from ..registry import Registry, SnapshotRow
@@ -118,6 +120,18 @@ class SnapshotControl:
         """The files of a snapshot the caller can see (404 otherwise)."""
         await asyncio.to_thread(self.registry.get_snapshot, snapshot_id, workspace_id)
         return await asyncio.to_thread(self.store.load, snapshot_id)
+
+    async def evidence_list(self, snapshot_id: str, workspace_id: str) -> list[dict[str, object]]:
+        row = await self.get(snapshot_id, workspace_id)
+        return await asyncio.to_thread(evidence.listing, Path(row.path))
+
+    async def evidence_read(self, snapshot_id: str, workspace_id: str, name: str) -> bytes:
+        row = await self.get(snapshot_id, workspace_id)
+        return await asyncio.to_thread(evidence.read, Path(row.path), name)
+
+    async def evidence_put(self, snapshot_id: str, workspace_id: str, name: str, data: bytes) -> int:
+        row = await self.get(snapshot_id, workspace_id)
+        return await asyncio.to_thread(evidence.put, Path(row.path), name, data)
 
     async def get(self, snapshot_id: str, workspace_id: str) -> SnapshotRow:
         return await asyncio.to_thread(self.registry.get_snapshot, snapshot_id, workspace_id)

@@ -94,3 +94,12 @@ class PromoteResponse(BaseModel):
 
 class StatusResponse(BaseModel):
     status: SandboxStatus
+
+
+class EvidenceFile(BaseModel):
+    name: str
+    size: int
+
+
+class EvidenceList(BaseModel):
+    files: list[EvidenceFile]

@@ -30,6 +30,7 @@ from ...errors import NotFound, VmmError
 from ...util.files import fsync_dir, write_json_atomic
 from ..vm import MachineConfig, MicroVM
 from ..vm.capture import CaptureReport, capture
+from . import evidence
 from .hot import HotImages
 from .vmstream import SplitStats, split_stream
 from .volume import allocated_bytes, clone_file, copy_sparse
@@ -170,6 +171,8 @@ class SnapshotStore:
                 capture_disk,
                 keep_running=keep_running,
             )
+            logs = {"console.log": vm.paths.console_log, "qemu.log": vm.paths.qemu_log}
+            await asyncio.to_thread(evidence.collect, work, logs)
         except BaseException:
             self._discard(snapshot_id)
             raise

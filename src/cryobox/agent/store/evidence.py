@@ -1,0 +1,70 @@
+"""Evidence kept beside a snapshot: what the snapshot itself cannot hold.
+
+Every snapshot directory gets ``evidence/`` with the host-side logs of the VM it was taken from (the guest's
+serial console and QEMU's own log, copied at capture time). Clients add more (e.g. a failing test's log, by
+``cryobox capture``) with ``PUT /v1/snapshots/{id}/evidence/{name}``. Files are written via a temporary name
+and renamed, so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from ...errors import InvalidArgument, NotFound, PayloadTooLarge
+
+DIR = "evidence"
+MAX_BYTES = 64 << 20
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_name(name: str) -> str:
+    if not NAME.fullmatch(name):
+        raise InvalidArgument(
+            "evidence names are 1-128 characters of letters, digits, '.', '_' and '-' (no leading dot)",
+            details={"name": name},
+        )
+    return name
+
+
+def collect(snapshot_dir: Path, files: dict[str, Path]) -> None:
+    """Copy host files (``{evidence name: path}``) into the snapshot's evidence; missing ones are skipped."""
+    target = snapshot_dir / DIR
+    target.mkdir(exist_ok=True)
+    for name, source in files.items():
+        try:
+            shutil.copyfile(source, target / check_name(name))
+        except FileNotFoundError:
+            continue
+
+
+def put(snapshot_dir: Path, name: str, data: bytes) -> int:
+    if len(data) > MAX_BYTES:
+        raise PayloadTooLarge(f"evidence file of {len(data)} bytes exceeds {MAX_BYTES}")
+    target = snapshot_dir / DIR
+    target.mkdir(exist_ok=True)
+    tmp = target / f".{check_name(name)}.tmp"
+    tmp.write_bytes(data)
+    os.replace(tmp, target / name)
+    return len(data)
+
+
+def listing(snapshot_dir: Path) -> list[dict[str, object]]:
+    target = snapshot_dir / DIR
+    if not target.is_dir():
+        return []
+    return [
+        {"name": p.name, "size": p.stat().st_size}
+        for p in sorted(target.iterdir())
+        if p.is_file() and not p.name.startswith(".")
+    ]
+
+
+def read(snapshot_dir: Path, name: str) -> bytes:
+    path = snapshot_dir / DIR / check_name(name)
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise NotFound(f"no evidence file {name!r}", details={"name": name}) from None

@@ -47,6 +47,10 @@ def test_file_and_process_memory_survive_snapshot_restore(client: Client) -> Non
 
     snap = client.snapshot(source["id"], labels={"case": "survive"})
     assert snap["sandbox_id"] == source["id"] and snap["template"] == "base"
+    files = {f["name"] for f in client.call("GET", f"/v1/snapshots/{snap['id']}/evidence")["files"]}
+    assert {"console.log", "qemu.log"} <= files  # host-side evidence kept beside the snapshot
+    client.call("PUT", f"/v1/snapshots/{snap['id']}/evidence/notes.txt", content=b"why")
+    assert client.http.get(f"/v1/snapshots/{snap['id']}/evidence/notes.txt").content == b"why"
     assert snap["pause_ms"] is not None and snap["pause_ms"] > 0
     assert snap["size_bytes"] > 0
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
 
+from cryobox.agent.net.bakenet import bake_network
 from cryobox.agent.platform import machine_for
 from cryobox.agent.reclaim import find_own_qemus
 from cryobox.agent.templates import Template, TemplateBaker
@@ -33,9 +35,10 @@ def test_bake_refuses_a_guest_holding_a_tcp_connection(
     machine = machine_for(spec, images, detect_accel(), host_tsc_khz())
     templates_dir = tmp_path / "templates"
     run_dir = tmp_path / "r"  # unix socket paths must stay under 108 bytes
-    baker = TemplateBaker(templates_dir, run_dir, print)
+    baker = TemplateBaker(templates_dir, run_dir, print, bake_network)
     with pytest.raises(StateError, match="established TCP") as caught:
         asyncio.run(baker.bake(spec, images, machine))
     assert "127.0.0.1:7000" in " ".join(caught.value.details["connections"])
     assert list(templates_dir.iterdir()) == [], "a refused bake must leave no template files"
     assert find_own_qemus(run_dir) == []
+    assert not [n for n in Path("/run/netns").iterdir() if n.name.startswith(f"cryobox-bake-{os.getpid()}-")]

@@ -46,6 +46,7 @@ unit: venv
 bench: setup
 	$(CRYOBOX) bench create --json $(ARGS)
 	$(CRYOBOX) bench snapshot --json $(ARGS)
+	$(CRYOBOX) bench net --json $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

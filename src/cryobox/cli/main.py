@@ -10,6 +10,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from .capture_cmds import capture
+from .debug_cmds import bisect, debug
 from .inspect_cmds import inspect_app
 from .keys_cmds import keys_app
 from .sandbox_cmds import sandbox_app, template_app
@@ -25,6 +27,9 @@ app.add_typer(template_app, name="template")
 app.add_typer(keys_app, name="keys")
 app.add_typer(inspect_app, name="inspect")
 app.add_typer(bench_app, name="bench")
+app.command("capture")(capture)
+app.command("debug")(debug)
+app.command("bisect")(bisect)
 console = Console(stderr=True)
 
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="platform state (default /var/lib/cryobox)")]
@@ -144,6 +149,22 @@ def bench_snapshot(
     from ..bench.snapshot import run_snapshot_bench
 
     result = run_snapshot_bench(n=n, out_dir=out_dir, cache_dir=cache_dir, console=console)
+    if as_json:
+        print(json.dumps(result, indent=2))
+
+
+@bench_app.command("net")
+def bench_net(
+    n: Annotated[int, typer.Option("--n", help="creates per snapshot age for the clock error")] = 5,
+    ages: Annotated[str, typer.Option("--ages", help="snapshot ages in seconds, comma-separated")] = "10,60",
+    as_json: Annotated[bool, typer.Option("--json", help="print the JSON result")] = False,
+    out_dir: Annotated[Path, typer.Option(help="where to write the JSON")] = Path("bench/results"),
+    cache_dir: CacheDir = None,
+) -> None:
+    """Network slot acquire (warm vs cold pool), guest clock error right after create, create latency, in one run."""
+    from ..bench.net import run_net_bench
+
+    result = run_net_bench(n=n, ages=ages, out_dir=out_dir, cache_dir=cache_dir, console=console)
     if as_json:
         print(json.dumps(result, indent=2))
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.table import Table
 
 from ..errors import CryoboxError
 from ..sdk import Snapshots
@@ -109,3 +111,32 @@ def label(
         print_json(snapshot_json(snap))
     else:
         out.print(snapshot_table([snap]))
+
+
+@snapshot_app.command("evidence")
+def evidence(
+    snapshot_id: str,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="write every evidence file into this directory")] = None,
+    as_json: Json = False,
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+) -> None:
+    """List the files kept beside a snapshot (console and QEMU logs, a captured test's log); --out fetches them."""
+    written: list[str] = []
+    with _snapshots(api_url, api_key) as snapshots:
+        files = snapshots.evidence(snapshot_id)
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            for entry in files:
+                target = out_dir / Path(entry["name"]).name
+                target.write_bytes(snapshots.get_evidence(snapshot_id, entry["name"]))
+                written.append(str(target))
+    if as_json:
+        print_json({"files": files, "written": written} if out_dir is not None else {"files": files})
+        return
+    table = Table("name", "size")
+    for entry in files:
+        table.add_row(entry["name"], str(entry["size"]))
+    out.print(table)
+    for path in written:
+        err.print(f"wrote {path}")

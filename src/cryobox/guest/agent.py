@@ -20,6 +20,7 @@ from typing import Any
 from . import ops_exec
 from .ops_files import FILE_OPS, FileOp, OpError, error_from_oserror, invalid
 from .ops_inspect import InspectSources, NetInspector
+from .ops_pty import PtySessions
 from .ops_resume import Resumer, ResumeSystem
 from .protocol import HEADER, FrameError, decode_body, decode_length, encode
 
@@ -136,6 +137,9 @@ class GuestAgent:
         }
         for name, op in FILE_OPS.items():
             self.register(name, _without_events(op))
+        self.pty = PtySessions()
+        for name, handler in self.pty.handlers().items():
+            self.register(name, handler)
 
     @property
     def ops(self) -> list[str]:

@@ -62,6 +62,14 @@ def pip_install(tree: Path, requirements: tuple[str, ...], progress: Progress, r
     progress(f"pip install {' '.join(requirements)}")
     resolv = tree / "etc" / "resolv.conf"
     shutil.copyfile("/etc/resolv.conf", resolv)
+    # the host's CA bundle (a TLS-intercepting proxy's CA lives only there; pip in the chroot uses certifi)
+    host_ca = next((Path(p) for p in _ca_candidates() if Path(p).is_file()), None)
+    chroot_ca = tree / "tmp" / "cryobox-host-ca.pem"
+    cert_args: list[str] = []
+    if host_ca is not None:
+        chroot_ca.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(host_ca, chroot_ca)
+        cert_args = ["--cert", "/tmp/cryobox-host-ca.pem"]
     try:
         runner(
             [
@@ -73,12 +81,20 @@ def pip_install(tree: Path, requirements: tuple[str, ...], progress: Progress, r
                 "install",
                 "--no-cache-dir",
                 "--break-system-packages",
+                *cert_args,
                 *requirements,
             ],
             progress=lambda line: progress(f"pip: {line}"),
         )
     finally:
         resolv.unlink(missing_ok=True)
+        chroot_ca.unlink(missing_ok=True)
+
+
+def _ca_candidates() -> list[str]:
+    """CA bundles the host's own tools use, most specific first."""
+    found = [os.environ.get(name, "") for name in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")]
+    return [p for p in found if p] + ["/etc/ssl/certs/ca-certificates.crt"]
 
 
 def init_script() -> bytes:

@@ -151,8 +151,8 @@ def power_request(sandbox_id: str, action: PowerAction) -> ApiRequest:
     return ApiRequest("POST", _sandbox_path(sandbox_id, f"/{action}"))
 
 
-def _snapshot_path(snapshot_id: str) -> str:
-    return f"/v1/snapshots/{quote(snapshot_id, safe='')}"
+def _snapshot_path(snapshot_id: str, suffix: str = "") -> str:
+    return f"/v1/snapshots/{quote(snapshot_id, safe='')}{suffix}"
 
 
 def snapshot_request(sandbox_id: str, *, labels: Mapping[str, str] | None, retain: bool, quiesce: bool) -> ApiRequest:
@@ -187,6 +187,18 @@ def update_snapshot_request(
     if retain is not None:
         body["retain"] = retain
     return ApiRequest("PATCH", _snapshot_path(snapshot_id), json=body)
+
+
+def evidence_list_request(snapshot_id: str) -> ApiRequest:
+    return ApiRequest("GET", _snapshot_path(snapshot_id, "/evidence"))
+
+
+def evidence_request(snapshot_id: str, name: str, *, content: bytes | None = None) -> ApiRequest:
+    """``GET`` (``content`` is ``None``) or ``PUT`` one evidence file of a snapshot; the body is raw bytes."""
+    path = _snapshot_path(snapshot_id, f"/evidence/{quote(name, safe='')}")
+    if content is None:
+        return ApiRequest("GET", path)
+    return ApiRequest("PUT", path, content=content, headers={"Content-Type": "application/octet-stream"})
 
 
 # forks create sandboxes: like a create, a capacity refusal (sent before anything was created) is retried

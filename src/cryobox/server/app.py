@@ -20,6 +20,7 @@ from .ratelimit import RateLimiter
 from .routes_files import router as files_router
 from .routes_forks import router as forks_router
 from .routes_platform import router as platform_router
+from .routes_pty import router as pty_router
 from .routes_sandboxes import router as sandboxes_router
 from .routes_snapshots import router as snapshots_router
 
@@ -73,4 +74,5 @@ def create_app(
     app.include_router(snapshots_router)
     app.include_router(forks_router)
     app.include_router(platform_router)
+    app.include_router(pty_router)
     return app

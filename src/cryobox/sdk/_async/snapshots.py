@@ -23,10 +23,11 @@ A fork tree restores several children from one snapshot of a parent, to try alte
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -89,6 +90,32 @@ class AsyncSnapshots:
         """
         request = _requests.update_snapshot_request(snapshot_id, labels=labels, retain=retain)
         return _snapshots.parse_snapshot(await self._send(request))
+
+    async def evidence(self, snapshot_id: str) -> builtins.list[dict[str, Any]]:
+        """The files kept beside the snapshot (``[{"name", "size"}]``): the VM's ``console.log`` and ``qemu.log``,
+        plus what clients added (``cryobox capture`` adds ``test.log``).
+
+        :raises NotFound: no such snapshot.
+        """
+        response = await self._send(_requests.evidence_list_request(snapshot_id))
+        body = response.json()
+        files: builtins.list[dict[str, Any]] = [{"name": str(f["name"]), "size": int(f["size"])} for f in body["files"]]
+        return files
+
+    async def get_evidence(self, snapshot_id: str, name: str) -> bytes:
+        """:raises NotFound: no such snapshot or evidence file."""
+        response = await self._send(_requests.evidence_request(snapshot_id, name))
+        return response.content
+
+    async def put_evidence(self, snapshot_id: str, name: str, data: bytes | str) -> int:
+        """Store ``data`` (``str`` is UTF-8 encoded) as evidence file ``name``; returns its size.
+
+        :raises InvalidArgument: a bad name (letters, digits, ``.``, ``_``, ``-``; no leading dot; at most 128).
+        :raises PayloadTooLarge: more than the server accepts.
+        """
+        payload = data.encode() if isinstance(data, str) else data
+        response = await self._send(_requests.evidence_request(snapshot_id, name, content=payload))
+        return int(response.json()["size"])
 
     async def aclose(self) -> None:
         """Release the HTTP connections."""

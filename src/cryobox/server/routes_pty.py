@@ -1,0 +1,181 @@
+"""``GET /v1/sandboxes/{id}/pty`` (websocket): an interactive terminal in the sandbox.
+
+Authentication: ``Authorization: Bearer <key>`` or ``?token=<key>``. Query parameters ``cols``, ``rows``
+(initial size) and ``cmd`` (default: a login shell).
+
+Messages, server to client: binary = terminal output; text = JSON control messages ``{"session": id}`` (once,
+first), ``{"exit_code": n}`` (last, when the program exited) or ``{"error": message, "code": code}`` (then the
+socket closes with code ``4000 + HTTP status``). Client to server: binary = terminal input; text = JSON
+``{"resize": [cols, rows]}``, any other text is input. Disconnecting hangs the terminal up (SIGHUP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+
+from ..agent.guest_client import GuestClient, b64, unb64
+from ..errors import CryoboxError, InvalidArgument, Unauthorized
+from .deps import AppContext
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
+
+CONTROL_TIMEOUT_S = 30.0  # for pty_input / pty_resize / pty_close calls
+HANGUP_WAIT_S = 5.0  # how long to wait for the program to go after the client left
+
+
+def _token(websocket: WebSocket) -> str | None:
+    header = websocket.headers.get("authorization")
+    if header and header.lower().startswith("bearer ") and header[7:].strip():
+        return header[7:].strip()
+    token = websocket.query_params.get("token")
+    return token or None
+
+
+def _dimension(websocket: WebSocket, name: str, default: int) -> int:
+    raw = websocket.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidArgument(f"{name} must be an integer") from None
+    if not 1 <= value <= 10_000:
+        raise InvalidArgument(f"{name} must be from 1 to 10000")
+    return value
+
+
+async def _send_error(websocket: WebSocket, error: CryoboxError) -> None:
+    with contextlib.suppress(Exception):
+        await websocket.send_text(json.dumps({"error": error.message, "code": error.code}))
+        await websocket.close(code=4000 + error.http_status, reason=error.code)
+
+
+@router.websocket("/{sandbox_id}/pty")
+async def pty(websocket: WebSocket, sandbox_id: str) -> None:
+    ctx: AppContext = websocket.app.state.ctx
+    await websocket.accept()
+    try:
+        key = _token(websocket)
+        if key is None:
+            raise Unauthorized("missing API key (Authorization: Bearer <key> or ?token=<key>)")
+        workspace = await asyncio.to_thread(ctx.registry.authenticate, key)
+        if workspace is None:
+            raise Unauthorized("invalid or revoked API key")
+        ctx.limiter.check(workspace.id)
+        args: dict[str, Any] = {"cols": _dimension(websocket, "cols", 80), "rows": _dimension(websocket, "rows", 24)}
+        if websocket.query_params.get("cmd"):
+            args["cmd"] = websocket.query_params["cmd"]
+        sandbox, guest = await ctx.service._guest(sandbox_id, workspace.id)
+    except CryoboxError as error:
+        await _send_error(websocket, error)
+        return
+    await _Terminal(websocket, guest, lambda: sandbox.touch(ctx.service.clock())).run(args)
+
+
+class _Terminal:
+    def __init__(self, websocket: WebSocket, guest: GuestClient, touch: Callable[[], None]) -> None:
+        self.ws = websocket
+        self.guest = guest
+        self.touch = touch
+        self.session: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.exited = False
+
+    async def run(self, args: dict[str, Any]) -> None:
+        output = asyncio.create_task(self._output(args), name="pty-output")
+        inputs = asyncio.create_task(self._input(), name="pty-input")
+        try:
+            await asyncio.wait({output, inputs}, return_when=asyncio.FIRST_COMPLETED)
+            if not self.exited:  # the client went away (or the guest failed): hang the terminal up
+                await self._hangup()
+                with contextlib.suppress(asyncio.TimeoutError, Exception):
+                    await asyncio.wait_for(asyncio.shield(output), HANGUP_WAIT_S)
+            with contextlib.suppress(Exception):
+                await self.ws.close()
+        finally:
+            for task in (output, inputs):
+                task.cancel()
+            for task in (output, inputs):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    async def _hangup(self) -> None:
+        if not self.session.done() or self.session.cancelled():
+            return
+        with contextlib.suppress(CryoboxError):
+            await self.guest.call("pty_close", {"session": self.session.result()}, timeout=CONTROL_TIMEOUT_S)
+
+    async def _output(self, args: dict[str, Any]) -> None:
+        try:
+            async for event in self.guest.stream("pty_open", args):
+                kind = event.get("event")
+                if kind == "session":
+                    session = unb64(event.get("data")).decode()
+                    self.session.set_result(session)
+                    await self.ws.send_text(json.dumps({"session": session}))
+                elif kind == "output":
+                    await self.ws.send_bytes(unb64(event.get("data")))
+                elif kind == "result":
+                    self.exited = True
+                    await self.ws.send_text(json.dumps({"exit_code": event["result"].get("exit_code")}))
+        except CryoboxError as error:
+            if not self.session.done():
+                self.session.cancel()
+            await _send_error(self.ws, error)
+        except (WebSocketDisconnect, RuntimeError):  # the client left while output was on its way
+            pass
+
+    async def _input(self) -> None:
+        session = await self.session
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            data: bytes | None = message.get("bytes")
+            text: str | None = message.get("text")
+            self.touch()
+            if data is None and text is not None:
+                resize = _resize(text)
+                if resize is not None:
+                    cols, rows = resize
+                    with contextlib.suppress(CryoboxError):
+                        await self.guest.call(
+                            "pty_resize", {"session": session, "cols": cols, "rows": rows}, timeout=CONTROL_TIMEOUT_S
+                        )
+                    continue
+                data = text.encode()
+            if data:
+                try:
+                    await self.guest.call(
+                        "pty_input", {"session": session, "data": b64(data)}, timeout=CONTROL_TIMEOUT_S
+                    )
+                except CryoboxError as error:
+                    log.debug("pty input to %s dropped: %s", session, error)
+
+
+def _resize(text: str) -> tuple[int, int] | None:
+    """``(cols, rows)`` if ``text`` is a ``{"resize": [cols, rows]}`` message, else None."""
+    if not text.startswith("{"):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or "resize" not in value:
+        return None
+    size = value["resize"]
+    if (
+        isinstance(size, list)
+        and len(size) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 10_000 for v in size)
+    ):
+        return size[0], size[1]
+    return None

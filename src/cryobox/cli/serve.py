@@ -106,7 +106,14 @@ def serve(options: ServeOptions, console: Console) -> None:
             f"export CRYOBOX_API_URL=http://{options.host}:{options.port} CRYOBOX_API_KEY={key}", soft_wrap=True
         )
         server = uvicorn.Server(
-            uvicorn.Config(app, host=options.host, port=options.port, log_level="info", lifespan="on")
+            uvicorn.Config(
+                app,
+                host=options.host,
+                port=options.port,
+                log_level="info",
+                lifespan="on",
+                ws="websockets-sansio",  # the PTY websocket; the legacy implementation is deprecated
+            )
         )
         try:
             await server.serve()

@@ -143,9 +143,11 @@ def test_clock_after_restoring_a_minute_old_snapshot(client: Client) -> None:
     snap = client.snapshot(source["id"])
     time.sleep(61)
     restored = client.create(from_snapshot=snap["id"])
-    error_ms = _guest_clock_error_ms(client, restored["id"])
-    print(f"\nguest clock error after restoring a 61 s old snapshot: {error_ms:.1f} ms outside the request window")
-    assert error_ms < 50
+    first = _guest_clock_error_ms(client, restored["id"])  # wide window: the guest's inspect code runs cold
+    time.sleep(2)
+    second = _guest_clock_error_ms(client, restored["id"])  # and it keeps time (no drift after the step)
+    print(f"\nguest clock vs host after restoring a 61 s old snapshot: {first:.1f} / {second:.1f} ms outside")
+    assert first < 50 and second < 50
 
 
 def test_fork_tree_children_have_distinct_entropy_and_identity(client: Client) -> None:

@@ -31,14 +31,6 @@ log = logging.getLogger(__name__)
 MAX_FILE_BYTES = 64 << 20
 
 
-async def sync_clock(guest: GuestClient) -> int:
-    """Step the guest's wall clock to the host's (in the agent, no process start). Returns the size of the step
-    in ns (host minus the guest's clock before it); the set_clock reply also proves the agent answers."""
-    host_ns = time.time_ns()
-    reply = await guest.call("set_clock", {"epoch_ns": host_ns}, timeout=10)
-    return host_ns - int(reply["before_ns"])
-
-
 class SandboxService:
     def __init__(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -57,20 +58,42 @@ def build_tree(
     return path / "tree"
 
 
+# Wheels that run on Debian 12 (glibc 2.36, CPython 3.11, x86_64): pure-Python and manylinux wheels.
+WHEEL_PLATFORMS = ("manylinux_2_36_x86_64", "manylinux_2_28_x86_64", "manylinux2014_x86_64", "linux_x86_64")
+
+
 def pip_install(tree: Path, requirements: tuple[str, ...], progress: Progress, runner: Runner = run) -> None:
-    """Install pip packages into the tree at build time (the host reaches PyPI; guests have no network)."""
+    """Install pip packages into the tree at build time (guests have no network).
+
+    The host downloads the wheels with its own pip and settings (proxy, CA bundle: this machine reaches PyPI
+    through a TLS-intercepting proxy whose CA only the host trusts), then the tree's pip installs them offline.
+    Packages that publish no wheel for the guest's platform are refused with pip's message.
+    """
     progress(f"pip install {' '.join(requirements)}")
-    resolv = tree / "etc" / "resolv.conf"
-    shutil.copyfile("/etc/resolv.conf", resolv)
-    # the host's CA bundle (a TLS-intercepting proxy's CA lives only there; pip in the chroot uses certifi)
-    host_ca = next((Path(p) for p in _ca_candidates() if Path(p).is_file()), None)
-    chroot_ca = tree / "tmp" / "cryobox-host-ca.pem"
-    cert_args: list[str] = []
-    if host_ca is not None:
-        chroot_ca.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(host_ca, chroot_ca)
-        cert_args = ["--cert", "/tmp/cryobox-host-ca.pem"]
+    wheels = tree / "tmp" / "cryobox-wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    platforms = [arg for platform in WHEEL_PLATFORMS for arg in ("--platform", platform)]
     try:
+        runner(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--only-binary=:all:",
+                "--python-version",
+                "3.11",
+                "--implementation",
+                "cp",
+                "--abi",
+                "cp311",
+                *platforms,
+                "--dest",
+                str(wheels),
+                *requirements,
+            ],
+            progress=lambda line: progress(f"pip download: {line}"),
+        )
         runner(
             [
                 "chroot",
@@ -81,20 +104,15 @@ def pip_install(tree: Path, requirements: tuple[str, ...], progress: Progress, r
                 "install",
                 "--no-cache-dir",
                 "--break-system-packages",
-                *cert_args,
+                "--no-index",
+                "--find-links",
+                "/tmp/cryobox-wheels",
                 *requirements,
             ],
             progress=lambda line: progress(f"pip: {line}"),
         )
     finally:
-        resolv.unlink(missing_ok=True)
-        chroot_ca.unlink(missing_ok=True)
-
-
-def _ca_candidates() -> list[str]:
-    """CA bundles the host's own tools use, most specific first."""
-    found = [os.environ.get(name, "") for name in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")]
-    return [p for p in found if p] + ["/etc/ssl/certs/ca-certificates.crt"]
+        shutil.rmtree(wheels, ignore_errors=True)
 
 
 def init_script() -> bytes:

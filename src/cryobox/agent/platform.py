@@ -37,7 +37,7 @@ class HostConfig:
     accel: Accel = field(default_factory=detect_accel)
     prespawn: int = 2
     pool_mode: PoolMode = PoolMode.WARM
-    net_pool: int = 8
+    net_pool: int = 16
     """Network slots kept pre-built (``--net-pool``); creating one is never on a warm create path."""
     templates: tuple[TemplateSpec, ...] = DEFAULT_TEMPLATES
 

@@ -59,7 +59,7 @@ def serve(
     reap_interval: Annotated[float, typer.Option(help="seconds between TTL reaper sweeps")] = 5.0,
     net_pool: Annotated[
         int, typer.Option(envvar="CRYOBOX_NET_POOL", help="network slots kept pre-built (slot CIDR: CRYOBOX_NET_CIDR)")
-    ] = 8,
+    ] = 16,
     snapshot_grace: Annotated[
         float | None,
         typer.Option(help="seconds an orphaned snapshot is kept (env CRYOBOX_SNAPSHOT_GRACE_S, default 7 days)"),

@@ -41,7 +41,7 @@ class ServeOptions:
     admission_queue: int | None = None
     admission_timeout_s: float | None = None
     reap_interval_s: float = 5.0
-    net_pool: int = 8
+    net_pool: int = 16
     snapshot_grace_s: float | None = None
     orphan_sweep_interval_s: float | None = None
 

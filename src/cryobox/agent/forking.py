@@ -16,10 +16,9 @@ import uuid
 from dataclasses import dataclass, field
 
 from ..errors import CryoboxError, InvalidArgument, StateError
-from .exec import run_exec
 from .factory import new_id
 from .fidelity import rejoin
-from .quiesce import established_connections
+from .quiesce import require_quiesced
 from .sandbox import Sandbox, SandboxState
 from .service import SandboxService
 from .store.snapshots import CaptureInfo, SnapshotImage, SnapshotStore
@@ -44,19 +43,6 @@ class Forking:
         self.service = service
         self.store = store
 
-    async def _check_quiesced(self, sandbox: Sandbox) -> None:
-        guest = await sandbox.vm.connect_guest()
-        tcp = await run_exec(guest, "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null", timeout_s=30)
-        connections = established_connections(tcp.stdout)
-        if connections:
-            raise StateError(
-                "refusing to snapshot: the guest holds established TCP connections: "
-                + ", ".join(map(str, connections)),
-                state="connected",
-                required="quiesced",
-                details={"connections": [str(c) for c in connections]},
-            )
-
     async def snapshot(
         self,
         sandbox_id: str,
@@ -78,7 +64,7 @@ class Forking:
             if quiesce:
                 if sandbox.state is not SandboxState.RUNNING:
                     raise StateError("quiesce needs a running sandbox", state=sandbox.state.value, required="running")
-                await self._check_quiesced(sandbox)
+                await require_quiesced(await sandbox.vm.connect_guest(), "snapshot")
             info = CaptureInfo(sandbox.template, sandbox.id, sandbox.workspace_id, sandbox.from_snapshot, labels)
             image = await self.store.begin(sandbox.vm, snapshot_id or new_id("snap"), info)
         if durable:

@@ -6,6 +6,10 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from ..errors import StateError
+from .exec import run_exec
+from .guest_client import GuestClient
+
 ESTABLISHED = "01"
 
 
@@ -37,3 +41,16 @@ def established_connections(proc_net_tcp: str) -> list[TcpConnection]:
         if fields[3] == ESTABLISHED:
             found.append(TcpConnection(local=_endpoint(fields[1]), remote=_endpoint(fields[2])))
     return found
+
+
+async def require_quiesced(guest: GuestClient, what: str) -> None:
+    """Refuse ``what`` (StateError, listing them) while the guest holds established TCP connections."""
+    tcp = await run_exec(guest, "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null", timeout_s=30)
+    connections = established_connections(tcp.stdout)
+    if connections:
+        raise StateError(
+            f"refusing to {what}: the guest holds established TCP connections: " + ", ".join(map(str, connections)),
+            state="connected",
+            required="quiesced",
+            details={"connections": [str(c) for c in connections]},
+        )

@@ -28,14 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import CryoboxError, StateError
+from ..errors import CryoboxError
 from ..image.builder import ImageSet
 from ..image.specs import TemplateSpec
 from ..util.files import fsync_dir, stable_hash, write_json_atomic
 from ..util.proc import Progress
 from .exec import run_exec
 from .guest_client import b64
-from .quiesce import established_connections
+from .quiesce import require_quiesced
+from .store.layout import ImageFiles
 from .vm import MachineConfig, MemoryBacking, MicroVM, NetAttach, VmPaths
 
 BakeNet = Callable[[], AbstractAsyncContextManager[NetAttach]]
@@ -51,24 +52,12 @@ def qemu_version() -> str:
 
 
 @dataclass(frozen=True)
-class Template:
+class Template(ImageFiles):
     name: str
     generation: str
     path: Path
     machine: MachineConfig
     manifest: dict[str, Any]
-
-    @property
-    def memory(self) -> Path:
-        return self.path / "memory"
-
-    @property
-    def vmstate(self) -> Path:
-        return self.path / "vmstate"
-
-    @property
-    def disk(self) -> Path:
-        return self.path / "disk.qcow2"
 
     @property
     def created_at(self) -> float:
@@ -160,16 +149,7 @@ class TemplateBaker:
                 if result.exit_code != 0:
                     raise CryoboxError(f"warm-up command failed ({result.exit_code}): {command}\n{result.stderr}")
             await run_exec(guest, "sync", timeout_s=60)
-            tcp = await run_exec(guest, "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null", timeout_s=30)
-            connections = established_connections(tcp.stdout)
-            if connections:
-                raise StateError(
-                    "refusing to bake: the guest holds established TCP connections: "
-                    + ", ".join(map(str, connections)),
-                    state="connected",
-                    required="quiesced",
-                    details={"connections": [str(c) for c in connections]},
-                )
+            await require_quiesced(guest, "bake")
             self.progress("  snapshotting")
             await vm.save_state(work / "vmstate")
             await vm.kill()

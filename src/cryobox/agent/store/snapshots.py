@@ -32,6 +32,7 @@ from ..vm import MachineConfig, MicroVM
 from ..vm.capture import CaptureReport, capture
 from . import evidence
 from .hot import HotImages
+from .layout import ImageFiles
 from .vmstream import SplitStats, split_stream
 from .volume import allocated_bytes, clone_file, copy_sparse
 
@@ -40,25 +41,13 @@ FILES = ("memory", "vmstate", "disk.qcow2")
 
 
 @dataclass(frozen=True)
-class SnapshotImage:
+class SnapshotImage(ImageFiles):
     """A finished snapshot on this host: something a VM can be restored from."""
 
     id: str
     path: Path
     machine: MachineConfig
     manifest: dict[str, Any]
-
-    @property
-    def memory(self) -> Path:
-        return self.path / "memory"
-
-    @property
-    def vmstate(self) -> Path:
-        return self.path / "vmstate"
-
-    @property
-    def disk(self) -> Path:
-        return self.path / "disk.qcow2"
 
     @property
     def hot_key(self) -> str:

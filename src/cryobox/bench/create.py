@@ -13,7 +13,6 @@ answered, on the same template in one run.
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import subprocess
 import tempfile
@@ -30,6 +29,7 @@ from ..agent.vm import MemoryBacking, MicroVM, VmPaths
 from ..config import Paths
 from ..image.specs import DEFAULT_TEMPLATES
 from ..sdk.sandbox import Sandbox
+from .report import write_result
 from .server import ServeProcess
 from .stats import stats
 
@@ -154,9 +154,7 @@ async def run_create_bench(
         "ratio_create_over_bare": round(stats(create)["p50"] / stats(bare)["p50"], 2),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"create-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = write_result(out_dir, "create", result)
     console.print(
         f"cold/create = {result['ratio_cold_over_create']}x, create/bare = "
         f"{result['ratio_create_over_bare']}x; written to {out}"

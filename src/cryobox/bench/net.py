@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..config import DEFAULT_CACHE_DIR, Paths
+from .report import write_result
 from .server import ServeProcess
 from .snapshot import Api, BenchError, capture_breakdown, qemu_version, stats_n
 
@@ -532,9 +533,7 @@ def run_net_bench(
         server_version=str(info["version"]),
         measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"net-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = write_result(out_dir, "net", result)
     console.print(result_table(result))
     console.print(f"written to {out}")
     if s.leftovers:

@@ -32,6 +32,7 @@ from rich.table import Table
 from ..agent.reclaim import find_own_qemus
 from ..config import DEFAULT_CACHE_DIR, Paths
 from .pss import allocated_bytes, parse_rollup, smaps_mapping_kib, sum_mib
+from .report import write_result
 from .server import ServeProcess
 from .stats import stats
 
@@ -557,9 +558,7 @@ def run_snapshot_bench(*, n: int, out_dir: Path, cache_dir: Path | None, console
         server_version=str(info["version"]),
         measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"snapshot-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = write_result(out_dir, "snapshot", result)
     console.print(result_table(result))
     console.print(f"written to {out}")
     return result

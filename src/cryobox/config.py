@@ -61,6 +61,22 @@ class Paths:
         return self.data_dir / "bake"
 
     @property
+    def memserver_dir(self) -> Path:
+        """The memory server's mount point, control socket, pid file and log."""
+        return self.data_dir / "memserver"
+
+    @property
+    def chunk_cache_dir(self) -> Path:
+        """The host's durable cache of memory chunks fetched from the object store (survives restarts)."""
+        return self.data_dir / "chunks"
+
+    @property
+    def default_store_url(self) -> str:
+        """The embedded object store: a directory beside the image cache (objects are named by generation, so
+        every data dir on the machine can share it)."""
+        return f"file://{self.cache_dir / 'store'}"
+
+    @property
     def images_dir(self) -> Path:
         return self.cache_dir / "images"
 

@@ -13,7 +13,11 @@
      ├── SandboxTimeout      timeout            504
      ├── VmmError            vmm_error          500  (QEMU / QMP failures)
      ├── GuestError          guest_error        500  (the guest agent failed or vanished)
-     └── ImageBuildError     image_build_failed 500
+     ├── ImageBuildError     image_build_failed 500
+     └── StoreError          store_error        502  (the object store failed)
+          ├── ObjectNotFound     object_not_found   502  (a key the platform needs is missing)
+          ├── StoreThrottled     store_throttled    503  (the store said slow down, retries exhausted)
+          └── ChunkFetchFailed   chunk_fetch_failed 502  (a memory chunk could not be fetched in time)
 
 Foreign exceptions are translated at one boundary per layer and re-raised ``from`` the original.
 """
@@ -121,6 +125,32 @@ class ImageBuildError(CryoboxError):
     code = "image_build_failed"
 
 
+class StoreError(CryoboxError):
+    """The object store failed (unreachable, refused, or answered with an error)."""
+
+    code = "store_error"
+    http_status = 502
+
+
+class ObjectNotFound(StoreError):
+    """A key the platform needs is not in the object store."""
+
+    code = "object_not_found"
+
+
+class StoreThrottled(StoreError):
+    """The object store kept answering "slow down" (HTTP 503/429) until the retries ran out."""
+
+    code = "store_throttled"
+    http_status = 503
+
+
+class ChunkFetchFailed(StoreError):
+    """A memory chunk could not be fetched (and verified) within its retries and deadline."""
+
+    code = "chunk_fetch_failed"
+
+
 ERRORS_BY_CODE: dict[str, type[CryoboxError]] = {
     cls.code: cls
     for cls in (
@@ -137,6 +167,10 @@ ERRORS_BY_CODE: dict[str, type[CryoboxError]] = {
         GuestError,
         ResumeHookFailed,
         ImageBuildError,
+        StoreError,
+        ObjectNotFound,
+        StoreThrottled,
+        ChunkFetchFailed,
     )
 }
 

@@ -18,9 +18,10 @@ import secrets
 import shutil
 from pathlib import Path
 
-from ..errors import VmmError
+from ..errors import CryoboxError, VmmError
 from .exec import run_exec
 from .fidelity import rejoin
+from .memsource import MemoryMode, MemorySource
 from .net.firewall import Firewall
 from .net.pool import SlotPool
 from .net.slots import Slot
@@ -40,9 +41,12 @@ def new_id(prefix: str) -> str:
 
 
 class VmFactory:
-    def __init__(self, run_dir: Path, hot: HotImages, slots: SlotPool, firewall: Firewall) -> None:
+    def __init__(
+        self, run_dir: Path, hot: HotImages, slots: SlotPool, firewall: Firewall, memory: MemorySource | None = None
+    ) -> None:
         self.run_dir = run_dir
         self.hot = hot
+        self.memory = memory if memory is not None else MemorySource(hot, None, MemoryMode.HOT)
         self.slots = slots
         self.firewall = firewall
         self._seed_locks: dict[Path, asyncio.Lock] = {}
@@ -91,9 +95,10 @@ class VmFactory:
             raise VmmError(f"qemu-img create failed: {out.decode(errors='replace')}")
         tmp.replace(seed)
 
-    async def spawn_incoming(self, source: RestoreSource) -> MicroVM:
+    async def spawn_incoming(self, source: RestoreSource, *, lazy: bool = False) -> MicroVM:
         """A QEMU for ``source`` waiting for its state, with the guest-agent socket already connected
-        (connecting before the state loads keeps the guest's port open across the restore)."""
+        (connecting before the state loads keeps the guest's port open across the restore). ``lazy`` pages its
+        RAM from the memory server even when the image is local."""
         vm_id = new_id("vm")
         paths = VmPaths(self.run_dir / vm_id)
         paths.root.mkdir(parents=True)
@@ -102,13 +107,13 @@ class VmFactory:
                 shutil.copyfile(await self._empty_overlay(source), paths.disk)
             else:
                 await asyncio.to_thread(clone_file, source.disk, paths.disk)
-            memory = await self.hot.ensure(source.hot_key, source.memory)
+            memory = await self.memory.backing(source, lazy)
             net = await self._attach(vm_id, source.machine)
         except BaseException:
             shutil.rmtree(paths.root, ignore_errors=True)
             await self._release(vm_id)
             raise
-        vm = MicroVM(vm_id, source.machine, paths, MemoryBacking(memory, share=False), paths.disk, net)
+        vm = MicroVM(vm_id, source.machine, paths, memory, paths.disk, net)
         try:
             await vm.start(incoming=True)
             await vm.connect_guest()
@@ -153,6 +158,11 @@ class VmFactory:
         except BaseException:
             await self.destroy(vm)
             raise
+
+    async def explain_failure(self, vm: MicroVM) -> CryoboxError | None:
+        """A clearer cause for a VM that failed to come up (a chunk of its lazily paged RAM could not be
+        fetched), if there is one."""
+        return await self.memory.explain(vm)
 
     async def destroy(self, vm: MicroVM) -> None:
         """Kill the VM and remove its run directory. Idempotent."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import functools
 import logging
 import shutil
@@ -14,21 +15,35 @@ from ..image.specs import DEFAULT_TEMPLATES, TemplateSpec
 from ..util.proc import Progress
 from .factory import PoolMode, VmFactory
 from .forking import Forking
+from .memsource import MemoryMode, MemorySource
 from .net.bakenet import bake_network, reclaim_bakes
 from .net.firewall import Firewall
 from .net.netlink import host_networks
 from .net.netlink import reclaim as reclaim_net
 from .net.pool import SlotPool
 from .net.slots import SlotPlan, tag_for
+from .prefetch import ensure_trace
 from .reclaim import reclaim
 from .service import SandboxService
 from .store.hot import HotImages
+from .store.memclient import MemoryServerProcess, MemServerConfig
+from .store.objstore import ObjectStore, open_store
+from .store.publish import fetch_template, publish_template
 from .store.snapshots import SnapshotStore
 from .store.volume import Volume, ensure_volume, release_volume
 from .templates import Template, TemplateBaker, qemu_version
 from .vm import Accel, MachineConfig, detect_accel, host_tsc_khz
 
 log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_CACHE_BYTES = 8 << 30
+
+
+class TemplateSource(enum.Enum):
+    """``build``: bake templates on this host (and publish them); ``store``: fetch published ones."""
+
+    BUILD = "build"
+    STORE = "store"
 
 
 @dataclass(frozen=True)
@@ -40,6 +55,34 @@ class HostConfig:
     net_pool: int = 16
     """Network slots kept pre-built (``--net-pool``); creating one is never on a warm create path."""
     templates: tuple[TemplateSpec, ...] = DEFAULT_TEMPLATES
+    store_url: str | None = None
+    """Object store for published templates (``CRYOBOX_STORE_URL``; default: ``paths.default_store_url``)."""
+    memory_mode: MemoryMode = MemoryMode.HOT
+    """``hot``: restores map a tmpfs copy of local images; ``lazy``: they page RAM from the store on demand."""
+    template_source: TemplateSource = TemplateSource.BUILD
+    chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES
+    store_faults: str = ""
+    """Store-side latency/throttle injection for the memory server's GETs (``CRYOBOX_STORE_FAULTS``)."""
+    naive_memory: bool = False
+    """Memory server without single-flight and chunk cache (the comparison baseline of ``bench burst``)."""
+    fetch_deadline_s: float | None = None
+    prefetch: bool = True
+    """Replay an image's prefetch trace on its first lazy restore."""
+
+    @property
+    def resolved_store_url(self) -> str:
+        return self.store_url or self.paths.default_store_url
+
+    def memserver_config(self) -> MemServerConfig:
+        return MemServerConfig(
+            root=self.paths.memserver_dir,
+            store_url=self.resolved_store_url,
+            cache_dir=self.paths.chunk_cache_dir,
+            cache_budget_bytes=self.chunk_cache_bytes,
+            faults=self.store_faults,
+            naive=self.naive_memory,
+            fetch_deadline_s=self.fetch_deadline_s,
+        )
 
 
 def machine_for(spec: TemplateSpec, images: ImageSet, accel: Accel, tsc_khz: int) -> MachineConfig:
@@ -56,11 +99,29 @@ def machine_for(spec: TemplateSpec, images: ImageSet, accel: Accel, tsc_khz: int
 
 
 async def prepare_template(config: HostConfig, spec: TemplateSpec, progress: Progress) -> Template:
-    """Build the template's images and bake it unless a finished bake with the same inputs exists."""
+    """Build the template's images and bake it unless a finished bake with the same inputs exists; publish it
+    to the object store unless it is there already."""
     config.paths.ensure()
     baker = TemplateBaker(config.paths.templates_dir, config.paths.bake_dir, progress, bake_network)
     images = await asyncio.to_thread(build_images, config.paths.images_dir, spec, progress)
-    return await baker.ensure(spec, images, machine_for(spec, images, config.accel, host_tsc_khz()))
+    template = await baker.ensure(spec, images, machine_for(spec, images, config.accel, host_tsc_khz()))
+    store = await asyncio.to_thread(open_store, config.resolved_store_url)
+    work = config.paths.cache_dir / ".publish"
+    await asyncio.to_thread(publish_template, store, template, config.paths.images_dir, work, progress)
+    return template
+
+
+async def obtain_templates(config: HostConfig, store: ObjectStore, progress: Progress) -> dict[str, Template]:
+    """Bake (and publish) the templates here, or fetch the published ones from the store."""
+    if config.template_source is TemplateSource.BUILD:
+        return await prepare_templates(config, progress)
+    paths, qemu = config.paths, qemu_version()
+    return {
+        spec.name: await asyncio.to_thread(
+            fetch_template, store, spec.name, paths.templates_dir, paths.images_dir, qemu, progress
+        )
+        for spec in config.templates
+    }
 
 
 async def prepare_templates(config: HostConfig, progress: Progress) -> dict[str, Template]:
@@ -79,9 +140,12 @@ class Host:
     forking: Forking
     slots: SlotPool
     firewall: Firewall
+    store: ObjectStore
+    memserver: MemoryServerProcess
 
     async def close(self, release: bool = True) -> None:
         await self.service.close()
+        await self.memserver.aclose()  # after every VM mapping its files is gone
         await self.slots.close()
         await asyncio.to_thread(self.firewall.remove)
         await asyncio.to_thread(self.hot.close)
@@ -114,13 +178,24 @@ async def start_host(config: HostConfig, progress: Progress) -> Host:
     hibernation = SnapshotStore(paths.hibernate_dir, hot, qemu_version())
     for partial in await asyncio.to_thread(snapshots.sweep_partials):
         log.info("removed unfinished snapshot %s", partial)
-    templates = await prepare_templates(config, progress)
-    service = SandboxService(
-        templates,
-        VmFactory(paths.run_dir, hot, slots, firewall),
-        hibernation,
-        prespawn=config.prespawn,
-        pool_mode=config.pool_mode,
-    )
+    store = await asyncio.to_thread(open_store, config.resolved_store_url)
+    memserver = MemoryServerProcess(config.memserver_config())
+    await asyncio.to_thread(memserver.start)
+    progress(f"memory server on {memserver.config.mount} (store {store.url}, memory {config.memory_mode.value})")
+    try:
+        templates = await obtain_templates(config, store, progress)
+        factory = VmFactory(
+            paths.run_dir, hot, slots, firewall, MemorySource(hot, memserver, config.memory_mode, config.prefetch)
+        )
+        for template in templates.values():
+            try:
+                await ensure_trace(factory, memserver, store, template)
+            except Exception as err:  # restores still work without a trace, only without prefetch
+                log.warning("could not record the prefetch trace of %s: %s", template.name, err)
+    except BaseException:
+        await memserver.aclose()
+        raise
+    service = SandboxService(templates, factory, hibernation, prespawn=config.prespawn, pool_mode=config.pool_mode)
     service.start()
-    return Host(config, volume, hot, service, snapshots, Forking(service, snapshots), slots, firewall)
+    forking = Forking(service, snapshots)
+    return Host(config, volume, hot, service, snapshots, forking, slots, firewall, store, memserver)

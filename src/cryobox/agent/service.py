@@ -126,10 +126,13 @@ class SandboxService:
             if egress is not None:
                 await self.factory.allow_egress(vm, egress)
             step_ns = await self._bring_up(vm, source, sandbox.instance_id)
-        except BaseException:
+        except BaseException as err:
             sandbox.state = SandboxState.ERROR
             self.sandboxes.pop(sandbox.id, None)
+            cause = await self.factory.explain_failure(vm) if isinstance(err, Exception) else None
             await self.factory.destroy(vm)
+            if cause is not None:
+                raise cause from err
             raise
         sandbox.boot_ms = round((time.monotonic() - started) * 1000, 1)
         sandbox.state = SandboxState.RUNNING

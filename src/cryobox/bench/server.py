@@ -15,6 +15,7 @@ from types import TracebackType
 
 import httpx
 
+from ..agent.store.mounts import unmount
 from ..agent.store.volume import release_volume
 from ..config import DEFAULT_CACHE_DIR, Paths
 
@@ -107,8 +108,10 @@ class ServeProcess:
     def cleanup(self) -> None:
         """After :meth:`stop`: unmount the data volume and remove the hot directory, even if serve died
         without doing it (a kill -9, a crash)."""
+        paths = Paths(self.data_dir, self.cache_dir or DEFAULT_CACHE_DIR)
+        unmount(paths.memserver_dir / "mnt")  # a memory server killed with serve leaves its mount disconnected
         release_volume(self.data_dir)
-        shutil.rmtree(Paths(self.data_dir, self.cache_dir or DEFAULT_CACHE_DIR).hot_dir, ignore_errors=True)
+        shutil.rmtree(paths.hot_dir, ignore_errors=True)
 
     def __enter__(self) -> ServeProcess:
         return self.start()

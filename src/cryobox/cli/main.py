@@ -68,9 +68,50 @@ def serve(
         float | None,
         typer.Option(help="seconds between orphan sweeps (env CRYOBOX_ORPHAN_SWEEP_INTERVAL_S, default 900)"),
     ] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            envvar="CRYOBOX_STORE_URL",
+            help="object store: file:///dir or s3://bucket?endpoint=URL&region=R (default file://<cache>/store)",
+        ),
+    ] = None,
+    memory: Annotated[
+        str,
+        typer.Option(
+            envvar="CRYOBOX_MEMORY", help="'hot' (tmpfs copy of local images) or 'lazy' (page RAM from the store)"
+        ),
+    ] = "hot",
+    template_source: Annotated[
+        str,
+        typer.Option(
+            envvar="CRYOBOX_TEMPLATE_SOURCE", help="'build' (bake here, publish) or 'store' (fetch published)"
+        ),
+    ] = "build",
+    chunk_cache_bytes: Annotated[
+        int, typer.Option(envvar="CRYOBOX_CHUNK_CACHE_BYTES", help="chunk cache budget in allocated bytes")
+    ] = 8 << 30,
+    store_faults: Annotated[
+        str,
+        typer.Option(
+            envvar="CRYOBOX_STORE_FAULTS",
+            help="inject store latency/throttling, e.g. latency_ms=20,bandwidth_mbps=400,throttle_rate=0.05",
+        ),
+    ] = "",
+    naive_memory: Annotated[
+        bool, typer.Option(help="memory server without single-flight and chunk cache (benchmark baseline)")
+    ] = False,
+    fetch_deadline: Annotated[
+        float | None, typer.Option(help="seconds one chunk fetch may take, retries included (default 15)")
+    ] = None,
+    prefetch: Annotated[
+        bool, typer.Option(help="replay an image's recorded chunk order on its first lazy restore")
+    ] = True,
 ) -> None:
     """Start the platform: build images and templates if needed, then serve the HTTP API."""
     from ..agent.factory import PoolMode
+    from ..agent.memsource import MemoryMode
+    from ..agent.platform import TemplateSource
+    from ..agent.store.store_faults import StoreFaults
     from ..errors import CryoboxError
     from .serve import ServeOptions
     from .serve import serve as run_serve
@@ -79,6 +120,19 @@ def serve(
         mode = PoolMode(pool_mode)
     except ValueError:
         raise typer.BadParameter(f"--pool-mode must be 'warm' or 'spawned', not {pool_mode!r}") from None
+    try:
+        memory_mode = MemoryMode(memory)
+    except ValueError:
+        raise typer.BadParameter(f"--memory must be 'hot' or 'lazy', not {memory!r}") from None
+    try:
+        source = TemplateSource(template_source)
+    except ValueError:
+        raise typer.BadParameter(f"--template-source must be 'build' or 'store', not {template_source!r}") from None
+    if store_faults:
+        try:
+            StoreFaults.parse(store_faults)
+        except CryoboxError as err:
+            raise typer.BadParameter(f"--store-faults: {err.message}") from None
     options = ServeOptions(
         data_dir=data_dir,
         cache_dir=cache_dir,
@@ -93,6 +147,14 @@ def serve(
         net_pool=net_pool,
         snapshot_grace_s=snapshot_grace,
         orphan_sweep_interval_s=orphan_sweep_interval,
+        store_url=store,
+        memory_mode=memory_mode,
+        template_source=source,
+        chunk_cache_bytes=chunk_cache_bytes,
+        store_faults=store_faults,
+        naive_memory=naive_memory,
+        fetch_deadline_s=fetch_deadline,
+        prefetch=prefetch,
     )
     try:
         run_serve(options, console)
@@ -165,6 +227,36 @@ def bench_net(
     from ..bench.net import run_net_bench
 
     result = run_net_bench(n=n, ages=ages, out_dir=out_dir, cache_dir=cache_dir, console=console)
+    if as_json:
+        print(json.dumps(result, indent=2))
+
+
+@bench_app.command("burst")
+def bench_burst(
+    n: Annotated[int, typer.Option("--n", help="creates fired at once")] = 32,
+    template: Annotated[str, typer.Option(help="template to create")] = "base",
+    faults: Annotated[
+        str, typer.Option(help="store-side latency/bandwidth/throttle injection ('' for none)")
+    ] = "latency_ms=30,bandwidth_mbps=800",
+    concurrency: Annotated[int, typer.Option(help="--max-concurrent-restores of the measured servers")] = 4,
+    as_json: Annotated[bool, typer.Option("--json", help="print the JSON result")] = False,
+    plot: Annotated[Path | None, typer.Option(help="write a PNG: latency CDFs, GETs vs chunks")] = None,
+    out_dir: Annotated[Path, typer.Option(help="where to write the JSON")] = Path("bench/results"),
+    cache_dir: CacheDir = None,
+) -> None:
+    """N simultaneous creates with memory only in the object store: cold cache, warm cache, naive; one run."""
+    from ..bench.burst import run_burst_bench
+
+    result = run_burst_bench(
+        n=n,
+        template=template,
+        faults=faults,
+        concurrency=concurrency,
+        out_dir=out_dir,
+        cache_dir=cache_dir,
+        plot=plot,
+        console=console,
+    )
     if as_json:
         print(json.dumps(result, indent=2))
 

@@ -15,7 +15,8 @@ import uvicorn
 from rich.console import Console
 
 from ..agent.factory import PoolMode
-from ..agent.platform import HostConfig, prepare_template, start_host
+from ..agent.memsource import MemoryMode
+from ..agent.platform import DEFAULT_CHUNK_CACHE_BYTES, HostConfig, TemplateSource, prepare_template, start_host
 from ..config import Paths
 from ..registry import Registry
 from ..server.admission import AdmissionConfig, AdmissionController
@@ -44,12 +45,34 @@ class ServeOptions:
     net_pool: int = 16
     snapshot_grace_s: float | None = None
     orphan_sweep_interval_s: float | None = None
+    store_url: str | None = None
+    memory_mode: MemoryMode = MemoryMode.HOT
+    template_source: TemplateSource = TemplateSource.BUILD
+    chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES
+    store_faults: str = ""
+    naive_memory: bool = False
+    fetch_deadline_s: float | None = None
+    prefetch: bool = True
 
 
 def serve(options: ServeOptions, console: Console) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the memory server's control calls
     paths = Paths.from_env(options.data_dir, options.cache_dir)
-    config = HostConfig(paths=paths, prespawn=options.prespawn, pool_mode=options.pool_mode, net_pool=options.net_pool)
+    config = HostConfig(
+        paths=paths,
+        prespawn=options.prespawn,
+        pool_mode=options.pool_mode,
+        net_pool=options.net_pool,
+        store_url=options.store_url,
+        memory_mode=options.memory_mode,
+        template_source=options.template_source,
+        chunk_cache_bytes=options.chunk_cache_bytes,
+        store_faults=options.store_faults,
+        naive_memory=options.naive_memory,
+        fetch_deadline_s=options.fetch_deadline_s,
+        prefetch=options.prefetch,
+    )
     # validate every setting before anything starts (fail fast)
     admission_config = AdmissionConfig.from_env(
         max_concurrent=options.max_concurrent_restores,
@@ -82,6 +105,7 @@ def serve(options: ServeOptions, console: Console) -> None:
             agent = await start_host(config, progress)
         service = agent.service
         metrics = Metrics()
+        metrics.add_source(agent.memserver.metrics_text)
         admission = AdmissionController(admission_config, observer=metrics.admission_observer())
         control = ControlPlane(
             service,

@@ -28,6 +28,7 @@ from ..errors import (
     CryoboxError,
     HostUnavailable,
     QuotaExceeded,
+    StoreError,
 )
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -298,7 +299,9 @@ def parse_entry(response: httpx.Response) -> models.FileEntry:
 # --- errors ----------------------------------------------------------------------------------------------------
 
 _BY_STATUS: dict[int, type[CryoboxError]] = {
-    cls.http_status: cls for cls in ERRORS_BY_CODE.values() if cls.http_status not in (200, 500)
+    cls.http_status: cls
+    for cls in ERRORS_BY_CODE.values()
+    if cls.http_status not in (200, 500) and not issubclass(cls, StoreError)  # 502/503 there are not unambiguous
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Final, get_args
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -31,6 +31,7 @@ EXEC_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 
 HTTP_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 SandboxStateProvider = Callable[[], Mapping[str, int]]
+ExternalSource = Callable[[], Awaitable[str]]
 
 
 class Metrics:
@@ -38,6 +39,7 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry: CollectorRegistry = registry if registry is not None else CollectorRegistry()
+        self._external: list[ExternalSource] = []
         r = self.registry
         self.creates = Counter(
             "cryobox_creates", "Sandbox create requests by outcome", ["result", "boot_mode"], registry=r
@@ -108,6 +110,20 @@ class Metrics:
         return _AdmissionMetrics(self)
 
     # -- exposition -----------------------------------------------------------------------------------------
+
+    def add_source(self, source: ExternalSource) -> None:
+        """Append another process's text exposition (the memory server's) to every scrape."""
+        self._external.append(source)
+
+    async def render_all(self) -> tuple[bytes, str]:
+        """:meth:`render` plus every external source; a source that fails is skipped (and logged)."""
+        body, content_type = self.render()
+        for source in self._external:
+            try:
+                body += (await source()).encode()
+            except Exception as err:
+                log.warning("metrics source failed: %s", err)
+        return body, content_type
 
     def render(self) -> tuple[bytes, str]:
         """The text exposition of this registry and its content type."""

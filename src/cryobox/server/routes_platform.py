@@ -59,7 +59,7 @@ async def info(ctx: PublicCtx) -> models.Info:
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
 async def metrics(ctx: PublicCtx) -> Response:
-    body, content_type = ctx.metrics.render()
+    body, content_type = await ctx.metrics.render_all()
     return Response(content=body, media_type=content_type)
 
 

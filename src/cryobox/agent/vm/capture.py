@@ -140,7 +140,10 @@ async def capture(
         raise VmmError(f"cannot snapshot a VM in state {vm.state.value}")
     if vm.pid is None:
         raise VmmError("QEMU is not running")
-    background = keep_running and vm.state is VmState.RUNNING
+    background = keep_running and vm.state is VmState.RUNNING and vm.memory.write_trackable
+    # a running VM whose RAM cannot be write-protected (lazily paged from the memory server) is paused for a
+    # plain migration and continued after it
+    resume_after = keep_running and vm.state is VmState.RUNNING and not background
     prepopulate_ms = 0.0
     if background:
         t = time.monotonic()
@@ -164,8 +167,12 @@ async def capture(
             vm.state = VmState.RUNNING
         info = await vm.execute("query-migrate")
         result = await consumer
+        if resume_after:
+            await vm.execute("cont")
+            vm.state = VmState.RUNNING
+            pause_ms = (time.monotonic() - started) * 1000
     except BaseException:
-        if background and vm.state.alive:
+        if (background or resume_after) and vm.state.alive:
             status = await vm.execute("query-status")
             if not status.get("running"):
                 await vm.execute("cont")
@@ -186,7 +193,7 @@ async def capture(
     downtime = info.get("downtime")
     return CaptureReport(
         mode="background" if background else "stopped",
-        pause_ms=round(pause_ms, 1) if background else 0.0,
+        pause_ms=round(pause_ms, 1) if background or resume_after else 0.0,
         total_ms=round(total_ms, 1),
         qemu_downtime_ms=float(downtime) if downtime is not None else None,
         prepopulate_ms=round(prepopulate_ms, 1),

@@ -112,6 +112,9 @@ class MemoryBacking:
 
     path: Path
     share: bool
+    write_trackable: bool = True
+    """userfaultfd can write-protect the mapping (tmpfs: yes; a FUSE file of the memory server: no), so a
+    running VM can be snapshotted with ``background-snapshot``; otherwise it is paused for a plain migration."""
 
 
 @dataclass(frozen=True)

@@ -182,16 +182,29 @@ class MicroVM:
                 await asyncio.sleep(0.005)
 
     async def _migration(self, start: Awaitable[Any], timeout: float) -> None:
-        """Run a migration command and wait for its MIGRATION event to report completion."""
+        """Run a migration command and wait for its MIGRATION event to report completion (or QEMU to die: a
+        restore whose lazily paged RAM cannot be read kills QEMU with SIGBUS mid-load)."""
+
+        async def completed(listener: Any) -> None:
+            async for event in listener:
+                status = cast(dict[str, Any], event["data"])["status"]
+                if status == "completed":
+                    return
+                if status in ("failed", "cancelled"):
+                    raise VmmError(f"migration {status}; see {self.paths.qemu_log}")
+
         with self.qmp.listener("MIGRATION") as listener:
             await start
-            async with asyncio.timeout(timeout):
-                async for event in listener:
-                    status = cast(dict[str, Any], event["data"])["status"]
-                    if status == "completed":
-                        return
-                    if status in ("failed", "cancelled"):
-                        raise VmmError(f"migration {status}; see {self.paths.qemu_log}")
+            waiter = asyncio.ensure_future(completed(listener))
+            try:
+                async with asyncio.timeout(timeout):
+                    while not waiter.done():
+                        if not self._alive():
+                            raise VmmError(f"QEMU exited during the migration; see {self.paths.qemu_log}")
+                        await asyncio.wait({waiter}, timeout=0.05)
+                waiter.result()
+            finally:
+                waiter.cancel()
 
     async def _set_capabilities(self) -> None:
         await self.execute(

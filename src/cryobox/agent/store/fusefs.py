@@ -1,0 +1,213 @@
+"""The memory server's FUSE filesystem: every memory image in the object store, as one read-only file.
+
+A file's name is its image's store prefix with ``/`` written as ``+``::
+
+    <mount>/templates+base+<generation>     the image whose objects are templates/base/<generation>/memory.{idx,pack}
+
+so the filesystem needs no registration: the first ``getattr`` of a name fetches that image's index (once, however
+many callers ask) and the file's size is the image's size. QEMU maps the file with ``share=off``; every page fault
+the kernel page cache cannot serve becomes a ``read`` here, which goes to the chunk resolver. A read the resolver
+cannot serve (the store failed past its retries and deadline) answers ``EIO``: the faulting QEMU gets ``SIGBUS``
+and dies, and the platform reports the recorded :class:`~cryobox.errors.ChunkFetchFailed` instead of a hung vCPU.
+
+The order in which chunks are first read is recorded per image (the prefetch trace of a restore).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import mfusepy as fuse
+
+from ...errors import CryoboxError, ObjectNotFound, StoreError
+from ...util.files import write_atomic
+from .chunkcache import cache_identity
+from .chunkfmt import ChunkIndex
+from .objstore import ObjectStore
+from .resolver import ChunkResolver, ImageRef
+
+log = logging.getLogger(__name__)
+
+INDEX_NAME = "memory.idx"
+PACK_NAME = "memory.pack"
+TRACE_NAME = "memory.trace"
+INDEX_ATTEMPTS = 4
+
+
+def file_name(prefix: str) -> str:
+    """The file name under the mount for the image stored under ``prefix``."""
+    if "+" in prefix or not prefix or prefix.startswith("/"):
+        raise ValueError(f"invalid image prefix {prefix!r}")
+    return prefix.strip("/").replace("/", "+")
+
+
+def prefix_of(name: str) -> str:
+    return name.replace("+", "/")
+
+
+class ImageTable:
+    """Image indexes by file name, each loaded from the store at most once at a time (thread-safe).
+
+    Indexes and traces are immutable (their names carry the generation), so a copy is kept under ``local_dir``
+    and a restarted server reads them without a GET.
+    """
+
+    def __init__(self, store: ObjectStore, local_dir: Path | None = None) -> None:
+        self.store = store
+        self.local_dir = local_dir
+        self._images: dict[str, ImageRef] = {}
+        self._loading: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+        self._first_reads: dict[str, list[int]] = {}
+        self._seen: dict[str, set[int]] = {}
+        self._failures: dict[str, CryoboxError] = {}
+
+    def get(self, name: str) -> ImageRef:
+        with self._lock:
+            found = self._images.get(name)
+            if found is not None:
+                return found
+            loading = self._loading.setdefault(name, threading.Lock())
+        with loading:
+            with self._lock:
+                found = self._images.get(name)
+            if found is None:
+                try:
+                    found = self._load(name)
+                except CryoboxError as err:
+                    with self._lock:
+                        self._failures[name] = err
+                    raise
+                with self._lock:
+                    self._images[name] = found
+                    self._failures.pop(name, None)
+            return found
+
+    def failure(self, name: str) -> CryoboxError | None:
+        """The error of the last failed attempt to load the image's index, if the latest one failed."""
+        with self._lock:
+            return self._failures.get(name)
+
+    def small_object(self, key: str) -> bytes:
+        """An immutable small object (index, trace): the local copy, else the store's (a few retries), kept."""
+        local = (
+            self.local_dir / hashlib.sha256(f"{self.store.url}\0{key}".encode()).hexdigest() if self.local_dir else None
+        )
+        if local is not None and local.exists():
+            return local.read_bytes()
+        for attempt in range(INDEX_ATTEMPTS):
+            try:
+                blob = self.store.get(key)
+                break
+            except ObjectNotFound:
+                raise
+            except StoreError:
+                if attempt == INDEX_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.1 * 2**attempt)
+        if local is not None:
+            local.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(local, blob)
+        return blob
+
+    def _load(self, name: str) -> ImageRef:
+        prefix = prefix_of(name)
+        index = ChunkIndex.from_bytes(self.small_object(f"{prefix}/{INDEX_NAME}"))
+        key = f"{prefix}/{PACK_NAME}"
+        return ImageRef(key=key, index=index, identity=cache_identity(self.store.url, key, index.generation))
+
+    def loaded(self) -> dict[str, ImageRef]:
+        with self._lock:
+            return dict(self._images)
+
+    def note_read(self, name: str, chunks: range) -> None:
+        with self._lock:
+            seen = self._seen.setdefault(name, set())
+            order = self._first_reads.setdefault(name, [])
+            for idx in chunks:
+                if idx not in seen:
+                    seen.add(idx)
+                    order.append(idx)
+
+    def first_reads(self, name: str) -> list[int]:
+        with self._lock:
+            return list(self._first_reads.get(name, []))
+
+    def forget_reads(self, name: str) -> None:
+        with self._lock:
+            self._first_reads.pop(name, None)
+            self._seen.pop(name, None)
+
+
+class MemoryFS(fuse.Operations):  # type: ignore[misc]
+    """Read-only FUSE operations over :class:`ImageTable` and :class:`ChunkResolver`."""
+
+    use_ns = True
+
+    def __init__(self, table: ImageTable, resolver: ChunkResolver, clock: Callable[[], float] = time.time) -> None:
+        self.table = table
+        self.resolver = resolver
+        self._mounted_at_ns = int(clock() * 1e9)
+
+    def _ref(self, path: str) -> ImageRef:
+        name = path.lstrip("/")
+        if not name or "/" in name:
+            raise fuse.FuseOSError(errno.ENOENT)
+        try:
+            return self.table.get(name)
+        except ObjectNotFound:
+            raise fuse.FuseOSError(errno.ENOENT) from None
+        except CryoboxError as err:
+            log.error("memory image %s: %s", name, err)
+            raise fuse.FuseOSError(errno.EIO) from None
+
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+        times = {"st_atime": self._mounted_at_ns, "st_mtime": self._mounted_at_ns, "st_ctime": self._mounted_at_ns}
+        if path == "/":
+            return {"st_mode": stat.S_IFDIR | 0o755, "st_nlink": 2, **times}
+        ref = self._ref(path)
+        size = ref.index.image_size
+        # writable mode bits: QEMU opens its RAM file O_RDWR even to map it MAP_PRIVATE (which never writes back)
+        return {"st_mode": stat.S_IFREG | 0o644, "st_nlink": 1, "st_size": size, "st_blocks": size // 512, **times}
+
+    def readdir(self, path: str, fh: int) -> list[str]:
+        if path != "/":
+            raise fuse.FuseOSError(errno.ENOTDIR)
+        return [".", "..", *sorted(self.table.loaded())]
+
+    def open(self, path: str, flags: int) -> int:
+        self._ref(path)
+        if flags & os.O_TRUNC:
+            raise fuse.FuseOSError(errno.EROFS)
+        return 0
+
+    def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+        raise fuse.FuseOSError(errno.EROFS)  # images are immutable; MAP_PRIVATE copies-on-write in the guest's VM
+
+    def truncate(self, path: str, length: int, fh: int | None = None) -> None:
+        raise fuse.FuseOSError(errno.EROFS)
+
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        ref = self._ref(path)
+        name = path.lstrip("/")
+        if offset >= ref.index.image_size:
+            return b""
+        size = min(size, ref.index.image_size - offset)
+        self.table.note_read(name, ref.index.chunks_for(offset, size))
+        try:
+            return self.resolver.read(ref, offset, size)
+        except StoreError as err:
+            log.error("read %s @%d+%d failed: %s", name, offset, size, err)
+            raise fuse.FuseOSError(errno.EIO) from None
+
+    def statfs(self, path: str) -> dict[str, int]:
+        return {"f_bsize": 4096, "f_frsize": 4096, "f_blocks": 0, "f_bfree": 0, "f_bavail": 0, "f_namemax": 255}

@@ -1,0 +1,227 @@
+"""The memory server process: the FUSE filesystem of memory images, the chunk resolver and the host's chunk cache.
+
+Run by the host agent (``python -m cryobox.agent.store.memserver ...``) as its own process, so libfuse owns that
+process's signals and main thread and a page fault QEMU takes never waits for the agent's event loop. It dies with
+the agent (``PR_SET_PDEATHSIG``) and a new agent reclaims a mount a dead one left behind.
+
+Besides the mount it answers HTTP on a unix socket (``--control``)::
+
+    GET  /metrics                       Prometheus text: faults_total, chunk_fetches_total, zero_fills_total, ...
+    GET  /stats                         the same counters as JSON, plus cache and per-image figures
+    GET  /images/<name>/first-reads     chunk indexes in first-read order (a restore's prefetch trace)
+    POST /images/<name>/forget-reads    start recording first reads afresh
+    GET  /images/<name>/failure         the last chunk fetch failure of the image (404 if none)
+    POST /images/<name>/prefetch        replay the image's stored trace (memory.trace) in the background
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import dataclasses
+import json
+import logging
+import os
+import signal
+import socketserver
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any
+
+import mfusepy as fuse
+from prometheus_client import generate_latest
+
+from ...errors import CryoboxError, ObjectNotFound
+from .chunkcache import ChunkCache
+from .chunkfmt import PrefetchTrace
+from .fusefs import TRACE_NAME, ImageTable, MemoryFS, prefix_of
+from .memmetrics import MemoryMetrics
+from .mounts import unmount
+from .objstore import ObjectStore, open_store
+from .resolver import ChunkResolver, ResolverConfig
+from .store_faults import FaultyStore, StoreFaults
+
+log = logging.getLogger("cryobox.memserver")
+
+PR_SET_PDEATHSIG = 1
+
+
+class MemoryServer:
+    """Everything the process serves, wired together (the FUSE loop and the control socket share it)."""
+
+    def __init__(
+        self, store: ObjectStore, cache: ChunkCache | None, config: ResolverConfig, local_dir: Path | None = None
+    ) -> None:
+        self.store = store
+        self.cache = cache
+        self.metrics = MemoryMetrics()
+        self.resolver = ChunkResolver(store, cache, config, self.metrics)
+        self.table = ImageTable(store, local_dir)
+        self.fs = MemoryFS(self.table, self.resolver)
+        self.config = config
+
+    def stats(self) -> dict[str, Any]:
+        images = {
+            name: {
+                "touched": len(self.resolver.touched(ref.identity)),
+                "first_reads": len(self.table.first_reads(name)),
+                "chunks": ref.index.chunk_count,
+                "stored_chunks": sum(1 for i in range(ref.index.chunk_count) if not ref.index.is_zero(i)),
+            }
+            for name, ref in self.table.loaded().items()
+        }
+        cache: dict[str, Any] = {"enabled": self.cache is not None}
+        if self.cache is not None:
+            cache.update(used_bytes=self.cache.used_bytes, budget_bytes=self.cache.budget_bytes)
+            cache.update(dataclasses.asdict(self.cache.stats))
+        return {
+            "metrics": self.metrics.snapshot(),
+            "store": self.store.stats.snapshot(),
+            "cache": cache,
+            "single_flight": self.config.single_flight,
+            "images": images,
+        }
+
+    def prefetch(self, name: str) -> int:
+        ref = self.table.get(name)
+        if self.cache is None:
+            return 0  # without a cache prefetched chunks would be thrown away
+        trace = PrefetchTrace.from_bytes(self.table.small_object(f"{prefix_of(name)}/{TRACE_NAME}"))
+        self.resolver.prefetch(ref, trace.chunks)
+        return len(trace.chunks)
+
+
+def _handler(server: MemoryServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+            log.debug(format, *args)
+
+        def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _json(self, status: int, value: Any) -> None:
+            self._send(status, json.dumps(value).encode())
+
+        def _image(self) -> tuple[str, str]:
+            parts = self.path.strip("/").split("/")
+            if len(parts) != 3 or parts[0] != "images":
+                raise LookupError(self.path)
+            return parts[1], parts[2]
+
+        def address_string(self) -> str:
+            return "control"
+
+        def do_GET(self) -> None:  # noqa: N802 - stdlib name
+            try:
+                if self.path == "/metrics":
+                    return self._send(200, generate_latest(server.metrics.registry), "text/plain; version=0.0.4")
+                if self.path == "/stats":
+                    return self._json(200, server.stats())
+                name, what = self._image()
+                if what == "first-reads":
+                    return self._json(200, server.table.first_reads(name))
+                if what == "failure":
+                    ref = server.table.loaded().get(name)
+                    failure: CryoboxError | None = server.resolver.last_failure(ref.identity) if ref else None
+                    failure = failure or server.table.failure(name)
+                    if failure is None:
+                        return self._json(404, {"error": "no failure recorded"})
+                    return self._json(200, failure.to_wire())
+                raise LookupError(self.path)
+            except LookupError:
+                self._json(404, {"error": f"no such resource {self.path}"})
+
+        def do_POST(self) -> None:  # noqa: N802 - stdlib name
+            try:
+                name, what = self._image()
+                if what == "forget-reads":
+                    server.table.forget_reads(name)
+                    return self._json(200, {})
+                if what == "prefetch":
+                    return self._json(200, {"chunks": server.prefetch(name)})
+                raise LookupError(self.path)
+            except LookupError:
+                self._json(404, {"error": f"no such resource {self.path}"})
+            except ObjectNotFound as err:
+                self._json(404, err.to_wire())
+            except CryoboxError as err:
+                self._json(502, err.to_wire())
+
+    return Handler
+
+
+class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        sys.exit(1)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="cryobox-memserver")
+    parser.add_argument("--mount", type=Path, required=True)
+    parser.add_argument("--control", type=Path, required=True)
+    parser.add_argument("--store", required=True, help="object store URL (file:///dir, s3://bucket?endpoint=...)")
+    parser.add_argument("--cache-dir", type=Path, required=True)
+    parser.add_argument("--cache-budget", type=int, required=True, help="bytes of allocated blocks")
+    parser.add_argument("--faults", default="", help="store-side latency/throttle injection (StoreFaults spec)")
+    parser.add_argument("--naive", action="store_true", help="no single-flight, no chunk cache (for comparison)")
+    parser.add_argument("--fetch-deadline", type=float, default=ResolverConfig.fetch_deadline_s)
+    parser.add_argument("--retries", type=int, default=ResolverConfig.retries)
+    return parser.parse_args(argv)
+
+
+def build(args: argparse.Namespace) -> MemoryServer:
+    store = open_store(args.store)
+    faults = StoreFaults.parse(args.faults) if args.faults else None
+    if faults is not None:
+        store = FaultyStore(store, faults)
+    cache = None
+    if not args.naive:
+        cache = ChunkCache(args.cache_dir, args.cache_budget)
+        cache.open()
+    config = ResolverConfig(
+        single_flight=not args.naive,
+        use_cache=not args.naive,
+        retries=args.retries,
+        fetch_deadline_s=args.fetch_deadline,
+    )
+    return MemoryServer(store, cache, config, None if args.naive else args.cache_dir / "objects")
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="memserver %(levelname)s %(message)s")
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    _die_with_parent()
+    server = build(args)
+    unmount(args.mount)
+    args.mount.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        args.control.unlink()
+    control = _UnixHTTPServer(str(args.control), _handler(server))
+    threading.Thread(target=control.serve_forever, name="control", daemon=True).start()
+    try:
+        # blocks until unmounted or SIGTERM/SIGINT (libfuse's handlers unmount on the way out)
+        fuse.FUSE(server.fs, str(args.mount), foreground=True, allow_other=True, kernel_cache=True)
+    except RuntimeError as err:  # mfusepy reports the loop's exit status; a signal-initiated exit is nonzero
+        log.info("FUSE loop ended (%s)", err)
+    finally:
+        control.shutdown()
+        with contextlib.suppress(FileNotFoundError):
+            args.control.unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""Templates in the object store: publish a baked template, and fetch one onto a host that lacks it.
+
+Store layout (every name carries the generation, so a re-bake is a new name and never overwrites)::
+
+    templates/<name>/<generation>/memory.idx     chunk index: size, 4 MiB chunks, zero bitmap, sha256 per chunk
+    templates/<name>/<generation>/memory.pack    the non-zero chunks (range GETs fetch one chunk each)
+    templates/<name>/<generation>/memory.trace   chunks in the order a restore first read them (prefetch)
+    templates/<name>/<generation>/vmstate        device state
+    templates/<name>/<generation>/disk.qcow2     root-disk overlay (its backing file is rebased on fetch)
+    templates/<name>/<generation>/manifest.json  written last: the template is published once it exists
+    templates/<name>/latest                      {"generation": ...} of the newest publish
+    images/<kind>/<cache key>/<file>[.idx|.pack] kernel, initrd, rootfs base (sparse images chunked like memory)
+
+A fetched template gets the usual directory (``vmstate``, ``disk.qcow2``, ``manifest.json``) but no ``memory``:
+its restores map the memory server's file for ``templates/<name>/<generation>`` and fault chunks in on demand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from ...errors import CryoboxError, ObjectNotFound, StoreError
+from ...util.files import fsync_dir, write_json_atomic
+from ...util.proc import Progress
+from ..templates import Template
+from ..vm import MachineConfig
+from .chunkfmt import ChunkIndex, pack_image
+from .objstore import ObjectStore
+
+LAYOUT_VERSION = 1
+
+
+def template_prefix(name: str, generation: str) -> str:
+    return f"templates/{name}/{generation}"
+
+
+def upload_image(store: ObjectStore, base: str, path: Path, generation: str, work_dir: Path) -> ChunkIndex:
+    """Upload a sparse raw image as ``<base>.pack`` (non-zero chunks) and then ``<base>.idx``."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    pack = work_dir / f".pack-{secrets.token_hex(6)}"
+    try:
+        index = pack_image(path, pack, generation)
+        store.put_file(f"{base}.pack", pack)
+    finally:
+        pack.unlink(missing_ok=True)
+    store.put(f"{base}.idx", index.to_bytes())
+    return index
+
+
+def download_image(store: ObjectStore, base: str, dest: Path) -> ChunkIndex:
+    """Rebuild the sparse image stored as ``<base>.{idx,pack}`` at ``dest`` (verified, written atomically)."""
+    index = ChunkIndex.from_bytes(store.get(f"{base}.idx"))
+    tmp = dest.with_name(f".{dest.name}.{secrets.token_hex(6)}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.truncate(index.image_size)
+            for i in range(index.chunk_count):
+                if index.is_zero(i):
+                    continue
+                data = store.get_range(f"{base}.pack", index.offsets[i], index.chunk_len(i))
+                if hashlib.sha256(data).hexdigest() != index.sha256[i]:
+                    raise StoreError(f"{base}.pack: chunk {i} does not match its checksum")
+                fh.seek(i * index.chunk_size)
+                fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, dest)
+        fsync_dir(dest.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return index
+
+
+def _image_key(images_dir: Path, path: Path) -> str:
+    """``images/<kind>/<cache key>/<file>`` for a file of the content-addressed image cache."""
+    try:
+        rel = path.resolve().relative_to(images_dir.resolve())
+    except ValueError:
+        raise CryoboxError(f"{path} is not in the image cache {images_dir}") from None
+    return f"images/{rel.as_posix()}"
+
+
+def is_published(store: ObjectStore, template: Template) -> bool:
+    return store.exists(f"{template_prefix(template.name, template.generation)}/manifest.json")
+
+
+def publish_template(
+    store: ObjectStore, template: Template, images_dir: Path, work_dir: Path, progress: Progress
+) -> str:
+    """Upload ``template`` (skipping objects already there); the manifest goes last. Returns its prefix."""
+    prefix = template_prefix(template.name, template.generation)
+    if store.exists(f"{prefix}/manifest.json"):
+        return prefix
+    started = time.monotonic()
+    progress(f"publishing template {template.name} ({template.generation}) to {store.url}")
+    index = upload_image(store, f"{prefix}/memory", template.memory, template.generation, work_dir)
+    store.put_file(f"{prefix}/vmstate", template.vmstate)
+    store.put_file(f"{prefix}/disk.qcow2", template.disk)
+    files: dict[str, str] = {}
+    for role, path in (
+        ("kernel", template.machine.kernel),
+        ("initrd", template.machine.initrd),
+        ("rootfs", Path(template.manifest["rootfs"])),
+    ):
+        key = _image_key(images_dir, path)
+        files[role] = key
+        if role == "rootfs":
+            if not store.exists(f"{key}.idx"):
+                upload_image(store, key, path, key, work_dir)
+        elif not store.exists(key):
+            store.put_file(key, path)
+    manifest = dict(template.manifest)
+    manifest.update(
+        layout=LAYOUT_VERSION,
+        machine_config=template.machine.to_json(),
+        files=files,
+        memory={"image_size": index.image_size, "stored_bytes": index.stored_bytes, "chunks": index.chunk_count},
+        published_at=time.time(),
+    )
+    store.put(f"{prefix}/manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode())
+    store.put(f"templates/{template.name}/latest", json.dumps({"generation": template.generation}).encode())
+    progress(f"  published in {time.monotonic() - started:.1f}s ({index.stored_bytes >> 20} MiB of memory chunks)")
+    return prefix
+
+
+def latest_generation(store: ObjectStore, name: str) -> str:
+    try:
+        return str(json.loads(store.get(f"templates/{name}/latest"))["generation"])
+    except ObjectNotFound:
+        raise ObjectNotFound(f"template {name!r} is not published in {store.url}") from None
+
+
+def fetch_template(
+    store: ObjectStore, name: str, templates_dir: Path, images_dir: Path, qemu: str, progress: Progress
+) -> Template:
+    """Make the newest published ``name`` restorable here: download its small files and base images (once per
+    host; content-addressed) and leave the memory in the store, for the memory server to page in on demand."""
+    generation = latest_generation(store, name)
+    final = templates_dir / f"{name}-{generation}"
+    if (final / "manifest.json").exists():
+        return _load(final)
+    prefix = template_prefix(name, generation)
+    manifest: dict[str, Any] = json.loads(store.get(f"{prefix}/manifest.json"))
+    if manifest.get("qemu") != qemu:
+        raise CryoboxError(
+            f"template {name} ({generation}) was baked with {manifest.get('qemu')!r}; this host runs {qemu!r}"
+        )
+    progress(f"fetching template {name} ({generation}) from {store.url}")
+    local: dict[str, Path] = {}
+    for role, key in manifest["files"].items():
+        path = images_dir / key.removeprefix("images/")
+        if not path.exists():
+            if role == "rootfs":
+                download_image(store, key, path)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                store.download(key, path)
+        local[role] = path
+    work = templates_dir / f".{name}-{generation}.fetch{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        store.download(f"{prefix}/vmstate", work / "vmstate")
+        store.download(f"{prefix}/disk.qcow2", work / "disk.qcow2")
+        subprocess.run(
+            [
+                "qemu-img",
+                "rebase",
+                "-u",
+                "-f",
+                "qcow2",
+                "-F",
+                "raw",
+                "-b",
+                str(local["rootfs"]),
+                str(work / "disk.qcow2"),
+            ],
+            check=True,
+            capture_output=True,
+        )
+        machine = dict(manifest["machine_config"], kernel=str(local["kernel"]), initrd=str(local["initrd"]))
+        manifest.update(
+            machine_config=machine,
+            kernel=str(local["kernel"]),
+            initrd=str(local["initrd"]),
+            rootfs=str(local["rootfs"]),
+            memory_prefix=prefix,
+            fetched_from=store.url,
+        )
+        write_json_atomic(work / "manifest.json", manifest)
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(final)
+        os.replace(work, final)
+        fsync_dir(final.parent)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return _load(final)
+
+
+def _load(path: Path) -> Template:
+    manifest: dict[str, Any] = json.loads((path / "manifest.json").read_text())
+    machine = MachineConfig.from_json(manifest["machine_config"])
+    return Template(str(manifest["name"]), str(manifest["generation"]), path, machine, manifest)

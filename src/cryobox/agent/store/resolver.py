@@ -1,0 +1,521 @@
+"""The chunk resolver: turns reads of a memory image into chunks from the cache or the object store.
+
+A read of ``[offset, offset + size)`` is split into the chunks it covers; each one is resolved by the first rule that
+applies:
+
+1. a **zero chunk** (bit set in the index's bitmap) is served as zeros, never fetched;
+2. a **cache hit** (the optional in-memory hot set, then the host's durable :class:`ChunkCache`) is served locally;
+3. otherwise a **single-flight fetch**: the first caller for ``(identity, idx)`` becomes the leader and range-GETs
+   ``[offsets[idx], +chunk_len(idx))`` from ``memory.pack``, verifies its sha256, puts it in the cache and hands the
+   bytes to every caller that joined meanwhile. However many readers and prefetchers ask, the store sees one GET
+   (plus retries).
+
+Retries: :class:`StoreThrottled` / :class:`StoreError` answers, short reads and sha256 mismatches are retried with
+exponential backoff and full jitter (``sleep(uniform(0, min(max, base * 2**retry)))``), bounded by
+``retries`` *and* by a per-fetch deadline; :class:`ObjectNotFound` is final. When the fetch fails, the leader and
+every waiter get a :class:`ChunkFetchFailed` naming the key, the chunk, the attempts and the last error, and the
+failure is kept for :meth:`ChunkResolver.last_failure`. A waiter never waits longer than its own deadline, even if
+the leader's GET hangs, so a vCPU faulting on a missing chunk fails loudly instead of hanging.
+
+Concurrency: one lock guards the in-flight table and the small bookkeeping sets; it is never held across I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from ...errors import ChunkFetchFailed, CryoboxError, InvalidArgument, ObjectNotFound, StoreError
+from .chunkcache import cache_identity
+from .chunkfmt import ChunkIndex
+from .memmetrics import MemoryMetrics
+
+log = logging.getLogger(__name__)
+
+_WAIT_SLICE_S: Final = 0.05  # waiters re-check the (injectable) clock this often while the leader fetches
+
+
+class RangeReader(Protocol):
+    """What the resolver needs of an object store (:class:`~cryobox.agent.store.objstore.ObjectStore` fits)."""
+
+    @property
+    def url(self) -> str: ...
+
+    def get_range(self, key: str, start: int, length: int) -> bytes: ...
+
+
+class ChunkCacheLike(Protocol):
+    """What the resolver needs of a chunk cache (:class:`~cryobox.agent.store.chunkcache.ChunkCache` fits)."""
+
+    def get(self, identity: str, idx: int, sha256: str) -> bytes | None: ...
+
+    def put(self, identity: str, idx: int, data: bytes) -> None: ...
+
+    def contains(self, identity: str, idx: int) -> bool: ...
+
+    @property
+    def used_bytes(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """One memory image in the store."""
+
+    key: str  # store key of memory.pack
+    index: ChunkIndex
+    identity: str  # cache_identity(store.url, key, index.generation)
+
+    @classmethod
+    def for_store(cls, store: RangeReader, key: str, index: ChunkIndex) -> ImageRef:
+        """The image ``key`` of ``store`` described by ``index``, with its cache identity computed."""
+        return cls(key=key, index=index, identity=cache_identity(store.url, key, index.generation))
+
+
+@dataclass(frozen=True)
+class ResolverConfig:
+    single_flight: bool = True
+    use_cache: bool = True
+    retries: int = 4  # attempts after the first
+    backoff_base_s: float = 0.05  # full jitter: sleep rng.uniform(0, min(max, base * 2**retry))
+    backoff_max_s: float = 1.0
+    fetch_deadline_s: float = 15.0  # whole fetch incl. retries; past it -> ChunkFetchFailed
+    hot_chunks: int = 0  # verified chunks kept in memory (LRU) in front of the cache; 0 = off
+
+    def __post_init__(self) -> None:
+        if self.retries < 0 or self.hot_chunks < 0:
+            raise InvalidArgument("retries and hot_chunks must be >= 0")
+        if self.backoff_base_s < 0 or self.backoff_max_s < 0:
+            raise InvalidArgument("backoff_base_s and backoff_max_s must be >= 0")
+        if self.fetch_deadline_s <= 0:
+            raise InvalidArgument("fetch_deadline_s must be > 0")
+
+    @classmethod
+    def naive(cls) -> ResolverConfig:
+        """No single flight and no cache: every chunk request is its own fetch (the herd's worst case)."""
+        return cls(single_flight=False, use_cache=False)
+
+
+class _Flight:
+    """One in-flight fetch of ``(identity, idx)``: the leader fills ``future``; waiters block on it."""
+
+    __slots__ = ("future", "waiters", "prefetch", "attempts", "last_error")
+
+    def __init__(self, prefetch: bool) -> None:
+        self.future: Future[bytes] = Future()
+        self.waiters = 0
+        self.prefetch = prefetch
+        self.attempts = 0
+        self.last_error = ""
+
+
+class ChunkResolver:
+    """Serves reads of memory images chunk by chunk; thread-safe (FUSE threads and prefetch threads)."""
+
+    def __init__(
+        self,
+        store: RangeReader,
+        cache: ChunkCacheLike | None,
+        config: ResolverConfig,
+        metrics: MemoryMetrics,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._store = store
+        self._cache = cache if config.use_cache else None
+        self._config = config
+        self._metrics = metrics
+        self._clock = clock
+        self._sleep = sleep
+        self._rng = rng if rng is not None else random.Random()
+        self._lock = threading.Lock()
+        self._inflight: dict[tuple[str, int], _Flight] = {}
+        self._hot: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self._touched: dict[str, set[int]] = {}
+        self._prefetched: dict[str, set[int]] = {}
+        self._failures: dict[str, ChunkFetchFailed] = {}
+        self._prefetch_stops: dict[str, set[threading.Event]] = {}
+        if self._cache is not None:
+            self._update_cache_gauge()
+
+    @property
+    def config(self) -> ResolverConfig:
+        return self._config
+
+    # -- reads --------------------------------------------------------------------------------------------------
+
+    def read(self, image: ImageRef, offset: int, size: int) -> bytes:
+        """Bytes ``[offset, offset + size)`` of the image, clamped at its end; one fault however many chunks."""
+        if offset < 0 or size < 0:
+            raise InvalidArgument(f"bad read of {image.key!r}: offset={offset} size={size}")
+        self._metrics.faults.inc()
+        index = image.index
+        end = min(offset + size, index.image_size)
+        if offset >= end:
+            return b""
+        cs = index.chunk_size
+        parts: list[bytes | memoryview] = []
+        from_prefetch = False
+        for idx in range(offset // cs, (end - 1) // cs + 1):
+            base = idx * cs
+            lo, hi = max(offset, base) - base, min(end, base + index.chunk_len(idx)) - base
+            if index.is_zero(idx):
+                self._metrics.zero_fills.inc()
+                parts.append(bytes(hi - lo))
+            else:
+                data, prefetched = self._resolve(image, idx, prefetch=False)
+                from_prefetch = from_prefetch or prefetched
+                parts.append(data if (lo, hi) == (0, len(data)) else memoryview(data)[lo:hi])
+            with self._lock:
+                self._touched.setdefault(image.identity, set()).add(idx)
+        if from_prefetch:
+            self._metrics.prefetch_hits.inc()
+        only = parts[0]
+        return only if len(parts) == 1 and isinstance(only, bytes) else b"".join(parts)
+
+    def chunk(self, image: ImageRef, idx: int, *, prefetch: bool = False) -> bytes:
+        """The whole chunk ``idx`` (zeros for a zero chunk); fetched at most once at a time per host."""
+        self._check_idx(image, idx)
+        if image.index.is_zero(idx):
+            if not prefetch:
+                self._metrics.zero_fills.inc()
+            return bytes(image.index.chunk_len(idx))
+        return self._resolve(image, idx, prefetch=prefetch)[0]
+
+    # -- prefetch -----------------------------------------------------------------------------------------------
+
+    def prefetch(self, image: ImageRef, order: Sequence[int], workers: int = 2) -> threading.Thread:
+        """Fetch ``order`` in the background (``workers`` at a time, started in order); skips zero/cached chunks.
+
+        Stops at the first failure (kept in :meth:`last_failure`) or when :meth:`stop_prefetch` is called. The
+        returned thread (already started, daemon) ends when every worker has. Without ``use_cache`` nothing fetched
+        would be kept, so prefetch does nothing.
+        """
+        if workers < 1:
+            raise InvalidArgument(f"prefetch workers must be >= 1, got {workers}")
+        for idx in order:
+            self._check_idx(image, idx)
+        todo = [idx for idx in dict.fromkeys(order) if not image.index.is_zero(idx)] if self._config.use_cache else []
+        stop = threading.Event()
+        with self._lock:
+            self._prefetch_stops.setdefault(image.identity, set()).add(stop)
+        thread = threading.Thread(
+            target=self._run_prefetch,
+            args=(image, iter(todo), workers, stop),
+            name=f"prefetch-{image.identity[:8]}",
+            daemon=True,
+        )
+        thread.start()
+        return thread
+
+    def stop_prefetch(self, identity: str | None = None) -> None:
+        """Ask the prefetches of ``identity`` (all of them when ``None``) to stop after their current chunk."""
+        with self._lock:
+            if identity is None:
+                stops = [s for group in self._prefetch_stops.values() for s in group]
+            else:
+                stops = list(self._prefetch_stops.get(identity, ()))
+        for stop in stops:
+            stop.set()
+
+    def _run_prefetch(self, image: ImageRef, todo: Iterator[int], workers: int, stop: threading.Event) -> None:
+        next_lock = threading.Lock()
+
+        def work() -> None:
+            while not stop.is_set():
+                with next_lock:
+                    idx = next(todo, None)
+                if idx is None:
+                    return
+                if self._is_cached(image.identity, idx):
+                    continue
+                try:
+                    self.chunk(image, idx, prefetch=True)
+                except Exception as err:  # a worker thread must not die with an unhandled exception
+                    if not isinstance(err, CryoboxError):
+                        log.exception("prefetch of %s: unexpected error at chunk %d", image.key, idx)
+                    log.warning("prefetch of %s stopped at chunk %d: %s", image.key, idx, err)
+                    stop.set()
+                    return
+
+        try:
+            threads = [
+                threading.Thread(target=work, name=f"prefetch-{image.identity[:8]}-{n}", daemon=True)
+                for n in range(workers - 1)
+            ]
+            for t in threads:
+                t.start()
+            work()
+            for t in threads:
+                t.join()
+        finally:
+            with self._lock:
+                group = self._prefetch_stops.get(image.identity)
+                if group is not None:
+                    group.discard(stop)
+                    if not group:
+                        del self._prefetch_stops[image.identity]
+
+    # -- introspection ------------------------------------------------------------------------------------------
+
+    def last_failure(self, identity: str) -> ChunkFetchFailed | None:
+        """The most recent fetch failure for the image ``identity`` (kept until :meth:`forget`)."""
+        with self._lock:
+            return self._failures.get(identity)
+
+    def touched(self, identity: str) -> set[int]:
+        """Chunk indexes served by :meth:`read` for this image so far, zero chunks included."""
+        with self._lock:
+            return set(self._touched.get(identity, ()))
+
+    def in_flight(self) -> dict[tuple[str, int], int]:
+        """Fetches in progress: ``(identity, idx) -> number of callers waiting on the leader``."""
+        with self._lock:
+            return {key: flight.waiters for key, flight in self._inflight.items()}
+
+    def forget(self, identity: str) -> None:
+        """Drop the bookkeeping (touched, prefetched, last failure, hot chunks) kept for ``identity``."""
+        with self._lock:
+            self._touched.pop(identity, None)
+            self._prefetched.pop(identity, None)
+            self._failures.pop(identity, None)
+            for key in [k for k in self._hot if k[0] == identity]:
+                del self._hot[key]
+
+    # -- resolution ---------------------------------------------------------------------------------------------
+
+    def _resolve(self, image: ImageRef, idx: int, *, prefetch: bool) -> tuple[bytes, bool]:
+        """Chunk ``idx`` (not a zero chunk) and whether prefetch brought it in."""
+        if self._config.use_cache:
+            data = self._lookup(image, idx)
+            if data is not None:
+                return data, self._was_prefetched(image.identity, idx)
+        if not self._config.single_flight:
+            return self._fetch_and_keep(image, idx, prefetch, None), False
+
+        key = (image.identity, idx)
+        with self._lock:
+            flight = self._inflight.get(key)
+            leader = flight is None
+            if flight is None:
+                flight = self._inflight[key] = _Flight(prefetch)
+            else:
+                flight.waiters += 1
+        if not leader:
+            return self._wait(image, idx, flight), flight.prefetch
+
+        try:
+            # Another leader may have landed this chunk between our cache miss and taking the lock.
+            data = self._lookup(image, idx) if self._config.use_cache else None
+            prefetched = self._was_prefetched(image.identity, idx) if data is not None else prefetch
+            if data is None:
+                data = self._fetch_and_keep(image, idx, prefetch, flight)
+        except BaseException as err:
+            with self._lock:
+                del self._inflight[key]
+            flight.future.set_exception(err)
+            raise
+        with self._lock:
+            del self._inflight[key]
+        flight.future.set_result(data)
+        return data, prefetched
+
+    def _wait(self, image: ImageRef, idx: int, flight: _Flight) -> bytes:
+        """Block on the leader's fetch for at most ``fetch_deadline_s`` (by the injected clock)."""
+        deadline = self._clock() + self._config.fetch_deadline_s
+        try:
+            while True:
+                remaining = deadline - self._clock()
+                if remaining <= 0:
+                    failure = ChunkFetchFailed(
+                        f"chunk {idx} of {image.key!r} (generation {image.index.generation}) not fetched: gave up "
+                        f"after waiting {self._config.fetch_deadline_s:g}s for the in-flight fetch "
+                        f"({flight.attempts} attempt(s) so far; last error: {flight.last_error or 'none'})",
+                        details=self._details(image, idx, flight.attempts, flight.last_error, "wait deadline"),
+                    )
+                    self._record_failure(image.identity, failure)
+                    raise failure
+                try:
+                    return flight.future.result(timeout=min(remaining, _WAIT_SLICE_S))
+                except TimeoutError:
+                    continue
+                except ChunkFetchFailed as err:  # a fresh instance per waiter; tracebacks are per raise
+                    raise ChunkFetchFailed(err.message, details=dict(err.details)) from err
+                except Exception as err:
+                    raise ChunkFetchFailed(
+                        f"chunk {idx} of {image.key!r}: the in-flight fetch failed: {type(err).__name__}: {err}",
+                        details=self._details(image, idx, flight.attempts, repr(err), "leader failed"),
+                    ) from err
+        finally:
+            with self._lock:
+                flight.waiters -= 1
+
+    def _fetch_and_keep(self, image: ImageRef, idx: int, prefetch: bool, flight: _Flight | None) -> bytes:
+        data = self._fetch(image, idx, prefetch, flight)
+        if self._config.use_cache:
+            self._keep_hot(image.identity, idx, data)
+            if self._cache is not None:
+                try:
+                    self._cache.put(image.identity, idx, data)
+                except Exception:  # the cache is an optimisation: serve the verified bytes anyway
+                    log.exception("chunk cache put failed for %s chunk %d; serving uncached", image.key, idx)
+                self._update_cache_gauge()
+        if prefetch:
+            with self._lock:
+                self._prefetched.setdefault(image.identity, set()).add(idx)
+        return data
+
+    def _fetch(self, image: ImageRef, idx: int, prefetch: bool, flight: _Flight | None) -> bytes:
+        """Range-GET and verify chunk ``idx`` with retries, backoff + full jitter and a deadline."""
+        cfg, index = self._config, image.index
+        start, length, expected = index.offsets[idx], index.chunk_len(idx), index.sha256[idx]
+        began = self._clock()
+        deadline = began + cfg.fetch_deadline_s
+        attempts, why = 0, "retries exhausted"
+        last: BaseException | None = None
+        while True:
+            if attempts > cfg.retries:
+                break
+            if attempts > 0:
+                delay = self._rng.uniform(0.0, min(cfg.backoff_max_s, cfg.backoff_base_s * 2 ** (attempts - 1)))
+                if self._clock() + delay >= deadline:
+                    why = "deadline"
+                    break
+                self._sleep(delay)
+            attempts += 1
+            self._metrics.store_gets.inc()
+            try:
+                data = self._store.get_range(image.key, start, length)
+            except ObjectNotFound as err:
+                last, why = err, "object not found"
+                break
+            except StoreError as err:
+                last = err
+            except Exception as err:  # the store should translate everything; do not retry the unknown
+                log.exception("unexpected error fetching %s chunk %d", image.key, idx)
+                last, why = err, "unexpected error"
+                break
+            else:
+                if len(data) != length:
+                    last = StoreError(f"short read: got {len(data)} of {length} bytes")
+                elif (digest := hashlib.sha256(data).hexdigest()) != expected:
+                    last = StoreError(f"sha256 mismatch: got {digest[:16]}..., want {expected[:16]}...")
+                else:
+                    self._metrics.chunk_fetches.inc()
+                    self._metrics.chunk_fetch_seconds.observe(max(0.0, self._clock() - began))
+                    if prefetch:
+                        self._metrics.prefetch_chunks.inc()
+                    return data
+            if flight is not None:
+                flight.attempts, flight.last_error = attempts, _describe(last)
+            if self._clock() >= deadline:
+                why = "deadline"
+                break
+        elapsed = self._clock() - began
+        failure = ChunkFetchFailed(
+            f"chunk {idx} of {image.key!r} (generation {index.generation}) not fetched: {attempts} attempt(s) in "
+            f"{elapsed:.3f}s, gave up ({why}); last error: {_describe(last)}",
+            details=self._details(image, idx, attempts, _describe(last), why),
+        )
+        self._metrics.chunk_fetch_failures.inc()
+        self._record_failure(image.identity, failure)
+        raise failure from last
+
+    # -- cache helpers ------------------------------------------------------------------------------------------
+
+    def _lookup(self, image: ImageRef, idx: int) -> bytes | None:
+        """The chunk from the hot set or the cache (counted as a cache hit), else ``None``."""
+        key = (image.identity, idx)
+        if self._config.hot_chunks:
+            with self._lock:
+                data = self._hot.get(key)
+                if data is not None:
+                    self._hot.move_to_end(key)
+            if data is not None:
+                self._metrics.cache_hits.inc()
+                return data
+        if self._cache is None:
+            return None
+        try:
+            data = self._cache.get(image.identity, idx, image.index.sha256[idx])
+        except Exception:  # a broken cache read is a miss: the store still has the chunk
+            log.exception("chunk cache get failed for %s chunk %d; treating as a miss", image.key, idx)
+            return None
+        if data is None:
+            return None
+        self._metrics.cache_hits.inc()
+        self._keep_hot(image.identity, idx, data)
+        return data
+
+    def _keep_hot(self, identity: str, idx: int, data: bytes) -> None:
+        limit = self._config.hot_chunks
+        if not limit:
+            return
+        with self._lock:
+            self._hot[(identity, idx)] = data
+            self._hot.move_to_end((identity, idx))
+            while len(self._hot) > limit:
+                self._hot.popitem(last=False)
+
+    def _is_cached(self, identity: str, idx: int) -> bool:
+        if not self._config.use_cache:
+            return False
+        with self._lock:
+            if (identity, idx) in self._hot:
+                return True
+        if self._cache is None:
+            return False
+        try:
+            return self._cache.contains(identity, idx)
+        except Exception:
+            log.exception("chunk cache contains failed for %s chunk %d", identity, idx)
+            return False
+
+    def _update_cache_gauge(self) -> None:
+        if self._cache is None:
+            return
+        try:
+            self._metrics.chunk_cache_bytes.set(self._cache.used_bytes)
+        except Exception:
+            log.exception("could not read the chunk cache size")
+
+    # -- bookkeeping --------------------------------------------------------------------------------------------
+
+    def _was_prefetched(self, identity: str, idx: int) -> bool:
+        with self._lock:
+            return idx in self._prefetched.get(identity, ())
+
+    def _record_failure(self, identity: str, failure: ChunkFetchFailed) -> None:
+        with self._lock:
+            self._failures[identity] = failure
+
+    @staticmethod
+    def _check_idx(image: ImageRef, idx: int) -> None:
+        if not 0 <= idx < image.index.chunk_count:
+            raise InvalidArgument(f"chunk {idx} out of range for {image.key!r} ({image.index.chunk_count} chunks)")
+
+    @staticmethod
+    def _details(image: ImageRef, idx: int, attempts: int, last_error: str, reason: str) -> dict[str, object]:
+        return {
+            "key": image.key,
+            "generation": image.index.generation,
+            "identity": image.identity,
+            "chunk": idx,
+            "attempts": attempts,
+            "last_error": last_error,
+            "reason": reason,
+        }
+
+
+def _describe(err: BaseException | None) -> str:
+    if err is None:
+        return "none"
+    return f"{type(err).__name__}: {err}"

@@ -1,0 +1,136 @@
+"""Restores whose RAM is paged on demand from the object store, through the memory server (real VMs, real FUSE).
+
+One data dir is used across a server restart, so these tests see the host chunk cache go from empty to warm and
+survive the restart; the outage test then empties the chunk cache and breaks the store.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from cryobox.agent.reclaim import find_own_qemus
+from cryobox.agent.store.chunkcache import ChunkCache
+from cryobox.agent.templates import Template
+from cryobox.bench.server import ServeProcess
+from cryobox.config import Paths
+
+from .support import Client
+
+LAZY = ["--memory", "lazy", "--no-prefetch"]
+
+
+def memstats(data_dir: Path, cache_dir: Path) -> dict[str, Any]:
+    sock = Paths(data_dir, cache_dir).memserver_dir / "control.sock"
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://memserver") as http:
+        response = http.get("/stats")
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+
+
+def base_image(stats: dict[str, Any]) -> dict[str, Any]:
+    (name,) = [n for n in stats["images"] if n.startswith("templates+base+")]
+    image: dict[str, Any] = stats["images"][name]
+    return image
+
+
+@pytest.fixture
+def lazy_host(tmp_path: Path, cache_dir: Path, templates: dict[str, Template]) -> Iterator[Path]:
+    """A data dir for lazy servers; checks no QEMU and no mount is left behind."""
+    data_dir = tmp_path / "lazy"
+    yield data_dir
+    assert find_own_qemus(data_dir / "vol" / "run") == []
+    mnt = Paths(data_dir, cache_dir).memserver_dir / "mnt"
+    assert not mnt.is_mount(), "the memory server's mount outlived the server"
+
+
+def test_lazy_restores_fetch_each_touched_chunk_once_and_cache_survives_restart(
+    lazy_host: Path, cache_dir: Path
+) -> None:
+    with ServeProcess(lazy_host, cache_dir=cache_dir, prespawn=0, extra_args=LAZY) as serve:
+        client = Client(serve.url, serve.api_key)
+        try:
+            first = client.create()
+            assert client.sh(first["id"], "echo paged in") == "paged in\n"
+            stats = memstats(lazy_host, cache_dir)
+            image = base_image(stats)
+            m = stats["metrics"]
+            # the restore touched a part of the image; each touched stored chunk was fetched exactly once
+            assert 0 < image["touched"] <= image["stored_chunks"] < image["chunks"]
+            assert m["chunk_fetches"] == m["store_gets"] <= image["touched"]
+            assert m["faults"] > m["chunk_fetches"], "reads of one chunk after its fetch must not fetch again"
+            identity_chunks = _cached_chunks(lazy_host, cache_dir)
+            assert len(identity_chunks) == m["chunk_fetches"]
+
+            # fresh guest memory lives in zero chunks: served as zeros, never fetched
+            zero_before, gets_before = m["zero_fills"], m["store_gets"]
+            client.sh(first["id"], "python3 -c 'b = bytearray(192 << 20); b[::4096] = b\"x\" * len(b[::4096])'")
+            m = memstats(lazy_host, cache_dir)["metrics"]
+            assert m["zero_fills"] > zero_before
+            assert m["store_gets"] - gets_before <= 8
+
+            # a second sandbox of the same image on this host: no new GETs for what is already here
+            gets_before = m["store_gets"]
+            second = client.create()
+            assert client.sh(second["id"], "echo two") == "two\n"
+            assert memstats(lazy_host, cache_dir)["metrics"]["store_gets"] == gets_before
+        finally:
+            client.close()
+
+    # restart: the durable chunk cache answers; the store sees no GET at all
+    with ServeProcess(lazy_host, cache_dir=cache_dir, prespawn=0, extra_args=LAZY) as serve:
+        client = Client(serve.url, serve.api_key)
+        try:
+            again = client.create()
+            assert client.sh(again["id"], "echo warm") == "warm\n"
+            m = memstats(lazy_host, cache_dir)["metrics"]
+            assert m["store_gets"] == 0
+            assert m["cache_hits"] > 0
+        finally:
+            client.close()
+
+
+def _cached_chunks(data_dir: Path, cache_dir: Path) -> list[int]:
+    cache = ChunkCache(Paths(data_dir, cache_dir).chunk_cache_dir, 1 << 40)
+    cache.open()
+    return [idx for identity in cache.identities() for idx in cache.chunks(identity)]
+
+
+@pytest.mark.parametrize("fault", ["fail_rate=1", "throttle_rate=1"])
+def test_store_outage_fails_restore_loudly_and_quickly(lazy_host: Path, cache_dir: Path, fault: str) -> None:
+    # warm the small objects (index) first, as a host that restored this image before the outage would have
+    with ServeProcess(lazy_host, cache_dir=cache_dir, prespawn=0, extra_args=LAZY) as serve:
+        client = Client(serve.url, serve.api_key)
+        try:
+            client.create()
+        finally:
+            client.close()
+    chunks = Paths(lazy_host, cache_dir).chunk_cache_dir
+    for entry in chunks.iterdir():
+        if entry.name != "objects":
+            shutil.rmtree(entry)
+
+    deadline_s = 3.0
+    args = [*LAZY, "--store-faults", fault, "--fetch-deadline", str(deadline_s)]
+    with ServeProcess(lazy_host, cache_dir=cache_dir, prespawn=0, extra_args=args) as serve:
+        client = Client(serve.url, serve.api_key)
+        try:
+            started = time.monotonic()
+            error = client.call("POST", "/v1/sandboxes", 502, json={"template": "base"})
+            elapsed = time.monotonic() - started
+            assert error["code"] == "chunk_fetch_failed", error
+            assert "chunk" in error["error"] and "templates/base/" in error["error"], error
+            assert elapsed < deadline_s + 10, f"a failing store must fail the restore in bounded time ({elapsed:.1f}s)"
+            assert client.call("GET", "/v1/sandboxes")["items"] == []
+            assert find_own_qemus(lazy_host / "vol" / "run") == [], "the failed restore's QEMU must be gone"
+            m = memstats(lazy_host, cache_dir)["metrics"]
+            assert m["fetch_failures"] >= 1
+        finally:
+            client.close()

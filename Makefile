@@ -47,6 +47,7 @@ bench: setup
 	$(CRYOBOX) bench create --json $(ARGS)
 	$(CRYOBOX) bench snapshot --json $(ARGS)
 	$(CRYOBOX) bench net --json $(ARGS)
+	$(CRYOBOX) bench burst --n 32 --json --plot bench/results/burst.png $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -81,6 +81,15 @@ def test_lazy_restores_fetch_each_touched_chunk_once_and_cache_survives_restart(
             second = client.create()
             assert client.sh(second["id"], "echo two") == "two\n"
             assert memstats(lazy_host, cache_dir)["metrics"]["store_gets"] == gets_before
+
+            # a lazily paged sandbox cannot be write-protected: it is snapshotted with a plain migration, keeps
+            # running, and its snapshot restores like any other
+            client.sh(second["id"], "echo from-lazy > /root/mark; sync")
+            snap = client.snapshot(second["id"])
+            assert snap["pause_ms"] > 0
+            assert client.sh(second["id"], "cat /root/mark") == "from-lazy\n"
+            restored = client.create(from_snapshot=snap["id"])
+            assert client.sh(restored["id"], "cat /root/mark") == "from-lazy\n"
         finally:
             client.close()
 

@@ -104,6 +104,7 @@ def summarize(latencies: list[float], stats: dict[str, Any]) -> dict[str, Any]:
         "cache_hits": int(metrics["cache_hits"]),
         "zero_fills": int(metrics["zero_fills"]),
         "prefetch_hits": int(metrics["prefetch_hits"]),
+        "store_get_mib": round(int(stats["store"]["get_bytes"]) / 2**20, 1),
         "latencies_ms": [round(x, 1) for x in sorted(latencies)],
     }
 
@@ -177,12 +178,12 @@ def run_burst_bench(
 
 def _print(result: dict[str, Any], console: Console) -> None:
     table = Table(title=f"burst of {result['n']} creates ({result['template']}, store faults {result['store_faults']})")
-    table.add_column("run")
+    table.add_column("")
+    runs = ("cold", "warm", "naive")
+    for name in runs:
+        table.add_column(name, justify="right")
     for key in RUN_KEYS:
-        table.add_column(key, justify="right")
-    for name in ("cold", "warm", "naive"):
-        run = result[name]
-        table.add_row(name, *(str(run[key]) for key in RUN_KEYS))
+        table.add_row(key, *(str(result[name][key]) for name in runs))
     console.print(table)
     console.print(" ".join(f"{k}={v}" for k, v in result["ratios"].items()))
 

@@ -106,6 +106,13 @@ def serve(
     prefetch: Annotated[
         bool, typer.Option(help="replay an image's recorded chunk order on its first lazy restore")
     ] = True,
+    templates: Annotated[
+        str | None,
+        typer.Option(envvar="CRYOBOX_TEMPLATES", help="built-in templates to serve, comma-separated (default: all)"),
+    ] = None,
+    max_sandboxes: Annotated[
+        int, typer.Option(envvar="CRYOBOX_MAX_SANDBOXES", min=1, help="sandboxes this host may run (placement)")
+    ] = 256,
 ) -> None:
     """Start the platform: build images and templates if needed, then serve the HTTP API."""
     from ..agent.factory import PoolMode
@@ -133,6 +140,16 @@ def serve(
             StoreFaults.parse(store_faults)
         except CryoboxError as err:
             raise typer.BadParameter(f"--store-faults: {err.message}") from None
+    from ..image.specs import DEFAULT_TEMPLATES
+
+    specs = DEFAULT_TEMPLATES
+    if templates:
+        wanted = [t.strip() for t in templates.split(",") if t.strip()]
+        known = {spec.name: spec for spec in DEFAULT_TEMPLATES}
+        unknown = [t for t in wanted if t not in known]
+        if unknown or not wanted:
+            raise typer.BadParameter(f"--templates: unknown {unknown} (built-in: {', '.join(known)})")
+        specs = tuple(known[t] for t in wanted)
     options = ServeOptions(
         data_dir=data_dir,
         cache_dir=cache_dir,
@@ -155,6 +172,8 @@ def serve(
         naive_memory=naive_memory,
         fetch_deadline_s=fetch_deadline,
         prefetch=prefetch,
+        templates=specs,
+        max_sandboxes=max_sandboxes,
     )
     try:
         run_serve(options, console)

@@ -18,12 +18,14 @@ from ..agent.factory import PoolMode
 from ..agent.memsource import MemoryMode
 from ..agent.platform import DEFAULT_CHUNK_CACHE_BYTES, HostConfig, TemplateSource, prepare_template, start_host
 from ..config import Paths
+from ..image.specs import DEFAULT_TEMPLATES, TemplateSpec
 from ..registry import Registry
 from ..server.admission import AdmissionConfig, AdmissionController
 from ..server.app import create_app
 from ..server.auth import load_or_create_key
 from ..server.control import ControlPlane
 from ..server.metrics import Metrics
+from ..server.placement import Placement
 from ..server.ratelimit import RateLimitConfig, RateLimiter
 from ..server.snapshots_ctl import RetentionPolicy, SnapshotControl
 
@@ -53,6 +55,8 @@ class ServeOptions:
     naive_memory: bool = False
     fetch_deadline_s: float | None = None
     prefetch: bool = True
+    templates: tuple[TemplateSpec, ...] = DEFAULT_TEMPLATES
+    max_sandboxes: int = 256
 
 
 def serve(options: ServeOptions, console: Console) -> None:
@@ -72,6 +76,7 @@ def serve(options: ServeOptions, console: Console) -> None:
         naive_memory=options.naive_memory,
         fetch_deadline_s=options.fetch_deadline_s,
         prefetch=options.prefetch,
+        templates=options.templates,
     )
     # validate every setting before anything starts (fail fast)
     admission_config = AdmissionConfig.from_env(
@@ -115,6 +120,7 @@ def serve(options: ServeOptions, console: Console) -> None:
             host=socket.gethostname(),
             snapshots=SnapshotControl(registry, agent.snapshots, agent.forking, service.clock, retention),
             preparer=functools.partial(prepare_template, config),
+            placement=Placement.single(socket.gethostname(), options.max_sandboxes, lambda: len(service.sandboxes)),
         )
         app = create_app(
             control, limiter=limiter, accel=config.accel, host=control.host, reap_interval_s=options.reap_interval_s

@@ -23,6 +23,7 @@ from ..errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound
 from ..registry import Registry, SandboxRow
 from .admission import AdmissionController
 from .metrics import Metrics
+from .placement import Placement
 from .snapshots_ctl import SnapshotControl
 from .templates_ctl import TemplateJobs, TemplatePreparer, row_for_template
 
@@ -77,8 +78,10 @@ class ControlPlane:
         host: str,
         snapshots: SnapshotControl,
         preparer: TemplatePreparer | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.service = service
+        self.placement = placement
         self.snapshots = snapshots
         self.registry = registry
         self.admission = admission
@@ -109,6 +112,9 @@ class ControlPlane:
         else:
             await self.templates.require_ready(request.template, request.workspace_id)  # 404/409 before queueing
         started = time.monotonic()
+        # capacity is reserved now, when the decision is made, so a burst is counted in full before any of it
+        # lands (and spreads across hosts when there are several)
+        reservation = self.placement.reserve() if self.placement is not None else None
         try:
             async with self.admission.slot():
                 sandbox = await self.service.create(
@@ -121,12 +127,17 @@ class ControlPlane:
                     workspace_id=request.workspace_id,
                     egress=request.egress,
                 )
+            if reservation is not None:
+                reservation.commit()  # the sandbox now counts in the host's own numbers
         except HostUnavailable:
             self.metrics.observe_create("refused", "restore")
             raise
         except BaseException:
             self.metrics.observe_create("error", "restore")
             raise
+        finally:
+            if reservation is not None:
+                reservation.release()  # no-op once committed
         row = await self.record(sandbox)
         self.metrics.observe_create("ok", sandbox.boot_mode, time.monotonic() - started)
         return row

@@ -1,0 +1,127 @@
+"""The memory server process against a real S3-protocol server: the FUSE file's bytes, single-flight across
+concurrent page faults, zero chunks without GETs, the cache budget, and a restart that keeps the cache."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import mmap
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cryobox.agent.store.chunkfmt import CHUNK_SIZE
+from cryobox.agent.store.memclient import MemoryServerProcess, MemServerConfig
+from cryobox.agent.store.objstore import ObjectStore
+from cryobox.agent.store.publish import upload_image
+
+from ..support_s3 import CREDENTIALS, MotoServer, moto_server
+
+CHUNKS = 12
+ZERO = {1, 4, 5, 9}  # chunks left as holes (zero chunks: never stored, never fetched)
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[MotoServer]:
+    with moto_server() as server:
+        yield server
+
+
+@pytest.fixture
+def image(tmp_path: Path, moto: MotoServer) -> tuple[ObjectStore, str, Path]:
+    """A 48 MiB sparse image with random data in 8 of its 12 chunks, uploaded to a fresh bucket."""
+    bucket = moto.create_bucket()
+    store = moto.open(bucket)
+    raw = tmp_path / "image.raw"
+    with open(raw, "wb") as fh:
+        fh.truncate(CHUNKS * CHUNK_SIZE)
+        for i in range(CHUNKS):
+            if i not in ZERO:
+                fh.seek(i * CHUNK_SIZE)
+                fh.write(os.urandom(CHUNK_SIZE))
+    upload_image(store, "templates/t/g1/memory", raw, "g1", tmp_path / "work")
+    return store, moto.url(bucket), raw
+
+
+def start(tmp_path: Path, url: str, budget: int = 1 << 30) -> MemoryServerProcess:
+    os.environ.update(CREDENTIALS)  # the memory server process inherits them
+    config = MemServerConfig(tmp_path / "ms", url, tmp_path / "chunks", budget)
+    server = MemoryServerProcess(config)
+    server.start()
+    return server
+
+
+def stats(server: MemoryServerProcess) -> dict[str, Any]:
+    return asyncio.run(server.stats())
+
+
+def test_fuse_file_is_the_image_and_concurrent_faults_fetch_each_chunk_once(
+    tmp_path: Path, image: tuple[ObjectStore, str, Path]
+) -> None:
+    _, url, raw = image
+    server = start(tmp_path, url)
+    try:
+        path = server.path_for("templates/t/g1")
+        assert path.stat().st_size == CHUNKS * CHUNK_SIZE
+        with open(path, "rb") as fh:
+            mapping = mmap.mmap(fh.fileno(), 0, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            # 16 threads fault pages spread over chunk 2 (missing) at the same moment
+            barrier = threading.Barrier(16)
+            seen: list[int] = []
+
+            def fault(i: int) -> None:
+                barrier.wait()
+                offset = 2 * CHUNK_SIZE + i * (CHUNK_SIZE // 16)
+                seen.append(mapping[offset])
+
+            threads = [threading.Thread(target=fault, args=(i,)) for i in range(16)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            first = stats(server)["metrics"]
+            assert first["store_gets"] == 1 and first["chunk_fetches"] == 1
+            assert first["faults"] >= 1
+
+            # the whole file equals the image; zero chunks cost no GET
+            digest = hashlib.sha256(mapping[:]).hexdigest()
+            assert digest == hashlib.sha256(raw.read_bytes()).hexdigest()
+            m = stats(server)["metrics"]
+            assert m["store_gets"] == CHUNKS - len(ZERO)
+            assert m["zero_fills"] >= len(ZERO)
+            mapping[0] = 1  # MAP_PRIVATE: a write copies the page, the image is untouched
+        finally:
+            mapping.close()
+    finally:
+        server.stop()
+    assert not server.config.mount.is_mount()
+
+    # a new server over the same cache: the chunks are there; no GET (index and chunks are local)
+    again = start(tmp_path, url)
+    try:
+        with open(again.path_for("templates/t/g1"), "rb") as fh:
+            assert hashlib.sha256(fh.read()).hexdigest() == hashlib.sha256(raw.read_bytes()).hexdigest()
+        m = stats(again)["metrics"]
+        assert m["store_gets"] == 0
+        assert m["cache_hits"] >= CHUNKS - len(ZERO)
+    finally:
+        again.stop()
+
+
+def test_cache_budget_is_respected_by_the_server(tmp_path: Path, image: tuple[ObjectStore, str, Path]) -> None:
+    _, url, raw = image
+    budget = 3 * CHUNK_SIZE
+    server = start(tmp_path, url, budget=budget)
+    try:
+        with open(server.path_for("templates/t/g1"), "rb") as fh:
+            assert hashlib.sha256(fh.read()).hexdigest() == hashlib.sha256(raw.read_bytes()).hexdigest()
+        cache = stats(server)["cache"]
+        assert cache["used_bytes"] <= budget
+        assert cache["evictions"] >= CHUNKS - len(ZERO) - 3
+    finally:
+        server.stop()

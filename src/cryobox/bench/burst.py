@@ -88,7 +88,7 @@ async def _burst(serve: ServeProcess, template: str, n: int) -> tuple[list[float
 
 def summarize(latencies: list[float], stats: dict[str, Any]) -> dict[str, Any]:
     metrics = stats["metrics"]
-    touched = sum(int(image["touched"]) for image in stats["images"].values())
+    touched = sum(int(image["touched_stored"]) for image in stats["images"].values())
     faults = int(metrics["faults"])
     fetches = int(metrics["chunk_fetches"])
     return {

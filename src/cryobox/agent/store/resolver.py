@@ -347,13 +347,8 @@ class ChunkResolver:
                     return flight.future.result(timeout=min(remaining, _WAIT_SLICE_S))
                 except TimeoutError:
                     continue
-                except ChunkFetchFailed as err:  # a fresh instance per waiter; tracebacks are per raise
+                except ChunkFetchFailed as err:  # the leader only fails this way; a fresh instance per waiter
                     raise ChunkFetchFailed(err.message, details=dict(err.details)) from err
-                except Exception as err:
-                    raise ChunkFetchFailed(
-                        f"chunk {idx} of {image.key!r}: the in-flight fetch failed: {type(err).__name__}: {err}",
-                        details=self._details(image, idx, flight.attempts, repr(err), "leader failed"),
-                    ) from err
         finally:
             with self._lock:
                 flight.waiters -= 1

@@ -21,10 +21,11 @@ from pathlib import Path
 from ..errors import CryoboxError, VmmError
 from .exec import run_exec
 from .fidelity import rejoin
-from .memsource import MemoryMode, MemorySource
+from .memsource import MemorySource
 from .net.firewall import Firewall
 from .net.pool import SlotPool
 from .net.slots import Slot
+from .storage import MemoryMode
 from .store.hot import HotImages
 from .store.snapshots import SnapshotImage
 from .store.volume import clone_file

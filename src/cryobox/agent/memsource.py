@@ -11,10 +11,10 @@ plain migration.
 
 from __future__ import annotations
 
-import enum
 import logging
 
 from ..errors import CryoboxError, VmmError
+from .storage import MemoryMode
 from .store.fusefs import prefix_of
 from .store.hot import HotImages
 from .store.memclient import MemoryServerProcess
@@ -24,11 +24,6 @@ from .templates import Template
 from .vm import MemoryBacking, MicroVM
 
 log = logging.getLogger(__name__)
-
-
-class MemoryMode(enum.Enum):
-    HOT = "hot"
-    LAZY = "lazy"
 
 
 class MemorySource:

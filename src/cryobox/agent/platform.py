@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import enum
 import functools
 import logging
 import shutil
@@ -15,7 +14,7 @@ from ..image.specs import DEFAULT_TEMPLATES, TemplateSpec
 from ..util.proc import Progress
 from .factory import PoolMode, VmFactory
 from .forking import Forking
-from .memsource import MemoryMode, MemorySource
+from .memsource import MemorySource
 from .net.bakenet import bake_network, reclaim_bakes
 from .net.firewall import Firewall
 from .net.netlink import host_networks
@@ -25,6 +24,7 @@ from .net.slots import SlotPlan, tag_for
 from .prefetch import ensure_trace
 from .reclaim import reclaim
 from .service import SandboxService
+from .storage import StorageConfig, TemplateSource
 from .store.hot import HotImages
 from .store.memclient import MemoryServerProcess, MemServerConfig
 from .store.objstore import ObjectStore, open_store
@@ -36,15 +36,6 @@ from .vm import Accel, MachineConfig, detect_accel, host_tsc_khz
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CHUNK_CACHE_BYTES = 8 << 30
-
-
-class TemplateSource(enum.Enum):
-    """``build``: bake templates on this host (and publish them); ``store``: fetch published ones."""
-
-    BUILD = "build"
-    STORE = "store"
-
 
 @dataclass(frozen=True)
 class HostConfig:
@@ -55,33 +46,21 @@ class HostConfig:
     net_pool: int = 16
     """Network slots kept pre-built (``--net-pool``); creating one is never on a warm create path."""
     templates: tuple[TemplateSpec, ...] = DEFAULT_TEMPLATES
-    store_url: str | None = None
-    """Object store for published templates (``CRYOBOX_STORE_URL``; default: ``paths.default_store_url``)."""
-    memory_mode: MemoryMode = MemoryMode.HOT
-    """``hot``: restores map a tmpfs copy of local images; ``lazy``: they page RAM from the store on demand."""
-    template_source: TemplateSource = TemplateSource.BUILD
-    chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES
-    store_faults: str = ""
-    """Store-side latency/throttle injection for the memory server's GETs (``CRYOBOX_STORE_FAULTS``)."""
-    naive_memory: bool = False
-    """Memory server without single-flight and chunk cache (the comparison baseline of ``bench burst``)."""
-    fetch_deadline_s: float | None = None
-    prefetch: bool = True
-    """Replay an image's prefetch trace on its first lazy restore."""
+    storage: StorageConfig = field(default_factory=StorageConfig)
 
     @property
     def resolved_store_url(self) -> str:
-        return self.store_url or self.paths.default_store_url
+        return self.storage.store_url or self.paths.default_store_url
 
     def memserver_config(self) -> MemServerConfig:
         return MemServerConfig(
             root=self.paths.memserver_dir,
             store_url=self.resolved_store_url,
             cache_dir=self.paths.chunk_cache_dir,
-            cache_budget_bytes=self.chunk_cache_bytes,
-            faults=self.store_faults,
-            naive=self.naive_memory,
-            fetch_deadline_s=self.fetch_deadline_s,
+            cache_budget_bytes=self.storage.chunk_cache_bytes,
+            faults=self.storage.store_faults,
+            naive=self.storage.naive_memory,
+            fetch_deadline_s=self.storage.fetch_deadline_s,
         )
 
 
@@ -113,7 +92,7 @@ async def prepare_template(config: HostConfig, spec: TemplateSpec, progress: Pro
 
 async def obtain_templates(config: HostConfig, store: ObjectStore, progress: Progress) -> dict[str, Template]:
     """Bake (and publish) the templates here, or fetch the published ones from the store."""
-    if config.template_source is TemplateSource.BUILD:
+    if config.storage.template_source is TemplateSource.BUILD:
         return await prepare_templates(config, progress)
     paths, qemu = config.paths, qemu_version()
     return {
@@ -181,11 +160,17 @@ async def start_host(config: HostConfig, progress: Progress) -> Host:
     store = await asyncio.to_thread(open_store, config.resolved_store_url)
     memserver = MemoryServerProcess(config.memserver_config())
     await asyncio.to_thread(memserver.start)
-    progress(f"memory server on {memserver.config.mount} (store {store.url}, memory {config.memory_mode.value})")
+    progress(
+        f"memory server on {memserver.config.mount} (store {store.url}, memory {config.storage.memory_mode.value})"
+    )
     try:
         templates = await obtain_templates(config, store, progress)
         factory = VmFactory(
-            paths.run_dir, hot, slots, firewall, MemorySource(hot, memserver, config.memory_mode, config.prefetch)
+            paths.run_dir,
+            hot,
+            slots,
+            firewall,
+            MemorySource(hot, memserver, config.storage.memory_mode, config.storage.prefetch),
         )
         for template in templates.values():
             try:

@@ -116,8 +116,7 @@ def serve(
 ) -> None:
     """Start the platform: build images and templates if needed, then serve the HTTP API."""
     from ..agent.factory import PoolMode
-    from ..agent.memsource import MemoryMode
-    from ..agent.platform import TemplateSource
+    from ..agent.storage import MemoryMode, StorageConfig, TemplateSource
     from ..agent.store.store_faults import StoreFaults
     from ..errors import CryoboxError
     from .serve import ServeOptions
@@ -164,14 +163,16 @@ def serve(
         net_pool=net_pool,
         snapshot_grace_s=snapshot_grace,
         orphan_sweep_interval_s=orphan_sweep_interval,
-        store_url=store,
-        memory_mode=memory_mode,
-        template_source=source,
-        chunk_cache_bytes=chunk_cache_bytes,
-        store_faults=store_faults,
-        naive_memory=naive_memory,
-        fetch_deadline_s=fetch_deadline,
-        prefetch=prefetch,
+        storage=StorageConfig(
+            store_url=store,
+            memory_mode=memory_mode,
+            template_source=source,
+            chunk_cache_bytes=chunk_cache_bytes,
+            store_faults=store_faults,
+            naive_memory=naive_memory,
+            fetch_deadline_s=fetch_deadline,
+            prefetch=prefetch,
+        ),
         templates=specs,
         max_sandboxes=max_sandboxes,
     )

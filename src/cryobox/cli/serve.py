@@ -7,7 +7,7 @@ import functools
 import logging
 import signal
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
@@ -15,8 +15,8 @@ import uvicorn
 from rich.console import Console
 
 from ..agent.factory import PoolMode
-from ..agent.memsource import MemoryMode
-from ..agent.platform import DEFAULT_CHUNK_CACHE_BYTES, HostConfig, TemplateSource, prepare_template, start_host
+from ..agent.platform import HostConfig, prepare_template, start_host
+from ..agent.storage import StorageConfig
 from ..config import Paths
 from ..image.specs import DEFAULT_TEMPLATES, TemplateSpec
 from ..registry import Registry
@@ -47,14 +47,7 @@ class ServeOptions:
     net_pool: int = 16
     snapshot_grace_s: float | None = None
     orphan_sweep_interval_s: float | None = None
-    store_url: str | None = None
-    memory_mode: MemoryMode = MemoryMode.HOT
-    template_source: TemplateSource = TemplateSource.BUILD
-    chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE_BYTES
-    store_faults: str = ""
-    naive_memory: bool = False
-    fetch_deadline_s: float | None = None
-    prefetch: bool = True
+    storage: StorageConfig = field(default_factory=StorageConfig)
     templates: tuple[TemplateSpec, ...] = DEFAULT_TEMPLATES
     max_sandboxes: int = 256
 
@@ -68,14 +61,7 @@ def serve(options: ServeOptions, console: Console) -> None:
         prespawn=options.prespawn,
         pool_mode=options.pool_mode,
         net_pool=options.net_pool,
-        store_url=options.store_url,
-        memory_mode=options.memory_mode,
-        template_source=options.template_source,
-        chunk_cache_bytes=options.chunk_cache_bytes,
-        store_faults=options.store_faults,
-        naive_memory=options.naive_memory,
-        fetch_deadline_s=options.fetch_deadline_s,
-        prefetch=options.prefetch,
+        storage=options.storage,
         templates=options.templates,
     )
     # validate every setting before anything starts (fail fast)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +55,20 @@ def allocated_bytes(path: Path) -> int:
     if path.is_file():
         return path.stat().st_blocks * 512
     return sum(p.lstat().st_blocks * 512 for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def data_extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of each data extent of the file ``fd`` below ``size`` (holes are skipped unread)."""
+    offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(fd, offset, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # only a hole from here to EOF
+                return
+            raise
+        if start >= size:
+            return
+        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        yield start, end
+        offset = end

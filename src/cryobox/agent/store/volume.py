@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TypeAlias, TypeVar
 
 from ...errors import VmmError
+from ...util.files import data_extents
 
 FICLONE = 0x40049409  # _IOW(0x94, 9, int)
 
@@ -234,7 +235,7 @@ def _copy_data(src_fd: int, dst_fd: int, size: int) -> int:
     os.ftruncate(dst_fd, size)
     in_kernel = True
     copied = 0
-    for start, end in _data_extents(src_fd, size):
+    for start, end in data_extents(src_fd, size):
         pos = start
         while pos < end:
             if in_kernel:
@@ -262,20 +263,3 @@ def _copy_chunk(src_fd: int, dst_fd: int, offset: int, length: int) -> int:
             written = os.pwrite(dst_fd, view, offset)
             view, offset = view[written:], offset + written
     return len(data)
-
-
-def _data_extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
-    """``(start, end)`` of each data extent of ``fd`` below ``size``."""
-    offset = 0
-    while offset < size:
-        try:
-            start = os.lseek(fd, offset, os.SEEK_DATA)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:  # only a hole from here to EOF
-                return
-            raise
-        if start >= size:
-            return
-        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
-        yield start, end
-        offset = end

@@ -205,7 +205,8 @@ def pack_image(src: Path, pack: Path, generation: str, chunk_size: int = CHUNK_S
 
     Holes (found with ``SEEK_DATA``/``SEEK_HOLE``) are zeros and never read; a chunk whose data reads as all
     zero bytes is a zero chunk too. Chunks are read in blocks of at most 4 MiB and hashed on ``workers``
-    threads (hashlib and pread release the GIL), a bounded window ahead of the writer.
+    threads (hashlib and pread release the GIL), a bounded window ahead of the writer. ``pack`` is a staging
+    file for the upload: it is overwritten and not fsynced. I/O errors raise StoreError.
     """
     if chunk_size <= 0 or workers <= 0:
         raise InvalidArgument(f"invalid chunk_size {chunk_size} / workers {workers}")

@@ -1,5 +1,6 @@
-"""Templates in an S3 object store (a real S3-protocol server on loopback): one host bakes and publishes, another
-host, with an empty image cache, restores from the store alone, paging guest RAM in chunk by chunk."""
+"""Templates and snapshots in an S3 object store (a real S3-protocol server on loopback): one host bakes,
+publishes its template and a snapshot of a running sandbox; another host, with an empty image cache, restores
+both from the store alone, paging guest RAM in chunk by chunk."""
 
 from __future__ import annotations
 
@@ -13,31 +14,54 @@ from ..support_s3 import CREDENTIALS, moto_server
 from .support import Client
 from .test_lazy_memory import base_image, memstats
 
+SECRET_PROC = "import os, time; open('/tmp/secret', 'w').write(os.urandom(8).hex()); time.sleep(10**6)"
+
 
 def test_cross_host_restore_from_s3(tmp_path: Path, cache_dir: Path, templates: dict[str, Template]) -> None:
     with moto_server() as moto:
         url = moto.url(moto.create_bucket("cryobox-images"))
         common = ["--store", url, "--templates", "base"]
         publisher = tmp_path / "a"
-        with ServeProcess(publisher, cache_dir=cache_dir, prespawn=0, extra_args=common, extra_env=CREDENTIALS):
-            pass  # start-up publishes the baked template (and records its prefetch trace through the store)
+        # start-up publishes the baked template (and records its prefetch trace through the store)
+        with ServeProcess(publisher, cache_dir=cache_dir, prespawn=0, extra_args=common, extra_env=CREDENTIALS) as a:
+            client = Client(a.url, a.api_key)
+            try:
+                source = client.create()
+                client.sh(source["id"], f'nohup python3 -c "{SECRET_PROC}" >/dev/null 2>&1 & sleep 1')
+                secret = client.sh(source["id"], "cat /tmp/secret")
+                snap = client.snapshot(source["id"])
+                published = client.call("POST", f"/v1/snapshots/{snap['id']}/publish")
+                assert published["key"] == f"snapshots/{snap['id']}" and published["store"].startswith("s3://")
+            finally:
+                client.close()
         assert find_own_qemus(publisher / "vol" / "run") == []
 
         empty_cache = tmp_path / "b-cache"
         data_dir = tmp_path / "b"
         args = [*common, "--template-source", "store", "--memory", "lazy"]
-        with ServeProcess(data_dir, cache_dir=empty_cache, prespawn=0, extra_args=args, extra_env=CREDENTIALS) as other:
-            client = Client(other.url, other.api_key)
+        with ServeProcess(data_dir, cache_dir=empty_cache, prespawn=0, extra_args=args, extra_env=CREDENTIALS) as b:
+            client = Client(b.url, b.api_key)
             try:
                 sandbox = client.create()
                 assert client.sh(sandbox["id"], "echo restored elsewhere") == "restored elsewhere\n"
                 assert client.sh(sandbox["id"], "cat /etc/debian_version").strip().startswith("12")
+                stats = memstats(data_dir, empty_cache)
+                image = base_image(stats)
+                assert stats["metrics"]["chunk_fetches"] > 0  # RAM came from S3, chunk by chunk
+                assert image["touched"] < image["chunks"]
+
+                # the running sandbox captured on the other host: its process and files are here
+                client.call("POST", "/v1/snapshots/import", 404, json={"id": "snap-missing"})
+                imported = client.call("POST", "/v1/snapshots/import", 201, json={"id": snap["id"]})
+                assert imported["id"] == snap["id"] and imported["retain"] is True
+                client.call("POST", "/v1/snapshots/import", 409, json={"id": snap["id"]})
+                restored = client.create(from_snapshot=snap["id"])
+                assert client.sh(restored["id"], "cat /tmp/secret") == secret
+                assert client.sh(restored["id"], "pgrep -f 'time.sleep' >/dev/null && echo alive") == "alive\n"
+                snap_image = memstats(data_dir, empty_cache)["images"][f"snapshots+{snap['id']}"]
+                assert 0 < snap_image["touched"] < snap_image["chunks"]
             finally:
                 client.close()
-            stats = memstats(data_dir, empty_cache)
-            image = base_image(stats)
-            assert stats["metrics"]["chunk_fetches"] > 0  # RAM came from S3, chunk by chunk
-            assert image["touched"] < image["chunks"]
         # the other host built nothing: no debootstrap, no kernel build; it downloaded what it needed
         assert not (empty_cache / "images" / "debootstrap").exists()
         (fetched,) = (empty_cache / "templates").glob("base-*")

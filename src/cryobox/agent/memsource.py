@@ -40,9 +40,12 @@ class MemorySource:
 
     def prefix(self, source: Template | SnapshotImage, lazy: bool = False) -> str | None:
         """The store prefix ``source``'s RAM is paged from, or ``None`` when it maps a local hot copy."""
-        if not isinstance(source, Template) or self.memserver is None:
+        if self.memserver is None:
             return None
-        if lazy or self.mode is MemoryMode.LAZY or not source.memory.exists():
+        remote = source.manifest.get("memory_prefix")  # a template or snapshot fetched from the store
+        if isinstance(remote, str) and not source.memory.exists():
+            return remote
+        if isinstance(source, Template) and (lazy or self.mode is MemoryMode.LAZY or not source.memory.exists()):
             return template_prefix(source.name, source.generation)
         return None
 

@@ -104,7 +104,9 @@ def serve(options: ServeOptions, console: Console) -> None:
             admission,
             metrics,
             host=socket.gethostname(),
-            snapshots=SnapshotControl(registry, agent.snapshots, agent.forking, service.clock, retention),
+            snapshots=SnapshotControl(
+                registry, agent.snapshots, agent.forking, service.clock, retention, objects=agent.store
+            ),
             preparer=functools.partial(prepare_template, config),
             placement=Placement.single(socket.gethostname(), options.max_sandboxes, lambda: len(service.sandboxes)),
         )

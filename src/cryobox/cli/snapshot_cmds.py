@@ -73,6 +73,33 @@ def get(snapshot_id: str, as_json: Json = False, api_url: ApiUrl = None, api_key
         out.print(snapshot_table([snap]))
 
 
+@snapshot_app.command("publish")
+def publish(snapshot_id: str, as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
+    """Upload a snapshot to the server's object store, for another host to import."""
+    with _snapshots(api_url, api_key) as snapshots:
+        published = snapshots.publish(snapshot_id)
+    if as_json:
+        print_json(published)
+    else:
+        out.print(f"published {snapshot_id} to {published['store']} ({published['key']})")
+
+
+@snapshot_app.command("import")
+def import_(
+    snapshot_id: str,
+    as_json: Json = False,
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Register a snapshot another host published (its memory stays in the store, paged in on restore)."""
+    with _snapshots(api_url, api_key) as snapshots:
+        snap = snapshots.import_published(snapshot_id)
+    if as_json:
+        print_json(snapshot_json(snap))
+    else:
+        out.print(snapshot_table([snap]))
+
+
 @snapshot_app.command("rm")
 def rm(snapshot_ids: list[str], as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
     """Delete snapshots (local files, object-store copy and registry row)."""

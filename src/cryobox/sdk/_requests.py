@@ -173,6 +173,15 @@ def get_snapshot_request(snapshot_id: str) -> ApiRequest:
     return ApiRequest("GET", _snapshot_path(snapshot_id))
 
 
+def publish_snapshot_request(snapshot_id: str) -> ApiRequest:
+    return ApiRequest("POST", _snapshot_path(snapshot_id, "/publish"), timeout=httpx.Timeout(600.0, connect=10.0))
+
+
+def import_snapshot_request(snapshot_id: str, *, labels: Mapping[str, str] | None, retain: bool) -> ApiRequest:
+    body = {"id": snapshot_id, "labels": dict(labels or {}), "retain": retain}
+    return ApiRequest("POST", "/v1/snapshots/import", json=body, timeout=httpx.Timeout(600.0, connect=10.0))
+
+
 def delete_snapshot_request(snapshot_id: str) -> ApiRequest:
     return ApiRequest("DELETE", _snapshot_path(snapshot_id))
 

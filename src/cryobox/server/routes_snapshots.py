@@ -37,6 +37,22 @@ async def create_snapshot(sandbox_id: str, body: wire.SnapshotCreateRequest, ctx
     return snapshot_view(row)
 
 
+@router.post("/snapshots/import", status_code=201, response_model=wire.Snapshot)
+async def import_snapshot(body: wire.SnapshotImportRequest, ctx: Ctx) -> wire.Snapshot:
+    """Register a snapshot another host published to this server's object store; restores of it page its
+    memory in from the store. Retained by default (it has no sandbox here)."""
+    row = await ctx.control.snapshots.import_published(
+        body.id, ctx.workspace_id, labels=body.labels, retain=body.retain
+    )
+    return snapshot_view(row)
+
+
+@router.post("/snapshots/{snapshot_id}/publish", response_model=wire.SnapshotPublished)
+async def publish_snapshot(snapshot_id: str, ctx: Ctx) -> wire.SnapshotPublished:
+    """Upload the snapshot to the object store (memory in 4 MiB chunks) so another host can import it."""
+    return wire.SnapshotPublished(**await ctx.control.snapshots.publish(snapshot_id, ctx.workspace_id))
+
+
 @router.get("/snapshots", response_model=wire.SnapshotList)
 async def list_snapshots(request: Request, ctx: Ctx, sandbox_id: str | None = None) -> wire.SnapshotList:
     labels = {k[len("label.") :]: v for k, v in request.query_params.items() if k.startswith("label.")}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -23,8 +24,10 @@ from pathlib import Path
 from ..agent.forking import Forking, TreeResult
 from ..agent.sandbox import Sandbox
 from ..agent.store import evidence
+from ..agent.store.objstore import ObjectStore
+from ..agent.store.publish import import_snapshot, publish_snapshot, snapshot_prefix
 from ..agent.store.snapshots import SnapshotImage, SnapshotStore
-from ..errors import CryoboxError, InvalidArgument, NotFound
+from ..errors import CryoboxError, InvalidArgument, NotFound, ObjectNotFound, StateError
 from ..registry import Registry, SnapshotRow
 
 log = logging.getLogger(__name__)
@@ -92,12 +95,48 @@ class SnapshotControl:
         forking: Forking,
         clock: Callable[[], float],
         retention: RetentionPolicy,
+        objects: ObjectStore | None = None,
+        work_dir: Path | None = None,
     ) -> None:
         self.registry = registry
         self.store = store
         self.forking = forking
         self.clock = clock
         self.retention = retention
+        self.objects = objects
+        self.work_dir = work_dir
+
+    def _objects(self) -> ObjectStore:
+        if self.objects is None:
+            raise StateError("this server has no object store")
+        return self.objects
+
+    async def publish(self, snapshot_id: str, workspace_id: str) -> dict[str, str]:
+        """Upload a snapshot to the object store so another host can import it."""
+        image = await self.image(snapshot_id, workspace_id)
+        template = self.forking.service.template(image.template)
+        objects = self._objects()
+        work = self.work_dir or self.store.root / ".publish"
+        key = await asyncio.to_thread(publish_snapshot, objects, image, template, work)
+        return {"id": snapshot_id, "store": objects.url, "key": key}
+
+    async def import_published(
+        self, snapshot_id: str, workspace_id: str, *, labels: dict[str, str], retain: bool
+    ) -> SnapshotRow:
+        """Register a snapshot another host published: its small files come here, its memory stays in the
+        store and is paged in by the restores. The row belongs to the caller's workspace."""
+        objects = self._objects()
+        try:
+            manifest = json.loads(await asyncio.to_thread(objects.get, f"{snapshot_prefix(snapshot_id)}/manifest.json"))
+        except ObjectNotFound:
+            raise NotFound(
+                f"snapshot {snapshot_id!r} is not published in {objects.url}", details={"id": snapshot_id}
+            ) from None
+        template = self.forking.service.template(str(manifest.get("template")))
+        await asyncio.to_thread(import_snapshot, objects, snapshot_id, self.store.root, template)
+        image = await asyncio.to_thread(self.store.load, snapshot_id)
+        merged = {**image.manifest.get("labels", {}), **labels}
+        return await self._record(image, workspace_id, retain, merged)
 
     async def _record(
         self, image: SnapshotImage, workspace_id: str, retain: bool, labels: dict[str, str]

@@ -23,6 +23,19 @@ class SnapshotCreateRequest(BaseModel):
     quiesce: bool = False
 
 
+class SnapshotImportRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._-]+$")
+    labels: Labels = Field(default_factory=dict, max_length=64)
+    retain: bool = True
+
+
+class SnapshotPublished(BaseModel):
+    id: str
+    store: str
+    key: str
+
+
 class SnapshotPatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
     labels: Labels | None = Field(default=None, max_length=64)

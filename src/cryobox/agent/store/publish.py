@@ -11,6 +11,11 @@ Store layout (every name carries the generation, so a re-bake is a new name and 
     templates/<name>/latest                      {"generation": ...} of the newest publish
     images/<kind>/<cache key>/<file>[.idx|.pack] kernel, initrd, rootfs base (sparse images chunked like memory)
 
+Snapshots (``publish_snapshot``, on request)::
+
+    snapshots/<id>/memory.{idx,pack}, vmstate, disk.qcow2   (the overlay over its template's disk)
+    snapshots/<id>/manifest.json                             written last; names the template generation
+
 A fetched template gets the usual directory (``vmstate``, ``disk.qcow2``, ``manifest.json``) but no ``memory``:
 its restores map the memory server's file for ``templates/<name>/<generation>`` and fault chunks in on demand.
 """
@@ -28,13 +33,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...errors import CryoboxError, ObjectNotFound, StoreError
+from ...errors import CryoboxError, ObjectNotFound, StateError, StoreError
 from ...util.files import fsync_dir, write_json_atomic
 from ...util.proc import Progress
 from ..templates import Template
 from ..vm import MachineConfig
 from .chunkfmt import ChunkIndex, pack_image
 from .objstore import ObjectStore
+from .snapshots import SnapshotImage
 
 LAYOUT_VERSION = 1
 
@@ -172,22 +178,7 @@ def fetch_template(
     try:
         store.download(f"{prefix}/vmstate", work / "vmstate")
         store.download(f"{prefix}/disk.qcow2", work / "disk.qcow2")
-        subprocess.run(
-            [
-                "qemu-img",
-                "rebase",
-                "-u",
-                "-f",
-                "qcow2",
-                "-F",
-                "raw",
-                "-b",
-                str(local["rootfs"]),
-                str(work / "disk.qcow2"),
-            ],
-            check=True,
-            capture_output=True,
-        )
+        _rebase(work / "disk.qcow2", local["rootfs"], "raw")
         machine = dict(manifest["machine_config"], kernel=str(local["kernel"]), initrd=str(local["initrd"]))
         manifest.update(
             machine_config=machine,
@@ -207,7 +198,80 @@ def fetch_template(
     return _load(final)
 
 
+def _rebase(disk: Path, backing: Path, backing_format: str) -> None:
+    """Point a downloaded overlay at this host's copy of its backing file (metadata only: ``-u``)."""
+    argv = ["qemu-img", "rebase", "-u", "-f", "qcow2", "-F", backing_format, "-b", str(backing), str(disk)]
+    subprocess.run(argv, check=True, capture_output=True)
+
+
 def _load(path: Path) -> Template:
     manifest: dict[str, Any] = json.loads((path / "manifest.json").read_text())
     machine = MachineConfig.from_json(manifest["machine_config"])
     return Template(str(manifest["name"]), str(manifest["generation"]), path, machine, manifest)
+
+
+def snapshot_prefix(snapshot_id: str) -> str:
+    return f"snapshots/{snapshot_id}"
+
+
+def _backing_file(disk: Path) -> str:
+    out = subprocess.run(
+        ["qemu-img", "info", "--output=json", "-U", str(disk)], check=True, capture_output=True, text=True
+    )
+    return str(json.loads(out.stdout).get("backing-filename") or "")
+
+
+def publish_snapshot(store: ObjectStore, image: SnapshotImage, template: Template, work_dir: Path) -> str:
+    """Upload a snapshot of ``template`` (memory chunked, vmstate, disk overlay); the manifest goes last."""
+    if Path(_backing_file(image.disk)) != template.disk:
+        raise StateError(
+            f"snapshot {image.id} is not over the current generation of template {template.name} "
+            f"({template.generation}); only those can be published",
+            details={"id": image.id, "template": template.name},
+        )
+    prefix = snapshot_prefix(image.id)
+    if store.exists(f"{prefix}/manifest.json"):
+        return prefix
+    index = upload_image(store, f"{prefix}/memory", image.memory, image.id, work_dir)
+    store.put_file(f"{prefix}/vmstate", image.vmstate)
+    store.put_file(f"{prefix}/disk.qcow2", image.disk)
+    manifest = dict(image.manifest)
+    manifest.update(
+        template_generation=template.generation,
+        template_prefix=template_prefix(template.name, template.generation),
+        memory_chunks={"image_size": index.image_size, "stored_bytes": index.stored_bytes},
+        published_at=time.time(),
+    )
+    store.put(f"{prefix}/manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode())
+    return prefix
+
+
+def import_snapshot(store: ObjectStore, snapshot_id: str, snapshots_dir: Path, template: Template) -> Path:
+    """Make a published snapshot restorable here: its vmstate and disk overlay (rebased onto this host's copy
+    of the template's disk) in ``snapshots_dir/<id>/``; the memory stays in the store, paged in on demand."""
+    prefix = snapshot_prefix(snapshot_id)
+    manifest: dict[str, Any] = json.loads(store.get(f"{prefix}/manifest.json"))
+    if (manifest.get("template"), manifest.get("template_generation")) != (template.name, template.generation):
+        raise StateError(
+            f"snapshot {snapshot_id} is of template {manifest.get('template')} "
+            f"({manifest.get('template_generation')}); this host serves {template.name} ({template.generation})",
+            details={"id": snapshot_id},
+        )
+    final = snapshots_dir / snapshot_id
+    if (final / "manifest.json").exists():
+        raise StateError(f"snapshot {snapshot_id} is already on this host", details={"id": snapshot_id})
+    work = snapshots_dir / f".{snapshot_id}.import{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        store.download(f"{prefix}/vmstate", work / "vmstate")
+        store.download(f"{prefix}/disk.qcow2", work / "disk.qcow2")
+        _rebase(work / "disk.qcow2", template.disk, "qcow2")
+        machine = dict(manifest["machine"], kernel=str(template.machine.kernel), initrd=str(template.machine.initrd))
+        manifest.update(machine=machine, memory_prefix=prefix, imported_from=store.url, imported_at=time.time())
+        write_json_atomic(work / "manifest.json", manifest)
+        os.replace(work, final)
+        fsync_dir(final.parent)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final

@@ -91,6 +91,29 @@ class AsyncSnapshots:
         request = _requests.update_snapshot_request(snapshot_id, labels=labels, retain=retain)
         return _snapshots.parse_snapshot(await self._send(request))
 
+    async def publish(self, snapshot_id: str) -> dict[str, str]:
+        """Upload the snapshot to the server's object store (``{"id", "store", "key"}``) so that another host
+        sharing that store can :meth:`import_published` it.
+
+        :raises NotFound: no such snapshot.
+        :raises StateError: the snapshot is not over the template generation this server serves.
+        """
+        response = await self._send(_requests.publish_snapshot_request(snapshot_id))
+        body = response.json()
+        return {"id": str(body["id"]), "store": str(body["store"]), "key": str(body["key"])}
+
+    async def import_published(
+        self, snapshot_id: str, *, labels: Mapping[str, str] | None = None, retain: bool = True
+    ) -> models.Snapshot:
+        """Register a snapshot another host published to this server's object store; restore it with
+        ``Sandbox.create(from_snapshot=...)`` (its memory is paged in from the store on demand).
+
+        :raises NotFound: the store has no such published snapshot.
+        :raises StateError: it is of a template generation this server does not serve, or is already here.
+        """
+        request = _requests.import_snapshot_request(snapshot_id, labels=labels, retain=retain)
+        return _snapshots.parse_snapshot(await self._send(request))
+
     async def evidence(self, snapshot_id: str) -> builtins.list[dict[str, Any]]:
         """The files kept beside the snapshot (``[{"name", "size"}]``): the VM's ``console.log`` and ``qemu.log``,
         plus what clients added (``cryobox capture`` adds ``test.log``).

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from cryobox.agent.memsource import MemorySource
 from cryobox.agent.storage import MemoryMode
 from cryobox.agent.store.hot import HotImages
@@ -12,6 +14,7 @@ from cryobox.agent.store.memclient import MemoryServerProcess, MemServerConfig
 from cryobox.agent.store.snapshots import SnapshotImage
 from cryobox.agent.templates import Template
 from cryobox.agent.vm import Accel, MachineConfig
+from cryobox.errors import VmmError
 
 MACHINE = MachineConfig(
     memory_mib=16, cpus=1, accel=Accel.TCG, kernel=Path("/k"), initrd=Path("/i"), tsc_khz=1, norandmaps=True
@@ -67,3 +70,16 @@ def test_lazy_mode_pages_templates_but_not_local_snapshots(tmp_path: Path) -> No
 def test_without_a_memory_server_everything_is_local(tmp_path: Path) -> None:
     source = MemorySource(HotImages(tmp_path / "hot"), None, MemoryMode.HOT)
     assert source.prefix(template(tmp_path, local_memory=False)) is None
+
+
+def test_a_snapshot_being_made_durable_restores_from_its_hot_copy(tmp_path: Path) -> None:
+    hot = HotImages(tmp_path / "hot")
+    hot.wipe()
+    source = MemorySource(hot, memserver(tmp_path), MemoryMode.HOT, prefetch=False)
+    capturing = SnapshotImage("snap-2", tmp_path / "snap-2", MACHINE, {})  # no memory file yet (fork_tree)
+    hot.path("snap-2").parent.mkdir(parents=True)
+    hot.path("snap-2").write_bytes(b"\0" * 4096)
+    backing = asyncio.run(source.backing(capturing))
+    assert backing.path == hot.path("snap-2") and backing.write_trackable
+    with pytest.raises(VmmError, match="no memory image"):
+        asyncio.run(source.backing(SnapshotImage("gone", tmp_path / "gone", MACHINE, {})))

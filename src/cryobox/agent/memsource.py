@@ -63,8 +63,9 @@ class MemorySource:
                 except Exception as err:  # prefetch is an optimisation: the restore faults chunks in anyway
                     log.warning("prefetch of %s did not start: %s", prefix, err)
             return MemoryBacking(self.memserver.path_for(prefix), share=False, write_trackable=False)
-        if not source.memory.exists():
-            raise VmmError(f"{source.path} has no memory image and no memory server is running")
+        if not source.memory.exists() and not self.hot.path(source.hot_key).exists():
+            # (a snapshot still being made durable has only its hot copy: fork_tree children restore from it)
+            raise VmmError(f"{source.path} has no memory image here and none in the object store")
         return MemoryBacking(await self.hot.ensure(source.hot_key, source.memory), share=False)
 
     async def explain(self, vm: MicroVM) -> CryoboxError | None:

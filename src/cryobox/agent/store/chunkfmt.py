@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import InvalidArgument, StoreError
+from ...util.files import data_extents
 
 CHUNK_SIZE = 4 << 20
 INDEX_MAGIC = b"CRYOIDX1"
@@ -249,21 +250,11 @@ def unpack_image(index: ChunkIndex, pack: Path, dest: Path) -> None:
 
 def _data_chunks(fd: int, size: int, chunk_size: int) -> Iterator[int]:
     """Indices of the chunks that hold any data extent (the others lie wholly in holes), ascending."""
-    offset, last = 0, -1
-    while offset < size:
-        try:
-            start = os.lseek(fd, offset, os.SEEK_DATA)
-        except OSError as err:
-            if err.errno == errno.ENXIO:  # only a hole from here to EOF
-                return
-            raise
-        if start >= size:
-            return
-        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+    last = -1
+    for start, end in data_extents(fd, size):
         for i in range(max(start // chunk_size, last + 1), (end - 1) // chunk_size + 1):
             yield i
             last = i
-        offset = end
 
 
 def _scan_chunks(

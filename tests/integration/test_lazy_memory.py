@@ -69,6 +69,8 @@ def test_lazy_restores_fetch_each_touched_chunk_once_and_cache_survives_restart(
             assert m["faults"] > m["chunk_fetches"], "reads of one chunk after its fetch must not fetch again"
             identity_chunks = _cached_chunks(lazy_host, cache_dir)
             assert len(identity_chunks) == m["chunk_fetches"]
+            scrape = client.http.get("/metrics").text  # the memory server's series are part of /metrics
+            assert f"chunk_fetches_total {m['chunk_fetches']}" in scrape and "faults_total" in scrape
 
             # fresh guest memory lives in zero chunks: served as zeros, never fetched
             zero_before, gets_before = m["zero_fills"], m["store_gets"]

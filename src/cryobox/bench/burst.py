@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..config import Paths
+from ..errors import CryoboxError
 from .report import write_result
 from .server import ServeProcess
 from .stats import percentile
@@ -190,7 +191,10 @@ def _print(result: dict[str, Any], console: Console) -> None:
 
 def draw(result: dict[str, Any], out: Path) -> None:
     """Latency CDF of the three bursts, and their GETs and faults, side by side."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise CryoboxError("--plot needs matplotlib (pip install matplotlib; `make setup` installs it)") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

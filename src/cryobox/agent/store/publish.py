@@ -172,22 +172,31 @@ def fetch_template(
                 path.parent.mkdir(parents=True, exist_ok=True)
                 store.download(key, path)
         local[role] = path
-    work = templates_dir / f".{name}-{generation}.fetch{os.getpid()}"
+    machine = dict(manifest["machine_config"], kernel=str(local["kernel"]), initrd=str(local["initrd"]))
+    manifest.update(
+        machine_config=machine,
+        kernel=str(local["kernel"]),
+        initrd=str(local["initrd"]),
+        rootfs=str(local["rootfs"]),
+        memory_prefix=prefix,
+        fetched_from=store.url,
+    )
+    _materialize(store, prefix, final, (local["rootfs"], "raw"), manifest)
+    return _load(final)
+
+
+def _materialize(
+    store: ObjectStore, prefix: str, final: Path, backing: tuple[Path, str], manifest: dict[str, Any]
+) -> None:
+    """Download ``prefix``'s vmstate and disk overlay into a work directory beside ``final``, point the overlay
+    at this host's ``backing`` (path, format), write ``manifest`` last and rename the directory into place."""
+    work = final.with_name(f".{final.name}.fetch{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     try:
         store.download(f"{prefix}/vmstate", work / "vmstate")
         store.download(f"{prefix}/disk.qcow2", work / "disk.qcow2")
-        _rebase(work / "disk.qcow2", local["rootfs"], "raw")
-        machine = dict(manifest["machine_config"], kernel=str(local["kernel"]), initrd=str(local["initrd"]))
-        manifest.update(
-            machine_config=machine,
-            kernel=str(local["kernel"]),
-            initrd=str(local["initrd"]),
-            rootfs=str(local["rootfs"]),
-            memory_prefix=prefix,
-            fetched_from=store.url,
-        )
+        _rebase(work / "disk.qcow2", *backing)
         write_json_atomic(work / "manifest.json", manifest)
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(final)
@@ -195,7 +204,6 @@ def fetch_template(
         fsync_dir(final.parent)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return _load(final)
 
 
 def _rebase(disk: Path, backing: Path, backing_format: str) -> None:
@@ -260,18 +268,7 @@ def import_snapshot(store: ObjectStore, snapshot_id: str, snapshots_dir: Path, t
     final = snapshots_dir / snapshot_id
     if (final / "manifest.json").exists():
         raise StateError(f"snapshot {snapshot_id} is already on this host", details={"id": snapshot_id})
-    work = snapshots_dir / f".{snapshot_id}.import{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    try:
-        store.download(f"{prefix}/vmstate", work / "vmstate")
-        store.download(f"{prefix}/disk.qcow2", work / "disk.qcow2")
-        _rebase(work / "disk.qcow2", template.disk, "qcow2")
-        machine = dict(manifest["machine"], kernel=str(template.machine.kernel), initrd=str(template.machine.initrd))
-        manifest.update(machine=machine, memory_prefix=prefix, imported_from=store.url, imported_at=time.time())
-        write_json_atomic(work / "manifest.json", manifest)
-        os.replace(work, final)
-        fsync_dir(final.parent)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    machine = dict(manifest["machine"], kernel=str(template.machine.kernel), initrd=str(template.machine.initrd))
+    manifest.update(machine=machine, memory_prefix=prefix, imported_from=store.url, imported_at=time.time())
+    _materialize(store, prefix, final, (template.disk, "qcow2"), manifest)
     return final

@@ -22,7 +22,6 @@ Concurrency: one lock guards the in-flight table and the small bookkeeping sets;
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 import threading
@@ -30,77 +29,18 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final
 
-from ...errors import ChunkFetchFailed, CryoboxError, InvalidArgument, ObjectNotFound, StoreError
-from .chunkcache import cache_identity
-from .chunkfmt import ChunkIndex
+from ...errors import ChunkFetchFailed, CryoboxError, InvalidArgument
+from .chunkfetch import Timing, failure_details, fetch_chunk
+from .chunkref import ChunkCacheLike, ImageRef, RangeReader, ResolverConfig
 from .memmetrics import MemoryMetrics
+
+__all__ = ["ChunkCacheLike", "ChunkResolver", "ImageRef", "RangeReader", "ResolverConfig"]
 
 log = logging.getLogger(__name__)
 
 _WAIT_SLICE_S: Final = 0.05  # waiters re-check the (injectable) clock this often while the leader fetches
-
-
-class RangeReader(Protocol):
-    """What the resolver needs of an object store (:class:`~cryobox.agent.store.objstore.ObjectStore` fits)."""
-
-    @property
-    def url(self) -> str: ...
-
-    def get_range(self, key: str, start: int, length: int) -> bytes: ...
-
-
-class ChunkCacheLike(Protocol):
-    """What the resolver needs of a chunk cache (:class:`~cryobox.agent.store.chunkcache.ChunkCache` fits)."""
-
-    def get(self, identity: str, idx: int, sha256: str) -> bytes | None: ...
-
-    def put(self, identity: str, idx: int, data: bytes) -> None: ...
-
-    def contains(self, identity: str, idx: int) -> bool: ...
-
-    @property
-    def used_bytes(self) -> int: ...
-
-
-@dataclass(frozen=True)
-class ImageRef:
-    """One memory image in the store."""
-
-    key: str  # store key of memory.pack
-    index: ChunkIndex
-    identity: str  # cache_identity(store.url, key, index.generation)
-
-    @classmethod
-    def for_store(cls, store: RangeReader, key: str, index: ChunkIndex) -> ImageRef:
-        """The image ``key`` of ``store`` described by ``index``, with its cache identity computed."""
-        return cls(key=key, index=index, identity=cache_identity(store.url, key, index.generation))
-
-
-@dataclass(frozen=True)
-class ResolverConfig:
-    single_flight: bool = True
-    use_cache: bool = True
-    retries: int = 4  # attempts after the first
-    backoff_base_s: float = 0.05  # full jitter: sleep rng.uniform(0, min(max, base * 2**retry))
-    backoff_max_s: float = 1.0
-    fetch_deadline_s: float = 15.0  # whole fetch incl. retries; past it -> ChunkFetchFailed
-    hot_chunks: int = 0  # verified chunks kept in memory (LRU) in front of the cache; 0 = off
-
-    def __post_init__(self) -> None:
-        if self.retries < 0 or self.hot_chunks < 0:
-            raise InvalidArgument("retries and hot_chunks must be >= 0")
-        if self.backoff_base_s < 0 or self.backoff_max_s < 0:
-            raise InvalidArgument("backoff_base_s and backoff_max_s must be >= 0")
-        if self.fetch_deadline_s <= 0:
-            raise InvalidArgument("fetch_deadline_s must be > 0")
-
-    @classmethod
-    def naive(cls) -> ResolverConfig:
-        """No single flight and no cache: every chunk request is its own fetch (the herd's worst case)."""
-        return cls(single_flight=False, use_cache=False)
 
 
 class _Flight:
@@ -134,8 +74,7 @@ class ChunkResolver:
         self._config = config
         self._metrics = metrics
         self._clock = clock
-        self._sleep = sleep
-        self._rng = rng if rng is not None else random.Random()
+        self._timing = Timing(clock, sleep, rng if rng is not None else random.Random())
         self._lock = threading.Lock()
         self._inflight: dict[tuple[str, int], _Flight] = {}
         self._hot: OrderedDict[tuple[str, int], bytes] = OrderedDict()
@@ -339,7 +278,7 @@ class ChunkResolver:
                         f"chunk {idx} of {image.key!r} (generation {image.index.generation}) not fetched: gave up "
                         f"after waiting {self._config.fetch_deadline_s:g}s for the in-flight fetch "
                         f"({flight.attempts} attempt(s) so far; last error: {flight.last_error or 'none'})",
-                        details=self._details(image, idx, flight.attempts, flight.last_error, "wait deadline"),
+                        details=failure_details(image, idx, flight.attempts, flight.last_error, "wait deadline"),
                     )
                     self._record_failure(image.identity, failure)
                     raise failure
@@ -369,60 +308,17 @@ class ChunkResolver:
         return data
 
     def _fetch(self, image: ImageRef, idx: int, prefetch: bool, flight: _Flight | None) -> bytes:
-        """Range-GET and verify chunk ``idx`` with retries, backoff + full jitter and a deadline."""
-        cfg, index = self._config, image.index
-        start, length, expected = index.offsets[idx], index.chunk_len(idx), index.sha256[idx]
-        began = self._clock()
-        deadline = began + cfg.fetch_deadline_s
-        attempts, why = 0, "retries exhausted"
-        last: BaseException | None = None
-        while True:
-            if attempts > cfg.retries:
-                break
-            if attempts > 0:
-                delay = self._rng.uniform(0.0, min(cfg.backoff_max_s, cfg.backoff_base_s * 2 ** (attempts - 1)))
-                if self._clock() + delay >= deadline:
-                    why = "deadline"
-                    break
-                self._sleep(delay)
-            attempts += 1
-            self._metrics.store_gets.inc()
-            try:
-                data = self._store.get_range(image.key, start, length)
-            except ObjectNotFound as err:
-                last, why = err, "object not found"
-                break
-            except StoreError as err:
-                last = err
-            except Exception as err:  # the store should translate everything; do not retry the unknown
-                log.exception("unexpected error fetching %s chunk %d", image.key, idx)
-                last, why = err, "unexpected error"
-                break
-            else:
-                if len(data) != length:
-                    last = StoreError(f"short read: got {len(data)} of {length} bytes")
-                elif (digest := hashlib.sha256(data).hexdigest()) != expected:
-                    last = StoreError(f"sha256 mismatch: got {digest[:16]}..., want {expected[:16]}...")
-                else:
-                    self._metrics.chunk_fetches.inc()
-                    self._metrics.chunk_fetch_seconds.observe(max(0.0, self._clock() - began))
-                    if prefetch:
-                        self._metrics.prefetch_chunks.inc()
-                    return data
+        """Range-GET and verify chunk ``idx`` (:func:`fetch_chunk`); a failure is kept for :meth:`last_failure`."""
+
+        def progress(attempts: int, last_error: str) -> None:
             if flight is not None:
-                flight.attempts, flight.last_error = attempts, _describe(last)
-            if self._clock() >= deadline:
-                why = "deadline"
-                break
-        elapsed = self._clock() - began
-        failure = ChunkFetchFailed(
-            f"chunk {idx} of {image.key!r} (generation {index.generation}) not fetched: {attempts} attempt(s) in "
-            f"{elapsed:.3f}s, gave up ({why}); last error: {_describe(last)}",
-            details=self._details(image, idx, attempts, _describe(last), why),
-        )
-        self._metrics.chunk_fetch_failures.inc()
-        self._record_failure(image.identity, failure)
-        raise failure from last
+                flight.attempts, flight.last_error = attempts, last_error
+
+        try:
+            return fetch_chunk(self._store, image, idx, self._config, self._metrics, self._timing, prefetch, progress)
+        except ChunkFetchFailed as failure:
+            self._record_failure(image.identity, failure)
+            raise
 
     # -- cache helpers ------------------------------------------------------------------------------------------
 
@@ -496,21 +392,3 @@ class ChunkResolver:
     def _check_idx(image: ImageRef, idx: int) -> None:
         if not 0 <= idx < image.index.chunk_count:
             raise InvalidArgument(f"chunk {idx} out of range for {image.key!r} ({image.index.chunk_count} chunks)")
-
-    @staticmethod
-    def _details(image: ImageRef, idx: int, attempts: int, last_error: str, reason: str) -> dict[str, object]:
-        return {
-            "key": image.key,
-            "generation": image.index.generation,
-            "identity": image.identity,
-            "chunk": idx,
-            "attempts": attempts,
-            "last_error": last_error,
-            "reason": reason,
-        }
-
-
-def _describe(err: BaseException | None) -> str:
-    if err is None:
-        return "none"
-    return f"{type(err).__name__}: {err}"

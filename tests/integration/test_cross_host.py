@@ -4,6 +4,7 @@ both from the store alone, paging guest RAM in chunk by chunk."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from cryobox.agent.reclaim import find_own_qemus
@@ -67,3 +68,23 @@ def test_cross_host_restore_from_s3(tmp_path: Path, cache_dir: Path, templates: 
         (fetched,) = (empty_cache / "templates").glob("base-*")
         assert not (fetched / "memory").exists(), "a fetched template's memory stays in the store"
         assert find_own_qemus(data_dir / "vol" / "run") == []
+
+        # in the default (hot) mode the host brings the fetched memory home in the background; restores made
+        # after that map the tmpfs copy, so their sandboxes snapshot with background-snapshot again
+        hot_args = [*common, "--template-source", "store"]
+        with ServeProcess(data_dir, cache_dir=empty_cache, prespawn=0, extra_args=hot_args, extra_env=CREDENTIALS) as b:
+            deadline = time.monotonic() + 120
+            while not (fetched / "memory").exists():
+                assert time.monotonic() < deadline, "the fetched template's memory never came home"
+                time.sleep(0.5)
+            client = Client(b.url, b.api_key)
+            try:
+                sandbox = client.create()
+                (pid,) = find_own_qemus(data_dir / "vol" / "run")
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+                assert "/dev/shm/" in cmdline and "memserver/mnt" not in cmdline, cmdline
+                client.sh(sandbox["id"], "echo home > /root/h")
+                assert client.snapshot(sandbox["id"])["pause_ms"] > 0
+                assert client.sh(sandbox["id"], "cat /root/h") == "home\n"
+            finally:
+                client.close()

@@ -14,6 +14,7 @@ from ..image.specs import DEFAULT_TEMPLATES, TemplateSpec
 from ..util.proc import Progress
 from .factory import PoolMode, VmFactory
 from .forking import Forking
+from .localize import Localizer
 from .memsource import MemorySource
 from .net.bakenet import bake_network, reclaim_bakes
 from .net.firewall import Firewall
@@ -24,7 +25,7 @@ from .net.slots import SlotPlan, tag_for
 from .prefetch import ensure_trace
 from .reclaim import reclaim
 from .service import SandboxService
-from .storage import StorageConfig, TemplateSource
+from .storage import MemoryMode, StorageConfig, TemplateSource
 from .store.hot import HotImages
 from .store.memclient import MemoryServerProcess, MemServerConfig
 from .store.objstore import ObjectStore, open_store
@@ -121,9 +122,11 @@ class Host:
     firewall: Firewall
     store: ObjectStore
     memserver: MemoryServerProcess
+    localizer: Localizer
 
     async def close(self, release: bool = True) -> None:
         await self.service.close()
+        await self.localizer.close()
         await self.memserver.aclose()  # after every VM mapping its files is gone
         await self.slots.close()
         await asyncio.to_thread(self.firewall.remove)
@@ -182,5 +185,8 @@ async def start_host(config: HostConfig, progress: Progress) -> Host:
         raise
     service = SandboxService(templates, factory, hibernation, prespawn=config.prespawn, pool_mode=config.pool_mode)
     service.start()
+    localizer = Localizer(memserver)
+    if config.storage.memory_mode is MemoryMode.HOT and localizer.start(templates.values()):
+        progress("bringing fetched templates' memory home in the background")
     forking = Forking(service, snapshots)
-    return Host(config, volume, hot, service, snapshots, forking, slots, firewall, store, memserver)
+    return Host(config, volume, hot, service, snapshots, forking, slots, firewall, store, memserver, localizer)

@@ -75,7 +75,8 @@ class AsyncSnapshots:
         return _snapshots.parse_snapshot(await self._send(_requests.get_snapshot_request(snapshot_id)))
 
     async def delete(self, snapshot_id: str) -> None:
-        """Delete the snapshot everywhere (local files, object store, registry).
+        """Delete the snapshot from this server (its files and registry row). A copy published to the object store
+        stays: other hosts may have imported it and page its memory from there.
 
         :raises NotFound: no such snapshot.
         """

@@ -26,7 +26,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from ..config import Paths
+from ..config import DEFAULT_CACHE_DIR, Paths
 from ..errors import CryoboxError
 from .report import write_result
 from .server import ServeProcess
@@ -51,7 +51,7 @@ def _serve(
 
 
 async def _stats(data_dir: Path, cache_dir: Path | None) -> dict[str, Any]:
-    sock = Paths(data_dir, cache_dir or Path("/var/cache/cryobox")).memserver_dir / "control.sock"
+    sock = Paths(data_dir, cache_dir or DEFAULT_CACHE_DIR).memserver_dir / "control.sock"
     async with httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(sock)), base_url="http://m") as client:
         response = await client.get("/stats")
         response.raise_for_status()

@@ -242,7 +242,9 @@ def unpack_image(index: ChunkIndex, pack: Path, dest: Path) -> None:
                 offset, length = index.pack_range(i)
                 data = os.pread(fin.fileno(), length, offset)
                 if not index.verify(i, data):
-                    raise StoreError(f"chunk {i} of generation {index.generation!r} does not match its sha256")
+                    raise StoreError(
+                        f"chunk {i} of generation {index.generation!r} does not match its checksum (sha256)"
+                    )
                 os.pwrite(fout.fileno(), data, i * index.chunk_size)
     except OSError as err:
         raise StoreError(f"cannot unpack {pack} into {dest}: {err}") from err

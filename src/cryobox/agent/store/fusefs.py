@@ -10,7 +10,7 @@ the kernel page cache cannot serve becomes a ``read`` here, which goes to the ch
 cannot serve (the store failed past its retries and deadline) answers ``EIO``: the faulting QEMU gets ``SIGBUS``
 and dies, and the platform reports the recorded :class:`~cryobox.errors.ChunkFetchFailed` instead of a hung vCPU.
 
-The order in which chunks are first read is recorded per image (the prefetch trace of a restore).
+The resolver records the order in which each image's chunks are first read (the prefetch trace of a restore).
 """
 
 from __future__ import annotations
@@ -67,8 +67,6 @@ class ImageTable:
         self._images: dict[str, ImageRef] = {}
         self._loading: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
-        self._first_reads: dict[str, list[int]] = {}
-        self._seen: dict[str, set[int]] = {}
         self._failures: dict[str, CryoboxError] = {}
 
     def get(self, name: str) -> ImageRef:
@@ -129,24 +127,6 @@ class ImageTable:
         with self._lock:
             return dict(self._images)
 
-    def note_read(self, name: str, chunks: range) -> None:
-        with self._lock:
-            seen = self._seen.setdefault(name, set())
-            order = self._first_reads.setdefault(name, [])
-            for idx in chunks:
-                if idx not in seen:
-                    seen.add(idx)
-                    order.append(idx)
-
-    def first_reads(self, name: str) -> list[int]:
-        with self._lock:
-            return list(self._first_reads.get(name, []))
-
-    def forget_reads(self, name: str) -> None:
-        with self._lock:
-            self._first_reads.pop(name, None)
-            self._seen.pop(name, None)
-
 
 class MemoryFS(fuse.Operations):  # type: ignore[misc]
     """Read-only FUSE operations over :class:`ImageTable` and :class:`ChunkResolver`."""
@@ -198,15 +178,10 @@ class MemoryFS(fuse.Operations):  # type: ignore[misc]
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         ref = self._ref(path)
-        name = path.lstrip("/")
-        if offset >= ref.index.image_size:
-            return b""
-        size = min(size, ref.index.image_size - offset)
-        self.table.note_read(name, ref.index.chunks_for(offset, size))
         try:
-            return self.resolver.read(ref, offset, size)
+            return self.resolver.read(ref, offset, size)  # clamped at the end of the image
         except StoreError as err:
-            log.error("read %s @%d+%d failed: %s", name, offset, size, err)
+            log.error("read %s @%d+%d failed: %s", path.lstrip("/"), offset, size, err)
             raise fuse.FuseOSError(errno.EIO) from None
 
     def statfs(self, path: str) -> dict[str, int]:

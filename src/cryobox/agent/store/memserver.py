@@ -71,7 +71,6 @@ class MemoryServer:
             name: {
                 "touched": len(touched := self.resolver.touched(ref.identity)),
                 "touched_stored": sum(1 for i in touched if not ref.index.is_zero(i)),
-                "first_reads": len(self.table.first_reads(name)),
                 "chunks": ref.index.chunk_count,
                 "stored_chunks": sum(1 for i in range(ref.index.chunk_count) if not ref.index.is_zero(i)),
             }
@@ -130,7 +129,8 @@ def _handler(server: MemoryServer) -> type[BaseHTTPRequestHandler]:
                     return self._json(200, server.stats())
                 name, what = self._image()
                 if what == "first-reads":
-                    return self._json(200, server.table.first_reads(name))
+                    ref = server.table.loaded().get(name)
+                    return self._json(200, server.resolver.first_reads(ref.identity) if ref else [])
                 if what == "failure":
                     ref = server.table.loaded().get(name)
                     failure: CryoboxError | None = server.resolver.last_failure(ref.identity) if ref else None
@@ -146,7 +146,8 @@ def _handler(server: MemoryServer) -> type[BaseHTTPRequestHandler]:
             try:
                 name, what = self._image()
                 if what == "forget-reads":
-                    server.table.forget_reads(name)
+                    ref = server.table.get(name)
+                    server.resolver.forget_reads(ref.identity)
                     return self._json(200, {})
                 if what == "prefetch":
                     return self._json(200, {"chunks": server.prefetch(name)})

@@ -23,7 +23,6 @@ its restores map the memory server's file for ``templates/<name>/<generation>`` 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import secrets
@@ -33,12 +32,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...errors import CryoboxError, ObjectNotFound, StateError, StoreError
+from ...errors import CryoboxError, ObjectNotFound, StateError
 from ...util.files import fsync_dir, write_json_atomic
 from ...util.proc import Progress
 from ..templates import Template
 from ..vm import MachineConfig
-from .chunkfmt import ChunkIndex, pack_image
+from .chunkfmt import ChunkIndex, pack_image, unpack_image
 from .objstore import ObjectStore
 from .snapshots import SnapshotImage
 
@@ -63,27 +62,21 @@ def upload_image(store: ObjectStore, base: str, path: Path, generation: str, wor
 
 
 def download_image(store: ObjectStore, base: str, dest: Path) -> ChunkIndex:
-    """Rebuild the sparse image stored as ``<base>.{idx,pack}`` at ``dest`` (verified, written atomically)."""
+    """Rebuild the sparse image stored as ``<base>.{idx,pack}`` at ``dest`` (every chunk verified; atomic)."""
     index = ChunkIndex.from_bytes(store.get(f"{base}.idx"))
-    tmp = dest.with_name(f".{dest.name}.{secrets.token_hex(6)}")
     dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{secrets.token_hex(6)}")
+    pack = tmp.with_name(f"{tmp.name}.pack")
     try:
-        with open(tmp, "wb") as fh:
-            fh.truncate(index.image_size)
-            for i in range(index.chunk_count):
-                if index.is_zero(i):
-                    continue
-                data = store.get_range(f"{base}.pack", index.offsets[i], index.chunk_len(i))
-                if hashlib.sha256(data).hexdigest() != index.sha256[i]:
-                    raise StoreError(f"{base}.pack: chunk {i} does not match its checksum")
-                fh.seek(i * index.chunk_size)
-                fh.write(data)
-            fh.flush()
+        store.download(f"{base}.pack", pack)
+        unpack_image(index, pack, tmp)
+        with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, dest)
         fsync_dir(dest.parent)
     finally:
         tmp.unlink(missing_ok=True)
+        pack.unlink(missing_ok=True)
     return index
 
 
@@ -94,10 +87,6 @@ def _image_key(images_dir: Path, path: Path) -> str:
     except ValueError:
         raise CryoboxError(f"{path} is not in the image cache {images_dir}") from None
     return f"images/{rel.as_posix()}"
-
-
-def is_published(store: ObjectStore, template: Template) -> bool:
-    return store.exists(f"{template_prefix(template.name, template.generation)}/manifest.json")
 
 
 def publish_template(

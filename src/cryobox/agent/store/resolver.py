@@ -78,7 +78,7 @@ class ChunkResolver:
         self._lock = threading.Lock()
         self._inflight: dict[tuple[str, int], _Flight] = {}
         self._hot: OrderedDict[tuple[str, int], bytes] = OrderedDict()
-        self._touched: dict[str, set[int]] = {}
+        self._touched: dict[str, dict[int, None]] = {}  # per image, in first-read order
         self._prefetched: dict[str, set[int]] = {}
         self._failures: dict[str, ChunkFetchFailed] = {}
         self._prefetch_stops: dict[str, set[threading.Event]] = {}
@@ -114,7 +114,7 @@ class ChunkResolver:
                 from_prefetch = from_prefetch or prefetched
                 parts.append(data if (lo, hi) == (0, len(data)) else memoryview(data)[lo:hi])
             with self._lock:
-                self._touched.setdefault(image.identity, set()).add(idx)
+                self._touched.setdefault(image.identity, {}).setdefault(idx)
         if from_prefetch:
             self._metrics.prefetch_hits.inc()
         only = parts[0]
@@ -214,6 +214,16 @@ class ChunkResolver:
         """Chunk indexes served by :meth:`read` for this image so far, zero chunks included."""
         with self._lock:
             return set(self._touched.get(identity, ()))
+
+    def first_reads(self, identity: str) -> list[int]:
+        """The chunks :meth:`read` served for this image, in the order each was first read (a prefetch trace)."""
+        with self._lock:
+            return list(self._touched.get(identity, ()))
+
+    def forget_reads(self, identity: str) -> None:
+        """Start recording :meth:`first_reads` (and :meth:`touched`) of this image afresh."""
+        with self._lock:
+            self._touched.pop(identity, None)
 
     def in_flight(self) -> dict[tuple[str, int], int]:
         """Fetches in progress: ``(identity, idx) -> number of callers waiting on the leader``."""

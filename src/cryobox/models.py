@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SandboxStatus = Literal["starting", "running", "paused", "hibernated", "stopped", "error"]
+SandboxStatus = Literal["starting", "running", "paused", "hibernated", "stopped", "error", "lost"]
 BootMode = Literal["restore", "cold"]
 
 
@@ -152,7 +152,8 @@ class Snapshot:
     """A snapshot of a sandbox's memory and disk (``GET /v1/snapshots/{id}``).
 
     ``size_bytes`` is the allocated size of all its files; ``retain`` keeps it when its sandbox is deleted;
-    ``parent_id`` is the snapshot it was taken on top of, if any; ``pause_ms`` how long the sandbox was paused.
+    ``parent_id`` is the snapshot it was taken on top of, if any; ``pause_ms`` how long the sandbox was paused;
+    ``location`` is ``local`` until the snapshot is in the object store (``stored``: restorable on any host).
     """
 
     id: str
@@ -164,6 +165,8 @@ class Snapshot:
     retain: bool = False
     parent_id: str | None = None
     pause_ms: float | None = None
+    location: str = "local"
+    host: str | None = None
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,13 @@ def test_revoked_key_is_refused(server: ServeProcess) -> None:
     key_id = next(k["id"] for k in listed if k["workspace"] == "revokers")
     assert key not in json.dumps(listed), "key listing must not reveal secrets"
     assert _cli("keys", "revoke", key_id, "--data-dir", str(server.data_dir)).returncode == 0
+    # the server caches key lookups for at most 5 s (CRYOBOX_KEY_CACHE_S): refused within that, then for good
+    deadline = time.monotonic() + 10
+    status = 200
+    while status != 401 and time.monotonic() < deadline:
+        status = httpx.get(f"{server.url}/v1/sandboxes", headers={"Authorization": f"Bearer {key}"}).status_code
+        time.sleep(0.2)
+    assert status == 401
     assert httpx.get(f"{server.url}/v1/sandboxes", headers={"Authorization": f"Bearer {key}"}).status_code == 401
 
 

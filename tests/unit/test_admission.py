@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from cryobox.errors import HostUnavailable, InvalidArgument
-from cryobox.server.admission import AdmissionConfig, AdmissionController, AdmissionObserver
+from cryobox.agent.admission import AdmissionConfig, AdmissionController, AdmissionObserver
 
 
 class FakeClock:

@@ -360,7 +360,7 @@ def test_reconcile(registry: Registry, tmp_path: Path) -> None:
     def exists(path: str) -> bool:
         return Path(path).is_dir()
 
-    report = registry.reconcile(exists, live_sandbox_ids={"sbx-live"})
+    report = registry.reconcile(exists, live_sandbox_ids={"sbx-live"}, host="")
     assert report.deleted_snapshots == ["snap-gone"]
     assert report.stopped_sandboxes == ["sbx-dead-paused", "sbx-dead-running", "sbx-dead-starting"]
     assert [s.id for s in registry.list_snapshots()] == ["snap-kept"]
@@ -373,7 +373,7 @@ def test_reconcile(registry: Registry, tmp_path: Path) -> None:
         "sbx-stopped": "stopped",
         "sbx-error": "error",
     }
-    again = registry.reconcile(exists, live_sandbox_ids={"sbx-live"})
+    again = registry.reconcile(exists, live_sandbox_ids={"sbx-live"}, host="")
     assert (again.deleted_snapshots, again.stopped_sandboxes) == ([], [])
 
 

@@ -80,7 +80,12 @@ class Forking:
         return image
 
     async def fork(
-        self, sandbox_id: str, workspace_id: str | None = None, *, metadata: dict[str, str] | None = None
+        self,
+        sandbox_id: str,
+        workspace_id: str | None = None,
+        *,
+        metadata: dict[str, str] | None = None,
+        child_id: str | None = None,
     ) -> Sandbox:
         """A child that cold-boots from a copy of the parent's disk (no memory)."""
         parent = self.service.get(sandbox_id, workspace_id)
@@ -109,7 +114,7 @@ class Forking:
             disk.unlink(missing_ok=True)
         now = service.clock()
         child = Sandbox(
-            id=new_id("sb"),
+            id=child_id or new_id("sb"),
             template=parent.template,
             cpus=parent.cpus,
             memory_mib=parent.memory_mib,
@@ -146,13 +151,17 @@ class Forking:
         count: int = 2,
         metadata: dict[str, str] | None = None,
         snapshot_id: str | None = None,
+        child_ids: list[str] | None = None,
+        tree_id: str | None = None,
     ) -> TreeResult:
-        """``count`` children restored in parallel from one snapshot of the parent (memory and disk)."""
-        if not 1 <= count <= MAX_TREE:
+        """``count`` children (or one per ``child_ids`` entry, which may be none: then only the snapshot)
+        restored in parallel from one snapshot of the parent (memory and disk)."""
+        ids: list[str | None] = list(child_ids) if child_ids is not None else [None] * count
+        if child_ids is None and not 1 <= count <= MAX_TREE or len(ids) > MAX_TREE:
             raise InvalidArgument(f"count must be between 1 and {MAX_TREE}", details={"count": count})
         parent = self.service.get(sandbox_id, workspace_id)
         image = await self.snapshot(sandbox_id, workspace_id, snapshot_id=snapshot_id, durable=False)
-        tree = TreeResult(tree_id=new_id("tree"), snapshot=image)
+        tree = TreeResult(tree_id=tree_id or new_id("tree"), snapshot=image)
         child_meta = {**(metadata or {}), "cryobox.tree_id": tree.tree_id, "cryobox.parent_id": parent.id}
         # the children restore from the hot copy while the snapshot is made durable alongside
         finishing = asyncio.ensure_future(self.store.finish(image))
@@ -164,8 +173,9 @@ class Forking:
                     metadata=child_meta,
                     workspace_id=parent.workspace_id,
                     egress=parent.egress,
+                    sandbox_id=child,
                 )
-                for _ in range(count)
+                for child in ids
             ),
             return_exceptions=True,
         )

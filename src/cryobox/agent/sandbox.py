@@ -57,6 +57,8 @@ class Sandbox:
     """The network slot the sandbox's QEMU runs in; the host reaches the guest at ``slot.address``."""
     hibernation: SnapshotImage | None = None
     """The capture a hibernated sandbox wakes from (its QEMU is gone meanwhile)."""
+    in_flight: int = 0
+    """Requests running in the sandbox now (exec, streams, terminals): a busy sandbox never expires."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -71,7 +73,12 @@ class Sandbox:
         return self.slot.address if self.slot is not None else None
 
     def idle_s(self, now: float) -> float:
-        return max(0.0, now - self.last_active)
+        return 0.0 if self.in_flight else max(0.0, now - self.last_active)
+
+    def expired(self, now: float) -> bool:
+        """Idle past its TTL with nothing in flight (a long exec or an open terminal keeps it alive)."""
+        expires = self.expires_at
+        return expires is not None and self.in_flight == 0 and expires <= now
 
     def require_running(self) -> None:
         if not self.state.accepts_requests:

@@ -93,10 +93,14 @@ class SandboxService:
         persistent: bool = False,
         workspace_id: str = "default",
         egress: list[str] | None = None,
+        sandbox_id: str | None = None,
     ) -> Sandbox:
         """Restore a new sandbox from ``template`` (its warm pool) or from ``from_snapshot`` (a fresh QEMU
         mapping the snapshot's memory copy-on-write; any number of these run side by side)."""
         source: RestoreSource = from_snapshot if from_snapshot is not None else self.template(template)
+        sandbox_id = sandbox_id or new_id("sb")
+        if sandbox_id in self.sandboxes:
+            raise StateError(f"sandbox {sandbox_id} already exists", state="exists", required="new")
         started = time.monotonic()
         if from_snapshot is None:
             vm = await self.pools[template].take()
@@ -104,7 +108,7 @@ class SandboxService:
             vm = await self.factory.spawn_incoming(from_snapshot)
         now = self.clock()
         sandbox = Sandbox(
-            id=new_id("sb"),
+            id=sandbox_id,
             template=from_snapshot.template if from_snapshot is not None else template,
             cpus=source.machine.cpus,
             memory_mib=source.machine.memory_mib,

@@ -12,6 +12,8 @@ from rich.console import Console
 
 from .capture_cmds import capture
 from .debug_cmds import bisect, debug
+from .fleet_cmds import agent as agent_cmd
+from .fleet_cmds import control as control_cmd
 from .inspect_cmds import inspect_app
 from .keys_cmds import keys_app
 from .sandbox_cmds import sandbox_app, template_app
@@ -30,6 +32,8 @@ app.add_typer(bench_app, name="bench")
 app.command("capture")(capture)
 app.command("debug")(debug)
 app.command("bisect")(bisect)
+app.command("agent")(agent_cmd)
+app.command("control")(control_cmd)
 console = Console(stderr=True)
 
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="platform state (default /var/lib/cryobox)")]
@@ -139,16 +143,9 @@ def serve(
             StoreFaults.parse(store_faults)
         except CryoboxError as err:
             raise typer.BadParameter(f"--store-faults: {err.message}") from None
-    from ..image.specs import DEFAULT_TEMPLATES
+    from .templates_opt import parse_templates
 
-    specs = DEFAULT_TEMPLATES
-    if templates:
-        wanted = [t.strip() for t in templates.split(",") if t.strip()]
-        known = {spec.name: spec for spec in DEFAULT_TEMPLATES}
-        unknown = [t for t in wanted if t not in known]
-        if unknown or not wanted:
-            raise typer.BadParameter(f"--templates: unknown {unknown} (built-in: {', '.join(known)})")
-        specs = tuple(known[t] for t in wanted)
+    specs = parse_templates(templates)
     options = ServeOptions(
         data_dir=data_dir,
         cache_dir=cache_dir,
@@ -272,6 +269,40 @@ def bench_burst(
         template=template,
         faults=faults,
         concurrency=concurrency,
+        out_dir=out_dir,
+        cache_dir=cache_dir,
+        plot=plot,
+        console=console,
+    )
+    if as_json:
+        print(json.dumps(result, indent=2))
+
+
+@bench_app.command("fleet")
+def bench_fleet(
+    n: Annotated[int, typer.Option("--n", help="creates fired at once in the burst")] = 48,
+    agents: Annotated[int, typer.Option(help="agents of the burst/restore fleet")] = 3,
+    k: Annotated[int, typer.Option("--k", help="sequential creates and execs per side of the hop comparison")] = 10,
+    restores: Annotated[int, typer.Option(help="snapshot restores per phase (all agents up; source killed)")] = 3,
+    template: Annotated[str, typer.Option(help="template to create")] = "base",
+    isolation: Annotated[str, typer.Option(help="'netns' (an agent per network namespace) or 'loopback'")] = "netns",
+    as_json: Annotated[bool, typer.Option("--json", help="print the JSON result")] = False,
+    plot: Annotated[Path | None, typer.Option(help="write a PNG: hop, burst CDF, per-agent load, restores")] = None,
+    out_dir: Annotated[Path, typer.Option(help="where to write the JSON")] = Path("bench/results"),
+    cache_dir: CacheDir = None,
+) -> None:
+    """Control plane + host agents: the HTTP hop's cost, a burst over N agents, same- vs cross-host restores."""
+    from ..bench.fleet import run_fleet_bench
+
+    if isolation not in ("netns", "loopback"):
+        raise typer.BadParameter(f"--isolation must be 'netns' or 'loopback', not {isolation!r}")
+    result = run_fleet_bench(
+        n=n,
+        agents=agents,
+        k=k,
+        restores=restores,
+        template=template,
+        isolation="netns" if isolation == "netns" else "loopback",
         out_dir=out_dir,
         cache_dir=cache_dir,
         plot=plot,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import signal
 import socket
@@ -14,20 +13,20 @@ from types import FrameType
 import uvicorn
 from rich.console import Console
 
+from ..agent.admission import AdmissionConfig
 from ..agent.factory import PoolMode
-from ..agent.platform import HostConfig, prepare_template, start_host
+from ..agent.platform import HostConfig
 from ..agent.storage import StorageConfig
+from ..agentapi import InProcessAgent
 from ..config import Paths
 from ..image.specs import DEFAULT_TEMPLATES, TemplateSpec
 from ..registry import Registry
-from ..server.admission import AdmissionConfig, AdmissionController
-from ..server.app import create_app
+from ..server.app import Intervals, create_app
 from ..server.auth import load_or_create_key
-from ..server.control import ControlPlane
 from ..server.metrics import Metrics
-from ..server.placement import Placement
 from ..server.ratelimit import RateLimitConfig, RateLimiter
-from ..server.snapshots_ctl import RetentionPolicy, SnapshotControl
+from ..server.snapshots_ctl import RetentionPolicy
+from .compose import AgentOptions, boot_agent, build_control, fleet_config
 
 DEFAULT_WORKSPACE = "default"
 
@@ -93,26 +92,30 @@ def serve(options: ServeOptions, console: Console) -> None:
                     console.print(line)
                     status.update(line[:100])
 
-            agent = await start_host(config, progress)
-        service = agent.service
-        metrics = Metrics()
-        metrics.add_source(agent.memserver.metrics_text)
-        admission = AdmissionController(admission_config, observer=metrics.admission_observer())
-        control = ControlPlane(
-            service,
-            registry,
-            admission,
-            metrics,
-            host=socket.gethostname(),
-            snapshots=SnapshotControl(
-                registry, agent.snapshots, agent.forking, service.clock, retention, objects=agent.store
-            ),
-            preparer=functools.partial(prepare_template, config),
-            placement=Placement.single(socket.gethostname(), options.max_sandboxes, lambda: len(service.sandboxes)),
-        )
+            metrics = Metrics()
+            host, agent = await boot_agent(
+                config,
+                admission_config,
+                AgentOptions(name=socket.gethostname(), max_sandboxes=options.max_sandboxes),
+                metrics,
+                progress,
+            )
+        local = InProcessAgent(agent)
+
+        async def agent_metrics() -> str:
+            return (await local.metrics_text()).decode()
+
+        metrics.add_source(agent_metrics)
+        control = build_control(registry, fleet_config(), retention, host.store, metrics, local={agent.name: local})
         app = create_app(
-            control, limiter=limiter, accel=config.accel, host=control.host, reap_interval_s=options.reap_interval_s
+            control,
+            limiter=limiter,
+            accel=config.accel,
+            host=agent.name,
+            intervals=Intervals(reap_s=options.reap_interval_s),
+            local_agents={agent.name: local},
         )
+        service = host.service
         console.print(f"templates ready: {', '.join(service.templates)}")
         if generated:
             console.print(
@@ -136,7 +139,7 @@ def serve(options: ServeOptions, console: Console) -> None:
         try:
             await server.serve()
         finally:
-            await agent.close()
+            await host.close()
 
     # uvicorn shuts down gracefully on SIGTERM/SIGINT (the lifespan kills every VM), then re-raises the signal
     # with the previous handler: make that handler a clean exit so a graceful stop exits 0.

@@ -1,4 +1,4 @@
-"""The registry: cryobox's durable state (workspaces, API keys, templates, sandboxes, snapshots).
+"""The registry: cryobox's durable state (workspaces, API keys, templates, sandboxes, snapshots, the fleet).
 
 SQLite by default (``<data_dir>/registry.sqlite``), PostgreSQL when ``CRYOBOX_DATABASE_URL`` says so; the schema
 is managed by the Alembic revisions shipped in ``migrations/`` and applied by :meth:`Registry.migrate`.
@@ -7,16 +7,49 @@ is managed by the Alembic revisions shipped in ``migrations/`` and applied by :m
 from __future__ import annotations
 
 from .db import DATABASE_URL_ENV, AlreadyExists, Database, normalize_url, url_for_data_dir
+from .fleet import FleetRecords
 from .repo import Registry
-from .rows import ApiKeyInfo, ReconcileReport, SandboxRow, SnapshotRow, TemplateRow, WorkspaceInfo
+from .rows import (
+    ACTIVE_STATUSES,
+    AGENT_DOWN,
+    AGENT_DRAINING,
+    AGENT_STATUSES,
+    AGENT_UP,
+    LOST,
+    STOPPED_STATUSES,
+    AgentLoad,
+    AgentRow,
+    ApiKeyInfo,
+    HeartbeatOutcome,
+    HostReconcile,
+    ReconcileReport,
+    ReservationRow,
+    SandboxRow,
+    SnapshotRow,
+    TemplateRow,
+    WorkspaceInfo,
+)
 
 __all__ = [
+    "ACTIVE_STATUSES",
+    "AGENT_DOWN",
+    "AGENT_DRAINING",
+    "AGENT_STATUSES",
+    "AGENT_UP",
     "DATABASE_URL_ENV",
+    "LOST",
+    "STOPPED_STATUSES",
+    "AgentLoad",
+    "AgentRow",
     "AlreadyExists",
     "ApiKeyInfo",
     "Database",
+    "FleetRecords",
+    "HeartbeatOutcome",
+    "HostReconcile",
     "ReconcileReport",
     "Registry",
+    "ReservationRow",
     "SandboxRow",
     "SnapshotRow",
     "TemplateRow",

@@ -79,7 +79,7 @@ class Sandbox(Base):
     from_snapshot: Mapped[str | None] = mapped_column(ID)
     boot_ms: Mapped[float] = mapped_column(Double)
     boot_mode: Mapped[str] = mapped_column(String(32))
-    host: Mapped[str] = mapped_column(NAME)
+    host: Mapped[str] = mapped_column(NAME, index=True)  # indexed since revision 0004 (per-host reconcile)
     created_at: Mapped[float] = mapped_column(Double)
     persistent: Mapped[bool] = mapped_column(Boolean)
     ttl_seconds: Mapped[int | None] = mapped_column(Integer)
@@ -106,3 +106,37 @@ class Snapshot(Base):
     retain: Mapped[bool] = mapped_column(Boolean)
     created_at: Mapped[float] = mapped_column(Double)
     orphaned_at: Mapped[float | None] = mapped_column(Double)
+    # fleet (revision 0004): the agent that wrote it, whether its files are only there (``local``) or in the
+    # object store (``stored``), and the template generation it was taken from
+    host: Mapped[str] = mapped_column(NAME, server_default="")
+    location: Mapped[str] = mapped_column(String(32), server_default="local")
+    generation: Mapped[str | None] = mapped_column(NAME, nullable=True)
+
+
+class Agent(Base):
+    """A host agent as its heartbeats describe it (revision 0004)."""
+
+    __tablename__ = "agents"
+
+    name: Mapped[str] = mapped_column(NAME, primary_key=True)
+    url: Mapped[str] = mapped_column(Text)
+    boot_id: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(32))  # up | down | draining
+    heartbeat_at: Mapped[float] = mapped_column(Double)
+    registered_at: Mapped[float] = mapped_column(Double)
+    capacity: Mapped[dict[str, Any]] = mapped_column(JSON)
+    info: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class Reservation(Base):
+    """Room held on an agent between placement and the sandbox row that takes it over (revision 0004)."""
+
+    __tablename__ = "reservations"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    agent: Mapped[str] = mapped_column(NAME, index=True)
+    sandbox_id: Mapped[str | None] = mapped_column(ID, nullable=True)
+    memory_mib: Mapped[int] = mapped_column(Integer)
+    cpus: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Double)
+    expires_at: Mapped[float] = mapped_column(Double, index=True)

@@ -1,5 +1,8 @@
 """The registry: workspaces, API keys, templates, sandboxes and snapshots, kept in SQLite or PostgreSQL.
 
+The fleet's shared state (agents, reservations, per-host reconciliation) is :attr:`Registry.fleet`
+(:mod:`cryobox.registry.fleet`).
+
 Every method is synchronous, runs one short transaction and returns frozen dataclasses, never ORM objects, so
 callers may use the results from any thread after the session is gone.
 """
@@ -20,6 +23,7 @@ from ..errors import InvalidArgument, NotFound
 from . import keys
 from . import models as m
 from .db import AlreadyExists, Database, url_for_data_dir
+from .fleet import FleetRecords
 from .rows import (
     _IMMUTABLE,
     STOPPED_STATUSES,
@@ -48,6 +52,7 @@ class Registry:
 
     def __init__(self, url: str) -> None:
         self._db = Database(url)
+        self._fleet = FleetRecords(self._db)
 
     @classmethod
     def for_data_dir(cls, data_dir: Path, env: Mapping[str, str] | None = None) -> Registry:
@@ -65,6 +70,11 @@ class Registry:
     @property
     def database(self) -> Database:
         return self._db
+
+    @property
+    def fleet(self) -> FleetRecords:
+        """Agents, capacity reservations and per-host reconciliation (the fleet's shared state)."""
+        return self._fleet
 
     def migrate(self) -> None:
         """Bring the schema to the newest Alembic revision (idempotent)."""
@@ -276,6 +286,7 @@ class Registry:
         workspace_id: str | None = None,
         status: str | None = None,
         metadata: Mapping[str, str] | None = None,
+        host: str | None = None,
     ) -> list[SandboxRow]:
         """Sandboxes, oldest first; ``metadata`` keeps those whose metadata holds every given pair."""
         query = select(m.Sandbox).order_by(m.Sandbox.created_at, m.Sandbox.id)
@@ -283,6 +294,8 @@ class Registry:
             query = query.where(m.Sandbox.workspace_id == workspace_id)
         if status is not None:
             query = query.where(m.Sandbox.status == status)
+        if host is not None:
+            query = query.where(m.Sandbox.host == host)
         with self._db.session(write=False) as s:
             rows = [_from_orm(obj, SandboxRow) for obj in s.scalars(query)]
         return [row for row in rows if _subset(metadata, row.metadata)]
@@ -321,6 +334,7 @@ class Registry:
         workspace_id: str | None = None,
         sandbox_id: str | None = None,
         labels: Mapping[str, str] | None = None,
+        host: str | None = None,
     ) -> list[SnapshotRow]:
         """Snapshots, newest first; ``labels`` keeps those whose labels hold every given pair."""
         query = select(m.Snapshot).order_by(m.Snapshot.created_at.desc(), m.Snapshot.id.desc())
@@ -328,6 +342,8 @@ class Registry:
             query = query.where(m.Snapshot.workspace_id == workspace_id)
         if sandbox_id is not None:
             query = query.where(m.Snapshot.sandbox_id == sandbox_id)
+        if host is not None:
+            query = query.where(m.Snapshot.host == host)
         with self._db.session(write=False) as s:
             rows = [_from_orm(obj, SnapshotRow) for obj in s.scalars(query)]
         return [row for row in rows if _subset(labels, row.labels)]
@@ -339,23 +355,31 @@ class Registry:
 
     # -- crash consistency -----------------------------------------------------------------------------------
 
-    def reconcile(self, snapshot_dir_exists: Callable[[str], bool], live_sandbox_ids: set[str]) -> ReconcileReport:
-        """Make the rows agree with the host after a restart.
+    def reconcile(
+        self, snapshot_dir_exists: Callable[[str], bool], live_sandbox_ids: set[str], *, host: str
+    ) -> ReconcileReport:
+        """Make the rows of ``host`` (only those: other hosts' rows are never touched) agree with it after a restart.
 
-        Snapshot rows whose files are gone are deleted; sandbox rows not in ``live_sandbox_ids`` whose status is
-        not ``stopped``/``error`` are marked ``stopped`` (their VMs did not survive). Run it at start-up, before
+        The host's ``local`` snapshot rows whose files are gone are deleted (``stored`` ones stay: their files live
+        in the object store); the host's sandbox rows not in ``live_sandbox_ids`` whose status is not
+        ``stopped``/``error`` are marked ``stopped`` (their VMs did not survive). Run it at start-up, before
         serving requests, so no snapshot is being written while its directory is checked.
         """
+        local = (m.Snapshot.host == host, m.Snapshot.location == "local")
         with self._db.session(write=False) as s:
-            snapshots = s.execute(select(m.Snapshot.id, m.Snapshot.path)).all()
+            snapshots = s.execute(select(m.Snapshot.id, m.Snapshot.path).where(*local)).all()
         gone = sorted(snapshot_id for snapshot_id, path in snapshots if not snapshot_dir_exists(path))
         with self._db.session(what="registry reconciliation") as s:
             for chunk in _chunks(gone):
-                s.execute(delete(m.Snapshot).where(m.Snapshot.id.in_(chunk)))
-            active = s.scalars(select(m.Sandbox.id).where(m.Sandbox.status.not_in(STOPPED_STATUSES))).all()
+                s.execute(delete(m.Snapshot).where(m.Snapshot.id.in_(chunk), *local))
+            active = s.scalars(
+                select(m.Sandbox.id).where(m.Sandbox.host == host, m.Sandbox.status.not_in(STOPPED_STATUSES))
+            ).all()
             dead = sorted(set(active) - live_sandbox_ids)
             for chunk in _chunks(dead):
-                s.execute(update(m.Sandbox).where(m.Sandbox.id.in_(chunk)).values(status="stopped"))
+                s.execute(
+                    update(m.Sandbox).where(m.Sandbox.id.in_(chunk), m.Sandbox.host == host).values(status="stopped")
+                )
         return ReconcileReport(deleted_snapshots=gone, stopped_sandboxes=dead)
 
     # -- helpers ---------------------------------------------------------------------------------------------

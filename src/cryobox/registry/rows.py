@@ -90,6 +90,85 @@ class SnapshotRow:
     retain: bool = False
     created_at: float = field(default_factory=time.time)
     orphaned_at: float | None = None
+    host: str = ""
+    """The agent that wrote it (empty: rows from before the fleet, or a single host)."""
+    location: str = "local"
+    """``local``: its files exist only on ``host``; ``stored``: they are in the object store too."""
+    generation: str | None = None
+    """The template generation it was taken from."""
+
+
+@dataclass(frozen=True)
+class AgentRow:
+    """A host agent as its last heartbeat described it."""
+
+    name: str
+    url: str
+    boot_id: str
+    status: str
+    """``up`` | ``down`` | ``draining``."""
+    heartbeat_at: float
+    registered_at: float
+    capacity: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReservationRow:
+    """Room held on an agent between placement and the sandbox row that takes it over."""
+
+    id: str
+    agent: str
+    memory_mib: int
+    cpus: int
+    created_at: float
+    expires_at: float
+    sandbox_id: str | None = None
+
+
+@dataclass(frozen=True)
+class AgentLoad:
+    """What the registry holds against one agent, as a placement policy sees it inside a reservation."""
+
+    agent: AgentRow
+    committed_memory_mib: int
+    """Sum over this host's sandbox rows whose status is in :data:`ACTIVE_STATUSES`."""
+    committed_cpus: int
+    sandboxes: int
+    reserved_memory_mib: int
+    """Sum over this agent's unexpired reservations."""
+    reserved_cpus: int
+    reservations: int
+
+    @property
+    def used_memory_mib(self) -> int:
+        return self.committed_memory_mib + self.reserved_memory_mib
+
+    @property
+    def used_cpus(self) -> int:
+        return self.committed_cpus + self.reserved_cpus
+
+
+@dataclass(frozen=True)
+class HeartbeatOutcome:
+    new_boot: bool
+    """There was no row for the agent, or its boot id changed: the agent restarted (reconcile it)."""
+    was_down: bool
+    """The agent had been marked ``down`` before this heartbeat."""
+    status: str
+    """The agent's status after the heartbeat (``up``, or ``draining`` which a heartbeat keeps)."""
+
+
+@dataclass(frozen=True)
+class HostReconcile:
+    """What :meth:`FleetRecords.reconcile_host` changed (ids, sorted)."""
+
+    lost: list[str] = field(default_factory=list)
+    """Sandbox rows of the host the agent did not report, now marked with the absent status."""
+    updated: list[str] = field(default_factory=list)
+    """Sandbox rows whose status was set to the one the agent reported."""
+    deleted_snapshots: list[str] = field(default_factory=list)
+    """Local snapshot rows of the host whose files are gone."""
 
 
 @dataclass(frozen=True)
@@ -101,10 +180,19 @@ class ReconcileReport:
 
 
 STOPPED_STATUSES = ("stopped", "error")
+ACTIVE_STATUSES = ("starting", "running", "paused")
+"""Sandbox statuses that hold memory and vCPUs on their host."""
+HIBERNATED = "hibernated"
+AGENT_UP = "up"
+AGENT_DOWN = "down"
+AGENT_DRAINING = "draining"
+AGENT_STATUSES = (AGENT_UP, AGENT_DOWN, AGENT_DRAINING)
+LOST = "lost"
+"""A sandbox whose host stopped answering (or no longer reports it); it comes back if the host reports it again."""
 _IMMUTABLE = frozenset({"id", "workspace_id"})
 _CHUNK = 500  # ids per IN (...) clause
 
-_Row = TypeVar("_Row", SandboxRow, SnapshotRow, TemplateRow)
+_Row = TypeVar("_Row", SandboxRow, SnapshotRow, TemplateRow, AgentRow, ReservationRow)
 
 # ---------------------------------------------------------------------------------------------------------------
 # row <-> ORM conversion and validation

@@ -6,18 +6,26 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 from fastapi import FastAPI
 
 from .. import __version__
 from ..agent.vm import Accel
+from ..agentapi import Agent
+from ..agentapi import models as am
+from ..agentapi.heartbeat import heartbeat_of
 from .control import ControlPlane
 from .deps import AppContext
 from .errors import install_error_handlers
+from .fleet import DEFAULT_HEARTBEAT_INTERVAL_S
+from .forks_ctl import ForkControl
+from .keycache import KeyCache
 from .limits import BodyLimitMiddleware
 from .metrics import MetricsMiddleware
 from .ratelimit import RateLimiter
 from .routes_files import router as files_router
+from .routes_fleet import router as fleet_router
 from .routes_forks import router as forks_router
 from .routes_platform import router as platform_router
 from .routes_pty import router as pty_router
@@ -27,12 +35,45 @@ from .routes_snapshots import router as snapshots_router
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Intervals:
+    reap_s: float = 5.0
+    heartbeat_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
+    """How often the in-process agent reports in (HTTP agents have their own setting)."""
+    key_cache_s: float = 5.0
+
+
+def wire_registration(control: ControlPlane) -> None:
+    """What happens when an agent registers: template rows, custom template builds, snapshot reconcile."""
+
+    async def registered(name: str, hb: am.Heartbeat) -> None:
+        agent = await control.fleet.agent(name)
+        await control.templates.agent_registered(name, agent, dict(hb.capacity.templates_ready))
+        await control.snapshots.reconcile(name, agent, {s.id for s in hb.sandboxes})
+
+    control.fleet.on_register(registered)
+
+
 def create_app(
-    control: ControlPlane, *, limiter: RateLimiter, accel: Accel, host: str, reap_interval_s: float = 5.0
+    control: ControlPlane,
+    *,
+    limiter: RateLimiter,
+    accel: Accel,
+    host: str,
+    intervals: Intervals | None = None,
+    local_agents: dict[str, Agent] | None = None,
 ) -> FastAPI:
+    """``local_agents`` are in-process agents (``cryobox serve``): registered before the app serves, and
+    heartbeating from here."""
+    every_s = intervals or Intervals()
+    local = dict(local_agents or {})
+    control.fleet.local.update(local)
+    wire_registration(control)
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await control.startup()
+        for agent in local.values():
+            await control.fleet.heartbeat(await heartbeat_of(agent))
 
         async def every(interval_s: float, what: str, job: Callable[[], Awaitable[object]]) -> None:
             while True:
@@ -42,12 +83,21 @@ def create_app(
                 except Exception:
                     log.exception("%s failed", what)
 
+        async def beat() -> None:
+            for agent in local.values():
+                await control.fleet.heartbeat(await heartbeat_of(agent))
+
         tasks = [
-            asyncio.create_task(every(reap_interval_s, "ttl reaper", control.reap_expired)),
+            asyncio.create_task(every(every_s.reap_s, "ttl reaper", control.reap_expired)),
             asyncio.create_task(
                 every(control.snapshots.retention.sweep_interval_s, "orphan sweep", control.snapshots.sweep)
             ),
+            asyncio.create_task(
+                every(max(0.2, control.fleet.config.deadline_s / 4), "agent liveness", control.fleet.check_stale)
+            ),
         ]
+        if local:
+            tasks.append(asyncio.create_task(every(every_s.heartbeat_s, "local heartbeat", beat)))
         try:
             yield
         finally:
@@ -57,7 +107,8 @@ def create_app(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await control.templates.close()
-            await control.service.close()
+            await control.snapshots.close()
+            await control.fleet.close()
 
     app = FastAPI(
         title="cryobox",
@@ -65,7 +116,16 @@ def create_app(
         lifespan=lifespan,
         description="Self-hosted microVM sandboxes where every create is a snapshot restore.",
     )
-    app.state.ctx = AppContext(control=control, limiter=limiter, accel=accel, host=host, version=__version__)
+    keys = KeyCache(control.registry.authenticate, ttl_s=every_s.key_cache_s)
+    app.state.ctx = AppContext(
+        control=control,
+        forks=ForkControl(control),
+        limiter=limiter,
+        accel=accel,
+        host=host,
+        version=__version__,
+        keys=keys,
+    )
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=control.metrics)
@@ -75,4 +135,5 @@ def create_app(
     app.include_router(forks_router)
     app.include_router(platform_router)
     app.include_router(pty_router)
+    app.include_router(fleet_router)
     return app

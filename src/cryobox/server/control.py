@@ -1,34 +1,41 @@
-"""The control plane's sandbox operations: admission, the host agent, the registry and metrics together.
+"""The control plane's sandbox operations: registry, placement and the host agents together.
 
-The host agent (:class:`SandboxService`) owns live VMs; the registry owns what must survive a restart. A
-sandbox row is written only after its VM answered, and removed before the VM is killed on delete, so a crash
-leaves at worst a row whose VM is gone (``reconcile`` marks it stopped at the next start), never a VM no row
-knows about (startup reclaim kills those).
+The control plane decides *where* (placement with reservations) and *whether* (the caller's workspace, the
+template's visibility); the agent holding a sandbox does everything else. It reaches agents only through the
+typed interface (:mod:`cryobox.agentapi`). A sandbox row is written only after its agent answered (in the same
+transaction that settles the reservation) and removed before the agent kills the VM on delete, so a crash
+leaves at worst a row whose VM is gone (the agent's next registration reports that), never a VM no row knows
+about for long.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
+import secrets
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-from ..agent.sandbox import Sandbox
-from ..agent.service import SandboxService
+from ..agentapi import Agent
+from ..agentapi import models as am
 from ..errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound
 from ..registry import Registry, SandboxRow
-from .admission import AdmissionController
+from .fleet import Fleet
 from .metrics import Metrics
-from .placement import Placement
+from .placement import Placement, PlacementRequest
 from .snapshots_ctl import SnapshotControl
-from .templates_ctl import TemplateJobs, TemplatePreparer, row_for_template
+from .templates_ctl import TemplateJobs
 
 log = logging.getLogger(__name__)
 UNSET = object()  # "not given" in a PATCH, distinct from an explicit null
+LIVE_STATES = ("starting", "running", "paused", "hibernated")
+SNAPSHOT_LOCALITY_BONUS_MIB = 4096  # a local restore maps the hot copy; elsewhere it pages from the store
+
+
+def new_sandbox_id() -> str:
+    return f"sb-{secrets.token_hex(6)}"
 
 
 @dataclass(frozen=True)
@@ -43,190 +50,239 @@ class CreateRequest:
     egress: list[str] | None = None
 
 
-def row_for(sandbox: Sandbox, host: str) -> SandboxRow:
+def row_for(info: am.SandboxInfo, host: str) -> SandboxRow:
     return SandboxRow(
-        id=sandbox.id,
-        workspace_id=sandbox.workspace_id,
-        template=sandbox.template,
-        cpu=sandbox.cpus,
-        memory_mb=sandbox.memory_mib,
-        status=sandbox.state.value,
-        metadata=sandbox.metadata,
-        env=sandbox.env,
-        boot_ms=sandbox.boot_ms,
-        boot_mode=sandbox.boot_mode,
+        id=info.id,
+        workspace_id=info.workspace_id,
+        template=info.template,
+        cpu=info.cpus,
+        memory_mb=info.memory_mib,
+        status=info.state,
+        metadata=dict(info.metadata),
+        env=dict(info.env),
+        boot_ms=info.boot_ms,
+        boot_mode=info.boot_mode,
         host=host,
-        created_at=sandbox.created_at,
-        persistent=sandbox.persistent,
-        ttl_seconds=sandbox.ttl_s,
-        expires_at=sandbox.expires_at,
-        last_active_at=sandbox.last_active,
-        vm_id=sandbox.vm.vm_id,
-        from_snapshot=sandbox.from_snapshot,
-        guest_ip=sandbox.guest_ip,
-        instance_id=sandbox.instance_id or None,
+        created_at=info.created_at,
+        persistent=info.persistent,
+        ttl_seconds=info.ttl_s,
+        expires_at=info.expires_at,
+        last_active_at=info.last_active,
+        vm_id=info.vm_id,
+        from_snapshot=info.from_snapshot,
+        guest_ip=info.guest_ip,
+        instance_id=info.instance_id,
+    )
+
+
+def live_row(row: SandboxRow, info: am.SandboxInfo) -> SandboxRow:
+    """``row`` with what the agent knows now (state, TTL clock, address)."""
+    return replace(
+        row,
+        status=info.state,
+        expires_at=info.expires_at,
+        last_active_at=info.last_active,
+        ttl_seconds=info.ttl_s,
+        persistent=info.persistent,
+        guest_ip=info.guest_ip,
+        vm_id=info.vm_id,
     )
 
 
 class ControlPlane:
     def __init__(
         self,
-        service: SandboxService,
+        fleet: Fleet,
         registry: Registry,
-        admission: AdmissionController,
+        placement: Placement,
         metrics: Metrics,
-        host: str,
         snapshots: SnapshotControl,
-        preparer: TemplatePreparer | None = None,
-        placement: Placement | None = None,
+        templates: TemplateJobs,
     ) -> None:
-        self.service = service
-        self.placement = placement
-        self.snapshots = snapshots
+        self.fleet = fleet
         self.registry = registry
-        self.admission = admission
+        self.placement = placement
         self.metrics = metrics
-        self.host = host
-        self.templates = TemplateJobs(service, registry, preparer)
-        metrics.set_sandbox_state_provider(self.state_counts)
+        self.snapshots = snapshots
+        self.templates = templates
+        self._states: dict[str, int] = {}
+        metrics.set_sandbox_state_provider(lambda: self._states)
 
-    def state_counts(self) -> dict[str, int]:
-        return dict(Counter(s.state.value for s in self.service.all()))
+    # -- routing -------------------------------------------------------------------------------------------
 
-    async def startup(self) -> None:
-        """Record templates; rows of sandboxes that did not survive the restart become ``stopped``."""
-        for template in self.service.templates.values():
-            await asyncio.to_thread(self.registry.upsert_template, row_for_template(template, None, None))
-        report = await asyncio.to_thread(
-            self.registry.reconcile, lambda path: Path(path).exists(), {s.id for s in self.service.all()}
-        )
-        if report.stopped_sandboxes:
-            log.info("reconcile: %d sandbox rows marked stopped (VMs gone)", len(report.stopped_sandboxes))
-        await self.snapshots.reconcile({s.id for s in self.service.all()})
-        await self.templates.resume_builds()
+    async def row(self, sandbox_id: str, workspace_id: str) -> SandboxRow:
+        return await asyncio.to_thread(self.registry.get_sandbox, sandbox_id, workspace_id)
+
+    async def route(self, sandbox_id: str, workspace_id: str) -> tuple[SandboxRow, Agent]:
+        """The sandbox's row and its agent (404 across workspaces; 409 ``lost`` when its agent is gone)."""
+        return await self.fleet.route(sandbox_id, workspace_id)
+
+    async def agent_for(self, sandbox_id: str, workspace_id: str) -> Agent:
+        return (await self.route(sandbox_id, workspace_id))[1]
+
+    # -- create --------------------------------------------------------------------------------------------
 
     async def create(self, request: CreateRequest) -> SandboxRow:
-        image = None
-        if request.from_snapshot is not None:  # 404 before queueing
-            image = await self.snapshots.image(request.from_snapshot, request.workspace_id)
-        else:
-            await self.templates.require_ready(request.template, request.workspace_id)  # 404/409 before queueing
         started = time.monotonic()
-        # capacity is reserved now, when the decision is made, so a burst is counted in full before any of it
-        # lands (and spreads across hosts when there are several)
-        reservation = self.placement.reserve() if self.placement is not None else None
+        ref: am.SnapshotRef | None = None
+        if request.from_snapshot is not None:  # 404 before anything is reserved
+            snap, ref = await self.snapshots.ref(request.from_snapshot, request.workspace_id)
+            template = snap.template
+            cpus, memory = await self.templates.size(template)
+            placement = PlacementRequest(
+                memory_mib=memory,
+                cpus=cpus,
+                template=template,
+                generation=snap.generation,
+                local_keys=frozenset({snap.id}),
+                prefer=snap.host if snap.location == "local" else None,
+                locality_bonus_mib=SNAPSHOT_LOCALITY_BONUS_MIB,
+            )
+        else:
+            tpl = await self.templates.require_ready(request.template, request.workspace_id)  # 404/409
+            template = request.template
+            placement = PlacementRequest(
+                memory_mib=tpl.memory_mb,
+                cpus=tpl.cpu,
+                template=template,
+                local_keys=frozenset({f"tpl-{template}-{tpl.generation}"}),
+            )
+        sandbox_id = new_sandbox_id()
+        spec = am.CreateSpec(
+            sandbox_id=sandbox_id,
+            template=template,
+            workspace_id=request.workspace_id,
+            from_snapshot=ref,
+            metadata=request.metadata,
+            env=request.env,
+            ttl_s=request.ttl_s,
+            persistent=request.persistent,
+            egress=request.egress,
+        )
         try:
-            async with self.admission.slot():
-                sandbox = await self.service.create(
-                    request.template,
-                    from_snapshot=image,
-                    metadata=request.metadata,
-                    env=request.env,
-                    ttl_s=request.ttl_s,
-                    persistent=request.persistent,
-                    workspace_id=request.workspace_id,
-                    egress=request.egress,
-                )
-            if reservation is not None:
-                reservation.commit()  # the sandbox now counts in the host's own numbers
+            row = await self.place(placement, spec)
         except HostUnavailable:
             self.metrics.observe_create("refused", "restore")
             raise
         except BaseException:
             self.metrics.observe_create("error", "restore")
             raise
-        finally:
-            if reservation is not None:
-                reservation.release()  # no-op once committed
-        row = await self.record(sandbox)
-        self.metrics.observe_create("ok", sandbox.boot_mode, time.monotonic() - started)
+        self.metrics.observe_create("ok", row.boot_mode, time.monotonic() - started)
         return row
 
-    async def record(self, sandbox: Sandbox) -> SandboxRow:
-        """Write the row of a sandbox whose VM answered; if that fails, the VM goes too."""
-        row = row_for(sandbox, self.host)
+    async def place(self, placement: PlacementRequest, spec: am.CreateSpec) -> SandboxRow:
+        """Reserve an agent, have it restore ``spec``, then commit the row with the reservation."""
+        reservation = await self.placement.reserve(placement, spec.sandbox_id)
         try:
-            await asyncio.to_thread(self.registry.add_sandbox, row)
+            agent = await self.fleet.agent(reservation.agent)
+            info = await agent.create(spec)
         except BaseException:
-            await self.service.delete(sandbox.id)
-            self.metrics.observe_create("error", sandbox.boot_mode)
+            with contextlib.suppress(CryoboxError):
+                await self.placement.release(reservation)
+            raise
+        return await self.commit(info, reservation.agent, agent, reservation)
+
+    async def commit(self, info: am.SandboxInfo, host: str, agent: Agent, reservation: object = None) -> SandboxRow:
+        """Write the row of a sandbox whose agent answered; if that fails the sandbox goes too."""
+        row = row_for(info, host)
+        try:
+            if reservation is not None:
+                await self.placement.commit(reservation, row)  # type: ignore[arg-type]
+            else:
+                await asyncio.to_thread(self.registry.add_sandbox, row)
+        except BaseException:
+            with contextlib.suppress(CryoboxError):
+                await agent.delete(info.id)
             raise
         return row
 
-    async def get(self, sandbox_id: str, workspace_id: str) -> SandboxRow:
-        row = await asyncio.to_thread(self.registry.get_sandbox, sandbox_id, workspace_id)
-        return self._with_live_state(row)
+    # -- reads ---------------------------------------------------------------------------------------------
 
-    def _with_live_state(self, row: SandboxRow) -> SandboxRow:
-        live = self.service.sandboxes.get(row.id)
-        if live is None:
+    async def get(self, sandbox_id: str, workspace_id: str) -> SandboxRow:
+        row = await self.row(sandbox_id, workspace_id)
+        if row.status not in LIVE_STATES:
             return row
-        return replace(
-            row,
-            status=live.state.value,
-            expires_at=live.expires_at,
-            last_active_at=live.last_active,
-            ttl_seconds=live.ttl_s,
-            persistent=live.persistent,
-            guest_ip=live.guest_ip,
-        )
+        with contextlib.suppress(HostUnavailable, NotFound):
+            return live_row(row, await (await self.fleet.agent(row.host)).get(sandbox_id))
+        return row
 
     async def list_rows(self, workspace_id: str, status: str | None, metadata: dict[str, str]) -> list[SandboxRow]:
         rows = await asyncio.to_thread(self.registry.list_sandboxes, workspace_id, None, metadata)
-        return [r for r in map(self._with_live_state, rows) if status is None or r.status == status]
+        live: dict[str, am.SandboxInfo] = {}
+        for host in sorted({r.host for r in rows if r.status in LIVE_STATES}):
+            with contextlib.suppress(HostUnavailable):
+                live.update({s.id: s for s in await (await self.fleet.agent(host)).list_sandboxes()})
+        merged = [live_row(r, live[r.id]) if r.id in live else r for r in rows]
+        return [r for r in merged if status is None or r.status == status]
 
-    async def delete(self, sandbox_id: str, workspace_id: str, keep_snapshots: bool = False) -> None:
+    async def refresh_state_counts(self) -> None:
+        rows = await asyncio.to_thread(self.registry.list_sandboxes)
+        self._states = dict(Counter(r.status for r in rows))
+
+    # -- changes -------------------------------------------------------------------------------------------
+
+    async def delete(self, sandbox_id: str, workspace_id: str | None, keep_snapshots: bool = False) -> None:
         """Row, then snapshots (deleted, or orphaned when ``retain``/``keep_snapshots``), then the VM."""
-        await asyncio.to_thread(self.registry.get_sandbox, sandbox_id, workspace_id)  # 404 across workspaces
+        row = await asyncio.to_thread(self.registry.get_sandbox, sandbox_id, workspace_id)  # 404 across workspaces
         await asyncio.to_thread(self.registry.delete_sandbox, sandbox_id)
         await self.snapshots.sandbox_gone(sandbox_id, keep_snapshots=keep_snapshots)
-        with contextlib.suppress(NotFound):
-            await self.service.delete(sandbox_id, workspace_id)
+        try:
+            await (await self.fleet.agent(row.host)).delete(sandbox_id)
+        except HostUnavailable as err:  # its agent reports it at its next registration; it has no row then
+            log.warning("sandbox %s deleted while its agent is unreachable: %s", sandbox_id, err.message)
 
-    async def set_status(self, sandbox: Sandbox) -> None:
-        await asyncio.to_thread(
-            functools.partial(
-                self.registry.update_sandbox,
-                sandbox.id,
-                status=sandbox.state.value,
-                vm_id=sandbox.vm.vm_id,
-                guest_ip=sandbox.guest_ip,
+    async def record_state(self, sandbox_id: str, info: am.SandboxInfo) -> None:
+        with contextlib.suppress(NotFound):
+            await asyncio.to_thread(
+                lambda: self.registry.update_sandbox(
+                    sandbox_id, status=info.state, vm_id=info.vm_id, guest_ip=info.guest_ip
+                )
             )
-        )
+
+    async def lifecycle(self, sandbox_id: str, workspace_id: str) -> am.SandboxInfo:
+        return await (await self.agent_for(sandbox_id, workspace_id)).get(sandbox_id)
 
     async def update_lifecycle(
         self, sandbox_id: str, workspace_id: str, *, ttl_s: int | None | object, persistent: bool | None
-    ) -> SandboxRow:
-        sandbox = self.service.get(sandbox_id, workspace_id)
-        if ttl_s is not UNSET:
-            if ttl_s is not None and not isinstance(ttl_s, int):
-                raise InvalidArgument("ttl_seconds must be an integer or null")
-            sandbox.ttl_s = ttl_s
-        if persistent is not None:
-            sandbox.persistent = persistent
-        sandbox.touch(self.service.clock())
-        await asyncio.to_thread(
-            self.registry.update_sandbox,
-            sandbox_id,
-            ttl_seconds=sandbox.ttl_s,
-            persistent=sandbox.persistent,
-            expires_at=sandbox.expires_at,
-            last_active_at=sandbox.last_active,
+    ) -> am.SandboxInfo:
+        agent = await self.agent_for(sandbox_id, workspace_id)
+        if ttl_s is not UNSET and ttl_s is not None and not isinstance(ttl_s, int):
+            raise InvalidArgument("ttl_seconds must be an integer or null")
+        patch = am.LifecyclePatch(
+            set_ttl=ttl_s is not UNSET,
+            ttl_s=ttl_s if isinstance(ttl_s, int) else None,
+            persistent=persistent,
         )
-        return self._with_live_state(await asyncio.to_thread(self.registry.get_sandbox, sandbox_id, workspace_id))
+        info = await agent.set_lifecycle(sandbox_id, patch)
+        await asyncio.to_thread(
+            lambda: self.registry.update_sandbox(
+                sandbox_id,
+                ttl_seconds=info.ttl_s,
+                persistent=info.persistent,
+                expires_at=info.expires_at,
+                last_active_at=info.last_active,
+            )
+        )
+        return info
 
     async def reap_expired(self) -> list[str]:
-        """Delete sandboxes idle past their TTL (rows first, then VMs)."""
-        now = self.service.clock()
-        expired = [s for s in self.service.all() if s.expires_at is not None and s.expires_at <= now]
-        for sandbox in expired:
+        """Delete sandboxes their agents say are idle past their TTL (rows first, then VMs)."""
+        expired: list[str] = []
+        for _, agent in await self.fleet.live_agents():
             try:
-                await asyncio.to_thread(self.registry.delete_sandbox, sandbox.id)
-                await self.snapshots.sandbox_gone(sandbox.id, keep_snapshots=False)
-                await self.service.delete(sandbox.id)
-                log.info(
-                    "sandbox %s expired after %.0fs idle (ttl %ss)", sandbox.id, sandbox.idle_s(now), sandbox.ttl_s
-                )
-            except (CryoboxError, OSError) as err:
-                log.warning("reaping %s failed: %s", sandbox.id, err)
-        return [s.id for s in expired]
+                infos = await agent.list_sandboxes()
+            except CryoboxError as err:
+                log.warning("reaper: listing an agent failed: %s", err.message)
+                continue
+            for info in infos:
+                if not info.expired:
+                    continue
+                try:
+                    await self.delete(info.id, None)
+                    expired.append(info.id)
+                    log.info("sandbox %s expired after %.0fs idle (ttl %ss)", info.id, info.idle_s, info.ttl_s)
+                except NotFound:  # no row: not ours to reap here (a create being committed)
+                    continue
+                except (CryoboxError, OSError) as err:
+                    log.warning("reaping %s failed: %s", info.id, err)
+        return expired

@@ -8,11 +8,12 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from ..agent.service import SandboxService
 from ..agent.vm import Accel
 from ..errors import Unauthorized
 from ..registry import Registry, WorkspaceInfo
 from .control import ControlPlane
+from .forks_ctl import ForkControl
+from .keycache import KeyCache
 from .metrics import Metrics
 from .ratelimit import RateLimiter
 
@@ -20,14 +21,12 @@ from .ratelimit import RateLimiter
 @dataclass
 class AppContext:
     control: ControlPlane
+    forks: ForkControl
     limiter: RateLimiter
     accel: Accel
     host: str
     version: str
-
-    @property
-    def service(self) -> SandboxService:
-        return self.control.service
+    keys: KeyCache
 
     @property
     def registry(self) -> Registry:
@@ -53,10 +52,6 @@ class Caller:
     def control(self) -> ControlPlane:
         return self.app.control
 
-    @property
-    def service(self) -> SandboxService:
-        return self.app.control.service
-
 
 def context(request: Request) -> AppContext:
     ctx: AppContext = request.app.state.ctx
@@ -67,7 +62,7 @@ async def authenticated(request: Request, ctx: Annotated[AppContext, Depends(con
     header = request.headers.get("authorization")
     if not header or not header.lower().startswith("bearer ") or not header[7:].strip():
         raise Unauthorized("missing bearer API key (Authorization: Bearer <key>)")
-    workspace = await asyncio.to_thread(ctx.registry.authenticate, header[7:].strip())
+    workspace = await asyncio.to_thread(ctx.keys.authenticate, header[7:].strip())
     if workspace is None:
         raise Unauthorized("invalid or revoked API key")
     ctx.limiter.check(workspace.id)

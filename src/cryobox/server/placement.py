@@ -1,217 +1,125 @@
-"""Placement with in-flight reservations: capacity is taken when the scheduler decides, not when work arrives.
+"""Placement with in-flight reservations: capacity is taken when the control plane decides, not when work lands.
 
-A herd of creates is decided in a burst, long before any of them shows up in a host's own count of running
-sandboxes. A scheduler that looks only at those counts sends the whole burst to the host that looked emptiest.
-:class:`Placement` therefore counts the reservations it has handed out::
+A herd of creates is decided in a burst, long before any of it shows up in an agent's own numbers. Each
+decision therefore runs in one registry transaction that locks the agent rows (PostgreSQL ``FOR UPDATE``;
+SQLite's write lock), sees every agent's committed load (its sandbox rows) *and* the reservations already
+handed out by any control-plane replica, picks an agent with :func:`choose`, and inserts a reservation
+(:meth:`cryobox.registry.fleet.FleetRecords.reserve`). The create then either commits it (the sandbox row is
+inserted and the reservation deleted in one transaction) or releases it; one that is neither expires after
+``ttl_s``, so a lost request cannot leak capacity. No agent fits: :class:`~cryobox.errors.HostUnavailable`
+(503 ``capacity`` with ``Retry-After``).
 
-    free(host) = slots_total - used_fn() - reserved
+:func:`choose` is the policy, a pure function: among live agents that serve the template (the right generation
+for a snapshot) and have the memory and a sandbox slot free, the highest score wins::
 
-:meth:`Placement.reserve` picks the host with the most free capacity (ties go to the first host by name) and
-holds ``cost`` slots there. The caller then either calls :meth:`Reservation.commit` (the work started, so the
-host's own ``used_fn`` now includes it and the reservation stops counting) or :meth:`Reservation.release`
-(nothing was started). A reservation that is neither committed nor released within ``reservation_ttl_s`` expires,
-so a lost request cannot leak capacity. When no host fits, ``reserve`` raises
-:class:`~cryobox.errors.HostUnavailable` (HTTP 503 with ``Retry-After``).
+    score = free memory (MiB) - IN_FLIGHT_PENALTY_MIB x reservations in flight + locality bonus
 
-Thread-safe; never blocks beyond a short lock, so it is also safe to call from an event loop.
+where the bonus goes to an agent already holding the memory (the template's or snapshot's hot copy, or the
+snapshot's files). A full agent is never chosen; a burst spreads because every reservation lowers its agent's
+score; ties go to the first agent by name.
 """
 
 from __future__ import annotations
 
-import itertools
-import logging
-import math
-import threading
+import asyncio
 import time
-from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from ..errors import HostUnavailable, InvalidArgument, StateError
-
-log = logging.getLogger(__name__)
+from ..registry import AgentLoad, Registry, ReservationRow, SandboxRow
 
 DEFAULT_RESERVATION_TTL_S = 60.0
-DEFAULT_RETRY_AFTER_S = 1.0
-
-ReservationState = Literal["pending", "committed", "released", "expired"]
+IN_FLIGHT_PENALTY_MIB = 512
+LOCALITY_BONUS_MIB = 1024
 
 
 @dataclass(frozen=True)
-class HostCapacity:
-    """One host: ``slots_total`` slots, of which ``used_fn()`` are taken by work that has already started.
-
-    ``used_fn`` is called under the placement lock on every decision: it must be cheap, must not block and
-    must not call back into the :class:`Placement`.
-    """
-
-    name: str
-    slots_total: int
-    used_fn: Callable[[], int]
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise InvalidArgument(f"host name must be a non-empty string, got {self.name!r}")
-        if isinstance(self.slots_total, bool) or not isinstance(self.slots_total, int) or self.slots_total < 0:
-            raise InvalidArgument(f"slots_total of {self.name!r} must be an integer >= 0, got {self.slots_total!r}")
+class PlacementRequest:
+    memory_mib: int
+    cpus: int
+    template: str
+    generation: str | None = None
+    """Only agents serving this generation of the template (a snapshot restores over its own)."""
+    local_keys: frozenset[str] = field(default_factory=frozenset)
+    """Hot images or snapshot ids whose holder gets the locality bonus."""
+    prefer: str | None = None
+    """An agent that gets the locality bonus outright (the one holding a snapshot's files)."""
+    only: str | None = None
+    """Only this agent (a fork boots from a copy of the parent's disk, which is there)."""
+    locality_bonus_mib: int = LOCALITY_BONUS_MIB
 
 
-class Reservation(AbstractContextManager["Reservation"]):
-    """``cost`` slots held on ``host`` until committed, released or expired.
+def free_memory_mib(load: AgentLoad) -> int:
+    total = int(load.agent.capacity.get("memory_total_mib", 0))
+    return total - load.committed_memory_mib - load.reserved_memory_mib
 
-    As a context manager it releases on exit unless :meth:`commit` was called inside the block.
-    """
 
-    __slots__ = ("_placement", "id", "host", "cost", "expires_at", "_state")
+def free_slots(load: AgentLoad) -> int:
+    total = int(load.agent.capacity.get("max_sandboxes", 0))
+    return total - load.sandboxes - load.reservations
 
-    def __init__(self, placement: Placement, ident: int, host: str, cost: int, expires_at: float) -> None:
-        self._placement = placement
-        self.id = ident
-        self.host = host
-        self.cost = cost
-        self.expires_at = expires_at
-        self._state: ReservationState = "pending"
 
-    @property
-    def state(self) -> ReservationState:
-        return self._state
+def serves(load: AgentLoad, template: str, generation: str | None) -> bool:
+    ready = load.agent.capacity.get("templates_ready") or {}
+    return template in ready and (generation is None or ready[template] == generation)
 
-    def commit(self) -> None:
-        """The work started on ``host``: its own count now includes it. Idempotent; refused after release."""
-        self._placement._settle(self, commit=True)
 
-    def release(self) -> None:
-        """Nothing was started: give the slots back. Idempotent; a no-op after commit or expiry."""
-        self._placement._settle(self, commit=False)
+def score(request: PlacementRequest, load: AgentLoad) -> int:
+    held = set(load.agent.capacity.get("hot_images") or []) | set(load.agent.capacity.get("local_snapshots") or [])
+    local = load.agent.name == request.prefer or bool(held & request.local_keys)
+    return (
+        free_memory_mib(load) - IN_FLIGHT_PENALTY_MIB * load.reservations + (request.locality_bonus_mib if local else 0)
+    )
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
 
-    def __repr__(self) -> str:
-        return f"Reservation(id={self.id}, host={self.host!r}, cost={self.cost}, state={self._state!r})"
+def choose(request: PlacementRequest, loads: list[AgentLoad]) -> str | None:
+    """The agent for ``request`` (see the module docstring), or ``None`` when none fits."""
+    best: tuple[int, str] | None = None
+    for load in sorted(loads, key=lambda item: item.agent.name):
+        if request.only is not None and load.agent.name != request.only:
+            continue
+        if load.agent.status != "up" or not serves(load, request.template, request.generation):
+            continue
+        if free_memory_mib(load) < request.memory_mib or free_slots(load) < 1:
+            continue
+        value = score(request, load)
+        if best is None or value > best[0]:
+            best = (value, load.agent.name)
+    return best[1] if best is not None else None
 
 
 class Placement:
-    """Chooses a host for new work, counting reservations already handed out."""
+    """Reserve / commit / release against the registry (shared by every control-plane replica)."""
 
     def __init__(
         self,
-        hosts: Iterable[HostCapacity],
-        clock: Callable[[], float] = time.monotonic,
+        registry: Registry,
         *,
-        reservation_ttl_s: float = DEFAULT_RESERVATION_TTL_S,
-        retry_after_s: float = DEFAULT_RETRY_AFTER_S,
-        count_reservations: bool = True,
+        deadline_s: float,
+        ttl_s: float = DEFAULT_RESERVATION_TTL_S,
+        clock: Callable[[], float] = time.time,
     ) -> None:
-        """``count_reservations=False`` is the naive scheduler (free = total - used), kept for comparison."""
-        ordered = sorted(hosts, key=lambda h: h.name)
-        if not ordered:
-            raise InvalidArgument("placement needs at least one host")
-        names = [h.name for h in ordered]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise InvalidArgument(f"duplicate host name(s): {', '.join(duplicates)}")
-        if not math.isfinite(reservation_ttl_s) or reservation_ttl_s <= 0:
-            raise InvalidArgument(f"reservation_ttl_s must be a finite number > 0, got {reservation_ttl_s}")
-        if not math.isfinite(retry_after_s) or retry_after_s <= 0:
-            raise InvalidArgument(f"retry_after_s must be a finite number > 0, got {retry_after_s}")
-        self._hosts: tuple[HostCapacity, ...] = tuple(ordered)
-        self._clock = clock
-        self._ttl_s = reservation_ttl_s
-        self._retry_after_s = retry_after_s
-        self._count_reservations = count_reservations
-        self._lock = threading.Lock()
-        self._ids = itertools.count(1)
-        self._pending: dict[int, Reservation] = {}
-        self._reserved: dict[str, int] = {h.name: 0 for h in ordered}
+        self.registry = registry
+        self.deadline_s = deadline_s
+        self.ttl_s = ttl_s
+        self.clock = clock
 
-    @classmethod
-    def single(
-        cls,
-        name: str,
-        slots_total: int,
-        used_fn: Callable[[], int],
-        clock: Callable[[], float] = time.monotonic,
-        **kwargs: Any,
-    ) -> Placement:
-        """The one-host default (``cryobox serve``)."""
-        return cls([HostCapacity(name, slots_total, used_fn)], clock, **kwargs)
+    async def reserve(self, request: PlacementRequest, sandbox_id: str | None = None) -> ReservationRow:
+        now = self.clock()
+        return await asyncio.to_thread(
+            lambda: self.registry.fleet.reserve(
+                memory_mib=request.memory_mib,
+                cpus=request.cpus,
+                now=now,
+                ttl_s=self.ttl_s,
+                choose=lambda loads: choose(request, loads),
+                sandbox_id=sandbox_id,
+                live_after=now - self.deadline_s,
+            )
+        )
 
-    @property
-    def hosts(self) -> tuple[str, ...]:
-        return tuple(h.name for h in self._hosts)
+    async def commit(self, reservation: ReservationRow, row: SandboxRow) -> None:
+        await asyncio.to_thread(self.registry.fleet.commit, reservation.id, row)
 
-    def reserve(self, cost: int = 1) -> Reservation:
-        """Hold ``cost`` slots on the host with the most free capacity, or raise ``HostUnavailable``."""
-        if isinstance(cost, bool) or not isinstance(cost, int) or cost <= 0:
-            raise InvalidArgument(f"reservation cost must be an integer > 0, got {cost!r}")
-        with self._lock:
-            now = self._clock()
-            self._expire(now)
-            best: HostCapacity | None = None
-            best_free = 0
-            frees: dict[str, int] = {}
-            for host in self._hosts:  # sorted by name, and only a strictly larger free wins: ties go by name
-                free = frees[host.name] = self._free(host)
-                if free >= cost and (best is None or free > best_free):
-                    best, best_free = host, free
-            if best is None:
-                raise HostUnavailable(
-                    f"no host has {cost} free slot(s)",
-                    retry_after_s=self._retry_after_s,
-                    details={"cost": cost, "free": {name: max(0, f) for name, f in frees.items()}},
-                )
-            reservation = Reservation(self, next(self._ids), best.name, cost, now + self._ttl_s)
-            self._pending[reservation.id] = reservation
-            self._reserved[best.name] += cost
-            return reservation
-
-    def snapshot(self) -> dict[str, dict[str, int]]:
-        """Per host: ``total``, ``used`` (started work), ``reserved`` (pending reservations), ``free`` (>= 0)."""
-        with self._lock:
-            self._expire(self._clock())
-            out: dict[str, dict[str, int]] = {}
-            for host in self._hosts:
-                used = host.used_fn()
-                reserved = self._reserved[host.name]
-                free = host.slots_total - used - (reserved if self._count_reservations else 0)
-                out[host.name] = {"total": host.slots_total, "used": used, "reserved": reserved, "free": max(0, free)}
-            return out
-
-    # -- internals ---------------------------------------------------------------------------------------
-
-    def _free(self, host: HostCapacity) -> int:
-        reserved = self._reserved[host.name] if self._count_reservations else 0
-        return host.slots_total - host.used_fn() - reserved
-
-    def _expire(self, now: float) -> None:
-        for reservation in [r for r in self._pending.values() if r.expires_at <= now]:
-            self._drop(reservation, "expired")
-            log.warning("placement reservation %d on %s expired uncommitted", reservation.id, reservation.host)
-
-    def _drop(self, reservation: Reservation, state: ReservationState) -> None:
-        if self._pending.pop(reservation.id, None) is not None:
-            self._reserved[reservation.host] -= reservation.cost
-        reservation._state = state
-
-    def _settle(self, reservation: Reservation, *, commit: bool) -> None:
-        with self._lock:
-            state = reservation._state
-            if commit:
-                if state == "released":
-                    raise StateError(
-                        f"reservation {reservation.id} on {reservation.host} was released",
-                        state=state,
-                        required="pending",
-                    )
-                if state != "committed":  # pending, or expired but the work started anyway
-                    self._drop(reservation, "committed")
-            elif state == "pending":
-                self._drop(reservation, "released")
+    async def release(self, reservation: ReservationRow) -> None:
+        await asyncio.to_thread(self.registry.fleet.release, reservation.id)

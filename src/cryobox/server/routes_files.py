@@ -23,14 +23,15 @@ def checked(path: str) -> str:
 
 @router.get("", response_class=Response, responses={200: {"content": {"application/octet-stream": {}}}})
 async def read_file(sandbox_id: str, ctx: Ctx, path: str = PathQuery) -> Response:
-    data = await ctx.service.read_file(sandbox_id, checked(path), ctx.workspace_id)
+    agent = await ctx.control.agent_for(sandbox_id, ctx.workspace_id)
+    data = await agent.read_file(sandbox_id, checked(path))
     return Response(content=data, media_type="application/octet-stream")
 
 
 @router.put("", response_model=models.WriteResult)
 async def write_file(sandbox_id: str, request: Request, ctx: Ctx, path: str = PathQuery) -> models.WriteResult:
     checked(path)
-    ctx.service.get(sandbox_id, ctx.workspace_id).require_running()
+    agent = await ctx.control.agent_for(sandbox_id, ctx.workspace_id)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_FILE_BYTES:
         raise PayloadTooLarge(f"body of {declared} bytes exceeds {MAX_FILE_BYTES}", details={"limit": MAX_FILE_BYTES})
@@ -39,22 +40,30 @@ async def write_file(sandbox_id: str, request: Request, ctx: Ctx, path: str = Pa
         body += chunk
         if len(body) > MAX_FILE_BYTES:
             raise PayloadTooLarge(f"body exceeds {MAX_FILE_BYTES} bytes", details={"limit": MAX_FILE_BYTES})
-    result = await ctx.service.write_file(sandbox_id, path, bytes(body), ctx.workspace_id)
-    return models.WriteResult(path=str(result.get("path", path)), bytes=int(result.get("bytes", len(body))))
+    result = await agent.write_file(sandbox_id, path, bytes(body))
+    return models.WriteResult(path=result.path, bytes=result.bytes)
 
 
 @router.delete("", status_code=204)
 async def delete_file(sandbox_id: str, ctx: Ctx, path: str = PathQuery) -> Response:
-    await ctx.service.file_op(sandbox_id, "delete", checked(path), ctx.workspace_id)
+    await _op(ctx, sandbox_id, "delete", path)
     return Response(status_code=204)
 
 
 @router.get("/dir", response_model=models.DirListing)
 async def list_dir(sandbox_id: str, ctx: Ctx, path: str = PathQuery) -> models.DirListing:
-    raw = await ctx.service.file_op(sandbox_id, "list_dir", checked(path), ctx.workspace_id)
-    return models.DirListing(path=path, entries=[file_entry(e) for e in raw.get("entries", [])])
+    raw = await _op(ctx, sandbox_id, "list_dir", path)
+    entries = raw.get("entries", [])
+    return models.DirListing(
+        path=path, entries=[file_entry(e) for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+    )
 
 
 @router.get("/stat", response_model=models.FileEntry)
 async def stat(sandbox_id: str, ctx: Ctx, path: str = PathQuery) -> models.FileEntry:
-    return file_entry(await ctx.service.file_op(sandbox_id, "stat", checked(path), ctx.workspace_id))
+    return file_entry(await _op(ctx, sandbox_id, "stat", path))
+
+
+async def _op(ctx: Ctx, sandbox_id: str, op: str, path: str) -> dict[str, object]:
+    checked(path)
+    return await (await ctx.control.agent_for(sandbox_id, ctx.workspace_id)).file_op(sandbox_id, op, path)

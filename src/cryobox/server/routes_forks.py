@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-
 from fastapi import APIRouter, Response
 
-from ..errors import CryoboxError
+from ..agentapi import models as am
+from ..errors import CryoboxError, NotFound
 from . import wire
 from .deps import Ctx
 from .errors import ERROR_RESPONSES
@@ -18,42 +17,37 @@ router = APIRouter(prefix="/v1/sandboxes", tags=["forks"], responses=ERROR_RESPO
 @router.post("/{sandbox_id}/fork", status_code=201, response_model=wire.ForkResponse)
 async def fork(sandbox_id: str, body: wire.ForkRequest, ctx: Ctx) -> wire.ForkResponse:
     """A child that cold-boots from a copy of the parent's disk (fresh processes, no memory)."""
-    await ctx.control.get(sandbox_id, ctx.workspace_id)
-    async with ctx.control.admission.slot():
-        child = await ctx.control.snapshots.forking.fork(sandbox_id, ctx.workspace_id, metadata=body.metadata)
-    row = await ctx.control.record(child)
+    row = await ctx.app.forks.fork(sandbox_id, ctx.workspace_id, metadata=body.metadata)
     return wire.ForkResponse(parent_id=sandbox_id, sandbox=sandbox_view(row))
 
 
 @router.post("/{sandbox_id}/fork-tree", status_code=201, response_model=wire.ForkTreeResponse)
 async def fork_tree(sandbox_id: str, body: wire.ForkTreeRequest, ctx: Ctx) -> wire.ForkTreeResponse:
-    """One snapshot of the parent, ``count`` children restored from it in parallel (memory and disk)."""
-    await ctx.control.get(sandbox_id, ctx.workspace_id)
-    tree, snapshot = await ctx.control.snapshots.fork_tree(
-        sandbox_id, ctx.workspace_id, count=body.count, metadata=body.metadata
-    )
-    children = []
-    errors = [wire.ForkTreeError(index=i, error=e) for i, e in tree.errors]
-    for index, child in enumerate(tree.children):
-        try:
-            children.append(sandbox_view(await ctx.control.record(child)))
-        except CryoboxError as err:
-            errors.append(wire.ForkTreeError(index=len(tree.errors) + index, error=err.message))
+    """One snapshot of the parent, ``count`` children restored from it in parallel (memory and disk), on the
+    parent's agent where it has room and on others otherwise."""
+    tree = await ctx.app.forks.fork_tree(sandbox_id, ctx.workspace_id, count=body.count, metadata=body.metadata)
     return wire.ForkTreeResponse(
-        tree_id=tree.tree_id, parent_id=sandbox_id, snapshot_id=snapshot.id, children=children, errors=errors
+        tree_id=tree.tree_id,
+        parent_id=sandbox_id,
+        snapshot_id=tree.snapshot.id,
+        children=[sandbox_view(row) for row in tree.children],
+        errors=[wire.ForkTreeError(index=i, error=e) for i, e in tree.errors],
     )
 
 
 @router.post("/{sandbox_id}/promote", response_model=wire.PromoteResponse)
 async def promote(sandbox_id: str, body: wire.PromoteRequest, ctx: Ctx) -> wire.PromoteResponse:
     """Keep ``sandbox_id`` as the winner of its fork tree; with ``cleanup_siblings`` delete the others."""
-    snapshots = ctx.control.snapshots
-    winner = ctx.service.get(sandbox_id, ctx.workspace_id)
-    snapshots.require_member(winner, body.tree_id)
+    winner = await ctx.control.row(sandbox_id, ctx.workspace_id)
+    if winner.metadata.get("cryobox.tree_id") != body.tree_id:
+        raise NotFound(
+            f"sandbox {winner.id} is not a child of tree {body.tree_id}",
+            details={"id": winner.id, "tree_id": body.tree_id},
+        )
     deleted: list[str] = []
     failures: list[wire.PromoteFailure] = []
     if body.cleanup_siblings:
-        for sibling in snapshots.tree_members(body.tree_id, ctx.workspace_id):
+        for sibling in await ctx.app.forks.tree_members(body.tree_id, ctx.workspace_id):
             if sibling.id == winner.id:
                 continue
             try:
@@ -64,31 +58,33 @@ async def promote(sandbox_id: str, body: wire.PromoteRequest, ctx: Ctx) -> wire.
     return wire.PromoteResponse(winner=winner.id, tree_id=body.tree_id, deleted=deleted, failures=failures)
 
 
+async def _act(ctx: Ctx, sandbox_id: str, action: str) -> am.SandboxInfo:
+    agent = await ctx.control.agent_for(sandbox_id, ctx.workspace_id)
+    info: am.SandboxInfo = await getattr(agent, action)(sandbox_id)
+    await ctx.control.record_state(sandbox_id, info)
+    return info
+
+
 @router.post("/{sandbox_id}/pause", status_code=204, response_class=Response)
 async def pause(sandbox_id: str, ctx: Ctx) -> Response:
     """Freeze the vCPUs in place."""
-    await ctx.control.set_status(await ctx.service.pause(sandbox_id, ctx.workspace_id))
+    await _act(ctx, sandbox_id, "pause")
     return Response(status_code=204)
 
 
 @router.post("/{sandbox_id}/resume", status_code=204, response_class=Response)
 async def resume(sandbox_id: str, ctx: Ctx) -> Response:
     """Continue a paused sandbox (the guest clock is stepped to the host's first)."""
-    await ctx.control.set_status(await ctx.service.resume(sandbox_id, ctx.workspace_id))
+    await _act(ctx, sandbox_id, "resume")
     return Response(status_code=204)
 
 
 @router.post("/{sandbox_id}/hibernate", response_model=wire.StatusResponse)
 async def hibernate(sandbox_id: str, ctx: Ctx) -> wire.StatusResponse:
     """Capture to disk and stop QEMU; any later request to the sandbox wakes it."""
-    sandbox = await ctx.service.hibernate(sandbox_id, ctx.workspace_id)
-    with contextlib.suppress(CryoboxError):
-        await ctx.control.set_status(sandbox)
-    return wire.StatusResponse(status=sandbox.state.value)
+    return wire.StatusResponse(status=(await _act(ctx, sandbox_id, "hibernate")).state)
 
 
 @router.post("/{sandbox_id}/wake", response_model=wire.StatusResponse)
 async def wake(sandbox_id: str, ctx: Ctx) -> wire.StatusResponse:
-    sandbox = await ctx.service.wake(sandbox_id, ctx.workspace_id)
-    await ctx.control.set_status(sandbox)
-    return wire.StatusResponse(status=sandbox.state.value)
+    return wire.StatusResponse(status=(await _act(ctx, sandbox_id, "wake")).state)

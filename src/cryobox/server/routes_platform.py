@@ -5,7 +5,6 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from .. import models
-from ..agent.sandbox import SandboxState
 from .deps import Ctx, PublicCtx
 from .errors import ERROR_RESPONSES
 from .views import template_view
@@ -42,23 +41,34 @@ async def delete_template(name: str, ctx: Ctx) -> Response:
 
 @router.get("/v1/info", response_model=models.Info)
 async def info(ctx: PublicCtx) -> models.Info:
-    running = sum(1 for s in ctx.service.all() if s.state is SandboxState.RUNNING)
-    prespawned = sum(pool.ready_count for pool in ctx.service.pools.values())
+    agents = await ctx.control.fleet.live_agents()
+    caps = [row.capacity for row, _ in agents]
+
+    def total(key: str) -> int:
+        return sum(int(c.get(key) or 0) for c in caps)
+
     return models.Info(
         version=ctx.version,
         accelerator=ctx.accel.value,
-        hosts=[ctx.host],
+        hosts=[row.name for row, _ in agents],
         capacity={
-            "sandboxes_running": running,
-            "prespawned_vms": prespawned,
-            "max_concurrent_restores": ctx.control.admission.config.max_concurrent,
-            "admission_queue_depth": ctx.control.admission.queue_depth,
+            "agents": len(agents),
+            "sandboxes": total("sandboxes"),
+            "memory_total_mib": total("memory_total_mib"),
+            "memory_committed_mib": total("memory_committed_mib"),
+            "vcpus_total": total("vcpus_total"),
+            "restores_in_flight": total("restores_in_flight"),
+            "sandboxes_running": total("sandboxes_running"),
+            "prespawned_vms": total("prespawned"),
+            "max_concurrent_restores": total("max_concurrent_restores"),
+            "admission_queue_depth": total("admission_queue_depth"),
         },
     )
 
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
 async def metrics(ctx: PublicCtx) -> Response:
+    await ctx.control.refresh_state_counts()
     body, content_type = await ctx.metrics.render_all()
     return Response(content=body, media_type=content_type)
 

@@ -15,12 +15,13 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
-from ..agent.guest_client import GuestClient, b64, unb64
+from ..agent.guest_client import unb64
+from ..agentapi import Agent
+from ..agentapi import models as am
 from ..errors import CryoboxError, InvalidArgument, Unauthorized
 from .deps import AppContext
 
@@ -28,7 +29,6 @@ log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
 
-CONTROL_TIMEOUT_S = 30.0  # for pty_input / pty_resize / pty_close calls
 HANGUP_WAIT_S = 5.0  # how long to wait for the program to go after the client left
 
 
@@ -67,29 +67,29 @@ async def pty(websocket: WebSocket, sandbox_id: str) -> None:
         key = _token(websocket)
         if key is None:
             raise Unauthorized("missing API key (Authorization: Bearer <key> or ?token=<key>)")
-        workspace = await asyncio.to_thread(ctx.registry.authenticate, key)
+        workspace = await asyncio.to_thread(ctx.keys.authenticate, key)
         if workspace is None:
             raise Unauthorized("invalid or revoked API key")
         ctx.limiter.check(workspace.id)
         args: dict[str, Any] = {"cols": _dimension(websocket, "cols", 80), "rows": _dimension(websocket, "rows", 24)}
         if websocket.query_params.get("cmd"):
             args["cmd"] = websocket.query_params["cmd"]
-        sandbox, guest = await ctx.service._guest(sandbox_id, workspace.id)
+        agent = await ctx.control.agent_for(sandbox_id, workspace.id)
     except CryoboxError as error:
         await _send_error(websocket, error)
         return
-    await _Terminal(websocket, guest, lambda: sandbox.touch(ctx.service.clock())).run(args)
+    await _Terminal(websocket, agent, sandbox_id).run(am.PtyOpen(**args))
 
 
 class _Terminal:
-    def __init__(self, websocket: WebSocket, guest: GuestClient, touch: Callable[[], None]) -> None:
+    def __init__(self, websocket: WebSocket, agent: Agent, sandbox_id: str) -> None:
         self.ws = websocket
-        self.guest = guest
-        self.touch = touch
+        self.agent = agent
+        self.sandbox_id = sandbox_id
         self.session: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.exited = False
 
-    async def run(self, args: dict[str, Any]) -> None:
+    async def run(self, args: am.PtyOpen) -> None:
         output = asyncio.create_task(self._output(args), name="pty-output")
         inputs = asyncio.create_task(self._input(), name="pty-input")
         try:
@@ -111,21 +111,19 @@ class _Terminal:
         if not self.session.done() or self.session.cancelled():
             return
         with contextlib.suppress(CryoboxError):
-            await self.guest.call("pty_close", {"session": self.session.result()}, timeout=CONTROL_TIMEOUT_S)
+            await self.agent.pty_close(self.sandbox_id, self.session.result())
 
-    async def _output(self, args: dict[str, Any]) -> None:
+    async def _output(self, args: am.PtyOpen) -> None:
         try:
-            async for event in self.guest.stream("pty_open", args):
-                kind = event.get("event")
-                if kind == "session":
-                    session = unb64(event.get("data")).decode()
-                    self.session.set_result(session)
-                    await self.ws.send_text(json.dumps({"session": session}))
-                elif kind == "output":
-                    await self.ws.send_bytes(unb64(event.get("data")))
-                elif kind == "result":
+            async for event in self.agent.pty_open(self.sandbox_id, args):
+                if event.kind == "session":
+                    self.session.set_result(event.text)
+                    await self.ws.send_text(json.dumps({"session": event.text}))
+                elif event.kind == "output":
+                    await self.ws.send_bytes(unb64(event.data_b64))
+                elif event.kind == "exit":
                     self.exited = True
-                    await self.ws.send_text(json.dumps({"exit_code": event["result"].get("exit_code")}))
+                    await self.ws.send_text(json.dumps({"exit_code": event.exit_code}))
         except CryoboxError as error:
             if not self.session.done():
                 self.session.cancel()
@@ -141,22 +139,17 @@ class _Terminal:
                 return
             data: bytes | None = message.get("bytes")
             text: str | None = message.get("text")
-            self.touch()
             if data is None and text is not None:
                 resize = _resize(text)
                 if resize is not None:
                     cols, rows = resize
                     with contextlib.suppress(CryoboxError):
-                        await self.guest.call(
-                            "pty_resize", {"session": session, "cols": cols, "rows": rows}, timeout=CONTROL_TIMEOUT_S
-                        )
+                        await self.agent.pty_resize(self.sandbox_id, session, cols, rows)
                     continue
                 data = text.encode()
             if data:
                 try:
-                    await self.guest.call(
-                        "pty_input", {"session": session, "data": b64(data)}, timeout=CONTROL_TIMEOUT_S
-                    )
+                    await self.agent.pty_input(self.sandbox_id, session, data)
                 except CryoboxError as error:
                     log.debug("pty input to %s dropped: %s", session, error)
 

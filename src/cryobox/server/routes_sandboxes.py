@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import AsyncIterator
@@ -11,9 +12,9 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
 from .. import models
-from ..agent.exec import ExecSpec
 from ..agent.net.firewall import parse_cidrs
 from ..agent.sandbox import rfc3339
+from ..agentapi import models as am
 from ..errors import CryoboxError, SandboxTimeout
 from .control import UNSET, CreateRequest
 from .deps import Ctx
@@ -68,35 +69,33 @@ async def delete_sandbox(sandbox_id: str, ctx: Ctx, keep_snapshots: bool = False
 async def inspect_net(sandbox_id: str, ctx: Ctx) -> dict[str, Any]:
     """ext: the guest's sockets, neighbour table, resolver config, interfaces, wall and monotonic clocks and
     instance id (``cryobox inspect net``): compare one taken before a snapshot with one after a restore."""
-    return await ctx.service.inspect_net(sandbox_id, ctx.workspace_id)
+    return await (await ctx.control.agent_for(sandbox_id, ctx.workspace_id)).inspect_net(sandbox_id)
 
 
-def _lifecycle(ctx: Ctx, sandbox_id: str) -> models.Lifecycle:
-    sandbox = ctx.service.get(sandbox_id, ctx.workspace_id)
-    expires = sandbox.expires_at
+def _lifecycle(info: am.SandboxInfo) -> models.Lifecycle:
     return models.Lifecycle(
-        ttl_seconds=sandbox.ttl_s,
-        persistent=sandbox.persistent,
-        idle_seconds=round(sandbox.idle_s(ctx.service.clock()), 3),
-        expires_at=rfc3339(expires) if expires is not None else None,
+        ttl_seconds=info.ttl_s,
+        persistent=info.persistent,
+        idle_seconds=info.idle_s,
+        expires_at=rfc3339(info.expires_at) if info.expires_at is not None else None,
     )
 
 
 @router.get("/{sandbox_id}/lifecycle", response_model=models.Lifecycle)
 async def get_lifecycle(sandbox_id: str, ctx: Ctx) -> models.Lifecycle:
-    return _lifecycle(ctx, sandbox_id)
+    return _lifecycle(await ctx.control.lifecycle(sandbox_id, ctx.workspace_id))
 
 
 @router.patch("/{sandbox_id}/lifecycle", response_model=models.Lifecycle)
 async def patch_lifecycle(sandbox_id: str, body: models.LifecyclePatch, ctx: Ctx) -> models.Lifecycle:
     ttl = body.ttl_seconds if "ttl_seconds" in body.model_fields_set else UNSET
-    await ctx.control.update_lifecycle(sandbox_id, ctx.workspace_id, ttl_s=ttl, persistent=body.persistent)
-    return _lifecycle(ctx, sandbox_id)
+    info = await ctx.control.update_lifecycle(sandbox_id, ctx.workspace_id, ttl_s=ttl, persistent=body.persistent)
+    return _lifecycle(info)
 
 
-def exec_spec(body: models.ExecRequest) -> ExecSpec:
-    stdin = body.stdin.encode() if body.stdin is not None else None
-    return ExecSpec(cmd=body.cmd, timeout_s=body.timeout_seconds, env=body.env, cwd=body.cwd, stdin=stdin)
+def exec_spec(body: models.ExecRequest) -> am.ExecRequest:
+    stdin = base64.b64encode(body.stdin.encode()).decode() if body.stdin is not None else None
+    return am.ExecRequest(cmd=body.cmd, timeout_s=body.timeout_seconds, env=body.env, cwd=body.cwd, stdin_b64=stdin)
 
 
 def _timeout_message(body: models.ExecRequest) -> str:
@@ -107,7 +106,8 @@ def _timeout_message(body: models.ExecRequest) -> str:
 async def exec_command(sandbox_id: str, body: models.ExecRequest, ctx: Ctx) -> models.ExecResponse:
     started = time.monotonic()
     try:
-        result = await ctx.service.exec(sandbox_id, exec_spec(body), ctx.workspace_id)
+        agent = await ctx.control.agent_for(sandbox_id, ctx.workspace_id)
+        result = await agent.exec(sandbox_id, exec_spec(body))
     except CryoboxError:
         ctx.app.metrics.observe_exec("error", time.monotonic() - started)
         raise
@@ -137,12 +137,23 @@ def _sse(event: str, data: dict[str, object]) -> bytes:
     responses={200: {"content": {"text/event-stream": {}}, "description": "server-sent events"}},
 )
 async def exec_stream(sandbox_id: str, body: models.ExecRequest, ctx: Ctx) -> StreamingResponse:
-    ctx.service.get(sandbox_id, ctx.workspace_id).require_running()  # plain 404/409 errors, not a stream
-    spec = exec_spec(body)
+    agent = await ctx.control.agent_for(sandbox_id, ctx.workspace_id)  # plain 404/409 errors, not a stream
+    stream = agent.exec_stream(sandbox_id, exec_spec(body))
+    try:  # an error before the first event (a paused sandbox, a refused command) is a plain error response
+        first = await anext(aiter(stream))
+    except StopAsyncIteration:
+        first = None
+
+    async def items() -> AsyncIterator[am.ExecEvent]:
+        if first is None:
+            return
+        yield first
+        async for event in stream:
+            yield event
 
     async def events() -> AsyncIterator[bytes]:
         try:
-            async for event in ctx.service.exec_stream(sandbox_id, spec, ctx.workspace_id):
+            async for event in items():
                 if event.kind == "exit" and event.result is not None:
                     if event.result.timed_out:
                         yield _sse("error", {"error": _timeout_message(body), "code": "timeout"})

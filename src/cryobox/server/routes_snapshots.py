@@ -24,13 +24,14 @@ def snapshot_view(row: SnapshotRow) -> wire.Snapshot:
         retain=row.retain,
         parent_id=row.parent_id,
         pause_ms=row.pause_ms,
+        location=row.location,
+        host=row.host or None,
     )
 
 
 @router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201, response_model=wire.Snapshot)
 async def create_snapshot(sandbox_id: str, body: wire.SnapshotCreateRequest, ctx: Ctx) -> wire.Snapshot:
     """Snapshot memory, device state and disk while the sandbox keeps running (it pauses for ``pause_ms``)."""
-    await ctx.control.get(sandbox_id, ctx.workspace_id)  # 404 across workspaces / for unknown ids
     row = await ctx.control.snapshots.take(
         sandbox_id, ctx.workspace_id, labels=body.labels, retain=body.retain, quiesce=body.quiesce
     )
@@ -39,8 +40,8 @@ async def create_snapshot(sandbox_id: str, body: wire.SnapshotCreateRequest, ctx
 
 @router.post("/snapshots/import", status_code=201, response_model=wire.Snapshot)
 async def import_snapshot(body: wire.SnapshotImportRequest, ctx: Ctx) -> wire.Snapshot:
-    """Register a snapshot another host published to this server's object store; restores of it page its
-    memory in from the store. Retained by default (it has no sandbox here)."""
+    """Register a snapshot another installation published to this server's object store; restores of it page
+    its memory in from the store. Retained by default (it has no sandbox here)."""
     row = await ctx.control.snapshots.import_published(
         body.id, ctx.workspace_id, labels=body.labels, retain=body.retain
     )
@@ -49,7 +50,8 @@ async def import_snapshot(body: wire.SnapshotImportRequest, ctx: Ctx) -> wire.Sn
 
 @router.post("/snapshots/{snapshot_id}/publish", response_model=wire.SnapshotPublished)
 async def publish_snapshot(snapshot_id: str, ctx: Ctx) -> wire.SnapshotPublished:
-    """Upload the snapshot to the object store (memory in 4 MiB chunks) so another host can import it."""
+    """Make sure the snapshot is in the object store (every snapshot is copied there after its capture; this
+    waits for it), e.g. before another installation sharing the store imports it."""
     return wire.SnapshotPublished(**await ctx.control.snapshots.publish(snapshot_id, ctx.workspace_id))
 
 

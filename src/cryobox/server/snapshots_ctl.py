@@ -1,4 +1,4 @@
-"""The control plane's snapshot, fork and retention operations (registry + host agent together).
+"""The control plane's snapshot and retention operations (the registry and the agents holding the files).
 
 Ordering rules (a crash at any step loses no record and leaks no files):
 
@@ -17,18 +17,18 @@ import functools
 import json
 import logging
 import os
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-from ..agent.forking import Forking, TreeResult
-from ..agent.sandbox import Sandbox
-from ..agent.store import evidence
+from ..agent.store.evidence import check_name
 from ..agent.store.objstore import ObjectStore
-from ..agent.store.publish import import_snapshot, publish_snapshot, snapshot_prefix
-from ..agent.store.snapshots import SnapshotImage, SnapshotStore
-from ..errors import CryoboxError, InvalidArgument, NotFound, ObjectNotFound, StateError
+from ..agent.store.publish import snapshot_prefix
+from ..agentapi import Agent
+from ..agentapi import models as am
+from ..errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound, ObjectNotFound, StateError
 from ..registry import Registry, SnapshotRow
+from .fleet import Fleet
 
 log = logging.getLogger(__name__)
 
@@ -71,60 +71,128 @@ class RetentionPolicy:
         return policy
 
 
-def snapshot_row(image: SnapshotImage, workspace_id: str, retain: bool, labels: dict[str, str]) -> SnapshotRow:
+def snapshot_row(
+    info: am.SnapshotInfo, workspace_id: str, retain: bool, labels: dict[str, str], host: str
+) -> SnapshotRow:
     return SnapshotRow(
-        id=image.id,
+        id=info.id,
         workspace_id=workspace_id,
-        template=image.template,
-        path=str(image.path),
-        sandbox_id=image.manifest.get("sandbox_id"),
-        parent_id=image.manifest.get("parent"),
-        size_bytes=image.size_bytes,
-        pause_ms=image.pause_ms,
+        template=info.template,
+        path=info.path,
+        sandbox_id=info.sandbox_id,
+        parent_id=info.parent_id,
+        size_bytes=info.size_bytes,
+        pause_ms=info.pause_ms,
         labels=dict(labels),
         retain=retain,
-        created_at=float(image.manifest["created_at"]),
+        created_at=info.created_at,
+        host=host,
+        location="local",
+        generation=info.generation,
     )
 
 
+def new_snapshot_id() -> str:
+    return f"snap-{secrets.token_hex(6)}"
+
+
 class SnapshotControl:
+    """Snapshot rows and the agents holding the files. Every snapshot is copied to the object store after its
+    capture (row ``location``: ``local`` -> ``stored``), so a restore by id works on any agent."""
+
     def __init__(
         self,
         registry: Registry,
-        store: SnapshotStore,
-        forking: Forking,
+        fleet: Fleet,
         clock: Callable[[], float],
         retention: RetentionPolicy,
         objects: ObjectStore | None = None,
-        work_dir: Path | None = None,
     ) -> None:
         self.registry = registry
-        self.store = store
-        self.forking = forking
+        self.fleet = fleet
         self.clock = clock
         self.retention = retention
         self.objects = objects
-        self.work_dir = work_dir
+        self._storing: dict[str, asyncio.Task[None]] = {}
 
     def _objects(self) -> ObjectStore:
         if self.objects is None:
-            raise StateError("this server has no object store")
+            raise StateError("this control plane has no object store", state="no_store", required="store")
         return self.objects
 
+    # -- durability in the store ---------------------------------------------------------------------------
+
+    def store_later(self, row: SnapshotRow) -> None:
+        """Copy the snapshot to the object store in the background (idempotent; one job per snapshot)."""
+        if row.location == "stored" or row.id in self._storing:
+            return
+        task = asyncio.get_running_loop().create_task(self._store(row), name=f"store-{row.id}")
+        self._storing[row.id] = task
+        task.add_done_callback(lambda _: self._storing.pop(row.id, None))
+
+    async def _store(self, row: SnapshotRow) -> None:
+        try:
+            await (await self.fleet.agent(row.host)).store_snapshot(row.id)
+            await asyncio.to_thread(functools.partial(self.registry.update_snapshot, row.id, location="stored"))
+            log.info("snapshot %s stored in the object store", row.id)
+        except NotFound:
+            log.info("snapshot %s went before it was stored", row.id)
+        except (CryoboxError, OSError) as err:
+            log.warning("storing snapshot %s failed (retried at the agent's next registration): %s", row.id, err)
+
+    async def wait_stored(self, snapshot_id: str) -> None:
+        task = self._storing.get(snapshot_id)
+        if task is not None:
+            await asyncio.shield(task)
+
+    async def store_pending(self, host: str) -> None:
+        """Resume copies of ``host``'s snapshots that are still only local (after a restart or an outage)."""
+        for row in await asyncio.to_thread(functools.partial(self.registry.list_snapshots, host=host)):
+            if row.location == "local":
+                self.store_later(row)
+
+    # -- snapshots -----------------------------------------------------------------------------------------
+
+    async def ref(self, snapshot_id: str, workspace_id: str) -> tuple[SnapshotRow, am.SnapshotRef]:
+        """The row of a snapshot the caller can see (404 otherwise) and what an agent needs to restore it."""
+        row = await self.get(snapshot_id, workspace_id)
+        return row, am.SnapshotRef(id=row.id, template=row.template, stored=row.location == "stored")
+
+    async def take(
+        self, sandbox_id: str, workspace_id: str, *, labels: dict[str, str], retain: bool, quiesce: bool
+    ) -> SnapshotRow:
+        sandbox, agent = await self.fleet.route(sandbox_id, workspace_id)
+        request = am.SnapshotRequest(snapshot_id=new_snapshot_id(), labels=labels, quiesce=quiesce)
+        info = await agent.snapshot(sandbox_id, request)
+        return await self.record(info, workspace_id, retain, labels, sandbox.host)
+
+    async def record(
+        self, info: am.SnapshotInfo, workspace_id: str, retain: bool, labels: dict[str, str], host: str
+    ) -> SnapshotRow:
+        row = snapshot_row(info, workspace_id, retain, labels, host)
+        try:
+            await asyncio.to_thread(self.registry.add_snapshot, row)
+        except BaseException:
+            with contextlib.suppress(CryoboxError):
+                await (await self.fleet.agent(host)).delete_snapshot(info.id)
+            raise
+        self.store_later(row)
+        return row
+
     async def publish(self, snapshot_id: str, workspace_id: str) -> dict[str, str]:
-        """Upload a snapshot to the object store so another host can import it."""
-        image = await self.image(snapshot_id, workspace_id)
-        template = self.forking.service.template(image.template)
+        """Make sure the snapshot is in the object store (every snapshot gets there by itself; this waits)."""
+        row = await self.get(snapshot_id, workspace_id)
+        stored = await (await self.fleet.agent(row.host)).store_snapshot(row.id) if row.location != "stored" else None
+        if stored is not None:
+            await asyncio.to_thread(functools.partial(self.registry.update_snapshot, row.id, location="stored"))
         objects = self._objects()
-        work = self.work_dir or self.store.root / ".publish"
-        key = await asyncio.to_thread(publish_snapshot, objects, image, template, work)
-        return {"id": snapshot_id, "store": objects.url, "key": key}
+        return {"id": snapshot_id, "store": stored.store if stored else objects.url, "key": snapshot_prefix(row.id)}
 
     async def import_published(
         self, snapshot_id: str, workspace_id: str, *, labels: dict[str, str], retain: bool
     ) -> SnapshotRow:
-        """Register a snapshot another host published: its small files come here, its memory stays in the
-        store and is paged in by the restores. The row belongs to the caller's workspace."""
+        """Register a snapshot another installation put in this control plane's object store; any agent
+        restores it (paging its memory in from the store). The row belongs to the caller's workspace."""
         objects = self._objects()
         try:
             manifest = json.loads(await asyncio.to_thread(objects.get, f"{snapshot_prefix(snapshot_id)}/manifest.json"))
@@ -132,45 +200,72 @@ class SnapshotControl:
             raise NotFound(
                 f"snapshot {snapshot_id!r} is not published in {objects.url}", details={"id": snapshot_id}
             ) from None
-        template = self.forking.service.template(str(manifest.get("template")))
-        await asyncio.to_thread(import_snapshot, objects, snapshot_id, self.store.root, template)
-        image = await asyncio.to_thread(self.store.load, snapshot_id)
-        merged = {**image.manifest.get("labels", {}), **labels}
-        return await self._record(image, workspace_id, retain, merged)
-
-    async def _record(
-        self, image: SnapshotImage, workspace_id: str, retain: bool, labels: dict[str, str]
-    ) -> SnapshotRow:
-        row = snapshot_row(image, workspace_id, retain, labels)
-        try:
-            await asyncio.to_thread(self.registry.add_snapshot, row)
-        except BaseException:
-            await asyncio.to_thread(self.store.delete, image.id)
-            raise
+        with contextlib.suppress(NotFound):
+            await asyncio.to_thread(self.registry.get_snapshot, snapshot_id)
+            raise StateError(f"snapshot {snapshot_id} is already registered", state="exists", required="absent")
+        row = SnapshotRow(
+            id=snapshot_id,
+            workspace_id=workspace_id,
+            template=str(manifest.get("template")),
+            path="",
+            sandbox_id=None,
+            parent_id=manifest.get("parent"),
+            size_bytes=int(manifest.get("size_bytes") or 0),
+            pause_ms=float((manifest.get("capture") or {}).get("pause_ms") or 0.0),
+            labels={**(manifest.get("labels") or {}), **labels},
+            retain=retain,
+            created_at=float(manifest.get("created_at") or self.clock()),
+            host="",
+            location="stored",
+            generation=manifest.get("template_generation"),
+        )
+        await asyncio.to_thread(self.registry.add_snapshot, row)
         return row
 
-    async def take(
-        self, sandbox_id: str, workspace_id: str, *, labels: dict[str, str], retain: bool, quiesce: bool
-    ) -> SnapshotRow:
-        image = await self.forking.snapshot(sandbox_id, workspace_id, labels=labels, quiesce=quiesce)
-        return await self._record(image, workspace_id, retain, labels)
+    async def _home(self, row: SnapshotRow) -> Agent | None:
+        """The agent holding the snapshot's files, or ``None`` when only the store has them now."""
+        if row.host:
+            try:
+                return await self.fleet.agent(row.host)
+            except HostUnavailable:
+                if row.location != "stored" or self.objects is None:
+                    raise
+        elif self.objects is None:
+            raise HostUnavailable(f"no agent holds snapshot {row.id}", details={"id": row.id})
+        return None
 
-    async def image(self, snapshot_id: str, workspace_id: str) -> SnapshotImage:
-        """The files of a snapshot the caller can see (404 otherwise)."""
-        await asyncio.to_thread(self.registry.get_snapshot, snapshot_id, workspace_id)
-        return await asyncio.to_thread(self.store.load, snapshot_id)
+    def _evidence_prefix(self, snapshot_id: str) -> str:
+        return f"{snapshot_prefix(snapshot_id)}/evidence/"
 
     async def evidence_list(self, snapshot_id: str, workspace_id: str) -> list[dict[str, object]]:
         row = await self.get(snapshot_id, workspace_id)
-        return await asyncio.to_thread(evidence.listing, Path(row.path))
+        agent = await self._home(row)
+        if agent is not None:
+            return [e.model_dump(exclude={"source"}) for e in await agent.evidence_list(row.id)]
+        objects, prefix = self._objects(), self._evidence_prefix(row.id)
+
+        def listing() -> list[dict[str, object]]:
+            return [{"name": k[len(prefix) :], "size": objects.head(k).size} for k in sorted(objects.list(prefix))]
+
+        return await asyncio.to_thread(listing)
 
     async def evidence_read(self, snapshot_id: str, workspace_id: str, name: str) -> bytes:
         row = await self.get(snapshot_id, workspace_id)
-        return await asyncio.to_thread(evidence.read, Path(row.path), name)
+        agent = await self._home(row)
+        if agent is not None:
+            return await agent.evidence_read(row.id, name)
+        try:
+            return await asyncio.to_thread(self._objects().get, self._evidence_prefix(row.id) + check_name(name))
+        except ObjectNotFound:
+            raise NotFound(f"no evidence file {name!r}", details={"name": name}) from None
 
     async def evidence_put(self, snapshot_id: str, workspace_id: str, name: str, data: bytes) -> int:
         row = await self.get(snapshot_id, workspace_id)
-        return await asyncio.to_thread(evidence.put, Path(row.path), name, data)
+        agent = await self._home(row)
+        if agent is not None:
+            return await agent.evidence_put(row.id, name, data)
+        await asyncio.to_thread(self._objects().put, self._evidence_prefix(row.id) + check_name(name), data)
+        return len(data)
 
     async def get(self, snapshot_id: str, workspace_id: str) -> SnapshotRow:
         return await asyncio.to_thread(self.registry.get_snapshot, snapshot_id, workspace_id)
@@ -192,11 +287,19 @@ class SnapshotControl:
         return await asyncio.to_thread(functools.partial(self.registry.update_snapshot, snapshot_id, **changes))
 
     async def delete(self, snapshot_id: str, workspace_id: str | None) -> None:
-        """Row first, then files (local and the hot copy)."""
-        if workspace_id is not None:
-            await self.get(snapshot_id, workspace_id)
+        """Row first, then the stored objects, then every agent's copy (the home one and imports)."""
+        row = await asyncio.to_thread(self.registry.get_snapshot, snapshot_id, workspace_id)
         await asyncio.to_thread(self.registry.delete_snapshot, snapshot_id)
-        await asyncio.to_thread(self.store.delete, snapshot_id)
+        job = self._storing.pop(snapshot_id, None)
+        if job is not None:
+            job.cancel()
+        if self.objects is not None:
+            await asyncio.to_thread(delete_stored, self.objects, snapshot_id)
+        for name, agent in [(r.name, a) for r, a in await self.fleet.live_agents()]:
+            try:
+                await agent.delete_snapshot(snapshot_id, from_store=self.objects is None and name == row.host)
+            except CryoboxError as err:  # its files go at the agent's next registration (no row: pruned)
+                log.warning("deleting snapshot %s on %s failed: %s", snapshot_id, name, err.message)
 
     async def sandbox_gone(self, sandbox_id: str, *, keep_snapshots: bool) -> tuple[list[str], list[str]]:
         """Apply retention when a sandbox is deleted: returns (deleted, orphaned) snapshot ids."""
@@ -208,7 +311,8 @@ class SnapshotControl:
                     await asyncio.to_thread(functools.partial(self.registry.update_snapshot, row.id, orphaned_at=now))
                 orphaned.append(row.id)
             else:
-                await self.delete(row.id, None)
+                with contextlib.suppress(NotFound):
+                    await self.delete(row.id, None)
                 deleted.append(row.id)
         return deleted, orphaned
 
@@ -228,46 +332,28 @@ class SnapshotControl:
                 log.warning("deleting orphaned snapshot %s failed: %s", snapshot_id, err)
         return expired
 
-    async def reconcile(self, live_sandbox_ids: set[str]) -> None:
-        """At start: snapshots whose sandbox did not survive become orphans (their grace starts now); snapshot
-        directories no row knows about (a crash between row delete and file delete) are removed."""
+    async def reconcile(self, host: str, agent: Agent, live_sandbox_ids: set[str]) -> None:
+        """When ``host`` registers: its snapshots whose sandbox did not survive become orphans (their grace
+        starts now); its local copies no row knows about are removed; copies to the store resume."""
         now = self.clock()
         rows = await asyncio.to_thread(self.registry.list_snapshots)
         for row in rows:
-            if row.orphaned_at is None and (row.sandbox_id is None or row.sandbox_id not in live_sandbox_ids):
+            if row.host != host or row.orphaned_at is not None:
+                continue
+            if row.sandbox_id is None or row.sandbox_id not in live_sandbox_ids:
                 await asyncio.to_thread(functools.partial(self.registry.update_snapshot, row.id, orphaned_at=now))
-        known = {row.id for row in rows}
-        for snapshot_id in await asyncio.to_thread(self.store.ids):
-            if snapshot_id not in known:
-                log.info("removing snapshot files without a registry row: %s", snapshot_id)
-                try:
-                    await asyncio.to_thread(self.store.delete, snapshot_id)
-                except OSError as err:
-                    log.warning("removing %s failed: %s", snapshot_id, err)
+        await agent.prune_snapshots([row.id for row in rows])
+        await self.store_pending(host)
 
-    async def fork_tree(
-        self, sandbox_id: str, workspace_id: str, *, count: int, metadata: dict[str, str]
-    ) -> tuple[TreeResult, SnapshotRow]:
-        tree = await self.forking.fork_tree(sandbox_id, workspace_id, count=count, metadata=metadata)
-        try:
-            row = await self._record(tree.snapshot, workspace_id, False, {"cryobox.tree_id": tree.tree_id})
-        except BaseException:
-            for child in tree.children:
-                with contextlib.suppress(CryoboxError):
-                    await self.forking.service.delete(child.id)
-            raise
-        return tree, row
+    async def close(self) -> None:
+        for task in list(self._storing.values()):
+            task.cancel()
+        await asyncio.gather(*self._storing.values(), return_exceptions=True)
 
-    def tree_members(self, tree_id: str, workspace_id: str) -> list[Sandbox]:
-        return [
-            s
-            for s in self.forking.service.all()
-            if s.workspace_id == workspace_id and s.metadata.get("cryobox.tree_id") == tree_id
-        ]
 
-    def require_member(self, sandbox: Sandbox, tree_id: str) -> None:
-        if sandbox.metadata.get("cryobox.tree_id") != tree_id:
-            raise NotFound(
-                f"sandbox {sandbox.id} is not a child of tree {tree_id}",
-                details={"id": sandbox.id, "tree_id": tree_id},
-            )
+def delete_stored(objects: ObjectStore, snapshot_id: str) -> None:
+    """Remove a snapshot's objects, the manifest first (a half-deleted snapshot never looks whole)."""
+    prefix = snapshot_prefix(snapshot_id)
+    for key in sorted(objects.list(f"{prefix}/"), key=lambda k: not k.endswith("/manifest.json")):
+        with contextlib.suppress(ObjectNotFound):
+            objects.delete(key)

@@ -1,7 +1,10 @@
-"""Custom templates: build jobs (images + bake) run in the background; the registry records their state.
+"""Templates in the fleet: rows in the registry, builds run on an agent, readiness per agent in its heartbeats.
 
-Built-in templates are global (``workspace_id`` NULL); a custom template belongs to the workspace that built
-it and is invisible (404) to others. Names are unique across the host.
+Built-in templates are global (``workspace_id`` NULL); their rows come from the agents' registrations. A custom
+template belongs to the workspace that built it and is invisible (404) to others; names are unique across the
+fleet. A build runs on one agent (its progress streamed back); an agent that registers later rebuilds the
+custom templates it does not serve (a content-cache hit when the bake is already on its disk). Placement sends
+creates only to agents that serve the template.
 """
 
 from __future__ import annotations
@@ -10,19 +13,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from .. import models
-from ..agent.service import SandboxService
-from ..agent.templates import Template
-from ..errors import InvalidArgument, NotFound, StateError
+from ..agentapi import Agent
+from ..agentapi import models as am
+from ..errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound, StateError
 from ..image.specs import TemplateSpec, by_name, derived_spec
 from ..registry import Registry, TemplateRow
-from ..util.proc import Progress
+from .fleet import Fleet
 
 log = logging.getLogger(__name__)
-TemplatePreparer = Callable[[TemplateSpec, Progress], Awaitable[Template]]
+ROW_CACHE_S = 5.0
 
 
 def spec_from_request(request: models.TemplateCreateRequest) -> TemplateSpec:
@@ -41,14 +44,18 @@ def spec_from_request(request: models.TemplateCreateRequest) -> TemplateSpec:
     )
 
 
-def row_for_template(template: Template, workspace_id: str | None, spec: dict[str, Any] | None) -> TemplateRow:
+def spec_from_json(raw: dict[str, object]) -> TemplateSpec:
+    return spec_from_request(models.TemplateCreateRequest.model_validate(raw))
+
+
+def row_for_template(template: am.TemplateInfo, workspace_id: str | None, spec: dict[str, Any] | None) -> TemplateRow:
     return TemplateRow(
         name=template.name,
         generation=template.generation,
-        cpu=template.machine.cpus,
-        memory_mb=template.machine.memory_mib,
+        cpu=template.cpus,
+        memory_mb=template.memory_mib,
         status="ready",
-        path=str(template.path),
+        path=template.path,
         created_at=template.created_at,
         workspace_id=workspace_id,
         spec=spec,
@@ -56,15 +63,27 @@ def row_for_template(template: Template, workspace_id: str | None, spec: dict[st
 
 
 class TemplateJobs:
-    def __init__(self, service: SandboxService, registry: Registry, preparer: TemplatePreparer | None) -> None:
-        self.service = service
+    def __init__(self, registry: Registry, fleet: Fleet, clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = registry
-        self.preparer = preparer
+        self.fleet = fleet
+        self.clock = clock
         self.progress: dict[str, str] = {}
-        self._jobs: dict[str, asyncio.Task[None]] = {}
+        self._jobs: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._rows: dict[str, tuple[float, TemplateRow]] = {}
+
+    async def _row(self, name: str) -> TemplateRow:
+        cached = self._rows.get(name)
+        if cached is not None and cached[0] > self.clock():
+            return cached[1]
+        row = await asyncio.to_thread(self.registry.get_template, name)
+        self._rows[name] = (self.clock() + ROW_CACHE_S, row)
+        return row
+
+    def _forget(self, name: str) -> None:
+        self._rows.pop(name, None)
 
     async def visible(self, name: str, workspace_id: str) -> TemplateRow:
-        row = await asyncio.to_thread(self.registry.get_template, name)
+        row = await self._row(name)
         if row.workspace_id is not None and row.workspace_id != workspace_id:
             raise NotFound(f"template {name!r} not found", details={"template": name})
         return row
@@ -73,15 +92,49 @@ class TemplateJobs:
         rows = await asyncio.to_thread(self.registry.list_templates)
         return [r for r in rows if r.workspace_id in (None, workspace_id)]
 
-    async def require_ready(self, name: str, workspace_id: str) -> None:
+    async def require_ready(self, name: str, workspace_id: str) -> TemplateRow:
         row = await self.visible(name, workspace_id)
-        if row.status != "ready" or name not in self.service.templates:
+        if row.status != "ready":
+            self._forget(name)  # a build may have finished on another replica
+            row = await self.visible(name, workspace_id)
+        if row.status != "ready":
             raise StateError(f"template {name!r} is {row.status}", state=row.status, required="ready")
+        return row
+
+    async def size(self, name: str) -> tuple[int, int]:
+        """(vCPUs, MiB) of a template's sandboxes."""
+        row = await self._row(name)
+        return row.cpu, row.memory_mb
+
+    # -- registrations ---------------------------------------------------------------------------------------
+
+    async def agent_registered(self, name: str, agent: Agent, serving: dict[str, str]) -> None:
+        """Record the built-in templates an agent serves; rebuild the custom ones it lacks there."""
+        for template in await agent.templates():
+            try:
+                existing: TemplateRow | None = await asyncio.to_thread(self.registry.get_template, template.name)
+            except NotFound:
+                existing = None
+            if existing is None or existing.workspace_id is None:
+                await asyncio.to_thread(self.registry.upsert_template, row_for_template(template, None, None))
+                self._forget(template.name)
+        for row in await asyncio.to_thread(self.registry.list_templates):
+            if row.workspace_id is None or row.spec is None or row.status == "error" or row.name in serving:
+                continue
+            self._launch(name, agent, row.spec, row.workspace_id, keep_status=row.status == "ready")
+
+    # -- builds ----------------------------------------------------------------------------------------------
+
+    async def _builder(self) -> tuple[str, Agent]:
+        live = await self.fleet.live_agents()
+        local = [(r.name, a) for r, a in live if r.name in self.fleet.local]
+        choices = local or [(r.name, a) for r, a in live if r.status == "up"]
+        if not choices:
+            raise HostUnavailable("no agent is up to build the template")
+        return choices[0]
 
     async def start_build(self, workspace_id: str, request: models.TemplateCreateRequest) -> TemplateRow:
-        if self.preparer is None:
-            raise StateError("this server cannot build templates", state="disabled", required="enabled")
-        spec = spec_from_request(request)
+        spec_from_request(request)  # 400 before anything is written
         with contextlib.suppress(NotFound):
             existing = await asyncio.to_thread(self.registry.get_template, request.name)
             if existing.workspace_id != workspace_id:
@@ -90,8 +143,10 @@ class TemplateJobs:
                 raise StateError(
                     f"template {request.name!r} is already building", state="building", required="ready|error"
                 )
+        agent_name, agent = await self._builder()
+        spec = spec_from_request(request)
         row = TemplateRow(
-            name=spec.name,
+            name=request.name,
             generation="",
             cpu=spec.cpus,
             memory_mb=spec.memory_mib,
@@ -102,52 +157,70 @@ class TemplateJobs:
             spec=request.model_dump(),
         )
         await asyncio.to_thread(self.registry.upsert_template, row)
-        self._launch(spec, workspace_id, request.model_dump())
+        self._forget(request.name)
+        self._launch(agent_name, agent, request.model_dump(), workspace_id, keep_status=False)
         return row
 
-    def _launch(self, spec: TemplateSpec, workspace_id: str, spec_json: dict[str, Any]) -> None:
-        self.progress[spec.name] = "queued"
-        task = asyncio.create_task(self._build(spec, workspace_id, spec_json), name=f"template-{spec.name}")
-        self._jobs[spec.name] = task
-        task.add_done_callback(lambda _: self._jobs.pop(spec.name, None))
-
-    async def _build(self, spec: TemplateSpec, workspace_id: str, spec_json: dict[str, Any]) -> None:
-        assert self.preparer is not None
-
-        def progress(line: str) -> None:
-            self.progress[spec.name] = line[:200]
-
-        try:
-            template = await self.preparer(spec, progress)
-        except Exception as err:  # a failed build is a template state, reported through the API
-            log.warning("template %s failed to build: %s", spec.name, err)
-            with contextlib.suppress(NotFound):
-                await asyncio.to_thread(self.registry.update_template_status, spec.name, "error", str(err)[:4000])
+    def _launch(
+        self, agent_name: str, agent: Agent, spec: dict[str, Any], workspace_id: str, *, keep_status: bool
+    ) -> None:
+        name = str(spec["name"])
+        key = (agent_name, name)
+        if key in self._jobs:
             return
-        self.service.add_template(template)
-        await asyncio.to_thread(self.registry.upsert_template, row_for_template(template, workspace_id, spec_json))
-        self.progress[spec.name] = "ready"
+        if not keep_status:
+            self.progress[name] = "queued"
+        task = asyncio.get_running_loop().create_task(
+            self._build(agent, spec, workspace_id, keep_status), name=f"template-{name}@{agent_name}"
+        )
+        self._jobs[key] = task
+        task.add_done_callback(lambda _: self._jobs.pop(key, None))
 
-    async def resume_builds(self) -> None:
-        """After a restart: bring custom templates back (a cache hit when their bake still exists)."""
-        for row in await asyncio.to_thread(self.registry.list_templates):
-            if row.workspace_id is None or row.spec is None or row.status == "error":
-                continue
-            request = models.TemplateCreateRequest.model_validate(row.spec)
-            if self.preparer is not None:
-                self._launch(spec_from_request(request), row.workspace_id, row.spec)
+    async def _build(self, agent: Agent, spec: dict[str, Any], workspace_id: str, keep_status: bool) -> None:
+        name = str(spec["name"])
+        error: str | None = None
+        built: am.TemplateInfo | None = None
+        try:
+            async for event in agent.build_template(am.TemplateBuild(request=spec)):
+                if event.progress and not keep_status:
+                    self.progress[name] = event.progress[:200]
+                if event.error is not None:
+                    error = event.error
+                if event.template is not None:
+                    built = event.template
+        except CryoboxError as err:
+            error = err.message
+        if built is None:
+            log.warning("template %s failed to build: %s", name, error)
+            if not keep_status:
+                with contextlib.suppress(NotFound):
+                    await asyncio.to_thread(
+                        self.registry.update_template_status, name, "error", (error or "build failed")[:4000]
+                    )
+            self._forget(name)
+            return
+        with contextlib.suppress(NotFound):
+            current = await asyncio.to_thread(self.registry.get_template, name)
+            await asyncio.to_thread(self.registry.upsert_template, row_for_template(built, workspace_id, current.spec))
+        self._forget(name)
+        self.progress[name] = "ready"
 
     async def delete(self, name: str, workspace_id: str) -> None:
         row = await self.visible(name, workspace_id)
         if row.workspace_id is None:
             raise StateError(f"template {name!r} is built in and cannot be deleted", state="builtin", required="custom")
-        job = self._jobs.pop(name, None)
-        if job is not None:
+        for key in [k for k in self._jobs if k[1] == name]:
+            job = self._jobs.pop(key)
             job.cancel()
             with contextlib.suppress(BaseException):
                 await job
-        await self.service.remove_template(name)
+        for agent_row, agent in await self.fleet.live_agents():
+            try:
+                await agent.remove_template(name)
+            except CryoboxError as err:
+                log.warning("removing template %s on %s failed: %s", name, agent_row.name, err.message)
         await asyncio.to_thread(self.registry.delete_template, name)
+        self._forget(name)
         self.progress.pop(name, None)
 
     async def close(self) -> None:

@@ -52,6 +52,9 @@ class Snapshot(BaseModel):
     retain: bool = False
     parent_id: str | None = None
     pause_ms: float | None = None
+    location: str = "local"
+    """``local`` (on the agent that took it) or ``stored`` (in the object store: restorable on any agent)."""
+    host: str | None = None
 
 
 class SnapshotList(BaseModel):

@@ -1,0 +1,261 @@
+"""The host-agent interface's wire models: plain request/response values, no shared Python objects.
+
+Every call the control plane makes to a host agent takes and returns these (pydantic models, JSON on the HTTP
+transport, deep copies on the in-process one), so the two transports behave the same and the control plane can
+never reach into an agent's objects. Times are epoch seconds on the agent's clock; sizes are MiB or bytes as
+named.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SandboxState = Literal["starting", "running", "paused", "hibernated", "stopped", "error"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class SnapshotRef(_Model):
+    """What an agent needs to restore a snapshot it may not hold: it uses its local copy when it has one,
+    otherwise it imports the snapshot from the object store (``stored``) and pages its memory from there."""
+
+    id: str
+    template: str
+    stored: bool = False
+
+
+class CreateSpec(_Model):
+    """Restore a new sandbox. The control plane chooses the id (so a reservation, a row and a retried call
+    all name the same sandbox)."""
+
+    sandbox_id: str
+    template: str
+    workspace_id: str
+    from_snapshot: SnapshotRef | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    ttl_s: int | None = None
+    persistent: bool = False
+    egress: list[str] | None = None
+
+
+class SandboxInfo(_Model):
+    """What an agent says of one of its sandboxes."""
+
+    id: str
+    template: str
+    cpus: int
+    memory_mib: int
+    state: SandboxState
+    workspace_id: str
+    created_at: float
+    metadata: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    boot_mode: Literal["restore", "cold"] = "restore"
+    boot_ms: float = 0.0
+    from_snapshot: str | None = None
+    instance_id: str | None = None
+    guest_ip: str | None = None
+    vm_id: str | None = None
+    ttl_s: int | None = None
+    persistent: bool = False
+    last_active: float = 0.0
+    in_flight: int = 0
+    """Requests (exec, streams, terminals) running in the sandbox now; a busy sandbox never expires."""
+    expires_at: float | None = None
+    """Idle-based TTL: ``last_active + ttl_s`` (``None`` when persistent or without TTL)."""
+    idle_s: float = 0.0
+    expired: bool = False
+    """Idle past its TTL with nothing in flight: the control plane's reaper deletes it."""
+    egress: list[str] | None = None
+    """CIDRs the guest may reach (``None``: egress denied)."""
+
+
+class LifecyclePatch(_Model):
+    """Change a sandbox's TTL and/or persistence; ``set_ttl`` distinguishes "no change" from "no TTL"."""
+
+    set_ttl: bool = False
+    ttl_s: int | None = None
+    persistent: bool | None = None
+
+
+class ExecRequest(_Model):
+    cmd: str
+    timeout_s: float | None = 60.0
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    stdin_b64: str | None = None
+
+
+class ExecResult(_Model):
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_ms: float
+    timed_out: bool = False
+
+
+class ExecEvent(_Model):
+    """One item of a streamed exec: ``stdout``/``stderr`` with ``text``, or ``exit`` with ``result``."""
+
+    kind: Literal["stdout", "stderr", "exit"]
+    text: str = ""
+    result: ExecResult | None = None
+
+
+class WriteResult(_Model):
+    path: str
+    bytes: int
+
+
+class PtyOpen(_Model):
+    cols: int = 80
+    rows: int = 24
+    cmd: str | None = None
+
+
+class PtyEvent(_Model):
+    """``session`` (the session id in ``text``), ``output`` (base64 in ``data``) or ``exit`` (``exit_code``)."""
+
+    kind: Literal["session", "output", "exit"]
+    text: str = ""
+    data_b64: str = ""
+    exit_code: int | None = None
+
+
+class SnapshotRequest(_Model):
+    snapshot_id: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    quiesce: bool = False
+
+
+class SnapshotInfo(_Model):
+    """A finished, durable snapshot on the agent's disk."""
+
+    id: str
+    template: str
+    generation: str | None = None
+    """The template generation the snapshot's disk and memory sit on (restorable where that one is served)."""
+    sandbox_id: str | None = None
+    parent_id: str | None = None
+    size_bytes: int = 0
+    pause_ms: float | None = None
+    created_at: float = 0.0
+    labels: dict[str, str] = Field(default_factory=dict)
+    path: str = ""
+
+
+class StoredSnapshot(_Model):
+    id: str
+    store: str
+    key: str
+
+
+class ForkRequest(_Model):
+    child_id: str
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class TreeRequest(_Model):
+    """One snapshot of the parent, then one restore of it per ``child_ids`` entry, in parallel, on this agent.
+    With no children it is only the snapshot (the control plane places the children elsewhere)."""
+
+    snapshot_id: str
+    child_ids: list[str] = Field(default_factory=list)
+    metadata: dict[str, str] = Field(default_factory=dict)
+    tree_id: str
+
+
+class TreeChildError(_Model):
+    child_id: str
+    error: str
+
+
+class TreeResult(_Model):
+    snapshot: SnapshotInfo
+    children: list[SandboxInfo] = Field(default_factory=list)
+    errors: list[TreeChildError] = Field(default_factory=list)
+
+
+class EvidenceEntry(_Model):
+    name: str
+    size: int
+    source: str = ""
+
+
+class TemplateInfo(_Model):
+    name: str
+    generation: str
+    cpus: int
+    memory_mib: int
+    created_at: float
+    path: str = ""
+
+
+class TemplateBuild(_Model):
+    """A custom template build: the public request as JSON (see ``models.TemplateCreateRequest``)."""
+
+    request: dict[str, Any]
+
+
+class BuildEvent(_Model):
+    """A template build's progress line, or its end (``template`` on success, ``error`` on failure)."""
+
+    progress: str = ""
+    template: TemplateInfo | None = None
+    error: str | None = None
+
+
+class Capacity(_Model):
+    """An agent's capacity as it reports it in every heartbeat."""
+
+    vcpus_total: int
+    memory_total_mib: int
+    max_sandboxes: int
+    vcpus_committed: int = 0
+    memory_committed_mib: int = 0
+    sandboxes: int = 0
+    sandboxes_running: int = 0
+    restores_in_flight: int = 0
+    max_concurrent_restores: int = 0
+    admission_queue_depth: int = 0
+    prespawned: int = 0
+    """Warm QEMUs waiting in the template pools."""
+    templates_ready: dict[str, str] = Field(default_factory=dict)
+    """Template name -> the generation this agent serves."""
+    hot_images: list[str] = Field(default_factory=list)
+    """Templates (by generation) and snapshots (by id) whose memory this host holds locally."""
+    local_snapshots: list[str] = Field(default_factory=list)
+
+    @property
+    def memory_free_mib(self) -> int:
+        return max(0, self.memory_total_mib - self.memory_committed_mib)
+
+
+class AgentInfo(_Model):
+    name: str
+    version: str
+    accelerator: str
+    boot_id: str
+    """New every time the agent process starts: a changed one tells the control plane to reconcile."""
+    url: str = ""
+    """Where the control plane reaches the agent (empty for the in-process agent)."""
+    isolation: str = ""
+
+
+class Heartbeat(_Model):
+    """What an agent sends the control plane every few seconds (and at start: registration)."""
+
+    agent: AgentInfo
+    capacity: Capacity
+    sandboxes: list[SandboxInfo] = Field(default_factory=list)
+    """Everything the agent runs now: authoritative for rows of its host."""
+
+
+class HeartbeatReply(_Model):
+    accepted: bool = True
+    reconciled: bool = False

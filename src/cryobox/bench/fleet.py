@@ -1,0 +1,519 @@
+"""``cryobox bench fleet``: what splitting the platform into a control plane and host agents costs and buys.
+
+Three measurements in one run (processes from :mod:`.fleet_proc`; every agent in its own network namespace unless
+``--isolation loopback``):
+
+``hop``    the price of the HTTP hop. ``k`` sequential creates (each to its first exec answered) and ``k`` execs of
+           ``true``, against ``cryobox serve`` (the in-process agent) and against a fleet of ONE ``cryobox agent`` on
+           the same machine, same template, memory mode and pool size. Create call latency and exec latency,
+           p50/p99, both ways.
+``burst``  ``n`` simultaneous creates against a fleet of ``agents`` agents running ``--memory lazy
+           --template-source store`` (every agent pages the template's memory from the S3 store): how many landed
+           on each agent (each sandbox's ``host``), and per agent the store GETs and unique chunks touched (its
+           memory server's figures: every host fetches its own copy of what its guests touch).
+``restore`` a snapshot taken on one agent, uploaded (``location`` becomes ``stored``), then restored: sequential
+           restores while every agent is up (placement decides: same-host or cross-host), then the source agent is
+           SIGKILLed and the restores that follow can only be cross-host (memory paged from the store). Each restore
+           checks a marker file written before the snapshot.
+
+The JSON keeps ``hop.{create,exec}_{p50,p99}_ms_{inproc,http}``, ``burst.{n, per_agent, store_gets_per_agent,
+unique_chunks_per_agent}``, ``cross_host_restore_ok``, ``cross_host_restore_p50_ms`` and
+``same_host_restore_p50_ms`` (``None`` when no restore of that kind happened).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import secrets
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import CryoboxError
+from .fleet_proc import AgentProcess, Fleet
+from .report import write_result
+from .server import ServeProcess
+from .stats import percentile
+
+HOP_KEYS = tuple(
+    f"{op}_{q}_ms_{side}" for op in ("create", "exec") for q in ("p50", "p99") for side in ("inproc", "http")
+)
+BURST_KEYS = ("n", "per_agent", "store_gets_per_agent", "unique_chunks_per_agent")
+TOP_KEYS = ("hop", "burst", "cross_host_restore_ok", "cross_host_restore_p50_ms", "same_host_restore_p50_ms")
+MARKER_PATH = "/root/cbx-fleet-marker"
+_METRIC_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+# -- pure parts (unit-tested) ----------------------------------------------------------------------------------------
+
+
+def _q(samples: Sequence[float], q: float) -> float | None:
+    return round(percentile(list(samples), q), 1) if samples else None
+
+
+def hop_summary(inproc: Mapping[str, Sequence[float]], http: Mapping[str, Sequence[float]]) -> dict[str, Any]:
+    """``{create,exec,first_exec}_{p50,p99}_ms_{inproc,http}`` and the HTTP hop's added p50 (ms)."""
+    out: dict[str, Any] = {"k": len(inproc.get("create_ms", ()))}
+    for op in ("create", "first_exec", "exec"):
+        for q in (50, 99):
+            for side, samples in (("inproc", inproc), ("http", http)):
+                out[f"{op}_p{q}_ms_{side}"] = _q(samples.get(f"{op}_ms", ()), q)
+        a, b = out[f"{op}_p50_ms_http"], out[f"{op}_p50_ms_inproc"]
+        out[f"{op}_hop_p50_ms"] = round(a - b, 1) if a is not None and b is not None else None
+    out["samples_ms"] = {
+        side: {key: [round(x, 1) for x in values] for key, values in samples.items()}
+        for side, samples in (("inproc", inproc), ("http", http))
+    }
+    return out
+
+
+def host_to_agent(host: str | None, agents: Mapping[str, Mapping[str, Any]]) -> str:
+    """Which agent a sandbox's ``host`` names: an agent name, its URL, or its URL's ``host:port``."""
+    if not host:
+        return "?"
+    if host in agents:
+        return host
+    for name, agent in agents.items():
+        url = str(agent.get("url", "")).rstrip("/")
+        if url and (host.rstrip("/") == url or url.endswith(f"//{host}")):
+            return name
+    return host
+
+
+def per_agent_counts(hosts: Iterable[str], names: Sequence[str]) -> dict[str, int]:
+    """Sandboxes per agent: every fleet agent (0 when none landed there), plus any other host seen."""
+    counts = dict.fromkeys(names, 0)
+    for host in hosts:
+        counts[host] = counts.get(host, 0) + 1
+    return counts
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text exposition -> {series name: value summed over its labels} (comments skipped)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _METRIC_LINE.match(line.strip())
+        if match is None or line.startswith("#"):
+            continue
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        out[match.group(1)] = out.get(match.group(1), 0.0) + value
+    return out
+
+
+def memserver_figures(stats: Mapping[str, Any]) -> dict[str, int]:
+    """From a memory server's ``GET /stats``: store GETs, unique stored chunks touched (over every image), faults,
+    chunk fetches."""
+    metrics = stats.get("metrics", {})
+    images = stats.get("images", {})
+    return {
+        "store_gets": int(metrics.get("store_gets", 0)),
+        "unique_chunks": sum(int(image.get("touched_stored", 0)) for image in images.values()),
+        "faults": int(metrics.get("faults", 0)),
+        "chunk_fetches": int(metrics.get("chunk_fetches", 0)),
+    }
+
+
+def figures_delta(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, int]:
+    """Counters are deltas over the burst; ``unique_chunks`` is a set size, so it is the value after."""
+    return {k: (v if k == "unique_chunks" else v - int(before.get(k, 0))) for k, v in after.items()}
+
+
+def burst_summary(
+    n: int,
+    latencies_ms: Sequence[float],
+    hosts: Sequence[str],
+    names: Sequence[str],
+    figures: Mapping[str, Mapping[str, int | None]],
+    errors: Sequence[str] = (),
+) -> dict[str, Any]:
+    def column(key: str) -> dict[str, int | None]:
+        return {name: figures.get(name, {}).get(key) for name in names}
+
+    return {
+        "n": n,
+        "agents": len(names),
+        "ok": len(latencies_ms),
+        "errors": len(errors),
+        "first_errors": list(errors[:3]),
+        "per_agent": per_agent_counts(hosts, names),
+        "store_gets_per_agent": column("store_gets"),
+        "unique_chunks_per_agent": column("unique_chunks"),
+        "faults_per_agent": column("faults"),
+        "chunk_fetches_per_agent": column("chunk_fetches"),
+        "p50_ms": _q(latencies_ms, 50),
+        "p90_ms": _q(latencies_ms, 90),
+        "p99_ms": _q(latencies_ms, 99),
+        "max_ms": round(max(latencies_ms), 1) if latencies_ms else None,
+        "latencies_ms": [round(x, 1) for x in sorted(latencies_ms)],
+    }
+
+
+def restore_summary(samples: Sequence[Mapping[str, Any]], source_host: str) -> dict[str, Any]:
+    """Samples ``{host, ms, ok, phase}`` -> same-host/cross-host p50s and whether every cross-host restore worked
+    (``cross_host_restore_ok`` is False when there was none)."""
+    same = [s for s in samples if s.get("host") == source_host]
+    cross = [s for s in samples if s.get("host") != source_host]
+    return {
+        "source_host": source_host,
+        "same_host": len(same),
+        "cross_host": len(cross),
+        "same_host_restore_p50_ms": _q([float(s["ms"]) for s in same if s.get("ok")], 50),
+        "cross_host_restore_p50_ms": _q([float(s["ms"]) for s in cross if s.get("ok")], 50),
+        "cross_host_restore_ok": bool(cross) and all(bool(s.get("ok")) for s in cross),
+        "samples": [dict(s) for s in samples],
+    }
+
+
+def assemble(
+    hop: Mapping[str, Any], burst: Mapping[str, Any], restore: Mapping[str, Any], **extra: Any
+) -> dict[str, Any]:
+    return {
+        "hop": dict(hop),
+        "burst": dict(burst),
+        "cross_host_restore_ok": restore["cross_host_restore_ok"],
+        "cross_host_restore_p50_ms": restore["cross_host_restore_p50_ms"],
+        "same_host_restore_p50_ms": restore["same_host_restore_p50_ms"],
+        "restore": dict(restore),
+        **extra,
+    }
+
+
+def missing_keys(result: Mapping[str, Any]) -> list[str]:
+    """Promised keys absent from ``result`` (empty when the shape is complete)."""
+    missing = [k for k in TOP_KEYS if k not in result]
+    missing += [f"hop.{k}" for k in HOP_KEYS if k not in result.get("hop", {})]
+    missing += [f"burst.{k}" for k in BURST_KEYS if k not in result.get("burst", {})]
+    return missing
+
+
+# -- measurements ----------------------------------------------------------------------------------------------------
+
+
+def _check(response: httpx.Response, what: str) -> dict[str, Any]:
+    if response.status_code >= 300:
+        raise CryoboxError(f"{what} failed: {response.status_code} {response.text[:300]}")
+    if response.status_code == 204 or not response.content:
+        return {}
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _exec(client: httpx.Client, sandbox_id: str, cmd: str) -> dict[str, Any]:
+    body = _check(client.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": cmd, "timeout_seconds": 120}), "exec")
+    if body.get("exit_code") != 0:
+        raise CryoboxError(f"exec {cmd!r} exited {body.get('exit_code')}: {body.get('stderr', '')[:300]}")
+    return body
+
+
+def measure_hop(url: str, api_key: str, template: str, k: int, settle_s: float) -> dict[str, list[float]]:
+    """``k`` creates (call latency, and to first exec answered), then ``k`` execs of ``true`` on one sandbox."""
+    headers = {"Authorization": f"Bearer {api_key}"}
+    out: dict[str, list[float]] = {"create_ms": [], "first_exec_ms": [], "exec_ms": []}
+    with httpx.Client(base_url=url, headers=headers, timeout=900, trust_env=False) as client:
+        for i in range(k + 1):  # the first round warms up and is not counted
+            t0 = time.monotonic()
+            sandbox = _check(client.post("/v1/sandboxes", json={"template": template, "ttl_seconds": 600}), "create")
+            t1 = time.monotonic()
+            _exec(client, sandbox["id"], "true")
+            t2 = time.monotonic()
+            if i:
+                out["create_ms"].append((t1 - t0) * 1000)
+                out["first_exec_ms"].append((t2 - t0) * 1000)
+            if i < k:
+                client.delete(f"/v1/sandboxes/{sandbox['id']}")
+                time.sleep(settle_s)  # let the pool refill, as a caller pausing between creates would
+        try:
+            for _ in range(k):
+                t0 = time.monotonic()
+                _exec(client, sandbox["id"], "true")
+                out["exec_ms"].append((time.monotonic() - t0) * 1000)
+        finally:
+            client.delete(f"/v1/sandboxes/{sandbox['id']}")
+    return out
+
+
+async def _burst(url: str, api_key: str, template: str, n: int) -> tuple[list[float], list[str], list[str]]:
+    """Fire ``n`` creates at once; (latencies of the ones that worked, their hosts, error texts); deletes after."""
+    headers = {"Authorization": f"Bearer {api_key}"}
+    limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=900, limits=limits, trust_env=False) as c:
+        start = asyncio.Event()
+
+        async def one() -> tuple[float, dict[str, Any]]:
+            await start.wait()
+            t0 = time.monotonic()
+            response = await c.post("/v1/sandboxes", json={"template": template, "ttl_seconds": 900})
+            elapsed = (time.monotonic() - t0) * 1000
+            return elapsed, _check(response, "create")
+
+        tasks = [asyncio.create_task(one()) for _ in range(n)]
+        await asyncio.sleep(0.2)
+        start.set()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        done = [r for r in results if isinstance(r, tuple)]
+        await asyncio.gather(*(c.delete(f"/v1/sandboxes/{r[1]['id']}") for r in done), return_exceptions=True)
+    errors = [repr(r) for r in results if isinstance(r, BaseException)]
+    return [r[0] for r in done], [str(r[1].get("host") or "") for r in done], errors
+
+
+def _agent_figures(agent: AgentProcess) -> dict[str, int | None]:
+    """Store GETs and unique chunks from the memory server's control socket; GETs only from the agent's metrics
+    when the socket is not there."""
+    try:
+        return dict(memserver_figures(agent.memserver_stats()))
+    except (httpx.HTTPError, OSError):
+        pass
+    try:
+        metrics = parse_metrics(agent.metrics_text())
+    except httpx.HTTPError:
+        return {"store_gets": None, "unique_chunks": None, "faults": None, "chunk_fetches": None}
+    return {
+        "store_gets": int(metrics.get("store_gets_total", 0)),
+        "unique_chunks": None,
+        "faults": int(metrics.get("faults_total", 0)),
+        "chunk_fetches": int(metrics.get("chunk_fetches_total", 0)),
+    }
+
+
+def _delta(before: Mapping[str, int | None], after: Mapping[str, int | None]) -> dict[str, int | None]:
+    if any(v is None for v in after.values()) or any(v is None for v in before.values()):
+        return dict(after)
+    return dict(figures_delta({k: int(v or 0) for k, v in before.items()}, {k: int(v or 0) for k, v in after.items()}))
+
+
+def measure_burst(fleet: Fleet, template: str, n: int) -> dict[str, Any]:
+    before = {name: _agent_figures(agent) for name, agent in fleet.agents.items()}
+    latencies, hosts, errors = asyncio.run(_burst(fleet.url, fleet.api_key, template, n))
+    after = {name: _agent_figures(agent) for name, agent in fleet.agents.items()}
+    view = fleet.agents_view()
+    names = list(fleet.agents)
+    figures = {name: _delta(before[name], after[name]) for name in names}
+    return burst_summary(n, latencies, [host_to_agent(h, view) for h in hosts], names, figures, errors)
+
+
+def _wait_stored(client: httpx.Client, snapshot_id: str, timeout_s: float) -> tuple[float, str]:
+    t0 = time.monotonic()
+    location = "?"
+    while time.monotonic() - t0 < timeout_s:
+        location = str(_check(client.get(f"/v1/snapshots/{snapshot_id}"), "get snapshot").get("location"))
+        if location == "stored":
+            return (time.monotonic() - t0) * 1000, location
+        time.sleep(0.25)
+    raise CryoboxError(f"snapshot {snapshot_id} not stored within {timeout_s}s (location {location!r})")
+
+
+def _restore_once(
+    client: httpx.Client, snapshot_id: str, token: str, view: Mapping[str, Mapping[str, Any]], phase: str
+) -> dict[str, Any]:
+    t0 = time.monotonic()
+    try:
+        body = _check(client.post("/v1/sandboxes", json={"from_snapshot": snapshot_id, "ttl_seconds": 600}), "restore")
+    except (CryoboxError, httpx.HTTPError) as err:
+        return {"phase": phase, "host": "?", "ms": (time.monotonic() - t0) * 1000, "ok": False, "error": str(err)}
+    ms = (time.monotonic() - t0) * 1000
+    sample: dict[str, Any] = {"phase": phase, "host": host_to_agent(body.get("host"), view), "ms": round(ms, 1)}
+    try:
+        seen = _exec(client, body["id"], f"cat {MARKER_PATH}")["stdout"].strip()
+        sample["ok"] = seen == token
+        if not sample["ok"]:
+            sample["error"] = f"marker {seen!r} != {token!r}"
+    except (CryoboxError, httpx.HTTPError) as err:
+        sample.update(ok=False, error=str(err))
+    finally:
+        client.delete(f"/v1/sandboxes/{body['id']}")
+    return sample
+
+
+def measure_restores(fleet: Fleet, template: str, m: int, kill_source: bool, store_timeout_s: float) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {fleet.api_key}"}
+    token = secrets.token_hex(8)
+    with httpx.Client(base_url=fleet.url, headers=headers, timeout=900, trust_env=False) as client:
+        view = fleet.agents_view()
+        source = _check(client.post("/v1/sandboxes", json={"template": template, "ttl_seconds": 1800}), "create")
+        source_host = host_to_agent(source.get("host"), view)
+        _exec(client, source["id"], f"echo {token} > {MARKER_PATH} && sync")
+        body = {"retain": True, "labels": {"bench": "fleet"}}  # retain: outlives its sandbox (and its host)
+        snapshot = _check(client.post(f"/v1/sandboxes/{source['id']}/snapshots", json=body), "snapshot")
+        stored_ms, _ = _wait_stored(client, snapshot["id"], store_timeout_s)
+        samples = [_restore_once(client, snapshot["id"], token, view, "all-up") for _ in range(m)]
+        killed = False
+        if kill_source and source_host in fleet.agents and len(fleet.agents) > 1:
+            fleet.kill_agent(source_host)
+            fleet.wait_agent_not_up(source_host, timeout_s=fleet.agent_deadline_s * 6 + 30)
+            killed = True
+            samples += [_restore_once(client, snapshot["id"], token, view, "source-killed") for _ in range(m)]
+        else:
+            client.delete(f"/v1/sandboxes/{source['id']}")
+        with_snapshot = client.delete(f"/v1/snapshots/{snapshot['id']}")
+    summary = restore_summary(samples, source_host)
+    summary.update(
+        snapshot_id=snapshot["id"],
+        store_wait_ms=round(stored_ms, 1),
+        source_killed=killed,
+        snapshot_deleted=with_snapshot.status_code < 300,
+    )
+    return summary
+
+
+# -- the run ---------------------------------------------------------------------------------------------------------
+
+
+def run_fleet_bench(
+    *,
+    n: int = 48,
+    agents: int = 3,
+    k: int = 10,
+    restores: int = 3,
+    template: str = "base",
+    prespawn: int = 1,
+    settle_s: float = 1.0,
+    isolation: Literal["netns", "loopback"] = "netns",
+    kill_source: bool = True,
+    out_dir: Path,
+    cache_dir: Path | None,
+    plot: Path | None,
+    console: Console,
+) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="cryobox-fleet-", dir="/var/tmp"))
+    try:
+        console.print(f"[bold]hop[/bold]: {k} creates and {k} execs against cryobox serve (in-process agent)")
+        serve_args = ["--templates", template, "--memory", "hot", "--net-pool", "4"]
+        with ServeProcess(root / "serve", cache_dir=cache_dir, prespawn=prespawn, extra_args=serve_args) as serve:
+            inproc = measure_hop(serve.url, serve.api_key, template, k, settle_s)
+        console.print(f"[bold]hop[/bold]: the same against a fleet of one agent ({isolation})")
+        one = Fleet(
+            root / "hop",
+            agents=1,
+            cache_dir=cache_dir,
+            isolation=isolation,
+            template_source="build",
+            memory="hot",
+            templates=(template,),
+            prespawn=prespawn,
+            net_pool=4,
+        )
+        with one:
+            http = measure_hop(one.url, one.api_key, template, k, settle_s)
+        hop = hop_summary(inproc, http)
+        per_agent = math.ceil(n / agents)
+        admission = {"CRYOBOX_ADMISSION_QUEUE": str(max(64, n)), "CRYOBOX_ADMISSION_TIMEOUT_S": "900"}
+        console.print(f"[bold]burst[/bold]: {n} creates at once over {agents} agents (lazy memory from S3)")
+        fleet = Fleet(
+            root / "burst",
+            agents=agents,
+            cache_dir=cache_dir,
+            isolation=isolation,
+            template_source="store",
+            memory="lazy",
+            templates=(template,),
+            prespawn=0,
+            net_pool=min(per_agent + 2, 64),
+            max_sandboxes=n + 4,
+            agent_env=admission,
+        )
+        with fleet:
+            burst = measure_burst(fleet, template, n)
+            console.print(f"[bold]restore[/bold]: snapshot on one agent, {restores} restores, then its host killed")
+            restore = measure_restores(fleet, template, restores, kill_source, store_timeout_s=600)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    result = assemble(hop, burst, restore, template=template, isolation=isolation, agents=agents)
+    path = write_result(out_dir, "fleet", result)
+    _print(result, console)
+    console.print(f"wrote {path}")
+    if plot is not None:
+        draw(result, plot)
+        console.print(f"plot {plot}")
+    return result
+
+
+def _print(result: Mapping[str, Any], console: Console) -> None:
+    hop = result["hop"]
+    table = Table(title=f"HTTP hop ({hop['k']} samples each)")
+    for column in ("", "in-process p50", "in-process p99", "HTTP p50", "HTTP p99"):
+        table.add_column(column, justify="right")
+    for op in ("create", "first_exec", "exec"):
+        keys = (f"{op}_p50_ms_inproc", f"{op}_p99_ms_inproc", f"{op}_p50_ms_http", f"{op}_p99_ms_http")
+        table.add_row(op, *(str(hop[key]) for key in keys))
+    console.print(table)
+    burst = result["burst"]
+    table = Table(title=f"burst of {burst['n']} (p50 {burst['p50_ms']} ms, p99 {burst['p99_ms']} ms)")
+    for column in ("agent", "sandboxes", "store GETs", "unique chunks"):
+        table.add_column(column, justify="right")
+    for name, count in burst["per_agent"].items():
+        gets, chunks = burst["store_gets_per_agent"].get(name), burst["unique_chunks_per_agent"].get(name)
+        table.add_row(name, str(count), str(gets), str(chunks))
+    console.print(table)
+    console.print(
+        f"restores: same-host p50 {result['same_host_restore_p50_ms']} ms, cross-host p50 "
+        f"{result['cross_host_restore_p50_ms']} ms, cross-host ok {result['cross_host_restore_ok']}"
+    )
+
+
+def draw(result: Mapping[str, Any], out: Path) -> None:
+    """Hop latencies, the burst's latency CDF, per-agent load and store traffic, restore latencies by kind."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise CryoboxError("--plot needs matplotlib (pip install matplotlib; `make setup` installs it)") from None
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ((hop_ax, cdf_ax), (agent_ax, restore_ax)) = plt.subplots(2, 2, figsize=(12, 8.5))
+    hop = result["hop"]
+    ops = ["create", "first_exec", "exec"]
+    width = 0.2
+    for j, (side, q) in enumerate((("inproc", 50), ("inproc", 99), ("http", 50), ("http", 99))):
+        values = [hop.get(f"{op}_p{q}_ms_{side}") or 0 for op in ops]
+        hop_ax.bar([i + (j - 1.5) * width for i in range(len(ops))], values, width, label=f"{side} p{q}")
+    hop_ax.set_xticks(range(len(ops)), ops)
+    hop_ax.set_ylabel("ms")
+    hop_ax.set_yscale("log")
+    hop_ax.set_title("in-process agent vs HTTP agent")
+    hop_ax.legend(fontsize=8)
+    burst = result["burst"]
+    xs = burst["latencies_ms"]
+    if xs:
+        cdf_ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post")
+    cdf_ax.set_xlabel("create latency (ms)")
+    cdf_ax.set_ylabel("fraction of creates")
+    cdf_ax.set_title(f"{burst['n']} simultaneous creates over {burst.get('agents', '?')} agents")
+    names = list(burst["per_agent"])
+    series = (("sandboxes", "per_agent"), ("store GETs", "store_gets_per_agent"), ("chunks", "unique_chunks_per_agent"))
+    for j, (label, key) in enumerate(series):
+        values = [burst[key].get(name) or 0 for name in names]
+        agent_ax.bar([i + (j - 1) * 0.27 for i in range(len(names))], values, 0.27, label=label)
+    agent_ax.set_xticks(range(len(names)), names)
+    agent_ax.set_title("per agent: placement and store traffic")
+    agent_ax.legend(fontsize=8)
+    samples = result.get("restore", {}).get("samples", [])
+    source = result.get("restore", {}).get("source_host")
+    for kind, colour in (("same-host", "tab:green"), ("cross-host", "tab:orange")):
+        chosen = [(i, s["ms"]) for i, s in enumerate(samples) if (s.get("host") == source) == (kind == "same-host")]
+        if chosen:
+            restore_ax.scatter([c[0] for c in chosen], [c[1] for c in chosen], label=kind, color=colour)
+    restore_ax.set_xlabel("restore #")
+    restore_ax.set_ylabel("create-from-snapshot latency (ms)")
+    killed_at = next((i for i, s in enumerate(samples) if s.get("phase") == "source-killed"), None)
+    if killed_at is not None:
+        restore_ax.axvline(killed_at - 0.5, color="grey", linestyle="--", label="source host killed")
+    restore_ax.set_title("snapshot restores: same-host vs cross-host")
+    if samples:
+        restore_ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)

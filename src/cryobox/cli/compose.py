@@ -1,0 +1,94 @@
+"""Putting the parts together: a host agent (``serve``, ``agent``) and a control plane (``serve``, ``control``).
+
+The CLI is the one place that knows both sides; each side only sees the other through
+:class:`cryobox.agentapi.Agent`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from dataclasses import dataclass
+
+from ..agent.admission import AdmissionConfig, AdmissionController
+from ..agent.hostagent import HostAgent
+from ..agent.platform import Host, HostConfig, prepare_template, start_host
+from ..agent.store.objstore import ObjectStore
+from ..agentapi import Agent
+from ..registry import Registry
+from ..server.control import ControlPlane
+from ..server.fleet import DEFAULT_DEADLINE_S, Fleet, FleetConfig
+from ..server.metrics import Metrics
+from ..server.placement import Placement
+from ..server.snapshots_ctl import RetentionPolicy, SnapshotControl
+from ..server.templates_ctl import TemplateJobs, spec_from_json
+from ..util.proc import Progress
+
+NODE_TOKEN_ENV = "CRYOBOX_NODE_TOKEN"
+DEADLINE_ENV = "CRYOBOX_AGENT_DEADLINE_S"
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    name: str
+    url: str = ""
+    memory_mib: int | None = None
+    vcpus: int | None = None
+    max_sandboxes: int = 256
+
+
+async def boot_agent(
+    config: HostConfig,
+    admission_config: AdmissionConfig,
+    options: AgentOptions,
+    metrics: Metrics,
+    progress: Progress,
+) -> tuple[Host, HostAgent]:
+    """Start the host (reclaim, images, templates, pools, memory server) and its agent."""
+    host = await start_host(config, progress)
+    admission = AdmissionController(admission_config, observer=metrics.admission_observer())
+
+    async def own_metrics() -> str:
+        return metrics.render()[0].decode()
+
+    agent = HostAgent(
+        host,
+        admission,
+        name=options.name,
+        url=options.url,
+        memory_mib=options.memory_mib,
+        vcpus=options.vcpus,
+        max_sandboxes=options.max_sandboxes,
+        builder=functools.partial(prepare_template, config),
+        spec_from_request=spec_from_json,
+        metrics_sources=[own_metrics] if options.url else [],
+        isolation="tcg" if config.accel.value == "tcg" else "kvm",
+    )
+    return host, agent
+
+
+def fleet_config(env: dict[str, str] | None = None, deadline_s: float | None = None) -> FleetConfig:
+    environ = os.environ if env is None else env
+    raw = environ.get(DEADLINE_ENV, "")
+    deadline = deadline_s if deadline_s is not None else float(raw) if raw else DEFAULT_DEADLINE_S
+    return FleetConfig(deadline_s=deadline, node_token=environ.get(NODE_TOKEN_ENV, ""))
+
+
+def build_control(
+    registry: Registry,
+    config: FleetConfig,
+    retention: RetentionPolicy,
+    objects: ObjectStore | None,
+    metrics: Metrics,
+    local: dict[str, Agent] | None = None,
+) -> ControlPlane:
+    fleet = Fleet(registry, config, clock=time.time, local=dict(local or {}))
+    return ControlPlane(
+        fleet,
+        registry,
+        Placement(registry, deadline_s=config.deadline_s),
+        metrics,
+        SnapshotControl(registry, fleet, time.time, retention, objects=objects),
+        TemplateJobs(registry, fleet),
+    )

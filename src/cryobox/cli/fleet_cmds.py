@@ -1,0 +1,209 @@
+"""``cryobox agent`` (a host agent over HTTP) and ``cryobox control`` (the control plane alone).
+
+Run one control plane (or several replicas) on PostgreSQL and an S3-compatible store, and one agent per host::
+
+    CRYOBOX_DATABASE_URL=postgresql://... CRYOBOX_NODE_TOKEN=T cryobox control --listen 0.0.0.0:8080 --store s3://...
+    CRYOBOX_NODE_TOKEN=T cryobox agent --listen 10.0.0.5:9090 --control http://ctl:8080 --data-dir /srv/cryobox \\
+        --store s3://... --template-source store
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+import uvicorn
+from rich.console import Console
+
+console = Console(stderr=True)
+
+
+def _split(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise typer.BadParameter(f"--listen must be HOST:PORT, not {listen!r}")
+    return host, int(port)
+
+
+def _token() -> str:
+    from .compose import NODE_TOKEN_ENV
+
+    token = os.environ.get(NODE_TOKEN_ENV, "")
+    if not token:
+        raise typer.BadParameter(f"{NODE_TOKEN_ENV} must be set (the secret agents and the control plane share)")
+    return token
+
+
+def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
+def _serve(app: object, host: str, port: int) -> uvicorn.Server:
+    return uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level="info", lifespan="on", ws="websockets-sansio")  # type: ignore[arg-type]
+    )
+
+
+def agent(
+    listen: Annotated[str, typer.Option(help="HOST:PORT the agent serves the agent interface on")],
+    control: Annotated[str, typer.Option(help="the control plane's URL (heartbeats go there)")],
+    data_dir: Annotated[Path, typer.Option("--data-dir", help="this agent's state")],
+    cache_dir: Annotated[
+        Path | None, typer.Option("--cache-dir", help="image cache (default /var/cache/cryobox)")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="agent name (default: the host name)")] = None,
+    advertise: Annotated[str | None, typer.Option(help="URL the control plane uses (default http://LISTEN)")] = None,
+    store: Annotated[str | None, typer.Option(envvar="CRYOBOX_STORE_URL", help="object store URL")] = None,
+    template_source: Annotated[str, typer.Option(help="'build' (bake here) or 'store' (fetch published)")] = "build",
+    templates: Annotated[str | None, typer.Option(help="built-in templates to serve, comma-separated")] = None,
+    prespawn: Annotated[int, typer.Option(help="prepared QEMUs kept per template")] = 2,
+    net_pool: Annotated[int, typer.Option(envvar="CRYOBOX_NET_POOL", help="network slots kept pre-built")] = 16,
+    memory: Annotated[str, typer.Option(help="'hot' or 'lazy' restores")] = "hot",
+    memory_mib: Annotated[int | None, typer.Option(help="memory this agent offers (default: the host's)")] = None,
+    vcpus: Annotated[int | None, typer.Option(help="vCPUs this agent offers (default: the host's)")] = None,
+    max_sandboxes: Annotated[int, typer.Option(min=1, help="sandboxes this agent may run")] = 256,
+    heartbeat_interval: Annotated[float, typer.Option(help="seconds between heartbeats")] = 2.0,
+    max_concurrent_restores: Annotated[int | None, typer.Option(help="restores at once (default 4)")] = None,
+    admission_queue: Annotated[int | None, typer.Option(help="creates that may wait (default 64)")] = None,
+    admission_timeout: Annotated[float | None, typer.Option(help="seconds a create may wait (default 30)")] = None,
+    chunk_cache_bytes: Annotated[int, typer.Option(help="chunk cache budget")] = 8 << 30,
+    store_faults: Annotated[str, typer.Option(envvar="CRYOBOX_STORE_FAULTS", help="store fault injection")] = "",
+) -> None:
+    """Run a host agent: it owns this host's VMs and serves the control plane over HTTP (node token)."""
+    from ..agent.admission import AdmissionConfig
+    from ..agent.factory import PoolMode
+    from ..agent.platform import HostConfig
+    from ..agent.storage import MemoryMode, StorageConfig, TemplateSource
+    from ..agentapi import create_agent_app
+    from ..agentapi.heartbeat import HeartbeatSender
+    from ..config import Paths
+    from ..errors import CryoboxError
+    from ..server.metrics import Metrics
+    from .compose import AgentOptions, boot_agent
+    from .templates_opt import parse_templates
+
+    token = _token()
+    host, port = _split(listen)
+    agent_name = name or socket.gethostname()
+    url = advertise or f"http://{host}:{port}"
+    try:
+        storage = StorageConfig(
+            store_url=store,
+            memory_mode=MemoryMode(memory),
+            template_source=TemplateSource(template_source),
+            chunk_cache_bytes=chunk_cache_bytes,
+            store_faults=store_faults,
+        )
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    paths = Paths.from_env(data_dir, cache_dir)
+    config = HostConfig(
+        paths=paths,
+        prespawn=prespawn,
+        pool_mode=PoolMode.WARM,
+        net_pool=net_pool,
+        storage=storage,
+        templates=parse_templates(templates),
+    )
+    admission_config = AdmissionConfig.from_env(
+        max_concurrent=max_concurrent_restores, queue_length=admission_queue, timeout_s=admission_timeout
+    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+    async def main() -> None:
+        metrics = Metrics()
+        options = AgentOptions(
+            name=agent_name, url=url, memory_mib=memory_mib, vcpus=vcpus, max_sandboxes=max_sandboxes
+        )
+        booted, hostagent = await boot_agent(config, admission_config, options, metrics, console.print)
+        sender = HeartbeatSender(hostagent, control, token, interval_s=heartbeat_interval)
+        beating = asyncio.create_task(sender.run(), name="heartbeats")
+        console.print(f"agent {agent_name} serving {url}, reporting to {control}")
+        try:
+            await _serve(create_agent_app(hostagent, token), host, port).serve()
+        finally:
+            beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beating
+            await sender.aclose()
+            await booted.close()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_cleanly)
+    try:
+        asyncio.run(main())
+    except CryoboxError as error:
+        console.print(f"[red]cannot start[/red] ({error.code}): {error.message}")
+        raise typer.Exit(2) from error
+
+
+def control(
+    listen: Annotated[str, typer.Option(help="HOST:PORT of the public API")] = "127.0.0.1:8080",
+    data_dir: Annotated[
+        Path | None, typer.Option("--data-dir", help="state (SQLite unless CRYOBOX_DATABASE_URL)")
+    ] = None,
+    cache_dir: Annotated[Path | None, typer.Option("--cache-dir", help="default store location")] = None,
+    store: Annotated[str | None, typer.Option(envvar="CRYOBOX_STORE_URL", help="object store URL")] = None,
+    agent_deadline: Annotated[float | None, typer.Option(help="seconds of missed heartbeats before 'down'")] = None,
+    reap_interval: Annotated[float, typer.Option(help="seconds between TTL reaper sweeps")] = 5.0,
+    snapshot_grace: Annotated[float | None, typer.Option(help="seconds an orphaned snapshot is kept")] = None,
+    orphan_sweep_interval: Annotated[float | None, typer.Option(help="seconds between orphan sweeps")] = None,
+) -> None:
+    """Run the control plane alone: the public API, placement and the registry; agents register with it."""
+    from ..agent.store.objstore import open_store
+    from ..agent.vm import detect_accel
+    from ..config import Paths
+    from ..errors import CryoboxError
+    from ..registry import Registry
+    from ..server.app import Intervals, create_app
+    from ..server.auth import load_or_create_key
+    from ..server.metrics import Metrics
+    from ..server.ratelimit import RateLimitConfig, RateLimiter
+    from ..server.snapshots_ctl import RetentionPolicy
+    from .compose import build_control, fleet_config
+
+    _token()
+    host, port = _split(listen)
+    paths = Paths.from_env(data_dir, cache_dir)
+    paths.data_dir.mkdir(parents=True, exist_ok=True)
+    retention = RetentionPolicy.from_env(snapshot_grace, orphan_sweep_interval)
+    limiter = RateLimiter.from_config(RateLimitConfig.from_env())
+    registry = Registry.for_data_dir(paths.data_dir)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def main() -> None:
+        await asyncio.to_thread(registry.migrate)
+        workspace = await asyncio.to_thread(registry.ensure_workspace, "default")
+        key, _ = load_or_create_key(paths.data_dir)
+        await asyncio.to_thread(registry.import_key, workspace.id, key, "bootstrap")
+        objects = await asyncio.to_thread(open_store, store or paths.default_store_url)
+        control_plane = build_control(registry, fleet_config(deadline_s=agent_deadline), retention, objects, Metrics())
+        app = create_app(
+            control_plane,
+            limiter=limiter,
+            accel=detect_accel(),
+            host=socket.gethostname(),
+            intervals=Intervals(reap_s=reap_interval),
+        )
+        console.print(f"control plane on http://{host}:{port}, registry {registry.url}, store {objects.url}")
+        console.print(f"export CRYOBOX_API_URL=http://{host}:{port} CRYOBOX_API_KEY={key}", soft_wrap=True)
+        await _serve(app, host, port).serve()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_cleanly)
+    try:
+        asyncio.run(main())
+    except CryoboxError as error:
+        console.print(f"[red]cannot start[/red] ({error.code}): {error.message}")
+        raise typer.Exit(2) from error
+    finally:
+        registry.close()

@@ -30,7 +30,8 @@ def test_cross_host_restore_from_s3(tmp_path: Path, cache_dir: Path, templates: 
                 source = client.create()
                 client.sh(source["id"], f'nohup python3 -c "{SECRET_PROC}" >/dev/null 2>&1 & sleep 1')
                 secret = client.sh(source["id"], "cat /tmp/secret")
-                snap = client.snapshot(source["id"])
+                # retained: deleting the sandbox below would otherwise delete the snapshot, its stored copy included
+                snap = client.snapshot(source["id"], retain=True)
                 published = client.call("POST", f"/v1/snapshots/{snap['id']}/publish")
                 assert published["key"] == f"snapshots/{snap['id']}" and published["store"].startswith("s3://")
             finally:

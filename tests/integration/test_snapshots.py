@@ -255,7 +255,11 @@ def test_orphans_are_swept_only_after_their_grace(
                 time.sleep(0.25)
             assert time.monotonic() - deleted_at >= 4
             client.call("GET", f"/v1/snapshots/{orphan['id']}", 404)
-            assert not (srv.data_dir / "vol" / "snapshots" / orphan["id"]).exists()
+            files = srv.data_dir / "vol" / "snapshots" / orphan["id"]
+            gone_by = time.monotonic() + 5  # the row goes first, then the agent's files
+            while files.exists() and time.monotonic() < gone_by:
+                time.sleep(0.1)
+            assert not files.exists()
             client.call("GET", f"/v1/snapshots/{retained['id']}")  # retain: never swept
         finally:
             client.close()

@@ -1,17 +1,12 @@
 """``FakeAgent``: an in-memory :class:`cryobox.agentapi.Agent` with believable semantics, for unit tests of the
-agent transports and of the control plane.
+agent transports and of the control plane. State lives in plain dicts; every call is recorded in ``calls`` as
+``(method, args)``; stored objects are returned as they are (no copies), so a leaky transport shows.
+``fail_next[method] = exc`` makes the next call of ``method`` raise ``exc``.
 
-It keeps sandboxes, files, snapshots, evidence and templates in dicts and records every call in ``calls`` as
-``(method, args)``. It returns its own stored objects (no copies), so a transport that fails to isolate the
-caller shows up. Special commands for ``exec``/``exec_stream``:
-
-* ``echo TEXT`` prints TEXT; ``exit N`` exits N with stderr; ``cat`` prints stdin; ``env``/``pwd`` what they say;
-  anything else prints the command itself.
-* ``capacity`` raises ``HostUnavailable(retry_after_s=7)``; ``fail`` raises ``GuestError``.
-* streamed, ``fail-mid-stream`` raises ``GuestError`` after one event, ``forever`` yields until closed (the
-  stream's id lands in ``closed_streams`` when it ends).
-
-``fail_next[method] = error`` makes the next call of ``method`` raise ``error``.
+Commands: ``echo TEXT``, ``exit N``, ``cat`` (stdin), ``env``; anything else prints itself. ``capacity`` raises
+``HostUnavailable(retry_after_s=7)``, ``fail`` ``GuestError``. Streamed: three ``stdout`` events then ``exit``;
+``fail-mid-stream`` / ``capacity-mid-stream`` raise after one event; ``forever`` yields until closed. Ended
+streams (exec and terminals) land in ``closed_streams``.
 """
 
 from __future__ import annotations
@@ -51,12 +46,9 @@ class FakeAgent:
         templates: list[m.TemplateInfo] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.name = name
-        self.boot_id = uuid.uuid4().hex
-        self.max_sandboxes = max_sandboxes
-        self.vcpus = vcpus
-        self.memory_mib = memory_mib
+        self.name, self.max_sandboxes, self.vcpus, self.memory_mib = name, max_sandboxes, vcpus, memory_mib
         self.clock = clock
+        self.boot_id = uuid.uuid4().hex
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.fail_next: dict[str, Exception] = {}
         self.sandboxes: dict[str, m.SandboxInfo] = {}
@@ -66,7 +58,7 @@ class FakeAgent:
         self.snapshot_files: dict[str, dict[str, bytes]] = {}
         self.stored: set[str] = set()
         self.evidence: dict[str, dict[str, bytes]] = {}
-        self.template_infos: dict[str, m.TemplateInfo] = {t.name: t for t in (templates or [DEFAULT_TEMPLATE])}
+        self.template_infos: dict[str, m.TemplateInfo] = {t.name: t for t in templates or [DEFAULT_TEMPLATE]}
         self.net: dict[str, dict[str, object]] = {}
         self.ptys: dict[str, tuple[str, asyncio.Queue[bytes | None]]] = {}
         self.pty_sizes: dict[str, tuple[int, int]] = {}
@@ -206,23 +198,21 @@ class FakeAgent:
 
     async def pause(self, sandbox_id: str) -> m.SandboxInfo:
         self._record("pause", sandbox_id)
-        self._require(sandbox_id, "running")
-        return self._update(sandbox_id, state="paused")
+        return self._update(self._require(sandbox_id, "running").id, state="paused")
 
     async def resume(self, sandbox_id: str) -> m.SandboxInfo:
         self._record("resume", sandbox_id)
-        self._require(sandbox_id, "paused")
-        return self._update(sandbox_id, state="running", last_active=self.clock())
+        return self._update(self._require(sandbox_id, "paused").id, state="running", last_active=self.clock())
 
     async def hibernate(self, sandbox_id: str) -> m.SandboxInfo:
         self._record("hibernate", sandbox_id)
-        self._require(sandbox_id, "running", "paused")
-        return self._update(sandbox_id, state="hibernated")
+        return self._update(self._require(sandbox_id, "running", "paused").id, state="hibernated")
 
     async def wake(self, sandbox_id: str) -> m.SandboxInfo:
         self._record("wake", sandbox_id)
-        self._require(sandbox_id, "hibernated", "running")
-        return self._update(sandbox_id, state="running", last_active=self.clock())
+        return self._update(
+            self._require(sandbox_id, "hibernated", "running").id, state="running", last_active=self.clock()
+        )
 
     async def set_lifecycle(self, sandbox_id: str, patch: m.LifecyclePatch) -> m.SandboxInfo:
         self._record("set_lifecycle", sandbox_id, patch)
@@ -241,7 +231,7 @@ class FakeAgent:
         cmd = request.cmd.strip()
         if cmd == "capacity":
             raise HostUnavailable("no capacity for this command", retry_after_s=7, details={"agent": self.name})
-        if cmd == "fail":
+        if cmd.startswith("fail"):
             raise GuestError("the guest agent vanished", details={"sandbox_id": info.id})
         code, out, err = 0, f"{cmd}\n", ""
         if cmd.startswith("echo "):
@@ -252,8 +242,6 @@ class FakeAgent:
             out = base64.b64decode(request.stdin_b64 or "").decode(errors="replace")
         elif cmd == "env":
             out = "".join(f"{k}={v}\n" for k, v in sorted({**info.env, **request.env}.items()))
-        elif cmd == "pwd":
-            out = (request.cwd or "/root") + "\n"
         return m.ExecResult(exit_code=code, stdout=out, stderr=err, duration_ms=1.0)
 
     async def exec(self, sandbox_id: str, request: m.ExecRequest) -> m.ExecResult:
@@ -273,8 +261,9 @@ class FakeAgent:
                 for i in itertools.count():
                     yield m.ExecEvent(kind="stdout", text=f"tick {i}\n")
                     await asyncio.sleep(0.01)
-            if cmd == "fail-mid-stream":
+            if cmd.endswith("-mid-stream"):
                 yield m.ExecEvent(kind="stdout", text="starting\n")
+                self._run(info, m.ExecRequest(cmd=cmd.removesuffix("-mid-stream")))  # capacity or fail: raises
                 raise GuestError("the guest agent vanished mid-stream", details={"sandbox_id": sandbox_id})
             result = self._run(info, request)
             for i in range(3):
@@ -310,43 +299,40 @@ class FakeAgent:
         return m.WriteResult(path=path, bytes=len(data))
 
     def _entry(self, sandbox_id: str, path: str) -> dict[str, object]:
-        name = path.rsplit("/", 1)[-1] or "/"
         data = self.files[sandbox_id].get(path)
-        if data is None and path not in self._all_dirs(sandbox_id):
+        if data is None and path not in self._dirs(sandbox_id):
             raise NotFound(f"no such file or directory: {path}", details={"path": path})
-        size = 0 if data is None else len(data)
-        return {"name": name, "is_dir": data is None, "size": size, "mode": 0o644 if data else 0o755, "mtime": 0.0}
+        size, is_dir = (0, True) if data is None else (len(data), False)
+        return {"name": path.rsplit("/", 1)[-1] or "/", "is_dir": is_dir, "size": size, "mode": 0o644, "mtime": 0.0}
 
-    def _all_dirs(self, sandbox_id: str) -> set[str]:
-        dirs = set(self.dirs[sandbox_id])
-        for path in self.files[sandbox_id]:
-            parts = path.split("/")[1:-1]
-            dirs.update("/" + "/".join(parts[: i + 1]) for i in range(len(parts)))
-        return dirs
+    def _dirs(self, sandbox_id: str) -> set[str]:
+        """Made with ``mkdir``, plus every parent of a file."""
+        parents = {p.rsplit("/", i)[0] or "/" for p in self.files[sandbox_id] for i in range(1, p.count("/") + 1)}
+        return self.dirs[sandbox_id] | parents
 
     async def file_op(self, sandbox_id: str, op: str, path: str) -> dict[str, object]:
         self._record("file_op", sandbox_id, op, path)
         self._guest(sandbox_id)
         if op not in FILE_OPS:
             raise InvalidArgument(f"unknown file op {op!r}", details={"ops": sorted(FILE_OPS)})
-        path = self._path(path)
-        files = self.files[sandbox_id]
+        path, files, dirs = self._path(path), self.files[sandbox_id], self.dirs[sandbox_id]
         if op == "mkdir":
-            self.dirs[sandbox_id].add(path)
+            dirs.add(path)
             return {"path": path}
-        entry = self._entry(sandbox_id, path)
+        entry, prefix = self._entry(sandbox_id, path), path.rstrip("/") + "/"
         if op == "stat":
             return {**entry, "path": path}
-        prefix = path.rstrip("/") + "/"
         if op == "delete":
             for p in [p for p in files if p == path or p.startswith(prefix)]:
                 del files[p]
-            self.dirs[sandbox_id] = {d for d in self.dirs[sandbox_id] if d != path and not d.startswith(prefix)}
+            self.dirs[sandbox_id] = {d for d in dirs if d != path and not d.startswith(prefix)}
             return {}
         if not entry["is_dir"]:
             raise InvalidArgument(f"{path} is not a directory", details={"path": path})
-        below = [p for p in files.keys() | self._all_dirs(sandbox_id) if p.startswith(prefix) and p != prefix]
-        listed = sorted({prefix + p[len(prefix) :].split("/", 1)[0] for p in below})
+        below = {
+            p[len(prefix) :].split("/", 1)[0] for p in files.keys() | self._dirs(sandbox_id) if p.startswith(prefix)
+        }
+        listed = sorted(prefix + child for child in below if child)
         return {"path": path, "entries": [self._entry(sandbox_id, p) for p in listed]}
 
     async def inspect_net(self, sandbox_id: str) -> dict[str, object]:
@@ -451,17 +437,22 @@ class FakeAgent:
             del self.snapshots[snapshot_id]
         return removed
 
+    def _child(
+        self, parent: m.SandboxInfo, child_id: str, metadata: dict[str, str], ref: m.SnapshotRef | None = None
+    ) -> m.CreateSpec:
+        return m.CreateSpec(
+            sandbox_id=child_id,
+            template=parent.template,
+            workspace_id=parent.workspace_id,
+            from_snapshot=ref,
+            metadata=metadata,
+            env=dict(parent.env),
+        )
+
     async def fork(self, sandbox_id: str, request: m.ForkRequest) -> m.SandboxInfo:
         self._record("fork", sandbox_id, request)
         parent = self._require(sandbox_id, "running", "paused")
-        spec = m.CreateSpec(
-            sandbox_id=request.child_id,
-            template=parent.template,
-            workspace_id=parent.workspace_id,
-            metadata=dict(request.metadata),
-            env=dict(parent.env),
-        )
-        child = self._new_sandbox(spec, boot_mode="cold")
+        child = self._new_sandbox(self._child(parent, request.child_id, dict(request.metadata)), boot_mode="cold")
         self.files[child.id] = dict(self.files[sandbox_id])
         return child
 
@@ -472,16 +463,10 @@ class FakeAgent:
         children: list[m.SandboxInfo] = []
         errors: list[m.TreeChildError] = []
         for child_id in request.child_ids:
-            spec = m.CreateSpec(
-                sandbox_id=child_id,
-                template=parent.template,
-                workspace_id=parent.workspace_id,
-                from_snapshot=m.SnapshotRef(id=snap.id, template=snap.template),
-                metadata={**request.metadata, "tree_id": request.tree_id},
-                env=dict(parent.env),
-            )
+            metadata = {**request.metadata, "cryobox.tree_id": request.tree_id, "cryobox.parent_id": sandbox_id}
+            ref = m.SnapshotRef(id=snap.id, template=snap.template)
             try:
-                children.append(self._new_sandbox(spec))
+                children.append(self._new_sandbox(self._child(parent, child_id, metadata, ref)))
             except CryoboxError as exc:
                 errors.append(m.TreeChildError(child_id=child_id, error=f"{exc.code}: {exc.message}"))
         return m.TreeResult(snapshot=snap, children=children, errors=errors)

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from cryobox.errors import HostUnavailable, InvalidArgument
 from cryobox.agent.admission import AdmissionConfig, AdmissionController, AdmissionObserver
+from cryobox.errors import HostUnavailable, InvalidArgument
 
 
 class FakeClock:

@@ -225,6 +225,9 @@ async def test_exec_stream_errors(pair: Pair) -> None:
     with pytest.raises(HostUnavailable) as before:
         await collect(pair.agent.exec_stream("sb-1", m.ExecRequest(cmd="capacity")))
     assert before.value.retry_after_s == 7
+    with pytest.raises(HostUnavailable) as late:  # mid-stream: no Retry-After header, the line carries it
+        await collect(pair.agent.exec_stream("sb-1", m.ExecRequest(cmd="capacity-mid-stream")))
+    assert late.value.retry_after_s == 7 and late.value.details == {"agent": "fake"}
     with pytest.raises(NotFound):
         await collect(pair.agent.exec_stream("missing", m.ExecRequest(cmd="x")))
 
@@ -256,7 +259,8 @@ async def test_files(pair: Pair) -> None:
         await agent.read_file("sb-1", "/nope")
     assert await agent.file_op("sb-1", "mkdir", "/work/sub") == {"path": "/work/sub"}
     listing = await agent.file_op("sb-1", "list_dir", "/work")
-    assert [e["name"] for e in listing["entries"]] == ["data.bin", "empty", "sub"]  # type: ignore[union-attr,index]
+    entries = listing["entries"]
+    assert isinstance(entries, list) and [e["name"] for e in entries] == ["data.bin", "empty", "sub"]
     stat = await agent.file_op("sb-1", "stat", "/work/data.bin")
     assert stat["size"] == len(data) and stat["is_dir"] is False
     assert await agent.file_op("sb-1", "delete", "/work/data.bin") == {}
@@ -366,7 +370,7 @@ async def test_fork_and_tree(pair: Pair) -> None:
     )
     assert tree.snapshot.id == "tree-snap"
     assert [c.id for c in tree.children] == ["t1", "t2"]
-    assert tree.children[0].metadata == {"tree_id": "tree-1"}
+    assert tree.children[0].metadata == {"cryobox.tree_id": "tree-1", "cryobox.parent_id": "sb-1"}
     assert [e.child_id for e in tree.errors] == ["child"] and tree.errors[0].error.startswith("wrong_state")
     only_snapshot = await agent.fork_tree("sb-1", m.TreeRequest(snapshot_id="s2", tree_id="tree-2"))
     assert only_snapshot.children == [] and only_snapshot.snapshot.id == "s2"
@@ -412,7 +416,8 @@ async def test_no_shared_objects(pair: Pair) -> None:
     tree = await agent.fork_tree("sb-1", m.TreeRequest(snapshot_id="s", child_ids=["c"], tree_id="t"))
     tree.snapshot.labels["x"] = "y"
     tree.children[0].metadata.clear()
-    assert fake.snapshots["s"].labels == {} and fake.sandboxes["c"].metadata == {"tree_id": "t"}
+    assert fake.snapshots["s"].labels == {}
+    assert fake.sandboxes["c"].metadata == {"cryobox.tree_id": "t", "cryobox.parent_id": "sb-1"}
     injected = StateError("nope", state="a", required="b")
     fake.fail_next["get"] = injected
     with pytest.raises(StateError) as err:

@@ -44,6 +44,8 @@ SNAP: dict[str, Any] = {
     "retain": True,
     "parent_id": "snp_0000",
     "pause_ms": 18.5,
+    "location": "stored",
+    "host": "host-a",
 }
 SNAPSHOT = Snapshot(
     id="snp_0001",
@@ -55,6 +57,8 @@ SNAPSHOT = Snapshot(
     retain=True,
     parent_id="snp_0000",
     pause_ms=18.5,
+    location="stored",
+    host="host-a",
 )
 CHILD_1 = {**INFO, "id": "sbx_c1", "from_snapshot": "snp_tree"}
 CHILD_2 = {**INFO, "id": "sbx_c2", "from_snapshot": "snp_tree"}

@@ -1,25 +1,28 @@
 """Snapshot retention in the control plane: RetentionPolicy from the environment, and SnapshotControl's orphan /
-sweep / reconcile rules on a real (SQLite) registry with a fake snapshot store and an injected clock."""
+sweep / reconcile / delete / store rules on a real (SQLite) registry, with in-process fake agents registered in a
+Fleet by their heartbeats, and one injected clock."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
-from cryobox.agent.forking import Forking
-from cryobox.agent.store.snapshots import SnapshotImage, SnapshotStore
-from cryobox.errors import InvalidArgument, NotFound
-from cryobox.registry import Registry, SnapshotRow
+from cryobox.agentapi import models as am
+from cryobox.agentapi.heartbeat import heartbeat_of
+from cryobox.errors import GuestError, InvalidArgument, NotFound
+from cryobox.registry import Registry, SandboxRow, SnapshotRow
+from cryobox.server.fleet import Fleet, FleetConfig
 from cryobox.server.snapshots_ctl import (
     DEFAULT_GRACE_S,
     DEFAULT_SWEEP_INTERVAL_S,
     RetentionPolicy,
     SnapshotControl,
 )
+from tests.unit.fake_agent import FakeAgent
 
 GRACE = 3600.0
 T0 = 1_000_000.0
@@ -75,6 +78,9 @@ def test_bad_explicit_values(kw: dict[str, float]) -> None:
 
 # -- SnapshotControl ---------------------------------------------------------------------------------------------
 
+HOST = "host-a"
+DEADLINE_S = 10.0
+
 
 class Clock:
     def __init__(self, now: float) -> None:
@@ -84,49 +90,67 @@ class Clock:
         return self.now
 
 
-class FakeStore:
-    """Records what SnapshotControl asks of the snapshot store."""
-
-    def __init__(self, ids: list[str] | None = None, fail: set[str] | None = None) -> None:
-        self.present = list(ids or [])
-        self.fail = fail or set()
-        self.deleted: list[str] = []
-        self.loaded: list[str] = []
-
-    def delete(self, snapshot_id: str) -> None:
-        if snapshot_id in self.fail:
-            raise OSError(f"cannot remove {snapshot_id}")
-        self.deleted.append(snapshot_id)
-        if snapshot_id in self.present:
-            self.present.remove(snapshot_id)
-
-    def ids(self) -> list[str]:
-        return list(self.present)
-
-    def load(self, snapshot_id: str) -> SnapshotImage:
-        self.loaded.append(snapshot_id)
-        return cast(SnapshotImage, f"image of {snapshot_id}")
+def snapshot_info(snapshot_id: str, sandbox_id: str | None) -> am.SnapshotInfo:
+    return am.SnapshotInfo(
+        id=snapshot_id,
+        template="base",
+        generation="g1",
+        sandbox_id=sandbox_id,
+        created_at=T0,
+        path=f"/var/lib/cryobox/snapshots/{snapshot_id}",
+    )
 
 
 class Env:
-    def __init__(self, registry: Registry, store: FakeStore, clock: Clock, control: SnapshotControl) -> None:
+    """A fleet of in-process fake agents (``host-a`` first) and a SnapshotControl over it, on one clock."""
+
+    def __init__(self, registry: Registry, clock: Clock, fleet: Fleet, control: SnapshotControl) -> None:
         self.registry = registry
-        self.store = store
         self.clock = clock
+        self.fleet = fleet
         self.control = control
         self.ws = registry.ensure_workspace("alpha").id
         self.other_ws = registry.ensure_workspace("beta").id
+        self.beating: set[str] = set()
 
-    def add(self, snapshot_id: str, sandbox_id: str | None = "sbx-1", **kw: Any) -> None:
-        """A snapshot of ``sandbox_id`` in workspace ``alpha``, with its files in the store."""
-        self.store.present.append(snapshot_id)
+    @property
+    def agent(self) -> FakeAgent:
+        return self.agents[HOST]
+
+    @property
+    def agents(self) -> dict[str, FakeAgent]:
+        return {name: cast(FakeAgent, agent) for name, agent in self.fleet.local.items()}
+
+    async def register(self, name: str, *, beating: bool = True) -> FakeAgent:
+        agent = FakeAgent(name=name, clock=self.clock)
+        self.fleet.local[name] = agent
+        reply = await self.fleet.heartbeat(await heartbeat_of(agent))
+        assert reply.reconciled  # a new boot
+        if beating:
+            self.beating.add(name)
+        return agent
+
+    async def advance(self, now: float) -> None:
+        """Time passes; the agents that are still alive heartbeat meanwhile."""
+        self.clock.now = now
+        for name in sorted(self.beating):
+            reply = await self.fleet.heartbeat(await heartbeat_of(self.agents[name]))
+            assert not reply.reconciled
+
+    def add(self, snapshot_id: str, sandbox_id: str | None = "sbx-1", host: str = HOST, **kw: Any) -> None:
+        """A snapshot of ``sandbox_id`` in workspace ``alpha``, with its files on ``host``'s agent (when there)."""
+        info = snapshot_info(snapshot_id, sandbox_id)
+        if host in self.fleet.local:
+            self.agents[host].snapshots[snapshot_id] = info
         self.registry.add_snapshot(
             SnapshotRow(
                 id=snapshot_id,
                 workspace_id=self.ws,
-                template="code-interpreter",
-                path=f"/snapshots/{snapshot_id}",
+                template=info.template,
+                path=info.path,
                 sandbox_id=sandbox_id,
+                host=host,
+                generation=info.generation,
                 **kw,
             )
         )
@@ -136,6 +160,14 @@ class Env:
 
     def ids(self) -> set[str]:
         return {row.id for row in self.registry.list_snapshots()}
+
+    def deletes(self, host: str = HOST) -> list[tuple[str, bool]]:
+        """``(snapshot_id, from_store)`` of every ``delete_snapshot`` the agent got, in order."""
+        return [(args[0], args[1]) for name, args in self.agents[host].calls if name == "delete_snapshot"]
+
+    def held(self, host: str = HOST) -> set[str]:
+        """The snapshots whose local copy the agent holds."""
+        return set(self.agents[host].snapshots)
 
 
 @pytest.fixture
@@ -149,17 +181,17 @@ def registry(tmp_path: Path) -> Iterator[Registry]:
 
 
 @pytest.fixture
-def env(registry: Registry) -> Env:
-    store = FakeStore()
+async def env(registry: Registry) -> AsyncIterator[Env]:
     clock = Clock(T0)
-    control = SnapshotControl(
-        registry,
-        cast(SnapshotStore, store),
-        cast(Forking, object()),  # not used by the retention operations
-        clock,
-        RetentionPolicy(grace_s=GRACE, sweep_interval_s=60.0),
-    )
-    return Env(registry, store, clock, control)
+    fleet = Fleet(registry, FleetConfig(deadline_s=DEADLINE_S, node_token="t"), clock=clock, local={})
+    control = SnapshotControl(registry, fleet, clock, RetentionPolicy(grace_s=GRACE, sweep_interval_s=60.0))
+    e = Env(registry, clock, fleet, control)
+    await e.register(HOST)
+    try:
+        yield e
+    finally:
+        await control.close()
+        await fleet.close()
 
 
 async def test_sandbox_gone_deletes_unretained_and_orphans_retained(env: Env) -> None:
@@ -172,7 +204,9 @@ async def test_sandbox_gone_deletes_unretained_and_orphans_retained(env: Env) ->
 
     assert sorted(deleted) == ["snap-a", "snap-c"]
     assert orphaned == ["snap-b"]
-    assert sorted(env.store.deleted) == ["snap-a", "snap-c"]
+    # the home agent drops its copy and, with no object store in the control plane, the stored objects too
+    assert sorted(env.deletes()) == [("snap-a", True), ("snap-c", True)]
+    assert env.held() == {"snap-b", "snap-other"}
     assert env.ids() == {"snap-b", "snap-other"}
     assert env.row("snap-b").orphaned_at == T0
     assert env.row("snap-b").retain is True
@@ -185,7 +219,7 @@ async def test_sandbox_gone_keep_snapshots_orphans_all(env: Env) -> None:
     deleted, orphaned = await env.control.sandbox_gone("sbx-1", keep_snapshots=True)
     assert deleted == []
     assert sorted(orphaned) == ["snap-a", "snap-b"]
-    assert env.store.deleted == []
+    assert env.deletes() == [] and env.held() == {"snap-a", "snap-b"}
     assert env.row("snap-a").orphaned_at == T0 and env.row("snap-b").orphaned_at == T0
 
 
@@ -200,7 +234,7 @@ async def test_sandbox_gone_keeps_an_earlier_orphan_time(env: Env) -> None:
 async def test_sandbox_gone_of_unknown_sandbox(env: Env) -> None:
     env.add("snap-a")
     assert await env.control.sandbox_gone("sbx-nope", keep_snapshots=False) == ([], [])
-    assert env.ids() == {"snap-a"} and env.store.deleted == []
+    assert env.ids() == {"snap-a"} and env.deletes() == []
 
 
 async def test_sweep_waits_for_the_grace_period(env: Env) -> None:
@@ -209,16 +243,17 @@ async def test_sweep_waits_for_the_grace_period(env: Env) -> None:
     await env.control.sandbox_gone("sbx-1", keep_snapshots=True)
 
     assert await env.control.sweep() == []
-    env.clock.now = T0 + GRACE - 1
+    await env.advance(T0 + GRACE - 1)
     assert await env.control.sweep() == []
-    assert env.ids() == {"snap-a", "snap-live"} and env.store.deleted == []
+    assert env.ids() == {"snap-a", "snap-live"} and env.deletes() == []
 
-    env.clock.now = T0 + GRACE
+    await env.advance(T0 + GRACE)
     assert await env.control.sweep() == ["snap-a"]
     assert env.ids() == {"snap-live"}
-    assert env.store.deleted == ["snap-a"]
+    assert env.deletes() == [("snap-a", True)]
+    assert env.held() == {"snap-live"}
 
-    env.clock.now = T0 + 100 * GRACE
+    await env.advance(T0 + 100 * GRACE)
     assert await env.control.sweep() == []
     assert env.ids() == {"snap-live"}
 
@@ -226,63 +261,136 @@ async def test_sweep_waits_for_the_grace_period(env: Env) -> None:
 async def test_retained_orphan_is_never_swept_until_released(env: Env) -> None:
     env.add("snap-keep", retain=True)
     await env.control.sandbox_gone("sbx-1", keep_snapshots=False)
-    env.clock.now = T0 + 1000 * GRACE
+    await env.advance(T0 + 1000 * GRACE)
     assert await env.control.sweep() == []
     assert env.ids() == {"snap-keep"}
 
     row = await env.control.update("snap-keep", env.ws, labels=None, retain=False)  # PATCH {"retain": false}
     assert row.retain is False and row.orphaned_at == T0  # still an orphan, since T0: its grace has ended
     assert await env.control.sweep() == ["snap-keep"]
-    assert env.ids() == set() and env.store.deleted == ["snap-keep"]
+    assert env.ids() == set() and env.deletes() == [("snap-keep", True)] and env.held() == set()
 
 
 async def test_released_orphan_still_gets_its_grace(env: Env) -> None:
     env.add("snap-keep", retain=True)
     await env.control.sandbox_gone("sbx-1", keep_snapshots=False)
-    env.clock.now = T0 + GRACE / 2
+    await env.advance(T0 + GRACE / 2)
     await env.control.update("snap-keep", env.ws, labels=None, retain=False)
     assert await env.control.sweep() == []
-    env.clock.now = T0 + GRACE
+    await env.advance(T0 + GRACE)
     assert await env.control.sweep() == ["snap-keep"]
 
 
-async def test_sweep_goes_on_when_a_file_delete_fails(env: Env) -> None:
-    env.add("snap-a", orphaned_at=T0)
-    env.add("snap-b", orphaned_at=T0)
-    env.store.fail = {"snap-a"}
-    env.clock.now = T0 + GRACE
+async def test_sweep_goes_on_when_an_agent_delete_fails(env: Env) -> None:
+    env.add("snap-a", orphaned_at=T0, created_at=2.0)  # newest: swept first
+    env.add("snap-b", orphaned_at=T0, created_at=1.0)
+    env.agent.fail_next["delete_snapshot"] = GuestError("the snapshot directory is busy")
+    await env.advance(T0 + GRACE)
     assert sorted(await env.control.sweep()) == ["snap-a", "snap-b"]
-    assert env.store.deleted == ["snap-b"]
-    assert env.ids() == set()  # the row goes first; the left-over files are removed by reconcile
-    assert "snap-a" in env.store.ids()
-    env.store.fail = set()
-    await env.control.reconcile(set())
-    assert env.store.ids() == []
+    assert env.deletes() == [("snap-a", True), ("snap-b", True)]
+    assert env.ids() == set()  # the row goes first ...
+    assert env.held() == {"snap-a"}  # ... the copy the agent failed to remove goes at its next registration
+    await env.control.reconcile(HOST, env.agent, set())
+    assert env.held() == set()
 
 
-async def test_reconcile_orphans_dead_sandboxes_and_removes_files_without_rows(env: Env) -> None:
+async def test_reconcile_orphans_only_that_hosts_rows_and_prunes_copies_without_rows(env: Env) -> None:
     env.add("snap-live", sandbox_id="sbx-live")
     env.add("snap-dead", sandbox_id="sbx-dead")
     env.add("snap-nosbx", sandbox_id=None)
     env.add("snap-old-orphan", sandbox_id="sbx-dead", orphaned_at=T0 - 5)
-    env.store.present += ["snap-stray-1", "snap-stray-2"]
+    env.add("snap-b-dead", sandbox_id="sbx-dead", host="host-b")  # another host's row: not this host's business
+    env.add("snap-b-nosbx", sandbox_id=None, host="host-b")
+    for stray in ("snap-stray-1", "snap-stray-2"):  # copies on host-a that no row knows about
+        env.agent.snapshots[stray] = snapshot_info(stray, "sbx-dead")
     env.clock.now = T0 + 7
+    other_before = env.registry.list_snapshots(host="host-b")
 
-    await env.control.reconcile({"sbx-live"})
+    await env.control.reconcile(HOST, env.agent, {"sbx-live"})
 
     assert env.row("snap-live").orphaned_at is None
     assert env.row("snap-dead").orphaned_at == T0 + 7
     assert env.row("snap-nosbx").orphaned_at == T0 + 7
     assert env.row("snap-old-orphan").orphaned_at == T0 - 5
-    assert sorted(env.store.deleted) == ["snap-stray-1", "snap-stray-2"]
-    assert env.ids() == {"snap-live", "snap-dead", "snap-nosbx", "snap-old-orphan"}
+    assert env.registry.list_snapshots(host="host-b") == other_before  # row for row
+    assert env.held() == {"snap-live", "snap-dead", "snap-nosbx", "snap-old-orphan"}
+    prunes = [args for name, args in env.agent.calls if name == "prune_snapshots"]
+    assert len(prunes) == 1 and sorted(prunes[0][0]) == sorted(env.ids())
+    assert env.ids() == {"snap-live", "snap-dead", "snap-nosbx", "snap-old-orphan", "snap-b-dead", "snap-b-nosbx"}
 
-    # their grace starts at the restart
-    env.clock.now = T0 + 7 + GRACE - 1
+    # the copies to the object store resume for this host's rows (and only those)
+    for snapshot_id in env.ids():
+        await env.control.wait_stored(snapshot_id)
+    assert {r.id for r in env.registry.list_snapshots(host=HOST) if r.location == "stored"} == env.held()
+    assert {r.location for r in env.registry.list_snapshots(host="host-b")} == {"local"}
+
+    # the grace of the new orphans starts at the registration
+    await env.advance(T0 + 7 + GRACE - 1)
     assert await env.control.sweep() == ["snap-old-orphan"]
-    env.clock.now = T0 + 7 + GRACE
+    await env.advance(T0 + 7 + GRACE)
     assert sorted(await env.control.sweep()) == ["snap-dead", "snap-nosbx"]
-    assert env.ids() == {"snap-live"}
+    assert env.ids() == {"snap-live", "snap-b-dead", "snap-b-nosbx"}
+
+
+async def test_delete_removes_the_row_then_every_live_agents_copy(env: Env) -> None:
+    b = await env.register("host-b")
+    c = await env.register("host-c", beating=False)  # stops heartbeating: not live when the delete runs
+    env.add("snap-a")
+    b.snapshots["snap-a"] = snapshot_info("snap-a", "sbx-1")  # b restored from it: an imported copy
+    c.snapshots["snap-a"] = snapshot_info("snap-a", "sbx-1")
+    await env.advance(T0 + DEADLINE_S + 1)
+
+    with pytest.raises(NotFound):
+        await env.control.delete("snap-a", env.other_ws)
+    assert env.ids() == {"snap-a"} and env.deletes() == [] and env.deletes("host-b") == []
+
+    await env.control.delete("snap-a", env.ws)
+    assert env.ids() == set()
+    assert env.deletes() == [("snap-a", True)]  # the home agent: the stored objects too (no control-plane store)
+    assert env.deletes("host-b") == [("snap-a", False)]  # an import: only the local copy
+    assert env.deletes("host-c") == []  # silent: its copy goes when it registers again (no row: pruned)
+    assert env.held() == set() and env.held("host-b") == set() and env.held("host-c") == {"snap-a"}
+
+
+async def test_store_later_marks_the_row_stored_after_the_agent_stored_it(env: Env) -> None:
+    env.add("snap-a")
+    row = env.row("snap-a")
+    env.control.store_later(row)
+    env.control.store_later(row)  # one job per snapshot
+    assert env.row("snap-a").location == "local"  # in the background: not yet
+    await env.control.wait_stored("snap-a")
+    assert env.row("snap-a").location == "stored"
+    assert env.agent.stored == {"snap-a"}
+    assert [args for name, args in env.agent.calls if name == "store_snapshot"] == [("snap-a",)]
+
+    env.control.store_later(env.row("snap-a"))  # already stored: nothing to do
+    await env.control.wait_stored("snap-a")
+    assert env.agent.call_names().count("store_snapshot") == 1
+
+
+async def test_store_later_of_a_snapshot_the_agent_lost_leaves_it_local(env: Env) -> None:
+    env.add("snap-gone")
+    del env.agent.snapshots["snap-gone"]
+    env.control.store_later(env.row("snap-gone"))
+    await env.control.wait_stored("snap-gone")  # no exception: logged
+    assert env.row("snap-gone").location == "local"
+    assert env.agent.stored == set()
+    await env.control.wait_stored("snap-never-heard-of")
+
+
+async def test_take_records_the_row_on_the_sandboxes_host_and_stores_it(env: Env) -> None:
+    await env.agent.create(am.CreateSpec(sandbox_id="sbx-1", template="base", workspace_id=env.ws))
+    env.registry.add_sandbox(
+        SandboxRow(id="sbx-1", workspace_id=env.ws, template="base", cpu=1, memory_mb=512, status="running", host=HOST)
+    )
+    row = await env.control.take("sbx-1", env.ws, labels={"step": "1"}, retain=True, quiesce=False)
+    assert (row.host, row.location, row.sandbox_id, row.generation) == (HOST, "local", "sbx-1", "g1")
+    assert (row.labels, row.retain) == ({"step": "1"}, True)
+    assert row.id in env.held()
+    await env.control.wait_stored(row.id)
+    assert env.row(row.id).location == "stored"
+    with pytest.raises(NotFound):
+        await env.control.take("sbx-1", env.other_ws, labels={}, retain=False, quiesce=False)
 
 
 async def test_update(env: Env) -> None:
@@ -301,21 +409,22 @@ async def test_other_workspace_sees_nothing(env: Env) -> None:
     with pytest.raises(NotFound):
         await env.control.get("snap-a", env.other_ws)
     with pytest.raises(NotFound):
+        await env.control.ref("snap-a", env.other_ws)
+    with pytest.raises(NotFound):
         await env.control.update("snap-a", env.other_ws, labels={"x": "y"}, retain=None)
     with pytest.raises(NotFound):
         await env.control.update("snap-a", env.other_ws, labels=None, retain=None)  # NotFound before "nothing"
     with pytest.raises(NotFound):
         await env.control.delete("snap-a", env.other_ws)
-    with pytest.raises(NotFound):
-        await env.control.image("snap-a", env.other_ws)
-    assert env.store.deleted == [] and env.store.loaded == []
+    assert env.deletes() == [] and env.held() == {"snap-a"}
     assert env.row("snap-a").labels == {}
     assert await env.control.list_rows(env.other_ws, None, {}) == []
 
     assert (await env.control.get("snap-a", env.ws)).id == "snap-a"
-    assert await env.control.image("snap-a", env.ws) == cast(SnapshotImage, "image of snap-a")
+    row, ref = await env.control.ref("snap-a", env.ws)
+    assert row.id == "snap-a" and ref == am.SnapshotRef(id="snap-a", template="base", stored=False)
     await env.control.delete("snap-a", env.ws)
-    assert env.ids() == set() and env.store.deleted == ["snap-a"]
+    assert env.ids() == set() and env.deletes() == [("snap-a", True)]
 
 
 async def test_missing_snapshot(env: Env) -> None:
@@ -325,8 +434,9 @@ async def test_missing_snapshot(env: Env) -> None:
         await env.control.update("snap-nope", env.ws, labels=None, retain=True)
     with pytest.raises(NotFound):
         await env.control.delete("snap-nope", env.ws)
-    await env.control.delete("snap-nope", None)  # internal delete: idempotent
-    assert env.store.deleted == ["snap-nope"]
+    with pytest.raises(NotFound):
+        await env.control.delete("snap-nope", None)  # no row: nothing is asked of the agents
+    assert env.deletes() == []
 
 
 async def test_list_rows_filters(env: Env) -> None:

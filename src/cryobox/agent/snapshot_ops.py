@@ -108,7 +108,7 @@ class SnapshotOps:
     def _import_evidence(self, snapshot_id: str) -> None:
         prefix = f"{snapshot_prefix(snapshot_id)}/evidence/"
         path = self.host.snapshots.root / snapshot_id
-        for key in self.host.store.list(prefix):
+        for key in self.host.store.list(prefix.rstrip("/")):  # listing matches whole segments
             with contextlib.suppress(CryoboxError):
                 evidence.put(path, key[len(prefix) :], self.host.store.get(key))
 
@@ -119,7 +119,7 @@ class SnapshotOps:
 
     def _delete_stored(self, snapshot_id: str) -> None:
         prefix = snapshot_prefix(snapshot_id)
-        keys = self.host.store.list(f"{prefix}/")
+        keys = self.host.store.list(prefix)
         # the manifest first: a half-deleted snapshot is never taken for a whole one
         for key in sorted(keys, key=lambda k: not k.endswith("/manifest.json")):
             with contextlib.suppress(ObjectNotFound):

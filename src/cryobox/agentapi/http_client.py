@@ -98,6 +98,8 @@ class HttpAgent:
             base_url=self.url,
             headers={"Authorization": f"Bearer {token}", "User-Agent": "cryobox-control-plane"},
             timeout=httpx.Timeout(timeout_s, connect=self._connect_s),
+            # open terminals and streams each hold a connection: never make other calls queue behind them
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
             transport=transport,
         )
 

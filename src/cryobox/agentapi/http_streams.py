@@ -18,6 +18,7 @@ import anyio
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
+from starlette.background import BackgroundTask
 
 from ..errors import CryoboxError, HostUnavailable, PayloadTooLarge, QuotaExceeded
 from . import models as m
@@ -70,6 +71,8 @@ async def _lines(first: BaseModel, stream: AsyncIterator[BaseModel]) -> AsyncIte
         async for item in stream:
             yield event_line(item)
     except CryoboxError as exc:
+        if exc.http_status >= 500:
+            log.warning("agent stream failed: %s", exc, exc_info=exc.http_status == 500)
         yield error_line(exc)
     except Exception:
         log.exception("agent stream failed")
@@ -93,7 +96,9 @@ async def ndjson_response(stream: AsyncIterator[BaseModel]) -> Response:
         await close_stream(stream)
         raise
     headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-    return StreamingResponse(_lines(first, stream), media_type=NDJSON, headers=headers)
+    # the background task closes the agent's stream even when the client left before the first line was sent
+    closer = BackgroundTask(close_stream, stream)
+    return StreamingResponse(_lines(first, stream), media_type=NDJSON, headers=headers, background=closer)
 
 
 async def read_body(request: Request, limit: int) -> bytes:

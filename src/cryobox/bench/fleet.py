@@ -1,6 +1,6 @@
 """``cryobox bench fleet``: what splitting the platform into a control plane and host agents costs and buys.
 
-Three measurements in one run (processes from :mod:`.fleet_proc`; every agent in its own network namespace unless
+Three measurements in one run (processes from :mod:`.fleetproc`; every agent in its own network namespace unless
 ``--isolation loopback``):
 
 ``hop``    the price of the HTTP hop. ``k`` sequential creates (each to its first exec answered) and ``k`` execs of
@@ -11,10 +11,12 @@ Three measurements in one run (processes from :mod:`.fleet_proc`; every agent in
            --template-source store`` (every agent pages the template's memory from the S3 store): how many landed
            on each agent (each sandbox's ``host``), and per agent the store GETs and unique chunks touched (its
            memory server's figures: every host fetches its own copy of what its guests touch).
-``restore`` a snapshot taken on one agent, uploaded (``location`` becomes ``stored``), then restored: sequential
-           restores while every agent is up (placement decides: same-host or cross-host), then the source agent is
-           SIGKILLed and the restores that follow can only be cross-host (memory paged from the store). Each restore
-           checks a marker file written before the snapshot.
+``restore`` ``restores`` snapshots of one sandbox on one agent, each uploaded (``location`` becomes ``stored``):
+           sequential restores of the first while every agent is up (placement decides where), then the source
+           agent is SIGKILLed and each snapshot is restored once more, necessarily elsewhere. A restore is
+           ``same-host`` (on the source agent), ``cross-host`` (the first time another agent restores that
+           snapshot: imported, memory paged from the store) or ``cross-host-repeat`` (that agent holds it already).
+           Each restore checks the marker file written just before its snapshot.
 
 The JSON keeps ``hop.{create,exec}_{p50,p99}_ms_{inproc,http}``, ``burst.{n, per_agent, store_gets_per_agent,
 unique_chunks_per_agent}``, ``cross_host_restore_ok``, ``cross_host_restore_p50_ms`` and
@@ -39,7 +41,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import CryoboxError
-from .fleet_proc import AgentProcess, Fleet
+from .fleetproc import AgentProcess, Fleet
 from .report import write_result
 from .server import ServeProcess
 from .stats import percentile
@@ -160,19 +162,45 @@ def burst_summary(
     }
 
 
+def classify_restores(samples: Sequence[Mapping[str, Any]], source_host: str) -> list[dict[str, Any]]:
+    """Label each restore, in order: ``same-host`` (on the host that took the snapshot), ``cross-host`` (the first
+    time that other host restores that snapshot: it imports it and pages its memory from the store) or
+    ``cross-host-repeat`` (that host already holds the snapshot from an earlier restore)."""
+    seen: set[tuple[str, object]] = set()
+    out = []
+    for sample in samples:
+        host, key = str(sample.get("host")), sample.get("snapshot", 0)
+        if host == source_host:
+            kind = "same-host"
+        elif (host, key) in seen:
+            kind = "cross-host-repeat"
+        else:
+            kind = "cross-host"
+        if sample.get("ok"):
+            seen.add((host, key))
+        out.append({**sample, "kind": kind})
+    return out
+
+
 def restore_summary(samples: Sequence[Mapping[str, Any]], source_host: str) -> dict[str, Any]:
-    """Samples ``{host, ms, ok, phase}`` -> same-host/cross-host p50s and whether every cross-host restore worked
-    (``cross_host_restore_ok`` is False when there was none)."""
-    same = [s for s in samples if s.get("host") == source_host]
-    cross = [s for s in samples if s.get("host") != source_host]
+    """Samples ``{host, ms, ok, phase, snapshot}`` -> p50s by kind (see :func:`classify_restores`) and whether
+    every restore away from the source host worked (``cross_host_restore_ok`` is False when there was none)."""
+    labelled = classify_restores(samples, source_host)
+
+    def p50(kind: str) -> float | None:
+        return _q([float(s["ms"]) for s in labelled if s["kind"] == kind and s.get("ok")], 50)
+
+    away = [s for s in labelled if s["kind"] != "same-host"]
     return {
         "source_host": source_host,
-        "same_host": len(same),
-        "cross_host": len(cross),
-        "same_host_restore_p50_ms": _q([float(s["ms"]) for s in same if s.get("ok")], 50),
-        "cross_host_restore_p50_ms": _q([float(s["ms"]) for s in cross if s.get("ok")], 50),
-        "cross_host_restore_ok": bool(cross) and all(bool(s.get("ok")) for s in cross),
-        "samples": [dict(s) for s in samples],
+        "same_host": sum(1 for s in labelled if s["kind"] == "same-host"),
+        "cross_host": sum(1 for s in labelled if s["kind"] == "cross-host"),
+        "cross_host_repeat": sum(1 for s in labelled if s["kind"] == "cross-host-repeat"),
+        "same_host_restore_p50_ms": p50("same-host"),
+        "cross_host_restore_p50_ms": p50("cross-host"),
+        "cross_host_repeat_p50_ms": p50("cross-host-repeat"),
+        "cross_host_restore_ok": any(s["kind"] == "cross-host" for s in away) and all(bool(s.get("ok")) for s in away),
+        "samples": labelled,
     }
 
 
@@ -315,54 +343,65 @@ def _wait_stored(client: httpx.Client, snapshot_id: str, timeout_s: float) -> tu
 
 
 def _restore_once(
-    client: httpx.Client, snapshot_id: str, token: str, view: Mapping[str, Mapping[str, Any]], phase: str
+    client: httpx.Client,
+    snapshot: tuple[int, str, str],
+    view: Mapping[str, Mapping[str, Any]],
+    phase: str,
 ) -> dict[str, Any]:
+    index, snapshot_id, token = snapshot
+    sample: dict[str, Any] = {"phase": phase, "snapshot": index, "host": "?", "ok": False}
     t0 = time.monotonic()
     try:
         body = _check(client.post("/v1/sandboxes", json={"from_snapshot": snapshot_id, "ttl_seconds": 600}), "restore")
     except (CryoboxError, httpx.HTTPError) as err:
-        return {"phase": phase, "host": "?", "ms": (time.monotonic() - t0) * 1000, "ok": False, "error": str(err)}
-    ms = (time.monotonic() - t0) * 1000
-    sample: dict[str, Any] = {"phase": phase, "host": host_to_agent(body.get("host"), view), "ms": round(ms, 1)}
+        return {**sample, "ms": round((time.monotonic() - t0) * 1000, 1), "error": str(err)}
+    sample.update(host=host_to_agent(body.get("host"), view), ms=round((time.monotonic() - t0) * 1000, 1))
     try:
         seen = _exec(client, body["id"], f"cat {MARKER_PATH}")["stdout"].strip()
         sample["ok"] = seen == token
         if not sample["ok"]:
             sample["error"] = f"marker {seen!r} != {token!r}"
     except (CryoboxError, httpx.HTTPError) as err:
-        sample.update(ok=False, error=str(err))
+        sample["error"] = str(err)
     finally:
         client.delete(f"/v1/sandboxes/{body['id']}")
     return sample
 
 
 def measure_restores(fleet: Fleet, template: str, m: int, kill_source: bool, store_timeout_s: float) -> dict[str, Any]:
+    """``m`` snapshots of one sandbox (each with its own marker), each waited until ``stored``; ``m`` restores of
+    the first while every agent is up; then (``kill_source``) the source agent is SIGKILLed and each snapshot is
+    restored once more: necessarily elsewhere, most of them on a host that never held them."""
     headers = {"Authorization": f"Bearer {fleet.api_key}"}
-    token = secrets.token_hex(8)
     with httpx.Client(base_url=fleet.url, headers=headers, timeout=900, trust_env=False) as client:
         view = fleet.agents_view()
         source = _check(client.post("/v1/sandboxes", json={"template": template, "ttl_seconds": 1800}), "create")
         source_host = host_to_agent(source.get("host"), view)
-        _exec(client, source["id"], f"echo {token} > {MARKER_PATH} && sync")
-        body = {"retain": True, "labels": {"bench": "fleet"}}  # retain: outlives its sandbox (and its host)
-        snapshot = _check(client.post(f"/v1/sandboxes/{source['id']}/snapshots", json=body), "snapshot")
-        stored_ms, _ = _wait_stored(client, snapshot["id"], store_timeout_s)
-        samples = [_restore_once(client, snapshot["id"], token, view, "all-up") for _ in range(m)]
+        snapshots: list[tuple[int, str, str]] = []
+        store_waits = []
+        for index in range(m):
+            token = secrets.token_hex(8)
+            _exec(client, source["id"], f"echo {token} > {MARKER_PATH} && sync")
+            body = {"retain": True, "labels": {"bench": "fleet"}}  # retain: outlives its sandbox (and its host)
+            snapshot = _check(client.post(f"/v1/sandboxes/{source['id']}/snapshots", json=body), "snapshot")
+            store_waits.append(_wait_stored(client, snapshot["id"], store_timeout_s)[0])
+            snapshots.append((index, str(snapshot["id"]), token))
+        samples = [_restore_once(client, snapshots[0], view, "all-up") for _ in range(m)]
         killed = False
         if kill_source and source_host in fleet.agents and len(fleet.agents) > 1:
             fleet.kill_agent(source_host)
             fleet.wait_agent_not_up(source_host, timeout_s=fleet.agent_deadline_s * 6 + 30)
             killed = True
-            samples += [_restore_once(client, snapshot["id"], token, view, "source-killed") for _ in range(m)]
+            samples += [_restore_once(client, snapshot, view, "source-killed") for snapshot in snapshots]
         else:
             client.delete(f"/v1/sandboxes/{source['id']}")
-        with_snapshot = client.delete(f"/v1/snapshots/{snapshot['id']}")
+        deleted = [client.delete(f"/v1/snapshots/{snapshot_id}").status_code < 300 for _, snapshot_id, _ in snapshots]
     summary = restore_summary(samples, source_host)
     summary.update(
-        snapshot_id=snapshot["id"],
-        store_wait_ms=round(stored_ms, 1),
+        snapshot_ids=[snapshot_id for _, snapshot_id, _ in snapshots],
+        store_wait_p50_ms=_q(store_waits, 50),
         source_killed=killed,
-        snapshot_deleted=with_snapshot.status_code < 300,
+        snapshots_deleted=all(deleted),
     )
     return summary
 
@@ -427,6 +466,9 @@ def run_fleet_bench(
             burst = measure_burst(fleet, template, n)
             console.print(f"[bold]restore[/bold]: snapshot on one agent, {restores} restores, then its host killed")
             restore = measure_restores(fleet, template, restores, kill_source, store_timeout_s=600)
+    except BaseException:
+        console.print(f"[red]fleet bench failed[/red]; logs kept in {keep_logs(root)}")
+        raise
     finally:
         shutil.rmtree(root, ignore_errors=True)
     result = assemble(hop, burst, restore, template=template, isolation=isolation, agents=agents)
@@ -437,6 +479,17 @@ def run_fleet_bench(
         draw(result, plot)
         console.print(f"plot {plot}")
     return result
+
+
+def keep_logs(root: Path) -> Path:
+    """Copy every ``*.log`` under ``root`` (the run's data dirs are removed) to a directory that stays."""
+    kept = Path(tempfile.mkdtemp(prefix="cryobox-fleet-logs-", dir="/var/tmp"))
+    for log in root.rglob("*.log"):
+        if log.is_file():
+            target = kept / log.relative_to(root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(log, target)
+    return kept
 
 
 def _print(result: Mapping[str, Any], console: Console) -> None:
@@ -456,9 +509,12 @@ def _print(result: Mapping[str, Any], console: Console) -> None:
         gets, chunks = burst["store_gets_per_agent"].get(name), burst["unique_chunks_per_agent"].get(name)
         table.add_row(name, str(count), str(gets), str(chunks))
     console.print(table)
+    restore = result["restore"]
     console.print(
-        f"restores: same-host p50 {result['same_host_restore_p50_ms']} ms, cross-host p50 "
-        f"{result['cross_host_restore_p50_ms']} ms, cross-host ok {result['cross_host_restore_ok']}"
+        f"restores: same-host p50 {result['same_host_restore_p50_ms']} ms (n={restore['same_host']}), cross-host "
+        f"p50 {result['cross_host_restore_p50_ms']} ms (n={restore['cross_host']}), repeat p50 "
+        f"{restore['cross_host_repeat_p50_ms']} ms (n={restore['cross_host_repeat']}); "
+        f"cross-host ok {result['cross_host_restore_ok']}"
     )
 
 
@@ -487,7 +543,7 @@ def draw(result: Mapping[str, Any], out: Path) -> None:
     burst = result["burst"]
     xs = burst["latencies_ms"]
     if xs:
-        cdf_ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post")
+        cdf_ax.step([xs[0], *xs], [0.0, *((i + 1) / len(xs) for i in range(len(xs)))], where="post")
     cdf_ax.set_xlabel("create latency (ms)")
     cdf_ax.set_ylabel("fraction of creates")
     cdf_ax.set_title(f"{burst['n']} simultaneous creates over {burst.get('agents', '?')} agents")
@@ -500,13 +556,11 @@ def draw(result: Mapping[str, Any], out: Path) -> None:
     agent_ax.set_title("per agent: placement and store traffic")
     agent_ax.legend(fontsize=8)
     samples = result.get("restore", {}).get("samples", [])
-    source = result.get("restore", {}).get("source_host")
-    for kind, colour in (("same-host", "tab:green"), ("cross-host", "tab:orange")):
-        chosen = [(i, s["ms"]) for i, s in enumerate(samples) if (s.get("host") == source) == (kind == "same-host")]
+    kinds = (("same-host", "tab:green"), ("cross-host", "tab:orange"), ("cross-host-repeat", "tab:purple"))
+    for kind, colour in kinds:
+        chosen = [(i, s["ms"]) for i, s in enumerate(samples) if s.get("kind") == kind]
         if chosen:
             restore_ax.scatter([c[0] for c in chosen], [c[1] for c in chosen], label=kind, color=colour)
-    restore_ax.set_xlabel("restore #")
-    restore_ax.set_ylabel("create-from-snapshot latency (ms)")
     killed_at = next((i for i, s in enumerate(samples) if s.get("phase") == "source-killed"), None)
     if killed_at is not None:
         restore_ax.axvline(killed_at - 0.5, color="grey", linestyle="--", label="source host killed")

@@ -122,7 +122,8 @@ class ControlPlane:
 
     # -- create --------------------------------------------------------------------------------------------
 
-    async def create(self, request: CreateRequest) -> SandboxRow:
+    async def create(self, request: CreateRequest, timing: dict[str, float] | None = None) -> SandboxRow:
+        """Place and restore a sandbox; ``timing`` (when given) receives ``agent_ms``: the agent's share."""
         started = time.monotonic()
         ref: am.SnapshotRef | None = None
         if request.from_snapshot is not None:  # 404 before anything is reserved
@@ -136,6 +137,7 @@ class ControlPlane:
                 generation=snap.generation,
                 local_keys=frozenset({snap.id}),
                 prefer=snap.host if snap.location == "local" else None,
+                only=snap.host if snap.location == "local" and snap.host else None,  # no other agent has its files
                 locality_bonus_mib=SNAPSHOT_LOCALITY_BONUS_MIB,
             )
         else:
@@ -160,7 +162,7 @@ class ControlPlane:
             egress=request.egress,
         )
         try:
-            row = await self.place(placement, spec)
+            row = await self.place(placement, spec, timing)
         except HostUnavailable:
             self.metrics.observe_create("refused", "restore")
             raise
@@ -170,12 +172,17 @@ class ControlPlane:
         self.metrics.observe_create("ok", row.boot_mode, time.monotonic() - started)
         return row
 
-    async def place(self, placement: PlacementRequest, spec: am.CreateSpec) -> SandboxRow:
+    async def place(
+        self, placement: PlacementRequest, spec: am.CreateSpec, timing: dict[str, float] | None = None
+    ) -> SandboxRow:
         """Reserve an agent, have it restore ``spec``, then commit the row with the reservation."""
         reservation = await self.placement.reserve(placement, spec.sandbox_id)
         try:
             agent = await self.fleet.agent(reservation.agent)
+            called = time.monotonic()
             info = await agent.create(spec)
+            if timing is not None:
+                timing["agent_ms"] = (time.monotonic() - called) * 1000
         except BaseException:
             with contextlib.suppress(CryoboxError):
                 await self.placement.release(reservation)

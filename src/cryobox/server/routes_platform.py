@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from fastapi import APIRouter, Response
 
 from .. import models
+from ..errors import CryoboxError
 from .deps import Ctx, PublicCtx
 from .errors import ERROR_RESPONSES
 from .views import template_view
@@ -42,14 +45,19 @@ async def delete_template(name: str, ctx: Ctx) -> Response:
 @router.get("/v1/info", response_model=models.Info)
 async def info(ctx: PublicCtx) -> models.Info:
     agents = await ctx.control.fleet.live_agents()
-    caps = [row.capacity for row, _ in agents]
+    caps: list[dict[str, object]] = []
+    for row, agent in agents:  # asked now, not the last heartbeat's (up to an interval old)
+        try:
+            caps.append((await agent.capacity()).model_dump())
+        except CryoboxError:
+            caps.append(dict(row.capacity))
 
     def total(key: str) -> int:
-        return sum(int(c.get(key) or 0) for c in caps)
+        return sum(int(str(c.get(key) or 0)) for c in caps)
 
     return models.Info(
         version=ctx.version,
-        accelerator=ctx.accel.value,
+        accelerator=_accelerator(ctx, [row.info.get("accelerator") for row, _ in agents]),
         hosts=[row.name for row, _ in agents],
         capacity={
             "agents": len(agents),
@@ -64,6 +72,14 @@ async def info(ctx: PublicCtx) -> models.Info:
             "admission_queue_depth": total("admission_queue_depth"),
         },
     )
+
+
+def _accelerator(ctx: PublicCtx, reported: list[object]) -> Literal["kvm", "tcg"]:
+    """What the agents run guests with (the control plane's own host says nothing about theirs)."""
+    for value in reported:
+        if value in ("kvm", "tcg"):
+            return "kvm" if value == "kvm" else "tcg"
+    return "kvm" if ctx.accel.value == "kvm" else "tcg"
 
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})

@@ -185,8 +185,8 @@ class SnapshotControl:
         stored = await (await self.fleet.agent(row.host)).store_snapshot(row.id) if row.location != "stored" else None
         if stored is not None:
             await asyncio.to_thread(functools.partial(self.registry.update_snapshot, row.id, location="stored"))
-        objects = self._objects()
-        return {"id": snapshot_id, "store": stored.store if stored else objects.url, "key": snapshot_prefix(row.id)}
+        store = stored.store if stored is not None else self._objects().url
+        return {"id": snapshot_id, "store": store, "key": snapshot_prefix(row.id)}
 
     async def import_published(
         self, snapshot_id: str, workspace_id: str, *, labels: dict[str, str], retain: bool
@@ -245,7 +245,8 @@ class SnapshotControl:
         objects, prefix = self._objects(), self._evidence_prefix(row.id)
 
         def listing() -> list[dict[str, object]]:
-            return [{"name": k[len(prefix) :], "size": objects.head(k).size} for k in sorted(objects.list(prefix))]
+            keys = sorted(objects.list(prefix.rstrip("/")))  # listing matches whole segments: no trailing "/"
+            return [{"name": k[len(prefix) :], "size": objects.head(k).size} for k in keys]
 
         return await asyncio.to_thread(listing)
 
@@ -287,19 +288,24 @@ class SnapshotControl:
         return await asyncio.to_thread(functools.partial(self.registry.update_snapshot, snapshot_id, **changes))
 
     async def delete(self, snapshot_id: str, workspace_id: str | None) -> None:
-        """Row first, then the stored objects, then every agent's copy (the home one and imports)."""
+        """Row first, then every agent's copy (the home one and imports), then the stored objects. A step that
+        fails is logged; what it leaves has no row and goes at the agent's next registration (pruned)."""
         row = await asyncio.to_thread(self.registry.get_snapshot, snapshot_id, workspace_id)
         await asyncio.to_thread(self.registry.delete_snapshot, snapshot_id)
         job = self._storing.pop(snapshot_id, None)
         if job is not None:
             job.cancel()
-        if self.objects is not None:
-            await asyncio.to_thread(delete_stored, self.objects, snapshot_id)
-        for name, agent in [(r.name, a) for r, a in await self.fleet.live_agents()]:
+        for agent_row, agent in await self.fleet.live_agents():
+            from_store = self.objects is None and agent_row.name == row.host
             try:
-                await agent.delete_snapshot(snapshot_id, from_store=self.objects is None and name == row.host)
-            except CryoboxError as err:  # its files go at the agent's next registration (no row: pruned)
-                log.warning("deleting snapshot %s on %s failed: %s", snapshot_id, name, err.message)
+                await agent.delete_snapshot(snapshot_id, from_store=from_store)
+            except CryoboxError as err:
+                log.warning("deleting snapshot %s on %s failed: %s", snapshot_id, agent_row.name, err.message)
+        if self.objects is not None:
+            try:
+                await asyncio.to_thread(delete_stored, self.objects, snapshot_id)
+            except CryoboxError as err:
+                log.warning("deleting the stored copy of snapshot %s failed: %s", snapshot_id, err.message)
 
     async def sandbox_gone(self, sandbox_id: str, *, keep_snapshots: bool) -> tuple[list[str], list[str]]:
         """Apply retention when a sandbox is deleted: returns (deleted, orphaned) snapshot ids."""
@@ -354,6 +360,6 @@ class SnapshotControl:
 def delete_stored(objects: ObjectStore, snapshot_id: str) -> None:
     """Remove a snapshot's objects, the manifest first (a half-deleted snapshot never looks whole)."""
     prefix = snapshot_prefix(snapshot_id)
-    for key in sorted(objects.list(f"{prefix}/"), key=lambda k: not k.endswith("/manifest.json")):
+    for key in sorted(objects.list(prefix), key=lambda k: not k.endswith("/manifest.json")):
         with contextlib.suppress(ObjectNotFound):
             objects.delete(key)

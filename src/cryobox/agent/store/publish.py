@@ -142,9 +142,15 @@ def fetch_template(
     host; content-addressed) and leave the memory in the store, for the memory server to page in on demand."""
     generation = latest_generation(store, name)
     final = templates_dir / f"{name}-{generation}"
-    if (final / "manifest.json").exists():
-        return _load(final)
     prefix = template_prefix(name, generation)
+    if (final / "manifest.json").exists():
+        found: dict[str, Any] = json.loads((final / "manifest.json").read_text())
+        if "machine_config" in found:  # fetched before
+            return _load(final)
+        # baked here (a cache dir shared with a building host): the same generation, files all local
+        published: dict[str, Any] = json.loads(store.get(f"{prefix}/manifest.json"))
+        machine = dict(published["machine_config"], kernel=found["kernel"], initrd=found["initrd"])
+        return Template(name, generation, final, MachineConfig.from_json(machine), found)
     manifest: dict[str, Any] = json.loads(store.get(f"{prefix}/manifest.json"))
     if manifest.get("qemu") != qemu:
         raise CryoboxError(

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from ... import models
+from ...errors import SandboxTimeout
 from .. import _requests, _snapshots
 from .._base import DEFAULT_RETRY, ClientConfig
 from ._http import open_client, send
@@ -74,9 +75,26 @@ class Snapshots:
         """:raises NotFound: no such snapshot (or it belongs to another workspace)."""
         return _snapshots.parse_snapshot(self._send(_requests.get_snapshot_request(snapshot_id)))
 
+    def wait_stored(self, snapshot_id: str, *, timeout_s: float = 300.0, poll_s: float = 0.5) -> models.Snapshot:
+        """Wait until the snapshot is in the object store (``location == "stored"``): from then on any host of
+        the fleet can restore it, also when the host that took it is gone.
+
+        :raises SandboxTimeout: not stored within ``timeout_s``.
+        :raises NotFound: no such snapshot.
+        """
+        deadline = DEFAULT_RETRY.clock() + timeout_s
+        while True:
+            snap = self.get(snapshot_id)
+            if snap.location == "stored":
+                return snap
+            if DEFAULT_RETRY.clock() >= deadline:
+                raise SandboxTimeout(
+                    f"snapshot {snapshot_id} was not stored within {timeout_s}s", details={"id": snapshot_id}
+                )
+            DEFAULT_RETRY.sleep(poll_s)
+
     def delete(self, snapshot_id: str) -> None:
-        """Delete the snapshot from this server (its files and registry row). A copy published to the object store
-        stays: other hosts may have imported it and page its memory from there.
+        """Delete the snapshot: its registry row, its objects in the store and every host's copy of its files.
 
         :raises NotFound: no such snapshot.
         """

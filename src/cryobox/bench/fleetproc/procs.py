@@ -1,0 +1,367 @@
+"""``cryobox control`` (:class:`ControlProcess`) and ``cryobox agent`` (:class:`AgentProcess`) as child processes:
+spawn, readiness, stop by PID, restart on the same port, and release of what a killed one leaves on the host."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+import httpx
+
+from ...agent.net.slots import CIDR_ENV, tag_for
+from ...agent.reclaim import find_own_qemus
+from ...agent.store.mounts import unmount
+from ...agent.store.volume import release_volume
+from ...config import DEFAULT_CACHE_DIR, Paths
+from ..server import free_port
+from .addresses import AGENT_PORT, check_name, loopback_ports
+from .moto import S3_CREDENTIALS
+from .netns import AgentNetns
+from .system import in_thread, kill_pid, stop_popen
+
+
+def agents_by_name(payload: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``GET /v1/agents`` -> {name: agent}."""
+    return {str(a["name"]): dict(a) for a in payload.get("agents", []) if isinstance(a, Mapping) and "name" in a}
+
+
+def _release_host_state(data_dir: Path, cache_dir: Path | None) -> None:
+    """What :meth:`ServeProcess.cleanup` does, plus the stragglers a SIGKILLed agent leaves: its QEMUs (their
+    ``-pidfile`` lies in our run dir), its memory server (by pid file), its per-sandbox namespaces (by tag)."""
+    paths = Paths(data_dir, cache_dir or DEFAULT_CACHE_DIR)
+    for pid in find_own_qemus(paths.run_dir):
+        kill_pid(pid)
+    pidfile = paths.memserver_dir / "memserver.pid"
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(pidfile.read_text())
+        if b"cryobox.agent.store.memserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            kill_pid(pid)
+    unmount(paths.memserver_dir / "mnt")  # a memory server killed with its agent leaves its mount disconnected
+    release_volume(data_dir)
+    shutil.rmtree(paths.hot_dir, ignore_errors=True)
+    if data_dir.exists():
+        from ...agent.net.netlink import reclaim
+
+        in_thread(lambda: reclaim(tag_for(data_dir)))  # netlink calls must not run on an event loop thread
+
+
+class _Process:
+    """Common lifecycle: spawn, readiness poll, stop by PID (``sig`` then SIGKILL), restart on the same port."""
+
+    what = "process"
+
+    def __init__(self, data_dir: Path, log_name: str, extra_env: Mapping[str, str] | None) -> None:
+        self.data_dir = data_dir
+        self.log_path = data_dir / log_name
+        self.extra_env = dict(extra_env or {})
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def launch(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log, env=self.env(), stdin=subprocess.DEVNULL)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.what} exited with {self.proc.returncode}; see {self.log_path}:\n{self.log_tail()}"
+                )
+            try:
+                if self.ready():
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"{self.what} did not come up within {timeout_s}s; see {self.log_path}:\n{self.log_tail()}")
+
+    def log_tail(self, size: int = 3000) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")[-size:]
+        return "(no log)"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
+        return stop_popen(self.proc, sig, timeout_s)
+
+    def kill(self) -> int | None:
+        return self.stop(signal.SIGKILL)
+
+
+class ControlProcess(_Process):
+    """``cryobox control`` on ``listen_host:<free port>`` (chosen once: :meth:`restart` keeps it)."""
+
+    what = "cryobox control"
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        database_url: str,
+        node_token: str,
+        api_key: str,
+        store_url: str | None = None,
+        cache_dir: Path | None = None,
+        agent_deadline_s: float = 10.0,
+        reap_interval_s: float | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        extra_args: Sequence[str] = (),
+        listen_host: str = "127.0.0.1",
+    ) -> None:
+        super().__init__(data_dir, "control.log", extra_env)
+        self.database_url = database_url
+        self.node_token = node_token
+        self.api_key = api_key
+        self.store_url = store_url
+        self.cache_dir = cache_dir
+        self.agent_deadline_s = agent_deadline_s
+        self.reap_interval_s = reap_interval_s
+        self.extra_args = list(extra_args)
+        self.listen_host = listen_host
+        self.port = free_port()
+        self.url = f"http://{'127.0.0.1' if listen_host in ('0.0.0.0', '') else listen_host}:{self.port}"
+
+    def argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "cryobox.cli.main", "control", "--listen", f"{self.listen_host}:{self.port}"]
+        argv += ["--data-dir", str(self.data_dir), "--agent-deadline", str(self.agent_deadline_s)]
+        if self.cache_dir is not None:
+            argv += ["--cache-dir", str(self.cache_dir)]
+        if self.store_url:
+            argv += ["--store", self.store_url]
+        if self.reap_interval_s is not None:
+            argv += ["--reap-interval", str(self.reap_interval_s)]
+        return argv + self.extra_args
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "CRYOBOX_DATABASE_URL": self.database_url,
+            "CRYOBOX_NODE_TOKEN": self.node_token,
+            "CRYOBOX_API_KEY": self.api_key,
+            **S3_CREDENTIALS,
+            **self.extra_env,
+        }
+
+    def ready(self) -> bool:
+        return httpx.get(f"{self.url}/healthz", timeout=1.0, trust_env=False).status_code == 200
+
+    def start(self, timeout_s: float = 300.0) -> ControlProcess:
+        self.launch()
+        self.wait_ready(timeout_s)
+        return self
+
+    def restart(self, sig: int = signal.SIGTERM, timeout_s: float = 300.0) -> ControlProcess:
+        self.stop(sig)
+        return self.start(timeout_s)
+
+    def agents(self, timeout_s: float = 5.0) -> dict[str, dict[str, Any]]:
+        """``GET /v1/agents`` by agent name."""
+        response = httpx.get(
+            f"{self.url}/v1/agents",
+            headers={"Authorization": f"Bearer {self.api_key}"},
+            timeout=timeout_s,
+            trust_env=False,
+        )
+        response.raise_for_status()
+        return agents_by_name(response.json())
+
+    def cleanup(self) -> None:
+        _release_host_state(self.data_dir, self.cache_dir)
+
+    def __enter__(self) -> ControlProcess:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+        self.cleanup()
+
+
+class AgentProcess(_Process):
+    """``cryobox agent`` in ``netns`` (``nsenter --net``; listening on the namespace's address) or, with
+    ``netns=None``, on ``127.0.0.1:<free port>``. Ready when its healthz answers and, given ``api_key``, the control
+    plane lists it ``up``. ``cleanup()`` releases what a dead agent may have left (see :func:`_release_host_state`)."""
+
+    what = "cryobox agent"
+
+    def __init__(
+        self,
+        name: str,
+        data_dir: Path,
+        *,
+        control_url: str,
+        node_token: str,
+        store_url: str | None = None,
+        cache_dir: Path | None = None,
+        net_cidr: str | None = None,
+        template_source: Literal["build", "store"] = "build",
+        templates: Sequence[str] = ("base",),
+        prespawn: int = 0,
+        net_pool: int = 2,
+        memory_mib: int | None = None,
+        max_sandboxes: int | None = None,
+        memory: Literal["hot", "lazy"] | None = None,
+        heartbeat_interval_s: float | None = None,
+        netns: AgentNetns | None = None,
+        api_key: str | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        super().__init__(data_dir, "agent.log", extra_env)
+        self.name = check_name(name)
+        self.control_url = control_url
+        self.node_token = node_token
+        self.store_url = store_url
+        self.cache_dir = cache_dir
+        self.net_cidr = net_cidr
+        self.template_source = template_source
+        self.templates = tuple(templates)
+        self.prespawn = prespawn
+        self.net_pool = net_pool
+        self.memory_mib = memory_mib
+        self.max_sandboxes = max_sandboxes
+        self.memory = memory
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.netns = netns
+        self.api_key = api_key
+        self.extra_args = list(extra_args)
+        if netns is not None:
+            self.listen_host, self.port = netns.agent_ip, AGENT_PORT
+        else:
+            self.listen_host, self.port = "127.0.0.1", free_port()
+        self.url = f"http://{self.listen_host}:{self.port}"
+
+    def argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "cryobox.cli.main", "agent", "--listen", f"{self.listen_host}:{self.port}"]
+        argv += ["--control", self.control_url, "--data-dir", str(self.data_dir), "--name", self.name]
+        argv += ["--advertise", self.url, "--template-source", self.template_source]
+        argv += ["--templates", ",".join(self.templates), "--prespawn", str(self.prespawn)]
+        argv += ["--net-pool", str(self.net_pool)]
+        if self.cache_dir is not None:
+            argv += ["--cache-dir", str(self.cache_dir)]
+        if self.store_url:
+            argv += ["--store", self.store_url]
+        if self.memory_mib is not None:
+            argv += ["--memory-mib", str(self.memory_mib)]
+        if self.max_sandboxes is not None:
+            argv += ["--max-sandboxes", str(self.max_sandboxes)]
+        if self.memory is not None:
+            argv += ["--memory", self.memory]
+        if self.heartbeat_interval_s is not None:
+            argv += ["--heartbeat-interval", str(self.heartbeat_interval_s)]
+        argv += self.extra_args
+        return self.netns.wrap(argv) if self.netns is not None else argv
+
+    def env(self) -> dict[str, str]:
+        env = {**os.environ, "CRYOBOX_NODE_TOKEN": self.node_token, **S3_CREDENTIALS}
+        if self.net_cidr:
+            env[CIDR_ENV] = self.net_cidr
+        return {**env, **self.extra_env}
+
+    def launch(self) -> None:
+        if self.netns is not None:
+            self.netns.log_dir = self.data_dir
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self.netns.forward_loopback(loopback_ports([self.control_url, self.store_url or ""]))
+        super().launch()
+
+    def healthy(self) -> bool:
+        headers = {"Authorization": f"Bearer {self.node_token}"}
+        url = f"{self.url}/agent/v1/healthz"
+        return httpx.get(url, headers=headers, timeout=1.0, trust_env=False).status_code == 200
+
+    def status(self) -> str | None:
+        """This agent's status in the control plane (``None`` when not listed, or without ``api_key``)."""
+        if self.api_key is None:
+            return None
+        response = httpx.get(
+            f"{self.control_url}/v1/agents",
+            headers={"Authorization": f"Bearer {self.api_key}"},
+            timeout=2.0,
+            trust_env=False,
+        )
+        response.raise_for_status()
+        agent = agents_by_name(response.json()).get(self.name)
+        return None if agent is None else str(agent.get("status"))
+
+    def ready(self) -> bool:
+        return self.healthy() and (self.api_key is None or self.status() == "up")
+
+    def start(self, timeout_s: float = 1800.0) -> AgentProcess:
+        self.launch()
+        self.wait_ready(timeout_s)
+        return self
+
+    def restart(self, sig: int = signal.SIGTERM, timeout_s: float = 1800.0) -> AgentProcess:
+        self.stop(sig)
+        return self.start(timeout_s)
+
+    @property
+    def paths(self) -> Paths:
+        return Paths(self.data_dir, self.cache_dir or DEFAULT_CACHE_DIR)
+
+    @property
+    def memserver_socket(self) -> Path:
+        return self.paths.memserver_dir / "control.sock"
+
+    def memserver_stats(self, timeout_s: float = 10.0) -> dict[str, Any]:
+        """The memory server's ``GET /stats`` (control socket: a unix socket, reachable from any namespace)."""
+        transport = httpx.HTTPTransport(uds=str(self.memserver_socket))
+        with httpx.Client(transport=transport, base_url="http://memserver", timeout=timeout_s) as client:
+            response = client.get("/stats")
+            response.raise_for_status()
+            result: dict[str, Any] = response.json()
+            return result
+
+    def metrics_text(self, timeout_s: float = 10.0) -> str:
+        headers = {"Authorization": f"Bearer {self.node_token}"}
+        response = httpx.get(f"{self.url}/agent/v1/metrics", headers=headers, timeout=timeout_s, trust_env=False)
+        response.raise_for_status()
+        return response.text
+
+    def cleanup(self) -> None:
+        _release_host_state(self.data_dir, self.cache_dir)
+        if self.netns is None and self.data_dir.exists():  # in its own namespace the table went with it
+            from ...agent.net.firewall import Firewall
+            from ...agent.net.slots import SlotPlan
+
+            with contextlib.suppress(Exception):
+                Firewall(SlotPlan(tag=tag_for(self.data_dir), cidr=self.net_cidr or "10.200.0.0/16")).remove()
+
+    def __enter__(self) -> AgentProcess:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+        self.cleanup()

@@ -1,0 +1,228 @@
+"""A real fleet on this machine: PostgreSQL, an S3 server (moto), ``cryobox control`` (two replicas for the
+burst) and three ``cryobox agent`` processes, each in its own network namespace with its own address, with
+separate data dirs, slot networks and memory servers; the agents fetch the template from the store.
+
+Proved here: a burst spreads over all three by reservation (each agent takes exactly its capacity, the excess
+is refused, through two control-plane replicas sharing one database); a snapshot taken on one agent restores
+by id on another; a fork_tree lands on several agents; a SIGKILLed agent's sandboxes turn ``lost`` within the
+deadline while creates keep succeeding elsewhere; its restart changes no row of another host; a restarted
+control plane loses nothing; a bad node token is refused and changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from cryobox.agent.templates import Template
+from cryobox.bench.fleetproc import ControlProcess, Fleet
+from cryobox.registry import Registry
+
+DEADLINE_S = 4.0
+CAPACITY = 3  # sandboxes per agent
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, templates: dict[str, Template]) -> Iterator[Fleet]:
+    root = tmp_path_factory.mktemp("fleet")
+    with Fleet(
+        root,
+        agents=3,
+        cache_dir=cache_dir,
+        isolation="netns",
+        template_source="store",
+        memory="lazy",
+        max_sandboxes=CAPACITY,
+        agent_deadline_s=DEADLINE_S,
+        heartbeat_interval_s=1.0,
+    ) as started:
+        yield started
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert "cbxfleet-" not in namespaces, namespaces
+    qemus = subprocess.run(["pgrep", "-f", f"qemu-system.*{root}"], capture_output=True, text=True).stdout
+    assert qemus == "", f"QEMU processes of the fleet left behind: {qemus}"
+
+
+class Api:
+    def __init__(self, url: str, key: str) -> None:
+        self.http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=300, trust_env=False)
+
+    def call(self, method: str, path: str, status: int = 200, **kw: Any) -> Any:
+        response = self.http.request(method, path, **kw)
+        assert response.status_code == status, f"{method} {path}: {response.status_code} {response.text}"
+        return response.json() if response.content else None
+
+    def create(self, **body: Any) -> dict[str, Any]:
+        created: dict[str, Any] = self.call("POST", "/v1/sandboxes", 201, json={"template": "base", **body})
+        return created
+
+    def sh(self, sandbox_id: str, cmd: str) -> str:
+        result = self.call("POST", f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": cmd, "timeout_seconds": 120})
+        assert result["exit_code"] == 0, result
+        out: str = result["stdout"]
+        return out
+
+    def status(self, sandbox_id: str) -> str:
+        return str(self.call("GET", f"/v1/sandboxes/{sandbox_id}")["status"])
+
+    def delete_all(self) -> None:
+        for sandbox in self.call("GET", "/v1/sandboxes")["items"]:
+            self.http.delete(f"/v1/sandboxes/{sandbox['id']}")
+
+
+def api(fleet: Fleet, url: str | None = None) -> Api:
+    return Api(url or fleet.url, fleet.api_key)
+
+
+def rows_of_other_hosts(fleet: Fleet, host: str) -> dict[str, dict[str, Any]]:
+    assert fleet.postgres is not None
+    with Registry(fleet.postgres.url) as registry:
+        sandboxes = {f"sb:{r.id}": asdict(r) for r in registry.list_sandboxes() if r.host != host}
+        snapshots = {f"snap:{r.id}": asdict(r) for r in registry.list_snapshots() if r.host != host}
+    return {**sandboxes, **snapshots}
+
+
+def wait_for(what: str, check: Any, timeout_s: float) -> float:
+    started = time.monotonic()
+    while not check():
+        assert time.monotonic() - started < timeout_s, f"{what} did not happen within {timeout_s}s"
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+def test_burst_spreads_by_reservation_across_agents_and_replicas(fleet: Fleet, cache_dir: Path) -> None:
+    assert fleet.postgres is not None
+    second = ControlProcess(
+        fleet.root / "control-2",
+        database_url=fleet.postgres.url,
+        node_token=fleet.node_token,
+        api_key=fleet.api_key,
+        store_url=fleet.store_url,
+        cache_dir=cache_dir,
+        agent_deadline_s=DEADLINE_S,
+    ).start()
+    replicas = [fleet.url, second.url]
+    headers = {"Authorization": f"Bearer {fleet.api_key}"}
+    burst = 3 * CAPACITY + 2
+    try:
+        assert set(second.agents()) == {"a0", "a1", "a2"}  # the second replica knows the fleet from the registry
+
+        def create(i: int) -> httpx.Response:
+            url = replicas[i % 2]
+            return httpx.post(f"{url}/v1/sandboxes", json={"template": "base"}, headers=headers, timeout=600)
+
+        with ThreadPoolExecutor(burst) as pool:
+            results = list(pool.map(create, range(burst)))
+        created = [r.json() for r in results if r.status_code == 201]
+        refused = [r for r in results if r.status_code == 503]
+        assert len(created) == 3 * CAPACITY and len(refused) == 2, [r.status_code for r in results]
+        assert all(r.json()["code"] == "capacity" and int(r.headers["Retry-After"]) >= 1 for r in refused)
+        # exactly each agent's capacity: decided by reservations across both replicas, never overbooked
+        assert Counter(s["host"] for s in created) == {"a0": CAPACITY, "a1": CAPACITY, "a2": CAPACITY}
+        for index, sandbox in enumerate(created):  # routed by the row to its agent, from either replica
+            assert api(fleet, replicas[(index + 1) % 2]).sh(sandbox["id"], "echo ok") == "ok\n"
+    finally:
+        api(fleet).delete_all()
+        second.stop()
+        second.cleanup()
+    assert api(fleet).call("GET", "/v1/sandboxes")["items"] == []
+
+
+def test_snapshot_restores_elsewhere_lost_agent_fork_tree_and_restart(fleet: Fleet) -> None:
+    client = api(fleet)
+    try:
+        parent = client.create()
+        home = parent["host"]
+        marker = client.sh(parent["id"], "head -c6 /dev/urandom | od -An -tx1 | tr -d ' \\n' | tee /root/marker")
+        snap = client.call("POST", f"/v1/sandboxes/{parent['id']}/snapshots", 201, json={})
+        assert snap["host"] == home
+        wait_for(
+            "the snapshot reaching the store",
+            lambda: client.call("GET", f"/v1/snapshots/{snap['id']}")["location"] == "stored",
+            180,
+        )
+
+        # the agent holding both is SIGKILLed: its sandbox turns lost within the deadline
+        fleet.kill_agent(home)
+        took = wait_for("the parent turning lost", lambda: client.status(parent["id"]) == "lost", DEADLINE_S + 10)
+        assert took <= DEADLINE_S + 5
+        gone = client.http.post(f"/v1/sandboxes/{parent['id']}/exec", json={"cmd": "true"})
+        assert gone.status_code == 409 and gone.json()["details"]["state"] == "lost"
+        assert client.call("GET", "/v1/sandboxes", params={"status": "lost"})["items"][0]["id"] == parent["id"]
+
+        # creates keep succeeding on the others, and the snapshot restores by id on another agent
+        restored = client.create(from_snapshot=snap["id"])
+        assert restored["host"] not in (home, None)
+        assert client.sh(restored["id"], "cat /root/marker") == marker
+
+        # fork_tree from there: its agent has room for two more, the third child lands on the other agent
+        tree = client.call("POST", f"/v1/sandboxes/{restored['id']}/fork-tree", 201, json={"count": 3})
+        assert tree["errors"] == [] and len(tree["children"]) == 3
+        hosts = Counter(c["host"] for c in tree["children"])
+        others = {"a0", "a1", "a2"} - {home}
+        assert set(hosts) == others and hosts[restored["host"]] == CAPACITY - 1, hosts
+        for child in tree["children"]:
+            assert client.sh(child["id"], "cat /root/marker") == marker
+
+        # the killed agent comes back: its own report decides its rows, and no other host's row changes
+        before = rows_of_other_hosts(fleet, home)
+        fleet.agent(home).restart()
+        fleet.wait_agent_status(home, "up", 60)
+        time.sleep(2)  # a few heartbeats of every agent
+        assert rows_of_other_hosts(fleet, home) == before
+        assert client.status(parent["id"]) == "lost"  # its QEMU did not survive the agent (reclaimed at start)
+        again = client.create()
+        assert again["host"] == home  # the emptiest agent again
+        assert client.sh(again["id"], "echo back") == "back\n"
+
+        # a restarted control plane (SIGKILL) loses nothing
+        listed = {s["id"]: (s["status"], s["host"]) for s in client.call("GET", "/v1/sandboxes")["items"]}
+        assert fleet.control is not None
+        fleet.control.kill()
+        fleet.control.start()
+        for name in ("a0", "a1", "a2"):
+            fleet.wait_agent_status(name, "up", 30)
+        relisted = {s["id"]: (s["status"], s["host"]) for s in client.call("GET", "/v1/sandboxes")["items"]}
+        assert relisted == listed
+        assert client.sh(tree["children"][0]["id"], "cat /root/marker") == marker
+    finally:
+        client.delete_all()
+
+
+def test_a_bad_node_token_is_refused_and_changes_nothing(fleet: Fleet) -> None:
+    client = api(fleet)
+    sandbox = client.create()
+    try:
+        agents_before = fleet.agents_view()
+        forged = {
+            "agent": {"name": "intruder", "version": "0", "accelerator": "tcg", "boot_id": "x" * 32, "url": ""},
+            "capacity": {"vcpus_total": 64, "memory_total_mib": 1 << 20, "max_sandboxes": 1000},
+            "sandboxes": [],
+        }
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Bearer {fleet.node_token}x"}):
+            response = httpx.post(
+                f"{fleet.url}/internal/v1/heartbeat", content=json.dumps(forged), headers=headers, trust_env=False
+            )
+            assert response.status_code == 401, response.text
+        assert "intruder" not in fleet.agents_view()
+        assert set(fleet.agents_view()) == set(agents_before)
+
+        agent = fleet.agent(sandbox["host"])
+        for method, path in (("GET", "/agent/v1/sandboxes"), ("DELETE", f"/agent/v1/sandboxes/{sandbox['id']}")):
+            refused = httpx.request(
+                method, f"{agent.url}{path}", headers={"Authorization": "Bearer no"}, trust_env=False
+            )
+            assert refused.status_code == 401, refused.text
+        assert client.sh(sandbox["id"], "echo alive") == "alive\n"  # the DELETE without the token did nothing
+    finally:
+        client.delete_all()

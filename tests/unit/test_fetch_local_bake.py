@@ -1,0 +1,113 @@
+"""``fetch_template`` onto a templates dir that already holds the published generation (a file:// store; no QEMU).
+
+A host that baked a generation itself (a cache dir shared with the building host) has a manifest without
+``machine_config``: it is served as is, its machine config taken from the published manifest with the local
+kernel and initrd. One fetched before (its manifest carries ``machine_config``) is loaded as before.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from cryobox.agent.store.objstore import ObjectStore, open_store
+from cryobox.agent.store.publish import fetch_template
+from cryobox.agent.vm import Accel, MachineConfig
+
+QEMU = "QEMU emulator version 8.2.2"
+
+
+def _machine(kernel: Path, initrd: Path) -> MachineConfig:
+    return MachineConfig(
+        memory_mib=512,
+        cpus=2,
+        accel=Accel.TCG,
+        kernel=kernel,
+        initrd=initrd,
+        tsc_khz=2_000_000,
+        norandmaps=True,
+        nic=True,
+    )
+
+
+def _published_store(root: Path, generation: str) -> tuple[ObjectStore, MachineConfig]:
+    """A store where ``base`` ``generation`` is published from another host (its kernel paths are that host's).
+    Only the manifest and ``latest``: any download the fetch attempted would fail."""
+    store = open_store(f"file://{root / 'store'}")
+    builder = _machine(Path("/builder/images/kernel/k1/vmlinuz"), Path("/builder/images/initrd/i1/initrd.img"))
+    manifest = {
+        "name": "base",
+        "generation": generation,
+        "qemu": QEMU,
+        "layout": 1,
+        "machine": builder.identity(),
+        "machine_config": builder.to_json(),
+        "files": {
+            "kernel": "images/kernel/k1/vmlinuz",
+            "initrd": "images/initrd/i1/initrd.img",
+            "rootfs": "images/rootfs/r1/rootfs.img",
+        },
+    }
+    store.put(f"templates/base/{generation}/manifest.json", json.dumps(manifest).encode())
+    store.put("templates/base/latest", json.dumps({"generation": generation}).encode())
+    return store, builder
+
+
+def _write_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    path.mkdir(parents=True)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_local_bake_of_the_published_generation_is_served_as_is(tmp_path: Path) -> None:
+    store, builder = _published_store(tmp_path, "g1")
+    templates_dir, images_dir = tmp_path / "cache" / "templates", tmp_path / "cache" / "images"
+    kernel, initrd = images_dir / "kernel" / "k1" / "vmlinuz", images_dir / "initrd" / "i1" / "initrd.img"
+    local = templates_dir / "base-g1"
+    baked = {
+        "name": "base",
+        "generation": "g1",
+        "kernel": str(kernel),
+        "initrd": str(initrd),
+        "machine": builder.identity(),
+    }
+    _write_manifest(local, baked)
+    messages: list[str] = []
+
+    template = fetch_template(store, "base", templates_dir, images_dir, QEMU, messages.append)
+
+    assert (template.name, template.generation, template.path) == ("base", "g1", local)
+    assert template.machine == MachineConfig.from_json(dict(builder.to_json(), kernel=str(kernel), initrd=str(initrd)))
+    assert (template.machine.memory_mib, template.machine.cpus, template.machine.nic) == (512, 2, True)
+    assert template.manifest == baked
+    assert json.loads((local / "manifest.json").read_text()) == baked, "the local bake is left as it is"
+    assert messages == [] and not images_dir.exists(), "nothing is fetched"
+    assert sorted(p.name for p in templates_dir.iterdir()) == ["base-g1"]
+
+
+def test_a_previously_fetched_template_is_loaded_as_before(tmp_path: Path) -> None:
+    store, builder = _published_store(tmp_path, "g1")
+    templates_dir, images_dir = tmp_path / "cache" / "templates", tmp_path / "cache" / "images"
+    kernel, initrd = images_dir / "kernel" / "k1" / "vmlinuz", images_dir / "initrd" / "i1" / "initrd.img"
+    local = templates_dir / "base-g1"
+    machine = dict(builder.to_json(), kernel=str(kernel), initrd=str(initrd))
+    fetched = {
+        "name": "base",
+        "generation": "g1",
+        "qemu": QEMU,
+        "machine": builder.identity(),
+        "machine_config": machine,
+        "kernel": str(kernel),
+        "initrd": str(initrd),
+        "memory_prefix": "templates/base/g1",
+        "fetched_from": store.url,
+    }
+    _write_manifest(local, fetched)
+    messages: list[str] = []
+
+    template = fetch_template(store, "base", templates_dir, images_dir, QEMU, messages.append)
+
+    assert (template.name, template.generation, template.path) == ("base", "g1", local)
+    assert template.machine == MachineConfig.from_json(machine)
+    assert template.manifest == fetched
+    assert messages == [] and not images_dir.exists(), "nothing is fetched"

@@ -1,0 +1,46 @@
+"""The API-key cache: a hit costs no lookup, an entry lives ``ttl_s`` (revocation takes effect within it)."""
+
+from __future__ import annotations
+
+from cryobox.registry import WorkspaceInfo
+from cryobox.server.keycache import MAX_ENTRIES, KeyCache
+
+WS = WorkspaceInfo(id="ws-1", name="default", created_at=0.0)
+
+
+class Lookups:
+    def __init__(self) -> None:
+        self.keys: dict[str, WorkspaceInfo] = {"good": WS}
+        self.calls: list[str] = []
+
+    def __call__(self, key: str) -> WorkspaceInfo | None:
+        self.calls.append(key)
+        return self.keys.get(key)
+
+
+def test_hits_cost_no_lookup_and_revocation_takes_effect_after_ttl() -> None:
+    now = [100.0]
+    lookups = Lookups()
+    cache = KeyCache(lookups, ttl_s=5.0, clock=lambda: now[0])
+    assert cache.authenticate("good") == WS
+    assert cache.authenticate("good") == WS
+    assert lookups.calls == ["good"]
+    del lookups.keys["good"]  # revoked in the registry
+    now[0] += 4.9
+    assert cache.authenticate("good") == WS  # still within the TTL
+    now[0] += 0.2
+    assert cache.authenticate("good") is None
+    assert lookups.calls == ["good", "good"]
+
+
+def test_unknown_keys_are_cached_too_and_the_cache_is_bounded() -> None:
+    lookups = Lookups()
+    cache = KeyCache(lookups, ttl_s=60.0, clock=lambda: 0.0)
+    assert cache.authenticate("nope") is None and cache.authenticate("nope") is None
+    assert lookups.calls == ["nope"]
+    for i in range(MAX_ENTRIES + 10):
+        cache.authenticate(f"k{i}")
+    assert len(cache._entries) == MAX_ENTRIES  # noqa: SLF001 (the bound is the point)
+    lookups.calls.clear()
+    cache.authenticate("nope")  # evicted first (least recently used)
+    assert lookups.calls == ["nope"]

@@ -79,6 +79,12 @@ class Api:
         for sandbox in self.call("GET", "/v1/sandboxes")["items"]:
             self.http.delete(f"/v1/sandboxes/{sandbox['id']}")
 
+    def __enter__(self) -> Api:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.http.close()
+
 
 def api(fleet: Fleet, url: str | None = None) -> Api:
     return Api(url or fleet.url, fleet.api_key)
@@ -112,6 +118,7 @@ def test_burst_spreads_by_reservation_across_agents_and_replicas(fleet: Fleet, c
         agent_deadline_s=DEADLINE_S,
     ).start()
     replicas = [fleet.url, second.url]
+    first = api(fleet)
     headers = {"Authorization": f"Bearer {fleet.api_key}"}
     burst = 3 * CAPACITY + 2
     try:
@@ -129,17 +136,23 @@ def test_burst_spreads_by_reservation_across_agents_and_replicas(fleet: Fleet, c
         assert all(r.json()["code"] == "capacity" and int(r.headers["Retry-After"]) >= 1 for r in refused)
         # exactly each agent's capacity: decided by reservations across both replicas, never overbooked
         assert Counter(s["host"] for s in created) == {"a0": CAPACITY, "a1": CAPACITY, "a2": CAPACITY}
-        for index, sandbox in enumerate(created):  # routed by the row to its agent, from either replica
-            assert api(fleet, replicas[(index + 1) % 2]).sh(sandbox["id"], "echo ok") == "ok\n"
+        with api(fleet, second.url) as other:
+            for index, sandbox in enumerate(created):  # routed by the row to its agent, from either replica
+                assert (other if index % 2 else first).sh(sandbox["id"], "echo ok") == "ok\n"
     finally:
-        api(fleet).delete_all()
+        first.delete_all()
         second.stop()
         second.cleanup()
-    assert api(fleet).call("GET", "/v1/sandboxes")["items"] == []
+    assert first.call("GET", "/v1/sandboxes")["items"] == []
+    first.http.close()
 
 
 def test_snapshot_restores_elsewhere_lost_agent_fork_tree_and_restart(fleet: Fleet) -> None:
-    client = api(fleet)
+    with api(fleet) as client:
+        scenario(fleet, client)
+
+
+def scenario(fleet: Fleet, client: Api) -> None:
     try:
         parent = client.create()
         home = parent["host"]
@@ -200,7 +213,11 @@ def test_snapshot_restores_elsewhere_lost_agent_fork_tree_and_restart(fleet: Fle
 
 
 def test_a_bad_node_token_is_refused_and_changes_nothing(fleet: Fleet) -> None:
-    client = api(fleet)
+    with api(fleet) as client:
+        refused_everywhere(fleet, client)
+
+
+def refused_everywhere(fleet: Fleet, client: Api) -> None:
     sandbox = client.create()
     try:
         agents_before = fleet.agents_view()

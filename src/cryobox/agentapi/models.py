@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 SandboxState = Literal["starting", "running", "paused", "hibernated", "stopped", "error"]
 
@@ -231,9 +231,15 @@ class Capacity(_Model):
     """Templates (by generation) and snapshots (by id) whose memory this host holds locally."""
     local_snapshots: list[str] = Field(default_factory=list)
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def memory_free_mib(self) -> int:
         return max(0, self.memory_total_mib - self.memory_committed_mib)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def vcpus_free(self) -> int:
+        return max(0, self.vcpus_total - self.vcpus_committed)
 
 
 class AgentInfo(_Model):

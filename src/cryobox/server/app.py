@@ -74,6 +74,8 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         for agent in local.values():
             await control.fleet.heartbeat(await heartbeat_of(agent))
+        for row, _agent in await control.fleet.live_agents():  # copies to the store a previous process left unfinished
+            await control.snapshots.store_pending(row.name)
 
         async def every(interval_s: float, what: str, job: Callable[[], Awaitable[object]]) -> None:
             while True:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import pytest
@@ -30,18 +29,11 @@ from cryobox.server.metrics import Metrics
 from cryobox.server.placement import Placement
 from cryobox.server.snapshots_ctl import RetentionPolicy, SnapshotControl
 from cryobox.server.templates_ctl import TemplateJobs
+from tests.unit import registry_support
 from tests.unit.fake_agent import FakeAgent
+from tests.unit.registry_support import T0, Clock
 
-T0 = 1_000_000.0
 DEADLINE_S = 10.0
-
-
-class Clock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Cluster:
@@ -90,19 +82,9 @@ class MakeCluster(Protocol):
     def __call__(self, clock: Clock | None = None, **agents: FakeAgent) -> Awaitable[Cluster]: ...
 
 
-@pytest.fixture
-def registry(tmp_path: Path) -> Iterator[Registry]:
-    reg = Registry(f"sqlite:///{tmp_path / 'registry.sqlite'}")
-    try:
-        reg.migrate()
-        yield reg
-    finally:
-        reg.close()
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
+# the shared fixtures (registry_support), bound here under the names the tests ask for
+registry = registry_support.sqlite_registry
+clock = registry_support.clock
 
 
 def control_with_clock(

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,19 +23,12 @@ from cryobox.server.placement import (
     PlacementRequest,
     choose,
 )
+from tests.unit import registry_support
+from tests.unit.registry_support import T0, Clock
 
 MIB = 512  # one sandbox of the "base" template
-T0 = 1_000_000.0
 DEADLINE_S = 10.0
 BASE = PlacementRequest(memory_mib=MIB, cpus=1, template="base")
-
-
-class Clock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def capacity(
@@ -257,19 +249,9 @@ def test_the_bonus_does_not_make_a_full_agent_eligible() -> None:
 # -- Placement over the registry ---------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def registry(tmp_path: Path) -> Iterator[Registry]:
-    reg = Registry(f"sqlite:///{tmp_path / 'registry.sqlite'}")
-    try:
-        reg.migrate()
-        yield reg
-    finally:
-        reg.close()
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
+# the shared fixtures (registry_support), bound here under the names the tests ask for
+registry = registry_support.sqlite_registry
+clock = registry_support.clock
 
 
 def register(registry: Registry, name: str, now: float, *, total_mib: int = 16 * MIB, max_sandboxes: int = 16) -> None:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -16,49 +14,18 @@ from cryobox.errors import InvalidArgument, NotFound
 from cryobox.registry import (
     AlreadyExists,
     Registry,
-    SandboxRow,
-    SnapshotRow,
     TemplateRow,
     normalize_url,
     url_for_data_dir,
 )
 from cryobox.registry.models import Base
-from tests.unit.pg import PostgresServer, throwaway_postgres
+from tests.unit import registry_support
+from tests.unit.registry_support import sandbox, snapshot
 
-
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[PostgresServer]:
-    with throwaway_postgres() as server:
-        yield server
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """An empty database of each backend (PostgreSQL: a fresh database per test, dropped afterwards)."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'db' / 'registry.sqlite'}"
-        return
-    server: PostgresServer = request.getfixturevalue("pg_server")
-    with server.database() as url:
-        yield url
-
-
-@pytest.fixture
-def registry(db_url: str) -> Iterator[Registry]:
-    reg = Registry(db_url)
-    try:
-        reg.migrate()
-        yield reg
-    finally:
-        reg.close()
-
-
-def sandbox(sandbox_id: str, workspace_id: str, **kw: Any) -> SandboxRow:
-    return SandboxRow(id=sandbox_id, workspace_id=workspace_id, template="code-interpreter", cpu=1, memory_mb=512, **kw)
-
-
-def snapshot(snapshot_id: str, workspace_id: str, path: str = "/nowhere", **kw: Any) -> SnapshotRow:
-    return SnapshotRow(id=snapshot_id, workspace_id=workspace_id, template="code-interpreter", path=path, **kw)
+# the shared fixtures (registry_support), bound here under the names the tests ask for
+pg_server = registry_support.pg_server
+db_url = registry_support.db_url
+registry = registry_support.registry
 
 
 # -- schema ------------------------------------------------------------------------------------------------------

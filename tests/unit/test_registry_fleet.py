@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from alembic import command
@@ -26,45 +25,16 @@ from cryobox.registry import (
     SandboxRow,
     SnapshotRow,
 )
-from tests.unit.pg import PostgresServer, throwaway_postgres
+from tests.unit import registry_support
+from tests.unit.registry_support import sandbox, snapshot
 
 TOTAL_KEY = "memory_total_mib"
 
 
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[PostgresServer]:
-    with throwaway_postgres() as server:
-        yield server
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """An empty database of each backend (PostgreSQL: a fresh database per test, dropped afterwards)."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'db' / 'registry.sqlite'}"
-        return
-    server: PostgresServer = request.getfixturevalue("pg_server")
-    with server.database() as url:
-        yield url
-
-
-@pytest.fixture
-def registry(db_url: str) -> Iterator[Registry]:
-    reg = Registry(db_url)
-    try:
-        reg.migrate()
-        yield reg
-    finally:
-        reg.close()
-
-
-def sandbox(sandbox_id: str, workspace_id: str, **kw: Any) -> SandboxRow:
-    kw.setdefault("memory_mb", 512)
-    return SandboxRow(id=sandbox_id, workspace_id=workspace_id, template="code-interpreter", cpu=1, **kw)
-
-
-def snapshot(snapshot_id: str, workspace_id: str, path: str = "/nowhere", **kw: Any) -> SnapshotRow:
-    return SnapshotRow(id=snapshot_id, workspace_id=workspace_id, template="code-interpreter", path=path, **kw)
+# the shared fixtures (registry_support), bound here under the names the tests ask for
+pg_server = registry_support.pg_server
+db_url = registry_support.db_url
+registry = registry_support.registry
 
 
 def beat(reg: Registry, name: str, now: float, *, boot_id: str = "boot-1", total_mib: int = 4096) -> HeartbeatOutcome:

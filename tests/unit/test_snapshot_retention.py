@@ -5,8 +5,7 @@ Fleet by their heartbeats, and one injected clock."""
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import pytest
@@ -22,10 +21,11 @@ from cryobox.server.snapshots_ctl import (
     RetentionPolicy,
     SnapshotControl,
 )
+from tests.unit import registry_support
 from tests.unit.fake_agent import FakeAgent
+from tests.unit.registry_support import T0, Clock
 
 GRACE = 3600.0
-T0 = 1_000_000.0
 
 # -- RetentionPolicy.from_env ------------------------------------------------------------------------------------
 
@@ -80,14 +80,6 @@ def test_bad_explicit_values(kw: dict[str, float]) -> None:
 
 HOST = "host-a"
 DEADLINE_S = 10.0
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def snapshot_info(snapshot_id: str, sandbox_id: str | None) -> am.SnapshotInfo:
@@ -170,14 +162,8 @@ class Env:
         return set(self.agents[host].snapshots)
 
 
-@pytest.fixture
-def registry(tmp_path: Path) -> Iterator[Registry]:
-    reg = Registry(f"sqlite:///{tmp_path / 'registry.sqlite'}")
-    try:
-        reg.migrate()
-        yield reg
-    finally:
-        reg.close()
+# the shared fixture (registry_support), bound here under the name the tests ask for
+registry = registry_support.sqlite_registry
 
 
 @pytest.fixture

@@ -5,19 +5,16 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import signal
 import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
-from types import TracebackType
 
 import httpx
 
 from ..agent.store.mounts import unmount
 from ..agent.store.volume import release_volume
 from ..config import DEFAULT_CACHE_DIR, Paths
+from .childproc import ChildProcess
 
 
 def free_port() -> int:
@@ -26,8 +23,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class ServeProcess:
+def release_serve_state(data_dir: Path, cache_dir: Path | None) -> None:
+    """What a ``cryobox serve`` (or agent) with ``data_dir`` may leave when it dies without cleaning up: the
+    memory server's mount, the data volume, the hot directory."""
+    paths = Paths(data_dir, cache_dir or DEFAULT_CACHE_DIR)
+    unmount(paths.memserver_dir / "mnt")  # a memory server killed with serve leaves its mount disconnected
+    release_volume(data_dir)
+    shutil.rmtree(paths.hot_dir, ignore_errors=True)
+
+
+class ServeProcess(ChildProcess):
     """Starts ``cryobox serve`` on a free loopback port with its own data dir; ``stop()`` is idempotent."""
+
+    what = "cryobox serve"
+    start_timeout_s = 1800.0
+    poll_interval_s = 0.1
+    cleanup_on_timeout = True
 
     def __init__(
         self,
@@ -40,84 +51,32 @@ class ServeProcess:
         extra_env: dict[str, str] | None = None,
         extra_args: list[str] | None = None,
     ) -> None:
-        self.data_dir = data_dir
+        super().__init__(data_dir, log_path or data_dir / "serve.log", extra_env, extra_args)
         self.cache_dir = cache_dir
         self.prespawn = prespawn
         self.pool_mode = pool_mode
         self.port = free_port()
         self.api_key = "cbx_test_" + secrets.token_hex(8)
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path or data_dir / "serve.log"
-        self.extra_env = extra_env or {}
-        self.extra_args = list(extra_args or [])
-        self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout_s: float = 1800.0) -> ServeProcess:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        argv = [
-            sys.executable,
-            "-m",
-            "cryobox.cli.main",
-            "serve",
-            "--data-dir",
-            str(self.data_dir),
-            "--port",
-            str(self.port),
-            "--prespawn",
-            str(self.prespawn),
-            "--pool-mode",
-            self.pool_mode,
-        ]
+    def argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "cryobox.cli.main", "serve", "--data-dir", str(self.data_dir)]
+        argv += ["--port", str(self.port), "--prespawn", str(self.prespawn), "--pool-mode", self.pool_mode]
         if self.cache_dir is not None:
             argv += ["--cache-dir", str(self.cache_dir)]
-        argv += self.extra_args
-        env = {**os.environ, "CRYOBOX_API_KEY": self.api_key, **self.extra_env}
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, env=env, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"cryobox serve exited with {self.proc.returncode}; see {self.log_path}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        self.cleanup()
-        raise RuntimeError(f"cryobox serve did not come up within {timeout_s}s; see {self.log_path}")
+        return argv + self.extra_args
 
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
+    def child_env(self) -> dict[str, str]:
+        return {**os.environ, "CRYOBOX_API_KEY": self.api_key, **self.extra_env}
+
+    def ready(self) -> bool:
+        return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
 
     def env(self) -> dict[str, str]:
+        """What a client of this server needs: ``CRYOBOX_API_URL`` and ``CRYOBOX_API_KEY``."""
         return {"CRYOBOX_API_URL": self.url, "CRYOBOX_API_KEY": self.api_key}
-
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else None
-        self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
 
     def cleanup(self) -> None:
         """After :meth:`stop`: unmount the data volume and remove the hot directory, even if serve died
         without doing it (a kill -9, a crash)."""
-        paths = Paths(self.data_dir, self.cache_dir or DEFAULT_CACHE_DIR)
-        unmount(paths.memserver_dir / "mnt")  # a memory server killed with serve leaves its mount disconnected
-        release_volume(self.data_dir)
-        shutil.rmtree(paths.hot_dir, ignore_errors=True)
-
-    def __enter__(self) -> ServeProcess:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-        self.cleanup()
+        release_serve_state(self.data_dir, self.cache_dir)

@@ -15,9 +15,10 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import uvicorn
@@ -44,6 +45,23 @@ def _token() -> str:
 
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
+
+
+def _run_until_signalled(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``main()`` until SIGTERM or SIGINT (a clean exit); a :class:`CryoboxError` from it exits 2."""
+    from ..errors import CryoboxError
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_cleanly)
+    try:
+        asyncio.run(main())
+    except CryoboxError as error:
+        console.print(f"[red]cannot start[/red] ({error.code}): {error.message}")
+        raise typer.Exit(2) from error
+
+
+def _log_to_stderr() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def _serve(app: object, host: str, port: int) -> uvicorn.Server:
@@ -85,7 +103,6 @@ def agent(
     from ..agentapi import create_agent_app
     from ..agentapi.heartbeat import HeartbeatSender
     from ..config import Paths
-    from ..errors import CryoboxError
     from ..server.metrics import Metrics
     from .compose import AgentOptions, boot_agent
     from .templates_opt import parse_templates
@@ -116,7 +133,7 @@ def agent(
     admission_config = AdmissionConfig.from_env(
         max_concurrent=max_concurrent_restores, queue_length=admission_queue, timeout_s=admission_timeout
     )
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _log_to_stderr()
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
     async def main() -> None:
@@ -137,13 +154,7 @@ def agent(
             await sender.aclose()
             await booted.close()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _exit_cleanly)
-    try:
-        asyncio.run(main())
-    except CryoboxError as error:
-        console.print(f"[red]cannot start[/red] ({error.code}): {error.message}")
-        raise typer.Exit(2) from error
+    _run_until_signalled(main)
 
 
 def control(
@@ -162,7 +173,6 @@ def control(
     from ..agent.store.objstore import open_store
     from ..agent.vm import detect_accel
     from ..config import Paths
-    from ..errors import CryoboxError
     from ..registry import Registry
     from ..server.app import Intervals, create_app
     from ..server.auth import load_or_create_key
@@ -178,7 +188,7 @@ def control(
     retention = RetentionPolicy.from_env(snapshot_grace, orphan_sweep_interval)
     limiter = RateLimiter.from_config(RateLimitConfig.from_env())
     registry = Registry.for_data_dir(paths.data_dir)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _log_to_stderr()
 
     async def main() -> None:
         await asyncio.to_thread(registry.migrate)
@@ -198,12 +208,7 @@ def control(
         console.print(f"export CRYOBOX_API_URL=http://{host}:{port} CRYOBOX_API_KEY={key}", soft_wrap=True)
         await _serve(app, host, port).serve()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _exit_cleanly)
     try:
-        asyncio.run(main())
-    except CryoboxError as error:
-        console.print(f"[red]cannot start[/red] ({error.code}): {error.message}")
-        raise typer.Exit(2) from error
+        _run_until_signalled(main)
     finally:
         registry.close()

@@ -38,6 +38,10 @@ console = Console(stderr=True)
 
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="platform state (default /var/lib/cryobox)")]
 CacheDir = Annotated[Path | None, typer.Option("--cache-dir", help="image cache (default /var/cache/cryobox)")]
+# the options every benchmark takes
+AsJson = Annotated[bool, typer.Option("--json", help="print the JSON result")]
+OutDir = Annotated[Path, typer.Option(help="where to write the JSON")]
+RESULTS_DIR = Path("bench/results")
 
 
 @app.command()
@@ -199,12 +203,18 @@ def image_build(data_dir: DataDir = None, cache_dir: CacheDir = None) -> None:
         console.print(f"{name}: {template.generation} {template.path}")
 
 
+def _print_result(result: object, as_json: bool) -> None:
+    """A benchmark's result on stdout, with ``--json`` (it is written under ``--out-dir`` either way)."""
+    if as_json:
+        print(json.dumps(result, indent=2))
+
+
 @bench_app.command("create")
 def bench_create(
     n: Annotated[int, typer.Option("--n", help="samples per measurement")] = 20,
     template: Annotated[str, typer.Option(help="template to measure")] = "base",
-    as_json: Annotated[bool, typer.Option("--json", help="print the JSON result")] = False,
-    out_dir: Annotated[Path, typer.Option(help="where to write the JSON")] = Path("bench/results"),
+    as_json: AsJson = False,
+    out_dir: OutDir = RESULTS_DIR,
     cache_dir: CacheDir = None,
 ) -> None:
     """Cold boot vs bare restore vs API create, each to the first exec answered, in one run."""
@@ -213,39 +223,36 @@ def bench_create(
     result = asyncio.run(
         run_create_bench(n=n, template=template, out_dir=out_dir, cache_dir=cache_dir, console=console)
     )
-    if as_json:
-        print(json.dumps(result, indent=2))
+    _print_result(result, as_json)
 
 
 @bench_app.command("snapshot")
 def bench_snapshot(
     n: Annotated[int, typer.Option("--n", help="samples per pause-window measurement (restores: at least 10)")] = 5,
-    as_json: Annotated[bool, typer.Option("--json", help="print the JSON result")] = False,
-    out_dir: Annotated[Path, typer.Option(help="where to write the JSON")] = Path("bench/results"),
+    as_json: AsJson = False,
+    out_dir: OutDir = RESULTS_DIR,
     cache_dir: CacheDir = None,
 ) -> None:
     """Snapshot pause window (512 MiB vs 2 GiB), restore, fork-tree of 16 and their Pss, in one run."""
     from ..bench.snapshot import run_snapshot_bench
 
     result = run_snapshot_bench(n=n, out_dir=out_dir, cache_dir=cache_dir, console=console)
-    if as_json:
-        print(json.dumps(result, indent=2))
+    _print_result(result, as_json)
 
 
 @bench_app.command("net")
 def bench_net(
     n: Annotated[int, typer.Option("--n", help="creates per snapshot age for the clock error")] = 5,
     ages: Annotated[str, typer.Option("--ages", help="snapshot ages in seconds, comma-separated")] = "10,60",
-    as_json: Annotated[bool, typer.Option("--json", help="print the JSON result")] = False,
-    out_dir: Annotated[Path, typer.Option(help="where to write the JSON")] = Path("bench/results"),
+    as_json: AsJson = False,
+    out_dir: OutDir = RESULTS_DIR,
     cache_dir: CacheDir = None,
 ) -> None:
     """Network slot acquire (warm vs cold pool), guest clock error right after create, create latency, in one run."""
     from ..bench.net import run_net_bench
 
     result = run_net_bench(n=n, ages=ages, out_dir=out_dir, cache_dir=cache_dir, console=console)
-    if as_json:
-        print(json.dumps(result, indent=2))
+    _print_result(result, as_json)
 
 
 @bench_app.command("burst")
@@ -256,9 +263,9 @@ def bench_burst(
         str, typer.Option(help="store-side latency/bandwidth/throttle injection ('' for none)")
     ] = "latency_ms=30,bandwidth_mbps=800",
     concurrency: Annotated[int, typer.Option(help="--max-concurrent-restores of the measured servers")] = 4,
-    as_json: Annotated[bool, typer.Option("--json", help="print the JSON result")] = False,
+    as_json: AsJson = False,
     plot: Annotated[Path | None, typer.Option(help="write a PNG: latency CDFs, GETs vs chunks")] = None,
-    out_dir: Annotated[Path, typer.Option(help="where to write the JSON")] = Path("bench/results"),
+    out_dir: OutDir = RESULTS_DIR,
     cache_dir: CacheDir = None,
 ) -> None:
     """N simultaneous creates with memory only in the object store: cold cache, warm cache, naive; one run."""
@@ -274,8 +281,7 @@ def bench_burst(
         plot=plot,
         console=console,
     )
-    if as_json:
-        print(json.dumps(result, indent=2))
+    _print_result(result, as_json)
 
 
 @bench_app.command("fleet")
@@ -286,9 +292,9 @@ def bench_fleet(
     restores: Annotated[int, typer.Option(help="snapshot restores per phase (all agents up; source killed)")] = 3,
     template: Annotated[str, typer.Option(help="template to create")] = "base",
     isolation: Annotated[str, typer.Option(help="'netns' (an agent per network namespace) or 'loopback'")] = "netns",
-    as_json: Annotated[bool, typer.Option("--json", help="print the JSON result")] = False,
+    as_json: AsJson = False,
     plot: Annotated[Path | None, typer.Option(help="write a PNG: hop, burst CDF, per-agent load, restores")] = None,
-    out_dir: Annotated[Path, typer.Option(help="where to write the JSON")] = Path("bench/results"),
+    out_dir: OutDir = RESULTS_DIR,
     cache_dir: CacheDir = None,
 ) -> None:
     """Control plane + host agents: the HTTP hop's cost, a burst over N agents, same- vs cross-host restores."""
@@ -308,8 +314,7 @@ def bench_fleet(
         plot=plot,
         console=console,
     )
-    if as_json:
-        print(json.dumps(result, indent=2))
+    _print_result(result, as_json)
 
 
 def main() -> None:

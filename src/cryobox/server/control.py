@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from ..agentapi import Agent
 from ..agentapi import models as am
 from ..errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound
-from ..registry import Registry, SandboxRow
+from ..registry import Registry, ReservationRow, SandboxRow
 from .fleet import Fleet
 from .metrics import Metrics
 from .placement import Placement, PlacementRequest
@@ -189,12 +189,14 @@ class ControlPlane:
             raise
         return await self.commit(info, reservation.agent, agent, reservation)
 
-    async def commit(self, info: am.SandboxInfo, host: str, agent: Agent, reservation: object = None) -> SandboxRow:
+    async def commit(
+        self, info: am.SandboxInfo, host: str, agent: Agent, reservation: ReservationRow | None = None
+    ) -> SandboxRow:
         """Write the row of a sandbox whose agent answered; if that fails the sandbox goes too."""
         row = row_for(info, host)
         try:
             if reservation is not None:
-                await self.placement.commit(reservation, row)  # type: ignore[arg-type]
+                await self.placement.commit(reservation, row)
             else:
                 await asyncio.to_thread(self.registry.add_sandbox, row)
         except BaseException:

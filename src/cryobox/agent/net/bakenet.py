@@ -18,8 +18,9 @@ from collections.abc import AsyncIterator
 
 from pyroute2 import IPRoute, netns
 
+from ...util.system import in_fresh_thread, pid_alive
 from ..vm import NetAttach
-from .netlink import _TAP_FLAGS, _in_fresh_thread, _index, _remove_netns, _unshare_net
+from .netlink import _TAP_FLAGS, _index, _remove_netns, _unshare_net
 from .slots import GATEWAY_IP, GATEWAY_MAC, GUEST_PREFIXLEN, NETNS_DIR, TAP
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ def _build(name: str) -> None:
 def create_bake_netns() -> str:
     name = f"{PREFIX}{os.getpid()}-{secrets.token_hex(3)}"
     try:
-        _in_fresh_thread(lambda: _build(name))
+        in_fresh_thread(lambda: _build(name))
     except BaseException:
         _remove_netns(name)
         raise
@@ -57,16 +58,6 @@ async def bake_network() -> AsyncIterator[NetAttach]:
         await asyncio.to_thread(_remove_netns, name)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def reclaim_bakes() -> int:
     """Remove bake namespaces left by processes that died mid-bake; returns how many went."""
     removed = 0
@@ -74,7 +65,7 @@ def reclaim_bakes() -> int:
         if not name.startswith(PREFIX):
             continue
         pid_text = name[len(PREFIX) :].split("-", 1)[0]
-        if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+        if pid_text.isdigit() and not pid_alive(int(pid_text)):
             removed += _remove_netns(name)
     if removed:
         log.warning("removed %d bake namespace(s) of dead processes", removed)

@@ -35,14 +35,14 @@ import logging
 import os
 import socket
 import subprocess
-import threading
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 from pyroute2 import IPRoute, netns
 from pyroute2.netlink.exceptions import NetlinkError
 
 from cryobox.errors import CryoboxError
+from cryobox.util.system import in_fresh_thread
 
 from .slots import (
     GATEWAY_IP,
@@ -58,7 +58,6 @@ from .slots import (
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 # (argv, stdin) -> stdout; raises NetworkSetupError on a non-zero exit. Injected so unit tests need no root.
 Runner = Callable[[Sequence[str], "str | None"], str]
 
@@ -144,25 +143,6 @@ def _not_on_event_loop(what: str) -> None:
     raise RuntimeError(f"{what} blocks (netlink): call it via asyncio.to_thread, not on the event loop thread")
 
 
-def _in_fresh_thread(fn: Callable[[], T]) -> T:
-    """Run ``fn`` on a brand-new thread that dies afterwards (it may leave that thread in another netns)."""
-    result: list[T] = []
-    error: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            result.append(fn())
-        except BaseException as exc:  # re-raised on the caller's thread
-            error.append(exc)
-
-    thread = threading.Thread(target=target, name="cryobox-netns", daemon=True)
-    thread.start()
-    thread.join()
-    if error:
-        raise error[0]
-    return result[0]
-
-
 def _unshare_net() -> None:
     # os.unshare only exists from Python 3.12; CDLL(None) is the already-loaded libc (find_library would fork ldconfig)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -217,7 +197,7 @@ def create_slot(slot: Slot, *, runner: Runner = run_command) -> None:
     _not_on_event_loop("create_slot")
     progress: set[str] = set()
     try:
-        _in_fresh_thread(lambda: _build_in_new_netns(slot, progress))
+        in_fresh_thread(lambda: _build_in_new_netns(slot, progress))
         runner(in_netns(slot.netns, "nft", "-f", "-"), slot_ruleset(slot))
     except BaseException as exc:
         try:

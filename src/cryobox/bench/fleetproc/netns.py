@@ -32,6 +32,8 @@ from pathlib import Path
 from types import TracebackType
 
 from ...agent.net.slots import NETNS_DIR
+from ...util.system import pid_alive
+from ..childproc import stop_popen
 from .addresses import (
     NETNS_PREFIX,
     NetnsAddresses,
@@ -42,7 +44,7 @@ from .addresses import (
     parse_netns_name,
     pick_fleet_index,
 )
-from .system import die_with_parent, ipv4_in_use, kill_pid, pid_alive, run, socket_in_netns, stop_popen
+from .system import die_with_parent, ipv4_in_use, kill_pid, run, socket_in_netns
 
 TABLE_PREFIX = "cbxfleet_"
 STATE_DIR = Path("/run/cbxfleet")

@@ -5,28 +5,22 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal
 
 import httpx
 
 from ...agent.net.slots import CIDR_ENV, tag_for
 from ...agent.reclaim import find_own_qemus
-from ...agent.store.mounts import unmount
-from ...agent.store.volume import release_volume
 from ...config import DEFAULT_CACHE_DIR, Paths
-from ..server import free_port
+from ..childproc import ChildProcess
+from ..server import free_port, release_serve_state
 from .addresses import AGENT_PORT, check_name, loopback_ports
 from .moto import S3_CREDENTIALS
 from .netns import AgentNetns
-from .system import in_thread, kill_pid, stop_popen
+from .system import in_thread, kill_pid
 
 
 def agents_by_name(payload: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -35,8 +29,9 @@ def agents_by_name(payload: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _release_host_state(data_dir: Path, cache_dir: Path | None) -> None:
-    """What :meth:`ServeProcess.cleanup` does, plus the stragglers a SIGKILLed agent leaves: its QEMUs (their
-    ``-pidfile`` lies in our run dir), its memory server (by pid file), its per-sandbox namespaces (by tag)."""
+    """What :meth:`ServeProcess.cleanup` does (:func:`release_serve_state`), after the stragglers a SIGKILLed agent
+    leaves: its QEMUs (their ``-pidfile`` lies in our run dir) and its memory server (by pid file); then its
+    per-sandbox namespaces (by tag)."""
     paths = Paths(data_dir, cache_dir or DEFAULT_CACHE_DIR)
     for pid in find_own_qemus(paths.run_dir):
         kill_pid(pid)
@@ -45,78 +40,14 @@ def _release_host_state(data_dir: Path, cache_dir: Path | None) -> None:
         pid = int(pidfile.read_text())
         if b"cryobox.agent.store.memserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
             kill_pid(pid)
-    unmount(paths.memserver_dir / "mnt")  # a memory server killed with its agent leaves its mount disconnected
-    release_volume(data_dir)
-    shutil.rmtree(paths.hot_dir, ignore_errors=True)
+    release_serve_state(data_dir, cache_dir)
     if data_dir.exists():
         from ...agent.net.netlink import reclaim
 
         in_thread(lambda: reclaim(tag_for(data_dir)))  # netlink calls must not run on an event loop thread
 
 
-class _Process:
-    """Common lifecycle: spawn, readiness poll, stop by PID (``sig`` then SIGKILL), restart on the same port."""
-
-    what = "process"
-
-    def __init__(self, data_dir: Path, log_name: str, extra_env: Mapping[str, str] | None) -> None:
-        self.data_dir = data_dir
-        self.log_path = data_dir / log_name
-        self.extra_env = dict(extra_env or {})
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def argv(self) -> list[str]:
-        raise NotImplementedError
-
-    def env(self) -> dict[str, str]:
-        raise NotImplementedError
-
-    def ready(self) -> bool:
-        raise NotImplementedError
-
-    def launch(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log, env=self.env(), stdin=subprocess.DEVNULL)
-
-    def wait_ready(self, timeout_s: float) -> None:
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{self.what} exited with {self.proc.returncode}; see {self.log_path}:\n{self.log_tail()}"
-                )
-            try:
-                if self.ready():
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"{self.what} did not come up within {timeout_s}s; see {self.log_path}:\n{self.log_tail()}")
-
-    def log_tail(self, size: int = 3000) -> str:
-        with contextlib.suppress(OSError):
-            return self.log_path.read_text(errors="replace")[-size:]
-        return "(no log)"
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
-        return stop_popen(self.proc, sig, timeout_s)
-
-    def kill(self) -> int | None:
-        return self.stop(signal.SIGKILL)
-
-
-class ControlProcess(_Process):
+class ControlProcess(ChildProcess):
     """``cryobox control`` on ``listen_host:<free port>`` (chosen once: :meth:`restart` keeps it)."""
 
     what = "cryobox control"
@@ -136,7 +67,7 @@ class ControlProcess(_Process):
         extra_args: Sequence[str] = (),
         listen_host: str = "127.0.0.1",
     ) -> None:
-        super().__init__(data_dir, "control.log", extra_env)
+        super().__init__(data_dir, data_dir / "control.log", extra_env, extra_args)
         self.database_url = database_url
         self.node_token = node_token
         self.api_key = api_key
@@ -144,7 +75,6 @@ class ControlProcess(_Process):
         self.cache_dir = cache_dir
         self.agent_deadline_s = agent_deadline_s
         self.reap_interval_s = reap_interval_s
-        self.extra_args = list(extra_args)
         self.listen_host = listen_host
         self.port = free_port()
         self.url = f"http://{'127.0.0.1' if listen_host in ('0.0.0.0', '') else listen_host}:{self.port}"
@@ -160,7 +90,7 @@ class ControlProcess(_Process):
             argv += ["--reap-interval", str(self.reap_interval_s)]
         return argv + self.extra_args
 
-    def env(self) -> dict[str, str]:
+    def child_env(self) -> dict[str, str]:
         return {
             **os.environ,
             "CRYOBOX_DATABASE_URL": self.database_url,
@@ -172,15 +102,6 @@ class ControlProcess(_Process):
 
     def ready(self) -> bool:
         return httpx.get(f"{self.url}/healthz", timeout=1.0, trust_env=False).status_code == 200
-
-    def start(self, timeout_s: float = 300.0) -> ControlProcess:
-        self.launch()
-        self.wait_ready(timeout_s)
-        return self
-
-    def restart(self, sig: int = signal.SIGTERM, timeout_s: float = 300.0) -> ControlProcess:
-        self.stop(sig)
-        return self.start(timeout_s)
 
     def agents(self, timeout_s: float = 5.0) -> dict[str, dict[str, Any]]:
         """``GET /v1/agents`` by agent name."""
@@ -196,22 +117,14 @@ class ControlProcess(_Process):
     def cleanup(self) -> None:
         _release_host_state(self.data_dir, self.cache_dir)
 
-    def __enter__(self) -> ControlProcess:
-        return self.start()
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-        self.cleanup()
-
-
-class AgentProcess(_Process):
+class AgentProcess(ChildProcess):
     """``cryobox agent`` in ``netns`` (``nsenter --net``; listening on the namespace's address) or, with
     ``netns=None``, on ``127.0.0.1:<free port>``. Ready when its healthz answers and, given ``api_key``, the control
     plane lists it ``up``. ``cleanup()`` releases what a dead agent may have left (see :func:`_release_host_state`)."""
 
     what = "cryobox agent"
+    start_timeout_s = 1800.0
 
     def __init__(
         self,
@@ -236,7 +149,7 @@ class AgentProcess(_Process):
         extra_env: Mapping[str, str] | None = None,
         extra_args: Sequence[str] = (),
     ) -> None:
-        super().__init__(data_dir, "agent.log", extra_env)
+        super().__init__(data_dir, data_dir / "agent.log", extra_env, extra_args)
         self.name = check_name(name)
         self.control_url = control_url
         self.node_token = node_token
@@ -253,7 +166,6 @@ class AgentProcess(_Process):
         self.heartbeat_interval_s = heartbeat_interval_s
         self.netns = netns
         self.api_key = api_key
-        self.extra_args = list(extra_args)
         if netns is not None:
             self.listen_host, self.port = netns.agent_ip, AGENT_PORT
         else:
@@ -281,7 +193,7 @@ class AgentProcess(_Process):
         argv += self.extra_args
         return self.netns.wrap(argv) if self.netns is not None else argv
 
-    def env(self) -> dict[str, str]:
+    def child_env(self) -> dict[str, str]:
         env = {**os.environ, "CRYOBOX_NODE_TOKEN": self.node_token, **S3_CREDENTIALS}
         if self.net_cidr:
             env[CIDR_ENV] = self.net_cidr
@@ -316,15 +228,6 @@ class AgentProcess(_Process):
     def ready(self) -> bool:
         return self.healthy() and (self.api_key is None or self.status() == "up")
 
-    def start(self, timeout_s: float = 1800.0) -> AgentProcess:
-        self.launch()
-        self.wait_ready(timeout_s)
-        return self
-
-    def restart(self, sig: int = signal.SIGTERM, timeout_s: float = 1800.0) -> AgentProcess:
-        self.stop(sig)
-        return self.start(timeout_s)
-
     @property
     def paths(self) -> Paths:
         return Paths(self.data_dir, self.cache_dir or DEFAULT_CACHE_DIR)
@@ -356,12 +259,3 @@ class AgentProcess(_Process):
 
             with contextlib.suppress(Exception):
                 Firewall(SlotPlan(tag=tag_for(self.data_dir), cidr=self.net_cidr or "10.200.0.0/16")).remove()
-
-    def __enter__(self) -> AgentProcess:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-        self.cleanup()

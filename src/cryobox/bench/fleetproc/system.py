@@ -10,10 +10,11 @@ import os
 import signal
 import socket
 import subprocess
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
+
+from ...util.system import in_fresh_thread
 
 T = TypeVar("T")
 
@@ -33,19 +34,6 @@ def run(argv: Sequence[str], *, stdin: str | None = None, check: bool = True, ti
     return proc.stdout
 
 
-def stop_popen(proc: subprocess.Popen[bytes] | None, sig: int, timeout_s: float) -> int | None:
-    if proc is None:
-        return None
-    if proc.poll() is not None:
-        return proc.returncode
-    proc.send_signal(sig)
-    try:
-        return proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
-
-
 def kill_pid(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signal.SIGKILL)
@@ -53,21 +41,7 @@ def kill_pid(pid: int) -> None:
 
 def in_thread(fn: Callable[[], T]) -> T:
     """Run ``fn`` on a brand-new thread that ends afterwards (it may leave that thread in another netns)."""
-    result: list[T] = []
-    error: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            result.append(fn())
-        except BaseException as exc:  # re-raised on the caller's thread
-            error.append(exc)
-
-    thread = threading.Thread(target=target, name="cbxfleet-netns", daemon=True)
-    thread.start()
-    thread.join()
-    if error:
-        raise error[0]
-    return result[0]
+    return in_fresh_thread(fn, name="cbxfleet-netns")
 
 
 def setns(path: Path) -> None:
@@ -105,13 +79,3 @@ def ipv4_in_use() -> list[ipaddress.IPv4Network]:
             with contextlib.suppress(ValueError):
                 out.append(ipaddress.IPv4Network(dst if "/" in dst else f"{dst}/32", strict=False))
     return out
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

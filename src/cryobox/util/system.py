@@ -1,0 +1,40 @@
+"""Small OS helpers shared by the agent and the bench harness: a throwaway thread, a PID liveness check."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def in_fresh_thread(fn: Callable[[], T], *, name: str = "cryobox-netns") -> T:
+    """Run ``fn`` on a brand-new thread that dies afterwards (it may leave that thread in another netns)."""
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:  # re-raised on the caller's thread
+            error.append(exc)
+
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (someone else's counts: signalling it is refused, but it is there)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

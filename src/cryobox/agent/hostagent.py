@@ -140,6 +140,7 @@ class HostAgent:
             sandboxes=len(self.service.sandboxes),
             sandboxes_running=sum(1 for s in held if s.state is SandboxState.RUNNING),
             restores_in_flight=self.admission.running + self.admission.queue_depth,
+            restores_peak=self.service.restoring_peak,
             max_concurrent_restores=self.admission.config.max_concurrent,
             admission_queue_depth=self.admission.queue_depth,
             prespawned=sum(pool.ready_count for pool in self.service.pools.values()),

@@ -11,10 +11,11 @@ hibernation store and kills QEMU; any request to a hibernated sandbox (or ``wake
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from typing import Any
 
 from ..errors import NotFound, PayloadTooLarge, StateError
@@ -50,6 +51,9 @@ class SandboxService:
         self._background: set[asyncio.Task[None]] = set()
         self.pools = {name: PrespawnPool(factory, t, prespawn, pool_mode) for name, t in self.templates.items()}
         self.sandboxes: dict[str, Sandbox] = {}
+        self.restoring = 0
+        """Creates restoring right now (counted here, not by admission, so the bound is checked independently)."""
+        self.restoring_peak = 0
 
     def start(self) -> None:
         for pool in self.pools.values():
@@ -102,53 +106,63 @@ class SandboxService:
         if sandbox_id in self.sandboxes:
             raise StateError(f"sandbox {sandbox_id} already exists", state="exists", required="new")
         started = time.monotonic()
-        if from_snapshot is None:
-            vm = await self.pools[template].take()
-        else:
-            vm = await self.factory.spawn_incoming(from_snapshot)
-        now = self.clock()
-        sandbox = Sandbox(
-            id=sandbox_id,
-            template=from_snapshot.template if from_snapshot is not None else template,
-            cpus=source.machine.cpus,
-            memory_mib=source.machine.memory_mib,
-            vm=vm,
-            created_at=now,
-            workspace_id=workspace_id,
-            metadata=dict(metadata or {}),
-            env=dict(env or {}),
-            ttl_s=ttl_s,
-            persistent=persistent,
-            last_active=now,
-            from_snapshot=from_snapshot.id if from_snapshot is not None else None,
-            instance_id=uuid.uuid4().hex,
-            slot=self.factory.slot_of(vm),
-            egress=list(egress) if egress is not None else None,
-        )
-        self.sandboxes[sandbox.id] = sandbox
+        with self._counting_restore():
+            if from_snapshot is None:
+                vm = await self.pools[template].take()
+            else:
+                vm = await self.factory.spawn_incoming(from_snapshot)
+            now = self.clock()
+            sandbox = Sandbox(
+                id=sandbox_id,
+                template=from_snapshot.template if from_snapshot is not None else template,
+                cpus=source.machine.cpus,
+                memory_mib=source.machine.memory_mib,
+                vm=vm,
+                created_at=now,
+                workspace_id=workspace_id,
+                metadata=dict(metadata or {}),
+                env=dict(env or {}),
+                ttl_s=ttl_s,
+                persistent=persistent,
+                last_active=now,
+                from_snapshot=from_snapshot.id if from_snapshot is not None else None,
+                instance_id=uuid.uuid4().hex,
+                slot=self.factory.slot_of(vm),
+                egress=list(egress) if egress is not None else None,
+            )
+            self.sandboxes[sandbox.id] = sandbox
+            try:
+                if egress is not None:
+                    await self.factory.allow_egress(vm, egress)
+                step_ns = await self._bring_up(vm, source, sandbox.instance_id)
+            except BaseException as err:
+                sandbox.state = SandboxState.ERROR
+                self.sandboxes.pop(sandbox.id, None)
+                cause = await self.factory.explain_failure(vm) if isinstance(err, Exception) else None
+                await self.factory.destroy(vm)
+                if cause is not None:
+                    raise cause from err
+                raise
+            sandbox.boot_ms = round((time.monotonic() - started) * 1000, 1)
+            sandbox.state = SandboxState.RUNNING
+            log.info(
+                "sandbox %s restored from %s in %.0f ms (vm %s, clock stepped %+.3f s)",
+                sandbox.id,
+                sandbox.from_snapshot or template,
+                sandbox.boot_ms,
+                vm.vm_id,
+                step_ns / 1e9,
+            )
+            return sandbox
+
+    @contextlib.contextmanager
+    def _counting_restore(self) -> Iterator[None]:
+        self.restoring += 1
+        self.restoring_peak = max(self.restoring_peak, self.restoring)
         try:
-            if egress is not None:
-                await self.factory.allow_egress(vm, egress)
-            step_ns = await self._bring_up(vm, source, sandbox.instance_id)
-        except BaseException as err:
-            sandbox.state = SandboxState.ERROR
-            self.sandboxes.pop(sandbox.id, None)
-            cause = await self.factory.explain_failure(vm) if isinstance(err, Exception) else None
-            await self.factory.destroy(vm)
-            if cause is not None:
-                raise cause from err
-            raise
-        sandbox.boot_ms = round((time.monotonic() - started) * 1000, 1)
-        sandbox.state = SandboxState.RUNNING
-        log.info(
-            "sandbox %s restored from %s in %.0f ms (vm %s, clock stepped %+.3f s)",
-            sandbox.id,
-            sandbox.from_snapshot or template,
-            sandbox.boot_ms,
-            vm.vm_id,
-            step_ns / 1e9,
-        )
-        return sandbox
+            yield
+        finally:
+            self.restoring -= 1
 
     @staticmethod
     async def _bring_up(vm: MicroVM, source: RestoreSource, instance_id: str) -> int:

@@ -221,6 +221,8 @@ class Capacity(_Model):
     sandboxes: int = 0
     sandboxes_running: int = 0
     restores_in_flight: int = 0
+    restores_peak: int = 0
+    """The most restores that ran at once on this agent since it started (admission's bound, observed)."""
     max_concurrent_restores: int = 0
     admission_queue_depth: int = 0
     prespawned: int = 0

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HEARTBEAT_INTERVAL_S = 2.0
 DEFAULT_DEADLINE_S = 10.0
+ROW_CACHE_S = 1.0
 RegisterHook = Callable[[str, am.Heartbeat], Awaitable[None]]
 
 
@@ -46,6 +47,9 @@ class Fleet:
     local: dict[str, Agent] = field(default_factory=dict)
     """In-process agents by name (``cryobox serve`` has one); the rest are reached over HTTP."""
     _clients: dict[str, tuple[str, HttpAgent]] = field(default_factory=dict)
+    _rows: dict[str, tuple[float, AgentRow]] = field(default_factory=dict)
+    """Agent rows read in the last ``ROW_CACHE_S`` (a routed call costs no registry read for its agent;
+    liveness is still judged against the row's heartbeat time, so a silent agent is refused all the same)."""
     _on_register: list[RegisterHook] = field(default_factory=list)
 
     def on_register(self, hook: RegisterHook) -> None:
@@ -63,10 +67,15 @@ class Fleet:
         local = self.local.get(name)
         if local is not None:
             return local
-        try:
-            row = await asyncio.to_thread(self.registry.fleet.get_agent, name)
-        except Exception:
-            raise HostUnavailable(f"agent {name!r} is not registered", details={"agent": name}) from None
+        cached = self._rows.get(name)
+        if cached is not None and cached[0] > self.clock():
+            row = cached[1]
+        else:
+            try:
+                row = await asyncio.to_thread(self.registry.fleet.get_agent, name)
+            except Exception:
+                raise HostUnavailable(f"agent {name!r} is not registered", details={"agent": name}) from None
+            self._rows[name] = (self.clock() + ROW_CACHE_S, row)
         if not self.is_alive(row):
             raise HostUnavailable(
                 f"agent {name!r} is {row.status if row.status != 'up' else 'not answering heartbeats'}",
@@ -118,6 +127,7 @@ class Fleet:
                 now=self.clock(),
             )
         )
+        self._rows.pop(name, None)
         reported = {s.id: s.state for s in hb.sandboxes}
         if outcome.new_boot or outcome.was_down:
             await self._reconcile(name, hb, reported)
@@ -150,6 +160,8 @@ class Fleet:
     async def check_stale(self) -> list[str]:
         """Agents silent past the deadline become ``down`` and their sandboxes ``lost``."""
         down = await asyncio.to_thread(self.registry.fleet.mark_stale, self.clock(), self.config.deadline_s)
+        for name in down:
+            self._rows.pop(name, None)
         for name in down:
             log.warning(
                 "agent %s missed heartbeats for %.0fs: down, its sandboxes are lost", name, self.config.deadline_s

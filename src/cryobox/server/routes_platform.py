@@ -66,6 +66,7 @@ async def info(ctx: PublicCtx) -> models.Info:
             "memory_committed_mib": total("memory_committed_mib"),
             "vcpus_total": total("vcpus_total"),
             "restores_in_flight": total("restores_in_flight"),
+            "restores_peak": max([int(str(c.get("restores_peak") or 0)) for c in caps] or [0]),
             "sandboxes_running": total("sandboxes_running"),
             "prespawned_vms": total("prespawned"),
             "max_concurrent_restores": total("max_concurrent_restores"),

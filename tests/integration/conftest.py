@@ -22,11 +22,15 @@ from cryobox.config import Paths
 
 from .support import Api, Client
 
+TIMEOUT_S = 600  # per test (setup, call and teardown), unless it has its own @pytest.mark.timeout
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/integration" in str(item.path):
             item.add_marker(pytest.mark.vm)
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")

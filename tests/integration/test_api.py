@@ -164,7 +164,8 @@ def test_idle_ttl_reaper_deletes_idle_sandboxes(
     tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, templates: dict[str, Template]
 ) -> None:
     data_dir = tmp_path_factory.mktemp("ttl")
-    with ServeProcess(data_dir, cache_dir=cache_dir, prespawn=1, extra_args=["--reap-interval", "0.5"]) as srv:
+    args = ["--reap-interval", "0.5", "--templates", "base", "--net-pool", "2"]  # one template: a cheaper start-up
+    with ServeProcess(data_dir, cache_dir=cache_dir, prespawn=0, extra_args=args) as srv:
         api = Api(api_url=srv.url, api_key=srv.api_key)
         idle = Sandbox.create(template="base", ttl_seconds=3, **api)
         busy = Sandbox.create(template="base", ttl_seconds=3, **api)
@@ -172,10 +173,18 @@ def test_idle_ttl_reaper_deletes_idle_sandboxes(
             for _ in range(5):  # requests keep `busy` alive: the TTL counts idle time
                 time.sleep(1.0)
                 busy.exec("true")
+            last_request = time.monotonic()
             with pytest.raises(NotFound):
                 idle.refresh()
             assert busy.refresh().status == "running"
-            time.sleep(4.5)
+            # now idle: reaped once its TTL has passed (a GET is not activity), at the next 0.5 s sweep
+            while time.monotonic() - last_request < 10:
+                try:
+                    busy.refresh()
+                except NotFound:
+                    break
+                time.sleep(0.2)
+            assert time.monotonic() - last_request >= 3 - 0.2, "reaped before its TTL of idle time"
             with pytest.raises(NotFound):
                 busy.refresh()
         finally:

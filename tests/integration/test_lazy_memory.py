@@ -1,7 +1,8 @@
 """Restores whose RAM is paged on demand from the object store, through the memory server (real VMs, real FUSE).
 
 One data dir is used across a server restart, so these tests see the host chunk cache go from empty to warm and
-survive the restart; the outage test then empties the chunk cache and breaks the store.
+survive the restart; the outage tests share one host that restored the image once, and each empties its chunk
+cache and breaks the store.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from cryobox.config import Paths
 
 from .support import Client
 
-LAZY = ["--memory", "lazy", "--no-prefetch"]
+# lazy memory, no prefetch; one template and two network slots are all these tests need (cheaper start-ups)
+LAZY = ["--memory", "lazy", "--no-prefetch", "--templates", "base", "--net-pool", "2"]
 
 
 def memstats(data_dir: Path, cache_dir: Path) -> dict[str, Any]:
@@ -41,14 +43,43 @@ def base_image(stats: dict[str, Any]) -> dict[str, Any]:
     return image
 
 
+def assert_nothing_left(data_dir: Path, cache_dir: Path) -> None:
+    """No QEMU and no memory-server mount outlives the servers that used ``data_dir``."""
+    assert find_own_qemus(data_dir / "vol" / "run") == []
+    mnt = Paths(data_dir, cache_dir).memserver_dir / "mnt"
+    assert not mnt.is_mount(), "the memory server's mount outlived the server"
+
+
 @pytest.fixture
 def lazy_host(tmp_path: Path, cache_dir: Path, templates: dict[str, Template]) -> Iterator[Path]:
     """A data dir for lazy servers; checks no QEMU and no mount is left behind."""
     data_dir = tmp_path / "lazy"
     yield data_dir
-    assert find_own_qemus(data_dir / "vol" / "run") == []
-    mnt = Paths(data_dir, cache_dir).memserver_dir / "mnt"
-    assert not mnt.is_mount(), "the memory server's mount outlived the server"
+    assert_nothing_left(data_dir, cache_dir)
+
+
+@pytest.fixture(scope="module")
+def restored_once_host(
+    tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, templates: dict[str, Template]
+) -> Path:
+    """A data dir whose host has restored base lazily once, so its small objects (index) are cached, as a host
+    that restored this image before an outage would have. Shared by the outage cases: none of them changes
+    those objects (each empties the chunk cache itself)."""
+    data_dir = tmp_path_factory.mktemp("outage")
+    with ServeProcess(data_dir, cache_dir=cache_dir, prespawn=0, extra_args=LAZY) as serve:
+        client = Client(serve.url, serve.api_key)
+        try:
+            client.create()
+        finally:
+            client.close()
+    assert_nothing_left(data_dir, cache_dir)
+    return data_dir
+
+
+@pytest.fixture
+def outage_host(restored_once_host: Path, cache_dir: Path) -> Iterator[Path]:
+    yield restored_once_host
+    assert_nothing_left(restored_once_host, cache_dir)
 
 
 def test_lazy_restores_fetch_each_touched_chunk_once_and_cache_survives_restart(
@@ -116,20 +147,14 @@ def _cached_chunks(data_dir: Path, cache_dir: Path) -> list[int]:
 
 
 @pytest.mark.parametrize("fault", ["fail_rate=1", "throttle_rate=1"])
-def test_store_outage_fails_restore_loudly_and_quickly(lazy_host: Path, cache_dir: Path, fault: str) -> None:
-    # warm the small objects (index) first, as a host that restored this image before the outage would have
-    with ServeProcess(lazy_host, cache_dir=cache_dir, prespawn=0, extra_args=LAZY) as serve:
-        client = Client(serve.url, serve.api_key)
-        try:
-            client.create()
-        finally:
-            client.close()
+def test_store_outage_fails_restore_loudly_and_quickly(outage_host: Path, cache_dir: Path, fault: str) -> None:
+    lazy_host = outage_host  # its small objects (index) are cached: only chunk fetches meet the outage
     chunks = Paths(lazy_host, cache_dir).chunk_cache_dir
     for entry in chunks.iterdir():
         if entry.name != "objects":
             shutil.rmtree(entry)
 
-    deadline_s = 3.0
+    deadline_s = 1.0  # retries with backoff fit in it; the restore must fail soon after
     args = [*LAZY, "--store-faults", fault, "--fetch-deadline", str(deadline_s)]
     with ServeProcess(lazy_host, cache_dir=cache_dir, prespawn=0, extra_args=args) as serve:
         client = Client(serve.url, serve.api_key)

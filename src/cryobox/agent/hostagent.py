@@ -303,7 +303,7 @@ class HostAgent:
         if request.cmd:
             args["cmd"] = request.cmd
         async with self._busy(sandbox_id):
-            _, guest = await self.service._guest(sandbox_id, None)
+            _, guest = await self.service.guest(sandbox_id)
             async for event in guest.stream("pty_open", args):
                 kind = event.get("event")
                 if kind == "session":
@@ -314,10 +314,8 @@ class HostAgent:
                     yield am.PtyEvent(kind="exit", exit_code=event["result"].get("exit_code"))
 
     async def _pty_call(self, sandbox_id: str, op: str, args: dict[str, object]) -> None:
-        sandbox = self.service.get(sandbox_id)
-        sandbox.require_running()
-        sandbox.touch(self.service.clock())
-        await (await sandbox.vm.connect_guest()).call(op, args, timeout=PTY_CALL_TIMEOUT_S)
+        _, guest = await self.service.guest(sandbox_id)
+        await guest.call(op, args, timeout=PTY_CALL_TIMEOUT_S)
 
     async def pty_input(self, sandbox_id: str, session: str, data: bytes) -> None:
         await self._pty_call(sandbox_id, "pty_input", {"session": session, "data": b64(data)})

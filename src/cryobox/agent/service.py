@@ -260,7 +260,7 @@ class SandboxService:
         await asyncio.to_thread(self.hibernation.delete, sandbox.id)
         log.info("sandbox %s woke in %.0f ms", sandbox.id, (time.monotonic() - started) * 1000)
 
-    async def _guest(self, sandbox_id: str, workspace_id: str | None) -> tuple[Sandbox, GuestClient]:
+    async def guest(self, sandbox_id: str, workspace_id: str | None = None) -> tuple[Sandbox, GuestClient]:
         sandbox = self.get(sandbox_id, workspace_id)
         if sandbox.state is SandboxState.HIBERNATED:  # any request wakes it
             await self.resume(sandbox_id, workspace_id)
@@ -276,18 +276,18 @@ class SandboxService:
         )
 
     async def exec(self, sandbox_id: str, spec: ExecSpec, workspace_id: str | None = None) -> ExecResult:
-        sandbox, guest = await self._guest(sandbox_id, workspace_id)
+        sandbox, guest = await self.guest(sandbox_id, workspace_id)
         return await run_exec(guest, self._spec(sandbox, spec))
 
     async def exec_stream(
         self, sandbox_id: str, spec: ExecSpec, workspace_id: str | None = None
     ) -> AsyncIterator[ExecEvent]:
-        sandbox, guest = await self._guest(sandbox_id, workspace_id)
+        sandbox, guest = await self.guest(sandbox_id, workspace_id)
         async for event in stream_exec(guest, self._spec(sandbox, spec)):
             yield event
 
     async def read_file(self, sandbox_id: str, path: str, workspace_id: str | None = None) -> bytes:
-        _, guest = await self._guest(sandbox_id, workspace_id)
+        _, guest = await self.guest(sandbox_id, workspace_id)
         return unb64((await guest.call("read_file", {"path": path}, timeout=120)).get("content"))
 
     async def write_file(
@@ -295,16 +295,16 @@ class SandboxService:
     ) -> dict[str, Any]:
         if len(data) > MAX_FILE_BYTES:
             raise PayloadTooLarge(f"file of {len(data)} bytes exceeds {MAX_FILE_BYTES}")
-        _, guest = await self._guest(sandbox_id, workspace_id)
+        _, guest = await self.guest(sandbox_id, workspace_id)
         return await guest.call("write_file", {"path": path, "content": b64(data)}, timeout=120)
 
     async def inspect_net(self, sandbox_id: str, workspace_id: str | None = None) -> dict[str, Any]:
         """The guest's sockets, neighbours, resolver config, interfaces, clocks and instance id."""
-        _, guest = await self._guest(sandbox_id, workspace_id)
+        _, guest = await self.guest(sandbox_id, workspace_id)
         return await guest.call("inspect_net", {}, timeout=60)
 
     async def file_op(self, sandbox_id: str, op: str, path: str, workspace_id: str | None = None) -> dict[str, Any]:
-        _, guest = await self._guest(sandbox_id, workspace_id)
+        _, guest = await self.guest(sandbox_id, workspace_id)
         return await guest.call(op, {"path": path}, timeout=60)
 
     async def close(self) -> None:

@@ -92,6 +92,14 @@ class SnapshotOps:
         if not ref.stored:
             raise NotFound(f"snapshot {ref.id} has no files on this host", details={"id": ref.id})
         lock = self._imports.setdefault(ref.id, asyncio.Lock())
+        try:
+            await self._import_once(ref, lock)
+        finally:
+            if not lock.locked():  # the last waiter out drops it: one lock per import under way, not per snapshot
+                self._imports.pop(ref.id, None)
+        return await asyncio.to_thread(self._load, ref.id)
+
+    async def _import_once(self, ref: am.SnapshotRef, lock: asyncio.Lock) -> None:
         async with lock:  # concurrent restores of one snapshot import it once
             if not await asyncio.to_thread(self.host.snapshots.exists, ref.id):
                 template = self.host.service.template(ref.template)
@@ -103,7 +111,6 @@ class SnapshotOps:
                     raise NotFound(f"snapshot {ref.id} is not in the object store", details={"id": ref.id}) from None
                 await asyncio.to_thread(self._import_evidence, ref.id)
                 log.info("snapshot %s imported from %s (memory paged from the store)", ref.id, self.host.store.url)
-        return await asyncio.to_thread(self._load, ref.id)
 
     def _import_evidence(self, snapshot_id: str) -> None:
         prefix = f"{snapshot_prefix(snapshot_id)}/evidence/"

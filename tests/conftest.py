@@ -7,6 +7,7 @@ still there is a leak, and fails the run.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -15,6 +16,9 @@ from pathlib import Path
 import pytest
 
 SETTLE_S = 15.0  # processes killed by a teardown may take a moment to be reaped
+# VMs (and the memory server) outlive a stopped agent by default; every server or agent the suite starts stops
+# with ``kill`` unless a test asks for ``keep`` (and then cleans up itself)
+os.environ.setdefault("CRYOBOX_ON_STOP", "kill")
 
 
 def _lines(argv: list[str]) -> set[str]:
@@ -27,8 +31,10 @@ def _lines(argv: list[str]) -> set[str]:
 
 def host_state() -> dict[str, set[str]]:
     qemus = {line.split(maxsplit=1)[0] for line in _lines(["pgrep", "-a", "qemu-system"])}
+    memservers = {line.split(maxsplit=1)[0] for line in _lines(["pgrep", "-f", "cryobox.agent.store.memserver"])}
     return {
         "qemu processes": qemus,
+        "memory servers": memservers,
         "network namespaces": {line.split()[0] for line in _lines(["ip", "netns", "list"])},
         "nft tables": _lines(["nft", "list", "tables"]),
         "mounts": {" ".join(line.split()[:3]) for line in Path("/proc/self/mounts").read_text().splitlines()},

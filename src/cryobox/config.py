@@ -52,8 +52,13 @@ class Paths:
 
     @property
     def hibernate_dir(self) -> Path:
-        """Captures of hibernated sandboxes (they do not outlive the agent: wiped at start)."""
+        """Captures of hibernated sandboxes (durable: a restarted agent wakes them)."""
         return self.volume_dir / "hibernate"
+
+    @property
+    def records_dir(self) -> Path:
+        """One durable record per sandbox (what a restarted agent re-adopts)."""
+        return self.volume_dir / "sandboxes"
 
     @property
     def bake_dir(self) -> Path:

@@ -38,6 +38,8 @@ from cryobox.server.metrics import Metrics
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 TOKEN = "node-" + secrets.token_hex(12)
+DATA_DIRS: dict[str, Path] = {}
+"""Agent name → its data dir (the race tests look at what the agent left on disk)."""
 
 
 @contextlib.contextmanager
@@ -48,7 +50,7 @@ def agent_process(data_dir: Path, cache_dir: Path) -> Iterator[str]:
     argv = [sys.executable, "-m", "cryobox.cli.main", "agent", "--listen", f"127.0.0.1:{port}"]
     argv += ["--control", "http://127.0.0.1:9", "--data-dir", str(data_dir), "--cache-dir", str(cache_dir)]
     argv += ["--templates", "base", "--prespawn", "1", "--net-pool", "2", "--name", "contract-http"]
-    env = {**os.environ, "CRYOBOX_NODE_TOKEN": TOKEN}
+    env = {**os.environ, "CRYOBOX_NODE_TOKEN": TOKEN, "CRYOBOX_ON_STOP": "kill"}
     with open(log, "ab") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -82,6 +84,7 @@ async def agent(
     templates: dict[str, Template],
 ) -> AsyncIterator[Agent]:
     data_dir = tmp_path_factory.mktemp(f"contract-{request.param}")
+    DATA_DIRS["contract-http" if request.param == "http" else "contract-inproc"] = data_dir
     if request.param == "http":
         with agent_process(data_dir, cache_dir) as url:
             client = HttpAgent(url, TOKEN, name="contract-http")
@@ -186,6 +189,55 @@ async def test_lifecycle_states(agent: Agent, sandbox: am.SandboxInfo) -> None:
     assert (await agent.hibernate(sandbox.id)).state == "hibernated"
     assert await sh(agent, sandbox.id, "cat /root/mark") == "keep\n"  # any request wakes it
     assert (await agent.get(sandbox.id)).state == "running"
+
+
+async def _settled(agent: Agent, run_dir: Path) -> tuple[int, int]:
+    """Wait until every QEMU of the agent is a sandbox's or a pooled one (a leaked VM never settles)."""
+    deadline = time.monotonic() + 60
+    while True:
+        capacity = await agent.capacity()
+        expected = capacity.sandboxes_running + capacity.prespawned
+        found = len(find_own_qemus(run_dir))
+        if found == expected or time.monotonic() > deadline:
+            return found, expected
+        await asyncio.sleep(0.5)
+
+
+async def test_hibernated_sandboxes_wake_for_anything_and_races_leak_nothing(agent: Agent) -> None:
+    data_dir = DATA_DIRS[(await agent.info()).name]
+    sandbox = (await agent.create(spec())).id
+    try:
+        await agent.hibernate(sandbox)
+        assert (await agent.write_file(sandbox, "/root/w", b"woken")).bytes == 5  # wakes it (was 409)
+        await agent.hibernate(sandbox)
+        events = [e async for e in agent.exec_stream(sandbox, am.ExecRequest(cmd="cat /root/w"))]  # wakes it
+        assert "".join(e.text for e in events if e.kind == "stdout") == "woken"
+        snap = await agent.snapshot(sandbox, am.SnapshotRequest(snapshot_id=f"snap-{secrets.token_hex(6)}"))
+        assert snap.size_bytes > 0  # a woken sandbox snapshots (was 500: no mapping of its memory)
+        await agent.delete_snapshot(snap.id)
+        await agent.hibernate(sandbox)
+        # the reaper deleting a sandbox mid-wake: delete waits for the wake, then kills what it made
+        waking = asyncio.ensure_future(agent.wake(sandbox))
+        await asyncio.sleep(0.05)
+        await agent.delete(sandbox)
+        with contextlib.suppress(NotFound, StateError):
+            await waking
+        with pytest.raises(NotFound):
+            await agent.get(sandbox)
+        found, expected = await _settled(agent, data_dir / "vol" / "run")
+        assert found == expected, f"{found} QEMUs for {expected} sandboxes and pooled VMs: a wake leaked one"
+        # delete racing hibernate leaves no image and no record
+        other = (await agent.create(spec())).id
+        hibernating = asyncio.ensure_future(agent.hibernate(other))
+        await asyncio.sleep(0.05)
+        await agent.delete(other)
+        with contextlib.suppress(NotFound, StateError):
+            await hibernating
+        for gone in (sandbox, other):
+            assert not [p for p in (data_dir / "vol" / "hibernate").iterdir() if p.name.startswith(gone)]
+            assert not (data_dir / "vol" / "sandboxes" / f"{gone}.json").exists()
+    finally:
+        await agent.delete(sandbox)
 
 
 async def test_idle_tracking(agent: Agent, sandbox: am.SandboxInfo) -> None:

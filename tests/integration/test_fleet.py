@@ -6,13 +6,16 @@ Proved here: a burst spreads over all three by reservation (each agent takes exa
 is refused, through two control-plane replicas sharing one database); a snapshot taken on one agent restores
 by id on another; a fork_tree lands on several agents; a SIGKILLed agent's sandboxes turn ``lost`` within the
 deadline while creates keep succeeding elsewhere; its restart changes no row of another host; a restarted
-control plane loses nothing; a bad node token is refused and changes nothing.
+control plane loses nothing; a bad node token is refused and changes nothing; a drained agent's sandboxes wake
+on the other agents as the same sandboxes (files, processes, identity, settings), through the object store.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -24,8 +27,9 @@ from typing import Any
 import httpx
 import pytest
 
+from cryobox.agent.store.objstore import open_store
 from cryobox.agent.templates import Template
-from cryobox.bench.fleetproc import ControlProcess, Fleet
+from cryobox.bench.fleetproc import S3_CREDENTIALS, ControlProcess, Fleet
 from cryobox.registry import Registry
 
 DEADLINE_S = 4.0
@@ -243,3 +247,92 @@ def refused_everywhere(fleet: Fleet, client: Api) -> None:
         assert client.sh(sandbox["id"], "echo alive") == "alive\n"  # the DELETE without the token did nothing
     finally:
         client.delete_all()
+
+
+def test_drain_wakes_its_sandboxes_on_other_agents_as_the_same_sandboxes(fleet: Fleet) -> None:
+    with api(fleet) as client:
+        drained_elsewhere(fleet, client)
+
+
+def on_agent(fleet: Fleet, name: str, path: str = "") -> Any:
+    """The agent's own view (its HTTP interface, node token)."""
+    response = httpx.get(
+        f"{fleet.agent(name).url}/agent/v1/sandboxes{path}",
+        headers={"Authorization": f"Bearer {fleet.node_token}"},
+        timeout=30,
+        trust_env=False,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def drained_elsewhere(fleet: Fleet, client: Api) -> None:
+    home, others = "a0", ["a1", "a2"]
+    for name in [home, *others]:
+        fleet.wait_agent_status(name, "up", 60)
+    try:
+        for name in others:  # empty: drained at once; the three creates then all land on the home agent
+            report = client.call("POST", f"/v1/agents/{name}/drain")
+            assert (report["status"], report["count"], report["errors"]) == ("draining", 0, [])
+        made = [
+            client.create(
+                metadata={"n": str(i)},
+                env={"E": f"v{i}"},
+                ttl_seconds=3600 + i,
+                network={"egress": "allow", "allow": [f"198.51.100.{i * 8}/29"]},
+            )
+            for i in range(3)
+        ]
+        assert {s["host"] for s in made} == {home}
+        for name in others:
+            assert client.call("POST", f"/v1/agents/{name}/undrain") == {"name": name, "status": "up"}
+        before = {s["id"]: on_agent(fleet, home, f"/{s['id']}") for s in made}
+        pids = {}
+        for i, sandbox in enumerate(made):
+            started = "nohup sleep 100000 >/dev/null 2>&1 & echo $!"
+            pids[sandbox["id"]] = client.sh(sandbox["id"], f"echo kept-{i} > /root/drain-file; {started}").strip()
+
+        drained = subprocess.run(
+            [sys.executable, "-m", "cryobox.cli.main", "agent", "drain", home, "--json"],
+            env={**os.environ, **fleet.env()},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert drained.returncode == 0, drained.stderr
+        report = json.loads(drained.stdout)
+        assert (report["agent"], report["status"], report["count"], report["errors"]) == (home, "draining", 3, [])
+        assert sorted(d["id"] for d in report["drained"]) == sorted(pids)
+        assert all(d["seconds"] > 0 and not d["already"] for d in report["drained"])
+        assert fleet.agents_view()[home]["status"] == "draining"
+        assert {s["state"] for s in on_agent(fleet, home)} == {"hibernated"}
+
+        def use(index: int) -> tuple[str, str]:  # the first request wakes it on another agent
+            sandbox_id = made[index]["id"]
+            return sandbox_id, client.sh(
+                sandbox_id, f"cat /root/drain-file; kill -0 {pids[sandbox_id]} && echo alive; echo $E"
+            )
+
+        woke = time.monotonic()
+        with ThreadPoolExecutor(3) as pool:
+            answers = dict(pool.map(use, range(3)))
+        print(  # figures for docs/ARCHITECTURE.md
+            f"\ndrain: {report['seconds']:.1f} s, per sandbox {[d['seconds'] for d in report['drained']]} s; "
+            f"3 first requests woken elsewhere in parallel: {time.monotonic() - woke:.1f} s"
+        )
+        for i, sandbox in enumerate(made):
+            sandbox_id = sandbox["id"]
+            assert answers[sandbox_id] == f"kept-{i}\nalive\nv{i}\n"  # files, the same process, its env
+            row = client.call("GET", f"/v1/sandboxes/{sandbox_id}")
+            assert row["host"] in others and row["status"] == "running"
+            assert row["instance_id"] == sandbox["instance_id"] and row["metadata"] == {"n": str(i)}
+            moved = on_agent(fleet, row["host"], f"/{sandbox_id}")
+            same = ("instance_id", "workspace_id", "metadata", "env", "ttl_s", "egress", "created_at")
+            assert {k: moved[k] for k in same} == {k: before[sandbox_id][k] for k in same}
+            assert client.sh(sandbox_id, "cat /run/cryobox/instance-id").strip() == sandbox["instance_id"]
+        assert on_agent(fleet, home) == []  # the drained agent runs (and holds) nothing
+        assert open_store(fleet.store_url, env=S3_CREDENTIALS).list("hibernations") == []
+    finally:
+        client.delete_all()
+        for name in [home, *others]:
+            client.http.post(f"/v1/agents/{name}/undrain")

@@ -1,17 +1,24 @@
-"""Restarting ``cryobox serve`` (even after SIGKILL) leaves no QEMU process behind, and keeps its snapshots."""
+"""Restarting ``cryobox serve`` loses no sandbox: after a SIGKILL (what the OOM killer does) and after a SIGTERM
+(an upgrade), running, paused and hibernated sandboxes come back with their processes and memory; a SIGTERM
+exits within seconds; ``--on-stop kill`` leaves nothing behind."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
-from cryobox import Sandbox
 from cryobox.agent.reclaim import find_own_qemus
 from cryobox.agent.templates import Template
 from cryobox.bench.server import ServeProcess
 
 from .support import Client
+from .teardown import reclaim_data_dir
+
+# One template and two network slots are all this test needs (each extra template and slot is start-up time).
+SMALL = ["--templates", "base", "--net-pool", "2"]
+KEEP = {"CRYOBOX_ON_STOP": "keep"}
 
 
 def _alive(pid: int) -> bool:
@@ -22,45 +29,64 @@ def _alive(pid: int) -> bool:
     return True
 
 
-# One template and two network slots are all this test needs (each extra template and slot is start-up time).
-SMALL = ["--templates", "base", "--net-pool", "2"]
+def _states(client: Client) -> dict[str, str]:
+    return {s["id"]: s["status"] for s in client.call("GET", "/v1/sandboxes")["items"]}
 
 
-def test_restart_after_sigkill_reclaims_qemu(tmp_path: Path, cache_dir: Path, templates: dict[str, Template]) -> None:
-    """One crash for both consequences: the orphaned QEMUs are reclaimed, and a retained snapshot survives (it was
-    test_snapshots.py's test_snapshots_survive_a_server_crash, with two server starts of its own)."""
+def test_sandboxes_survive_sigkill_and_sigterm(tmp_path: Path, cache_dir: Path, templates: dict[str, Template]) -> None:
     data_dir = tmp_path / "data"
     run_dir = data_dir / "vol" / "run"
-    first = ServeProcess(data_dir, cache_dir=cache_dir, prespawn=1, extra_args=SMALL).start()
-    second: ServeProcess | None = None
-    try:
-        client = Client(first.url, first.api_key)
-        sandbox = client.create()
-        assert client.sh(sandbox["id"], "echo up; echo durable > /root/d") == "up\n"
-        snap = client.snapshot(sandbox["id"], retain=True)
-        client.http.close()  # disconnect only: the sandbox keeps running
-        orphans = find_own_qemus(run_dir)
-        assert len(orphans) >= 2  # the sandbox plus the pool's refill (take() starts it before handing out)
-        first.stop(signal.SIGKILL)
-        assert all(_alive(pid) for pid in orphans), "QEMU outlives a SIGKILLed server (reclaim must handle it)"
+    started: list[ServeProcess] = []
 
-        second = ServeProcess(data_dir, cache_dir=cache_dir, prespawn=1, extra_args=SMALL).start()
-        assert not any(_alive(pid) for pid in orphans)
-        client = Client(second.url, second.api_key)
-        try:  # the snapshot taken before the crash is still there, retained, and restores
-            assert client.call("GET", f"/v1/snapshots/{snap['id']}")["retain"] is True
-            restored = client.create(from_snapshot=snap["id"])
-            assert client.sh(restored["id"], "cat /root/d") == "durable\n"
-        finally:
-            client.close()
-        with Sandbox.create(template="base", api_url=second.url, api_key=second.api_key) as again:
-            assert again.exec("echo again").stdout == "again\n"
-        assert second.stop() == 0
-        assert find_own_qemus(run_dir) == []
-    finally:
+    def serve(env: dict[str, str]) -> ServeProcess:
+        proc = ServeProcess(data_dir, cache_dir=cache_dir, prespawn=1, extra_args=SMALL, extra_env=env)
+        started.append(proc)
+        return proc.start()
+
+    try:
+        first = serve(KEEP)
+        client = Client(first.url, first.api_key)
+        running, hibernated, paused = (client.create()["id"] for _ in range(3))
+        for sandbox_id in (running, hibernated, paused):  # a process and a file in guest RAM (tmpfs /run)
+            client.sh(sandbox_id, f"echo {sandbox_id} > /run/mark; (sleep 100000 &) ; pgrep -n sleep > /root/pid")
+        client.call("POST", f"/v1/sandboxes/{hibernated}/hibernate")
+        client.call("POST", f"/v1/sandboxes/{paused}/pause", 204)
+        snap = client.snapshot(running, retain=True)
+        before = set(find_own_qemus(run_dir))
+        client.http.close()
         first.stop(signal.SIGKILL)
-        if second is not None:
-            second.stop(signal.SIGKILL)
-        for pid in find_own_qemus(run_dir):
-            os.kill(pid, signal.SIGKILL)
-        first.cleanup()
+        assert before and all(_alive(pid) for pid in before), "QEMUs outlive a SIGKILLed server"
+
+        second = serve(KEEP)
+        client = Client(second.url, second.api_key)
+        assert _states(client) == {running: "running", hibernated: "hibernated", paused: "paused"}
+        check = "cat /run/mark; kill -0 $(cat /root/pid) && echo alive"
+        assert client.sh(running, check) == f"{running}\nalive\n"  # same process, same memory
+        client.call("POST", f"/v1/sandboxes/{paused}/resume", 204)
+        assert client.sh(paused, check) == f"{paused}\nalive\n"
+        assert client.sh(hibernated, check) == f"{hibernated}\nalive\n"  # woken by the exec
+        client.snapshot(hibernated)  # a woken sandbox snapshots (it used to answer 500: no mapping of its memory)
+        restored = client.create(from_snapshot=snap["id"])["id"]
+        assert client.sh(restored, "cat /run/mark") == f"{running}\n"
+        client.http.close()
+
+        began = time.monotonic()
+        assert second.stop(signal.SIGTERM, timeout_s=30) == 0
+        took = time.monotonic() - began
+        assert took < 10, f"SIGTERM took {took:.1f}s"
+        left = set(find_own_qemus(run_dir))
+        assert len(left) >= 4 and all(_alive(pid) for pid in left), "--on-stop keep leaves the VMs running"
+
+        third = serve({"CRYOBOX_ON_STOP": "kill"})
+        client = Client(third.url, third.api_key)
+        states = _states(client)
+        assert {states[i] for i in (running, hibernated, paused, restored)} == {"running"}
+        assert client.sh(restored, "kill -0 $(cat /root/pid) && echo alive") == "alive\n"
+        client.http.close()
+        assert third.stop(signal.SIGTERM) == 0
+        assert find_own_qemus(run_dir) == [], "--on-stop kill leaves no QEMU"
+        assert not any(_alive(pid) for pid in left)
+    finally:
+        for proc in started:
+            proc.stop(signal.SIGKILL)
+        reclaim_data_dir(data_dir, cache_dir)

@@ -7,6 +7,10 @@ Commands: ``echo TEXT``, ``exit N``, ``cat`` (stdin), ``env``; anything else pri
 ``HostUnavailable(retry_after_s=7)``, ``fail`` ``GuestError``. Streamed: three ``stdout`` events then ``exit``;
 ``fail-mid-stream`` / ``capacity-mid-stream`` raise after one event; ``forever`` yields until closed. Ended
 streams (exec and terminals) land in ``closed_streams``.
+
+Stored hibernations go to ``objects`` (an :class:`ObjectStore`, ``memory://`` unless given: share one between
+fakes and a control plane for a fleet with one object store) as ``hibernations/<id>/manifest.json`` holding the
+sandbox and its files, so ``wake_stored`` on another fake brings back the same sandbox.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import itertools
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from cryobox.agent.store.objstore import ObjectStore, open_store
 from cryobox.agentapi import models as m
 from cryobox.agentapi.interface import FILE_OPS
 from cryobox.errors import (
@@ -45,7 +51,9 @@ class FakeAgent:
         memory_mib: int = 32768,
         templates: list[m.TemplateInfo] | None = None,
         clock: Callable[[], float] = time.time,
+        objects: ObjectStore | None = None,
     ) -> None:
+        self.objects = objects if objects is not None else open_store("memory://")
         self.name, self.max_sandboxes, self.vcpus, self.memory_mib = name, max_sandboxes, vcpus, memory_mib
         self.clock = clock
         self.boot_id = uuid.uuid4().hex
@@ -134,6 +142,7 @@ class FakeAgent:
             ttl_s=spec.ttl_s,
             persistent=spec.persistent,
             last_active=now,
+            egress=list(spec.egress) if spec.egress is not None else None,
         )
         self.sandboxes[spec.sandbox_id] = info
         source = self.snapshot_files.get(spec.from_snapshot.id, {}) if spec.from_snapshot else {}
@@ -206,13 +215,68 @@ class FakeAgent:
 
     async def hibernate(self, sandbox_id: str) -> m.SandboxInfo:
         self._record("hibernate", sandbox_id)
-        return self._update(self._require(sandbox_id, "running", "paused").id, state="hibernated")
+        # idempotent, like the real one
+        return self._update(self._require(sandbox_id, "running", "paused", "hibernated").id, state="hibernated")
 
     async def wake(self, sandbox_id: str) -> m.SandboxInfo:
         self._record("wake", sandbox_id)
         return self._update(
             self._require(sandbox_id, "hibernated", "running").id, state="running", last_active=self.clock()
         )
+
+    async def store_hibernation(self, sandbox_id: str) -> m.StoredHibernation:
+        self._record("store_hibernation", sandbox_id)
+        info = self._require(sandbox_id, "hibernated")
+        template = self.template_infos[info.template]
+        files = {path: base64.b64encode(data).decode() for path, data in self.files[sandbox_id].items()}
+        key = f"hibernations/{sandbox_id}"
+        manifest = {"sandbox": info.model_dump(mode="json"), "files": files, "generation": template.generation}
+        self.objects.put(f"{key}/manifest.json", json.dumps(manifest).encode())
+        return m.StoredHibernation(
+            id=sandbox_id, store=self.objects.url, key=key, generation=template.generation, size_bytes=len(files)
+        )
+
+    async def wake_stored(self, spec: m.WakeSpec) -> m.SandboxInfo:
+        self._record("wake_stored", spec)
+        if spec.sandbox_id in self.sandboxes:  # a retried call wakes the one it made
+            return self._update(spec.sandbox_id, state="running", last_active=self.clock())
+        template = self.template_infos.get(spec.template)
+        if template is None:
+            raise NotFound(f"no template {spec.template}", details={"template": spec.template})
+        try:
+            manifest = json.loads(self.objects.get(f"hibernations/{spec.sandbox_id}/manifest.json"))
+        except CryoboxError:
+            raise NotFound(f"no stored hibernation of {spec.sandbox_id}", details={"id": spec.sandbox_id}) from None
+        if manifest["generation"] != template.generation:
+            raise StateError("the hibernation is of another generation", state="wrong_generation", required="same")
+        if len(self.sandboxes) >= self.max_sandboxes:
+            raise HostUnavailable("the fake agent is full", retry_after_s=3.0, details={"agent": self.name})
+        n = next(self._ids)
+        now = self.clock()
+        self.sandboxes[spec.sandbox_id] = m.SandboxInfo(
+            id=spec.sandbox_id,
+            template=spec.template,
+            cpus=template.cpus,
+            memory_mib=template.memory_mib,
+            state="running",
+            workspace_id=spec.workspace_id,
+            created_at=spec.created_at,
+            metadata=dict(spec.metadata),
+            env=dict(spec.env),
+            boot_mode=spec.boot_mode,
+            from_snapshot=spec.from_snapshot,
+            instance_id=spec.instance_id,
+            guest_ip=f"10.1.{n // 250}.{n % 250 + 2}",
+            vm_id=f"vm-{self.name}-{n}",
+            ttl_s=spec.ttl_s,
+            persistent=spec.persistent,
+            last_active=now,
+            egress=list(spec.egress) if spec.egress is not None else None,
+        )
+        self.files[spec.sandbox_id] = {p: base64.b64decode(d) for p, d in manifest["files"].items()}
+        self.dirs[spec.sandbox_id] = {"/"}
+        self.net[spec.sandbox_id] = {"ip": f"10.1.0.{n}", "egress": list(spec.egress or ["*"]), "sockets": []}
+        return self._update(spec.sandbox_id)
 
     async def set_lifecycle(self, sandbox_id: str, patch: m.LifecyclePatch) -> m.SandboxInfo:
         self._record("set_lifecycle", sandbox_id, patch)

@@ -172,6 +172,7 @@ async def test_state_changes_and_state_error(pair: Pair) -> None:
     assert err.value.details == {"state": "paused", "required": "running"}
     assert (await agent.resume("sb-1")).state == "running"
     assert (await agent.hibernate("sb-1")).state == "hibernated"
+    assert (await agent.hibernate("sb-1")).state == "hibernated"  # idempotent
     assert (await agent.wake("sb-1")).state == "running"
     assert (await agent.touch("sb-1")).last_active > 0
     patched = await agent.set_lifecycle("sb-1", m.LifecyclePatch(set_ttl=True, ttl_s=None, persistent=True))
@@ -341,6 +342,53 @@ async def test_snapshots(pair: Pair) -> None:
     assert (await agent.capacity()).local_snapshots == []
 
 
+async def test_hibernation_stored_and_woken_as_the_same_sandbox(pair: Pair) -> None:
+    agent = pair.agent
+    made = await agent.create(spec(metadata={"team": "a"}, env={"A": "1"}, ttl_s=600, egress=["10.9.0.0/16"]))
+    await agent.write_file("sb-1", "/state", b"kept")
+    with pytest.raises(StateError) as running:
+        await agent.store_hibernation("sb-1")  # only a hibernation can be stored
+    assert running.value.state == "running" and running.value.required == "hibernated"
+    with pytest.raises(NotFound):
+        await agent.store_hibernation("missing")
+    await agent.hibernate("sb-1")
+    stored = await agent.store_hibernation("sb-1")
+    assert (stored.id, stored.key, stored.generation) == ("sb-1", "hibernations/sb-1", "g1")
+    assert await agent.store_hibernation("sb-1") == stored  # idempotent
+
+    wake = m.WakeSpec(
+        sandbox_id="sb-1",
+        template="base",
+        workspace_id="ws-1",
+        created_at=made.created_at,
+        instance_id=made.instance_id or "",
+        metadata={"team": "a"},
+        env={"A": "1"},
+        ttl_s=600,
+        egress=["10.9.0.0/16"],
+    )
+    again = await agent.wake_stored(wake)  # it never left: the call wakes the one here
+    assert again.state == "running" and again.vm_id == made.vm_id
+    await agent.hibernate("sb-1")
+    await agent.delete("sb-1")  # gone from this host: the stored image is the sandbox now
+    woken = await agent.wake_stored(wake)
+    assert (woken.id, woken.state, woken.workspace_id, woken.instance_id) == (
+        "sb-1",
+        "running",
+        "ws-1",
+        made.instance_id,
+    )
+    assert (woken.metadata, woken.env, woken.ttl_s, woken.egress) == ({"team": "a"}, {"A": "1"}, 600, ["10.9.0.0/16"])
+    assert woken.created_at == made.created_at and woken.vm_id != made.vm_id
+    assert await agent.read_file("sb-1", "/state") == b"kept"
+    assert ("wake_stored", (wake,)) in pair.fake.calls
+    with pytest.raises(NotFound):
+        await agent.wake_stored(wake.model_copy(update={"sandbox_id": "sb-none"}))
+    with pytest.raises(NotFound):
+        await agent.wake_stored(wake.model_copy(update={"sandbox_id": "sb-2", "template": "nope"}))
+    assert set(pair.fake.sandboxes) == {"sb-1"}
+
+
 async def test_evidence(pair: Pair) -> None:
     agent = pair.agent
     await agent.create(spec())
@@ -470,6 +518,9 @@ async def test_http_status_codes(http_fake: tuple[str, FakeAgent]) -> None:
         assert bad.status_code == 400 and bad.json()["code"] == "invalid_argument"
         garbled = await client.post("/agent/v1/sandboxes", content=b"{", headers={"content-type": "application/json"})
         assert garbled.status_code == 400 and garbled.json()["code"] == "invalid_argument"
+        wake = {"sandbox_id": "sb-other", "template": "base", "workspace_id": "w", "created_at": 0, "instance_id": "i"}
+        mismatched = await client.post("/agent/v1/hibernations/sb-1/wake", json=wake)
+        assert mismatched.status_code == 400 and mismatched.json()["code"] == "invalid_argument"
         assert fake.calls == []
         missing = await client.get("/agent/v1/sandboxes/nope")
         assert missing.status_code == 404 and missing.json()["details"] == {"sandbox_id": "nope"}

@@ -20,6 +20,7 @@ from cryobox.errors import HostUnavailable, InvalidArgument, NotFound
 from cryobox.registry import (
     AgentLoad,
     HeartbeatOutcome,
+    MoveRecords,
     Registry,
     ReservationRow,
     SandboxRow,
@@ -95,7 +96,7 @@ def test_0004_gives_existing_snapshots_a_local_location(db_url: str) -> None:
                 {"ws": ws.id},
             )
         reg.migrate()
-        assert db.current_revision() == "0004"
+        assert db.current_revision() == db.head_revision()
         row = reg.get_snapshot("snap-old")
         assert (row.host, row.location, row.generation) == ("", "local", None)
         assert reg.fleet.list_agents() == [] and reg.fleet.reservations() == []
@@ -104,6 +105,40 @@ def test_0004_gives_existing_snapshots_a_local_location(db_url: str) -> None:
             command.downgrade(cfg, "0003")
         reg.migrate()
         assert reg.get_snapshot("snap-old").location == "local"
+
+
+def test_0005_leaves_existing_sandboxes_without_a_hibernation(db_url: str) -> None:
+    """Sandbox rows from before revision 0005 have no hibernation, generation or egress; the fields round-trip."""
+    with Registry(db_url) as reg:
+        db = reg.database
+        cfg = db._alembic_config()
+        with db.engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "0004")
+        ws = reg.ensure_workspace("old")
+        with db.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO sandboxes (id, workspace_id, template, cpu, memory_mb, status, metadata, env, "
+                    "from_snapshot, boot_ms, boot_mode, host, created_at, persistent, ttl_seconds, expires_at, "
+                    "last_active_at, vm_id, guest_ip, instance_id) VALUES ('sb-old', :ws, 't', 1, 512, 'hibernated', "
+                    "'{}', '{}', NULL, 1.0, 'restore', 'h', 1.0, false, NULL, NULL, 1.0, NULL, NULL, NULL)"
+                ),
+                {"ws": ws.id},
+            )
+        reg.migrate()
+        old = reg.get_sandbox("sb-old")
+        assert (old.hibernation, old.hibernation_generation, old.egress) == (None, None, None)
+        changed = reg.update_sandbox("sb-old", hibernation="stored", hibernation_generation="g1", egress=["10.0.0.0/8"])
+        assert reg.get_sandbox("sb-old") == changed
+        assert (changed.hibernation, changed.hibernation_generation, changed.egress) == ("stored", "g1", ["10.0.0.0/8"])
+        with pytest.raises(InvalidArgument):
+            reg.update_sandbox("sb-old", egress=[1])
+        with db.engine.begin() as conn:  # the downgrade works too
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, "0004")
+        reg.migrate()
+        assert reg.get_sandbox("sb-old").hibernation is None
 
 
 def test_snapshot_fleet_fields_round_trip(registry: Registry) -> None:
@@ -237,6 +272,51 @@ def test_mark_stale_marks_only_stale_agents_rows_lost(registry: Registry) -> Non
     assert registry.fleet.mark_stale(now=100.0, deadline_s=30.0) == []  # idempotent
     assert registry.fleet.mark_stale(now=125.0, deadline_s=30.0) == []  # exactly at the deadline: not stale yet
     assert registry.fleet.mark_stale(now=125.1, deadline_s=30.0) == ["fresh"]
+
+
+def test_stored_hibernations_are_never_lost_and_move_by_compare_and_swap(registry: Registry) -> None:
+    ws = registry.ensure_workspace("default").id
+    beat(registry, "h1", 50.0)
+    beat(registry, "h2", 95.0)
+    for name, hibernation in [("stored", "stored"), ("local", "local"), ("other", None)]:
+        registry.add_sandbox(sandbox(f"sb-{name}", ws, host="h1", status="hibernated", hibernation=hibernation))
+    registry.add_sandbox(sandbox("sb-run", ws, host="h1", status="running"))
+
+    assert registry.fleet.mark_stale(now=100.0, deadline_s=30.0) == ["h1"]
+    statuses = {s.id: s.status for s in registry.list_sandboxes(host="h1")}
+    assert statuses == {"sb-stored": "hibernated", "sb-local": "lost", "sb-other": "lost", "sb-run": "lost"}
+    report = registry.fleet.reconcile_host("h1", {"sb-run": "running"})  # h1 back without it: still portable
+    assert "sb-stored" not in report.lost and registry.get_sandbox("sb-stored").status == "hibernated"
+    registry.fleet.reconcile_host("h1", {"sb-local": "hibernated"})  # reported hibernated again: local image
+    assert registry.get_sandbox("sb-local").hibernation == "local"
+    registry.fleet.reconcile_host("h1", {"sb-local": "running"})  # woke: no hibernation any more
+    assert registry.get_sandbox("sb-local").hibernation is None
+
+    moves = MoveRecords(registry.database)
+    held = registry.fleet.reserve(
+        memory_mib=512, cpus=1, now=96.0, ttl_s=60.0, choose=lambda _: "h2", sandbox_id="sb-stored", live_after=60.0
+    )
+    with pytest.raises(HostUnavailable):  # one placement of a sandbox at a time
+        registry.fleet.reserve(
+            memory_mib=512, cpus=1, now=96.0, ttl_s=60.0, choose=lambda _: "h2", sandbox_id="sb-stored", live_after=60.0
+        )
+    assert moves.elsewhere("h2", ["sb-stored", "sb-run"]) == ["sb-run"]  # one is on its way here: not stray
+    assert moves.move(held.id, "sb-stored", from_host="h2", to_host="h2", changes={"status": "running"}) is None
+    moved = moves.move(held.id, "sb-stored", from_host="h1", to_host="h2", changes={"status": "running"})
+    assert moved is not None and (moved.host, moved.status, moved.hibernation) == ("h2", "running", None)
+    assert registry.fleet.reservations() == []
+    assert moves.move(held.id, "sb-stored", from_host="h1", to_host="h2", changes={"status": "running"}) is None
+    assert moves.elsewhere("h1", ["sb-stored", "sb-run", "sb-none"]) == ["sb-stored"]
+    assert not moves.stored("sb-run", "h1", "g1")  # not hibernated
+    assert moves.hibernated("sb-run", "h1", ["10.0.0.0/8"]) and moves.stored("sb-run", "h1", "g1")
+    row = registry.get_sandbox("sb-run")
+    assert (row.status, row.hibernation, row.hibernation_generation, row.egress) == (
+        "hibernated",
+        "stored",
+        "g1",
+        ["10.0.0.0/8"],
+    )
+    assert not moves.hibernated("sb-run", "h2", None)  # another host's row
 
 
 def test_mark_stale_from_two_replicas_at_once(db_url: str) -> None:

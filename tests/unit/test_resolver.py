@@ -14,6 +14,7 @@ from prometheus_client import REGISTRY
 
 from cryobox.agent.store.chunkcache import ChunkCache, cache_identity
 from cryobox.agent.store.chunkfmt import ChunkIndex
+from cryobox.agent.store.fusefs import ImageTable
 from cryobox.agent.store.memmetrics import MemoryMetrics
 from cryobox.agent.store.objstore import open_store
 from cryobox.agent.store.resolver import ChunkResolver, ImageRef, ResolverConfig
@@ -642,3 +643,60 @@ def test_with_a_real_memory_store() -> None:
     join_all(threads)
     assert results == [b"".join(chunks)] * 8
     assert store.stats.gets == metrics.snapshot()["store_gets"] == 3  # one GET per non-zero chunk
+
+
+# -- failure records: dated, cleared by a later success -------------------------------------------------------------
+
+
+def test_a_failure_is_dated_and_cleared_by_a_later_successful_fetch_of_the_image() -> None:
+    chunks = [data_chunk(0), data_chunk(1)]
+    image, pack = build(chunks)
+    store, clock, stamp = FakeStore({KEY: pack}), FakeClock(), FakeClock()
+    resolver = ChunkResolver(
+        store, FakeCache(), ResolverConfig(retries=0), MemoryMetrics(), clock=clock, sleep=clock.sleep, stamp=stamp
+    )
+    store.fail = lambda _n, start: StoreError("boom") if start == 0 else None
+    stamp.now = 50.0
+    with pytest.raises(ChunkFetchFailed):
+        resolver.read(image, 0, 8)
+
+    assert resolver.last_failure(image.identity) is not None
+    assert resolver.last_failure(image.identity, since=50.0) is not None  # recorded at 50: a VM started then
+    assert resolver.last_failure(image.identity, since=49.0) is not None
+    assert resolver.last_failure(image.identity, since=50.5) is None  # a VM spawned later did not die of it
+
+    stamp.now = 60.0
+    assert resolver.read(image, CS, 8) == chunks[1][:8]  # another chunk of the image fetched fine afterwards
+    assert resolver.last_failure(image.identity) is None
+    assert resolver.last_failure(image.identity, since=0.0) is None
+
+
+def test_a_success_already_under_way_when_the_failure_happened_does_not_clear_it() -> None:
+    chunks = [data_chunk(0), data_chunk(1)]
+    image, pack = build(chunks)
+    store, clock = FakeStore({KEY: pack}), FakeClock()
+    resolver = ChunkResolver(
+        store, FakeCache(), ResolverConfig(retries=0), MemoryMetrics(), clock=clock, sleep=clock.sleep, stamp=clock
+    )
+    store.hold[CS] = held = threading.Event()  # the GET of chunk 1 is slow
+    slow, slow_results = run_threads(1, lambda: resolver.read(image, CS, 8))
+    wait_until(lambda: (image.identity, 1) in resolver.in_flight())
+    store.fail = lambda _n, start: StoreError("boom") if start == 0 else None
+    with pytest.raises(ChunkFetchFailed) as info:
+        resolver.read(image, 0, 8)
+    held.set()
+    join_all(slow)
+
+    assert slow_results == [chunks[1][:8]]
+    assert resolver.last_failure(image.identity) is info.value  # the slow success began before the failure
+
+
+def test_an_index_load_failure_is_dated_too() -> None:
+    store = open_store("memory://")
+    stamp = FakeClock()
+    table = ImageTable(store, None, stamp)
+    stamp.now = 10.0
+    with pytest.raises(ObjectNotFound):
+        table.get("templates+base+g1")
+    assert table.failure("templates+base+g1", since=9.0) is not None
+    assert table.failure("templates+base+g1", since=11.0) is None

@@ -25,16 +25,18 @@ from .memsource import MemorySource
 from .net.firewall import Firewall
 from .net.pool import SlotPool
 from .net.slots import Slot
+from .records import VmRecord
 from .storage import MemoryMode
 from .store.hot import HotImages
 from .store.snapshots import SnapshotImage
 from .store.volume import clone_file
 from .templates import Template
-from .vm import MachineConfig, MemoryBacking, MicroVM, NetAttach, VmPaths
+from .vm import MachineConfig, MemoryBacking, MicroVM, NetAttach, VmPaths, VmState
 
 RestoreSource = Template | SnapshotImage
 
 log = logging.getLogger(__name__)
+_NO_MEMORY = MemoryBacking(Path("/nonexistent"), share=False)
 
 
 def new_id(prefix: str) -> str:
@@ -160,6 +162,51 @@ class VmFactory:
             await self.destroy(vm)
             raise
 
+    def vm_record(self, vm: MicroVM) -> VmRecord:
+        """What a later agent needs to adopt ``vm`` (see :mod:`.records`)."""
+        if vm.pid is None or vm.start_ticks is None:
+            raise VmmError(f"VM {vm.vm_id} has no process to record")
+        slot = self.slot_of(vm)
+        return VmRecord(
+            vm_id=vm.vm_id,
+            pid=vm.pid,
+            start_ticks=vm.start_ticks,
+            root=str(vm.paths.root),
+            disk=str(vm.disk),
+            memory_path=str(vm.memory.path),
+            memory_share=vm.memory.share,
+            write_trackable=vm.memory.write_trackable,
+            machine=vm.config.to_json(),
+            netns=vm.net.netns if vm.net is not None else None,
+            tap=vm.net.tap if vm.net is not None else "tap0",
+            slot_index=slot.index if slot is not None else None,
+            slot_cidr=self.slots.plan.cidr if slot is not None else None,
+        )
+
+    async def adopt(self, record: VmRecord) -> MicroVM:
+        """Take over the recorded QEMU (started by an earlier agent) and its network slot."""
+        net = NetAttach(record.netns, record.tap) if record.netns is not None else None
+        memory = MemoryBacking(Path(record.memory_path), record.memory_share, record.write_trackable)
+        vm = await MicroVM.adopt(
+            record.vm_id,
+            MachineConfig.from_json(record.machine),
+            VmPaths(Path(record.root)),
+            memory,
+            Path(record.disk),
+            net,
+            pid=record.pid,
+            start_ticks=record.start_ticks,
+        )
+        if record.slot_index is not None:
+            self._leases[vm.vm_id] = self.slots.adopt(record.slot_index)
+        return vm
+
+    def placeholder(self, sandbox_id: str, machine: MachineConfig) -> MicroVM:
+        """A VM object with no process, for a hibernated sandbox adopted from its record."""
+        vm = MicroVM(f"vm-{sandbox_id}-hibernated", machine, VmPaths(self.run_dir / ".none"), _NO_MEMORY, Path())
+        vm.state = VmState.KILLED
+        return vm
+
     async def explain_failure(self, vm: MicroVM) -> CryoboxError | None:
         """A clearer cause for a VM that failed to come up (a chunk of its lazily paged RAM could not be
         fetched), if there is one."""
@@ -221,7 +268,7 @@ class PrespawnPool:
     async def take(self) -> MicroVM:
         while self._ready:
             vm = self._ready.pop(0)
-            if vm.state.alive and vm.pid is not None:
+            if vm.state.alive and vm.alive():  # a pooled QEMU can die while it waits
                 self.refill()
                 return vm
             await self.factory.destroy(vm)

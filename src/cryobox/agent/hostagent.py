@@ -20,12 +20,13 @@ from pathlib import Path
 from .. import __version__
 from ..agentapi import models as am
 from ..agentapi.interface import FILE_OPS
-from ..errors import InvalidArgument, NotFound
+from ..errors import CryoboxError, InvalidArgument, NotFound
 from ..image.specs import TemplateSpec
 from ..util.proc import Progress
 from .admission import AdmissionController
 from .exec import ExecSpec
 from .guest_client import b64, unb64
+from .hibernation_ops import HibernationEndpoints
 from .platform import Host
 from .sandbox import Sandbox, SandboxState
 from .snapshot_ops import SnapshotOps
@@ -62,6 +63,7 @@ def sandbox_info(sandbox: Sandbox, now: float) -> am.SandboxInfo:
         idle_s=round(sandbox.idle_s(now), 3),
         expired=sandbox.expired(now),
         egress=list(sandbox.egress) if sandbox.egress is not None else None,
+        adopted=sandbox.adopted,
     )
 
 
@@ -84,8 +86,8 @@ def _host_memory_mib() -> int:
     return 4096
 
 
-class HostAgent:
-    """One host's agent (implements :class:`cryobox.agentapi.Agent`)."""
+class HostAgent(HibernationEndpoints):
+    """One host's agent (implements :class:`cryobox.agentapi.Agent`; portable hibernation in the base class)."""
 
     def __init__(
         self,
@@ -236,6 +238,11 @@ class HostAgent:
         sandbox.touch(self.service.clock())
         try:
             yield sandbox
+        except CryoboxError as err:
+            if self.service.sandboxes.get(sandbox_id) is not sandbox and not isinstance(err, NotFound):
+                # deleted while the request ran (its VM went away under it): that, not a guest error
+                raise NotFound(f"sandbox {sandbox_id} was deleted", details={"id": sandbox_id}) from err
+            raise
         finally:
             sandbox.in_flight -= 1
             sandbox.touch(self.service.clock())
@@ -341,11 +348,12 @@ class HostAgent:
         return await self.snapshots.prune(set(keep))
 
     async def fork(self, sandbox_id: str, request: am.ForkRequest) -> am.SandboxInfo:
-        child = await self.host.forking.fork(sandbox_id, metadata=dict(request.metadata), child_id=request.child_id)
+        forking, slot = self.host.forking, self.admission.slot  # a child's boot holds a slot like any restore
+        child = await forking.fork(sandbox_id, metadata=dict(request.metadata), child_id=request.child_id, slot=slot)
         return self._info(child)
 
     async def fork_tree(self, sandbox_id: str, request: am.TreeRequest) -> am.TreeResult:
-        return await self.snapshots.fork_tree(sandbox_id, request, self._info)
+        return await self.snapshots.fork_tree(sandbox_id, request, self._info, slot=self.admission.slot)
 
     async def evidence_list(self, snapshot_id: str) -> list[am.EvidenceEntry]:
         return await self.snapshots.evidence_list(snapshot_id)

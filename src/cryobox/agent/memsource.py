@@ -12,8 +12,13 @@ plain migration.
 from __future__ import annotations
 
 import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 from ..errors import CryoboxError, VmmError
+from ..util import procfs
 from .storage import MemoryMode
 from .store.fusefs import prefix_of
 from .store.hot import HotImages
@@ -26,9 +31,36 @@ from .vm import MemoryBacking, MicroVM
 log = logging.getLogger(__name__)
 
 
+def vm_started_at(
+    vm: MicroVM,
+    proc: Path = procfs.PROC,
+    boot_clock: Callable[[], float] = procfs.boot_clock,
+    wall_clock: Callable[[], float] = time.time,
+) -> float | None:
+    """When ``vm``'s QEMU started, in seconds of ``CLOCK_BOOTTIME`` (the clock of the memory server's failure
+    records): its ``/proc/<pid>/stat`` start time while the process (or its zombie) is there and still ours, else
+    the mtime of its pidfile (QEMU writes it once, as it starts; a SIGBUS death leaves it), else ``None``."""
+    pid = vm.pid
+    if pid is not None:
+        found = procfs.stat(pid, proc)
+        argv = procfs.cmdline(pid, proc) if found is not None else None
+        if found is not None and (found.state == "Z" or str(vm.paths.pidfile) in (argv or [])):
+            return found.started_at
+    try:
+        mtime = os.stat(vm.paths.pidfile).st_mtime
+    except OSError:
+        return None
+    return boot_clock() - max(0.0, wall_clock() - mtime)
+
+
 class MemorySource:
     def __init__(
-        self, hot: HotImages, memserver: MemoryServerProcess | None, mode: MemoryMode, prefetch: bool = True
+        self,
+        hot: HotImages,
+        memserver: MemoryServerProcess | None,
+        mode: MemoryMode,
+        prefetch: bool = True,
+        started_at: Callable[[MicroVM], float | None] = vm_started_at,
     ) -> None:
         if mode is MemoryMode.LAZY and memserver is None:
             raise VmmError("lazy memory needs a memory server")
@@ -36,6 +68,7 @@ class MemorySource:
         self.memserver = memserver
         self.mode = mode
         self.prefetch = prefetch
+        self._started_at = started_at
         self._prefetched: set[str] = set()
 
     def prefix(self, source: Template | SnapshotImage, lazy: bool = False) -> str | None:
@@ -69,15 +102,19 @@ class MemorySource:
         return MemoryBacking(await self.hot.ensure(source.hot_key, source.memory), share=False)
 
     async def explain(self, vm: MicroVM) -> CryoboxError | None:
-        """Why a lazily paged VM died, if the memory server recorded a failed chunk fetch for its image."""
+        """Why a lazily paged VM died, if the memory server recorded a failed chunk fetch for its image since the
+        VM started (an older failure, before this VM existed, is not its cause)."""
         if self.memserver is None or vm.memory.write_trackable:
             return None
         mount = self.memserver.config.mount
         if vm.memory.path.parent != mount:
             return None
         prefix = prefix_of(vm.memory.path.name)
+        since = self._started_at(vm)
+        if since is None:
+            log.warning("could not tell when %s started; any recorded failure of %s may be older", vm.vm_id, prefix)
         try:
-            return await self.memserver.failure(prefix)
+            return await self.memserver.failure(prefix, since)
         except Exception as err:  # the memory server itself is gone: say so rather than hide the first error
             log.warning("could not ask the memory server about %s: %s", prefix, err)
             return None

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
-import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..config import Paths
 from ..image.builder import ImageSet, build_images
 from ..image.specs import DEFAULT_TEMPLATES, TemplateSpec
 from ..util.proc import Progress
+from .adopt import adopt, survey, sweep_hibernation
+from .bakereclaim import reclaim_bakes_dirs
+from .crashpoints import CrashPoints
 from .factory import PoolMode, VmFactory
 from .forking import Forking
 from .localize import Localizer
@@ -22,9 +26,12 @@ from .net.netlink import host_networks
 from .net.netlink import reclaim as reclaim_net
 from .net.pool import SlotPool
 from .net.slots import SlotPlan, tag_for
+from .ownership import Ownership
 from .prefetch import ensure_trace
 from .reclaim import reclaim
+from .records import SandboxRecords
 from .service import SandboxService
+from .stopmode import OnStop
 from .storage import MemoryMode, StorageConfig, TemplateSource
 from .store.hot import HotImages
 from .store.memclient import MemoryServerProcess, MemServerConfig
@@ -110,7 +117,7 @@ async def prepare_templates(config: HostConfig, progress: Progress) -> dict[str,
 
 @dataclass
 class Host:
-    """Everything one agent process runs; :meth:`close` stops it all (idempotent)."""
+    """Everything one agent process runs; :meth:`close` stops it (idempotent)."""
 
     config: HostConfig
     volume: Volume
@@ -123,10 +130,35 @@ class Host:
     store: ObjectStore
     memserver: MemoryServerProcess
     localizer: Localizer
+    lost: list[str] = field(default_factory=list)
+    """Sandboxes whose records named a VM that did not survive the previous agent."""
+    ownership: Ownership | None = None
+    _closed: bool = False
 
-    async def close(self, release: bool = True) -> None:
-        await self.service.close()
+    async def close(self, on_stop: OnStop = OnStop.KILL, release: bool = True) -> None:
+        """Stop the agent's host side. ``KEEP`` leaves running sandboxes' QEMUs, slots, firewall grants, hot
+        memory, the memory server and the volume mount in place for the next agent; ``HIBERNATE`` hibernates
+        every sandbox first and then stops everything but their images and records; ``KILL`` removes it all."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._close(on_stop, release)
+        finally:
+            if self.ownership is not None:
+                self.ownership.release()
+
+    async def _close(self, on_stop: OnStop, release: bool) -> None:
+        if on_stop is OnStop.HIBERNATE:
+            failed = await self.service.hibernate_all()
+            on_stop = OnStop.KEEP if failed else OnStop.HIBERNATE
+        keep = on_stop is not OnStop.KILL
+        await self.service.close(keep=keep)
         await self.localizer.close()
+        if on_stop is OnStop.KEEP:
+            await self.memserver.aclose(keep=True)
+            await self.slots.detach()
+            return
         await self.memserver.aclose()  # after every VM mapping its files is gone
         await self.slots.close()
         await asyncio.to_thread(self.firewall.remove)
@@ -135,58 +167,129 @@ class Host:
             await asyncio.to_thread(release_volume, self.config.paths.data_dir)
 
 
+@dataclass
+class _Started:
+    """What start_host has brought up so far (torn down in reverse if a later step fails)."""
+
+    slots: SlotPool | None = None
+    firewall: Firewall | None = None
+    memserver: MemoryServerProcess | None = None
+    volume: Volume | None = None
+    ownership: Ownership | None = None
+    adopted: bool = False
+    """VMs of the previous agent run on: leave their slots, grants, memory server and volume for the next try."""
+
+    async def undo(self, data_dir: Path) -> None:
+        try:
+            await self._undo(data_dir)
+        finally:
+            if self.ownership is not None:
+                self.ownership.release()
+
+    async def _undo(self, data_dir: Path) -> None:
+        if self.adopted:
+            if self.slots is not None:
+                await self.slots.detach()
+            if self.memserver is not None:
+                await self.memserver.aclose(keep=True)
+            return
+        if self.memserver is not None:
+            await self.memserver.aclose()
+        if self.slots is not None:
+            await self.slots.close()
+        if self.firewall is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.firewall.remove)
+        if self.volume is not None and self.volume.image is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(release_volume, data_dir)
+
+
 async def start_host(config: HostConfig, progress: Progress) -> Host:
-    """Mount the data volume, reclaim what a previous agent left behind, make sure templates exist, start."""
+    """Mount the data volume, adopt the VMs a previous agent left running, reclaim the rest of what it left
+    behind, make sure templates exist, start. A failure at any step undoes the steps before it."""
+    started = _Started()
+    try:
+        return await _start_host(config, progress, started)
+    except BaseException:
+        await started.undo(config.paths.data_dir)
+        raise
+
+
+async def _start_host(config: HostConfig, progress: Progress, started: _Started) -> Host:
     paths = config.paths
     paths.ensure()
-    volume = await asyncio.to_thread(ensure_volume, paths.data_dir)
+    # one agent per data dir (StateError if another holds it); the owner record lets `cryobox gc` find what
+    # this data dir's agents leave on the host
+    ownership = started.ownership = await asyncio.to_thread(Ownership(paths).claim)
+    volume = started.volume = await asyncio.to_thread(ensure_volume, paths.data_dir)
     progress(f"data volume {volume.root} ({'reflink' if volume.reflink else 'copy'}, image {volume.image})")
-    killed = await asyncio.to_thread(reclaim, paths.run_dir)
+    records = SandboxRecords(paths.records_dir)
+    found = await asyncio.to_thread(survey, records, paths.run_dir)
+    started.adopted = bool(found.live)
+    killed = await asyncio.to_thread(functools.partial(reclaim, paths.run_dir, keep=found.keep_vms()))
     if killed:
         progress(f"reclaimed {killed} leftover QEMU process(es)")
     tag = tag_for(paths.data_dir)
-    await asyncio.to_thread(reclaim_net, tag)
-    plan = SlotPlan.from_env(tag, taken=await asyncio.to_thread(host_networks))
+    cidr = found.slot_cidr()
+    if cidr is not None:
+        plan = SlotPlan(tag, cidr)
+    else:
+        await asyncio.to_thread(reclaim_net, tag)
+        plan = SlotPlan.from_env(tag, taken=await asyncio.to_thread(host_networks))
+    await asyncio.to_thread(reclaim_net, tag, found.slots(plan))
     await asyncio.to_thread(reclaim_bakes)
-    firewall = Firewall(plan)
-    await asyncio.to_thread(functools.partial(firewall.ensure, fresh=True))
-    slots = SlotPool(plan, size=config.net_pool, egress=firewall)
-    slots.start()
+    await asyncio.to_thread(reclaim_bakes_dirs, paths.bake_dir, paths.templates_dir)
+    firewall = started.firewall = Firewall(plan)
+    await asyncio.to_thread(functools.partial(firewall.ensure, fresh=True, egress=found.egress(plan)))
+    slots = started.slots = SlotPool(plan, size=config.net_pool, egress=firewall)
     progress(f"network slots from {plan.cidr} (tag {plan.tag}, {config.net_pool} pre-built)")
     hot = HotImages(paths.hot_dir)
-    await asyncio.to_thread(hot.wipe)
-    shutil.rmtree(paths.hibernate_dir, ignore_errors=True)  # hibernated sandboxes do not survive the agent
+    await asyncio.to_thread(hot.wipe, found.hot_keys(hot))
     snapshots = SnapshotStore(paths.snapshots_dir, hot, qemu_version())
     hibernation = SnapshotStore(paths.hibernate_dir, hot, qemu_version())
     for partial in await asyncio.to_thread(snapshots.sweep_partials):
         log.info("removed unfinished snapshot %s", partial)
+    await asyncio.to_thread(sweep_hibernation, hibernation, found.hibernation_dirs())
     store = await asyncio.to_thread(open_store, config.resolved_store_url)
-    memserver = MemoryServerProcess(config.memserver_config())
-    await asyncio.to_thread(memserver.start)
+    memserver = started.memserver = MemoryServerProcess(config.memserver_config())
+    reattached = await asyncio.to_thread(memserver.start)
     progress(
-        f"memory server on {memserver.config.mount} (store {store.url}, memory {config.storage.memory_mode.value})"
+        f"memory server on {memserver.config.mount} ({'reattached, ' if reattached else ''}store {store.url}, "
+        f"memory {config.storage.memory_mode.value})"
     )
-    try:
-        templates = await obtain_templates(config, store, progress)
-        factory = VmFactory(
-            paths.run_dir,
-            hot,
-            slots,
-            firewall,
-            MemorySource(hot, memserver, config.storage.memory_mode, config.storage.prefetch),
-        )
-        for template in templates.values():
-            try:
-                await ensure_trace(factory, memserver, store, template)
-            except Exception as err:  # restores still work without a trace, only without prefetch
-                log.warning("could not record the prefetch trace of %s: %s", template.name, err)
-    except BaseException:
-        await memserver.aclose()
-        raise
-    service = SandboxService(templates, factory, hibernation, prespawn=config.prespawn, pool_mode=config.pool_mode)
-    service.start()
+    factory = VmFactory(
+        paths.run_dir,
+        hot,
+        slots,
+        firewall,
+        MemorySource(hot, memserver, config.storage.memory_mode, config.storage.prefetch),
+    )
+    service = SandboxService(
+        {},
+        factory,
+        hibernation,
+        prespawn=config.prespawn,
+        pool_mode=config.pool_mode,
+        records=records,
+        crash=CrashPoints.from_env(),
+    )
+    lost = await adopt(service, found, hibernation)
+    if found.live or found.hibernated:
+        progress(f"adopted {len(service.sandboxes)} sandbox(es) from the previous agent ({len(lost)} lost)")
+    slots.start()
+    templates = await obtain_templates(config, store, progress)
+    for template in templates.values():
+        try:
+            await ensure_trace(factory, memserver, store, template)
+        except Exception as err:  # restores still work without a trace, only without prefetch
+            log.warning("could not record the prefetch trace of %s: %s", template.name, err)
+    for template in templates.values():
+        service.add_template(template)
     localizer = Localizer(memserver)
     if config.storage.memory_mode is MemoryMode.HOT and localizer.start(templates.values()):
         progress("bringing fetched templates' memory home in the background")
     forking = Forking(service, snapshots)
-    return Host(config, volume, hot, service, snapshots, forking, slots, firewall, store, memserver, localizer)
+    return Host(
+        config, volume, hot, service, snapshots, forking, slots, firewall, store, memserver, localizer, lost, ownership
+    )

@@ -1,4 +1,5 @@
-"""Startup reclaim: kill QEMU processes this data dir started and remove their run directories.
+"""Startup reclaim: kill QEMU processes this data dir started (except the VMs being adopted) and remove their
+run directories.
 
 A process is ours when it is a QEMU whose ``-pidfile`` lies under our run directory, so two platforms with
 different data dirs on one host never touch each other's VMs.
@@ -11,6 +12,7 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -47,9 +49,11 @@ def _wait_gone(pid: int, proc: Path, timeout: float) -> None:
         time.sleep(0.01)
 
 
-def reclaim(run_dir: Path, proc: Path = Path("/proc")) -> int:
-    """Kill leftover QEMUs of this run dir, then empty it. Returns how many processes were killed."""
-    pids = find_own_qemus(run_dir, proc)
+def reclaim(run_dir: Path, proc: Path = Path("/proc"), keep: Mapping[str, int] | None = None) -> int:
+    """Kill leftover QEMUs of this run dir, then empty it, except the VMs in ``keep`` (run directory name →
+    pid: adopted VMs). Returns how many processes were killed."""
+    kept = dict(keep or {})
+    pids = [pid for pid in find_own_qemus(run_dir, proc) if pid not in kept.values()]
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -60,6 +64,8 @@ def reclaim(run_dir: Path, proc: Path = Path("/proc")) -> int:
         _wait_gone(pid, proc, 5.0)
     if run_dir.exists():
         for child in run_dir.iterdir():
+            if child.name in kept:
+                continue
             shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     return len(pids)

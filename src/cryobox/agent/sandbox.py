@@ -57,6 +57,11 @@ class Sandbox:
     """The network slot the sandbox's QEMU runs in; the host reaches the guest at ``slot.address``."""
     hibernation: SnapshotImage | None = None
     """The capture a hibernated sandbox wakes from (its QEMU is gone meanwhile)."""
+    mapped_image: str | None = None
+    """The hot copy (key) of the hibernation image this sandbox's VM woke from and still maps; dropped when
+    that VM goes."""
+    adopted: bool = False
+    """Taken over from an earlier agent process at start (its QEMU outlived that agent)."""
     in_flight: int = 0
     """Requests running in the sandbox now (exec, streams, terminals): a busy sandbox never expires."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)

@@ -6,23 +6,31 @@ agent answers; only then is the sandbox reported running. Nothing here cold-boot
 
 Lifecycle: pause/resume stop and continue the vCPUs in place; hibernate captures the VM into the host's
 hibernation store and kills QEMU; any request to a hibernated sandbox (or ``wake``) restores it first.
+
+Every state change is written to the sandbox's durable record (:mod:`.records`) before it is reported, so a
+restarted agent re-adopts running VMs and hibernated sandboxes (:mod:`.adopt`). Delete and every lifecycle
+change hold the sandbox's lock, so the reaper cannot delete a sandbox mid-wake or mid-hibernate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from typing import Any
 
 from ..errors import NotFound, PayloadTooLarge, StateError
+from .crashpoints import CrashPoints
 from .exec import ExecEvent, ExecResult, ExecSpec, run_exec, stream_exec
 from .factory import PoolMode, PrespawnPool, RestoreSource, VmFactory, new_id
 from .fidelity import rejoin
 from .guest_client import GuestClient, b64, unb64
+from .records import SandboxRecord, SandboxRecords
 from .sandbox import Sandbox, SandboxState
 from .store.snapshots import CaptureInfo, SnapshotImage, SnapshotStore
 from .templates import Template
@@ -30,6 +38,7 @@ from .vm import MicroVM, VmState
 
 log = logging.getLogger(__name__)
 MAX_FILE_BYTES = 64 << 20
+ADOPTED_GUEST_TIMEOUT_S = 15.0
 
 
 class SandboxService:
@@ -41,8 +50,12 @@ class SandboxService:
         prespawn: int = 2,
         pool_mode: PoolMode = PoolMode.WARM,
         clock: Callable[[], float] = time.time,
+        records: SandboxRecords | None = None,
+        crash: CrashPoints | None = None,
     ) -> None:
         self.clock = clock
+        self.records = records
+        self.crash = crash if crash is not None else CrashPoints()
         self.templates = dict(templates)
         self.factory = factory
         self.hibernation = hibernation
@@ -58,6 +71,41 @@ class SandboxService:
     def start(self) -> None:
         for pool in self.pools.values():
             pool.refill()
+
+    # -- durable records ---------------------------------------------------------------------------------------
+
+    def record_of(self, sandbox: Sandbox) -> SandboxRecord:
+        live = sandbox.state in (SandboxState.RUNNING, SandboxState.PAUSED)
+        return SandboxRecord(
+            id=sandbox.id,
+            template=sandbox.template,
+            cpus=sandbox.cpus,
+            memory_mib=sandbox.memory_mib,
+            state=sandbox.state.value,
+            created_at=sandbox.created_at,
+            workspace_id=sandbox.workspace_id,
+            boot_mode=sandbox.boot_mode,
+            boot_ms=sandbox.boot_ms,
+            metadata=dict(sandbox.metadata),
+            env=dict(sandbox.env),
+            persistent=sandbox.persistent,
+            ttl_s=sandbox.ttl_s,
+            from_snapshot=sandbox.from_snapshot,
+            instance_id=sandbox.instance_id,
+            egress=list(sandbox.egress) if sandbox.egress is not None else None,
+            vm=self.factory.vm_record(sandbox.vm) if live else None,
+            hibernation=str(sandbox.hibernation.path) if sandbox.hibernation is not None else None,
+            mapped_image=sandbox.mapped_image,
+        )
+
+    async def persist(self, sandbox: Sandbox) -> None:
+        """Write the sandbox's record durably (before its new state is reported)."""
+        if self.records is not None:
+            await asyncio.to_thread(self.records.write, self.record_of(sandbox))
+
+    async def _forget(self, sandbox_id: str) -> None:
+        if self.records is not None:
+            await asyncio.to_thread(self.records.remove, sandbox_id)
 
     def add_template(self, template: Template) -> None:
         """Serve creates from a newly built template (replacing one of the same name)."""
@@ -111,6 +159,7 @@ class SandboxService:
                 vm = await self.pools[template].take()
             else:
                 vm = await self.factory.spawn_incoming(from_snapshot)
+            self.crash("create.spawned")
             now = self.clock()
             sandbox = Sandbox(
                 id=sandbox_id,
@@ -135,6 +184,11 @@ class SandboxService:
                 if egress is not None:
                     await self.factory.allow_egress(vm, egress)
                 step_ns = await self._bring_up(vm, source, sandbox.instance_id)
+                sandbox.boot_ms = round((time.monotonic() - started) * 1000, 1)
+                sandbox.state = SandboxState.RUNNING
+                self.crash("create.restored")
+                await self.persist(sandbox)
+                self.crash("create.recorded")
             except BaseException as err:
                 sandbox.state = SandboxState.ERROR
                 self.sandboxes.pop(sandbox.id, None)
@@ -143,8 +197,6 @@ class SandboxService:
                 if cause is not None:
                     raise cause from err
                 raise
-            sandbox.boot_ms = round((time.monotonic() - started) * 1000, 1)
-            sandbox.state = SandboxState.RUNNING
             log.info(
                 "sandbox %s restored from %s in %.0f ms (vm %s, clock stepped %+.3f s)",
                 sandbox.id,
@@ -185,11 +237,26 @@ class SandboxService:
         return sorted(self.sandboxes.values(), key=lambda s: s.created_at)
 
     async def delete(self, sandbox_id: str, workspace_id: str | None = None) -> None:
+        """Kill the sandbox and remove its record and images. Waits for a lifecycle change in progress (a wake,
+        a hibernation, a snapshot) instead of tearing the VM out from under it."""
         sandbox = self.get(sandbox_id, workspace_id)
-        self.sandboxes.pop(sandbox_id, None)
-        sandbox.state = SandboxState.STOPPED
-        await self.factory.destroy(sandbox.vm)
-        await asyncio.to_thread(self.hibernation.delete, sandbox.id)
+        async with sandbox.lock:
+            if self.sandboxes.get(sandbox_id) is not sandbox:
+                return  # deleted while we waited
+            self.sandboxes.pop(sandbox_id, None)
+            sandbox.state = SandboxState.STOPPED
+            await self.factory.destroy(sandbox.vm)
+            self.crash("delete.killed")
+            await self._forget(sandbox.id)
+            await self._drop_images(sandbox)
+
+    async def _drop_images(self, sandbox: Sandbox) -> None:
+        if sandbox.hibernation is not None:
+            await asyncio.to_thread(self.hibernation.delete, sandbox.hibernation.id)
+            sandbox.hibernation = None
+        if sandbox.mapped_image is not None:
+            await asyncio.to_thread(self.factory.hot.drop, sandbox.mapped_image)
+            sandbox.mapped_image = None
 
     async def pause(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:
         """Freeze the vCPUs in place (idempotent)."""
@@ -198,6 +265,7 @@ class SandboxService:
             if sandbox.state is SandboxState.RUNNING:
                 await sandbox.vm.pause()
                 sandbox.state = SandboxState.PAUSED
+                await self.persist(sandbox)
             elif sandbox.state is not SandboxState.PAUSED:
                 sandbox.require_running()
         return sandbox
@@ -208,8 +276,11 @@ class SandboxService:
         async with sandbox.lock:
             if sandbox.state is SandboxState.PAUSED:
                 await sandbox.vm.resume()
+                if sandbox.adopted:  # its guest reopens the port it saw close while paused: wait for that
+                    await sandbox.vm.wait_guest_ready(ADOPTED_GUEST_TIMEOUT_S)
                 await rejoin(await sandbox.vm.connect_guest(), sandbox.instance_id)
                 sandbox.state = SandboxState.RUNNING
+                await self.persist(sandbox)
             elif sandbox.state is SandboxState.HIBERNATED:
                 await self._wake(sandbox)
             sandbox.require_running()
@@ -225,11 +296,19 @@ class SandboxService:
             if sandbox.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
                 sandbox.require_running()
             info = CaptureInfo(sandbox.template, sandbox.id, sandbox.workspace_id, sandbox.from_snapshot)
-            await asyncio.to_thread(self.hibernation.delete, sandbox.id)
-            sandbox.hibernation = await self.hibernation.capture(sandbox.vm, sandbox.id, info, keep_running=False)
-            await self.factory.destroy(sandbox.vm)
+            # a new image id per hibernation: the VM may map the previous image's hot copy (it woke from it)
+            image_id = f"{sandbox.id}.h{secrets.token_hex(4)}"
+            image = await self.hibernation.capture(sandbox.vm, image_id, info, keep_running=False)
+            self.crash("hibernate.captured")
+            vm, mapped = sandbox.vm, sandbox.mapped_image
+            sandbox.hibernation, sandbox.mapped_image = image, None
             sandbox.state = SandboxState.HIBERNATED
-            log.info("sandbox %s hibernated (%d bytes)", sandbox.id, sandbox.hibernation.size_bytes)
+            await self.persist(sandbox)  # from here on the image is the sandbox
+            self.crash("hibernate.recorded")
+            await self.factory.destroy(vm)
+            if mapped is not None:
+                await asyncio.to_thread(self.factory.hot.drop, mapped)
+            log.info("sandbox %s hibernated (%d bytes)", sandbox.id, image.size_bytes)
         return sandbox
 
     async def wake(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:
@@ -247,17 +326,22 @@ class SandboxService:
         started = time.monotonic()
         vm = await self.factory.spawn_incoming(image)
         try:
+            self.crash("wake.spawned")
             if sandbox.egress is not None:
                 await self.factory.allow_egress(vm, sandbox.egress)
             await self._bring_up(vm, image, sandbox.instance_id)
+            self.crash("wake.restored")
+            sandbox.vm = vm
+            sandbox.slot = self.factory.slot_of(vm)
+            sandbox.hibernation, sandbox.mapped_image = None, image.id
+            sandbox.state = SandboxState.RUNNING
+            await self.persist(sandbox)
         except BaseException:
+            sandbox.hibernation, sandbox.mapped_image, sandbox.state = image, None, SandboxState.HIBERNATED
             await self.factory.destroy(vm)
             raise
-        sandbox.vm = vm
-        sandbox.slot = self.factory.slot_of(vm)
-        sandbox.hibernation = None
-        sandbox.state = SandboxState.RUNNING
-        await asyncio.to_thread(self.hibernation.delete, sandbox.id)
+        # the image's files go; its hot copy stays while this VM maps it (a later snapshot reads that mapping)
+        await asyncio.to_thread(functools.partial(self.hibernation.delete, image.id, keep_hot=True))
         log.info("sandbox %s woke in %.0f ms", sandbox.id, (time.monotonic() - started) * 1000)
 
     async def guest(self, sandbox_id: str, workspace_id: str | None = None) -> tuple[Sandbox, GuestClient]:
@@ -307,12 +391,40 @@ class SandboxService:
         _, guest = await self.guest(sandbox_id, workspace_id)
         return await guest.call(op, {"path": path}, timeout=60)
 
-    async def close(self) -> None:
-        """Kill every sandbox and pooled QEMU this service owns."""
+    async def hibernate_all(self, concurrency: int = 4) -> int:
+        """Hibernate every running or paused sandbox (``--on-stop hibernate``); returns how many failed."""
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(sandbox_id: str) -> None:
+            async with gate:
+                await self.hibernate(sandbox_id)
+
+        live = [s.id for s in self.sandboxes.values() if s.state in (SandboxState.RUNNING, SandboxState.PAUSED)]
+        results = await asyncio.gather(*(one(i) for i in live), return_exceptions=True)
+        for sandbox_id, result in zip(live, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("could not hibernate %s at stop: %s", sandbox_id, result)
+        return sum(1 for r in results if isinstance(r, BaseException))
+
+    def running(self) -> int:
+        """Sandboxes whose QEMU is alive."""
+        return sum(1 for s in self.sandboxes.values() if s.state in (SandboxState.RUNNING, SandboxState.PAUSED))
+
+    async def close(self, keep: bool = False) -> None:
+        """Stop. Pooled QEMUs are always killed. Without ``keep`` every sandbox is killed and its record and
+        images removed; with ``keep`` the sandboxes' QEMUs keep running and their records stay, for the next
+        agent to adopt (hibernated sandboxes stay on disk either way only with ``keep``)."""
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
         await asyncio.gather(*(pool.close() for pool in self.pools.values()), return_exceptions=True)
-        vms: list[MicroVM] = [s.vm for s in self.sandboxes.values()]
+        sandboxes = list(self.sandboxes.values())
         self.sandboxes.clear()
+        if keep:
+            await asyncio.gather(*(s.vm.detach() for s in sandboxes), return_exceptions=True)
+            return
+        vms: list[MicroVM] = [s.vm for s in sandboxes]
         await asyncio.gather(*(self.factory.destroy(vm) for vm in vms), return_exceptions=True)
+        for sandbox in sandboxes:
+            await self._forget(sandbox.id)
+            await self._drop_images(sandbox)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from ..agentapi import models as am
 from ..errors import CryoboxError, NotFound, ObjectNotFound
+from .forking import SlotFactory
 from .platform import Host
 from .sandbox import Sandbox
 from .store import evidence
@@ -143,8 +144,14 @@ class SnapshotOps:
         return gone
 
     async def fork_tree(
-        self, sandbox_id: str, request: am.TreeRequest, info: Callable[[Sandbox], am.SandboxInfo]
+        self,
+        sandbox_id: str,
+        request: am.TreeRequest,
+        info: Callable[[Sandbox], am.SandboxInfo],
+        slot: SlotFactory | None = None,
     ) -> am.TreeResult:
+        """Snapshot the parent and restore the requested children here, each child in its own admission ``slot``
+        (the snapshot takes none)."""
         if not request.child_ids:  # only the snapshot: the children are placed on other agents
             image = await self.host.forking.snapshot(sandbox_id, snapshot_id=request.snapshot_id)
             return am.TreeResult(snapshot=self._with_generation(image, {"cryobox.tree_id": request.tree_id}))
@@ -154,6 +161,7 @@ class SnapshotOps:
             snapshot_id=request.snapshot_id,
             child_ids=list(request.child_ids),
             tree_id=request.tree_id,
+            slot=slot,
         )
         return am.TreeResult(
             snapshot=self._with_generation(tree.snapshot, {"cryobox.tree_id": request.tree_id}),

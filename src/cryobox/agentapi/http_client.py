@@ -253,6 +253,15 @@ class HttpAgent:
     async def touch(self, sandbox_id: str) -> m.SandboxInfo:
         return await self._action(sandbox_id, "touch")
 
+    async def store_hibernation(self, sandbox_id: str) -> m.StoredHibernation:
+        path = f"/hibernations/{_q(sandbox_id)}/store"
+        return await self._model(m.StoredHibernation, "POST", path, timeout=self._long())
+
+    async def wake_stored(self, spec: m.WakeSpec) -> m.SandboxInfo:
+        path = f"/hibernations/{_q(spec.sandbox_id)}/wake"
+        body = spec.model_dump(mode="json")
+        return await self._model(m.SandboxInfo, "POST", path, json_body=body, timeout=self._long())
+
     async def set_lifecycle(self, sandbox_id: str, patch: m.LifecyclePatch) -> m.SandboxInfo:
         path = f"/sandboxes/{_q(sandbox_id)}/lifecycle"
         return await self._model(m.SandboxInfo, "PATCH", path, json_body=patch.model_dump(mode="json"))

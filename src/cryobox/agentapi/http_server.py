@@ -258,6 +258,16 @@ def _sandbox_routes(router: APIRouter, agent: Agent) -> None:
 
         router.add_api_route(f"/sandboxes/{{sandbox_id}}/{action}", make(call), methods=["POST"], name=action)
 
+    @router.post("/hibernations/{sandbox_id}/store")
+    async def store_hibernation(sandbox_id: str) -> m.StoredHibernation:
+        return await agent.store_hibernation(sandbox_id)
+
+    @router.post("/hibernations/{sandbox_id}/wake")
+    async def wake_stored(sandbox_id: str, body: m.WakeSpec) -> m.SandboxInfo:
+        if body.sandbox_id != sandbox_id:
+            raise InvalidArgument("the body's sandbox_id is not the one in the path", details={"id": sandbox_id})
+        return await agent.wake_stored(body)
+
     @router.patch("/sandboxes/{sandbox_id}/lifecycle")
     async def set_lifecycle(sandbox_id: str, body: m.LifecyclePatch) -> m.SandboxInfo:
         return await agent.set_lifecycle(sandbox_id, body)

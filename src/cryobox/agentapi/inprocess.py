@@ -108,6 +108,12 @@ class InProcessAgent:
     async def wake(self, sandbox_id: str) -> m.SandboxInfo:
         return _c(await _pass(self.impl.wake(sandbox_id)))
 
+    async def store_hibernation(self, sandbox_id: str) -> m.StoredHibernation:
+        return _c(await _pass(self.impl.store_hibernation(sandbox_id)))
+
+    async def wake_stored(self, spec: m.WakeSpec) -> m.SandboxInfo:
+        return _c(await _pass(self.impl.wake_stored(_c(spec))))
+
     async def set_lifecycle(self, sandbox_id: str, patch: m.LifecyclePatch) -> m.SandboxInfo:
         return _c(await _pass(self.impl.set_lifecycle(sandbox_id, _c(patch))))
 

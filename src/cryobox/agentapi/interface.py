@@ -30,11 +30,13 @@ from .models import (
     SandboxInfo,
     SnapshotInfo,
     SnapshotRequest,
+    StoredHibernation,
     StoredSnapshot,
     TemplateBuild,
     TemplateInfo,
     TreeRequest,
     TreeResult,
+    WakeSpec,
     WriteResult,
 )
 
@@ -78,6 +80,16 @@ class Agent(Protocol):
     async def hibernate(self, sandbox_id: str) -> SandboxInfo: ...
 
     async def wake(self, sandbox_id: str) -> SandboxInfo: ...
+
+    async def store_hibernation(self, sandbox_id: str) -> StoredHibernation:
+        """Copy a hibernated sandbox's image to the object store (idempotent; ``StateError`` unless hibernated),
+        so another agent can wake it (:meth:`wake_stored`)."""
+        ...
+
+    async def wake_stored(self, spec: WakeSpec) -> SandboxInfo:
+        """Import a stored hibernation (its overlay rebased onto this host's copy of the template's disk) and wake
+        it here as the same sandbox; admission-controlled like a create. A retried call wakes the one it made."""
+        ...
 
     async def set_lifecycle(self, sandbox_id: str, patch: LifecyclePatch) -> SandboxInfo:
         """Change TTL/persistence; counts as activity (the idle clock restarts)."""

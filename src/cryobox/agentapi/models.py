@@ -73,6 +73,8 @@ class SandboxInfo(_Model):
     """Idle past its TTL with nothing in flight: the control plane's reaper deletes it."""
     egress: list[str] | None = None
     """CIDRs the guest may reach (``None``: egress denied)."""
+    adopted: bool = False
+    """The agent took this sandbox over from its previous process at start (its VM outlived a restart)."""
 
 
 class LifecyclePatch(_Model):
@@ -153,6 +155,36 @@ class StoredSnapshot(_Model):
     id: str
     store: str
     key: str
+
+
+class StoredHibernation(_Model):
+    """A hibernated sandbox's image in the object store (``hibernations/<sandbox id>/``): any agent serving
+    ``generation`` of its template can wake it (:class:`WakeSpec`)."""
+
+    id: str
+    store: str
+    key: str
+    generation: str
+    """The template generation the image's disk and memory sit on."""
+    size_bytes: int = 0
+
+
+class WakeSpec(_Model):
+    """Wake, on this agent, a sandbox hibernated on another one whose image is in the object store: the same
+    sandbox (id, identity, settings, files and processes), imported from ``hibernations/<sandbox_id>/``."""
+
+    sandbox_id: str
+    template: str
+    workspace_id: str
+    created_at: float
+    instance_id: str
+    metadata: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    ttl_s: int | None = None
+    persistent: bool = False
+    egress: list[str] | None = None
+    from_snapshot: str | None = None
+    boot_mode: Literal["restore", "cold"] = "restore"
 
 
 class ForkRequest(_Model):

@@ -67,7 +67,8 @@ class ServeProcess(ChildProcess):
         return argv + self.extra_args
 
     def child_env(self) -> dict[str, str]:
-        return {**os.environ, "CRYOBOX_API_KEY": self.api_key, **self.extra_env}
+        # a harness's server leaves nothing running when stopped, unless the caller asks (extra_env)
+        return {**os.environ, "CRYOBOX_API_KEY": self.api_key, "CRYOBOX_ON_STOP": "kill", **self.extra_env}
 
     def ready(self) -> bool:
         return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from ..agent.admission import AdmissionConfig, AdmissionController
 from ..agent.hostagent import HostAgent
 from ..agent.platform import Host, HostConfig, prepare_template, start_host
+from ..agent.stopmode import OnStop
 from ..agent.store.objstore import ObjectStore
 from ..agentapi import Agent
+from ..errors import InvalidArgument
 from ..registry import Registry
 from ..server.control import ControlPlane
 from ..server.fleet import DEFAULT_DEADLINE_S, Fleet, FleetConfig
@@ -27,6 +29,20 @@ from ..util.proc import Progress
 
 NODE_TOKEN_ENV = "CRYOBOX_NODE_TOKEN"
 DEADLINE_ENV = "CRYOBOX_AGENT_DEADLINE_S"
+ON_STOP_ENV = "CRYOBOX_ON_STOP"
+GRACEFUL_STOP_S = 3
+"""How long a stopping server waits for open requests and streams before it closes them (``keep`` then leaves
+every VM running, so an agent exits within seconds whatever the load)."""
+
+
+def on_stop_mode(value: str | None, env: dict[str, str] | None = None) -> OnStop:
+    """``--on-stop`` (or ``CRYOBOX_ON_STOP``): keep (default), hibernate or kill."""
+    raw = value or (os.environ if env is None else env).get(ON_STOP_ENV, "") or OnStop.KEEP.value
+    try:
+        return OnStop(raw)
+    except ValueError:
+        choices = ", ".join(m.value for m in OnStop)
+        raise InvalidArgument(f"--on-stop must be one of {choices}, not {raw!r}") from None
 
 
 @dataclass(frozen=True)

@@ -65,15 +65,26 @@ def _log_to_stderr() -> None:
 
 
 def _serve(app: object, host: str, port: int) -> uvicorn.Server:
+    from .compose import GRACEFUL_STOP_S
+
     return uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level="info", lifespan="on", ws="websockets-sansio")  # type: ignore[arg-type]
+        uvicorn.Config(
+            app,  # type: ignore[arg-type]
+            host=host,
+            port=port,
+            log_level="info",
+            lifespan="on",
+            ws="websockets-sansio",
+            timeout_graceful_shutdown=GRACEFUL_STOP_S,
+        )
     )
 
 
 def agent(
-    listen: Annotated[str, typer.Option(help="HOST:PORT the agent serves the agent interface on")],
-    control: Annotated[str, typer.Option(help="the control plane's URL (heartbeats go there)")],
-    data_dir: Annotated[Path, typer.Option("--data-dir", help="this agent's state")],
+    ctx: typer.Context,
+    listen: Annotated[str | None, typer.Option(help="HOST:PORT the agent serves the agent interface on")] = None,
+    control: Annotated[str | None, typer.Option(help="the control plane's URL (heartbeats go there)")] = None,
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="this agent's state")] = None,
     cache_dir: Annotated[
         Path | None, typer.Option("--cache-dir", help="image cache (default /var/cache/cryobox)")
     ] = None,
@@ -94,8 +105,17 @@ def agent(
     admission_timeout: Annotated[float | None, typer.Option(help="seconds a create may wait (default 30)")] = None,
     chunk_cache_bytes: Annotated[int, typer.Option(help="chunk cache budget")] = 8 << 30,
     store_faults: Annotated[str, typer.Option(envvar="CRYOBOX_STORE_FAULTS", help="store fault injection")] = "",
+    on_stop: Annotated[
+        str | None,
+        typer.Option(envvar="CRYOBOX_ON_STOP", help="on SIGTERM: 'keep' VMs running (default), 'hibernate', 'kill'"),
+    ] = None,
 ) -> None:
-    """Run a host agent: it owns this host's VMs and serves the control plane over HTTP (node token)."""
+    """Run a host agent (--listen, --control and --data-dir): it owns this host's VMs and serves the control plane
+    over HTTP (node token). With a subcommand (drain, undrain): act on an agent through the control plane's API."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if listen is None or control is None or data_dir is None:
+        raise typer.BadParameter("--listen, --control and --data-dir are required to run an agent")
     from ..agent.admission import AdmissionConfig
     from ..agent.factory import PoolMode
     from ..agent.platform import HostConfig
@@ -103,8 +123,9 @@ def agent(
     from ..agentapi import create_agent_app
     from ..agentapi.heartbeat import HeartbeatSender
     from ..config import Paths
+    from ..errors import CryoboxError
     from ..server.metrics import Metrics
-    from .compose import AgentOptions, boot_agent
+    from .compose import AgentOptions, boot_agent, on_stop_mode
     from .templates_opt import parse_templates
 
     token = _token()
@@ -133,6 +154,10 @@ def agent(
     admission_config = AdmissionConfig.from_env(
         max_concurrent=max_concurrent_restores, queue_length=admission_queue, timeout_s=admission_timeout
     )
+    try:
+        stop_mode = on_stop_mode(on_stop)
+    except CryoboxError as err:
+        raise typer.BadParameter(err.message) from None
     _log_to_stderr()
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
@@ -152,7 +177,7 @@ def agent(
             with contextlib.suppress(asyncio.CancelledError):
                 await beating
             await sender.aclose()
-            await booted.close()
+            await booted.close(stop_mode)
 
     _run_until_signalled(main)
 

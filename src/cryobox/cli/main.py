@@ -10,10 +10,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from .agent_cmds import agent_app
 from .capture_cmds import capture
 from .debug_cmds import bisect, debug
-from .fleet_cmds import agent as agent_cmd
 from .fleet_cmds import control as control_cmd
+from .gc_cmd import gc
 from .inspect_cmds import inspect_app
 from .keys_cmds import keys_app
 from .sandbox_cmds import sandbox_app, template_app
@@ -32,8 +33,9 @@ app.add_typer(bench_app, name="bench")
 app.command("capture")(capture)
 app.command("debug")(debug)
 app.command("bisect")(bisect)
-app.command("agent")(agent_cmd)
+app.add_typer(agent_app, name="agent")
 app.command("control")(control_cmd)
+app.command("gc")(gc)
 console = Console(stderr=True)
 
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="platform state (default /var/lib/cryobox)")]
@@ -121,6 +123,16 @@ def serve(
     max_sandboxes: Annotated[
         int, typer.Option(envvar="CRYOBOX_MAX_SANDBOXES", min=1, help="sandboxes this host may run (placement)")
     ] = 256,
+    on_stop: Annotated[
+        str | None,
+        typer.Option(
+            envvar="CRYOBOX_ON_STOP",
+            help="on SIGTERM: 'keep' sandboxes running for the next start (default), 'hibernate' them, or 'kill'",
+        ),
+    ] = None,
+    memory_mib: Annotated[
+        int | None, typer.Option(min=1, help="memory this host offers to placement, MiB (default: the host's)")
+    ] = None,
 ) -> None:
     """Start the platform: build images and templates if needed, then serve the HTTP API."""
     from ..agent.factory import PoolMode
@@ -176,6 +188,8 @@ def serve(
         ),
         templates=specs,
         max_sandboxes=max_sandboxes,
+        on_stop=on_stop,
+        memory_mib=memory_mib,
     )
     try:
         run_serve(options, console)
@@ -315,6 +329,41 @@ def bench_fleet(
         console=console,
     )
     _print_result(result, as_json)
+
+
+@bench_app.command("restart")
+def bench_restart(
+    n: Annotated[int, typer.Option("--n", min=1, help="sandboxes that must survive every restart")] = 8,
+    rounds: Annotated[int, typer.Option(min=1, help="restarts of each kind (SIGKILL, SIGTERM) for the window")] = 5,
+    clients: Annotated[int, typer.Option(min=1, help="threads exec'ing `true` in a tight loop meanwhile")] = 2,
+    vms: Annotated[int, typer.Option(min=1, help="running sandboxes for the SIGTERM-to-exit time")] = 50,
+    memory_mib: Annotated[int, typer.Option(help="--memory-mib of that server (placement's host memory)")] = 65536,
+    drain: Annotated[bool, typer.Option("--drain/--no-drain", help="the drain phase (a fleet of 2 agents)")] = True,
+    drain_n: Annotated[int, typer.Option(min=1, help="sandboxes on the drained agent")] = 6,
+    template: Annotated[str, typer.Option(help="template to create")] = "base",
+    as_json: AsJson = False,
+    out_dir: OutDir = RESULTS_DIR,
+    cache_dir: CacheDir = None,
+) -> None:
+    """Agent restarts: sandboxes surviving SIGKILL/SIGTERM, the exec window, SIGTERM-to-exit with many VMs, drain."""
+    from ..bench.restart import run_restart_bench
+
+    result = run_restart_bench(
+        n=n,
+        rounds=rounds,
+        clients=clients,
+        vms=vms,
+        memory_mib=memory_mib,
+        drain=drain,
+        drain_n=drain_n,
+        template=template,
+        out_dir=out_dir,
+        cache_dir=cache_dir,
+        console=console,
+    )
+    _print_result(result, as_json)
+    if result["errors"]:
+        raise typer.Exit(1)
 
 
 def main() -> None:

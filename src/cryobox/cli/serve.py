@@ -26,7 +26,7 @@ from ..server.auth import load_or_create_key
 from ..server.metrics import Metrics
 from ..server.ratelimit import RateLimitConfig, RateLimiter
 from ..server.snapshots_ctl import RetentionPolicy
-from .compose import AgentOptions, boot_agent, build_control, fleet_config
+from .compose import GRACEFUL_STOP_S, AgentOptions, boot_agent, build_control, fleet_config, on_stop_mode
 
 DEFAULT_WORKSPACE = "default"
 
@@ -49,6 +49,9 @@ class ServeOptions:
     storage: StorageConfig = field(default_factory=StorageConfig)
     templates: tuple[TemplateSpec, ...] = DEFAULT_TEMPLATES
     max_sandboxes: int = 256
+    on_stop: str | None = None
+    memory_mib: int | None = None
+    """Memory this host offers to placement (``None``: the host's ``MemTotal``)."""
 
 
 def serve(options: ServeOptions, console: Console) -> None:
@@ -71,6 +74,7 @@ def serve(options: ServeOptions, console: Console) -> None:
     )
     limiter = RateLimiter.from_config(RateLimitConfig.from_env())
     retention = RetentionPolicy.from_env(options.snapshot_grace_s, options.orphan_sweep_interval_s)
+    on_stop = on_stop_mode(options.on_stop)
     paths.ensure()
     registry = Registry.for_data_dir(paths.data_dir)
 
@@ -96,7 +100,9 @@ def serve(options: ServeOptions, console: Console) -> None:
             host, agent = await boot_agent(
                 config,
                 admission_config,
-                AgentOptions(name=socket.gethostname(), max_sandboxes=options.max_sandboxes),
+                AgentOptions(
+                    name=socket.gethostname(), max_sandboxes=options.max_sandboxes, memory_mib=options.memory_mib
+                ),
                 metrics,
                 progress,
             )
@@ -134,15 +140,17 @@ def serve(options: ServeOptions, console: Console) -> None:
                 log_level="info",
                 lifespan="on",
                 ws="websockets-sansio",  # the PTY websocket; the legacy implementation is deprecated
+                timeout_graceful_shutdown=GRACEFUL_STOP_S,
             )
         )
         try:
             await server.serve()
         finally:
-            await host.close()
+            await host.close(on_stop)
+            console.print(f"stopped ({on_stop.value}: {host.service.running()} sandbox(es) left running)")
 
-    # uvicorn shuts down gracefully on SIGTERM/SIGINT (the lifespan kills every VM), then re-raises the signal
-    # with the previous handler: make that handler a clean exit so a graceful stop exits 0.
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT (open requests get GRACEFUL_STOP_S), then re-raises the
+    # signal with the previous handler: make that handler a clean exit so a graceful stop exits 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _exit_cleanly)
     try:

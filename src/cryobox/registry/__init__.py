@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .db import DATABASE_URL_ENV, AlreadyExists, Database, normalize_url, url_for_data_dir
 from .fleet import FleetRecords
+from .moves import MoveRecords
 from .repo import Registry
 from .rows import (
     ACTIVE_STATUSES,
@@ -15,6 +16,9 @@ from .rows import (
     AGENT_DRAINING,
     AGENT_STATUSES,
     AGENT_UP,
+    HIBERNATED,
+    HIBERNATION_LOCAL,
+    HIBERNATION_STORED,
     LOST,
     STOPPED_STATUSES,
     AgentLoad,
@@ -37,6 +41,9 @@ __all__ = [
     "AGENT_STATUSES",
     "AGENT_UP",
     "DATABASE_URL_ENV",
+    "HIBERNATED",
+    "HIBERNATION_LOCAL",
+    "HIBERNATION_STORED",
     "LOST",
     "STOPPED_STATUSES",
     "AgentLoad",
@@ -47,6 +54,7 @@ __all__ = [
     "FleetRecords",
     "HeartbeatOutcome",
     "HostReconcile",
+    "MoveRecords",
     "ReconcileReport",
     "Registry",
     "ReservationRow",

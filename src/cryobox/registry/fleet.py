@@ -16,15 +16,16 @@ Every method is synchronous, runs one short transaction and returns frozen datac
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from ..errors import HostUnavailable, InvalidArgument, NotFound
 from . import models as m
 from .db import AlreadyExists, Database
+from .loads import agent_loads, free_memory
 from .rows import (
     ACTIVE_STATUSES,
     AGENT_DOWN,
@@ -32,6 +33,8 @@ from .rows import (
     AGENT_STATUSES,
     AGENT_UP,
     HIBERNATED,
+    HIBERNATION_LOCAL,
+    HIBERNATION_STORED,
     LOST,
     AgentLoad,
     AgentRow,
@@ -47,7 +50,15 @@ from .rows import (
 
 ABSENT_STATUSES = (*ACTIVE_STATUSES, HIBERNATED, LOST)
 """Statuses of a sandbox row that claim its VM exists on the host: such a row absent from the agent's report is
-marked ``lost`` (or the caller's ``absent_status``)."""
+marked ``lost`` (or the caller's ``absent_status``), except a hibernated one whose image is in the object store:
+that one is portable (any agent can wake it), so it stays ``hibernated``."""
+
+
+def _claims_vm() -> Any:
+    """WHERE clause of the sandbox rows whose VM (or hibernation image) only their host has: active ones, and
+    hibernated ones whose image is not in the object store (those outlive their host)."""
+    portable = and_(m.Sandbox.status == HIBERNATED, m.Sandbox.hibernation == HIBERNATION_STORED)
+    return and_(m.Sandbox.status.in_((*ACTIVE_STATUSES, HIBERNATED)), or_(m.Sandbox.hibernation.is_(None), ~portable))
 
 
 class FleetRecords:
@@ -128,7 +139,8 @@ class FleetRecords:
         """Agents ``up``/``draining`` whose last heartbeat is older than ``now - deadline_s`` become ``down``.
 
         Every sandbox row of those hosts whose status is active or ``hibernated`` becomes ``lost`` (a later
-        heartbeat's :meth:`reconcile_host` brings back those the agent still runs). Returns the agents' names,
+        heartbeat's :meth:`reconcile_host` brings back those the agent still runs), except hibernated ones whose
+        image is in the object store (they stay ``hibernated``: any agent can wake them). Returns the agents' names,
         sorted. Idempotent; several replicas may run it at once (the second finds nothing left to do).
         """
         cutoff = now - deadline_s
@@ -143,11 +155,7 @@ class FleetRecords:
             )
             for chunk in _chunks(stale):
                 s.execute(update(m.Agent).where(m.Agent.name.in_(chunk)).values(status=AGENT_DOWN))
-                s.execute(
-                    update(m.Sandbox)
-                    .where(m.Sandbox.host.in_(chunk), m.Sandbox.status.in_((*ACTIVE_STATUSES, HIBERNATED)))
-                    .values(status=LOST)
-                )
+                s.execute(update(m.Sandbox).where(m.Sandbox.host.in_(chunk), _claims_vm()).values(status=LOST))
             return stale
 
     # -- reservations ----------------------------------------------------------------------------------------
@@ -168,7 +176,8 @@ class FleetRecords:
         Expired reservations (``expires_at <= now``) are deleted first. ``choose`` gets the load of every agent that
         is ``up`` with ``heartbeat_at >= live_after`` (sorted by name) and returns one of their names, or ``None``
         when none has room: then :class:`HostUnavailable` is raised and nothing changes. ``choose`` runs while
-        the agents are locked: it must be quick and must not use the registry.
+        the agents are locked: it must be quick and must not use the registry. A ``sandbox_id`` that already holds an
+        unexpired reservation (a hibernated sandbox being woken elsewhere by another request) is refused the same way.
         """
         if not _is_int(memory_mib) or memory_mib < 0 or not _is_int(cpus) or cpus < 0:
             raise InvalidArgument(
@@ -182,8 +191,16 @@ class FleetRecords:
             # built only from rows this transaction locked, so whatever it picks no one else can pick meanwhile
             agents = list(s.scalars(select(m.Agent).order_by(m.Agent.name).with_for_update()))
             s.execute(delete(m.Reservation).where(m.Reservation.expires_at <= now))
+            if sandbox_id is not None and s.scalar(
+                select(m.Reservation.id).where(m.Reservation.sandbox_id == sandbox_id).limit(1)
+            ):
+                raise HostUnavailable(
+                    f"sandbox {sandbox_id} is being placed by another request",
+                    retry_after_s=2.0,
+                    details={"sandbox_id": sandbox_id},
+                )
             live = [a for a in agents if a.status == AGENT_UP and a.heartbeat_at >= live_after]
-            loads = _loads(s, live, now)
+            loads = agent_loads(s, live, now)
             chosen = choose(list(loads))
             if chosen is None:
                 raise HostUnavailable(
@@ -193,7 +210,7 @@ class FleetRecords:
                         "memory_mib": memory_mib,
                         "cpus": cpus,
                         "live_agents": len(loads),
-                        "free_memory_mib": {load.agent.name: _free_memory(load) for load in loads},
+                        "free_memory_mib": {load.agent.name: free_memory(load) for load in loads},
                     },
                 )
             if chosen not in {load.agent.name for load in loads}:
@@ -246,7 +263,8 @@ class FleetRecords:
         """Make the rows of ``host`` (and only those) agree with what its agent reports.
 
         ``reported`` maps sandbox id -> status and is authoritative: the host's rows it names get that status
-        (a ``lost`` row comes back); the host's rows it does not name whose status is active, ``hibernated`` or
+        (a ``lost`` row comes back; a row that stops being ``hibernated`` forgets its hibernation); the host's rows
+        it does not name whose status is active, ``hibernated`` (unless its image is stored: it stays) or
         ``lost`` get ``absent_status`` (``None``: absent rows are left alone, e.g. for a routine heartbeat while
         creates and deletes are in flight). Reported ids without a row of this host are ignored. With
         ``snapshot_dir_exists``, the host's ``local`` snapshot rows whose files are gone are deleted (``stored``
@@ -265,11 +283,15 @@ class FleetRecords:
         with self._db.session(what=f"reconciliation of host {host!r}") as s:
             # the agent's row lock serializes this with mark_stale and reservers (agents before sandboxes)
             s.execute(select(m.Agent.name).where(m.Agent.name == host).with_for_update())
-            rows = s.execute(select(m.Sandbox.id, m.Sandbox.status).where(m.Sandbox.host == host)).all()
+            rows = s.execute(
+                select(m.Sandbox.id, m.Sandbox.status, m.Sandbox.hibernation).where(m.Sandbox.host == host)
+            ).all()
             targets: dict[str, list[str]] = {}
             updated: list[str] = []
             lost: list[str] = []
-            for sandbox_id, status in rows:
+            for sandbox_id, status, hibernation in rows:
+                if status == HIBERNATED and hibernation == HIBERNATION_STORED and sandbox_id not in reported:
+                    continue  # portable: any agent can wake it from the store
                 if sandbox_id in reported:
                     if reported[sandbox_id] != status:
                         targets.setdefault(reported[sandbox_id], []).append(sandbox_id)
@@ -279,9 +301,10 @@ class FleetRecords:
                     lost.append(sandbox_id)
             for status, ids in sorted(targets.items()):
                 for chunk in _chunks(sorted(ids)):
-                    s.execute(
-                        update(m.Sandbox).where(m.Sandbox.host == host, m.Sandbox.id.in_(chunk)).values(status=status)
-                    )
+                    changes: dict[str, Any] = {"status": status, "hibernation": None, "hibernation_generation": None}
+                    if status == HIBERNATED:  # it was not before: its image is on its host only
+                        changes["hibernation"] = HIBERNATION_LOCAL
+                    s.execute(update(m.Sandbox).where(m.Sandbox.host == host, m.Sandbox.id.in_(chunk)).values(changes))
             for chunk in _chunks(gone):
                 s.execute(delete(m.Snapshot).where(m.Snapshot.id.in_(chunk), *_local_snapshots(host)))
         return HostReconcile(lost=sorted(lost), updated=sorted(updated), deleted_snapshots=gone)
@@ -309,67 +332,3 @@ def _agent(s: Session, name: str, *, lock: bool = False) -> m.Agent:
 def _local_snapshots(host: str) -> tuple[Any, ...]:
     """WHERE clauses of the snapshot rows whose files only ``host`` holds."""
     return (m.Snapshot.host == host, m.Snapshot.location == "local")
-
-
-def _loads(s: Session, agents: Sequence[m.Agent], now: float) -> list[AgentLoad]:
-    """The load of each agent, from ONE statement (one snapshot: a concurrent commit is counted once, not 0 or 2)."""
-    if not agents:
-        return []
-    committed = (
-        select(
-            m.Sandbox.host.label("host"),
-            func.sum(m.Sandbox.memory_mb).label("memory"),
-            func.sum(m.Sandbox.cpu).label("cpus"),
-            func.count().label("n"),
-        )
-        .where(m.Sandbox.status.in_(ACTIVE_STATUSES))
-        .group_by(m.Sandbox.host)
-        .subquery()
-    )
-    reserved = (
-        select(
-            m.Reservation.agent.label("agent"),
-            func.sum(m.Reservation.memory_mib).label("memory"),
-            func.sum(m.Reservation.cpus).label("cpus"),
-            func.count().label("n"),
-        )
-        .where(m.Reservation.expires_at > now)
-        .group_by(m.Reservation.agent)
-        .subquery()
-    )
-    query = (
-        select(
-            m.Agent.name,
-            func.coalesce(committed.c.memory, 0),
-            func.coalesce(committed.c.cpus, 0),
-            func.coalesce(committed.c.n, 0),
-            func.coalesce(reserved.c.memory, 0),
-            func.coalesce(reserved.c.cpus, 0),
-            func.coalesce(reserved.c.n, 0),
-        )
-        .select_from(m.Agent)
-        .outerjoin(committed, committed.c.host == m.Agent.name)
-        .outerjoin(reserved, reserved.c.agent == m.Agent.name)
-        .where(m.Agent.name.in_([a.name for a in agents]))
-    )
-    sums = {name: tuple(int(v) for v in values) for name, *values in s.execute(query)}
-    loads = []
-    for obj in agents:
-        c_mem, c_cpus, c_n, r_mem, r_cpus, r_n = sums.get(obj.name, (0, 0, 0, 0, 0, 0))
-        loads.append(
-            AgentLoad(
-                agent=_from_orm(obj, AgentRow),
-                committed_memory_mib=c_mem,
-                committed_cpus=c_cpus,
-                sandboxes=c_n,
-                reserved_memory_mib=r_mem,
-                reserved_cpus=r_cpus,
-                reservations=r_n,
-            )
-        )
-    return loads
-
-
-def _free_memory(load: AgentLoad) -> int | None:
-    total = load.agent.capacity.get("memory_total_mib")
-    return total - load.used_memory_mib if isinstance(total, int) and not isinstance(total, bool) else None

@@ -88,6 +88,11 @@ class Sandbox(Base):
     vm_id: Mapped[str | None] = mapped_column(ID)
     guest_ip: Mapped[str | None] = mapped_column(String(64))
     instance_id: Mapped[str | None] = mapped_column(String(64))
+    # portable hibernation (revision 0005): ``local`` (the image is on ``host`` only) or ``stored`` (in the object
+    # store too, so any agent serving ``hibernation_generation`` can wake it); the egress CIDRs (NULL: denied)
+    hibernation: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    hibernation_generation: Mapped[str | None] = mapped_column(NAME, nullable=True)
+    egress: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
 
 
 class Snapshot(Base):

@@ -74,6 +74,12 @@ class SandboxRow:
     vm_id: str | None = None
     guest_ip: str | None = None
     instance_id: str | None = None
+    hibernation: str | None = None
+    """``local`` (a hibernated sandbox whose image only its host has), ``stored`` (in the object store as well:
+    any agent serving ``hibernation_generation`` can wake it), ``None`` (not hibernated)."""
+    hibernation_generation: str | None = None
+    egress: list[str] | None = None
+    """CIDRs the guest may reach (``None``: egress denied)."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +189,8 @@ STOPPED_STATUSES = ("stopped", "error")
 ACTIVE_STATUSES = ("starting", "running", "paused")
 """Sandbox statuses that hold memory and vCPUs on their host."""
 HIBERNATED = "hibernated"
+HIBERNATION_LOCAL = "local"
+HIBERNATION_STORED = "stored"
 AGENT_UP = "up"
 AGENT_DOWN = "down"
 AGENT_DRAINING = "draining"
@@ -211,6 +219,9 @@ def _matches(value: Any, hint: Any) -> bool:
         return any(_matches(value, arg) for arg in get_args(hint))
     if hint is type(None):
         return value is None
+    if origin is list:
+        (item_t,) = get_args(hint)
+        return isinstance(value, list) and all(_matches(v, item_t) for v in value)
     if origin is dict:
         key_t, value_t = get_args(hint)
         return isinstance(value, dict) and all(_matches(k, key_t) and _matches(v, value_t) for k, v in value.items())
@@ -236,6 +247,8 @@ def _check_fields(cls: type[Any], values: Mapping[str, Any]) -> dict[str, Any]:
             )
         if isinstance(value, dict):
             value = dict(value)
+        elif isinstance(value, list):
+            value = list(value)
         elif hint is float or hint == float | None:
             value = None if value is None else float(value)
         checked[name] = value
@@ -251,7 +264,7 @@ def _from_orm(obj: m.Base, cls: type[_Row]) -> _Row:
     values: dict[str, Any] = {}
     for f in fields(cls):
         value = getattr(obj, _attr(f.name))
-        values[f.name] = dict(value) if isinstance(value, dict) else value
+        values[f.name] = dict(value) if isinstance(value, dict) else list(value) if isinstance(value, list) else value
     return cls(**values)
 
 

@@ -31,6 +31,7 @@ from .routes_platform import router as platform_router
 from .routes_pty import router as pty_router
 from .routes_sandboxes import router as sandboxes_router
 from .routes_snapshots import router as snapshots_router
+from .strays import delete_strays
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +45,15 @@ class Intervals:
 
 
 def wire_registration(control: ControlPlane) -> None:
-    """What happens when an agent registers: template rows, custom template builds, snapshot reconcile."""
+    """What happens when an agent registers: template rows, custom template builds, snapshot reconcile, and the
+    copies of sandboxes that moved elsewhere meanwhile are forgotten."""
 
     async def registered(name: str, hb: am.Heartbeat) -> None:
         agent = await control.fleet.agent(name)
+        await delete_strays(control.registry, name, agent, hb)
         await control.templates.agent_registered(name, agent, dict(hb.capacity.templates_ready))
         await control.snapshots.reconcile(name, agent, {s.id for s in hb.sandboxes})
+        await control.hibernations.agent_registered(name, hb)
 
     control.fleet.on_register(registered)
 
@@ -110,6 +114,7 @@ def create_app(
                     await task
             await control.templates.close()
             await control.snapshots.close()
+            await control.hibernations.close()
             await control.fleet.close()
 
     app = FastAPI(

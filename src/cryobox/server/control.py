@@ -21,8 +21,9 @@ from dataclasses import dataclass, replace
 from ..agentapi import Agent
 from ..agentapi import models as am
 from ..errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound
-from ..registry import Registry, ReservationRow, SandboxRow
+from ..registry import HIBERNATION_LOCAL, HIBERNATION_STORED, Registry, ReservationRow, SandboxRow
 from .fleet import Fleet
+from .hibernations import HibernationControl
 from .metrics import Metrics
 from .placement import Placement, PlacementRequest
 from .snapshots_ctl import SnapshotControl
@@ -72,6 +73,7 @@ def row_for(info: am.SandboxInfo, host: str) -> SandboxRow:
         from_snapshot=info.from_snapshot,
         guest_ip=info.guest_ip,
         instance_id=info.instance_id,
+        egress=list(info.egress) if info.egress is not None else None,
     )
 
 
@@ -98,6 +100,7 @@ class ControlPlane:
         metrics: Metrics,
         snapshots: SnapshotControl,
         templates: TemplateJobs,
+        hibernations: HibernationControl | None = None,
     ) -> None:
         self.fleet = fleet
         self.registry = registry
@@ -105,6 +108,8 @@ class ControlPlane:
         self.metrics = metrics
         self.snapshots = snapshots
         self.templates = templates
+        self.hibernations = hibernations or HibernationControl(registry, fleet, placement, snapshots.objects)
+        fleet.relocator = self.hibernations.relocate  # a stored hibernation wakes where there is room
         self._states: dict[str, int] = {}
         metrics.set_sandbox_state_provider(lambda: self._states)
 
@@ -230,11 +235,18 @@ class ControlPlane:
 
     # -- changes -------------------------------------------------------------------------------------------
 
-    async def delete(self, sandbox_id: str, workspace_id: str | None, keep_snapshots: bool = False) -> None:
-        """Row, then snapshots (deleted, or orphaned when ``retain``/``keep_snapshots``), then the VM."""
+    async def delete(
+        self, sandbox_id: str, workspace_id: str | None, keep_snapshots: bool = False, *, host: str | None = None
+    ) -> None:
+        """Row, then snapshots (deleted, or orphaned when ``retain``/``keep_snapshots``), then the VM (and a stored
+        hibernation). With ``host``, only a sandbox whose row names that host (404 otherwise)."""
         row = await asyncio.to_thread(self.registry.get_sandbox, sandbox_id, workspace_id)  # 404 across workspaces
+        if host is not None and row.host != host:
+            raise NotFound(f"sandbox {sandbox_id} is not on {host}", details={"sandbox_id": sandbox_id})
         await asyncio.to_thread(self.registry.delete_sandbox, sandbox_id)
         await self.snapshots.sandbox_gone(sandbox_id, keep_snapshots=keep_snapshots)
+        if row.hibernation == HIBERNATION_STORED:
+            await self.hibernations.forget_stored(sandbox_id)
         try:
             await (await self.fleet.agent(row.host)).delete(sandbox_id)
         except HostUnavailable as err:  # its agent reports it at its next registration; it has no row then
@@ -244,7 +256,12 @@ class ControlPlane:
         with contextlib.suppress(NotFound):
             await asyncio.to_thread(
                 lambda: self.registry.update_sandbox(
-                    sandbox_id, status=info.state, vm_id=info.vm_id, guest_ip=info.guest_ip
+                    sandbox_id,
+                    status=info.state,
+                    vm_id=info.vm_id,
+                    guest_ip=info.guest_ip,
+                    hibernation=HIBERNATION_LOCAL if info.state == "hibernated" else None,
+                    hibernation_generation=None,
                 )
             )
 
@@ -277,7 +294,7 @@ class ControlPlane:
     async def reap_expired(self) -> list[str]:
         """Delete sandboxes their agents say are idle past their TTL (rows first, then VMs)."""
         expired: list[str] = []
-        for _, agent in await self.fleet.live_agents():
+        for agent_row, agent in await self.fleet.live_agents():
             try:
                 infos = await agent.list_sandboxes()
             except CryoboxError as err:
@@ -287,10 +304,10 @@ class ControlPlane:
                 if not info.expired:
                     continue
                 try:
-                    await self.delete(info.id, None)
+                    await self.delete(info.id, None, host=agent_row.name)  # not a copy left behind by a move
                     expired.append(info.id)
                     log.info("sandbox %s expired after %.0fs idle (ttl %ss)", info.id, info.idle_s, info.ttl_s)
-                except NotFound:  # no row: not ours to reap here (a create being committed)
+                except NotFound:  # no row (a create being committed) or another host's: not ours to reap here
                     continue
                 except (CryoboxError, OSError) as err:
                     log.warning("reaping %s failed: %s", info.id, err)

@@ -6,7 +6,9 @@ any control-plane replica can route to any agent and a restarted one knows the f
 heartbeats stop for longer than the deadline is marked ``down`` and its sandboxes ``lost`` (:meth:`check_stale`,
 run by every replica: it is idempotent). When an agent registers with a new boot id, or comes back after being
 down, its own report of what it runs is authoritative for the rows of its host, and only those
-(:meth:`_reconcile`).
+(:meth:`_reconcile`). A hibernated sandbox whose image is in the object store is portable: :meth:`route` has the
+``relocator`` (:class:`~.hibernations.HibernationControl`) wake it elsewhere when its host is draining, down or
+lacks it, before the request goes on.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from ..agentapi import Agent, HttpAgent
 from ..agentapi import models as am
 from ..errors import HostUnavailable, StateError
-from ..registry import AgentRow, Registry, SandboxRow
+from ..registry import HIBERNATED, HIBERNATION_STORED, AgentRow, Registry, SandboxRow
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,7 @@ DEFAULT_HEARTBEAT_INTERVAL_S = 2.0
 DEFAULT_DEADLINE_S = 10.0
 ROW_CACHE_S = 1.0
 RegisterHook = Callable[[str, am.Heartbeat], Awaitable[None]]
+Relocator = Callable[[SandboxRow], Awaitable[SandboxRow]]
 
 
 @dataclass
@@ -51,10 +54,17 @@ class Fleet:
     """Agent rows read in the last ``ROW_CACHE_S`` (a routed call costs no registry read for its agent;
     liveness is still judged against the row's heartbeat time, so a silent agent is refused all the same)."""
     _on_register: list[RegisterHook] = field(default_factory=list)
+    relocator: Relocator | None = None
+    """Given the row of a sandbox hibernated in the object store, the row of where it runs now (woken on
+    another agent when its own is draining, down or lacks it); set by the control plane."""
 
     def on_register(self, hook: RegisterHook) -> None:
         """Run ``hook(name, heartbeat)`` after an agent registered (new boot) or came back and was reconciled."""
         self._on_register.append(hook)
+
+    def forget_row(self, name: str) -> None:
+        """Drop the cached row of agent ``name`` (its status just changed)."""
+        self._rows.pop(name, None)
 
     async def agents(self) -> list[AgentRow]:
         return await asyncio.to_thread(self.registry.fleet.list_agents)
@@ -106,6 +116,8 @@ class Fleet:
             )
         if row.status in ("stopped", "error"):
             raise StateError(f"sandbox {sandbox_id} is {row.status}", state=row.status, required="running")
+        if self.relocator is not None and row.status == HIBERNATED and row.hibernation == HIBERNATION_STORED:
+            row = await self.relocator(row)
         return row, await self.agent(row.host)
 
     async def live_agents(self) -> list[tuple[AgentRow, Agent]]:

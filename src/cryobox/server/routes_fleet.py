@@ -1,4 +1,4 @@
-"""The fleet: agents' heartbeats (node token) and the list of agents (API key)."""
+"""The fleet: agents' heartbeats (node token), the list of agents and draining one (API key)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from pydantic import ValidationError
 
 from ..agentapi import models as am
 from ..errors import InvalidArgument, Unauthorized
+from . import wire
 from .deps import Ctx, PublicCtx
 from .errors import ERROR_RESPONSES
+from .hibernations import DrainReport
 
 router = APIRouter(tags=["fleet"], responses=ERROR_RESPONSES)
 
@@ -52,3 +54,30 @@ async def list_agents(ctx: Ctx) -> dict[str, Any]:
             for row in rows
         ]
     }
+
+
+def drain_response(report: DrainReport) -> wire.DrainResponse:
+    return wire.DrainResponse(
+        agent=report.agent,
+        status=report.status,
+        count=len(report.drained),
+        drained=[wire.DrainedSandbox(id=d.id, seconds=d.seconds, already=d.already) for d in report.drained],
+        skipped=[wire.DrainSkipped(id=i, status=s) for i, s in report.skipped],
+        errors=[wire.DrainError(id=e.id, code=e.code, error=e.error) for e in report.errors],
+        seconds=report.seconds,
+    )
+
+
+@router.post("/v1/agents/{name}/drain", response_model=wire.DrainResponse)
+async def drain_agent(name: str, ctx: Ctx) -> wire.DrainResponse:
+    """ext: stop placing on the agent (``draining``), hibernate every sandbox on it and copy the images to the
+    object store; each wakes on another agent at its next request. Idempotent: a second call finishes what an
+    interrupted one left (``errors`` lists sandboxes it could not move this time)."""
+    return drain_response(await ctx.control.hibernations.drain(name))
+
+
+@router.post("/v1/agents/{name}/undrain", response_model=wire.AgentStatus)
+async def undrain_agent(name: str, ctx: Ctx) -> wire.AgentStatus:
+    """ext: let placement use a draining agent again."""
+    row = await ctx.control.hibernations.undrain(name)
+    return wire.AgentStatus(name=row.name, status=row.status)

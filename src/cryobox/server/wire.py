@@ -119,3 +119,37 @@ class EvidenceFile(BaseModel):
 
 class EvidenceList(BaseModel):
     files: list[EvidenceFile]
+
+
+class DrainedSandbox(BaseModel):
+    id: str
+    seconds: float
+    """Hibernating it and copying its image to the object store (0 when that was done already)."""
+    already: bool = False
+
+
+class DrainSkipped(BaseModel):
+    id: str
+    status: str
+
+
+class DrainError(BaseModel):
+    id: str
+    code: str
+    error: str
+
+
+class DrainResponse(BaseModel):
+    agent: str
+    status: str
+    count: int
+    """Sandboxes of the agent that are now portable (hibernated, their image in the object store)."""
+    drained: list[DrainedSandbox]
+    skipped: list[DrainSkipped]
+    errors: list[DrainError]
+    seconds: float
+
+
+class AgentStatus(BaseModel):
+    name: str
+    status: str

@@ -24,7 +24,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,13 +97,20 @@ class Firewall:
     def _nft(self, script: str) -> None:
         self._runner(["nft", "-f", "-"], script)
 
-    def ruleset(self, *, fresh: bool = False) -> str:
+    def ruleset(self, *, fresh: bool = False, egress: Mapping[Slot, Sequence[str]] | None = None) -> str:
         """The nft script ``ensure`` loads (as one transaction: rules are never half-loaded).
 
         Declaring the set and the base chains is a no-op when they exist; the chains are then flushed and refilled,
         so re-running it refreshes the rules but keeps the egress set's elements. ``fresh`` drops the whole table
-        first, in the same transaction, so stale egress from a crashed agent cannot leak into reused slots.
+        first, in the same transaction, so stale egress from a crashed agent cannot leak into reused slots;
+        ``egress`` puts back, in that same transaction, the grants of slots whose VMs were adopted.
         """
+        grants = ""
+        for slot, cidrs in (egress or {}).items():
+            self._check_slot(slot)
+            nets = list(ipaddress.collapse_addresses(parse_cidrs(cidrs)))
+            if nets:
+                grants += f"add element inet {self.table} {EGRESS_SET} {{ {self._elements(slot, nets)} }}\n"
         t, slots, cidr = self.table, f"{link_prefix(self.plan.tag)}*", self.plan.cidr
         head = f"add table inet {t}\ndelete table inet {t}\n" if fresh else ""
         return f"""\
@@ -132,12 +139,12 @@ table inet {t} {{
     ip saddr {cidr} oifname != "{LINK_PREFIX}*" masquerade
   }}
 }}
-"""
+{grants}"""
 
-    def ensure(self, *, fresh: bool = False) -> None:
+    def ensure(self, *, fresh: bool = False, egress: Mapping[Slot, Sequence[str]] | None = None) -> None:
         """Create or refresh the table and turn on host IPv4 forwarding (egress is routed, see module docs)."""
         with self._lock:
-            self._nft(self.ruleset(fresh=fresh))
+            self._nft(self.ruleset(fresh=fresh, egress=egress))
             if self._ip_forward.read_text().strip() != "1":
                 self._ip_forward.write_text("1\n")
 

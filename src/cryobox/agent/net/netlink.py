@@ -35,7 +35,7 @@ import logging
 import os
 import socket
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from pyroute2 import IPRoute, netns
@@ -274,14 +274,18 @@ def host_networks() -> list[ipaddress.IPv4Network]:
     return found
 
 
-def reclaim(tag: str) -> Reclaimed:
-    """Destroy every netns and host link carrying ``tag``: a previous agent's leftovers. Returns what went."""
+def reclaim(tag: str, keep: Iterable[Slot] = ()) -> Reclaimed:
+    """Destroy every netns and host link carrying ``tag`` (a previous agent's leftovers) except the slots in
+    ``keep`` (adopted VMs still run in them). Returns what went."""
     tagged = list_tagged(tag)
+    kept = list(keep)
+    keep_links, keep_netns = {s.host_veth for s in kept}, {s.netns for s in kept}
     links = 0
     with IPRoute() as ipr:
         for name in tagged.links:
-            links += _delete_link(ipr, name)
-    spaces = sum(_remove_netns(name) for name in tagged.netns)
+            if name not in keep_links:
+                links += _delete_link(ipr, name)
+    spaces = sum(_remove_netns(name) for name in tagged.netns if name not in keep_netns)
     if links or spaces:
         log.warning("reclaimed %d leftover netns and %d links tagged %s", spaces, links, tag)
     return Reclaimed(netns=spaces, links=links)

@@ -64,6 +64,19 @@ class IndexAllocator:
         self._live.add(index)
         return index
 
+    def claim(self, index: int) -> None:
+        """Mark ``index`` taken (a slot adopted from an earlier agent)."""
+        if index in self._live or not 0 <= index < self.capacity:
+            raise StateError(f"slot index {index} cannot be claimed", state="allocated", required="free")
+        if index >= self._next:
+            self._freed.extend(range(self._next, index))
+            heapq.heapify(self._freed)
+            self._next = index + 1
+        else:
+            self._freed.remove(index)
+            heapq.heapify(self._freed)
+        self._live.add(index)
+
     def give(self, index: int) -> None:
         if index not in self._live:
             raise StateError(f"slot index {index} is not allocated", state="free", required="allocated")
@@ -187,6 +200,18 @@ class SlotPool:
             destroyed.append(slot)
         return destroyed
 
+    async def detach(self) -> None:
+        """Stop filling and destroy the idle slots, leaving leased ones as they are (their VMs outlive us)."""
+        self._closed = True
+        if self._filler is not None:
+            self._filler.cancel()
+            await asyncio.gather(self._filler, return_exceptions=True)
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        idle = list(self._idle)
+        self._idle.clear()
+        for slot in await asyncio.to_thread(self._teardown, [], idle):
+            self._forget(slot)
+
     async def __aenter__(self) -> SlotPool:
         self.start()
         return self
@@ -218,6 +243,14 @@ class SlotPool:
         self._acquire_total_s += elapsed
         self._acquire_max_s = max(self._acquire_max_s, elapsed)
         self._acquire_recent.append(elapsed)
+        return slot
+
+    def adopt(self, index: int) -> Slot:
+        """Lease the slot ``index`` an earlier agent built and a VM still uses (its netns survived reclaim)."""
+        self._indices.claim(index)
+        slot = self.plan.slot(index)
+        self._built[index] = slot
+        self._leased[index] = slot
         return slot
 
     async def release(self, slot: Slot) -> None:

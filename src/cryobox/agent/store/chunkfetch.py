@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...errors import ChunkFetchFailed, ObjectNotFound, StoreError
+from ...errors import ChunkFetchFailed, InvalidArgument, ObjectNotFound, StoreError
 from .chunkref import ImageRef, RangeReader, ResolverConfig
 from .memmetrics import MemoryMetrics
 
@@ -93,6 +93,21 @@ def fetch_chunk(
     )
     metrics.chunk_fetch_failures.inc()
     raise failure from last
+
+
+def check_idx(image: ImageRef, idx: int) -> None:
+    if not 0 <= idx < image.index.chunk_count:
+        raise InvalidArgument(f"chunk {idx} out of range for {image.key!r} ({image.index.chunk_count} chunks)")
+
+
+def wait_failure(image: ImageRef, idx: int, waited_s: float, attempts: int, last_error: str) -> ChunkFetchFailed:
+    """A waiter's failure: the leader's fetch did not finish within the waiter's own deadline."""
+    return ChunkFetchFailed(
+        f"chunk {idx} of {image.key!r} (generation {image.index.generation}) not fetched: gave up "
+        f"after waiting {waited_s:g}s for the in-flight fetch "
+        f"({attempts} attempt(s) so far; last error: {last_error or 'none'})",
+        details=failure_details(image, idx, attempts, last_error, "wait deadline"),
+    )
 
 
 def failure_details(image: ImageRef, idx: int, attempts: int, last_error: str, reason: str) -> dict[str, object]:

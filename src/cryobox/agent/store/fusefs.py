@@ -32,6 +32,7 @@ from ...errors import CryoboxError, ObjectNotFound, StoreError
 from ...util.files import write_atomic
 from .chunkcache import cache_identity
 from .chunkfmt import ChunkIndex
+from .failures import FailureLog, boot_clock
 from .objstore import ObjectStore
 from .resolver import ChunkResolver, ImageRef
 
@@ -61,13 +62,15 @@ class ImageTable:
     and a restarted server reads them without a GET.
     """
 
-    def __init__(self, store: ObjectStore, local_dir: Path | None = None) -> None:
+    def __init__(
+        self, store: ObjectStore, local_dir: Path | None = None, stamp: Callable[[], float] = boot_clock
+    ) -> None:
         self.store = store
         self.local_dir = local_dir
         self._images: dict[str, ImageRef] = {}
         self._loading: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
-        self._failures: dict[str, CryoboxError] = {}
+        self._failures = FailureLog[CryoboxError](stamp)
 
     def get(self, name: str) -> ImageRef:
         with self._lock:
@@ -82,18 +85,18 @@ class ImageTable:
                 try:
                     found = self._load(name)
                 except CryoboxError as err:
-                    with self._lock:
-                        self._failures[name] = err
+                    self._failures.record(name, err)
                     raise
                 with self._lock:
                     self._images[name] = found
-                    self._failures.pop(name, None)
+                self._failures.forget(name)
             return found
 
-    def failure(self, name: str) -> CryoboxError | None:
-        """The error of the last failed attempt to load the image's index, if the latest one failed."""
-        with self._lock:
-            return self._failures.get(name)
+    def failure(self, name: str, since: float | None = None) -> CryoboxError | None:
+        """The error of the last failed attempt to load the image's index, if the latest one failed and it was
+        recorded at or after ``since`` (by the ``stamp`` clock)."""
+        record = self._failures.latest(name, since)
+        return None if record is None else record.error
 
     def small_object(self, key: str) -> bytes:
         """An immutable small object (index, trace): the local copy, else the store's (a few retries), kept."""

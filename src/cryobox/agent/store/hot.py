@@ -8,7 +8,8 @@ first copied, sparsely, into a per-host directory on tmpfs::
                           so they share its page cache)
 
 ``key`` names the image's content (e.g. a template generation): a key already present is never copied again.
-The root is wiped when the agent starts and closes; VMs still mapping an unlinked file keep their pages.
+The root is wiped when the agent starts (except what adopted VMs map) and when it stops with ``--on-stop kill``;
+VMs still mapping an unlinked file keep their pages.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import hashlib
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from ...errors import InvalidArgument
@@ -44,13 +45,23 @@ class HotImages:
         self._locks: dict[str, asyncio.Lock] = {}
         self._waiting: dict[str, int] = {}
 
-    def wipe(self) -> None:
-        """Remove ``root`` and everything in it, then recreate it empty (mode 0700)."""
+    def wipe(self, keep: Collection[str] = ()) -> None:
+        """Remove everything in ``root`` but the hot copies named in ``keep`` (adopted VMs map them), creating
+        ``root`` (mode 0700) if needed."""
         if self.root.is_symlink():
             self.root.unlink()
-        elif self.root.exists():
+        if self.root.is_dir() and keep:
+            for entry in self.root.iterdir():
+                if entry.name not in keep:
+                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            return
+        if self.root.exists():
             shutil.rmtree(self.root)
         self.root.mkdir(mode=0o700, parents=True)
+
+    def key_of(self, path: Path) -> str | None:
+        """The key of the hot copy at ``path``, if it is one of ours."""
+        return path.parent.name if path.parent.parent == self.root and path.name == "memory" else None
 
     def path(self, key: str) -> Path:
         """Where the hot copy for ``key`` lives (it may not exist)."""

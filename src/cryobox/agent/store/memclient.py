@@ -66,15 +66,33 @@ class MemServerConfig:
         return argv
 
 
-def reclaim(config: MemServerConfig) -> None:
-    """Stop a memory server a dead agent left behind and detach its mount. Idempotent."""
-    with contextlib.suppress(FileNotFoundError, ValueError):
+def running_server(config: MemServerConfig) -> tuple[int, list[str]] | None:
+    """The pid and argv of the memory server an earlier agent started for this mount, if it still runs."""
+    with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError, PermissionError, OSError):
         pid = int(config.pidfile.read_text())
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if b"cryobox.agent.store.memserver" in cmdline and str(config.mount).encode() in cmdline:
-                os.kill(pid, signal.SIGKILL)
-        config.pidfile.unlink()
+        argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+        if "cryobox.agent.store.memserver" in argv and str(config.mount) in argv:
+            return pid, argv
+    return None
+
+
+def _kill(pid: int, timeout: float) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            time.sleep(0.02)
+        os.kill(pid, signal.SIGKILL)
+
+
+def reclaim(config: MemServerConfig) -> None:
+    """Stop a memory server an earlier agent left behind and detach its mount. Idempotent."""
+    found = running_server(config)
+    if found is not None:
+        _kill(found[0], STOP_TIMEOUT_S)
+    config.pidfile.unlink(missing_ok=True)
     unmount(config.mount)
 
 
@@ -84,31 +102,43 @@ class MemoryServerProcess:
     def __init__(self, config: MemServerConfig) -> None:
         self.config = config
         self._proc: subprocess.Popen[bytes] | None = None
+        self._pid: int | None = None
         self._client = httpx.AsyncClient(
             transport=httpx.AsyncHTTPTransport(uds=str(config.control)), base_url="http://memserver", timeout=10.0
         )
 
     @property
     def pid(self) -> int | None:
-        return None if self._proc is None else self._proc.pid
+        return self._pid
 
     def path_for(self, prefix: str) -> Path:
         """The file QEMU maps for the memory image stored under ``prefix``."""
         return self.config.mount / file_name(prefix)
 
-    def start(self) -> None:
-        """Start the server and wait until its mount and control socket answer (blocking; run in a thread)."""
+    def start(self) -> bool:
+        """Reattach to the server an earlier agent started (same settings, mount up), or start one and wait until
+        its mount and control socket answer (blocking; run in a thread). Returns whether it reattached.
+
+        The server runs in its own session with no death signal: lazily paged VMs keep faulting through it while
+        the agent restarts."""
+        found = running_server(self.config)
+        if found is not None and found[1][1:] == self.config.argv()[1:] and os.path.ismount(self.config.mount):
+            self._pid = found[0]
+            return True
         reclaim(self.config)
         self.config.root.mkdir(parents=True, exist_ok=True)
         with open(self.config.log, "ab") as log:
-            self._proc = subprocess.Popen(self.config.argv(), stdout=log, stderr=subprocess.STDOUT)
+            self._proc = subprocess.Popen(
+                self.config.argv(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self._pid = self._proc.pid
         self.config.pidfile.write_text(str(self._proc.pid))
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise VmmError(f"memory server exited ({self._proc.returncode}): {self._tail()}")
             if os.path.ismount(self.config.mount) and self.config.control.exists():
-                return
+                return False
             time.sleep(0.02)
         self.stop()
         raise VmmError(f"memory server did not come up in {START_TIMEOUT_S:.0f}s: {self._tail()}")
@@ -121,6 +151,7 @@ class MemoryServerProcess:
     def stop(self) -> None:
         """SIGTERM (libfuse unmounts on the way out), then SIGKILL and a lazy unmount. Idempotent, blocking."""
         proc, self._proc = self._proc, None
+        pid, self._pid = self._pid, None
         if proc is not None and proc.poll() is None:
             proc.terminate()
             try:
@@ -128,11 +159,15 @@ class MemoryServerProcess:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        elif proc is None and pid is not None and running_server(self.config) is not None:
+            _kill(pid, STOP_TIMEOUT_S)
         unmount(self.config.mount)
         self.config.pidfile.unlink(missing_ok=True)
 
-    async def aclose(self) -> None:
-        await asyncio.to_thread(self.stop)
+    async def aclose(self, keep: bool = False) -> None:
+        """Stop the server, or with ``keep`` leave it running for the next agent (VMs map its files)."""
+        if not keep:
+            await asyncio.to_thread(self.stop)
         await self._client.aclose()
 
     async def _get(self, path: str) -> httpx.Response:
@@ -165,9 +200,11 @@ class MemoryServerProcess:
         response.raise_for_status()
         return int(response.json()["chunks"])
 
-    async def failure(self, prefix: str) -> CryoboxError | None:
-        """The last chunk (or index) fetch that failed for the image, if any (to explain a restore that died)."""
-        response = await self._get(f"/images/{file_name(prefix)}/failure")
+    async def failure(self, prefix: str, since: float | None = None) -> CryoboxError | None:
+        """The last chunk (or index) fetch that failed for the image, if any (to explain a restore that died);
+        with ``since`` (seconds of ``CLOCK_BOOTTIME``, e.g. when the VM started) only one recorded at or after it."""
+        params = {} if since is None else {"since": repr(since)}
+        response = await self._client.get(f"/images/{file_name(prefix)}/failure", params=params)
         if response.status_code == 404:
             return None
         wire = response.json()

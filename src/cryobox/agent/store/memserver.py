@@ -1,8 +1,9 @@
 """The memory server process: the FUSE filesystem of memory images, the chunk resolver and the host's chunk cache.
 
 Run by the host agent (``python -m cryobox.agent.store.memserver ...``) as its own process, so libfuse owns that
-process's signals and main thread and a page fault QEMU takes never waits for the agent's event loop. It dies with
-the agent (``PR_SET_PDEATHSIG``) and a new agent reclaims a mount a dead one left behind.
+process's signals and main thread and a page fault QEMU takes never waits for the agent's event loop. It runs in
+its own session and outlives the agent (lazily paged VMs keep faulting through it while the agent restarts); a
+restarted agent reattaches to it, and an agent stopping with ``--on-stop kill`` stops it.
 
 Besides the mount it answers HTTP on a unix socket (``--control``)::
 
@@ -10,7 +11,8 @@ Besides the mount it answers HTTP on a unix socket (``--control``)::
     GET  /stats                         the same counters as JSON, plus cache and per-image figures
     GET  /images/<name>/first-reads     chunk indexes in first-read order (a restore's prefetch trace)
     POST /images/<name>/forget-reads    start recording first reads afresh
-    GET  /images/<name>/failure         the last chunk fetch failure of the image (404 if none)
+    GET  /images/<name>/failure         the last chunk fetch failure of the image (404 if none); ``?since=T``:
+                                        only one recorded at or after T (seconds of CLOCK_BOOTTIME)
     POST /images/<name>/prefetch        replay the image's stored trace (memory.trace) in the background
 """
 
@@ -18,18 +20,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import dataclasses
 import json
 import logging
-import os
-import signal
 import socketserver
 import sys
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import mfusepy as fuse
 from prometheus_client import generate_latest
@@ -37,6 +38,7 @@ from prometheus_client import generate_latest
 from ...errors import CryoboxError, ObjectNotFound
 from .chunkcache import ChunkCache
 from .chunkfmt import PrefetchTrace
+from .failures import boot_clock
 from .fusefs import TRACE_NAME, ImageTable, MemoryFS, prefix_of
 from .memmetrics import MemoryMetrics
 from .mounts import unmount
@@ -46,7 +48,6 @@ from .store_faults import FaultyStore, StoreFaults
 
 log = logging.getLogger("cryobox.memserver")
 
-PR_SET_PDEATHSIG = 1
 HOT_CHUNKS = 16
 """Verified chunks kept in memory in front of the disk cache (64 MiB): a 4 MiB chunk is read by up to four
 1 MiB FUSE reads in a row, and re-reading and re-hashing it from disk each time costs ~5 ms per read."""
@@ -56,13 +57,18 @@ class MemoryServer:
     """Everything the process serves, wired together (the FUSE loop and the control socket share it)."""
 
     def __init__(
-        self, store: ObjectStore, cache: ChunkCache | None, config: ResolverConfig, local_dir: Path | None = None
+        self,
+        store: ObjectStore,
+        cache: ChunkCache | None,
+        config: ResolverConfig,
+        local_dir: Path | None = None,
+        stamp: Callable[[], float] = boot_clock,
     ) -> None:
         self.store = store
         self.cache = cache
         self.metrics = MemoryMetrics()
-        self.resolver = ChunkResolver(store, cache, config, self.metrics)
-        self.table = ImageTable(store, local_dir)
+        self.resolver = ChunkResolver(store, cache, config, self.metrics, stamp=stamp)
+        self.table = ImageTable(store, local_dir, stamp)
         self.fs = MemoryFS(self.table, self.resolver)
         self.config = config
 
@@ -113,10 +119,14 @@ def _handler(server: MemoryServer) -> type[BaseHTTPRequestHandler]:
             self._send(status, json.dumps(value).encode())
 
         def _image(self) -> tuple[str, str]:
-            parts = self.path.strip("/").split("/")
+            parts = urlsplit(self.path).path.strip("/").split("/")
             if len(parts) != 3 or parts[0] != "images":
                 raise LookupError(self.path)
             return parts[1], parts[2]
+
+        def _since(self) -> float | None:
+            values = parse_qs(urlsplit(self.path).query).get("since")
+            return float(values[-1]) if values else None
 
         def address_string(self) -> str:
             return "control"
@@ -132,15 +142,20 @@ def _handler(server: MemoryServer) -> type[BaseHTTPRequestHandler]:
                     ref = server.table.loaded().get(name)
                     return self._json(200, server.resolver.first_reads(ref.identity) if ref else [])
                 if what == "failure":
-                    ref = server.table.loaded().get(name)
-                    failure: CryoboxError | None = server.resolver.last_failure(ref.identity) if ref else None
-                    failure = failure or server.table.failure(name)
-                    if failure is None:
-                        return self._json(404, {"error": "no failure recorded"})
-                    return self._json(200, failure.to_wire())
+                    return self._failure(name, self._since())
                 raise LookupError(self.path)
             except LookupError:
                 self._json(404, {"error": f"no such resource {self.path}"})
+            except ValueError:
+                self._json(400, {"error": f"bad query in {self.path}"})
+
+        def _failure(self, name: str, since: float | None) -> None:
+            ref = server.table.loaded().get(name)
+            failure: CryoboxError | None = server.resolver.last_failure(ref.identity, since) if ref else None
+            failure = failure or server.table.failure(name, since)
+            if failure is None:
+                return self._json(404, {"error": "no failure recorded"})
+            return self._json(200, failure.to_wire())
 
         def do_POST(self) -> None:  # noqa: N802 - stdlib name
             try:
@@ -164,13 +179,6 @@ def _handler(server: MemoryServer) -> type[BaseHTTPRequestHandler]:
 
 class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
-
-
-def _die_with_parent() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() == 1:  # the parent died before prctl took effect
-        sys.exit(1)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -209,7 +217,6 @@ def build(args: argparse.Namespace) -> MemoryServer:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="memserver %(levelname)s %(message)s")
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    _die_with_parent()
     server = build(args)
     unmount(args.mount)
     args.mount.mkdir(parents=True, exist_ok=True)

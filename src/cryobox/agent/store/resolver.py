@@ -14,8 +14,8 @@ Retries: :class:`StoreThrottled` / :class:`StoreError` answers, short reads and 
 exponential backoff and full jitter (``sleep(uniform(0, min(max, base * 2**retry)))``), bounded by
 ``retries`` *and* by a per-fetch deadline; :class:`ObjectNotFound` is final. When the fetch fails, the leader and
 every waiter get a :class:`ChunkFetchFailed` naming the key, the chunk, the attempts and the last error, and the
-failure is kept for :meth:`ChunkResolver.last_failure`. A waiter never waits longer than its own deadline, even if
-the leader's GET hangs, so a vCPU faulting on a missing chunk fails loudly instead of hanging.
+failure is kept, dated, for :meth:`ChunkResolver.last_failure` (:mod:`.failures`). A waiter never waits longer
+than its own deadline, even if the leader's GET hangs, so a vCPU faulting on a missing chunk fails loudly.
 
 Concurrency: one lock guards the in-flight table and the small bookkeeping sets; it is never held across I/O.
 """
@@ -32,8 +32,9 @@ from concurrent.futures import Future
 from typing import Final
 
 from ...errors import ChunkFetchFailed, CryoboxError, InvalidArgument
-from .chunkfetch import Timing, failure_details, fetch_chunk
+from .chunkfetch import Timing, check_idx, fetch_chunk, wait_failure
 from .chunkref import ChunkCacheLike, ImageRef, RangeReader, ResolverConfig
+from .failures import FailureLog, boot_clock
 from .memmetrics import MemoryMetrics
 
 __all__ = ["ChunkCacheLike", "ChunkResolver", "ImageRef", "RangeReader", "ResolverConfig"]
@@ -68,6 +69,7 @@ class ChunkResolver:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
+        stamp: Callable[[], float] = boot_clock,  # dates failure records (a clock the agent can compare with)
     ) -> None:
         self._store = store
         self._cache = cache if config.use_cache else None
@@ -80,7 +82,7 @@ class ChunkResolver:
         self._hot: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._touched: dict[str, dict[int, None]] = {}  # per image, in first-read order
         self._prefetched: dict[str, set[int]] = {}
-        self._failures: dict[str, ChunkFetchFailed] = {}
+        self._failures = FailureLog[ChunkFetchFailed](stamp)
         self._prefetch_stops: dict[str, set[threading.Event]] = {}
         if self._cache is not None:
             self._update_cache_gauge()
@@ -122,7 +124,7 @@ class ChunkResolver:
 
     def chunk(self, image: ImageRef, idx: int, *, prefetch: bool = False) -> bytes:
         """The whole chunk ``idx`` (zeros for a zero chunk); fetched at most once at a time per host."""
-        self._check_idx(image, idx)
+        check_idx(image, idx)
         if image.index.is_zero(idx):
             if not prefetch:
                 self._metrics.zero_fills.inc()
@@ -141,7 +143,7 @@ class ChunkResolver:
         if workers < 1:
             raise InvalidArgument(f"prefetch workers must be >= 1, got {workers}")
         for idx in order:
-            self._check_idx(image, idx)
+            check_idx(image, idx)
         todo = [idx for idx in dict.fromkeys(order) if not image.index.is_zero(idx)] if self._config.use_cache else []
         stop = threading.Event()
         with self._lock:
@@ -205,10 +207,11 @@ class ChunkResolver:
 
     # -- introspection ------------------------------------------------------------------------------------------
 
-    def last_failure(self, identity: str) -> ChunkFetchFailed | None:
-        """The most recent fetch failure for the image ``identity`` (kept until :meth:`forget`)."""
-        with self._lock:
-            return self._failures.get(identity)
+    def last_failure(self, identity: str, since: float | None = None) -> ChunkFetchFailed | None:
+        """The most recent fetch failure for the image ``identity``, if it was recorded at or after ``since`` (by
+        the ``stamp`` clock) and no fetch of the image that began after it has succeeded since."""
+        record = self._failures.latest(identity, since)
+        return None if record is None else record.error
 
     def touched(self, identity: str) -> set[int]:
         """Chunk indexes served by :meth:`read` for this image so far, zero chunks included."""
@@ -235,7 +238,7 @@ class ChunkResolver:
         with self._lock:
             self._touched.pop(identity, None)
             self._prefetched.pop(identity, None)
-            self._failures.pop(identity, None)
+            self._failures.forget(identity)
             for key in [k for k in self._hot if k[0] == identity]:
                 del self._hot[key]
 
@@ -284,13 +287,9 @@ class ChunkResolver:
             while True:
                 remaining = deadline - self._clock()
                 if remaining <= 0:
-                    failure = ChunkFetchFailed(
-                        f"chunk {idx} of {image.key!r} (generation {image.index.generation}) not fetched: gave up "
-                        f"after waiting {self._config.fetch_deadline_s:g}s for the in-flight fetch "
-                        f"({flight.attempts} attempt(s) so far; last error: {flight.last_error or 'none'})",
-                        details=failure_details(image, idx, flight.attempts, flight.last_error, "wait deadline"),
-                    )
-                    self._record_failure(image.identity, failure)
+                    waited = self._config.fetch_deadline_s
+                    failure = wait_failure(image, idx, waited, flight.attempts, flight.last_error)
+                    self._failures.record(image.identity, failure)
                     raise failure
                 try:
                     return flight.future.result(timeout=min(remaining, _WAIT_SLICE_S))
@@ -324,11 +323,14 @@ class ChunkResolver:
             if flight is not None:
                 flight.attempts, flight.last_error = attempts, last_error
 
+        mark = self._failures.mark()
         try:
-            return fetch_chunk(self._store, image, idx, self._config, self._metrics, self._timing, prefetch, progress)
+            data = fetch_chunk(self._store, image, idx, self._config, self._metrics, self._timing, prefetch, progress)
         except ChunkFetchFailed as failure:
-            self._record_failure(image.identity, failure)
+            self._failures.record(image.identity, failure)
             raise
+        self._failures.succeeded(image.identity, mark)  # a failure recorded before this fetch began is stale
+        return data
 
     # -- cache helpers ------------------------------------------------------------------------------------------
 
@@ -393,12 +395,3 @@ class ChunkResolver:
     def _was_prefetched(self, identity: str, idx: int) -> bool:
         with self._lock:
             return idx in self._prefetched.get(identity, ())
-
-    def _record_failure(self, identity: str, failure: ChunkFetchFailed) -> None:
-        with self._lock:
-            self._failures[identity] = failure
-
-    @staticmethod
-    def _check_idx(image: ImageRef, idx: int) -> None:
-        if not 0 <= idx < image.index.chunk_count:
-            raise InvalidArgument(f"chunk {idx} out of range for {image.key!r} ({image.index.chunk_count} chunks)")

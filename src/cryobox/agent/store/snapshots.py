@@ -118,14 +118,16 @@ class SnapshotStore:
         """The tmpfs copy of the image's memory that restores map (made once per host, shared)."""
         return await self.hot.ensure(image.hot_key, image.memory)
 
-    def delete(self, snapshot_id: str) -> None:
-        """Remove the snapshot's files (idempotent). VMs restored from it keep their mappings."""
+    def delete(self, snapshot_id: str, keep_hot: bool = False) -> None:
+        """Remove the snapshot's files (idempotent) and, unless ``keep_hot``, its hot copy. VMs restored from it
+        keep their mappings (but a VM whose mapped file is unlinked can no longer be snapshotted)."""
         path = self.root / snapshot_id
         if path.exists():
             tomb = self.root / f".{snapshot_id}.deleting"
             os.replace(path, tomb)
             shutil.rmtree(tomb, ignore_errors=True)
-        self.hot.drop(snapshot_id)
+        if not keep_hot:
+            self.hot.drop(snapshot_id)
 
     async def capture(
         self, vm: MicroVM, snapshot_id: str, info: CaptureInfo, *, keep_running: bool = True

@@ -6,6 +6,10 @@ Lifecycle (``@require`` guards every transition)::
     CREATED --start(incoming=True)---> INCOMING --restore(vmstate)--> RUNNING
     RUNNING|PAUSED --save_state(path)--> SAVED          (QEMU idles in postmigrate; kill it next)
     any --kill()--> KILLED                               (idempotent)
+    any --detach()--> KILLED                             (connections closed, QEMU left running for the next agent)
+
+A VM started by an earlier agent process is taken over with :meth:`MicroVM.adopt` (pid + process start time,
+QMP and guest sockets reconnected; the state is what QMP reports).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from qemu.qmp import ExecuteError, QMPClient, QMPError
 
 from ...errors import GuestError, StateError, VmmError
 from ..guest_client import GuestClient
+from ..records import process_start_ticks
 from .machine import MachineConfig, MemoryBacking, NetAttach, VmPaths, qemu_argv
 
 log = logging.getLogger(__name__)
@@ -101,6 +106,9 @@ class MicroVM:
         self.state = VmState.CREATED
         self.log = log.getChild(vm_id)
         self._proc: subprocess.Popen[bytes] | None = None
+        self._pid: int | None = None
+        self.start_ticks: int | None = None
+        """The QEMU process's start time (``/proc/<pid>/stat``): with the pid, what names it across restarts."""
         self._qmp: QMPClient | None = None
         self.guest: GuestClient | None = None
 
@@ -109,10 +117,47 @@ class MicroVM:
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
+        return self._pid
 
-    def _alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+    def alive(self) -> bool:
+        """QEMU still runs (our child: not reaped; adopted: same pid and start time)."""
+        if self._proc is not None:
+            return self._proc.poll() is None
+        return self._pid is not None and process_start_ticks(self._pid) == self.start_ticks
+
+
+    @classmethod
+    async def adopt(
+        cls,
+        vm_id: str,
+        config: MachineConfig,
+        paths: VmPaths,
+        memory: MemoryBacking,
+        disk: Path,
+        net: NetAttach | None,
+        *,
+        pid: int,
+        start_ticks: int,
+        timeout: float = 5.0,
+    ) -> MicroVM:
+        """Take over a QEMU an earlier agent started: reconnect QMP and the guest agent, read its run state.
+
+        :raises VmmError: the process is not the recorded one, or QMP does not answer.
+        """
+        vm = cls(vm_id, config, paths, memory, disk, net)
+        vm._pid, vm.start_ticks = pid, start_ticks
+        if not vm.alive():
+            raise VmmError(f"QEMU {pid} of VM {vm_id} is gone")
+        vm.state = VmState.PAUSED  # until QMP says otherwise; kill() works from here on
+        try:
+            vm._qmp = await vm._connect_qmp(time.monotonic() + timeout)
+            status = await vm.execute("query-status")
+            vm.state = VmState.RUNNING if status.get("status") == "running" else VmState.PAUSED
+            await vm.connect_guest(timeout)
+        except BaseException:
+            await vm.detach()
+            raise
+        return vm
 
     @property
     def qmp(self) -> QMPClient:
@@ -127,6 +172,10 @@ class MicroVM:
         except ExecuteError as err:
             raise VmmError(f"QMP {command} failed: {err}", details={"class": err.error_class}) from err
         except (QMPError, OSError, EOFError) as err:
+            if self.state is VmState.KILLED or not self.alive():  # a delete (or a crash) got there first
+                raise StateError(
+                    f"VM {self.vm_id} is gone (QMP {command} could not finish)", state="stopped", required="running"
+                ) from err
             raise VmmError(f"QMP {command} failed: {err!r}") from err
 
     def qemu_log_tail(self, lines: int = 20) -> str:
@@ -155,12 +204,15 @@ class MicroVM:
             net=self.net,
         )
         with open(self.paths.qemu_log, "ab") as qemu_log:
+            # its own session and no death signal: the VM outlives the agent (a restarted agent adopts it)
             self._proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=qemu_log, start_new_session=True
             )
+        self._pid = self._proc.pid
+        self.start_ticks = process_start_ticks(self._pid)
         self.state = VmState.INCOMING if incoming else VmState.RUNNING
         try:
-            await _poll(self.paths.qmp.exists, timeout, "the QMP socket", self._alive)
+            await _poll(self.paths.qmp.exists, timeout, "the QMP socket", self.alive)
             self._qmp = await self._connect_qmp(time.monotonic() + timeout)
         except VmmError as err:
             await self.kill()
@@ -177,7 +229,7 @@ class MicroVM:
                 await qmp.connect(str(self.paths.qmp))
                 return qmp
             except (QMPError, OSError) as err:
-                if not self._alive() or time.monotonic() > deadline:
+                if not self.alive() or time.monotonic() > deadline:
                     raise VmmError(f"cannot connect to QMP at {self.paths.qmp}: {err}") from err
                 await asyncio.sleep(0.005)
 
@@ -199,7 +251,7 @@ class MicroVM:
             try:
                 async with asyncio.timeout(timeout):
                     while not waiter.done():
-                        if not self._alive():
+                        if not self.alive():
                             raise VmmError(f"QEMU exited during the migration; see {self.paths.qemu_log}")
                         await asyncio.wait({waiter}, timeout=0.05)
                 waiter.result()
@@ -248,7 +300,7 @@ class MicroVM:
         """Open the host end of the guest-agent port (the socket exists as soon as QEMU is up)."""
         if self.guest is not None and not self.guest.closed:
             return self.guest
-        await _poll(self.paths.agent.exists, timeout, "the agent socket", self._alive)
+        await _poll(self.paths.agent.exists, timeout, "the agent socket", self.alive)
         self.guest = await GuestClient.connect(self.paths.agent, self.vm_id)
         return self.guest
 
@@ -257,7 +309,7 @@ class MicroVM:
         guest = await self.connect_guest()
         deadline = time.monotonic() + timeout
         while True:
-            if not self._alive():
+            if not self.alive():
                 raise VmmError(f"QEMU exited before the guest agent answered; see {self.paths.console_log}")
             try:
                 return await guest.ping(timeout=min(ping_timeout, max(0.05, deadline - time.monotonic())))
@@ -276,6 +328,22 @@ class MicroVM:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self._proc.pid, signal.SIGKILL)
             await asyncio.to_thread(self._proc.wait)
+        elif self._proc is None and self._pid is not None and self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._pid, signal.SIGKILL)
+            await _poll(lambda: not self.alive(), 10.0, f"QEMU {self._pid} to exit", lambda: True)
+        await self._disconnect_qmp()
+
+    async def detach(self) -> None:
+        """Close our connections and leave QEMU running (an agent stopping with ``--on-stop keep``)."""
+        if self.state is VmState.KILLED:
+            return
+        self.state = VmState.KILLED
+        if self.guest is not None:
+            await self.guest.aclose()
+        await self._disconnect_qmp()
+
+    async def _disconnect_qmp(self) -> None:
         if self._qmp is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2):

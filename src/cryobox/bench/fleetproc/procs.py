@@ -194,7 +194,8 @@ class AgentProcess(ChildProcess):
         return self.netns.wrap(argv) if self.netns is not None else argv
 
     def child_env(self) -> dict[str, str]:
-        env = {**os.environ, "CRYOBOX_NODE_TOKEN": self.node_token, **S3_CREDENTIALS}
+        # a harness's agent leaves nothing running when stopped, unless the caller asks (extra_env)
+        env = {**os.environ, "CRYOBOX_NODE_TOKEN": self.node_token, "CRYOBOX_ON_STOP": "kill", **S3_CREDENTIALS}
         if self.net_cidr:
             env[CIDR_ENV] = self.net_cidr
         return {**env, **self.extra_env}

@@ -1,0 +1,117 @@
+"""Hibernation images in the object store, so a sandbox hibernated on one host can wake on another.
+
+Same chunked format as a snapshot (:func:`.publish.publish_snapshot`), under the sandbox's id::
+
+    hibernations/<sandbox id>/memory.{idx,pack}, vmstate, disk.qcow2   (the overlay over its template's disk)
+    hibernations/<sandbox id>/manifest.json                             written last
+
+One image per sandbox: a later hibernation (another image id) replaces the stored one. An import brings the
+whole image home, memory included (downloaded and verified chunk by chunk), so the woken VM maps a local copy
+and the stored objects can be deleted as soon as its row names its new host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from ...errors import ObjectNotFound, StateError
+from ...util.files import fsync_dir, write_json_atomic
+from ..templates import Template
+from .objstore import ObjectStore
+from .publish import _backing_file, _rebase, download_image, template_prefix, upload_image
+from .snapshots import SnapshotImage
+
+
+def hibernation_prefix(sandbox_id: str) -> str:
+    return f"hibernations/{sandbox_id}"
+
+
+def stored_manifest(store: ObjectStore, sandbox_id: str) -> dict[str, Any] | None:
+    try:
+        manifest: dict[str, Any] = json.loads(store.get(f"{hibernation_prefix(sandbox_id)}/manifest.json"))
+    except ObjectNotFound:
+        return None
+    return manifest
+
+
+def publish_hibernation(
+    store: ObjectStore, sandbox_id: str, image: SnapshotImage, template: Template, work_dir: Path
+) -> str:
+    """Upload ``sandbox_id``'s hibernation ``image`` (over ``template``'s disk); the manifest goes last.
+    Idempotent: an image already stored is not uploaded again; another image of the sandbox is replaced."""
+    if Path(_backing_file(image.disk)) != template.disk:
+        raise StateError(
+            f"the hibernation of {sandbox_id} is not over the current generation of template {template.name} "
+            f"({template.generation}); it cannot move to another host",
+            details={"id": sandbox_id, "template": template.name},
+        )
+    prefix = hibernation_prefix(sandbox_id)
+    found = stored_manifest(store, sandbox_id)
+    if found is not None:
+        if found.get("id") == image.id:
+            return prefix
+        delete_hibernation(store, sandbox_id)  # an earlier hibernation of the same sandbox
+    index = upload_image(store, f"{prefix}/memory", image.memory, image.id, work_dir)
+    store.put_file(f"{prefix}/vmstate", image.vmstate)
+    store.put_file(f"{prefix}/disk.qcow2", image.disk)
+    manifest = dict(image.manifest)
+    manifest.update(
+        id=image.id,
+        template_generation=template.generation,
+        template_prefix=template_prefix(template.name, template.generation),
+        memory_chunks={"image_size": index.image_size, "stored_bytes": index.stored_bytes},
+        published_at=time.time(),
+    )
+    store.put(f"{prefix}/manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode())
+    return prefix
+
+
+def import_hibernation(store: ObjectStore, sandbox_id: str, root: Path, template: Template) -> str:
+    """Bring ``sandbox_id``'s stored hibernation home as ``root/<new image id>/`` (memory, vmstate, the overlay
+    rebased onto this host's copy of ``template``'s disk, manifest last); returns the image id.
+
+    :raises ObjectNotFound: nothing is stored for ``sandbox_id``.
+    :raises StateError: it sits on another template or generation than the one this host serves.
+    """
+    prefix = hibernation_prefix(sandbox_id)
+    manifest: dict[str, Any] = json.loads(store.get(f"{prefix}/manifest.json"))
+    if (manifest.get("template"), manifest.get("template_generation")) != (template.name, template.generation):
+        raise StateError(
+            f"the hibernation of {sandbox_id} is of template {manifest.get('template')} "
+            f"({manifest.get('template_generation')}); this host serves {template.name} ({template.generation})",
+            details={"id": sandbox_id},
+        )
+    image_id = f"{sandbox_id}.h{secrets.token_hex(4)}"
+    root.mkdir(parents=True, exist_ok=True)
+    work = root / f".{image_id}.import"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    try:
+        store.download(f"{prefix}/vmstate", work / "vmstate")
+        store.download(f"{prefix}/disk.qcow2", work / "disk.qcow2")
+        _rebase(work / "disk.qcow2", template.disk, "qcow2")
+        download_image(store, f"{prefix}/memory", work / "memory")
+        machine = dict(manifest["machine"], kernel=str(template.machine.kernel), initrd=str(template.machine.initrd))
+        manifest.update(id=image_id, machine=machine, imported_from=store.url, imported_at=time.time())
+        write_json_atomic(work / "manifest.json", manifest)
+        os.replace(work, root / image_id)
+        fsync_dir(root)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return image_id
+
+
+def delete_hibernation(store: ObjectStore, sandbox_id: str) -> list[str]:
+    """Remove a stored hibernation, the manifest first (a half-deleted one never looks whole); idempotent."""
+    keys = store.list(hibernation_prefix(sandbox_id))
+    for key in sorted(keys, key=lambda k: not k.endswith("/manifest.json")):
+        with contextlib.suppress(ObjectNotFound):
+            store.delete(key)
+    return keys

@@ -1,0 +1,133 @@
+"""Phases 1 and 2 of ``cryobox bench restart``, on one ``cryobox serve`` with ``CRYOBOX_ON_STOP=keep``.
+
+``n`` sandboxes each start a detached background process; ``clients`` threads exec ``true`` in a tight loop, each
+in its own sandbox. Then ``rounds`` × (SIGKILL, SIGTERM) restarts, alternating. Each restart records the signal
+to exit time, the new process's start-up until ``/healthz`` answers, the worst client's exec unavailability window
+(last success before the old process exited to the first success after), and, once every client got through
+again, how many of the ``n`` are listed ``running`` and answer an exec showing their background process (same pid
+and start time). Finally the server is restarted once more with ``kill`` and stopped: that stop is timed too.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from .analysis import KINDS, first_success_after, round_window, survival_summary, window_summary
+from .api import Api, ExecLoop, wait_successes
+from .host import KEEP_ENV, BenchServe, import_seconds, reclaim_data_dir, signal_and_wait, timed_start
+
+SIGNALS = {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM}
+RECOVER_TIMEOUT_S = 120.0
+
+
+def _survivors(serve: BenchServe, processes: dict[str, tuple[int, str]]) -> tuple[int, int]:
+    """(listed running, running and showing the same background process)."""
+    with Api(serve.url, serve.api_key) as api:
+        statuses = api.statuses()
+        running = [sid for sid in processes if statuses.get(sid) == "running"]
+        alive = sum(1 for sid in running if api.background_alive(sid, processes[sid]))
+    return len(running), alive
+
+
+def restart_round(
+    serve: BenchServe, kind: str, loops: list[ExecLoop], processes: dict[str, tuple[int, str]]
+) -> dict[str, Any]:
+    running_before, _ = _survivors(serve, processes)
+    t_round = time.monotonic()
+    if not wait_successes(loops, t_round, 2, RECOVER_TIMEOUT_S):
+        raise RuntimeError(f"exec clients not answered before a {kind} restart")
+    t_signal = time.monotonic()
+    stop = signal_and_wait(serve, SIGNALS[kind], timeout_s=60)
+    t_exit = t_signal + float(stop["signal_to_exit_s"])
+    t_launch = time.monotonic()
+    startup_s = timed_start(serve)
+    t_ready = t_launch + startup_s
+    recovered = wait_successes(loops, t_exit, 1, RECOVER_TIMEOUT_S)
+    per_client = [loop.between(t_round, time.monotonic()) for loop in loops]
+    window = round_window(per_client, t_exit)
+    firsts = [first_success_after(samples, t_exit) for samples in per_client]
+    failed = [s.error for samples in per_client for s in samples if not s.ok]
+    running_after, survived = _survivors(serve, processes)
+    return {
+        "kind": kind,
+        "stop_s": stop["signal_to_exit_s"],
+        "exit_code": stop["exit_code"],
+        "forced": stop["forced"],
+        "exit_to_launch_s": round(t_launch - t_exit, 3),
+        "startup_s": round(startup_s, 3),
+        "window_s": round(window, 3) if window is not None else None,
+        "recovered": recovered,
+        "exec_after_healthz_s": round(max(f for f in firsts if f is not None) - t_ready, 3)
+        if all(f is not None for f in firsts)
+        else None,
+        "failed_attempts": len(failed),
+        "failures_by_error": {e: failed.count(e) for e in sorted(set(failed))},
+        "running_before": running_before,
+        "running_after": running_after,
+        "survived": survived,
+    }
+
+
+def run_survival(
+    root: Path, *, n: int, rounds: int, clients: int, template: str, cache_dir: Path | None, console: Console
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(survival, window, extra): phase 1, phase 2 and the final stop with ``kill``."""
+    data_dir = root / "restart"
+    args = ["--templates", template, "--net-pool", "2"]
+    serve = BenchServe(data_dir, cache_dir=cache_dir, prespawn=1, extra_env=KEEP_ENV, extra_args=args)
+    loops: list[ExecLoop] = []
+    extra: dict[str, Any] = {}
+    samples: list[dict[str, Any]] = []
+    try:
+        extra["python_import_s"] = round(import_seconds(), 3)
+        extra["first_startup_s"] = round(timed_start(serve, serve.start_timeout_s), 3)
+        console.print(f"[bold]survival[/bold]: {n} sandboxes with a background process (serve pid {serve.pid})")
+        processes: dict[str, tuple[int, str]] = {}
+        with Api(serve.url, serve.api_key) as api:
+            for _ in range(n):
+                sandbox_id = str(api.create(template)["id"])
+                processes[sandbox_id] = api.start_background(sandbox_id)
+        ids = list(processes)
+        loops = [ExecLoop(serve.url, serve.api_key, ids[i % len(ids)]) for i in range(max(1, clients))]
+        for loop in loops:
+            loop.start()
+        for index in range(rounds):
+            for kind in KINDS:
+                sample = restart_round(serve, kind, loops, processes)
+                samples.append({"round": index, **sample})
+                console.print(
+                    f"  {kind} #{index}: window {sample['window_s']} s (start-up {sample['startup_s']} s, "
+                    f"stop {sample['stop_s']} s), survived {sample['survived']}/{n}"
+                )
+        for loop in loops:
+            loop.halt()
+        extra["exec_attempts"] = sum(len(loop.samples) for loop in loops)
+        extra["final_stop"] = _final_stop(serve, processes)
+    except BaseException:
+        for loop in loops:
+            loop.halt()
+        serve.stop(signal.SIGKILL)
+        raise
+    finally:
+        serve.cleanup()
+        extra["reclaimed_pids"] = len(reclaim_data_dir(data_dir, cache_dir))
+    survival = survival_summary(n, samples)
+    window = window_summary(samples)
+    window["clients"] = len(loops)
+    window["rounds"] = samples
+    return survival, window, extra
+
+
+def _final_stop(serve: BenchServe, processes: dict[str, tuple[int, str]]) -> dict[str, Any]:
+    """Restart with ``CRYOBOX_ON_STOP=kill`` (it adopts the VMs) and stop it: nothing of the data dir runs after."""
+    signal_and_wait(serve, signal.SIGTERM, timeout_s=60)
+    serve.extra_env["CRYOBOX_ON_STOP"] = "kill"
+    timed_start(serve)
+    running, survived = _survivors(serve, processes)
+    stop = signal_and_wait(serve, signal.SIGTERM, timeout_s=300)
+    return {"vms": running, "survived_before": survived, "kill": stop}

@@ -1,0 +1,69 @@
+"""``cryobox gc``: reclaim the host resources of data dirs that will never start again (see :mod:`cryobox.agent.gc`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from ..agent.gc import Outcome, Plan, apply, plan, summary
+from ..agent.gcscan import Roots, host_effects, scan
+from ..agent.ownership import owners_dir_from_env
+
+out = Console()
+
+
+def gc(
+    data_dir: Annotated[
+        Path | None,
+        typer.Option("--data-dir", help="reclaim this data dir's resources (if no agent holds its lock)"),
+    ] = None,
+    all_unowned: Annotated[
+        bool,
+        typer.Option("--all-unowned", help="also hot dirs, netns tags and nft tables no owner record claims"),
+    ] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="only print what would be reclaimed")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Reclaim QEMUs, memory servers, mounts, network namespaces and links, nft tables and hot dirs of data dirs
+    that are gone (their owner record remains, their agent.lock does not) or, with --data-dir, not locked."""
+    roots = Roots(owners=owners_dir_from_env())
+    run(roots, data_dir, all_unowned=all_unowned, dry_run=dry_run, as_json=as_json)
+
+
+def run(roots: Roots, data_dir: Path | None, *, all_unowned: bool, dry_run: bool, as_json: bool) -> list[Outcome]:
+    state, explicit = scan(roots, data_dir, deep=all_unowned)
+    todo = plan(state, explicit, all_unowned=all_unowned)
+    outcomes = [] if dry_run else apply(todo, host_effects(roots))
+    if as_json:
+        sys.stdout.write(json.dumps(_json(todo, outcomes, dry_run), indent=2) + "\n")
+    else:
+        _print(todo, outcomes, dry_run)
+    return outcomes
+
+
+def _json(todo: Plan, outcomes: list[Outcome], dry_run: bool) -> dict[str, object]:
+    items = [a.to_json() for a in todo.actions] if dry_run else [o.to_json() for o in outcomes]
+    return {"dry_run": dry_run, "reclaimed" if not dry_run else "would_reclaim": items, "skipped": todo.skipped}
+
+
+def _print(todo: Plan, outcomes: list[Outcome], dry_run: bool) -> None:
+    for note in todo.skipped:
+        out.print(f"[yellow]skipped[/yellow] {note}")
+    if not todo.actions:
+        out.print("nothing to reclaim")
+        return
+    if dry_run:
+        for action in todo.actions:
+            out.print(f"would reclaim {action.kind:8} {action.target}  [dim]({action.owner})[/dim]")
+        return
+    for outcome in outcomes:
+        a = outcome.action
+        status = "[green]reclaimed[/green]" if outcome.error is None else f"[red]failed[/red] ({outcome.error})"
+        out.print(f"{status} {a.kind:8} {a.target}  [dim]({a.owner})[/dim]")
+    counts = ", ".join(f"{n} {kind}" for kind, n in sorted(summary(outcomes).items()))
+    out.print(f"reclaimed: {counts or 'nothing'}")

@@ -1,0 +1,75 @@
+"""Agent loads for placement: committed sandboxes and reservations per agent, read in one statement."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from . import models as m
+from .rows import ACTIVE_STATUSES, AgentLoad, AgentRow, _from_orm
+
+
+def agent_loads(s: Session, agents: Sequence[m.Agent], now: float) -> list[AgentLoad]:
+    """The load of each agent, from ONE statement (one snapshot: a concurrent commit is counted once, not 0 or 2)."""
+    if not agents:
+        return []
+    committed = (
+        select(
+            m.Sandbox.host.label("host"),
+            func.sum(m.Sandbox.memory_mb).label("memory"),
+            func.sum(m.Sandbox.cpu).label("cpus"),
+            func.count().label("n"),
+        )
+        .where(m.Sandbox.status.in_(ACTIVE_STATUSES))
+        .group_by(m.Sandbox.host)
+        .subquery()
+    )
+    reserved = (
+        select(
+            m.Reservation.agent.label("agent"),
+            func.sum(m.Reservation.memory_mib).label("memory"),
+            func.sum(m.Reservation.cpus).label("cpus"),
+            func.count().label("n"),
+        )
+        .where(m.Reservation.expires_at > now)
+        .group_by(m.Reservation.agent)
+        .subquery()
+    )
+    query = (
+        select(
+            m.Agent.name,
+            func.coalesce(committed.c.memory, 0),
+            func.coalesce(committed.c.cpus, 0),
+            func.coalesce(committed.c.n, 0),
+            func.coalesce(reserved.c.memory, 0),
+            func.coalesce(reserved.c.cpus, 0),
+            func.coalesce(reserved.c.n, 0),
+        )
+        .select_from(m.Agent)
+        .outerjoin(committed, committed.c.host == m.Agent.name)
+        .outerjoin(reserved, reserved.c.agent == m.Agent.name)
+        .where(m.Agent.name.in_([a.name for a in agents]))
+    )
+    sums = {name: tuple(int(v) for v in values) for name, *values in s.execute(query)}
+    loads = []
+    for obj in agents:
+        c_mem, c_cpus, c_n, r_mem, r_cpus, r_n = sums.get(obj.name, (0, 0, 0, 0, 0, 0))
+        loads.append(
+            AgentLoad(
+                agent=_from_orm(obj, AgentRow),
+                committed_memory_mib=c_mem,
+                committed_cpus=c_cpus,
+                sandboxes=c_n,
+                reserved_memory_mib=r_mem,
+                reserved_cpus=r_cpus,
+                reservations=r_n,
+            )
+        )
+    return loads
+
+
+def free_memory(load: AgentLoad) -> int | None:
+    total = load.agent.capacity.get("memory_total_mib")
+    return total - load.used_memory_mib if isinstance(total, int) and not isinstance(total, bool) else None

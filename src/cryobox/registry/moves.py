@@ -1,0 +1,91 @@
+"""Portable hibernation in the registry: recording a stored hibernation and moving its sandbox to another host.
+
+A drained sandbox is hibernated on its host and its image copied to the object store; its row then says
+``hibernation: stored`` (with the template generation the image sits on). Such a row is *portable*: when its
+host is draining, down or lacks it, the next request wakes it on another agent, and :meth:`MoveRecords.move`
+swaps the row's host and settles that agent's reservation in one transaction, but only if the row still names
+the old host and the stored image (a compare-and-swap: of two requests racing to wake one sandbox, one wins).
+
+Every method is synchronous and runs one short transaction, like :class:`~.repo.Registry`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from sqlalchemy import delete, select, update
+
+from . import models as m
+from .db import Database
+from .rows import HIBERNATED, HIBERNATION_LOCAL, HIBERNATION_STORED, SandboxRow, _attr, _check_fields, _from_orm
+
+
+def _values(changes: Mapping[str, Any]) -> dict[str, Any]:
+    return {_attr(name): value for name, value in _check_fields(SandboxRow, changes).items()}
+
+
+class MoveRecords:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def hibernated(self, sandbox_id: str, host: str, egress: list[str] | None) -> bool:
+        """The row of ``sandbox_id`` on ``host`` is hibernated there (image local); ``False`` when no such row."""
+        values = _values({"status": HIBERNATED, "hibernation": HIBERNATION_LOCAL, "egress": egress})
+        with self._db.session(what=f"sandbox {sandbox_id}") as s:
+            done = s.execute(update(m.Sandbox).where(m.Sandbox.id == sandbox_id, m.Sandbox.host == host).values(values))
+            return bool(done.rowcount)  # type: ignore[attr-defined]
+
+    def stored(self, sandbox_id: str, host: str, generation: str | None) -> bool:
+        """Its image is in the object store now (``hibernation: stored``); ``False`` unless the row still names
+        ``host`` and says ``hibernated``."""
+        values = _values({"hibernation": HIBERNATION_STORED, "hibernation_generation": generation})
+        with self._db.session(what=f"sandbox {sandbox_id}") as s:
+            done = s.execute(
+                update(m.Sandbox)
+                .where(m.Sandbox.id == sandbox_id, m.Sandbox.host == host, m.Sandbox.status == HIBERNATED)
+                .values(values)
+            )
+            return bool(done.rowcount)  # type: ignore[attr-defined]
+
+    def move(
+        self, reservation_id: str, sandbox_id: str, *, from_host: str, to_host: str, changes: Mapping[str, Any]
+    ) -> SandboxRow | None:
+        """Point the row at ``to_host`` (with ``changes``, its hibernation cleared) and delete the reservation, in
+        one transaction; only if the row still names ``from_host`` and its stored image. ``None`` (nothing changed,
+        the reservation kept for the caller to release) otherwise."""
+        values = _values({**changes, "host": to_host, "hibernation": None, "hibernation_generation": None})
+        with self._db.session(what=f"sandbox {sandbox_id}") as s:
+            done = s.execute(
+                update(m.Sandbox)
+                .where(
+                    m.Sandbox.id == sandbox_id,
+                    m.Sandbox.host == from_host,
+                    m.Sandbox.status == HIBERNATED,
+                    m.Sandbox.hibernation == HIBERNATION_STORED,
+                )
+                .values(values)
+            )
+            if not done.rowcount:  # type: ignore[attr-defined]
+                return None
+            s.execute(delete(m.Reservation).where(m.Reservation.id == reservation_id))
+            obj = s.get(m.Sandbox, sandbox_id)
+            assert obj is not None
+            return _from_orm(obj, SandboxRow)
+
+    def elsewhere(self, host: str, sandbox_ids: Collection[str]) -> list[str]:
+        """Of the sandboxes ``host`` reports, those whose row names another host and that no reservation of
+        ``host`` is bringing there: copies left behind by a move (the agent should forget them)."""
+        if not sandbox_ids:
+            return []
+        ids = sorted(sandbox_ids)
+        with self._db.session(write=False) as s:
+            moved = set(s.scalars(select(m.Sandbox.id).where(m.Sandbox.id.in_(ids), m.Sandbox.host != host)))
+            coming = set(
+                s.scalars(
+                    select(m.Reservation.sandbox_id).where(
+                        m.Reservation.agent == host, m.Reservation.sandbox_id.in_(ids)
+                    )
+                )
+            )
+        return sorted(moved - coming)

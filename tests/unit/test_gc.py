@@ -1,0 +1,202 @@
+"""``cryobox gc``'s plan (pure, from an injected host state) and its apply order with fake effects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cryobox.agent.gc import Action, DirState, Effects, HostState, Plan, ProcInfo, apply, plan, tag_of
+from cryobox.agent.ownership import OwnerRecord
+
+GONE_DIR = "/tmp/t/gone"
+LIVE_DIR = "/tmp/t/live"
+TAG_GONE, TAG_LIVE = tag_of(GONE_DIR), tag_of(LIVE_DIR)
+
+
+def record(data_dir: str, pid: int = 4000) -> OwnerRecord:
+    tag = tag_of(data_dir)
+    return OwnerRecord(tag, data_dir, f"/dev/shm/cryobox-{tag}aaaaaa", pid, 1.0)
+
+
+def qemu(pid: int, pidfile: str) -> ProcInfo:
+    return ProcInfo(pid, ("/usr/bin/qemu-system-x86_64", "-name", "x", "-pidfile", pidfile))
+
+
+def host(**overrides: object) -> HostState:
+    gone, live = record(GONE_DIR), record(LIVE_DIR, pid=4001)
+    values: dict[str, object] = {
+        "owners": (gone, live),
+        "dirs": {GONE_DIR: DirState.GONE, LIVE_DIR: DirState.LOCKED},
+        "processes": (
+            qemu(100, f"{GONE_DIR}/vol/run/vm-1/qemu.pid"),
+            qemu(101, f"{GONE_DIR}/bake/bake-abc/qemu.pid"),
+            qemu(102, f"{LIVE_DIR}/vol/run/vm-2/qemu.pid"),
+            qemu(103, f"{GONE_DIR}x/vol/run/vm-3/qemu.pid"),  # a sibling whose name only starts the same
+            ProcInfo(
+                110, ("/usr/bin/python3", "-m", "cryobox.agent.store.memserver", "--mount", f"{GONE_DIR}/memserver/mnt")
+            ),
+            ProcInfo(
+                111, ("/usr/bin/python3", "-m", "cryobox.agent.store.memserver", "--mount", f"{LIVE_DIR}/memserver/mnt")
+            ),
+            ProcInfo(
+                4001, ("cryobox", "agent", "--data-dir", LIVE_DIR), LIVE_DIR, frozenset({f"{LIVE_DIR}/agent.lock"})
+            ),
+        ),
+        "mounts": ("/", f"{GONE_DIR}/vol", f"{GONE_DIR}/memserver/mnt", f"{LIVE_DIR}/vol", f"{GONE_DIR}x/vol"),
+        "netns": {f"cryobox-{TAG_GONE}-0": 1, f"cryobox-{TAG_GONE}-1": 2, f"cryobox-{TAG_LIVE}-0": 3},
+        "links": ("lo", "eth0", f"cb{TAG_GONE}h0", f"cb{TAG_LIVE}h0"),
+        "nft_tables": (f"cryobox_{TAG_GONE}", f"cryobox_{TAG_LIVE}", "filter"),
+        "shm_dirs": (gone.hot_dir, live.hot_dir),
+        "present": frozenset({gone.hot_dir, live.hot_dir}),
+        "own_pid": 1,
+    }
+    values.update(overrides)
+    return HostState(**values)  # type: ignore[arg-type]
+
+
+def test_a_gone_data_dir_is_reclaimed_whole_and_nothing_else() -> None:
+    result = plan(host())
+    assert result.skipped == []
+    assert sorted(result.of("kill")) == ["100", "101", "110"]
+    assert result.of("unmount") == [f"{GONE_DIR}/memserver/mnt", f"{GONE_DIR}/vol"]  # deepest first
+    assert result.of("netns") == [f"cryobox-{TAG_GONE}-0", f"cryobox-{TAG_GONE}-1"]
+    assert result.of("link") == [f"cb{TAG_GONE}h0"]
+    assert result.of("nft") == [f"cryobox_{TAG_GONE}"]
+    assert result.of("hot_dir") == [record(GONE_DIR).hot_dir]
+    assert result.of("record") == [TAG_GONE]
+    assert {a.owner for a in result.actions} == {GONE_DIR}
+    assert {a.tag for a in result.actions} == {TAG_GONE}
+
+
+def test_a_data_dir_that_exists_is_left_to_its_own_next_start() -> None:
+    state = host(dirs={GONE_DIR: DirState.IDLE, LIVE_DIR: DirState.LOCKED})
+    assert plan(state).actions == []
+
+
+def test_a_deleted_data_dir_whose_agent_still_holds_the_lock_is_skipped() -> None:
+    gone = record(GONE_DIR)
+    holder = ProcInfo(gone.pid, ("python", "-m", "pytest"), None, frozenset({f"{GONE_DIR}/agent.lock"}))
+    result = plan(host(processes=(*host().processes, holder)))
+    assert result.actions == []
+    assert len(result.skipped) == 1 and GONE_DIR in result.skipped[0] and "still runs" in result.skipped[0]
+    # the same pid running something else (a reused pid) holds no such lock: the owner is dead
+    reused = ProcInfo(gone.pid, ("sleep", "100"))
+    assert plan(host(processes=(*host().processes, reused))).of("record") == [TAG_GONE]
+
+
+def test_an_explicit_data_dir_is_reclaimed_unless_locked() -> None:
+    live = record(LIVE_DIR, pid=4001)
+    refused = plan(host(), explicit=live)
+    assert refused.actions == [] and "in use" in refused.skipped[0]
+
+    unlocked = host(
+        dirs={GONE_DIR: DirState.GONE, LIVE_DIR: DirState.IDLE},
+        processes=tuple(p for p in host().processes if p.pid != 4001),
+    )
+    result = plan(unlocked, explicit=live)
+    assert sorted(result.of("kill")) == ["102", "111"]
+    assert result.of("unmount") == [f"{LIVE_DIR}/vol"]
+    assert result.of("netns") == [f"cryobox-{TAG_LIVE}-0"] and result.of("nft") == [f"cryobox_{TAG_LIVE}"]
+    assert result.of("hot_dir") == [live.hot_dir]
+    assert result.of("record") == []  # the data dir is still there: it may start again
+    assert GONE_DIR not in {a.owner for a in result.actions}  # only the data dir asked for
+
+    # a live cryobox process on it (an agent without the lock) protects it too; gc's own process does not
+    mine = ProcInfo(77, ("cryobox", "gc", "--data-dir", LIVE_DIR), LIVE_DIR)
+    assert plan(host(dirs=unlocked.dirs, processes=(*unlocked.processes, mine), own_pid=77), explicit=live).actions
+    other = ProcInfo(78, ("cryobox", "serve", "--data-dir", LIVE_DIR), LIVE_DIR)
+    assert plan(host(dirs=unlocked.dirs, processes=(*unlocked.processes, other)), explicit=live).actions == []
+
+
+def test_unowned_resources_only_with_all_unowned_and_only_unused() -> None:
+    idle, busy, claimed = "0a1b2c", "3d4e5f", tag_of("/srv/agent")
+    state = host(
+        owners=(),
+        dirs={},
+        processes=(
+            ProcInfo(200, ("/usr/bin/qemu-system-x86_64",), netns_ino=42),  # runs inside busy's namespace
+            ProcInfo(201, ("cryobox", "serve", "--data-dir", "/srv/agent"), "/srv/agent"),
+            ProcInfo(202, ("bash",), shm_files=frozenset({"/dev/shm/cryobox-999999aaaaaa/tpl-base"})),
+        ),
+        mounts=(),
+        netns={
+            f"cryobox-{idle}-0": 41,
+            f"cryobox-{busy}-0": 42,
+            f"cryobox-{claimed}-0": 43,
+            "cryobox-bake-999999-abcdef": 44,  # its process is gone
+            "cryobox-bake-202-abcdef": 45,  # its process lives
+            "unrelated": 46,
+        },
+        links=("eth0", f"cb{idle}h0", f"cb{busy}h0", f"cb{claimed}h0"),
+        nft_tables=(f"cryobox_{idle}", f"cryobox_{busy}", f"cryobox_{claimed}", "filter"),
+        shm_dirs=(
+            f"/dev/shm/cryobox-{idle}aaaaaa",
+            "/dev/shm/cryobox-999999aaaaaa",
+            f"/dev/shm/cryobox-{claimed}bbbbbb",
+        ),
+        present=frozenset(),
+    )
+    assert plan(state).actions == []
+    result = plan(state, all_unowned=True)
+    assert result.of("hot_dir") == [f"/dev/shm/cryobox-{idle}aaaaaa"]
+    assert result.of("netns") == [f"cryobox-{idle}-0", "cryobox-bake-999999-abcdef"]
+    assert result.of("link") == [f"cb{idle}h0"]
+    assert result.of("nft") == [f"cryobox_{idle}"]
+    assert {a.owner for a in result.actions} == {"unowned"}
+    assert any(busy in note for note in result.skipped) and any("999999" in note for note in result.skipped)
+
+
+class FakeEffects:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.alive_pids = {100, 110}
+
+    def kill(self, pid: int, sig: int) -> None:
+        self.calls.append(("kill", str(pid)))
+        self.alive_pids.discard(pid)
+
+    def effects(self, owners_dir: Path) -> Effects:
+        def fail_unmount(path: Path) -> None:
+            self.calls.append(("unmount", str(path)))
+            if path.name == "mnt":
+                raise OSError("busy")
+
+        return Effects(
+            kill=self.kill,
+            alive=lambda pid: pid in self.alive_pids,
+            unmount=fail_unmount,
+            reclaim_net=lambda tag: self.calls.append(("reclaim_net", tag)),
+            remove_netns=lambda name: self.calls.append(("remove_netns", name)),
+            nft=lambda argv: self.calls.append(("nft", " ".join(argv))),
+            rmtree=lambda path: self.calls.append(("rmtree", str(path))),
+            owners_dir=owners_dir,
+            wait_s=1.0,
+        )
+
+
+def test_apply_order_one_reclaim_per_tag_and_failures_do_not_stop_it(tmp_path: Path) -> None:
+    (tmp_path / f"{TAG_GONE}.json").write_text("{}")
+    todo = plan(host())
+    todo.actions.append(Action("netns", "cryobox-bake-1-aa", "unowned"))
+    fake = FakeEffects()
+    outcomes = apply(todo, fake.effects(tmp_path))
+
+    kinds = [kind for kind, _ in fake.calls]
+    assert kinds[:3] == ["kill", "kill", "kill"]
+    assert fake.calls[3:] == [
+        ("unmount", f"{GONE_DIR}/memserver/mnt"),
+        ("unmount", f"{GONE_DIR}/vol"),
+        ("reclaim_net", TAG_GONE),  # once for two namespaces and a link
+        ("nft", f"nft delete table inet cryobox_{TAG_GONE}"),
+        ("rmtree", record(GONE_DIR).hot_dir),
+        ("remove_netns", "cryobox-bake-1-aa"),
+    ]
+    assert not (tmp_path / f"{TAG_GONE}.json").exists()
+    failed = [o for o in outcomes if o.error is not None]
+    assert [o.action.target for o in failed] == [f"{GONE_DIR}/memserver/mnt"] and "busy" in str(failed[0].error)
+    assert len(outcomes) == len(todo.actions)
+
+
+def test_apply_refuses_to_remove_a_suspicious_hot_dir(tmp_path: Path) -> None:
+    fake = FakeEffects()
+    (outcome,) = apply(Plan([Action("hot_dir", "/", "x")]), fake.effects(tmp_path))
+    assert outcome.error is not None and fake.calls == []

@@ -1,0 +1,162 @@
+"""A chunk-fetch failure is dated: the memory server's ``/failure`` answers only for failures since a VM started,
+a later successful fetch clears it, and ``MemorySource.explain`` asks with the VM's start time."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cryobox.agent.memsource import MemorySource, vm_started_at
+from cryobox.agent.storage import MemoryMode
+from cryobox.agent.store.chunkfmt import ChunkIndex
+from cryobox.agent.store.hot import HotImages
+from cryobox.agent.store.memclient import MemoryServerProcess, MemServerConfig
+from cryobox.agent.store.memserver import MemoryServer, _handler, _UnixHTTPServer
+from cryobox.agent.store.objstore import ObjectStore, open_store
+from cryobox.agent.store.resolver import ResolverConfig
+from cryobox.agent.vm import Accel, MachineConfig, MemoryBacking, MicroVM, VmPaths
+from cryobox.errors import ChunkFetchFailed, CryoboxError
+
+CS = 64
+PREFIX = "templates/base/g1"
+NAME = "templates+base+g1"
+MACHINE = MachineConfig(
+    memory_mib=16, cpus=1, accel=Accel.TCG, kernel=Path("/k"), initrd=Path("/i"), tsc_khz=1, norandmaps=True
+)
+
+
+class Stamp:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def publish(store: ObjectStore, chunks: list[bytes]) -> bytes:
+    sha = tuple(hashlib.sha256(c).hexdigest() for c in chunks)
+    offsets = tuple(i * CS for i in range(len(chunks)))
+    index = ChunkIndex(CS * len(chunks), CS, "g1", bytes((len(chunks) + 7) // 8), sha, offsets)
+    pack = b"".join(chunks)
+    store.put(f"{PREFIX}/memory.idx", index.to_bytes())
+    store.put(f"{PREFIX}/memory.pack", pack)
+    return pack
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[MemoryServer, MemoryServerProcess, Stamp]]:
+    """A memory server's control socket (no FUSE mount) and the agent's client for it."""
+    stamp = Stamp()
+    server = MemoryServer(open_store("memory://"), None, ResolverConfig(retries=0), stamp=stamp)
+    client = MemoryServerProcess(MemServerConfig(tmp_path / "ms", "memory://", tmp_path / "chunks", 1 << 30))
+    client.config.root.mkdir()
+    control = _UnixHTTPServer(str(client.config.control), _handler(server))
+    thread = threading.Thread(target=control.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server, client, stamp
+    finally:
+        control.shutdown()
+        control.server_close()
+        thread.join(5)
+        asyncio.run(client._client.aclose())
+
+
+def test_failure_endpoint_is_dated_and_cleared_by_a_later_success(
+    served: tuple[MemoryServer, MemoryServerProcess, Stamp],
+) -> None:
+    server, client, stamp = served
+    chunks = [bytes([1 + i]) * CS for i in range(3)]
+    pack = publish(server.store, chunks)
+    ref = server.table.get(NAME)
+    server.store.delete(f"{PREFIX}/memory.pack")
+    stamp.now = 100.0
+    with pytest.raises(ChunkFetchFailed):
+        server.resolver.read(ref, 0, 8)
+
+    async def ask(since: float | None) -> CryoboxError | None:
+        return await client.failure(PREFIX, since)
+
+    recorded = asyncio.run(ask(None))
+    assert isinstance(recorded, ChunkFetchFailed) and "chunk 0" in recorded.message
+    assert isinstance(asyncio.run(ask(99.5)), ChunkFetchFailed)  # a VM that started before the failure
+    assert asyncio.run(ask(100.5)) is None  # a VM spawned after it did not die of it
+
+    server.store.put(f"{PREFIX}/memory.pack", pack)  # the store answers again
+    stamp.now = 200.0
+    assert server.resolver.read(ref, 2 * CS, 8) == chunks[2][:8]
+    assert asyncio.run(ask(None)) is None
+    assert asyncio.run(ask(0.0)) is None
+
+
+def test_explain_asks_only_for_failures_since_the_vm_started(
+    served: tuple[MemoryServer, MemoryServerProcess, Stamp], tmp_path: Path
+) -> None:
+    server, client, stamp = served
+    publish(server.store, [bytes([7]) * CS])
+    ref = server.table.get(NAME)
+    server.store.delete(f"{PREFIX}/memory.pack")
+    stamp.now = 100.0
+    with pytest.raises(ChunkFetchFailed):
+        server.resolver.read(ref, 0, 8)
+
+    vm = MicroVM(
+        "vm1",
+        MACHINE,
+        VmPaths(tmp_path / "run" / "vm1"),
+        MemoryBacking(client.path_for(PREFIX), share=False, write_trackable=False),
+        tmp_path / "disk.qcow2",
+    )
+    started = {"at": 150.0}
+    source = MemorySource(HotImages(tmp_path / "hot"), client, MemoryMode.LAZY, False, lambda _vm: started["at"])
+    assert asyncio.run(source.explain(vm)) is None  # the outage was over before this VM existed
+    started["at"] = 90.0
+    assert isinstance(asyncio.run(source.explain(vm)), ChunkFetchFailed)
+
+
+def test_vm_start_time_from_proc_or_pidfile(tmp_path: Path) -> None:
+    paths = VmPaths(tmp_path / "run" / "vm1")
+    paths.root.mkdir(parents=True)
+    vm = MicroVM("vm1", MACHINE, paths, MemoryBacking(tmp_path / "m", share=False), tmp_path / "disk.qcow2")
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    assert vm_started_at(vm, proc) is None  # never started, no pidfile
+
+    paths.pidfile.write_text("4242\n")
+    os.utime(paths.pidfile, (1_000_000.0, 1_000_000.0))
+    at = vm_started_at(vm, proc, boot_clock=lambda: 5000.0, wall_clock=lambda: 1_000_030.0)
+    assert at == pytest.approx(4970.0)  # written 30 s ago by the wall clock = 30 s ago since boot
+
+
+def test_vm_start_time_of_a_live_process_comes_from_its_stat(tmp_path: Path) -> None:
+    paths = VmPaths(tmp_path / "run" / "vm1")
+    pid = os.getpid()
+    vm = RunningVM(pid, "vm1", MACHINE, paths, MemoryBacking(tmp_path / "m", share=False), tmp_path / "disk.qcow2")
+    tick = os.sysconf("SC_CLK_TCK")
+    proc = tmp_path / "proc"
+    (proc / str(pid)).mkdir(parents=True)
+    rest = ["S"] + ["0"] * 18 + [str(123 * tick)] + ["0"] * 10
+    (proc / str(pid) / "stat").write_text(f"{pid} (qemu sys (x)) {' '.join(rest)}\n")
+    (proc / str(pid) / "cmdline").write_bytes(b"qemu-system-x86_64\0-pidfile\0" + str(paths.pidfile).encode() + b"\0")
+    assert vm_started_at(vm, proc) == pytest.approx(123.0)
+    (proc / str(pid) / "cmdline").write_bytes(b"bash\0")  # the pid now belongs to someone else: not trusted
+    assert vm_started_at(vm, proc) is None
+
+
+class RunningVM(MicroVM):
+    """A VM whose QEMU has the given pid (nothing is started)."""
+
+    def __init__(self, pid: int, *args: Any) -> None:
+        super().__init__(*args)
+        self._fake_pid = pid
+
+    @property
+    def pid(self) -> int | None:
+        return self._fake_pid

@@ -260,10 +260,14 @@ async def test_idle_tracking(agent: Agent, sandbox: am.SandboxInfo) -> None:
 
 
 async def test_terminal(agent: Agent, sandbox: am.SandboxInfo) -> None:
+    await agent.set_lifecycle(sandbox.id, am.LifecyclePatch(set_ttl=True, ttl_s=1))
     stream = agent.pty_open(sandbox.id, am.PtyOpen(cols=100, rows=30, cmd="/bin/sh"))
     try:
         session = await anext(aiter(stream))
         assert session.kind == "session" and session.text
+        await asyncio.sleep(1.5)  # an open terminal keeps its sandbox alive, typed into or not
+        idle = await agent.get(sandbox.id)
+        assert idle.in_flight >= 1 and not idle.expired
         await agent.pty_resize(sandbox.id, session.text, 120, 40)
         await agent.pty_input(sandbox.id, session.text, b"stty size; echo con$((1+1))tract\n")
         seen = b""

@@ -4,10 +4,14 @@ exits within seconds; ``--on-stop kill`` leaves nothing behind."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 from cryobox.agent.reclaim import find_own_qemus
 from cryobox.agent.templates import Template
@@ -89,4 +93,71 @@ def test_sandboxes_survive_sigkill_and_sigterm(tmp_path: Path, cache_dir: Path, 
     finally:
         for proc in started:
             proc.stop(signal.SIGKILL)
+        reclaim_data_dir(data_dir, cache_dir)
+
+
+async def test_a_failed_start_leaves_nothing(tmp_path: Path, cache_dir: Path) -> None:
+    """A start that fails late (here: fetching templates from an empty store, after the volume, the firewall
+    table, the network slots, the hot dir and the memory server were set up) undoes every step before it."""
+    from cryobox.agent.net.netlink import list_tagged
+    from cryobox.agent.net.slots import tag_for
+    from cryobox.agent.ownership import held_by_other
+    from cryobox.agent.platform import HostConfig, start_host
+    from cryobox.agent.storage import StorageConfig, TemplateSource
+    from cryobox.config import Paths
+    from cryobox.errors import ObjectNotFound
+
+    paths = Paths(tmp_path / "data", cache_dir)
+    (tmp_path / "empty").mkdir()
+    storage = StorageConfig(store_url=f"file://{tmp_path / 'empty'}", template_source=TemplateSource.STORE)
+    config = HostConfig(paths=paths, net_pool=2, storage=storage)
+    try:
+        with pytest.raises(ObjectNotFound):
+            await start_host(config, print)
+        tag = tag_for(paths.data_dir)
+        tagged = await asyncio.to_thread(list_tagged, tag)
+        assert tagged.netns == [] and tagged.links == []
+        assert not os.path.ismount(paths.memserver_dir / "mnt")
+        tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=True).stdout
+        assert f"cryobox_{tag}" not in tables
+        assert not os.path.ismount(paths.volume_dir)
+        assert not held_by_other(paths.data_dir)
+        assert not paths.hot_dir.exists() or not any(paths.hot_dir.iterdir())
+    finally:
+        await asyncio.to_thread(reclaim_data_dir, paths.data_dir, cache_dir)
+
+
+def test_lazily_paged_vms_survive_a_restart(tmp_path: Path, cache_dir: Path, templates: dict[str, Template]) -> None:
+    """A VM whose RAM is paged in through the memory server keeps faulting while the agent is dead and after
+    it restarted: the memory server outlives the agent and the new agent reattaches to it."""
+    data_dir = tmp_path / "data"
+    pidfile = data_dir / "memserver" / "memserver.pid"
+    lazy = [*SMALL, "--memory", "lazy"]
+    first = ServeProcess(data_dir, cache_dir=cache_dir, prespawn=0, extra_args=lazy, extra_env=KEEP).start()
+    second: ServeProcess | None = None
+    try:
+        client = Client(first.url, first.api_key)
+        sandbox = client.create()["id"]
+        client.sh(sandbox, "(sleep 100000 &) ; pgrep -n sleep > /root/pid")
+        memserver = int(pidfile.read_text())
+        client.http.close()
+        first.stop(signal.SIGKILL)
+        (qemu,) = find_own_qemus(data_dir / "vol" / "run")
+        time.sleep(1.0)  # the guest runs on with nobody but the memory server behind it
+        assert _alive(memserver) and _alive(qemu)
+
+        second = ServeProcess(data_dir, cache_dir=cache_dir, prespawn=0, extra_args=lazy).start()
+        client = Client(second.url, second.api_key)
+        assert int(pidfile.read_text()) == memserver, "the restarted agent reattached to the memory server"
+        # touch pages of the image the guest never read yet: every one is a FUSE read
+        touch = "cat /usr/lib/x86_64-linux-gnu/*.so* > /dev/null; kill -0 $(cat /root/pid) && echo alive"
+        assert client.sh(sandbox, touch) == "alive\n"
+        assert _alive(qemu)
+        client.http.close()
+        assert second.stop(signal.SIGTERM) == 0
+        assert not _alive(memserver) and not _alive(qemu), "--on-stop kill stops the VM and the memory server"
+    finally:
+        first.stop(signal.SIGKILL)
+        if second is not None:
+            second.stop(signal.SIGKILL)
         reclaim_data_dir(data_dir, cache_dir)

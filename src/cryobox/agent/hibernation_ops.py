@@ -6,7 +6,9 @@ chunks, manifest last) while holding the sandbox's lock, so it cannot wake (or g
 ``wake_stored`` imports the stored image into this host's hibernation store (its overlay rebased onto this
 host's copy of the template's disk, the memory downloaded and verified), records the sandbox as hibernated here,
 with the identity the control plane gives (id, workspace, metadata, env, instance id, TTL, egress), and wakes it
-like any local hibernation. The control plane deletes the stored objects once the row names this host.
+like any local hibernation. The download holds an admission slot; the wake's restore takes its own (the
+service's restore gate), never one inside the other. The control plane deletes the stored objects once the row
+names this host.
 """
 
 from __future__ import annotations
@@ -80,46 +82,46 @@ class HibernationOps:
                 raise StateError(f"sandbox {spec.sandbox_id} already exists", state="exists", required="absent")
             return await service.wake(spec.sandbox_id)
         template = service.template(spec.template)  # 404 before queueing
-        async with self.admission.slot():
-            started = time.monotonic()
-            root = service.hibernation.root
+        started = time.monotonic()
+        root = service.hibernation.root
+        async with self.admission.slot():  # the download is part of this restore; the wake below takes its own
             try:
                 image_id = await asyncio.to_thread(import_hibernation, self.host.store, spec.sandbox_id, root, template)
             except ObjectNotFound:
                 raise NotFound(
                     f"no hibernation of sandbox {spec.sandbox_id} in the object store", details={"id": spec.sandbox_id}
                 ) from None
-            imported_s = time.monotonic() - started
-            image = await asyncio.to_thread(service.hibernation.load, image_id)
-            sandbox = Sandbox(
-                id=spec.sandbox_id,
-                template=spec.template,
-                cpus=image.machine.cpus,
-                memory_mib=image.machine.memory_mib,
-                vm=service.factory.placeholder(spec.sandbox_id, image.machine),  # no QEMU until it wakes
-                created_at=spec.created_at,
-                boot_mode=spec.boot_mode,
-                state=SandboxState.HIBERNATED,
-                workspace_id=spec.workspace_id,
-                metadata=dict(spec.metadata),
-                env=dict(spec.env),
-                persistent=spec.persistent,
-                ttl_s=spec.ttl_s,
-                last_active=service.clock(),
-                from_snapshot=spec.from_snapshot,
-                instance_id=spec.instance_id,
-                egress=list(spec.egress) if spec.egress is not None else None,
-                hibernation=image,
-            )
-            service.sandboxes[sandbox.id] = sandbox
-            try:
-                await service.persist(sandbox)
-                await service.wake(sandbox.id)
-            except BaseException:
-                with contextlib.suppress(Exception):  # nothing of it stays here; the stored copy is untouched
-                    await service.delete(sandbox.id)
-                raise
-            sandbox.boot_ms = round((time.monotonic() - started) * 1000, 1)
+        imported_s = time.monotonic() - started
+        image = await asyncio.to_thread(service.hibernation.load, image_id)
+        sandbox = Sandbox(
+            id=spec.sandbox_id,
+            template=spec.template,
+            cpus=image.machine.cpus,
+            memory_mib=image.machine.memory_mib,
+            vm=service.factory.placeholder(spec.sandbox_id, image.machine),  # no QEMU until it wakes
+            created_at=spec.created_at,
+            boot_mode=spec.boot_mode,
+            state=SandboxState.HIBERNATED,
+            workspace_id=spec.workspace_id,
+            metadata=dict(spec.metadata),
+            env=dict(spec.env),
+            persistent=spec.persistent,
+            ttl_s=spec.ttl_s,
+            last_active=service.clock(),
+            from_snapshot=spec.from_snapshot,
+            instance_id=spec.instance_id,
+            egress=list(spec.egress) if spec.egress is not None else None,
+            hibernation=image,
+        )
+        service.sandboxes[sandbox.id] = sandbox
+        try:
+            await service.persist(sandbox)
+            await service.wake(sandbox.id)  # in an admission slot of its own (the service's restore gate)
+        except BaseException:
+            with contextlib.suppress(Exception):  # nothing of it stays here; the stored copy is untouched
+                await service.delete(sandbox.id)
+            raise
+        sandbox.boot_ms = round((time.monotonic() - started) * 1000, 1)
         log.info(
             "sandbox %s woke here from the object store in %.0f ms (import %.1f s)",
             sandbox.id,

@@ -22,6 +22,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from ..errors import NotFound, PayloadTooLarge, StateError
@@ -56,6 +57,8 @@ class SandboxService:
         self.clock = clock
         self.records = records
         self.crash = crash if crash is not None else CrashPoints()
+        self.restore_gate: Callable[[], AbstractAsyncContextManager[None]] | None = None
+        """An admission slot for the restores the service starts by itself (a wake); set by the host agent."""
         self.templates = dict(templates)
         self.factory = factory
         self.hibernation = hibernation
@@ -324,6 +327,13 @@ class SandboxService:
         if image is None:
             raise StateError(f"sandbox {sandbox.id} has no hibernation image", state=sandbox.state.value)
         started = time.monotonic()
+        async with self.restore_gate() if self.restore_gate is not None else contextlib.nullcontext():
+            await self._wake_restore(sandbox, image)
+        # the image's files go; its hot copy stays while this VM maps it (a later snapshot reads that mapping)
+        await asyncio.to_thread(functools.partial(self.hibernation.delete, image.id, keep_hot=True))
+        log.info("sandbox %s woke in %.0f ms", sandbox.id, (time.monotonic() - started) * 1000)
+
+    async def _wake_restore(self, sandbox: Sandbox, image: SnapshotImage) -> None:
         vm = await self.factory.spawn_incoming(image)
         try:
             self.crash("wake.spawned")
@@ -340,9 +350,6 @@ class SandboxService:
             sandbox.hibernation, sandbox.mapped_image, sandbox.state = image, None, SandboxState.HIBERNATED
             await self.factory.destroy(vm)
             raise
-        # the image's files go; its hot copy stays while this VM maps it (a later snapshot reads that mapping)
-        await asyncio.to_thread(functools.partial(self.hibernation.delete, image.id, keep_hot=True))
-        log.info("sandbox %s woke in %.0f ms", sandbox.id, (time.monotonic() - started) * 1000)
 
     async def guest(self, sandbox_id: str, workspace_id: str | None = None) -> tuple[Sandbox, GuestClient]:
         sandbox = self.get(sandbox_id, workspace_id)

@@ -22,7 +22,7 @@ from ..registry import Registry
 from ..server.control import ControlPlane
 from ..server.fleet import DEFAULT_DEADLINE_S, Fleet, FleetConfig
 from ..server.metrics import Metrics
-from ..server.placement import Placement
+from ..server.placement import DEFAULT_RESERVATION_TTL_S, Placement
 from ..server.snapshots_ctl import RetentionPolicy, SnapshotControl
 from ..server.templates_ctl import TemplateJobs, spec_from_json
 from ..util.proc import Progress
@@ -30,6 +30,7 @@ from ..util.proc import Progress
 NODE_TOKEN_ENV = "CRYOBOX_NODE_TOKEN"
 DEADLINE_ENV = "CRYOBOX_AGENT_DEADLINE_S"
 ON_STOP_ENV = "CRYOBOX_ON_STOP"
+RESERVATION_TTL_ENV = "CRYOBOX_RESERVATION_TTL_S"
 GRACEFUL_STOP_S = 3
 """How long a stopping server waits for open requests and streams before it closes them (``keep`` then leaves
 every VM running, so an agent exits within seconds whatever the load)."""
@@ -91,6 +92,19 @@ def fleet_config(env: dict[str, str] | None = None, deadline_s: float | None = N
     return FleetConfig(deadline_s=deadline, node_token=environ.get(NODE_TOKEN_ENV, ""))
 
 
+def reservation_ttl_s(env: dict[str, str] | None = None) -> float:
+    """How long a reservation holds room without its row (``CRYOBOX_RESERVATION_TTL_S``, default 60 s): the
+    longest a create may take from placement to its row, and how long a dead replica's strays live."""
+    raw = (os.environ if env is None else env).get(RESERVATION_TTL_ENV, "")
+    try:
+        ttl = float(raw) if raw else DEFAULT_RESERVATION_TTL_S
+    except ValueError:
+        raise InvalidArgument(f"{RESERVATION_TTL_ENV} must be a number of seconds, not {raw!r}") from None
+    if not ttl > 0:
+        raise InvalidArgument(f"{RESERVATION_TTL_ENV} must be positive, not {raw!r}")
+    return ttl
+
+
 def build_control(
     registry: Registry,
     config: FleetConfig,
@@ -103,7 +117,7 @@ def build_control(
     return ControlPlane(
         fleet,
         registry,
-        Placement(registry, deadline_s=config.deadline_s),
+        Placement(registry, deadline_s=config.deadline_s, ttl_s=reservation_ttl_s()),
         metrics,
         SnapshotControl(registry, fleet, time.time, retention, objects=objects),
         TemplateJobs(registry, fleet),

@@ -50,7 +50,7 @@ def wire_registration(control: ControlPlane) -> None:
 
     async def registered(name: str, hb: am.Heartbeat) -> None:
         agent = await control.fleet.agent(name)
-        await delete_strays(control.registry, name, agent, hb)
+        await delete_strays(control.registry, name, agent, hb.sandboxes, control.fleet.clock())
         await control.templates.agent_registered(name, agent, dict(hb.capacity.templates_ready))
         await control.snapshots.reconcile(name, agent, {s.id for s in hb.sandboxes})
         await control.hibernations.agent_registered(name, hb)

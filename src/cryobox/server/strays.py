@@ -1,6 +1,8 @@
-"""Sandboxes an agent adopted that the control plane never recorded: the agent had made one durable (its record)
-when it was killed, before the control plane saw the answer and wrote the row (a create, a fork or a tree child
-cut short). Nobody can reach or pay for them, so at registration they are deleted on their agent."""
+"""Sandboxes an agent runs that the control plane never recorded: the agent made one (and its durable record)
+but the control plane that asked died before it wrote the row, or the agent was killed after its record and
+before its answer (a create, a fork, a tree child cut short). Nobody can reach or pay for them, so when an
+agent's report names a sandbox with no row and no unexpired reservation, it is deleted on that agent (at
+registration, and on every heartbeat: a dead replica's reservations expire after ``CRYOBOX_RESERVATION_TTL_S``)."""
 
 from __future__ import annotations
 
@@ -9,27 +11,26 @@ import logging
 
 from ..agentapi import Agent
 from ..agentapi import models as am
-from ..errors import CryoboxError, NotFound
+from ..errors import CryoboxError
 from ..registry import Registry
+from ..registry.strays import unknown_sandboxes
 
 log = logging.getLogger(__name__)
 
 
-async def delete_strays(registry: Registry, name: str, agent: Agent, hb: am.Heartbeat) -> list[str]:
-    """Delete the adopted sandboxes of ``hb`` that have no row; returns their ids."""
-    strays = []
-    for sandbox in hb.sandboxes:
-        if not sandbox.adopted:
-            continue  # made by this agent process: its create may still be settling its row
-        try:
-            await asyncio.to_thread(registry.get_sandbox, sandbox.id)
-        except NotFound:
-            strays.append(sandbox.id)
+async def delete_strays(
+    registry: Registry, name: str, agent: Agent, sandboxes: list[am.SandboxInfo], now: float
+) -> list[str]:
+    """Delete the sandboxes of an agent's report the registry does not know (:func:`unknown_sandboxes`)."""
+    reported = [s.id for s in sandboxes]
+    if not reported:
+        return []
+    strays = await asyncio.to_thread(unknown_sandboxes, registry.database, reported, now)
     for sandbox_id in strays:
         try:
             await agent.delete(sandbox_id)
         except CryoboxError as err:
             log.warning("agent %s: could not delete unrecorded sandbox %s: %s", name, sandbox_id, err)
     if strays:
-        log.warning("agent %s: deleted %d adopted sandbox(es) without a row: %s", name, len(strays), ", ".join(strays))
+        log.warning("agent %s: deleted %d sandbox(es) without a row: %s", name, len(strays), ", ".join(strays))
     return strays

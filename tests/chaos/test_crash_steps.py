@@ -26,9 +26,7 @@ ROUNDS = (1, 2)
 
 
 @pytest.fixture(scope="module")
-def chaos(
-    tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, templates: dict[str, Template]
-) -> Iterator[Chaos]:
+def chaos(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, templates: dict[str, Template]) -> Iterator[Chaos]:
     root = tmp_path_factory.mktemp("chaos")
     harness = Chaos(root / "data", cache_dir)
     try:
@@ -46,7 +44,8 @@ def chaos(
         for sandbox_id in (running, paused, hibernated):
             harness.expect_mark(sandbox_id)
         assert harness.rounds == len(STEPS) * len(ROUNDS)
-        print(f"chaos: {harness.rounds} crash rounds, restarts {sorted(harness.restarts)[len(harness.restarts) // 2]:.1f} s p50")
+        p50 = sorted(harness.restarts)[len(harness.restarts) // 2]
+        print(f"chaos: {harness.rounds} crash rounds, restarts {p50:.1f} s p50")
     finally:
         harness.stop()
 

@@ -14,8 +14,8 @@ from cryobox.agent.adopt import survey
 from cryobox.agent.crashpoints import CrashPoints
 from cryobox.agent.net.pool import IndexAllocator, SlotPool
 from cryobox.agent.net.slots import SlotPlan
-from cryobox.agent.records import SandboxRecord, SandboxRecords, VmRecord, process_start_ticks
 from cryobox.agent.reclaim import reclaim
+from cryobox.agent.records import SandboxRecord, SandboxRecords, VmRecord, process_start_ticks
 from cryobox.agent.store.hot import HotImages
 from cryobox.errors import InvalidArgument, StateError
 

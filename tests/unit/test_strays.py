@@ -17,10 +17,18 @@ registry = registry_support.registry
 
 def _setup(reg: Registry) -> None:
     ws = reg.ensure_workspace("default")
-    reg.fleet.heartbeat("a", url="http://a.invalid", boot_id="b1", capacity={"memory_total_mib": 8192}, info={}, now=100.0)
+    reg.fleet.heartbeat(
+        "a", url="http://a.invalid", boot_id="b1", capacity={"memory_total_mib": 8192}, info={}, now=100.0
+    )
     reg.add_sandbox(sandbox("sb-row", ws.id, host="a", status="running"))
     reg.fleet.reserve(
-        memory_mib=512, cpus=1, now=100.0, ttl_s=30.0, choose=lambda loads: "a", live_after=0.0, sandbox_id="sb-settling"
+        memory_mib=512,
+        cpus=1,
+        now=100.0,
+        ttl_s=30.0,
+        choose=lambda loads: "a",
+        live_after=0.0,
+        sandbox_id="sb-settling",
     )
 
 

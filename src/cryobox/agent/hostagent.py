@@ -15,7 +15,6 @@ import logging
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 
 from .. import __version__
 from ..agentapi import models as am
@@ -27,6 +26,7 @@ from .admission import AdmissionController
 from .exec import ExecSpec
 from .guest_client import b64, unb64
 from .hibernation_ops import HibernationEndpoints
+from .info import host_memory_mib, sandbox_info, template_info
 from .platform import Host
 from .sandbox import Sandbox, SandboxState
 from .snapshot_ops import SnapshotOps
@@ -36,54 +36,6 @@ log = logging.getLogger(__name__)
 TemplateBuilder = Callable[[TemplateSpec, Progress], Awaitable[Template]]
 SpecFromRequest = Callable[[dict[str, object]], TemplateSpec]
 PTY_CALL_TIMEOUT_S = 30.0
-
-
-def sandbox_info(sandbox: Sandbox, now: float) -> am.SandboxInfo:
-    return am.SandboxInfo(
-        id=sandbox.id,
-        template=sandbox.template,
-        cpus=sandbox.cpus,
-        memory_mib=sandbox.memory_mib,
-        state=sandbox.state.value,
-        workspace_id=sandbox.workspace_id,
-        created_at=sandbox.created_at,
-        metadata=dict(sandbox.metadata),
-        env=dict(sandbox.env),
-        boot_mode="cold" if sandbox.boot_mode == "cold" else "restore",
-        boot_ms=sandbox.boot_ms,
-        from_snapshot=sandbox.from_snapshot,
-        instance_id=sandbox.instance_id or None,
-        guest_ip=sandbox.guest_ip,
-        vm_id=sandbox.vm.vm_id,
-        ttl_s=sandbox.ttl_s,
-        persistent=sandbox.persistent,
-        last_active=sandbox.last_active,
-        in_flight=sandbox.in_flight,
-        expires_at=sandbox.expires_at,
-        idle_s=round(sandbox.idle_s(now), 3),
-        expired=sandbox.expired(now),
-        egress=list(sandbox.egress) if sandbox.egress is not None else None,
-        adopted=sandbox.adopted,
-    )
-
-
-def template_info(template: Template) -> am.TemplateInfo:
-    return am.TemplateInfo(
-        name=template.name,
-        generation=template.generation,
-        cpus=template.machine.cpus,
-        memory_mib=template.machine.memory_mib,
-        created_at=template.created_at,
-        path=str(template.path),
-    )
-
-
-def _host_memory_mib() -> int:
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) // 1024
-    return 4096
 
 
 class HostAgent(HibernationEndpoints):
@@ -111,7 +63,7 @@ class HostAgent(HibernationEndpoints):
         self.name = name
         self.url = url
         self.boot_id = uuid.uuid4().hex
-        self.memory_total_mib = memory_mib or _host_memory_mib()
+        self.memory_total_mib = memory_mib or host_memory_mib()
         self.vcpus_total = vcpus or os.cpu_count() or 1
         self.max_sandboxes = max_sandboxes
         self.builder = builder

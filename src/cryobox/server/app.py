@@ -31,7 +31,6 @@ from .routes_platform import router as platform_router
 from .routes_pty import router as pty_router
 from .routes_sandboxes import router as sandboxes_router
 from .routes_snapshots import router as snapshots_router
-from .strays import delete_strays
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +49,6 @@ def wire_registration(control: ControlPlane) -> None:
 
     async def registered(name: str, hb: am.Heartbeat) -> None:
         agent = await control.fleet.agent(name)
-        await delete_strays(control.registry, name, agent, hb.sandboxes, control.fleet.clock())
         await control.templates.agent_registered(name, agent, dict(hb.capacity.templates_ready))
         await control.snapshots.reconcile(name, agent, {s.id for s in hb.sandboxes})
         await control.hibernations.agent_registered(name, hb)

@@ -23,6 +23,7 @@ from ..agentapi import Agent, HttpAgent
 from ..agentapi import models as am
 from ..errors import HostUnavailable, StateError
 from ..registry import HIBERNATED, HIBERNATION_STORED, AgentRow, Registry, SandboxRow
+from .strays import delete_strays
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,7 @@ class Fleet:
         reported = {s.id: s.state for s in hb.sandboxes}
         if outcome.new_boot or outcome.was_down:
             await self._reconcile(name, hb, reported)
+            await self._delete_strays(name, hb)
             for hook in self._on_register:
                 try:
                     await hook(name, hb)
@@ -152,7 +154,15 @@ class Fleet:
         # a normal beat only refreshes the states of what the agent reports (rows of sandboxes being created
         # or deleted right now may be ahead of or behind the report: absent rows are left alone)
         await asyncio.to_thread(lambda: self.registry.fleet.reconcile_host(name, reported, absent_status=None))
+        await self._delete_strays(name, hb)
         return am.HeartbeatReply()
+
+    async def _delete_strays(self, name: str, hb: am.Heartbeat) -> None:
+        """Sandboxes the agent runs with no row and no unexpired reservation go (:mod:`.strays`)."""
+        try:
+            await delete_strays(self.registry, name, await self.agent(name), hb.sandboxes, self.clock())
+        except Exception:
+            log.exception("agent %s: deleting unrecorded sandboxes failed", name)
 
     async def _reconcile(self, name: str, hb: am.Heartbeat, reported: Mapping[str, str]) -> None:
         local = set(hb.capacity.local_snapshots)

@@ -125,7 +125,6 @@ class MicroVM:
             return self._proc.poll() is None
         return self._pid is not None and process_start_ticks(self._pid) == self.start_ticks
 
-
     @classmethod
     async def adopt(
         cls,

@@ -178,3 +178,33 @@ def test_result_shape() -> None:
     assert missing_keys(result) == []
     del result["chaos"]["failures"], result["drain"]
     assert missing_keys(result) == ["drain", "chaos.failures"]
+
+
+def test_window_summary_start_up_steps() -> None:
+    rounds = [_round("sigkill", 8.0, 7.0), _round("sigkill", 9.0, 8.0), _round("sigterm", 9.0, 8.0)]
+    rounds[0]["startup_marks_s"] = {"imported": 3.0, "listening": 6.5}
+    rounds[1]["startup_marks_s"] = {"imported": 2.0, "adopted": 5.0, "listening": 7.5}
+    marks = window_summary(rounds)["sigkill"]["startup_marks_p50_s"]
+    assert marks == {"imported": 2.0, "adopted": 5.0, "listening": 6.5}
+    assert list(marks) == ["imported", "adopted", "listening"]  # in the order they happen
+    assert window_summary(rounds)["sigterm"]["startup_marks_p50_s"] == {}
+
+
+def test_log_watch_records_markers_appearing_after_it_started(tmp_path: Path) -> None:
+    import time
+
+    from cryobox.bench.restart.host import LogWatch
+
+    log = tmp_path / "serve.log"
+    log.write_text("stopped (keep: earlier run)\n")
+    watch = LogWatch(log, {"stopped": "stopped (", "never": "no such line"}, time.monotonic())
+    watch.start()
+    with log.open("a") as out:
+        out.write("INFO: Shutting down\nstop")
+        out.flush()
+        time.sleep(0.1)
+        out.write("ped (keep: 3 sandbox(es) left running)\n")
+    time.sleep(0.1)
+    seen = watch.finish()
+    assert set(seen) == {"stopped"}
+    assert seen["stopped"] >= 0.1

@@ -164,3 +164,23 @@ def test_resolve_package_missing_field_raises() -> None:
     runner = FakeRunner({"linux-image-cloud-amd64": META_SHOW, "linux-image-6.1.0-41-cloud-amd64": no_sha})
     with pytest.raises(ImageBuildError, match="SHA256"):
         resolve_package(runner)
+
+
+def test_resolved_package_is_remembered_until_apt_lists_change(tmp_path: Path) -> None:
+    from cryobox.image.kernel import apt_fingerprint, resolve_package_cached
+
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    (lists / "deb_Packages").write_text("one")
+    memo = tmp_path / "images" / ".resolved-kernel.json"
+    runner = FakeRunner({"linux-image-cloud-amd64": META_SHOW, "linux-image-6.1.0-41-cloud-amd64": IMAGE_SHOW})
+    first = resolve_package_cached(memo, runner, apt_fingerprint((lists,)))
+    again = resolve_package_cached(memo, runner, apt_fingerprint((lists,)))
+    assert first == again and first.sha256 == IMAGE_SHA
+    assert len(runner.calls) == 2, "the second start asks apt nothing"
+    (lists / "deb_Packages").write_text("two, after apt-get update")
+    resolve_package_cached(memo, runner, apt_fingerprint((lists,)))
+    assert len(runner.calls) == 4, "new package lists: resolved again"
+    memo.write_text("{torn")
+    resolve_package_cached(memo, runner, apt_fingerprint((lists,)))
+    assert len(runner.calls) == 6, "an unreadable memo is resolved again, not trusted"

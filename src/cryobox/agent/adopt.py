@@ -30,6 +30,7 @@ from .vm import MicroVM, VmState
 
 log = logging.getLogger(__name__)
 ADOPT_GUEST_TIMEOUT_S = 15.0
+ADOPT_CONCURRENCY = 16
 
 
 @dataclass
@@ -145,22 +146,31 @@ async def adopt(service: SandboxService, found: Survey, hibernation: SnapshotSto
             await asyncio.to_thread(records.remove, record.id)
         if record.hibernation:
             await asyncio.to_thread(hibernation.delete, Path(record.hibernation).name)
-    for record in found.live:
-        try:
-            sandbox = await _adopt_live(service, record)
-        except Exception as err:
-            log.error("could not adopt sandbox %s (VM %s): %r", record.id, record.vm and record.vm.vm_id, err)
-            await asyncio.to_thread(_kill_recorded, record)
-            if record.vm is not None and record.vm.slot_index is not None:
-                with contextlib.suppress(Exception):
-                    await service.factory.slots.release(service.factory.slots.adopt(record.vm.slot_index))
-            if records is not None:
-                await asyncio.to_thread(records.remove, record.id)
-            lost.append(record.id)
+    gate = asyncio.Semaphore(ADOPT_CONCURRENCY)
+
+    async def one(record: SandboxRecord) -> Sandbox | None:
+        async with gate:
+            try:
+                return await _adopt_live(service, record)
+            except Exception as err:
+                log.error("could not adopt sandbox %s (VM %s): %r", record.id, record.vm and record.vm.vm_id, err)
+        await asyncio.to_thread(_kill_recorded, record)
+        if record.vm is not None and record.vm.slot_index is not None:
+            with contextlib.suppress(Exception):
+                await service.factory.slots.release(service.factory.slots.adopt(record.vm.slot_index))
+        if records is not None:
+            await asyncio.to_thread(records.remove, record.id)
+        lost.append(record.id)
+        return None
+
+    for sandbox in await asyncio.gather(*(one(r) for r in found.live)):  # in parallel: QMP and pings
+        if sandbox is None:
             continue
         service.sandboxes[sandbox.id] = sandbox
         await service.persist(sandbox)  # the state may have been mended
-        log.info("adopted sandbox %s (VM %s, pid %s, %s)", sandbox.id, sandbox.vm.vm_id, sandbox.vm.pid, record.state)
+        log.info(
+            "adopted sandbox %s (VM %s, pid %s, %s)", sandbox.id, sandbox.vm.vm_id, sandbox.vm.pid, sandbox.state.value
+        )
     for record in found.hibernated:
         assert record.hibernation is not None
         image = await asyncio.to_thread(hibernation.load, Path(record.hibernation).name)

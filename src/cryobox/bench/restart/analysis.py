@@ -85,11 +85,22 @@ def window_summary(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "startup_s": seconds_stats(startups),
             "window_minus_startup_s": seconds_stats(rest),
             "signal_to_exit_s": seconds_stats(stops),
+            "startup_marks_p50_s": _marks_p50([r.get("startup_marks_s") for r in mine]),
             "startup_share_p50": round(percentile(startups, 50) / percentile(windows, 50), 3)
             if windows and startups and percentile(windows, 50) > 0
             else None,
         }
     return out
+
+
+def _marks_p50(marks: Sequence[Any]) -> dict[str, float]:
+    """Per start-up step, the p50 of when it was logged (seconds since launch) over the rounds that logged it."""
+    names = sorted({name for m in marks if isinstance(m, Mapping) for name in m})
+    out = {}
+    for name in names:
+        values = [float(m[name]) for m in marks if isinstance(m, Mapping) and name in m]
+        out[name] = round(percentile(values, 50), 3)
+    return dict(sorted(out.items(), key=lambda item: item[1]))
 
 
 def survival_summary(n: int, rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -8,7 +8,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +29,60 @@ class BenchServe(ServeProcess):
     poll_interval_s = 0.02
 
 
+STARTUP_MARKS = {
+    "imported": "cryobox data dir ",  # serve's first line: the interpreter is up and its code imported
+    "adopted": " from the previous agent",  # "adopted N sandbox(es) from the previous agent (M lost)"
+    "templates_ready": "templates ready",
+    "listening": "Uvicorn running on",
+}
+STOP_MARKS = {"stopped": "stopped ("}
+"""serve's own line once the host is closed: what follows it until the exit is the interpreter's teardown."""
+
+
+class LogWatch(threading.Thread):
+    """Polls a log file every 20 ms from its current end and records when each marker first appears (monotonic
+    seconds since ``t0``), so a start-up or a stop can be split into its steps."""
+
+    def __init__(self, path: Path, marks: Mapping[str, str], t0: float) -> None:
+        super().__init__(name="log-watch", daemon=True)
+        self.path, self.marks, self.t0 = path, dict(marks), t0
+        self.offset = path.stat().st_size if path.exists() else 0
+        self.seen: dict[str, float] = {}
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        pending = ""
+        while True:
+            halted = self._halt.is_set()
+            with contextlib.suppress(OSError), open(self.path, "rb") as log:
+                log.seek(self.offset)
+                chunk = log.read()
+                self.offset += len(chunk)
+                pending += chunk.decode(errors="replace")
+            now = round(time.monotonic() - self.t0, 3)
+            for name, text in self.marks.items():
+                if name not in self.seen and text in pending:
+                    self.seen[name] = now
+            pending = pending[-500:]  # a marker split across two reads is still found
+            if halted or len(self.seen) == len(self.marks):
+                return
+            self._halt.wait(0.02)
+
+    def finish(self) -> dict[str, float]:
+        self._halt.set()
+        self.join(timeout=5)
+        return dict(self.seen)
+
+
 def signal_and_wait(child: ChildProcess, sig: int, timeout_s: float) -> dict[str, Any]:
-    """Send ``sig`` and time until the process exits; past ``timeout_s`` it is SIGKILLed (``forced``)."""
+    """Send ``sig`` and time until the process exits; past ``timeout_s`` it is SIGKILLed (``forced``). ``marks_s``:
+    when its log said it had stopped (see :data:`STOP_MARKS`)."""
     proc = child.proc
     if proc is None or proc.poll() is not None:
         raise RuntimeError(f"{child.what} is not running (exit code {None if proc is None else proc.returncode})")
     t0 = time.monotonic()
+    watch = LogWatch(child.log_path, STOP_MARKS, t0)
+    watch.start()
     proc.send_signal(sig)
     forced = False
     try:
@@ -41,15 +91,38 @@ def signal_and_wait(child: ChildProcess, sig: int, timeout_s: float) -> dict[str
         forced = True
         proc.kill()
         code = proc.wait()
-    return {"signal_to_exit_s": round(time.monotonic() - t0, 3), "exit_code": code, "forced": forced}
+    elapsed = round(time.monotonic() - t0, 3)
+    return {"signal_to_exit_s": elapsed, "exit_code": code, "forced": forced, "marks_s": watch.finish()}
 
 
-def timed_start(child: ChildProcess, timeout_s: float = 600.0) -> float:
-    """Launch and wait until ready; seconds from launch until the readiness check first passed."""
+def timed_start(child: ChildProcess, timeout_s: float = 600.0) -> tuple[float, dict[str, float]]:
+    """Launch and wait until ready: (seconds from launch until the readiness check first passed, when each of
+    :data:`STARTUP_MARKS` appeared in its log)."""
     t0 = time.monotonic()
-    child.launch()
-    child.wait_ready(timeout_s)
-    return time.monotonic() - t0
+    watch = LogWatch(child.log_path, STARTUP_MARKS, t0)
+    watch.start()
+    try:
+        child.launch()
+        child.wait_ready(timeout_s)
+    finally:
+        marks = watch.finish()
+    return time.monotonic() - t0, marks
+
+
+def guest_cpu_cores(data_dir: Path, seconds: float = 3.0) -> float:
+    """CPU (in cores) the processes naming ``data_dir`` (its QEMUs, the memory server) use over ``seconds``."""
+
+    def ticks() -> int:
+        total = 0
+        for pid in _processes_naming(data_dir):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total
+
+    before, t0 = ticks(), time.monotonic()
+    time.sleep(seconds)
+    return round((ticks() - before) / os.sysconf("SC_CLK_TCK") / (time.monotonic() - t0), 2)
 
 
 def import_seconds() -> float:

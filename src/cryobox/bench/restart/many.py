@@ -21,7 +21,15 @@ from rich.console import Console
 from ...errors import CryoboxError
 from .analysis import EXIT_TARGET_S, memory_used, seconds_stats
 from .api import Api
-from .host import KEEP_ENV, BenchServe, mem_available_kb, reclaim_data_dir, signal_and_wait, timed_start
+from .host import (
+    KEEP_ENV,
+    BenchServe,
+    guest_cpu_cores,
+    mem_available_kb,
+    reclaim_data_dir,
+    signal_and_wait,
+    timed_start,
+)
 
 CREATE_WORKERS = 4
 SETTLE_S = 3.0
@@ -43,6 +51,17 @@ def _create_all(serve: BenchServe, template: str, vms: int) -> tuple[list[str], 
     return [r[0] for r in done], [r[1] for r in done], [r for r in results if isinstance(r, str)]
 
 
+def _split(stop: dict[str, Any]) -> dict[str, float | None]:
+    """A stop's two parts: until serve logged that it stopped, and from there until the process was gone (the
+    interpreter's own teardown)."""
+    stopped = stop.get("marks_s", {}).get("stopped")
+    total = float(stop["signal_to_exit_s"])
+    return {
+        "until_stopped_line_s": stopped,
+        "after_stopped_line_s": round(total - stopped, 3) if stopped is not None else None,
+    }
+
+
 def _running(serve: BenchServe) -> int:
     with Api(serve.url, serve.api_key) as api:
         return sum(1 for status in api.statuses().values() if status == "running")
@@ -59,7 +78,7 @@ def run_many(
     serve = BenchServe(data_dir, cache_dir=cache_dir, prespawn=1, extra_env=KEEP_ENV, extra_args=args)
     out: dict[str, Any] = {"vms": vms, "memory_mib_offered": memory_mib}
     try:
-        timed_start(serve, serve.start_timeout_s)
+        out["startup_s"] = round(timed_start(serve, serve.start_timeout_s)[0], 3)
         console.print(f"[bold]stop[/bold]: {vms} sandboxes on one serve (pid {serve.pid}), then SIGTERM")
         before_kb = mem_available_kb()
         t0 = time.monotonic()
@@ -71,16 +90,18 @@ def run_many(
         time.sleep(SETTLE_S)  # let the last guests settle before reading memory
         out["memory"] = memory_used(before_kb, mem_available_kb(), len(ids))
         out["running_before_stop"] = _running(serve)
+        out["idle_guests_cpu_cores"] = guest_cpu_cores(data_dir)
         console.print(f"  {len(ids)} created in {out['create_wall_s']} s; memory {out['memory']}")
         keep = signal_and_wait(serve, signal.SIGTERM, timeout_s=120)
-        out["keep"] = {**keep, "target_s": EXIT_TARGET_S, "vms": out["running_before_stop"]}
+        out["keep"] = {**keep, **_split(keep), "target_s": EXIT_TARGET_S, "vms": out["running_before_stop"]}
         out["mem_available_after_keep_stop_mib"] = round(mem_available_kb() / 1024, 1)
         console.print(f"  SIGTERM (keep): exited in {keep['signal_to_exit_s']} s (code {keep['exit_code']})")
         serve.extra_env["CRYOBOX_ON_STOP"] = "kill"
-        out["adopt_startup_s"] = round(timed_start(serve), 3)
+        adopt_s, marks = timed_start(serve)
+        out.update(adopt_startup_s=round(adopt_s, 3), adopt_startup_marks_s=marks)
         out["adopted_running"] = _running(serve)
         kill = signal_and_wait(serve, signal.SIGTERM, timeout_s=300)
-        out["kill"] = {**kill, "vms": out["adopted_running"]}
+        out["kill"] = {**kill, **_split(kill), "vms": out["adopted_running"]}
         console.print(
             f"  restart adopted {out['adopted_running']}; SIGTERM (kill) exited in {kill['signal_to_exit_s']} s"
         )

@@ -142,9 +142,15 @@ def print_result(result: Mapping[str, Any], console: Console) -> None:
         )
     console.print(table)
     stop = result.get("stop", {})
+    for mode in ("keep", "kill"):
+        console.print(
+            f"{_get(stop, mode, 'vms')} VMs, SIGTERM with {mode}: exit {_get(stop, mode, 'signal_to_exit_s')} s "
+            f"(logged stopped at {_get(stop, mode, 'until_stopped_line_s')} s, then "
+            f"{_get(stop, mode, 'after_stopped_line_s')} s of interpreter teardown)"
+        )
     console.print(
-        f"{stop.get('created')} VMs: SIGTERM keep {_get(stop, 'keep', 'signal_to_exit_s')} s, kill "
-        f"{_get(stop, 'kill', 'signal_to_exit_s')} s; memory {stop.get('memory')}"
+        f"memory {stop.get('memory')}; idle guests use {stop.get('idle_guests_cpu_cores')} cores; restart with "
+        f"them took {stop.get('adopt_startup_s')} s to /healthz"
     )
     drain = result.get("drain", {})
     if "error" in drain or "skipped" in drain:

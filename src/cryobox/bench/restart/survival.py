@@ -5,11 +5,12 @@ in its own sandbox. Then ``rounds`` × (SIGKILL, SIGTERM) restarts, alternating.
 to exit time, the new process's start-up until ``/healthz`` answers, the worst client's exec unavailability window
 (last success before the old process exited to the first success after), and, once every client got through
 again, how many of the ``n`` are listed ``running`` and answer an exec showing their background process (same pid
-and start time). Finally the server is restarted once more with ``kill`` and stopped: that stop is timed too.
+and start time). The last restart's process runs with ``kill``; its SIGTERM (every VM killed) is timed too.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -19,7 +20,15 @@ from rich.console import Console
 
 from .analysis import KINDS, first_success_after, round_window, survival_summary, window_summary
 from .api import Api, ExecLoop, wait_successes
-from .host import KEEP_ENV, BenchServe, import_seconds, reclaim_data_dir, signal_and_wait, timed_start
+from .host import (
+    KEEP_ENV,
+    BenchServe,
+    guest_cpu_cores,
+    import_seconds,
+    reclaim_data_dir,
+    signal_and_wait,
+    timed_start,
+)
 
 SIGNALS = {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM}
 RECOVER_TIMEOUT_S = 120.0
@@ -35,8 +44,14 @@ def _survivors(serve: BenchServe, processes: dict[str, tuple[int, str]]) -> tupl
 
 
 def restart_round(
-    serve: BenchServe, kind: str, loops: list[ExecLoop], processes: dict[str, tuple[int, str]]
+    serve: BenchServe,
+    kind: str,
+    loops: list[ExecLoop],
+    processes: dict[str, tuple[int, str]],
+    next_on_stop: str = "keep",
 ) -> dict[str, Any]:
+    """One restart by ``kind``; the new process runs with ``CRYOBOX_ON_STOP=next_on_stop`` (the last one with
+    ``kill``, so that stopping it afterwards leaves nothing running)."""
     running_before, _ = _survivors(serve, processes)
     t_round = time.monotonic()
     if not wait_successes(loops, t_round, 2, RECOVER_TIMEOUT_S):
@@ -44,8 +59,9 @@ def restart_round(
     t_signal = time.monotonic()
     stop = signal_and_wait(serve, SIGNALS[kind], timeout_s=60)
     t_exit = t_signal + float(stop["signal_to_exit_s"])
+    serve.extra_env["CRYOBOX_ON_STOP"] = next_on_stop
     t_launch = time.monotonic()
-    startup_s = timed_start(serve)
+    startup_s, marks = timed_start(serve)
     t_ready = t_launch + startup_s
     recovered = wait_successes(loops, t_exit, 1, RECOVER_TIMEOUT_S)
     per_client = [loop.between(t_round, time.monotonic()) for loop in loops]
@@ -60,6 +76,9 @@ def restart_round(
         "forced": stop["forced"],
         "exit_to_launch_s": round(t_launch - t_exit, 3),
         "startup_s": round(startup_s, 3),
+        "startup_marks_s": marks,
+        "stopped_mark_s": stop["marks_s"].get("stopped"),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
         "window_s": round(window, 3) if window is not None else None,
         "recovered": recovered,
         "exec_after_healthz_s": round(max(f for f in firsts if f is not None) - t_ready, 3)
@@ -85,7 +104,7 @@ def run_survival(
     samples: list[dict[str, Any]] = []
     try:
         extra["python_import_s"] = round(import_seconds(), 3)
-        extra["first_startup_s"] = round(timed_start(serve, serve.start_timeout_s), 3)
+        extra["first_startup_s"] = round(timed_start(serve, serve.start_timeout_s)[0], 3)
         console.print(f"[bold]survival[/bold]: {n} sandboxes with a background process (serve pid {serve.pid})")
         processes: dict[str, tuple[int, str]] = {}
         with Api(serve.url, serve.api_key) as api:
@@ -93,12 +112,14 @@ def run_survival(
                 sandbox_id = str(api.create(template)["id"])
                 processes[sandbox_id] = api.start_background(sandbox_id)
         ids = list(processes)
+        extra["idle_guests_cpu_cores"] = guest_cpu_cores(data_dir)
         loops = [ExecLoop(serve.url, serve.api_key, ids[i % len(ids)]) for i in range(max(1, clients))]
         for loop in loops:
             loop.start()
         for index in range(rounds):
             for kind in KINDS:
-                sample = restart_round(serve, kind, loops, processes)
+                last = index == rounds - 1 and kind == KINDS[-1]
+                sample = restart_round(serve, kind, loops, processes, "kill" if last else "keep")
                 samples.append({"round": index, **sample})
                 console.print(
                     f"  {kind} #{index}: window {sample['window_s']} s (start-up {sample['startup_s']} s, "
@@ -124,10 +145,7 @@ def run_survival(
 
 
 def _final_stop(serve: BenchServe, processes: dict[str, tuple[int, str]]) -> dict[str, Any]:
-    """Restart with ``CRYOBOX_ON_STOP=kill`` (it adopts the VMs) and stop it: nothing of the data dir runs after."""
-    signal_and_wait(serve, signal.SIGTERM, timeout_s=60)
-    serve.extra_env["CRYOBOX_ON_STOP"] = "kill"
-    timed_start(serve)
+    """Stop the last restart's process (it runs with ``CRYOBOX_ON_STOP=kill``): nothing of the data dir runs after."""
     running, survived = _survivors(serve, processes)
     stop = signal_and_wait(serve, signal.SIGTERM, timeout_s=300)
     return {"vms": running, "survived_before": survived, "kill": stop}

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -16,7 +16,9 @@ from rich.table import Table
 from ..agent.sandbox import rfc3339
 from ..config import Paths
 from ..errors import CryoboxError
-from ..registry import Registry
+
+if TYPE_CHECKING:  # the registry (SQLAlchemy, Alembic) is imported when a keys command runs, not at CLI start
+    from ..registry import Registry
 
 keys_app = typer.Typer(help="API keys (stored hashed; the plaintext is shown once).", no_args_is_help=True)
 out = Console()
@@ -30,6 +32,8 @@ Json = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 
 @contextmanager
 def _registry(data_dir: Path | None) -> Iterator[Registry]:
+    from ..registry import Registry
+
     registry = Registry.for_data_dir(Paths.from_env(data_dir).data_dir)
     try:
         registry.migrate()

@@ -14,12 +14,8 @@ import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.engine.url import URL
@@ -28,6 +24,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from ..errors import CryoboxError, InvalidArgument
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 DATABASE_URL_ENV = "CRYOBOX_DATABASE_URL"
 SQLITE_FILENAME = "registry.sqlite"
@@ -171,6 +170,8 @@ class Database:
             raise _translate(err, what) from err
 
     def _alembic_config(self) -> Config:
+        from alembic.config import Config  # Alembic is imported when migrating, not with the registry
+
         cfg = Config()
         cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
         cfg.set_main_option("path_separator", "os")
@@ -178,6 +179,8 @@ class Database:
 
     def migrate(self) -> None:
         """``alembic upgrade head`` on this engine; idempotent and safe against concurrent callers."""
+        from alembic import command
+
         cfg = self._alembic_config()
         try:
             with self.engine.begin() as conn:  # SQLite: BEGIN IMMEDIATE, i.e. the write lock
@@ -190,6 +193,8 @@ class Database:
 
     def current_revision(self) -> str | None:
         """The Alembic revision the database is at (``None`` before the first :meth:`migrate`)."""
+        from alembic.runtime.migration import MigrationContext
+
         try:
             with self._reader_bind.connect() as conn:
                 return MigrationContext.configure(conn).get_current_revision()
@@ -197,6 +202,8 @@ class Database:
             raise _translate(err, "schema revision") from err
 
     def head_revision(self) -> str | None:
+        from alembic.script import ScriptDirectory
+
         return ScriptDirectory.from_config(self._alembic_config()).get_current_head()
 
     def close(self) -> None:

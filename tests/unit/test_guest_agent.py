@@ -346,3 +346,15 @@ def test_find_port_scans_sysfs(tmp_path: Path) -> None:
     link.write_text("")
     assert find_port(str(link), str(sys_dir), str(dev_dir)) == str(link)
     assert find_port(missing, str(tmp_path / "nothing"), str(dev_dir)) is None
+
+
+def test_reopening_a_port_nobody_is_behind_backs_off() -> None:
+    from cryobox.guest.__main__ import MAX_REOPEN_DELAY, REOPEN_DELAY, reopen_delay
+
+    delays, delay = [], 0.0
+    for _ in range(8):  # the host is gone: every session ends at once with no request
+        delay = reopen_delay(delay, 0)
+        delays.append(delay)
+    assert delays[0] == REOPEN_DELAY and delays == sorted(delays) and delays[-1] == MAX_REOPEN_DELAY
+    assert sum(delays) > 1.0, "a waiting guest reopens a few times a second, not a hundred"
+    assert reopen_delay(MAX_REOPEN_DELAY, 3) == REOPEN_DELAY  # a host that talked: back to quick

@@ -18,6 +18,10 @@ from .protocol import PORT_NAME
 DEV_PORT = f"/dev/virtio-ports/{PORT_NAME}"
 SYS_PORTS = "/sys/class/virtio-ports"
 REOPEN_DELAY = 0.01  # after a session ends (EOF comes back at once while the host is disconnected)
+MAX_REOPEN_DELAY = 0.25
+"""While the host stays away (its agent restarting: the VM outlives it), every reopen answers EOF at once; the
+delay doubles up to this, so a waiting guest costs next to no CPU (at 10 ms a TCG guest spun a whole core)
+and still answers a reconnected host within a quarter second."""
 RETRY_DELAY = 0.05  # while the port or socket does not exist yet
 
 
@@ -42,9 +46,18 @@ def find_port(dev_link: str = DEV_PORT, sys_dir: str = SYS_PORTS, dev_dir: str =
     return None
 
 
+def reopen_delay(previous: float, requests: int) -> float:
+    """How long to wait before reopening the port: short after a session that served requests, doubling
+    (up to :data:`MAX_REOPEN_DELAY`) while sessions end at once without any."""
+    if requests:
+        return REOPEN_DELAY
+    return min(MAX_REOPEN_DELAY, max(REOPEN_DELAY, previous * 2))
+
+
 def serve_port(agent: GuestAgent) -> None:
     waiting_logged = False
     opened_logged = False
+    delay = 0.0
     while True:
         path = find_port()
         if path is None:
@@ -73,7 +86,8 @@ def serve_port(agent: GuestAgent) -> None:
             os.close(fd)
         if count:
             log(f"host session ended after {count} requests; reopening {path}")
-        time.sleep(REOPEN_DELAY)
+        delay = reopen_delay(delay, count)
+        time.sleep(delay)
 
 
 def serve_unix_socket(agent: GuestAgent, path: str) -> None:

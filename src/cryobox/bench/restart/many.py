@@ -95,6 +95,7 @@ def run_many(
         keep = signal_and_wait(serve, signal.SIGTERM, timeout_s=120)
         out["keep"] = {**keep, **_split(keep), "target_s": EXIT_TARGET_S, "vms": out["running_before_stop"]}
         out["mem_available_after_keep_stop_mib"] = round(mem_available_kb() / 1024, 1)
+        out["idle_guests_cpu_cores_agent_down"] = guest_cpu_cores(data_dir)  # the kept VMs, nobody serving them
         console.print(f"  SIGTERM (keep): exited in {keep['signal_to_exit_s']} s (code {keep['exit_code']})")
         serve.extra_env["CRYOBOX_ON_STOP"] = "kill"
         adopt_s, marks = timed_start(serve)

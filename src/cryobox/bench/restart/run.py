@@ -149,8 +149,9 @@ def print_result(result: Mapping[str, Any], console: Console) -> None:
             f"{_get(stop, mode, 'after_stopped_line_s')} s of interpreter teardown)"
         )
     console.print(
-        f"memory {stop.get('memory')}; idle guests use {stop.get('idle_guests_cpu_cores')} cores; restart with "
-        f"them took {stop.get('adopt_startup_s')} s to /healthz"
+        f"memory {stop.get('memory')}; idle guests use {stop.get('idle_guests_cpu_cores')} cores with the agent up, "
+        f"{stop.get('idle_guests_cpu_cores_agent_down')} with it gone; the restart that adopts them took "
+        f"{stop.get('adopt_startup_s')} s to /healthz"
     )
     drain = result.get("drain", {})
     if "error" in drain or "skipped" in drain:

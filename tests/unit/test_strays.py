@@ -39,6 +39,11 @@ def test_unknown_sandboxes_have_no_row_and_no_live_reservation(registry: Registr
     # the reservation of a control plane that died expires: then its sandbox is a stray too
     assert unknown_sandboxes(registry.database, reported, now=131.0) == ["sb-settling", "sb-stray"]
     assert unknown_sandboxes(registry.database, [], now=131.0) == []
+    # taken over by a restarted agent: the process that was making it is dead, only a row counts
+    assert unknown_sandboxes(registry.database, reported, now=110.0, adopted=["sb-settling"]) == [
+        "sb-settling",
+        "sb-stray",
+    ]
 
 
 class RecordingAgent:

@@ -15,9 +15,13 @@ from .db import Database
 CHUNK = 500
 
 
-def unknown_sandboxes(db: Database, reported: Collection[str], now: float) -> list[str]:
-    """The ids of ``reported`` with neither a sandbox row nor an unexpired reservation."""
+def unknown_sandboxes(db: Database, reported: Collection[str], now: float, adopted: Collection[str] = ()) -> list[str]:
+    """The ids of ``reported`` with neither a sandbox row nor an unexpired reservation. For ``adopted`` ones
+    (taken over by a restarted agent) only a row counts: the agent process that made them is dead, so no call
+    to it is still settling; a reservation naming one belongs to a request that failed (or to a control plane
+    that died with the agent, under ``cryobox serve``)."""
     ids = sorted(set(reported))
+    old = set(adopted)
     known: set[str] = set()
     with db.session(write=False) as s:
         for start in range(0, len(ids), CHUNK):
@@ -30,6 +34,6 @@ def unknown_sandboxes(db: Database, reported: Collection[str], now: float) -> li
                         m.Reservation.sandbox_id.in_(chunk), m.Reservation.expires_at > now
                     )
                 )
-                if sid is not None
+                if sid is not None and sid not in old
             )
     return [i for i in ids if i not in known]

@@ -25,7 +25,8 @@ async def delete_strays(
     reported = [s.id for s in sandboxes]
     if not reported:
         return []
-    strays = await asyncio.to_thread(unknown_sandboxes, registry.database, reported, now)
+    adopted = [s.id for s in sandboxes if s.adopted]
+    strays = await asyncio.to_thread(unknown_sandboxes, registry.database, reported, now, adopted)
     for sandbox_id in strays:
         try:
             await agent.delete(sandbox_id)

@@ -358,3 +358,30 @@ def test_reopening_a_port_nobody_is_behind_backs_off() -> None:
     assert delays[0] == REOPEN_DELAY and delays == sorted(delays) and delays[-1] == MAX_REOPEN_DELAY
     assert sum(delays) > 1.0, "a waiting guest reopens a few times a second, not a hundred"
     assert reopen_delay(MAX_REOPEN_DELAY, 3) == REOPEN_DELAY  # a host that talked: back to quick
+
+
+def test_a_hung_up_port_ends_the_session_instead_of_spinning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A virtio-serial port whose host went away answers reads with EAGAIN and poll with POLLHUP at once: that
+    ends the session (the caller backs off), it must not loop."""
+    import select as select_mod
+
+    from cryobox.guest import agent as agent_mod
+
+    polls: list[int] = []
+
+    class HungUp:
+        def register(self, fd: int, mask: int) -> None:
+            pass
+
+        def poll(self) -> list[tuple[int, int]]:
+            polls.append(1)
+            assert len(polls) < 5, "spinning on a hung-up port"
+            return [(7, select_mod.POLLHUP)]
+
+    def again(fd: int, size: int) -> bytes:
+        raise BlockingIOError
+
+    monkeypatch.setattr(select_mod, "poll", HungUp)
+    monkeypatch.setattr(os, "read", again)
+    assert list(agent_mod.read_frames(7)) == []
+    assert polls == [1]

@@ -96,7 +96,13 @@ def read_frames(fd: int) -> Iterator[dict[str, Any]]:
         try:
             chunk = os.read(fd, READ_SIZE)
         except BlockingIOError:
-            poller.poll()
+            events = poller.poll()
+            if events and all(ev & select.POLLHUP and not ev & select.POLLIN for _, ev in events):
+                # a virtio-serial port whose host went away: reads say "again", poll says "hang-up" at once,
+                # forever; that is the end of the session (looping here spun a TCG guest's vCPU flat out)
+                if buf:
+                    raise FrameError(f"connection closed inside a frame ({len(buf)} bytes pending)") from None
+                return
             continue
         if not chunk:
             if buf:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -142,6 +142,8 @@ class Info(BaseModel):
     accelerator: Literal["kvm", "tcg"]
     hosts: list[str]
     capacity: dict[str, int]
+    isolation: dict[str, Any] = Field(default_factory=dict)
+    """Per host: how QEMU is confined (``jail``) and what the guest-to-host boundary is (``boundary``)."""
 
 
 # --- snapshots and forks (SDK results; frozen dataclasses, validated from the wire by pydantic) -----------------

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+import uuid
 from typing import Any
 
 import httpx
@@ -29,11 +30,14 @@ def _wait_built(server: ServeProcess, name: str, headers: dict[str, str], timeou
 
 def test_custom_template_build_use_scope_and_delete(server: ServeProcess) -> None:
     headers = {"Authorization": f"Bearer {server.api_key}"}
+    # a nonce makes the generation new, so this is always a real bake (a bake left on disk by an earlier run
+    # would finish before the second POST and make the 409 check race)
+    nonce = uuid.uuid4().hex
     spec = {
         "name": "tpl-custom",
         "base": "base",
         "memory_mb": 384,
-        "files": {"/etc/cryobox-motd": "hello from a custom template\n"},
+        "files": {"/etc/cryobox-motd": "hello from a custom template\n", "/etc/cryobox-nonce": nonce},
         "warmup": ["echo warmed > /root/warm.txt"],
     }
     started = httpx.post(f"{server.url}/v1/templates", json=spec, headers=headers)

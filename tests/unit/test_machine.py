@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from cryobox.agent.vm.accel import Accel
-from cryobox.agent.vm.machine import QEMU_BINARY, MachineConfig, MemoryBacking, VmPaths, qemu_argv
+from cryobox.agent.vm.machine import MachineConfig, MemoryBacking, VmPaths, qemu_argv
+from cryobox.agent.vm.qemu import QEMU_BINARY
 
 
 def _config(accel: Accel = Accel.TCG, memory_mib: int = 512, norandmaps: bool | None = None) -> MachineConfig:

@@ -23,7 +23,7 @@ from .exec import run_exec
 from .fidelity import rejoin
 from .memsource import MemorySource
 from .net.firewall import Firewall
-from .net.pool import SlotPool
+from .net.pool import IndexAllocator, SlotPool
 from .net.slots import Slot
 from .records import VmRecord
 from .storage import MemoryMode
@@ -32,6 +32,7 @@ from .store.snapshots import SnapshotImage
 from .store.volume import clone_file
 from .templates import Template
 from .vm import MachineConfig, MemoryBacking, MicroVM, NetAttach, VmPaths, VmState
+from .vm.jail import EXTRA_UIDS, JailSettings, VmJail
 
 RestoreSource = Template | SnapshotImage
 
@@ -45,9 +46,18 @@ def new_id(prefix: str) -> str:
 
 class VmFactory:
     def __init__(
-        self, run_dir: Path, hot: HotImages, slots: SlotPool, firewall: Firewall, memory: MemorySource | None = None
+        self,
+        run_dir: Path,
+        hot: HotImages,
+        slots: SlotPool,
+        firewall: Firewall,
+        memory: MemorySource | None = None,
+        jail: JailSettings | None = None,
     ) -> None:
         self.run_dir = run_dir
+        self.jail = jail
+        self._extra_uids = IndexAllocator(EXTRA_UIDS)
+        self._extra: dict[str, int] = {}
         self.hot = hot
         self.memory = memory if memory is not None else MemorySource(hot, None, MemoryMode.HOT)
         self.slots = slots
@@ -65,6 +75,23 @@ class VmFactory:
         slot = await self.slots.acquire()
         self._leases[vm_id] = slot
         return NetAttach(slot.netns, slot.tap)
+
+    def _jail_for(self, vm_id: str, uid: int | None = None) -> VmJail | None:
+        """The jail of a new (or, with ``uid``, an adopted) VM: a slot's uid, else one of the extra uids."""
+        if self.jail is None:
+            return None
+        slot = self._leases.get(vm_id)
+        if uid is None:
+            if slot is not None:
+                uid = self.jail.slot_uid(slot.index)
+            else:
+                index = self._extra[vm_id] = self._extra_uids.take()
+                uid = self.jail.extra_uid(index)
+        elif slot is None and uid >= self.jail.extra_uid(0):
+            index = uid - self.jail.extra_uid(0)
+            self._extra_uids.claim(index)
+            self._extra[vm_id] = index
+        return VmJail(self.jail, uid)
 
     async def allow_egress(self, vm: MicroVM, cidrs: list[str]) -> None:
         slot = self.slot_of(vm)
@@ -116,7 +143,13 @@ class VmFactory:
             shutil.rmtree(paths.root, ignore_errors=True)
             await self._release(vm_id)
             raise
-        vm = MicroVM(vm_id, source.machine, paths, memory, paths.disk, net)
+        try:
+            jail = self._jail_for(vm_id)
+        except BaseException:
+            shutil.rmtree(paths.root, ignore_errors=True)
+            await self._release(vm_id)
+            raise
+        vm = MicroVM(vm_id, source.machine, paths, memory, paths.disk, net, jail)
         try:
             await vm.start(incoming=True)
             await vm.connect_guest()
@@ -139,6 +172,7 @@ class VmFactory:
         vm = MicroVM(vm_id, machine, paths, MemoryBacking(memory, share=False), paths.disk)
         try:
             vm.net = await self._attach(vm_id, machine)
+            vm.jail = self._jail_for(vm_id)
         except BaseException:
             await self.destroy(vm)
             raise
@@ -181,6 +215,7 @@ class VmFactory:
             tap=vm.net.tap if vm.net is not None else "tap0",
             slot_index=slot.index if slot is not None else None,
             slot_cidr=self.slots.plan.cidr if slot is not None else None,
+            uid=vm.jail.uid if vm.jail is not None else None,
         )
 
     async def adopt(self, record: VmRecord) -> MicroVM:
@@ -199,6 +234,8 @@ class VmFactory:
         )
         if record.slot_index is not None:
             self._leases[vm.vm_id] = self.slots.adopt(record.slot_index)
+        if record.uid is not None:
+            vm.jail = self._jail_for(vm.vm_id, record.uid)
         return vm
 
     def placeholder(self, sandbox_id: str, machine: MachineConfig) -> MicroVM:
@@ -221,6 +258,9 @@ class VmFactory:
         await self._release(vm.vm_id)
 
     async def _release(self, vm_id: str) -> None:
+        extra = self._extra.pop(vm_id, None)
+        if extra is not None:
+            self._extra_uids.give(extra)
         slot = self._leases.pop(vm_id, None)
         if slot is not None:
             await self.slots.release(slot)

@@ -15,6 +15,7 @@ import logging
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from .. import __version__
 from ..agentapi import models as am
@@ -82,7 +83,21 @@ class HostAgent(HibernationEndpoints):
             boot_id=self.boot_id,
             url=self.url,
             isolation=self.isolation,
+            jail=self.jail_info(),
         )
+
+    def jail_info(self) -> dict[str, Any]:
+        jail = self.host.jail
+        info: dict[str, Any] = {"enabled": False} if jail is None else jail.describe()
+        info["host_weakened"] = list(self.host.jail_weakened)
+        if self.host.config.accel.value == "tcg":
+            info["boundary"] = (
+                "TCG: QEMU's instruction emulator is not a security boundary upstream (QEMU's security policy "
+                "covers KVM guests); the jail (uid, namespaces, seccomp, cgroup) is what confines an escape"
+            )
+        else:
+            info["boundary"] = "KVM: hardware virtualization, then the jail"
+        return info
 
     async def capacity(self) -> am.Capacity:
         held = [s for s in self.service.sandboxes.values() if s.state is not SandboxState.HIBERNATED]

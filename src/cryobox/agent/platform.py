@@ -41,6 +41,7 @@ from .store.snapshots import SnapshotStore
 from .store.volume import Volume, ensure_volume, release_volume
 from .templates import Template, TemplateBaker, qemu_version
 from .vm import Accel, MachineConfig, detect_accel, host_tsc_khz
+from .vm.jail import JailSettings, prepare_host
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,10 @@ async def prepare_template(config: HostConfig, spec: TemplateSpec, progress: Pro
     """Build the template's images and bake it unless a finished bake with the same inputs exists; publish it
     to the object store unless it is there already."""
     config.paths.ensure()
-    baker = TemplateBaker(config.paths.templates_dir, config.paths.bake_dir, progress, bake_network)
+    jail = JailSettings.for_tag(tag_for(config.paths.data_dir))
+    if jail is not None:
+        await asyncio.to_thread(prepare_host, jail)
+    baker = TemplateBaker(config.paths.templates_dir, config.paths.bake_dir, progress, bake_network, jail)
     images = await asyncio.to_thread(build_images, config.paths.images_dir, spec, progress)
     template = await baker.ensure(spec, images, machine_for(spec, images, config.accel, host_tsc_khz()))
     store = await asyncio.to_thread(open_store, config.resolved_store_url)
@@ -133,6 +137,9 @@ class Host:
     lost: list[str] = field(default_factory=list)
     """Sandboxes whose records named a VM that did not survive the previous agent."""
     ownership: Ownership | None = None
+    jail: JailSettings | None = None
+    jail_weakened: list[str] = field(default_factory=list)
+    """What the host gave up so jailed QEMUs work (see :func:`.vm.jail.prepare_host`)."""
     _closed: bool = False
 
     async def close(self, on_stop: OnStop = OnStop.KILL, release: bool = True) -> None:
@@ -163,6 +170,9 @@ class Host:
         await self.slots.close()
         await asyncio.to_thread(self.firewall.remove)
         await asyncio.to_thread(self.hot.close)
+        if self.jail is not None and self.jail.cgroups is not None:
+            await asyncio.to_thread(self.jail.cgroups.reclaim)
+            await asyncio.to_thread(self.jail.cgroups.remove_base)
         if release and self.volume.image is not None:
             await asyncio.to_thread(release_volume, self.config.paths.data_dir)
 
@@ -231,6 +241,10 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
     if killed:
         progress(f"reclaimed {killed} leftover QEMU process(es)")
     tag = tag_for(paths.data_dir)
+    jail = JailSettings.for_tag(tag)
+    weakened = await asyncio.to_thread(prepare_host, jail) if jail is not None else []
+    if jail is not None and jail.cgroups is not None:
+        await asyncio.to_thread(jail.cgroups.reclaim, set(found.keep_vms()))
     cidr = found.slot_cidr()
     if cidr is not None:
         plan = SlotPlan(tag, cidr)
@@ -264,6 +278,7 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
         slots,
         firewall,
         MemorySource(hot, memserver, config.storage.memory_mode, config.storage.prefetch),
+        jail,
     )
     service = SandboxService(
         {},
@@ -290,6 +305,31 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
     if config.storage.memory_mode is MemoryMode.HOT and localizer.start(templates.values()):
         progress("bringing fetched templates' memory home in the background")
     forking = Forking(service, snapshots)
+    if jail is None:
+        progress("jail: OFF (CRYOBOX_JAIL=off): QEMU runs as this process's user, unconfined")
+    else:
+        cg = f"cgroup v{jail.cgroups.version}" if jail.cgroups is not None else "no cgroup controllers"
+        progress(
+            f"jail: uids {jail.uid_range.start}-{jail.uid_range.stop - 1}, mount/pid/ipc namespaces, seccomp, {cg}"
+        )
+        for item in weakened:
+            progress(f"jail: host setting weakened: {item}")
+    if config.accel is Accel.TCG:
+        progress("accelerator TCG: QEMU's emulator is not a security boundary upstream; the jail is what confines it")
     return Host(
-        config, volume, hot, service, snapshots, forking, slots, firewall, store, memserver, localizer, lost, ownership
+        config,
+        volume,
+        hot,
+        service,
+        snapshots,
+        forking,
+        slots,
+        firewall,
+        store,
+        memserver,
+        localizer,
+        lost,
+        ownership,
+        jail,
+        weakened,
     )

@@ -54,6 +54,8 @@ class VmRecord:
     tap: str = "tap0"
     slot_index: int | None = None
     slot_cidr: str | None = None
+    uid: int | None = None
+    """The jail uid QEMU runs as (``None``: not jailed)."""
     """The slot plan's CIDR when the VM started (a restarted agent must carve the same slots)."""
 
     def alive(self, proc: Path = Path("/proc")) -> bool:

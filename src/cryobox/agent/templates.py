@@ -37,7 +37,8 @@ from .exec import run_exec
 from .guest_client import b64
 from .quiesce import require_quiesced
 from .store.layout import ImageFiles
-from .vm import MachineConfig, MemoryBacking, MicroVM, NetAttach, VmPaths
+from .vm import MachineConfig, MemoryBacking, MicroVM, NetAttach, VmPaths, qemu
+from .vm.jail import EXTRA_UIDS, JailSettings, VmJail
 
 BakeNet = Callable[[], AbstractAsyncContextManager[NetAttach]]
 """Makes the private network a bake's NIC plugs into (a throwaway namespace with a tap), and removes it."""
@@ -47,8 +48,7 @@ COLD_BOOT_TIMEOUT_S = 180.0
 
 
 def qemu_version() -> str:
-    out = subprocess.run(["qemu-system-x86_64", "--version"], capture_output=True, text=True, check=True)
-    return str(out.stdout).splitlines()[0].strip()
+    return qemu.version_line()
 
 
 @dataclass(frozen=True)
@@ -82,11 +82,20 @@ def generation_of(spec: TemplateSpec, images: ImageSet, machine: MachineConfig, 
 
 
 class TemplateBaker:
-    def __init__(self, templates_dir: Path, run_dir: Path, progress: Progress, bake_net: BakeNet | None = None) -> None:
+    def __init__(
+        self,
+        templates_dir: Path,
+        run_dir: Path,
+        progress: Progress,
+        bake_net: BakeNet | None = None,
+        jail: JailSettings | None = None,
+    ) -> None:
         self.templates_dir = templates_dir
         self.run_dir = run_dir
         self.progress = progress
         self.bake_net = bake_net
+        self.jail = jail
+        """Bakes run jailed too (as the range's last extra uid): a package's code runs in the bake guest."""
 
     def load(self, spec: TemplateSpec, images: ImageSet, machine: MachineConfig) -> Template | None:
         generation = generation_of(spec, images, machine, qemu_version())
@@ -134,7 +143,8 @@ class TemplateBaker:
             if machine.nic and self.bake_net is None:
                 raise CryoboxError("a machine with a NIC needs a bake network (bake_net)")
             net = await stack.enter_async_context(self.bake_net()) if machine.nic and self.bake_net else None
-            vm = MicroVM(f"bake-{spec.name}", machine, vm_paths, MemoryBacking(memory, share=True), disk, net)
+            jail = VmJail(self.jail, self.jail.extra_uid(EXTRA_UIDS - 1)) if self.jail is not None else None
+            vm = MicroVM(f"bake-{spec.name}", machine, vm_paths, MemoryBacking(memory, share=True), disk, net, jail)
             self.progress(f"baking template {spec.name} ({generation}): cold boot")
             started = time.monotonic()
             await vm.start(incoming=False)
@@ -157,6 +167,7 @@ class TemplateBaker:
             for name in ("memory", "vmstate", "disk.qcow2"):
                 with open(work / name, "rb+") as fh:
                     os.fsync(fh.fileno())
+                os.chown(work / name, os.getuid(), os.getgid())  # the bake's jail uid owned what QEMU wrote
                 (work / name).chmod(0o444)
             manifest = {
                 "format": FORMAT_VERSION,

@@ -285,6 +285,8 @@ class AgentInfo(_Model):
     url: str = ""
     """Where the control plane reaches the agent (empty for the in-process agent)."""
     isolation: str = ""
+    jail: dict[str, Any] = Field(default_factory=dict)
+    """How the agent confines QEMU (``enabled``, uid range, cgroup version, what the host weakened for it)."""
 
 
 class Heartbeat(_Model):

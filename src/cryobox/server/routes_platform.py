@@ -59,6 +59,7 @@ async def info(ctx: PublicCtx) -> models.Info:
         version=ctx.version,
         accelerator=_accelerator(ctx, [row.info.get("accelerator") for row, _ in agents]),
         hosts=[row.name for row, _ in agents],
+        isolation={row.name: row.info.get("jail") or {} for row, _ in agents},
         capacity={
             "agents": len(agents),
             "sandboxes": total("sandboxes"),

@@ -1,5 +1,6 @@
 """QEMU microVM driver."""
 
+from . import qemu
 from .accel import Accel, detect_accel, host_tsc_khz
 from .machine import GUEST_MAC, MachineConfig, MemoryBacking, NetAttach, VmPaths
 from .microvm import MicroVM, VmState
@@ -15,4 +16,5 @@ __all__ = [
     "VmState",
     "detect_accel",
     "host_tsc_khz",
+    "qemu",
 ]

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import qemu
 from .accel import Accel
+from .qemu import QEMU_BINARY
 
-QEMU_BINARY = "qemu-system-x86_64"
 GUEST_MAC = "02:cb:00:00:00:02"
 
 
@@ -64,7 +65,8 @@ class MachineConfig:
     @property
     def machine_arg(self) -> str:
         timers = "pit=on,pic=on,rtc=on" if self.accel.needs_legacy_timers else "pit=off,pic=off,rtc=on"
-        return f"microvm,{timers},isa-serial=on,acpi=on,x-option-roms=off,memory-backend=ram"
+        roms = ",x-option-roms=off" if qemu.option_roms_off() else ""
+        return f"microvm,{timers},isa-serial=on,acpi=on{roms},memory-backend=ram"
 
     def identity(self) -> dict[str, object]:
         """What a snapshot depends on (the device model and guest-visible CPU)."""
@@ -157,10 +159,17 @@ def qemu_argv(
     name: str,
     incoming: bool,
     net: NetAttach | None = None,
+    wrap: bool = True,
 ) -> list[str]:
-    share = "on" if memory.share else "off"
+    backing = f"memory-backend-file,id=ram,size={config.memory_mib}M,mem-path={memory.path}"
+    if memory.share:
+        backing += ",share=on"
+    elif qemu.private_readonly():
+        backing += ",share=off,readonly=on,rom=off"  # opened read-only: QEMU cannot write a shared image
+    else:
+        backing += ",share=off"
     argv = [
-        *(net.wrapper() if net is not None else []),
+        *(net.wrapper() if net is not None and wrap else []),
         QEMU_BINARY,
         "-name",
         name,
@@ -175,7 +184,7 @@ def qemu_argv(
         "-m",
         f"{config.memory_mib}M",
         "-object",
-        f"memory-backend-file,id=ram,size={config.memory_mib}M,mem-path={memory.path},share={share}",
+        backing,
         "-nodefaults",
         "-no-user-config",
         "-display",

@@ -32,6 +32,7 @@ from qemu.qmp import ExecuteError, QMPClient, QMPError
 from ...errors import GuestError, StateError, VmmError
 from ..guest_client import GuestClient
 from ..records import process_start_ticks
+from .jail import VmJail
 from .machine import MachineConfig, MemoryBacking, NetAttach, VmPaths, qemu_argv
 
 log = logging.getLogger(__name__)
@@ -96,8 +97,11 @@ class MicroVM:
         memory: MemoryBacking,
         disk: Path,
         net: NetAttach | None = None,
+        jail: VmJail | None = None,
     ) -> None:
         self.vm_id = vm_id
+        self.jail = jail
+        """Where QEMU runs confined (its uid, namespaces, cgroup); ``None`` runs it as this process's user."""
         self.net = net
         self.config = config
         self.paths = paths
@@ -123,7 +127,11 @@ class MicroVM:
         """QEMU still runs (our child: not reaped; adopted: same pid and start time)."""
         if self._proc is not None:
             return self._proc.poll() is None
-        return self._pid is not None and process_start_ticks(self._pid) == self.start_ticks
+        return (
+            self._pid is not None
+            and self.start_ticks is not None
+            and process_start_ticks(self._pid) == self.start_ticks
+        )
 
     @classmethod
     async def adopt(
@@ -137,13 +145,14 @@ class MicroVM:
         *,
         pid: int,
         start_ticks: int,
+        jail: VmJail | None = None,
         timeout: float = 5.0,
     ) -> MicroVM:
         """Take over a QEMU an earlier agent started: reconnect QMP and the guest agent, read its run state.
 
         :raises VmmError: the process is not the recorded one, or QMP does not answer.
         """
-        vm = cls(vm_id, config, paths, memory, disk, net)
+        vm = cls(vm_id, config, paths, memory, disk, net, jail)
         vm._pid, vm.start_ticks = pid, start_ticks
         if not vm.alive():
             raise VmmError(f"QEMU {pid} of VM {vm_id} is gone")
@@ -201,13 +210,22 @@ class MicroVM:
             name=f"cryobox-{self.vm_id}",
             incoming=incoming,
             net=self.net,
+            wrap=self.jail is None,  # the jail enters the netns itself
         )
-        with open(self.paths.qemu_log, "ab") as qemu_log:
-            # its own session and no death signal: the VM outlives the agent (a restarted agent adopts it)
-            self._proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=qemu_log, start_new_session=True
-            )
-        self._pid = self._proc.pid
+        if self.jail is not None:
+            try:
+                self._pid = await self.jail.launch(
+                    self.vm_id, argv, self.config, self.paths, self.memory, self.disk, self.net, self.paths.qemu_log
+                )
+            except VmmError as err:
+                raise VmmError(f"{err.message}; QEMU log:\n{self.qemu_log_tail()}") from err
+        else:
+            with open(self.paths.qemu_log, "ab") as qemu_log:
+                # its own session and no death signal: the VM outlives the agent (a restarted agent adopts it)
+                self._proc = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=qemu_log, start_new_session=True
+                )
+            self._pid = self._proc.pid
         self.start_ticks = process_start_ticks(self._pid)
         self.state = VmState.INCOMING if incoming else VmState.RUNNING
         try:
@@ -268,11 +286,20 @@ class MicroVM:
             },
         )
 
+    async def _pass_fd(self, fd: int, name: str) -> str:
+        """Hand QEMU a file descriptor (SCM_RIGHTS + ``getfd``); returns the ``fd:`` migration URI naming it.
+        A jailed QEMU cannot open our files, and its seccomp filter forbids the ``exec:`` URIs' fork."""
+        self.qmp.send_fd_scm(fd)
+        await self.execute("getfd", {"fdname": name})
+        return f"fd:{name}"
+
     @require(VmState.INCOMING)
     async def restore(self, vmstate: Path, timeout: float = 60.0) -> None:
         """Load device state; RAM comes from the ``share=off`` memory image. Ends RUNNING."""
         await self._set_capabilities()
-        await self._migration(self.execute("migrate-incoming", {"uri": f"exec:cat {vmstate}"}), timeout)
+        with open(vmstate, "rb") as state:
+            uri = await self._pass_fd(state.fileno(), "cryobox-state")
+            await self._migration(self.execute("migrate-incoming", {"uri": uri}), timeout)
         await self.execute("cont")
         self.state = VmState.RUNNING
 
@@ -292,7 +319,9 @@ class MicroVM:
         if self.state is VmState.RUNNING:
             await self.pause()
         await self._set_capabilities()
-        await self._migration(self.execute("migrate", {"uri": f"exec:cat > {vmstate}"}), timeout)
+        with open(vmstate, "wb") as state:
+            uri = await self._pass_fd(state.fileno(), "cryobox-state")
+            await self._migration(self.execute("migrate", {"uri": uri}), timeout)
         self.state = VmState.SAVED
 
     async def connect_guest(self, timeout: float = 10.0) -> GuestClient:
@@ -332,6 +361,8 @@ class MicroVM:
                 os.kill(self._pid, signal.SIGKILL)
             await _poll(lambda: not self.alive(), 10.0, f"QEMU {self._pid} to exit", lambda: True)
         await self._disconnect_qmp()
+        if self.jail is not None:
+            await asyncio.to_thread(self.jail.release, self.vm_id)
 
     async def detach(self) -> None:
         """Close our connections and leave QEMU running (an agent stopping with ``--on-stop keep``)."""

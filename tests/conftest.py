@@ -1,6 +1,6 @@
 """Session-wide guard: whatever the suite starts on this host, it must leave nothing behind.
 
-The host's QEMU processes, network namespaces, nft tables, mounts and ``/dev/shm`` entries are recorded when
+The host's QEMU processes, network namespaces, nft tables, mounts, ``/dev/shm`` entries and VM cgroups are recorded when
 the session starts and compared when it ends (after every other fixture's teardown): anything new that is
 still there is a leak, and fails the run.
 """
@@ -39,7 +39,17 @@ def host_state() -> dict[str, set[str]]:
         "nft tables": _lines(["nft", "list", "tables"]),
         "mounts": {" ".join(line.split()[:3]) for line in Path("/proc/self/mounts").read_text().splitlines()},
         "/dev/shm entries": {p.name for p in Path("/dev/shm").iterdir()},
+        "cgroups": _vm_cgroups(),
     }
+
+
+def _vm_cgroups() -> set[str]:
+    """Every per-agent cgroup directory the jail makes (``cryobox-<tag>``, at any depth) and the VMs in them."""
+    found: set[str] = set()
+    for base in Path("/sys/fs/cgroup").glob("**/cryobox-*"):
+        found.add(str(base))
+        found.update(str(child) for child in base.iterdir() if child.is_dir())
+    return found
 
 
 def leaks(before: dict[str, set[str]], after: dict[str, set[str]]) -> dict[str, list[str]]:

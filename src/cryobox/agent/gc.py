@@ -76,12 +76,14 @@ class HostState:
     present: frozenset[str] = frozenset()
     """The owners' hot dirs that exist."""
     own_pid: int = 0
+    cgroup_tags: tuple[str, ...] = ()
+    """Tags with a jail cgroup directory (``cryobox-<tag>``) under some controller."""
 
 
 @dataclass(frozen=True)
 class Action:
     kind: str
-    """``kill``, ``unmount``, ``netns``, ``link``, ``nft``, ``hot_dir``, ``record``."""
+    """``kill``, ``unmount``, ``netns``, ``link``, ``nft``, ``cgroup``, ``hot_dir``, ``record``."""
     target: str
     owner: str
     """The data dir it belonged to, or ``unowned``."""
@@ -159,6 +161,8 @@ def _reclaim_owner(plan: Plan, state: HostState, tag: str, data_dir: str, hot_di
     plan.actions += [Action("link", n, owner, tag) for n in sorted(state.links) if n.startswith(link_prefix(tag))]
     if f"cryobox_{tag}" in state.nft_tables:
         plan.actions.append(Action("nft", f"cryobox_{tag}", owner, tag))
+    if tag in state.cgroup_tags:
+        plan.actions.append(Action("cgroup", tag, owner, tag))
     if hot_dir in state.present:
         plan.actions.append(Action("hot_dir", hot_dir, owner, tag))
     if gone and any(r.tag == tag for r in state.owners):
@@ -233,6 +237,9 @@ def _unowned(plan: Plan, state: HostState, claimed: set[str]) -> None:
         if table.startswith("cryobox_") and TAG.match(tag) and table not in taken:
             if tag not in claimed and tag not in busy:
                 plan.actions.append(Action("nft", table, UNOWNED, tag))
+    for tag in state.cgroup_tags:
+        if TAG.match(tag) and tag not in claimed and tag not in busy:
+            plan.actions.append(Action("cgroup", tag, UNOWNED, tag))
     for tag in sorted(busy - claimed):
         plan.skipped.append(f"tag {tag}: no owner record, but a live process uses its namespaces or hot dir")
 
@@ -250,6 +257,8 @@ class Effects:
     nft: Callable[[list[str]], None]
     rmtree: Callable[[Path], None] = shutil.rmtree
     owners_dir: Path = Path("/run/cryobox/owners")
+    reclaim_cgroups: Callable[[str], object] = lambda tag: None
+    """Removes a tag's (empty, once its QEMUs are killed) jail cgroups."""
     wait_s: float = 5.0
 
 
@@ -304,6 +313,8 @@ def _do(fx: Effects, action: Action) -> None:
         fx.remove_netns(target)
     elif kind == "nft":
         fx.nft(["nft", "delete", "table", "inet", target])
+    elif kind == "cgroup":
+        fx.reclaim_cgroups(target)
     elif kind == "hot_dir":
         path = Path(target)
         if not path.is_absolute() or len(path.parts) < 3:

@@ -16,6 +16,7 @@ from ..util import procfs
 from .gc import MEMSERVER, QEMU, DirState, Effects, HostState, ProcInfo
 from .ownership import LOCK_NAME, OWNERS_DIR, OwnerRecord, held_by_other, read_owners
 from .store.mounts import unmount
+from .vm.cgroups import PREFIX as CGROUP_PREFIX
 
 Nft = Callable[[list[str]], str]
 _OCTAL = re.compile(r"\\([0-7]{3})")
@@ -38,6 +39,7 @@ class Roots:
     shm: Path = Path("/dev/shm")
     mountinfo: Path = Path("/proc/self/mountinfo")
     nft: Nft = field(default=run_nft)
+    cgroup: Path = Path("/sys/fs/cgroup")
 
 
 def dir_state(data_dir: str) -> DirState:
@@ -164,8 +166,27 @@ def scan(roots: Roots, explicit: Path | None = None, deep: bool = False) -> tupl
         shm_dirs=shm,
         present=frozenset(h for h in hot if Path(h).is_dir()),
         own_pid=os.getpid(),
+        cgroup_tags=cgroup_tags(roots.cgroup),
     )
     return state, record
+
+
+def cgroup_tags(root: Path) -> tuple[str, ...]:
+    """Tags of the jail's per-agent cgroup directories (``cryobox-<tag>`` at any depth under ``root``)."""
+    if not root.is_dir():
+        return ()
+    return tuple(sorted({p.name.removeprefix(CGROUP_PREFIX) for p in root.glob(f"**/{CGROUP_PREFIX}*") if p.is_dir()}))
+
+
+def remove_cgroups(root: Path, tag: str) -> int:
+    """Remove every (empty) VM cgroup of ``tag`` and then its per-agent directories; returns how many went."""
+    removed = 0
+    for base in sorted(root.glob(f"**/{CGROUP_PREFIX}{tag}")):
+        for child in (c for c in base.iterdir() if c.is_dir()):
+            child.rmdir()
+            removed += 1
+        base.rmdir()
+    return removed
 
 
 def host_effects(roots: Roots) -> Effects:
@@ -184,4 +205,5 @@ def host_effects(roots: Roots) -> Effects:
         remove_netns=pyroute_netns.remove,
         nft=nft,
         owners_dir=roots.owners,
+        reclaim_cgroups=lambda tag: remove_cgroups(roots.cgroup, tag),
     )

@@ -30,6 +30,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,10 +236,16 @@ class VmJail:
             raise VmmError(f"jailed QEMU did not start (launcher exit {proc.returncode}); see {log_path}")
         return int(out.decode().strip())
 
-    def release(self, vm_id: str) -> None:
-        """Remove the VM's cgroup (its QEMU must be gone; a cgroup still in use stays, for reclaim)."""
-        if self.settings.cgroups is not None:
-            self.settings.cgroups.remove(vm_id)
+    def release(self, vm_id: str, wait_s: float = 2.0) -> None:
+        """Remove the VM's cgroup once its QEMU is gone. A dead QEMU stays a member until its parent (init,
+        since the launcher exited) reaps it, so this waits briefly; a cgroup still busy after that is left to
+        the next start's reclaim (or ``cryobox gc``)."""
+        cgroups = self.settings.cgroups
+        if cgroups is None:
+            return
+        deadline = time.monotonic() + wait_s
+        while not cgroups.remove(vm_id) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 def prepare_host(settings: JailSettings, sysctl: Path = Path("/proc/sys/vm/unprivileged_userfaultfd")) -> list[str]:

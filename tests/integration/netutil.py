@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import random
 import socket
@@ -91,12 +92,19 @@ def ns_fd(name: str) -> int:
     return os.open(f"/run/netns/{name}", os.O_RDONLY)
 
 
+OUTSIDE_RANGE = "10.199.0.0/16"
+"""Where :func:`outside_network` puts "the internet" by default (RFC 1918: exempted by the test operator)."""
+
+
 @contextlib.contextmanager
-def outside_network(tag: str) -> Iterator[tuple[str, str]]:
-    """A stand-in for "the internet": a netns behind its own non-cb veth from the host. Yields (cidr, server ip)."""
+def outside_network(tag: str, network: str | None = None) -> Iterator[tuple[str, str]]:
+    """A stand-in for "the internet": a netns behind its own non-cb veth from the host. Yields (cidr, server ip).
+
+    ``network`` is the /30 to use (default: a random one in ``10.199.0.0/16``, the range the test server's
+    operator exempts from the egress deny list)."""
     name, link = f"cryobox-{tag}-out", f"xo{tag}"
-    third = random.randint(0, 255)
-    cidr, host_ip, server_ip = f"10.199.{third}.0/30", f"10.199.{third}.1", f"10.199.{third}.2"
+    net = ipaddress.IPv4Network(network or f"10.199.{random.randint(0, 255)}.0/30")
+    cidr, host_ip, server_ip = str(net), str(net.network_address + 1), str(net.network_address + 2)
     netns.create(name)
     try:
         fd = ns_fd(name)

@@ -45,7 +45,7 @@ def test_fifty_concurrent_creates_with_admission_limit_of_four(
         # 50 at once against 4 slots + 8 queued: the rest must have been refused, before anything was created
         # (38 arrive while 4 restore and 8 wait; some slots free up while the burst is still arriving)
         assert len(refused) >= 10, statuses
-        peak = httpx.get(f"{srv.url}/v1/info").json()["capacity"]["restores_peak"]
+        peak = httpx.get(f"{srv.url}/v1/info", headers=headers).json()["capacity"]["restores_peak"]
         assert 1 <= peak <= 4, f"{peak} restores ran at once; the admission limit is 4"
         for response in refused:
             assert int(response.headers["Retry-After"]) >= 1
@@ -65,13 +65,13 @@ def test_fifty_concurrent_creates_with_admission_limit_of_four(
         deadline = time.monotonic() + 30  # the pools refill in the background; wait until they settle
         while True:
             leftover = find_own_qemus(data_dir / "vol" / "run")
-            capacity = httpx.get(f"{srv.url}/v1/info").json()["capacity"]
+            capacity = httpx.get(f"{srv.url}/v1/info", headers=headers).json()["capacity"]
             if len(leftover) == capacity["prespawned_vms"] or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
         assert capacity["sandboxes_running"] == 0
         # what remains is exactly the pre-spawn pools (2 per template), nothing from the burst
         assert len(leftover) == capacity["prespawned_vms"] <= 2 * len(templates)
-        metrics = httpx.get(f"{srv.url}/metrics").text
+        metrics = httpx.get(f"{srv.url}/metrics", headers=headers).text
         assert f'cryobox_creates_total{{boot_mode="restore",result="refused"}} {float(len(refused))}' in metrics
     assert find_own_qemus(data_dir / "vol" / "run") == []

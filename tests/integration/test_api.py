@@ -130,7 +130,7 @@ def test_oversized_body_is_413(server: ServeProcess, sandbox: Sandbox) -> None:
 
 def test_metrics_count_creates_execs_and_requests(server: ServeProcess, sandbox: Sandbox) -> None:
     sandbox.exec("true")
-    text = httpx.get(f"{server.url}/metrics").text
+    text = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.api_key}"}).text
     assert 'cryobox_creates_total{boot_mode="restore",result="ok"}' in text
     assert "cryobox_create_duration_seconds_bucket" in text
     assert 'cryobox_exec_duration_seconds_count{result="ok"}' in text

@@ -20,7 +20,7 @@ def test_create_is_a_restore(sandbox: Sandbox, server: ServeProcess) -> None:
     assert sandbox.info.boot_mode == "restore"
     assert sandbox.info.status == "running"
     assert sandbox.info.memory_mb == 512 and sandbox.info.cpu == 1
-    info = httpx.get(f"{server.url}/v1/info").json()
+    info = httpx.get(f"{server.url}/v1/info", headers={"Authorization": f"Bearer {server.api_key}"}).json()
     assert info["accelerator"] == detect_accel().value
     listed = Sandbox.list(api_url=server.url, api_key=server.api_key)
     assert sandbox.id in {s.id for s in listed}

@@ -10,6 +10,7 @@ exercised exactly as in production.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import random
 import secrets
@@ -38,8 +39,9 @@ from cryobox.agent.net import (
     list_tagged,
     reclaim,
 )
+from cryobox.agent.net.denylist import deny_networks
 
-from .netutil import Listener, in_thread_netns, ns_fd, outside_network, probe
+from .netutil import OUTSIDE_RANGE, Listener, in_thread_netns, ns_fd, outside_network, probe
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and nft need root")
 
@@ -105,7 +107,7 @@ def plan() -> Iterator[SlotPlan]:
 @pytest.fixture
 def firewall(plan: SlotPlan) -> Iterator[Firewall]:
     before = IP_FORWARD.read_text()
-    fw = Firewall(plan)
+    fw = Firewall(plan, deny=deny_networks(exceptions=[ipaddress.IPv4Network(OUTSIDE_RANGE)]))
     try:
         fw.ensure(fresh=True)
         yield fw

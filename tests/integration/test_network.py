@@ -20,7 +20,7 @@ import pytest
 from cryobox.agent.templates import Template
 from cryobox.bench.server import ServeProcess
 
-from .netutil import Listener, outside_network
+from .netutil import Listener, outside_network, probe
 from .support import Client, cli
 
 GUEST_PROBE = (
@@ -164,6 +164,33 @@ def test_egress_is_denied_by_default_and_allowed_when_asked(client: Client, outs
         )
     finally:
         listener.close()
+
+
+def test_private_and_metadata_addresses_stay_refused_even_with_egress_allowed_everywhere(client: Client) -> None:
+    """The deny list comes before any grant: with ``allow: 0.0.0.0/0`` a guest reaches the (operator-exempted)
+    stand-in for the internet, but neither a cloud metadata address nor an RFC 1918 network the host can reach."""
+    tags = [secrets.token_hex(3) for _ in range(3)]
+    with (
+        outside_network(tags[0]) as (_, public_ip),
+        outside_network(tags[1], "169.254.169.252/30") as (_, metadata_ip),
+        outside_network(tags[2], f"10.198.{secrets.randbelow(256)}.0/30") as (_, lan_ip),
+    ):
+        assert metadata_ip == "169.254.169.254"
+        ips = (public_ip, metadata_ip, lan_ip)
+        listeners = [Listener(f"cryobox-{tag}-out", ip) for tag, ip in zip(tags, ips, strict=True)]
+        try:
+            for listener, ip in zip(listeners, ips, strict=True):
+                assert probe(None, ip, listener.port) == "ok", ip  # the host itself reaches every one of them
+            sbx = client.create(network={"egress": "allow", "allow": ["0.0.0.0/0"]})
+            wanted = [f"{ip}:{lst.port}" for ip, lst in zip(ips, listeners, strict=True)]
+            out = client.sh(sbx["id"], " ".join(["python3 -c", shlex.quote(GUEST_PROBES), *wanted]), timeout=30)
+            outcomes = dict(line.split(" ", 1) for line in out.splitlines())
+            assert outcomes[wanted[0]].startswith("ok"), out  # the grant works...
+            assert outcomes[wanted[1]].startswith("blocked"), out  # ...but not for the metadata service
+            assert outcomes[wanted[2]].startswith("blocked"), out  # ...nor for a private network
+        finally:
+            for listener in listeners:
+                listener.close()
 
 
 CLOCK_BEHIND_S = 90  # the guest clock is stepped this far back before the snapshot

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cryobox.agent.gc import Action, DirState, Effects, HostState, Plan, ProcInfo, apply, plan, tag_of
+from cryobox.agent.gcscan import cgroup_tags, remove_cgroups
 from cryobox.agent.ownership import OwnerRecord
 
 GONE_DIR = "/tmp/t/gone"
@@ -169,6 +170,7 @@ class FakeEffects:
             nft=lambda argv: self.calls.append(("nft", " ".join(argv))),
             rmtree=lambda path: self.calls.append(("rmtree", str(path))),
             owners_dir=owners_dir,
+            reclaim_cgroups=lambda tag: self.calls.append(("reclaim_cgroups", tag)),
             wait_s=1.0,
         )
 
@@ -200,3 +202,109 @@ def test_apply_refuses_to_remove_a_suspicious_hot_dir(tmp_path: Path) -> None:
     fake = FakeEffects()
     (outcome,) = apply(Plan([Action("hot_dir", "/", "x")]), fake.effects(tmp_path))
     assert outcome.error is not None and fake.calls == []
+
+
+CG_TAG = "abc123"
+CG_DIR = "/tmp/t/jailed"
+
+
+def cg_record(data_dir: str = CG_DIR, tag: str = CG_TAG) -> OwnerRecord:
+    return OwnerRecord(tag, data_dir, f"/dev/shm/cryobox-{tag}bbbbbb", 4100, 1.0)
+
+
+def test_a_gone_data_dir_loses_its_cgroups() -> None:
+    state = HostState(owners=(cg_record(),), dirs={CG_DIR: DirState.GONE}, cgroup_tags=(CG_TAG, "fedcba"))
+    result = plan(state)
+    assert Action("cgroup", CG_TAG, CG_DIR, CG_TAG) in result.actions
+    assert result.of("cgroup") == [CG_TAG]  # another agent's cgroups are not its to take
+    assert result.of("record") == [CG_TAG]
+    # the fixture host: only the gone dir's tag, never the live one's
+    both = plan(host(cgroup_tags=(TAG_GONE, TAG_LIVE)))
+    assert both.of("cgroup") == [TAG_GONE]
+    assert plan(host()).of("cgroup") == []  # no cgroup dir, no action
+
+
+def test_an_existing_or_running_data_dir_keeps_its_cgroups() -> None:
+    for dir_state in (DirState.IDLE, DirState.LOCKED):
+        state = HostState(owners=(cg_record(),), dirs={CG_DIR: dir_state}, cgroup_tags=(CG_TAG,))
+        assert plan(state).of("cgroup") == []
+        assert plan(state, all_unowned=True).of("cgroup") == []  # claimed by its record
+
+
+def test_unowned_cgroups_only_with_all_unowned() -> None:
+    busy, claimed = "3d4e5f", tag_of("/srv/agent")
+    state = HostState(
+        processes=(
+            ProcInfo(200, ("/usr/bin/qemu-system-x86_64",), netns_ino=42),  # runs inside busy's namespace
+            ProcInfo(201, ("cryobox", "serve", "--data-dir", "/srv/agent"), "/srv/agent"),
+        ),
+        netns={f"cryobox-{busy}-0": 42},
+        cgroup_tags=(CG_TAG, busy, claimed, "bake-1", "ABC123"),
+        own_pid=1,
+    )
+    assert plan(state).actions == []
+    result = plan(state, all_unowned=True)
+    assert [a for a in result.actions if a.kind == "cgroup"] == [Action("cgroup", CG_TAG, "unowned", CG_TAG)]
+    # a record claims its tag: the data dir is still there, so its own next start (or gc of it) reclaims them
+    owned = HostState(owners=(cg_record(),), dirs={CG_DIR: DirState.IDLE}, cgroup_tags=(CG_TAG,))
+    assert plan(owned, all_unowned=True).actions == []
+
+
+def test_apply_reclaims_cgroups_after_the_kills(tmp_path: Path) -> None:
+    todo = plan(host(cgroup_tags=(TAG_GONE,)))
+    fake = FakeEffects()
+    outcomes = apply(todo, fake.effects(tmp_path))
+    assert ("reclaim_cgroups", TAG_GONE) in fake.calls
+    assert [c for c in fake.calls if c[0] == "reclaim_cgroups"] == [("reclaim_cgroups", TAG_GONE)]
+    last_kill = max(i for i, (kind, _) in enumerate(fake.calls) if kind == "kill")
+    assert fake.calls.index(("reclaim_cgroups", TAG_GONE)) > last_kill
+    (cgroup,) = [o for o in outcomes if o.action.kind == "cgroup"]
+    assert cgroup.error is None and cgroup.action.target == TAG_GONE
+
+
+def test_apply_reports_a_failed_cgroup_reclaim(tmp_path: Path) -> None:
+    def busy(tag: str) -> None:
+        raise OSError(16, "Device or resource busy")
+
+    fx = Effects(
+        kill=lambda pid, sig: None,
+        alive=lambda pid: False,
+        unmount=lambda path: None,
+        reclaim_net=lambda tag: None,
+        remove_netns=lambda name: None,
+        nft=lambda argv: None,
+        owners_dir=tmp_path,
+        reclaim_cgroups=busy,
+    )
+    (outcome,) = apply(Plan([Action("cgroup", CG_TAG, "unowned", CG_TAG)]), fx)
+    assert outcome.error is not None and "busy" in outcome.error
+
+
+def _cgroup_tree(root: Path) -> None:
+    """Jail cgroups as a v1 host has them, at different depths under each controller (directories only)."""
+    for vm in ("vm-1", "vm-2"):
+        (root / "memory" / "process_api" / "abc" / f"cryobox-{CG_TAG}" / vm).mkdir(parents=True)
+    (root / "cpu,cpuacct" / "process_api" / "abc" / f"cryobox-{CG_TAG}" / "vm-1").mkdir(parents=True)
+    (root / "pids" / f"cryobox-{CG_TAG}").mkdir(parents=True)
+    (root / "memory" / "cryobox-fedcba" / "vm-9").mkdir(parents=True)
+    (root / "memory" / "system.slice").mkdir()
+    (root / "memory" / "cryobox-000000").write_text("")  # a file is no cgroup
+
+
+def test_cgroup_tags_finds_them_at_any_depth(tmp_path: Path) -> None:
+    assert cgroup_tags(tmp_path / "missing") == ()
+    assert cgroup_tags(tmp_path) == ()
+    _cgroup_tree(tmp_path)
+    assert cgroup_tags(tmp_path) == (CG_TAG, "fedcba")
+
+
+def test_remove_cgroups_removes_one_tag_only(tmp_path: Path) -> None:
+    _cgroup_tree(tmp_path)
+
+    assert remove_cgroups(tmp_path, CG_TAG) == 3  # two VMs under memory, one under cpu
+
+    assert not list(tmp_path.glob(f"**/cryobox-{CG_TAG}"))
+    assert (tmp_path / "memory" / "process_api" / "abc").is_dir()  # the agent's own cgroup stays
+    assert (tmp_path / "memory" / "cryobox-fedcba" / "vm-9").is_dir()
+    assert cgroup_tags(tmp_path) == ("fedcba",)
+    assert remove_cgroups(tmp_path, CG_TAG) == 0  # nothing left: fine

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from .forking import Forking
 from .localize import Localizer
 from .memsource import MemorySource
 from .net.bakenet import bake_network, reclaim_bakes
+from .net.denylist import deny_networks, endpoint_networks, exceptions_from_env
 from .net.firewall import Firewall
 from .net.netlink import host_networks
 from .net.netlink import reclaim as reclaim_net
@@ -254,7 +256,10 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
     await asyncio.to_thread(reclaim_net, tag, found.slots(plan))
     await asyncio.to_thread(reclaim_bakes)
     await asyncio.to_thread(reclaim_bakes_dirs, paths.bake_dir, paths.templates_dir)
-    firewall = started.firewall = Firewall(plan)
+    endpoints = endpoint_networks([config.resolved_store_url, os.environ.get("CRYOBOX_DATABASE_URL")])
+    own = await asyncio.to_thread(host_networks)
+    deny = deny_networks([*own, *endpoints], exceptions_from_env())
+    firewall = started.firewall = Firewall(plan, deny=deny)
     await asyncio.to_thread(functools.partial(firewall.ensure, fresh=True, egress=found.egress(plan)))
     slots = started.slots = SlotPool(plan, size=config.net_pool, egress=firewall)
     progress(f"network slots from {plan.cidr} (tag {plan.tag}, {config.net_pool} pre-built)")

@@ -20,6 +20,7 @@ from .deps import AppContext
 from .errors import install_error_handlers
 from .fleet import DEFAULT_HEARTBEAT_INTERVAL_S
 from .forks_ctl import ForkControl
+from .gate import AuthGateMiddleware
 from .keycache import KeyCache
 from .limits import BodyLimitMiddleware
 from .metrics import MetricsMiddleware
@@ -29,6 +30,7 @@ from .routes_fleet import router as fleet_router
 from .routes_forks import router as forks_router
 from .routes_platform import router as platform_router
 from .routes_pty import router as pty_router
+from .routes_quota import router as quota_router
 from .routes_sandboxes import router as sandboxes_router
 from .routes_snapshots import router as snapshots_router
 
@@ -133,6 +135,8 @@ def create_app(
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware)
+    # outside the body limit: a request's key is checked before anything reads its body
+    app.add_middleware(AuthGateMiddleware, authenticate=keys.authenticate)
     app.add_middleware(MetricsMiddleware, metrics=control.metrics)
     app.include_router(sandboxes_router)
     app.include_router(files_router)
@@ -141,4 +145,5 @@ def create_app(
     app.include_router(platform_router)
     app.include_router(pty_router)
     app.include_router(fleet_router)
+    app.include_router(quota_router)
     return app

@@ -5,6 +5,10 @@ Policy, for packets arriving from a slot's host veth (``cb<tag>h*``):
 * **input** (to the host itself: API, agent, metrics, SSH, anything): dropped unless it belongs to a connection the
   host opened (``ct state established,related``). A guest can answer the host, never call it.
 * **forward** to any ``cb*`` interface (another slot, ours or another agent's): dropped. Guests never see each other.
+* **forward** to the deny set ``denied`` (:mod:`.denylist`: private, link-local, loopback, CGNAT, multicast, the
+  host's networks, the store and database): dropped, before any grant is looked at.
+* **forward**, new connections beyond ``conn_limit`` open ones per slot (``ct count`` in the dynamic set
+  ``connlimit``): dropped.
 * **forward** anywhere else: accepted only if ``ip saddr . ip daddr`` is in the interval set ``egress``, whose
   elements are ``<slot address> . <allowed cidr>``. Egress is denied by default; the slot netns already SNATs the
   guest to its slot address and refuses spoofed sources, so the source address identifies the slot. One set lookup
@@ -35,6 +39,9 @@ from .slots import LINK_PREFIX, Slot, SlotPlan, link_prefix
 
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 EGRESS_SET = "egress"
+DENY_SET = "denied"
+CONN_LIMIT = 512
+"""Open connections one slot may have through the host at a time (a guest cannot fill the host's conntrack)."""
 
 
 def parse_cidrs(cidrs: Iterable[object]) -> list[ipaddress.IPv4Network]:
@@ -87,8 +94,20 @@ class Firewall:
     ``runner`` runs ``nft`` (inject a fake for unit tests); ``ip_forward`` is the host sysctl file ``ensure`` sets.
     """
 
-    def __init__(self, plan: SlotPlan, *, runner: Runner = run_command, ip_forward: Path = IP_FORWARD) -> None:
+    def __init__(
+        self,
+        plan: SlotPlan,
+        *,
+        runner: Runner = run_command,
+        ip_forward: Path = IP_FORWARD,
+        deny: Sequence[ipaddress.IPv4Network] | None = None,
+        conn_limit: int = CONN_LIMIT,
+    ) -> None:
+        from .denylist import deny_networks  # the deny list validates with this module's parse_cidrs
+
         self.plan = plan
+        self.deny = list(deny) if deny is not None else deny_networks()
+        self.conn_limit = conn_limit
         self.table = f"cryobox_{plan.tag}"
         self._runner = runner
         self._ip_forward = ip_forward
@@ -113,9 +132,13 @@ class Firewall:
                 grants += f"add element inet {self.table} {EGRESS_SET} {{ {self._elements(slot, nets)} }}\n"
         t, slots, cidr = self.table, f"{link_prefix(self.plan.tag)}*", self.plan.cidr
         head = f"add table inet {t}\ndelete table inet {t}\n" if fresh else ""
+        denied = ", ".join(str(n) for n in self.deny)
+        deny_elements = f"add element inet {t} {DENY_SET} {{ {denied} }}\n" if denied else ""
         return f"""\
 {head}table inet {t} {{
   set {EGRESS_SET} {{ type ipv4_addr . ipv4_addr; flags interval; }}
+  set {DENY_SET} {{ type ipv4_addr; flags interval; }}
+  set connlimit {{ type ipv4_addr; flags dynamic; size 65535; }}
   chain input {{ type filter hook input priority filter; policy accept; }}
   chain forward {{ type filter hook forward priority filter; policy accept; }}
   chain postrouting {{ type nat hook postrouting priority srcnat; policy accept; }}
@@ -123,13 +146,16 @@ class Firewall:
 flush chain inet {t} input
 flush chain inet {t} forward
 flush chain inet {t} postrouting
-table inet {t} {{
+flush set inet {t} {DENY_SET}
+{deny_elements}table inet {t} {{
   chain input {{
     iifname "{slots}" ct state established,related accept
     iifname "{slots}" drop
   }}
   chain forward {{
     iifname "{slots}" oifname "{LINK_PREFIX}*" drop
+    iifname "{slots}" ip daddr @{DENY_SET} drop
+    iifname "{slots}" ct state new add @connlimit {{ ip saddr ct count over {self.conn_limit} }} drop
     iifname "{slots}" ip saddr . ip daddr @{EGRESS_SET} accept
     iifname "{slots}" drop
     oifname "{slots}" ct state established,related accept

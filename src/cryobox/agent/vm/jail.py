@@ -71,7 +71,7 @@ def jail_enabled(env: Mapping[str, str] | None = None) -> bool:
 
 def default_uid_base(tag: str) -> int:
     """A range of its own per data dir (by its network tag), so agents sharing a host never share a uid."""
-    return DEFAULT_UID_FLOOR + (int(tag, 16) % 4096) * UID_RANGE
+    return DEFAULT_UID_FLOOR + (int(tag, 16) % 32000) * UID_RANGE
 
 
 @dataclass(frozen=True)

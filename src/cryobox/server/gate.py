@@ -1,0 +1,141 @@
+"""The API's front gate, as pure ASGI middleware: a request's key is checked before its body is read, JSON
+bodies are capped at 1 MiB (file uploads keep the large limit of :mod:`.limits`), and a client address that
+keeps presenting bad keys is refused for a while.
+
+FastAPI reads and parses a JSON body before it resolves a route's dependencies, so authentication in a
+dependency alone lets anyone make the server parse megabytes; here nothing is read until the key is known.
+The route's own dependency still authenticates (from :class:`~.keycache.KeyCache`, so the second look costs
+a dictionary lookup).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+MAX_JSON_BYTES = 1 << 20
+PUBLIC_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/redoc", "/docs/oauth2-redirect"})
+NODE_PREFIXES = ("/internal/",)
+"""Agent-to-control-plane routes: authenticated by the node token in their own dependency."""
+UPLOAD = re.compile(r"^/v1/sandboxes/[^/]+/(files|fs|exec)(/|$)")
+"""Routes whose bodies are file contents or exec stdin (up to 64 MiB by the API contract): the large limit."""
+
+
+@dataclass
+class FailedAuth:
+    """Bad keys per client address: ``burst`` failures, refilled at ``per_s``; an empty bucket refuses every
+    request from that address (429) until it refills. Buckets full again are forgotten."""
+
+    burst: float = 20.0
+    per_s: float = 0.2
+    clock: Callable[[], float] = time.monotonic
+    _buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def _level(self, client: str) -> float:
+        tokens, at = self._buckets.get(client, (self.burst, self.clock()))
+        return min(self.burst, tokens + (self.clock() - at) * self.per_s)
+
+    def blocked(self, client: str) -> bool:
+        return self._level(client) < 1.0
+
+    def failed(self, client: str) -> None:
+        self._buckets[client] = (self._level(client) - 1.0, self.clock())
+        if len(self._buckets) > 10_000:  # forget addresses whose buckets are full again
+            for key in [k for k in self._buckets if self._level(k) >= self.burst]:
+                del self._buckets[key]
+
+
+def bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
+    for name, value in headers:
+        if name == b"authorization":
+            text = value.decode("latin-1").strip()
+            if text.lower().startswith("bearer ") and text[7:].strip():
+                return text[7:].strip()
+        elif name == b"x-api-key" and value.strip():
+            return value.decode("latin-1").strip()
+    return None
+
+
+class AuthGateMiddleware:
+    def __init__(
+        self,
+        app: ASGIApp,
+        authenticate: Callable[[str], object | None],
+        failures: FailedAuth | None = None,
+        max_json_bytes: int = MAX_JSON_BYTES,
+    ) -> None:
+        self.app = app
+        self.authenticate = authenticate
+        self.failures = failures if failures is not None else FailedAuth()
+        self.max_json_bytes = max_json_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = str(scope.get("path", ""))
+        if scope["type"] != "http" or path in PUBLIC_PATHS or path.startswith(NODE_PREFIXES):
+            await self.app(scope, receive, send)
+            return
+        client = scope["client"][0] if scope.get("client") else "-"
+        if self.failures.blocked(client):
+            await _reply(send, 429, "auth_rate_limited", "too many requests with bad API keys from this address")
+            return
+        key = bearer(scope.get("headers", []))
+        if key is None or await asyncio.to_thread(self.authenticate, key) is None:
+            self.failures.failed(client)
+            missing = "missing bearer API key (Authorization: Bearer <key>)"
+            await _reply(send, 401, "unauthorized", missing if key is None else "invalid or revoked API key")
+            return
+        if UPLOAD.match(path):
+            await self.app(scope, receive, send)
+            return
+        await self._capped(scope, receive, send)
+
+    async def _capped(self, scope: Scope, receive: Receive, send: Send) -> None:
+        limit = self.max_json_bytes
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                await _too_large(send, limit)
+                return
+        seen, started = 0, False
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise _TooLarge
+            return message
+
+        async def tracking(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited, tracking)
+        except _TooLarge:
+            if not started:
+                await _too_large(send, limit)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _too_large(send: Send, limit: int) -> None:
+    await _reply(send, 413, "payload_too_large", f"request body exceeds {limit} bytes", {"limit": limit})
+
+
+async def _reply(send: Send, status: int, code: str, message: str, details: dict[str, object] | None = None) -> None:
+    body = json.dumps({"error": message, "code": code, "details": details or {}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -23,6 +23,7 @@ from .errors import (
     StateError,
     Unauthorized,
     VmmError,
+    WorkspaceQuotaExceeded,
 )
 from .models import ForkTreeError, PromoteFailure, PromoteResult, Snapshot
 from .sdk import (
@@ -69,5 +70,6 @@ __all__ = [
     "StreamEvent",
     "Unauthorized",
     "VmmError",
+    "WorkspaceQuotaExceeded",
     "__version__",
 ]

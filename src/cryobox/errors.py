@@ -8,7 +8,8 @@
      ├── NotFound            not_found          404
      ├── StateError          wrong_state        409
      ├── PayloadTooLarge     payload_too_large  413
-     ├── QuotaExceeded       rate_limited       429
+     ├── QuotaExceeded       rate_limited       429  (the request rate: retry after ``Retry-After``)
+     ├── WorkspaceQuotaExceeded quota_exceeded  429  (a workspace limit: no ``Retry-After``, nothing created)
      ├── HostUnavailable     capacity           503
      ├── SandboxTimeout      timeout            504
      ├── VmmError            vmm_error          500  (QEMU / QMP failures)
@@ -90,6 +91,15 @@ class QuotaExceeded(CryoboxError):
         self.retry_after_s = retry_after_s
 
 
+class WorkspaceQuotaExceeded(CryoboxError):
+    """A workspace limit (sandboxes, vCPUs, memory, snapshot bytes, custom templates) would be exceeded; nothing
+    was created. Waiting does not help (no ``Retry-After``): delete something or raise the limit. ``details``:
+    ``{resource, limit, used, requested}``."""
+
+    code = "quota_exceeded"
+    http_status = 429
+
+
 class HostUnavailable(CryoboxError):
     """Capacity refusal: nothing was created; retry after ``retry_after_s``."""
 
@@ -160,6 +170,7 @@ ERRORS_BY_CODE: dict[str, type[CryoboxError]] = {
         NotFound,
         StateError,
         PayloadTooLarge,
+        WorkspaceQuotaExceeded,  # before QuotaExceeded: a bare 429 (no code) still maps to QuotaExceeded
         QuotaExceeded,
         HostUnavailable,
         SandboxTimeout,

@@ -406,6 +406,7 @@ def test_public_surface() -> None:
         "StreamEvent",
         "Unauthorized",
         "VmmError",
+        "WorkspaceQuotaExceeded",
         "__version__",
     ]
     for name in cryobox.__all__:

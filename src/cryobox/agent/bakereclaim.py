@@ -2,13 +2,14 @@
 
 A bake (:class:`~cryobox.agent.templates.TemplateBaker`) runs a QEMU in its own session whose ``-pidfile`` lies
 under ``<data>/bake/bake-<generation[:12]>/`` and whose RAM file is ``<templates>/.<name>-<generation>.baking<pid>/
-memory`` (``pid``: the baking process, QEMU's parent); it builds in that ``.baking<pid>`` directory and renames it
+memory`` (``pid``: the baking process); it builds in that ``.baking<pid>`` directory and renames it
 into place when done, holding ``flock`` on ``<templates>/.<name>-<generation>.lock`` meanwhile (``ensure``). A
 baker that dies leaves the QEMU running and both directories forever.
 
 A bake is left alone while its baker lives:
 
-- a QEMU, while its parent is the baker its RAM path names (a dead baker's QEMU is reparented);
+- a QEMU, while the baker its RAM path names lives and is its parent or runs cryobox (a jailed QEMU is never
+  the baker's child: its launcher exits once it has started);
 - a ``.baking<pid>`` directory, while ``pid`` is alive and is a cryobox process (or this process), or while
   someone holds the generation's lock. A live ``pid`` of another program is a reused pid: the baker is dead;
 - a bake run directory, while a QEMU of a live bake uses it or its generation's lock is held.
@@ -104,10 +105,13 @@ def _kill_qemus(bake_dir: Path, proc: Path, kill: Kill) -> tuple[int, set[Path],
         if found is None:
             continue
         baker = baker_of(argv)
-        parent_bakes = baker == found.ppid if baker is not None else is_cryobox(found.ppid, proc)
+        if baker is None:  # no work dir in its RAM path: judged by its parent
+            baker = found.ppid if is_cryobox(found.ppid, proc) else None
+        elif baker != found.ppid and not (baker == os.getpid() or is_cryobox(baker, proc)):
+            baker = None  # not its parent (a jailed QEMU's never is) and not running cryobox: dead or reused
         pidfile = procfs.flag_value(argv, "-pidfile")
-        if parent_bakes and procfs.alive(found.ppid, proc):
-            bakers.add(found.ppid)
+        if baker is not None and procfs.alive(baker, proc):
+            bakers.add(baker)
             if pidfile is not None:
                 live.add(Path(pidfile).parent)
             continue

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidArgument
-from .guest_client import GuestClient, b64, unb64
+from .guest_client import EXEC_REPLY, GuestClient, b64, unb64
 
 MAX_TIMEOUT_S = 24 * 3600
 
@@ -62,7 +62,7 @@ class ExecResult:
 
 async def run_exec(guest: GuestClient, cmd: str | ExecSpec, *, timeout_s: float | None = 60.0) -> ExecResult:
     spec = cmd if isinstance(cmd, ExecSpec) else ExecSpec(cmd=cmd, timeout_s=timeout_s)
-    result = await guest.call("exec", spec.to_args(stream=False), timeout=spec.call_timeout_s)
+    result = await guest.call("exec", spec.to_args(stream=False), timeout=spec.call_timeout_s, max_reply=EXEC_REPLY)
     return ExecResult.from_guest(result)
 
 

@@ -2,6 +2,17 @@
 
 One reader task routes replies by request id, so any number of calls and streams share one connection.
 If the connection drops, every pending call fails with :class:`GuestError` (never hangs).
+
+The guest is hostile, so what it can make the host hold is bounded:
+
+- a frame may be at most as large as the largest reply a pending request allows (``max_reply``: 1 MiB
+  unless the call asks for more, e.g. a file read); a longer header is a protocol violation, caught before
+  its body is read;
+- each request's queue holds at most :data:`QUEUE_FRAMES` frames: when a consumer is slow (an HTTP client
+  not reading an exec stream) the reader stops reading the socket, so the guest blocks, not the host;
+- frames above :data:`OFFLOAD_BYTES` are decoded on a thread, never on the event loop;
+- a violation (oversized or undecodable frame) ends the connection and calls ``on_violation``, which kills
+  the VM (:meth:`~cryobox.agent.vm.MicroVM.connect_guest`).
 """
 
 from __future__ import annotations
@@ -11,7 +22,7 @@ import base64
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +42,33 @@ GUEST_ERRORS: dict[str, type[GuestError] | type[NotFound] | type[InvalidArgument
 }
 
 _CLOSED = object()
+SMALL_REPLY = 1 << 20
+"""What a call's reply (and a stream's event) may weigh unless the caller allows more."""
+STREAM_EVENT = 2 << 20
+"""A stream event: a 1 MiB output chunk, base64-encoded, in JSON."""
+QUEUE_FRAMES = 8
+READ_BUFFER = 256 << 10
+OFFLOAD_BYTES = 256 << 10
+LISTING_REPLY = 16 << 20
+"""A directory listing or stat result."""
+EXEC_REPLY = 48 << 20
+"""A collected exec result: two 16 MiB output captures, base64-encoded, in JSON."""
+FILE_REPLY = protocol.MAX_FRAME
+"""A 64 MiB file, base64-encoded, in JSON."""
 
 
 class GuestClient:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, name: str = "") -> None:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        name: str = "",
+        on_violation: Callable[[str], None] | None = None,
+    ) -> None:
         self._reader = reader
+        self._on_violation = on_violation
+        self._limits: dict[int, int] = {}
+        self.violation: str | None = None
         self._writer = writer
         self._ids = itertools.count(1)
         self._queues: dict[int, asyncio.Queue[Any]] = {}
@@ -45,36 +78,67 @@ class GuestClient:
         self._task = asyncio.create_task(self._read_loop(), name=f"guest-reader-{name}")
 
     @classmethod
-    async def connect(cls, path: Path, name: str = "") -> GuestClient:
-        reader, writer = await asyncio.open_unix_connection(str(path), limit=protocol.MAX_FRAME)
-        return cls(reader, writer, name)
+    async def connect(
+        cls, path: Path, name: str = "", on_violation: Callable[[str], None] | None = None
+    ) -> GuestClient:
+        # the limit bounds what the transport buffers while nobody reads (2x): readexactly() of a larger frame
+        # still works (it resumes reading as it needs data), but a stalled reader stops the socket at 512 KiB
+        reader, writer = await asyncio.open_unix_connection(str(path), limit=READ_BUFFER)
+        return cls(reader, writer, name, on_violation)
 
     @property
     def closed(self) -> bool:
         return self._closed
 
+    def _allowed(self) -> int:
+        return max(self._limits.values(), default=SMALL_REPLY)
+
     async def _read_loop(self) -> None:
         try:
             while True:
                 header = await self._reader.readexactly(protocol.HEADER.size)
-                body = await self._reader.readexactly(protocol.decode_length(header))
-                message = protocol.decode_body(body)
-                queue = self._queues.get(message.get("id", -1))
-                if queue is not None:
-                    queue.put_nowait(message)
-        except (asyncio.IncompleteReadError, ConnectionError, protocol.FrameError, OSError) as err:
+                length = protocol.decode_length(header)
+                if length > self._allowed():
+                    raise protocol.FrameError(f"frame of {length} bytes; at most {self._allowed()} expected")
+                body = await self._reader.readexactly(length)
+                if length > OFFLOAD_BYTES:
+                    message = await asyncio.to_thread(protocol.decode_body, body)
+                else:
+                    message = protocol.decode_body(body)
+                del body
+                if not isinstance(message, dict):
+                    raise protocol.FrameError("a frame that is not a JSON object")
+                request_id = message.get("id", -1)
+                queue = self._queues.get(request_id)
+                if queue is None:
+                    continue
+                if "event" in message and length > STREAM_EVENT:
+                    raise protocol.FrameError(f"stream event of {length} bytes")
+                await queue.put(message)  # a full queue stops the reading here: backpressure onto the guest
+        except protocol.FrameError as err:
+            self.violation = str(err)
+            self._log.warning("guest broke the protocol: %s", err)
+            if self._on_violation is not None:
+                self._on_violation(str(err))
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, ValueError) as err:
             self._log.debug("guest connection ended: %r", err)
         finally:
             self._closed = True
+            self._writer.close()
             for queue in self._queues.values():
+                while queue.full():  # make room for the wake-up: the consumer is told the guest is gone
+                    queue.get_nowait()
                 queue.put_nowait(_CLOSED)
 
-    async def _send(self, op: str, args: dict[str, Any]) -> tuple[int, asyncio.Queue[Any]]:
+    async def _send(
+        self, op: str, args: dict[str, Any], max_reply: int = SMALL_REPLY
+    ) -> tuple[int, asyncio.Queue[Any]]:
         if self._closed:
-            raise GuestError("guest agent connection is closed")
+            raise GuestError(f"guest agent connection is closed{f' ({self.violation})' if self.violation else ''}")
         request_id = next(self._ids)
-        queue: asyncio.Queue[Any] = asyncio.Queue()
+        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=QUEUE_FRAMES)
         self._queues[request_id] = queue
+        self._limits[request_id] = min(max_reply, protocol.MAX_FRAME)
         frame = protocol.encode({"id": request_id, "op": op, "args": args})
         async with self._write_lock:
             self._writer.write(frame)
@@ -92,8 +156,11 @@ class GuestClient:
         cls = GUEST_ERRORS.get(error.get("code", ""), GuestError)
         raise cls(str(error.get("message") or f"guest {op} failed"), details={"guest_code": error.get("code")})
 
-    async def call(self, op: str, args: dict[str, Any] | None = None, timeout: float | None = None) -> dict[str, Any]:
-        request_id, queue = await self._send(op, args or {})
+    async def call(
+        self, op: str, args: dict[str, Any] | None = None, timeout: float | None = None, max_reply: int = SMALL_REPLY
+    ) -> dict[str, Any]:
+        """Send ``op`` and wait for its reply (which may weigh up to ``max_reply`` bytes on the wire)."""
+        request_id, queue = await self._send(op, args or {}, max_reply)
         try:
             async with asyncio.timeout(timeout):
                 while True:
@@ -103,11 +170,11 @@ class GuestClient:
         except TimeoutError:
             raise GuestError(f"guest agent did not answer {op} within {timeout}s", details={"op": op}) from None
         finally:
-            self._queues.pop(request_id, None)
+            self._forget(request_id)
 
     async def stream(self, op: str, args: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Yield event messages, then one final ``{"event": "result", "result": {...}}``."""
-        request_id, queue = await self._send(op, args)
+        request_id, queue = await self._send(op, args, STREAM_EVENT)
         try:
             while True:
                 message = await queue.get()
@@ -117,7 +184,7 @@ class GuestClient:
                 yield {"event": "result", "result": self._final(op, message)}
                 return
         finally:
-            self._queues.pop(request_id, None)
+            self._forget(request_id)
 
     async def ping(self, timeout: float = 1.0) -> dict[str, Any]:
         """:raises TimeoutError: no answer within ``timeout`` (callers retry pings)."""
@@ -126,7 +193,13 @@ class GuestClient:
             async with asyncio.timeout(timeout):
                 return self._final("ping", await queue.get())
         finally:
-            self._queues.pop(request_id, None)
+            self._forget(request_id)
+
+    def _forget(self, request_id: int) -> None:
+        self._limits.pop(request_id, None)
+        queue = self._queues.pop(request_id, None)
+        while queue is not None and not queue.empty():  # unblock a reader waiting to put into it
+            queue.get_nowait()
 
     async def aclose(self) -> None:
         self._closed = True

@@ -43,6 +43,7 @@ from .store.snapshots import SnapshotStore
 from .store.volume import Volume, ensure_volume, release_volume
 from .templates import Template, TemplateBaker, qemu_version
 from .vm import Accel, MachineConfig, detect_accel, host_tsc_khz
+from .vm.consolelog import LogCapper
 from .vm.jail import JailSettings, prepare_host
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,7 @@ class Host:
     ownership: Ownership | None = None
     jail: JailSettings | None = None
     jail_weakened: list[str] = field(default_factory=list)
+    logs: LogCapper | None = None
     """What the host gave up so jailed QEMUs work (see :func:`.vm.jail.prepare_host`)."""
     _closed: bool = False
 
@@ -158,6 +160,8 @@ class Host:
                 self.ownership.release()
 
     async def _close(self, on_stop: OnStop, release: bool) -> None:
+        if self.logs is not None:
+            await self.logs.close()
         if on_stop is OnStop.HIBERNATE:
             failed = await self.service.hibernate_all()
             on_stop = OnStop.KEEP if failed else OnStop.HIBERNATE
@@ -310,6 +314,8 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
     if config.storage.memory_mode is MemoryMode.HOT and localizer.start(templates.values()):
         progress("bringing fetched templates' memory home in the background")
     forking = Forking(service, snapshots)
+    logs = LogCapper([paths.run_dir, paths.bake_dir])
+    logs.start()
     if jail is None:
         progress("jail: OFF (CRYOBOX_JAIL=off): QEMU runs as this process's user, unconfined")
     else:
@@ -337,4 +343,5 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
         ownership,
         jail,
         weakened,
+        logs,
     )

@@ -30,7 +30,7 @@ from .crashpoints import CrashPoints
 from .exec import ExecEvent, ExecResult, ExecSpec, run_exec, stream_exec
 from .factory import PoolMode, PrespawnPool, RestoreSource, VmFactory, new_id
 from .fidelity import rejoin
-from .guest_client import GuestClient, b64, unb64
+from .guest_client import FILE_REPLY, LISTING_REPLY, GuestClient, b64, unb64
 from .records import SandboxRecord, SandboxRecords
 from .sandbox import Sandbox, SandboxState
 from .store.snapshots import CaptureInfo, SnapshotImage, SnapshotStore
@@ -379,7 +379,7 @@ class SandboxService:
 
     async def read_file(self, sandbox_id: str, path: str, workspace_id: str | None = None) -> bytes:
         _, guest = await self.guest(sandbox_id, workspace_id)
-        return unb64((await guest.call("read_file", {"path": path}, timeout=120)).get("content"))
+        return unb64((await guest.call("read_file", {"path": path}, timeout=120, max_reply=FILE_REPLY)).get("content"))
 
     async def write_file(
         self, sandbox_id: str, path: str, data: bytes, workspace_id: str | None = None
@@ -396,7 +396,7 @@ class SandboxService:
 
     async def file_op(self, sandbox_id: str, op: str, path: str, workspace_id: str | None = None) -> dict[str, Any]:
         _, guest = await self.guest(sandbox_id, workspace_id)
-        return await guest.call(op, {"path": path}, timeout=60)
+        return await guest.call(op, {"path": path}, timeout=60, max_reply=LISTING_REPLY)
 
     async def hibernate_all(self, concurrency: int = 4) -> int:
         """Hibernate every running or paused sandbox (``--on-stop hibernate``); returns how many failed."""

@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -15,12 +16,14 @@ from rich.table import Table
 
 from ..agent.sandbox import rfc3339
 from ..config import Paths
-from ..errors import CryoboxError
+from ..errors import CryoboxError, NotFound
 
 if TYPE_CHECKING:  # the registry (SQLAlchemy, Alembic) is imported when a keys command runs, not at CLI start
-    from ..registry import Registry
+    from ..registry import Registry, WorkspaceInfo
 
-keys_app = typer.Typer(help="API keys (stored hashed; the plaintext is shown once).", no_args_is_help=True)
+keys_app = typer.Typer(
+    help="API keys (stored hashed; the plaintext is shown once) and workspace quotas.", no_args_is_help=True
+)
 out = Console()
 err = Console(stderr=True)
 
@@ -98,3 +101,72 @@ def revoke(key_id: str, data_dir: DataDir = None) -> None:
     with _registry(data_dir) as registry:
         registry.revoke_key(key_id)
     err.print(f"revoked {key_id}")
+
+
+@keys_app.command("quota")
+def quota(
+    workspace: Annotated[str, typer.Option(help="workspace name")] = "default",
+    sandboxes: Annotated[int | None, typer.Option(min=0, help="sandboxes (starting|running|paused|hibernated)")] = None,
+    vcpus: Annotated[int | None, typer.Option(min=0, help="vCPUs of its sandboxes (hibernated ones hold none)")] = None,
+    memory_mib: Annotated[int | None, typer.Option("--memory-mib", min=0, help="memory of its sandboxes")] = None,
+    snapshot_bytes: Annotated[int | None, typer.Option("--snapshot-bytes", min=0, help="bytes of snapshots")] = None,
+    templates: Annotated[int | None, typer.Option(min=0, help="custom templates")] = None,
+    default_ttl_s: Annotated[
+        int | None, typer.Option("--default-ttl-s", min=0, help="TTL of creates that ask for none (0: never expire)")
+    ] = None,
+    max_ttl_s: Annotated[int | None, typer.Option("--max-ttl-s", min=1, help="the largest ttl_seconds allowed")] = None,
+    clear: Annotated[bool, typer.Option("--clear", help="back to the defaults (then apply any values given)")] = False,
+    data_dir: DataDir = None,
+    as_json: Json = False,
+) -> None:
+    """Show a workspace's quota (limits and usage); with values, set its own limits (the rest keep theirs).
+
+    Limits not set for the workspace are the server's defaults (CRYOBOX_QUOTA_* in the environment of this command
+    and of the server). Running servers see a change at the next create.
+    """
+    from ..server.quotas import Quota, usage_of
+
+    given = {
+        "sandboxes": sandboxes,
+        "vcpus": vcpus,
+        "memory_mib": memory_mib,
+        "snapshot_bytes": snapshot_bytes,
+        "templates": templates,
+        "default_ttl_s": default_ttl_s,
+        "max_ttl_s": max_ttl_s,
+    }
+    changes = {name: value for name, value in given.items() if value is not None}
+    with _registry(data_dir) as registry:
+        from ..registry import QuotaRecords
+
+        records = QuotaRecords(registry.database)
+        if changes or clear:
+            ws = registry.ensure_workspace(workspace)
+            if clear:
+                records.clear(ws.id)
+            if changes:
+                records.set(ws.id, **changes)
+        else:
+            ws = _workspace(registry, workspace)
+        defaults = Quota.from_env()
+        use = records.use(ws.id)
+    limits = defaults.with_overrides(use.overrides).limits()
+    own = {name: value for name, value in use.overrides.values().items() if value is not None}
+    usage = asdict(usage_of(use))
+    if as_json:
+        body = {"workspace": workspace, "workspace_id": ws.id, "limits": limits, "overrides": own, "usage": usage}
+        sys.stdout.write(json.dumps(body, indent=2) + "\n")
+        return
+    table = Table("resource", "limit", "used", "source")
+    for name, value in limits.items():
+        source = "workspace" if name in own else "default"
+        table.add_row(name, "none" if value is None else str(value), str(usage.get(name, "")), source)
+    out.print(f"workspace {workspace} ({ws.id})")
+    out.print(table)
+
+
+def _workspace(registry: Registry, name: str) -> WorkspaceInfo:
+    for ws in registry.list_workspaces():
+        if ws.name == name:
+            return ws
+    raise NotFound(f"workspace {name!r} not found", details={"workspace": name})

@@ -9,6 +9,7 @@ from __future__ import annotations
 from .db import DATABASE_URL_ENV, AlreadyExists, Database, normalize_url, url_for_data_dir
 from .fleet import FleetRecords
 from .moves import MoveRecords
+from .quotas import QuotaOverrides, QuotaRecords, WorkspaceUse
 from .repo import Registry
 from .rows import (
     ACTIVE_STATUSES,
@@ -55,6 +56,8 @@ __all__ = [
     "HeartbeatOutcome",
     "HostReconcile",
     "MoveRecords",
+    "QuotaOverrides",
+    "QuotaRecords",
     "ReconcileReport",
     "Registry",
     "ReservationRow",
@@ -62,6 +65,7 @@ __all__ = [
     "SnapshotRow",
     "TemplateRow",
     "WorkspaceInfo",
+    "WorkspaceUse",
     "normalize_url",
     "url_for_data_dir",
 ]

@@ -36,6 +36,22 @@ class Workspace(Base):
     created_at: Mapped[float] = mapped_column(Double)
 
 
+class WorkspaceQuota(Base):
+    """A workspace's own limits (revision 0006); a NULL column means the server default (``CRYOBOX_QUOTA_*``)."""
+
+    __tablename__ = "workspace_quotas"
+
+    workspace_id: Mapped[str] = mapped_column(ID, ForeignKey("workspaces.id"), primary_key=True)
+    sandboxes: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    vcpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    memory_mib: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    snapshot_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    templates: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    default_ttl_s: Mapped[int | None] = mapped_column(Integer, nullable=True)  # 0: no default TTL
+    max_ttl_s: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    updated_at: Mapped[float] = mapped_column(Double)
+
+
 class ApiKey(Base):
     __tablename__ = "api_keys"
 

@@ -5,7 +5,8 @@ template's visibility); the agent holding a sandbox does everything else. It rea
 typed interface (:mod:`cryobox.agentapi`). A sandbox row is written only after its agent answered (in the same
 transaction that settles the reservation) and removed before the agent kills the VM on delete, so a crash
 leaves at worst a row whose VM is gone (the agent's next registration reports that), never a VM no row knows
-about for long.
+about for long. Every sandbox that comes to exist (create, restore, fork, tree child) or wakes asks the workspace's
+quota first (:mod:`.quotas`).
 """
 
 from __future__ import annotations
@@ -20,12 +21,21 @@ from dataclasses import dataclass, replace
 
 from ..agentapi import Agent
 from ..agentapi import models as am
-from ..errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound
-from ..registry import HIBERNATION_LOCAL, HIBERNATION_STORED, Registry, ReservationRow, SandboxRow
+from ..errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound, WorkspaceQuotaExceeded
+from ..registry import (
+    HIBERNATED,
+    HIBERNATION_LOCAL,
+    HIBERNATION_STORED,
+    QuotaRecords,
+    Registry,
+    ReservationRow,
+    SandboxRow,
+)
 from .fleet import Fleet
 from .hibernations import HibernationControl
 from .metrics import Metrics
 from .placement import Placement, PlacementRequest
+from .quotas import QuotaGuard, check_ttl
 from .snapshots_ctl import SnapshotControl
 from .templates_ctl import TemplateJobs
 
@@ -101,6 +111,7 @@ class ControlPlane:
         snapshots: SnapshotControl,
         templates: TemplateJobs,
         hibernations: HibernationControl | None = None,
+        quotas: QuotaGuard | None = None,
     ) -> None:
         self.fleet = fleet
         self.registry = registry
@@ -110,6 +121,10 @@ class ControlPlane:
         self.templates = templates
         self.hibernations = hibernations or HibernationControl(registry, fleet, placement, snapshots.objects)
         fleet.relocator = self.hibernations.relocate  # a stored hibernation wakes where there is room
+        self.quotas = quotas or QuotaGuard(QuotaRecords(registry.database))  # defaults: CRYOBOX_QUOTA_* (env)
+        # one guard for every path that makes or wakes a sandbox, snapshot or template
+        fleet.waker = self._wake
+        self.hibernations.quotas = snapshots.quotas = templates.quotas = self.quotas
         self._states: dict[str, int] = {}
         metrics.set_sandbox_state_provider(lambda: self._states)
 
@@ -118,18 +133,30 @@ class ControlPlane:
     async def row(self, sandbox_id: str, workspace_id: str) -> SandboxRow:
         return await asyncio.to_thread(self.registry.get_sandbox, sandbox_id, workspace_id)
 
-    async def route(self, sandbox_id: str, workspace_id: str) -> tuple[SandboxRow, Agent]:
-        """The sandbox's row and its agent (404 across workspaces; 409 ``lost`` when its agent is gone)."""
-        return await self.fleet.route(sandbox_id, workspace_id)
+    async def route(self, sandbox_id: str, workspace_id: str, *, wake: bool = True) -> tuple[SandboxRow, Agent]:
+        """The sandbox's row and its agent (404 across workspaces; 409 ``lost`` when its agent is gone). With
+        ``wake`` (a request that needs the guest) a hibernated sandbox is woken first, inside its quota."""
+        return await self.fleet.route(sandbox_id, workspace_id, wake=wake)
 
-    async def agent_for(self, sandbox_id: str, workspace_id: str) -> Agent:
-        return (await self.route(sandbox_id, workspace_id))[1]
+    async def agent_for(self, sandbox_id: str, workspace_id: str, *, wake: bool = True) -> Agent:
+        return (await self.route(sandbox_id, workspace_id, wake=wake))[1]
+
+    async def _wake(self, row: SandboxRow, agent: Agent) -> SandboxRow:
+        """Wake hibernated ``row`` on ``agent`` (the fleet's ``waker``): its vCPUs and memory count again."""
+        with await self.quotas.admit(row.workspace_id, row.cpu, row.memory_mb, sandbox_ids=[row.id], wake=True):
+            info = await agent.wake(row.id)
+            await self.record_state(row.id, info)
+        woken = live_row(row, info)
+        if info.state != HIBERNATED:
+            woken = replace(woken, hibernation=None, hibernation_generation=None)
+        return woken
 
     # -- create --------------------------------------------------------------------------------------------
 
     async def create(self, request: CreateRequest, timing: dict[str, float] | None = None) -> SandboxRow:
         """Place and restore a sandbox; ``timing`` (when given) receives ``agent_ms``: the agent's share."""
         started = time.monotonic()
+        ttl_s = await self.quotas.ttl(request.workspace_id, request.ttl_s, request.persistent)  # 400 first
         ref: am.SnapshotRef | None = None
         if request.from_snapshot is not None:  # 404 before anything is reserved
             snap, ref = await self.snapshots.ref(request.from_snapshot, request.workspace_id)
@@ -162,13 +189,16 @@ class ControlPlane:
             from_snapshot=ref,
             metadata=request.metadata,
             env=request.env,
-            ttl_s=request.ttl_s,
+            ttl_s=ttl_s,
             persistent=request.persistent,
             egress=request.egress,
         )
         try:
-            row = await self.place(placement, spec, timing)
-        except HostUnavailable:
+            with await self.quotas.admit(
+                request.workspace_id, placement.cpus, placement.memory_mib, sandbox_ids=[sandbox_id]
+            ):
+                row = await self.place(placement, spec, timing)
+        except (HostUnavailable, WorkspaceQuotaExceeded):
             self.metrics.observe_create("refused", "restore")
             raise
         except BaseException:
@@ -266,14 +296,16 @@ class ControlPlane:
             )
 
     async def lifecycle(self, sandbox_id: str, workspace_id: str) -> am.SandboxInfo:
-        return await (await self.agent_for(sandbox_id, workspace_id)).get(sandbox_id)
+        return await (await self.agent_for(sandbox_id, workspace_id, wake=False)).get(sandbox_id)
 
     async def update_lifecycle(
         self, sandbox_id: str, workspace_id: str, *, ttl_s: int | None | object, persistent: bool | None
     ) -> am.SandboxInfo:
-        agent = await self.agent_for(sandbox_id, workspace_id)
+        agent = await self.agent_for(sandbox_id, workspace_id, wake=False)
         if ttl_s is not UNSET and ttl_s is not None and not isinstance(ttl_s, int):
             raise InvalidArgument("ttl_seconds must be an integer or null")
+        if isinstance(ttl_s, int):
+            check_ttl(await self.quotas.limits(workspace_id), ttl_s)  # 400 above the workspace's maximum
         patch = am.LifecyclePatch(
             set_ttl=ttl_s is not UNSET,
             ttl_s=ttl_s if isinstance(ttl_s, int) else None,

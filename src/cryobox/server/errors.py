@@ -23,7 +23,10 @@ _DESCRIPTIONS = {
     409: "wrong state for this operation",
     413: "request too large",
     424: "a resume hook of the guest failed after a restore, resume or wake (details.failed_hooks)",
-    429: "rate limited; retry after Retry-After seconds",
+    429: (
+        "rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: "
+        "details resource, limit, used, requested; nothing was created)"
+    ),
     503: "no capacity; nothing was created; retry after Retry-After seconds",
     504: "the command timed out (process group killed)",
 }

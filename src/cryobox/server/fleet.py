@@ -32,6 +32,7 @@ DEFAULT_DEADLINE_S = 10.0
 ROW_CACHE_S = 1.0
 RegisterHook = Callable[[str, am.Heartbeat], Awaitable[None]]
 Relocator = Callable[[SandboxRow], Awaitable[SandboxRow]]
+Waker = Callable[[SandboxRow, Agent], Awaitable[SandboxRow]]
 
 
 @dataclass
@@ -58,6 +59,9 @@ class Fleet:
     relocator: Relocator | None = None
     """Given the row of a sandbox hibernated in the object store, the row of where it runs now (woken on
     another agent when its own is draining, down or lacks it); set by the control plane."""
+    waker: Waker | None = None
+    """Given a hibernated row and its agent, wakes it there (inside the workspace's quota) and returns the row;
+    set by the control plane, used by :meth:`route` with ``wake``."""
 
     def on_register(self, hook: RegisterHook) -> None:
         """Run ``hook(name, heartbeat)`` after an agent registered (new boot) or came back and was reconciled."""
@@ -105,8 +109,9 @@ class Fleet:
             asyncio.get_running_loop().create_task(cached[1].close())
         return client
 
-    async def route(self, sandbox_id: str, workspace_id: str | None) -> tuple[SandboxRow, Agent]:
-        """The sandbox's row and its agent (404 across workspaces; 409 when it is lost, stopped or failed)."""
+    async def route(self, sandbox_id: str, workspace_id: str | None, *, wake: bool = False) -> tuple[SandboxRow, Agent]:
+        """The sandbox's row and its agent (404 across workspaces; 409 when it is lost, stopped or failed). With
+        ``wake`` a hibernated sandbox is woken (by the ``waker``) before the caller's request reaches it."""
         row = await asyncio.to_thread(self.registry.get_sandbox, sandbox_id, workspace_id)
         if row.status == "lost":
             raise StateError(
@@ -119,7 +124,10 @@ class Fleet:
             raise StateError(f"sandbox {sandbox_id} is {row.status}", state=row.status, required="running")
         if self.relocator is not None and row.status == HIBERNATED and row.hibernation == HIBERNATION_STORED:
             row = await self.relocator(row)
-        return row, await self.agent(row.host)
+        agent = await self.agent(row.host)
+        if wake and self.waker is not None and row.status == HIBERNATED:
+            row = await self.waker(row, agent)
+        return row, agent
 
     async def live_agents(self) -> list[tuple[AgentRow, Agent]]:
         out = []

@@ -5,6 +5,10 @@
   children restore from the capture's hot copy); children that do not fit there land on other agents, which
   restore the snapshot from the object store once it is stored. A child that gets no place or fails is
   reported in ``errors``; it never fails the tree.
+
+Both ask the workspace's quota first (:mod:`.quotas`), a tree for all its children at once: a tree that does not
+fit is refused whole (429 ``quota_exceeded``) with nothing captured, reserved or created. A tree's capture is a
+snapshot, so it needs room in the ``snapshot_bytes`` quota too.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import logging
 import secrets
 from dataclasses import dataclass, field
 
+from ..agentapi import Agent
 from ..agentapi import models as am
 from ..errors import CryoboxError, NotFound
 from ..registry import ReservationRow, SandboxRow, SnapshotRow
@@ -56,25 +61,36 @@ class ForkControl:
     async def fork(self, sandbox_id: str, workspace_id: str, *, metadata: dict[str, str]) -> SandboxRow:
         parent, agent = await self.control.route(sandbox_id, workspace_id)
         child_id = new_sandbox_id()
-        reservation = await self.control.placement.reserve(await self._request(parent, only=parent.host), child_id)
-        try:
-            info = await agent.fork(sandbox_id, am.ForkRequest(child_id=child_id, metadata=metadata))
-        except BaseException:
-            with contextlib.suppress(CryoboxError):
-                await self.control.placement.release(reservation)
-            raise
-        return await self.control.commit(info, parent.host, agent, reservation)
+        with await self.control.quotas.admit(workspace_id, parent.cpu, parent.memory_mb, sandbox_ids=[child_id]):
+            request = await self._request(parent, only=parent.host)
+            reservation = await self.control.placement.reserve(request, child_id)
+            try:
+                info = await agent.fork(sandbox_id, am.ForkRequest(child_id=child_id, metadata=metadata))
+            except BaseException:
+                with contextlib.suppress(CryoboxError):
+                    await self.control.placement.release(reservation)
+                raise
+            return await self.control.commit(info, parent.host, agent, reservation)
 
     async def fork_tree(
         self, sandbox_id: str, workspace_id: str, *, count: int, metadata: dict[str, str]
     ) -> TreeOutcome:
         parent, agent = await self.control.route(sandbox_id, workspace_id)
+        child_ids = [new_sandbox_id() for _ in range(count)]
+        quotas = self.control.quotas
+        await quotas.admit_snapshot(workspace_id)  # the tree's capture is a snapshot of the workspace
+        with await quotas.admit(workspace_id, parent.cpu, parent.memory_mb, count, sandbox_ids=child_ids):
+            return await self._tree(parent, agent, workspace_id, child_ids, metadata)
+
+    async def _tree(
+        self, parent: SandboxRow, agent: Agent, workspace_id: str, child_ids: list[str], metadata: dict[str, str]
+    ) -> TreeOutcome:
+        sandbox_id = parent.id
         tree_id = f"tree-{secrets.token_hex(6)}"
         request = await self._request(parent)
         placed: list[tuple[int, str, ReservationRow]] = []
         errors: list[tuple[int, str]] = []
-        for index in range(count):  # decided in full before any restore starts: the tree is counted at once
-            child_id = new_sandbox_id()
+        for index, child_id in enumerate(child_ids):  # decided in full before any restore starts
             try:
                 placed.append((index, child_id, await self.control.placement.reserve(request, child_id)))
             except CryoboxError as err:

@@ -15,7 +15,8 @@ two requests racing, one wins; the other's copy is deleted unless it is the winn
 are deleted and the old agent, if reachable, forgets its copy (the row names the new host first, so that delete
 cannot touch the new one). An old agent that was unreachable forgets it when it registers again
 (:meth:`agent_registered`). While the old host is draining and alive, its copy is hibernated and stored again
-first (idempotent), so a wake there during the drain is not lost.
+first (idempotent), so a wake there during the drain is not lost. Such a wake asks the workspace's quota first
+(:mod:`.quotas`: its vCPUs and memory count again).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ..registry import (
 )
 from .fleet import Fleet
 from .placement import Placement, PlacementRequest
+from .quotas import QuotaGuard
 
 log = logging.getLogger(__name__)
 DRAINABLE = ("running", "paused", HIBERNATED)
@@ -107,6 +109,8 @@ class HibernationControl:
         self._moving: dict[str, asyncio.Lock] = {}
         self._draining: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[SandboxRow]] = set()
+        self.quotas: QuotaGuard | None = None
+        """The workspace quotas (set by the control plane); ``None``: unlimited."""
 
     # -- drain -------------------------------------------------------------------------------------------------
 
@@ -220,6 +224,12 @@ class HibernationControl:
         return status, agent
 
     async def _wake_elsewhere(self, row: SandboxRow) -> SandboxRow:
+        if self.quotas is None:
+            return await self._place_and_wake(row)
+        with await self.quotas.admit(row.workspace_id, row.cpu, row.memory_mb, sandbox_ids=[row.id], wake=True):
+            return await self._place_and_wake(row)
+
+    async def _place_and_wake(self, row: SandboxRow) -> SandboxRow:
         request = PlacementRequest(
             memory_mib=row.memory_mb, cpus=row.cpu, template=row.template, generation=row.hibernation_generation
         )

@@ -59,7 +59,8 @@ async def promote(sandbox_id: str, body: wire.PromoteRequest, ctx: Ctx) -> wire.
 
 
 async def _act(ctx: Ctx, sandbox_id: str, action: str) -> am.SandboxInfo:
-    agent = await ctx.control.agent_for(sandbox_id, ctx.workspace_id)
+    # resume and wake bring a hibernated sandbox back (inside the workspace's quota); pause and hibernate do not
+    agent = await ctx.control.agent_for(sandbox_id, ctx.workspace_id, wake=action in ("resume", "wake"))
     info: am.SandboxInfo = await getattr(agent, action)(sandbox_id)
     await ctx.control.record_state(sandbox_id, info)
     return info

@@ -7,6 +7,8 @@ Ordering rules (a crash at any step loses no record and leaks no files):
 - a sandbox delete deletes its snapshots unless they are ``retain`` or the delete says ``keep_snapshots``;
   those that stay become orphans (``orphaned_at``), and orphans that are not ``retain`` are deleted by the
   sweep once their grace period has passed, never before.
+- quota: a new snapshot (taken or imported) is refused with 429 ``quota_exceeded`` while the workspace's
+  snapshots hold its ``snapshot_bytes`` quota or more (:mod:`.quotas`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ..agentapi import models as am
 from ..errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound, ObjectNotFound, StateError
 from ..registry import Registry, SnapshotRow
 from .fleet import Fleet
+from .quotas import QuotaGuard
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +117,8 @@ class SnapshotControl:
         self.retention = retention
         self.objects = objects
         self._storing: dict[str, asyncio.Task[None]] = {}
+        self.quotas: QuotaGuard | None = None
+        """The workspace quotas (set by the control plane); ``None``: unlimited."""
 
     def _objects(self) -> ObjectStore:
         if self.objects is None:
@@ -161,7 +166,9 @@ class SnapshotControl:
     async def take(
         self, sandbox_id: str, workspace_id: str, *, labels: dict[str, str], retain: bool, quiesce: bool
     ) -> SnapshotRow:
-        sandbox, agent = await self.fleet.route(sandbox_id, workspace_id)
+        if self.quotas is not None:
+            await self.quotas.admit_snapshot(workspace_id)
+        sandbox, agent = await self.fleet.route(sandbox_id, workspace_id, wake=True)  # a hibernated one wakes first
         request = am.SnapshotRequest(snapshot_id=new_snapshot_id(), labels=labels, quiesce=quiesce)
         info = await agent.snapshot(sandbox_id, request)
         return await self.record(info, workspace_id, retain, labels, sandbox.host)
@@ -203,6 +210,8 @@ class SnapshotControl:
         with contextlib.suppress(NotFound):
             await asyncio.to_thread(self.registry.get_snapshot, snapshot_id)
             raise StateError(f"snapshot {snapshot_id} is already registered", state="exists", required="absent")
+        if self.quotas is not None:
+            await self.quotas.admit_snapshot(workspace_id, int(manifest.get("size_bytes") or 0))
         row = SnapshotRow(
             id=snapshot_id,
             workspace_id=workspace_id,

@@ -4,7 +4,8 @@ Built-in templates are global (``workspace_id`` NULL); their rows come from the 
 template belongs to the workspace that built it and is invisible (404) to others; names are unique across the
 fleet. A build runs on one agent (its progress streamed back); an agent that registers later rebuilds the
 custom templates it does not serve (a content-cache hit when the bake is already on its disk). Placement sends
-creates only to agents that serve the template.
+creates only to agents that serve the template. A build of a new name must fit the workspace's ``templates``
+quota (:mod:`.quotas`; 429 ``quota_exceeded`` otherwise).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound, S
 from ..image.specs import TemplateSpec, by_name, derived_spec
 from ..registry import Registry, TemplateRow
 from .fleet import Fleet
+from .quotas import QuotaGuard
 
 log = logging.getLogger(__name__)
 ROW_CACHE_S = 5.0
@@ -70,6 +72,8 @@ class TemplateJobs:
         self.progress: dict[str, str] = {}
         self._jobs: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._rows: dict[str, tuple[float, TemplateRow]] = {}
+        self.quotas: QuotaGuard | None = None
+        """The workspace quotas (set by the control plane); ``None``: unlimited."""
 
     async def _row(self, name: str) -> TemplateRow:
         cached = self._rows.get(name)
@@ -143,6 +147,12 @@ class TemplateJobs:
                 raise StateError(
                     f"template {request.name!r} is already building", state="building", required="ready|error"
                 )
+        if self.quotas is None:
+            return await self._start(workspace_id, request)
+        with await self.quotas.admit_template(workspace_id, request.name):  # held until the row is written
+            return await self._start(workspace_id, request)
+
+    async def _start(self, workspace_id: str, request: models.TemplateCreateRequest) -> TemplateRow:
         agent_name, agent = await self._builder()
         spec = spec_from_request(request)
         row = TemplateRow(

@@ -153,3 +153,32 @@ class DrainResponse(BaseModel):
 class AgentStatus(BaseModel):
     name: str
     status: str
+
+
+class QuotaLimits(BaseModel):
+    sandboxes: int
+    vcpus: int
+    memory_mib: int
+    snapshot_bytes: int
+    templates: int
+    default_ttl_s: int | None
+    """Given to creates without ``ttl_seconds`` (``null``: they never expire)."""
+    max_ttl_s: int
+
+
+class QuotaUsage(BaseModel):
+    sandboxes: int
+    """Sandboxes starting, running, paused or hibernated (plus creates in flight)."""
+    vcpus: int
+    """Of those but the hibernated ones."""
+    memory_mib: int
+    snapshot_bytes: int
+    templates: int
+    """Custom templates, any status."""
+
+
+class QuotaResponse(BaseModel):
+    workspace: str
+    workspace_id: str
+    limits: QuotaLimits
+    usage: QuotaUsage

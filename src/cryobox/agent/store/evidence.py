@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from ...errors import InvalidArgument, NotFound, PayloadTooLarge
+from ..vm.consolelog import tail_files
 
 DIR = "evidence"
 MAX_BYTES = 64 << 20
@@ -38,6 +39,29 @@ def collect(snapshot_dir: Path, files: dict[str, Path]) -> None:
             shutil.copyfile(source, target / check_name(name))
         except FileNotFoundError:
             continue
+
+
+def collect_logs(snapshot_dir: Path, logs: dict[str, Path]) -> None:
+    """Copy capped VM logs (:mod:`cryobox.agent.vm.consolelog`: the rotated part, then the current one) into
+    the snapshot's evidence, streamed and at most ``MAX_BYTES`` each (the newest bytes are kept)."""
+    target = snapshot_dir / DIR
+    target.mkdir(exist_ok=True)
+    for name, source in logs.items():
+        parts = tail_files(source)
+        if not parts:
+            continue
+        total = sum(p.stat().st_size for p in parts)
+        skip = max(0, total - MAX_BYTES)
+        with open(target / check_name(name), "wb") as out:
+            for part in parts:
+                with open(part, "rb") as src:
+                    size = part.stat().st_size
+                    if skip >= size:
+                        skip -= size
+                        continue
+                    src.seek(skip)
+                    skip = 0
+                    shutil.copyfileobj(src, out, 1 << 20)
 
 
 def put(snapshot_dir: Path, name: str, data: bytes) -> int:

@@ -163,7 +163,7 @@ class SnapshotStore:
                 keep_running=keep_running,
             )
             logs = {"console.log": vm.paths.console_log, "qemu.log": vm.paths.qemu_log}
-            await asyncio.to_thread(evidence.collect, work, logs)
+            await asyncio.to_thread(evidence.collect_logs, work, logs)
         except BaseException:
             self._discard(snapshot_id)
             raise

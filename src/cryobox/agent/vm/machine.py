@@ -211,7 +211,7 @@ def qemu_argv(
         "-device",
         "virtio-rng-device,rng=rng",
         "-chardev",
-        f"file,id=console,path={paths.console_log}",
+        f"file,id=console,path={paths.console_log},append=on",  # cut under QEMU by .consolelog.cap
         "-serial",
         "chardev:console",
         "-chardev",

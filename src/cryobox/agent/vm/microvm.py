@@ -115,6 +115,9 @@ class MicroVM:
         """The QEMU process's start time (``/proc/<pid>/stat``): with the pid, what names it across restarts."""
         self._qmp: QMPClient | None = None
         self.guest: GuestClient | None = None
+        self.violation: str | None = None
+        """Why the VM was killed for breaking the guest protocol, if it was."""
+        self._background: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
         return f"MicroVM({self.vm_id!r}, {self.state.value}, pid={self.pid})"
@@ -329,8 +332,16 @@ class MicroVM:
         if self.guest is not None and not self.guest.closed:
             return self.guest
         await _poll(self.paths.agent.exists, timeout, "the agent socket", self.alive)
-        self.guest = await GuestClient.connect(self.paths.agent, self.vm_id)
+        self.guest = await GuestClient.connect(self.paths.agent, self.vm_id, self._guest_violation)
         return self.guest
+
+    def _guest_violation(self, reason: str) -> None:
+        """The guest broke the host-guest protocol (hostile or broken): kill its VM, never block on it."""
+        self.log.error("guest of VM %s broke the protocol (%s): killing the VM", self.vm_id, reason)
+        self.violation = reason
+        task = asyncio.get_running_loop().create_task(self.kill(), name=f"kill-{self.vm_id}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def wait_guest_ready(self, timeout: float, ping_timeout: float = 0.5) -> dict[str, Any]:
         """Ping the guest agent until it answers (pings sent before the guest opens its port are lost)."""

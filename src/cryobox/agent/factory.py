@@ -305,6 +305,11 @@ class PrespawnPool:
     def ready_count(self) -> int:
         return len(self._ready)
 
+    @property
+    def held_count(self) -> int:
+        """QEMUs the pool holds, ready or being prepared (each maps its template's memory)."""
+        return len(self._ready) + self._spawning
+
     async def take(self) -> MicroVM:
         while self._ready:
             vm = self._ready.pop(0)

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import httpx
 import pytest
 
+from cryobox.agent.store.objstore import open_store
+from cryobox.agent.store.publish import snapshot_prefix
+from cryobox.errors import NotFound
+from cryobox.registry.rows import SnapshotRow
 from cryobox.server.tickets import PtyTickets
 from tests.unit.test_quotas import Env, agent, env, quota, registry
 
@@ -71,3 +78,21 @@ def test_tickets_are_single_use_bound_to_one_sandbox_and_expire() -> None:
     now[0] += 31
     assert tickets.redeem(three, "sb-1") is None
     assert tickets.redeem("pty_forged", "sb-1") is None
+
+
+async def test_importing_another_workspaces_snapshot_is_a_404_that_confirms_nothing(env: Env, tmp_path: Path) -> None:
+    store = open_store(f"file://{tmp_path / 'store'}")
+    env.control.snapshots.objects = store
+    other = env.registry.ensure_workspace("beta").id
+    row = SnapshotRow(
+        id="snap-theirs", workspace_id=other, template="base", path="", sandbox_id=None, parent_id=None,
+        size_bytes=1, pause_ms=0.0, labels={}, retain=False, created_at=1.0, host="", location="stored",
+    )  # fmt: skip
+    env.registry.add_snapshot(row)
+    store.put(f"{snapshot_prefix(row.id)}/manifest.json", json.dumps({"template": "base"}).encode())
+    theirs = env.control.snapshots.import_published
+    with pytest.raises(NotFound):
+        await theirs("snap-theirs", env.ws, labels={}, retain=False)
+    with pytest.raises(NotFound):  # exactly what an id that exists nowhere gives
+        await theirs("snap-nowhere", env.ws, labels={}, retain=False)
+    assert env.registry.get_snapshot("snap-theirs").workspace_id == other

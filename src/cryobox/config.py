@@ -90,5 +90,9 @@ class Paths:
         return self.cache_dir / "templates"
 
     def ensure(self) -> None:
+        """Create the directories; the data dir (keys, registry, records, VM run dirs) is readable by its owner
+        only (jailed QEMUs reach their own files through bind mounts, never through it)."""
         for path in (self.data_dir, self.bake_dir, self.images_dir, self.templates_dir):
             path.mkdir(parents=True, exist_ok=True)
+        if self.data_dir.stat().st_uid == os.getuid():
+            self.data_dir.chmod(0o700)

@@ -6,8 +6,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+MetaKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+MetaValue = Annotated[str, StringConstraints(max_length=1024)]
+Metadata = Annotated[dict[MetaKey, MetaValue], Field(max_length=64)]
+"""Request metadata: at most 64 entries, keys 1-128 and values up to 1024 characters (what a list filter needs)."""
+EnvKey = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^=\x00]+$")]
+EnvValue = Annotated[str, StringConstraints(max_length=32768, pattern=r"^[^\x00]*$")]
+Env = Annotated[dict[EnvKey, EnvValue], Field(max_length=256)]
+"""Environment variables: at most 256, names without ``=`` or NUL, values up to 32 KiB without NUL."""
 SandboxStatus = Literal["starting", "running", "paused", "hibernated", "stopped", "error", "lost"]
 BootMode = Literal["restore", "cold"]
 
@@ -23,9 +31,9 @@ class CreateSandboxRequest(BaseModel):
     template: str = Field(default="code-interpreter", min_length=1, max_length=128)
     ttl_seconds: int | None = Field(default=None, ge=1, le=30 * 24 * 3600)
     persistent: bool = False
-    metadata: dict[str, str] = Field(default_factory=dict)
+    metadata: Metadata = Field(default_factory=dict)
     from_snapshot: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
+    env: Env = Field(default_factory=dict)
     network: NetworkSpec | None = None
 
 
@@ -68,7 +76,7 @@ class ExecRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     cmd: str = Field(min_length=1, max_length=1 << 20)
     timeout_seconds: float | None = Field(default=60.0, gt=0, le=24 * 3600)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: Env = Field(default_factory=dict)
     cwd: str | None = None
     stdin: str | None = Field(default=None, max_length=64 << 20)
 

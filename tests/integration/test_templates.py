@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -84,8 +85,11 @@ def test_custom_template_build_use_scope_and_delete(server: ServeProcess) -> Non
     assert taken.status_code == 400 and "taken" in taken.json()["error"]
 
     assert httpx.delete(f"{server.url}/v1/templates/base", headers=headers).status_code == 409
+    bake = (server.cache_dir or Path("/var/cache/cryobox")) / "templates" / f"tpl-custom-{built['generation']}"
+    assert bake.is_dir()
     assert httpx.delete(f"{server.url}/v1/templates/tpl-custom", headers=headers).status_code == 204
     assert httpx.get(f"{server.url}/v1/templates/tpl-custom", headers=headers).status_code == 404
+    assert not bake.exists()  # a deleted template's bake leaves the image cache
     response = httpx.post(f"{server.url}/v1/sandboxes", json={"template": "tpl-custom"}, headers=headers)
     assert response.status_code == 404
 

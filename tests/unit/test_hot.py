@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cryobox.agent.store import hot
-from cryobox.agent.store.hot import HotImages, default_hot_dir
+from cryobox.agent.store.hot import PIN_S, HotBudgetExceeded, HotImages, default_budget, default_hot_dir
 from cryobox.agent.store.volume import allocated_bytes, copy_sparse
 from cryobox.errors import InvalidArgument
 
@@ -130,3 +130,52 @@ async def test_drop_wipe_close(images: HotImages, tmp_path: Path) -> None:
     assert not images.root.exists()
     images.wipe()  # the next agent start
     assert images.root.is_dir()
+
+
+def _image(path: Path, mib: int) -> Path:
+    path.write_bytes(os.urandom(mib * MiB))
+    return path
+
+
+async def test_a_full_budget_evicts_unmapped_durable_copies_least_recently_ensured_first(tmp_path: Path) -> None:
+    now = [1000.0]
+    mapped: set[str] = set()
+    hot = HotImages(tmp_path / "hot", budget_bytes=3 * MiB, in_use=lambda: mapped, clock=lambda: now[0])
+    hot.wipe()
+    a, b, c = (_image(tmp_path / n, 1) for n in "abc")
+    await hot.ensure("a", a)
+    now[0] += 100
+    await hot.ensure("b", b)
+    now[0] += 100
+    await hot.ensure("c", c)
+    assert hot.used_bytes() == 3 * MiB
+    mapped.add("a")  # a VM maps a: b is the oldest evictable
+    now[0] += 100
+    await hot.ensure("d", _image(tmp_path / "d", 1))
+    assert not hot.path("b").exists() and hot.path("a").exists() and hot.path("c").exists() and hot.evicted == 1
+    assert hot.used_bytes() <= 3 * MiB
+
+
+async def test_nothing_evictable_refuses_and_copies_nothing(tmp_path: Path) -> None:
+    now = [1000.0]
+    hot = HotImages(tmp_path / "hot", budget_bytes=2 * MiB, in_use=lambda: {"a"}, clock=lambda: now[0])
+    hot.wipe()
+    await hot.ensure("a", _image(tmp_path / "a", 1))  # mapped
+    await hot.ensure("b", _image(tmp_path / "b", 1))  # ensured just now: pinned for a VM about to map it
+    only = hot.path("snap")  # a capture's only copy (not made by ensure): never evicted
+    only.parent.mkdir()
+    with pytest.raises(HotBudgetExceeded) as refused:
+        await hot.ensure("c", _image(tmp_path / "c", 1))
+    assert refused.value.http_status == 503 and refused.value.details["budget_mib"] == 2
+    assert not hot.path("c").exists() and hot.path("a").exists() and hot.path("b").exists()
+    now[0] += PIN_S + 1  # b's pin runs out
+    await hot.ensure("c", tmp_path / "c")
+    assert not hot.path("b").exists() and hot.path("c").exists()
+
+
+def test_default_budget(tmp_path: Path) -> None:
+    assert default_budget(tmp_path, {"CRYOBOX_HOT_BUDGET_MIB": "100"}) == 100 * MiB
+    stat = os.statvfs(tmp_path)
+    assert default_budget(tmp_path, {}) == stat.f_blocks * stat.f_frsize * 3 // 4
+    with pytest.raises(InvalidArgument):
+        default_budget(tmp_path, {"CRYOBOX_HOT_BUDGET_MIB": "lots"})

@@ -182,6 +182,18 @@ def test_an_agent_without_the_memory_is_never_chosen_even_with_the_locality_bonu
     assert choose(BASE, [load("a", total_mib=4 * MIB, committed=4, max_sandboxes=100)]) is None
 
 
+def test_warm_pool_memory_counts_as_used() -> None:
+    """Pooled QEMUs map their template's memory: an agent whose pools hold most of it is not chosen."""
+    roomy = load("a", total_mib=4 * MIB)
+    pooled = replace(roomy, agent=replace(roomy.agent, capacity={**roomy.agent.capacity, "memory_pooled_mib": 3 * MIB}))
+    assert choose(BASE, [pooled]) == "a"  # one more still fits exactly
+    full = replace(
+        pooled, agent=replace(pooled.agent, capacity={**pooled.agent.capacity, "memory_pooled_mib": 3 * MIB + 1})
+    )
+    assert choose(BASE, [full]) is None
+    assert choose(BASE, [full, load("b", total_mib=2 * MIB)]) == "b"
+
+
 def test_only_agents_serving_the_template_and_generation() -> None:
     a = load("a", total_mib=1 << 20)  # the best score, serving base g1
     b = load("b", templates={"base": "g2"})

@@ -64,6 +64,13 @@ class VmFactory:
         self.firewall = firewall
         self._seed_locks: dict[Path, asyncio.Lock] = {}
         self._leases: dict[str, Slot] = {}
+        self._vms: dict[str, MicroVM] = {}
+        """Every VM this factory made or adopted and has not destroyed (what maps hot copies)."""
+
+    def mapped_hot_keys(self) -> set[str]:
+        """The hot copies some live VM maps (never evicted)."""
+        keys = (self.hot.key_of(vm.memory.path) for vm in self._vms.values())
+        return {k for k in keys if k is not None}
 
     def slot_of(self, vm: MicroVM) -> Slot | None:
         """The network slot ``vm`` runs in (its guest is reachable at ``slot.address``)."""
@@ -150,6 +157,7 @@ class VmFactory:
             await self._release(vm_id)
             raise
         vm = MicroVM(vm_id, source.machine, paths, memory, paths.disk, net, jail)
+        self._vms[vm_id] = vm
         try:
             await vm.start(incoming=True)
             await vm.connect_guest()
@@ -170,6 +178,7 @@ class VmFactory:
         with open(memory, "wb") as fh:
             fh.truncate(machine.memory_mib << 20)
         vm = MicroVM(vm_id, machine, paths, MemoryBacking(memory, share=False), paths.disk)
+        self._vms[vm_id] = vm
         try:
             vm.net = await self._attach(vm_id, machine)
             vm.jail = self._jail_for(vm_id)
@@ -236,6 +245,7 @@ class VmFactory:
             self._leases[vm.vm_id] = self.slots.adopt(record.slot_index)
         if record.uid is not None:
             vm.jail = self._jail_for(vm.vm_id, record.uid)
+        self._vms[vm.vm_id] = vm
         return vm
 
     def placeholder(self, sandbox_id: str, machine: MachineConfig) -> MicroVM:
@@ -258,6 +268,7 @@ class VmFactory:
         await self._release(vm.vm_id)
 
     async def _release(self, vm_id: str) -> None:
+        self._vms.pop(vm_id, None)
         extra = self._extra.pop(vm_id, None)
         if extra is not None:
             self._extra_uids.give(extra)
@@ -304,6 +315,11 @@ class PrespawnPool:
     @property
     def ready_count(self) -> int:
         return len(self._ready)
+
+    @property
+    def held_count(self) -> int:
+        """QEMUs the pool holds, ready or being prepared (each maps its template's memory)."""
+        return len(self._ready) + self._spawning
 
     async def take(self) -> MicroVM:
         while self._ready:

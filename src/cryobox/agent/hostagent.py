@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -114,6 +115,9 @@ class HostAgent(HibernationEndpoints):
             max_concurrent_restores=self.admission.config.max_concurrent,
             admission_queue_depth=self.admission.queue_depth,
             prespawned=sum(pool.ready_count for pool in self.service.pools.values()),
+            memory_pooled_mib=sum(
+                pool.held_count * pool.template.machine.memory_mib for pool in self.service.pools.values()
+            ),
             templates_ready={name: t.generation for name, t in self.service.templates.items()},
             hot_images=sorted(await asyncio.to_thread(self._hot_keys)),
             local_snapshots=await asyncio.to_thread(self.host.snapshots.ids),
@@ -369,7 +373,22 @@ class HostAgent(HibernationEndpoints):
                     await job
 
     async def remove_template(self, name: str) -> None:
+        template = self.service.templates.get(name)
         await self.service.remove_template(name)
+        if template is not None and not self.service.uses_template(name):
+            await asyncio.to_thread(self._remove_bake, template)
+
+    def _remove_bake(self, template: Template) -> None:
+        """Delete a removed template's bake from the image cache, unless a snapshot or hibernation here still
+        builds on it (their disks are overlays of its disk)."""
+        paths = self.host.config.paths
+        for root in (paths.snapshots_dir, paths.hibernate_dir):
+            for manifest in root.glob("*/manifest.json"):
+                with contextlib.suppress(OSError):
+                    if template.generation in manifest.read_text():
+                        return
+        shutil.rmtree(template.path, ignore_errors=True)
+        log.info("removed the bake of template %s (%s)", template.name, template.path)
 
     async def close(self) -> None:
         """Nothing to release: the agent's owner stops the host (:meth:`Host.close`)."""

@@ -21,7 +21,7 @@ from ..errors import CryoboxError, VmmError
 from ..util import procfs
 from .storage import MemoryMode
 from .store.fusefs import prefix_of
-from .store.hot import HotImages
+from .store.hot import HotBudgetExceeded, HotImages
 from .store.memclient import MemoryServerProcess
 from .store.publish import template_prefix
 from .store.snapshots import SnapshotImage
@@ -99,7 +99,17 @@ class MemorySource:
         if not source.memory.exists() and not self.hot.path(source.hot_key).exists():
             # (a snapshot still being made durable has only its hot copy: fork_tree children restore from it)
             raise VmmError(f"{source.path} has no memory image here and none in the object store")
-        return MemoryBacking(await self.hot.ensure(source.hot_key, source.memory), share=False)
+        try:
+            return MemoryBacking(await self.hot.ensure(source.hot_key, source.memory), share=False)
+        except HotBudgetExceeded:
+            if self.memserver is None or not isinstance(source, Template):
+                raise
+            log.warning("hot memory is full: %s pages from the memory server instead", source.name)
+            return MemoryBacking(
+                self.memserver.path_for(template_prefix(source.name, source.generation)),
+                share=False,
+                write_trackable=False,
+            )
 
     async def explain(self, vm: MicroVM) -> CryoboxError | None:
         """Why a lazily paged VM died, if the memory server recorded a failed chunk fetch for its image since the

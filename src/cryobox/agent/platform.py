@@ -35,7 +35,7 @@ from .records import SandboxRecords
 from .service import SandboxService
 from .stopmode import OnStop
 from .storage import MemoryMode, StorageConfig, TemplateSource
-from .store.hot import HotImages
+from .store.hot import HotImages, default_budget
 from .store.memclient import MemoryServerProcess, MemServerConfig
 from .store.objstore import ObjectStore, open_store
 from .store.publish import fetch_template, publish_template
@@ -267,7 +267,7 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
     await asyncio.to_thread(functools.partial(firewall.ensure, fresh=True, egress=found.egress(plan)))
     slots = started.slots = SlotPool(plan, size=config.net_pool, egress=firewall)
     progress(f"network slots from {plan.cidr} (tag {plan.tag}, {config.net_pool} pre-built)")
-    hot = HotImages(paths.hot_dir)
+    hot = HotImages(paths.hot_dir, default_budget(paths.hot_dir))
     await asyncio.to_thread(hot.wipe, found.hot_keys(hot))
     snapshots = SnapshotStore(paths.snapshots_dir, hot, qemu_version())
     hibernation = SnapshotStore(paths.hibernate_dir, hot, qemu_version())
@@ -289,6 +289,7 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
         MemorySource(hot, memserver, config.storage.memory_mode, config.storage.prefetch),
         jail,
     )
+    hot.in_use = factory.mapped_hot_keys
     service = SandboxService(
         {},
         factory,

@@ -120,11 +120,19 @@ class SandboxService:
         self.pools[template.name].refill()
 
     async def remove_template(self, name: str) -> None:
-        """Stop creating from ``name``; running sandboxes of it keep running."""
-        self.templates.pop(name, None)
+        """Stop creating from ``name``; running sandboxes of it keep running. Its hot copy goes unless a
+        sandbox still maps it."""
+        template = self.templates.pop(name, None)
         pool = self.pools.pop(name, None)
         if pool is not None:
             await pool.close()
+        if template is not None:
+            hot = self.factory.hot.path(template.hot_key)
+            if not any(s.vm.memory.path == hot for s in self.sandboxes.values()):
+                await asyncio.to_thread(self.factory.hot.drop, template.hot_key)
+
+    def uses_template(self, name: str) -> bool:
+        return any(s.template == name for s in self.sandboxes.values())
 
     def _spawn_background(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)

@@ -259,6 +259,8 @@ class Capacity(_Model):
     admission_queue_depth: int = 0
     prespawned: int = 0
     """Warm QEMUs waiting in the template pools."""
+    memory_pooled_mib: int = 0
+    """Guest memory of the pools' QEMUs (ready or being prepared): placement counts it as used."""
     templates_ready: dict[str, str] = Field(default_factory=dict)
     """Template name -> the generation this agent serves."""
     hot_images: list[str] = Field(default_factory=list)
@@ -268,7 +270,7 @@ class Capacity(_Model):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def memory_free_mib(self) -> int:
-        return max(0, self.memory_total_mib - self.memory_committed_mib)
+        return max(0, self.memory_total_mib - self.memory_committed_mib - self.memory_pooled_mib)
 
     @computed_field  # type: ignore[prop-decorator]
     @property

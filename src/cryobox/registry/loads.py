@@ -72,4 +72,7 @@ def agent_loads(s: Session, agents: Sequence[m.Agent], now: float) -> list[Agent
 
 def free_memory(load: AgentLoad) -> int | None:
     total = load.agent.capacity.get("memory_total_mib")
-    return total - load.used_memory_mib if isinstance(total, int) and not isinstance(total, bool) else None
+    if not isinstance(total, int) or isinstance(total, bool):
+        return None
+    pooled = load.agent.capacity.get("memory_pooled_mib", 0)
+    return total - load.used_memory_mib - (pooled if isinstance(pooled, int) else 0)

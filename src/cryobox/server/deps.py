@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -16,6 +16,7 @@ from .forks_ctl import ForkControl
 from .keycache import KeyCache
 from .metrics import Metrics
 from .ratelimit import RateLimiter
+from .tickets import PtyTickets
 
 
 @dataclass
@@ -27,6 +28,7 @@ class AppContext:
     host: str
     version: str
     keys: KeyCache
+    tickets: PtyTickets = field(default_factory=PtyTickets)
 
     @property
     def registry(self) -> Registry:

@@ -51,7 +51,8 @@ class PlacementRequest:
 
 def free_memory_mib(load: AgentLoad) -> int:
     total = int(load.agent.capacity.get("memory_total_mib", 0))
-    return total - load.committed_memory_mib - load.reserved_memory_mib
+    pooled = int(load.agent.capacity.get("memory_pooled_mib", 0))  # warm-pool QEMUs hold memory too
+    return total - pooled - load.committed_memory_mib - load.reserved_memory_mib
 
 
 def free_slots(load: AgentLoad) -> int:

@@ -1,7 +1,9 @@
 """``GET /v1/sandboxes/{id}/pty`` (websocket): an interactive terminal in the sandbox.
 
-Authentication: ``Authorization: Bearer <key>`` or ``?token=<key>``. Query parameters ``cols``, ``rows``
-(initial size) and ``cmd`` (default: a login shell).
+Authentication: ``Authorization: Bearer <key>``, or ``?ticket=<ticket>`` from ``POST
+/v1/sandboxes/{id}/pty/tickets`` (single use, 30 s; for browsers, which cannot set headers on a websocket). A
+key in the query string (``?token=``) is refused: it would end up in access logs. Query parameters ``cols``,
+``rows`` (initial size) and ``cmd`` (default: a login shell).
 
 Messages, server to client: binary = terminal output; text = JSON control messages ``{"session": id}`` (once,
 first), ``{"exit_code": n}`` (last, when the program exited) or ``{"error": message, "code": code}`` (then the
@@ -23,7 +25,8 @@ from ..agent.guest_client import unb64
 from ..agentapi import Agent
 from ..agentapi import models as am
 from ..errors import CryoboxError, InvalidArgument, Unauthorized
-from .deps import AppContext
+from .deps import AppContext, Ctx
+from .errors import ERROR_RESPONSES
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +39,33 @@ def _token(websocket: WebSocket) -> str | None:
     header = websocket.headers.get("authorization")
     if header and header.lower().startswith("bearer ") and header[7:].strip():
         return header[7:].strip()
-    token = websocket.query_params.get("token")
-    return token or None
+    return None
+
+
+async def _workspace(websocket: WebSocket, ctx: AppContext, sandbox_id: str) -> str:
+    if websocket.query_params.get("token"):
+        raise Unauthorized("API keys in the URL are refused; send Authorization: Bearer <key> or use a ticket")
+    ticket = websocket.query_params.get("ticket")
+    if ticket:
+        workspace_id = ctx.tickets.redeem(ticket, sandbox_id)
+        if workspace_id is None:
+            raise Unauthorized("invalid, used or expired terminal ticket")
+        return workspace_id
+    key = _token(websocket)
+    if key is None:
+        raise Unauthorized("missing API key (Authorization: Bearer <key>) or terminal ticket (?ticket=)")
+    workspace = await asyncio.to_thread(ctx.keys.authenticate, key)
+    if workspace is None:
+        raise Unauthorized("invalid or revoked API key")
+    return workspace.id
+
+
+@router.post("/{sandbox_id}/pty/tickets", status_code=201, responses=ERROR_RESPONSES)
+async def pty_ticket(sandbox_id: str, ctx: Ctx) -> dict[str, object]:
+    """A single-use ticket for one terminal connection to this sandbox (``?ticket=`` on the websocket)."""
+    await ctx.control.agent_for(sandbox_id, ctx.workspace_id)  # 404 for a sandbox the caller cannot see
+    ticket = ctx.app.tickets.issue(ctx.workspace_id, sandbox_id)
+    return {"ticket": ticket, "expires_in_s": ctx.app.tickets.ttl_s}
 
 
 def _dimension(websocket: WebSocket, name: str, default: int) -> int:
@@ -64,17 +92,12 @@ async def pty(websocket: WebSocket, sandbox_id: str) -> None:
     ctx: AppContext = websocket.app.state.ctx
     await websocket.accept()
     try:
-        key = _token(websocket)
-        if key is None:
-            raise Unauthorized("missing API key (Authorization: Bearer <key> or ?token=<key>)")
-        workspace = await asyncio.to_thread(ctx.keys.authenticate, key)
-        if workspace is None:
-            raise Unauthorized("invalid or revoked API key")
-        ctx.limiter.check(workspace.id)
+        workspace_id = await _workspace(websocket, ctx, sandbox_id)
+        ctx.limiter.check(workspace_id)
         args: dict[str, Any] = {"cols": _dimension(websocket, "cols", 80), "rows": _dimension(websocket, "rows", 24)}
         if websocket.query_params.get("cmd"):
             args["cmd"] = websocket.query_params["cmd"]
-        agent = await ctx.control.agent_for(sandbox_id, workspace.id)
+        agent = await ctx.control.agent_for(sandbox_id, workspace_id)
     except CryoboxError as error:
         await _send_error(websocket, error)
         return

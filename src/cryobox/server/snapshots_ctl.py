@@ -207,8 +207,14 @@ class SnapshotControl:
             raise NotFound(
                 f"snapshot {snapshot_id!r} is not published in {objects.url}", details={"id": snapshot_id}
             ) from None
-        with contextlib.suppress(NotFound):
-            await asyncio.to_thread(self.registry.get_snapshot, snapshot_id)
+        try:
+            existing: SnapshotRow | None = await asyncio.to_thread(self.registry.get_snapshot, snapshot_id)
+        except NotFound:
+            existing = None
+        if existing is not None and existing.workspace_id != workspace_id:
+            # another tenant's snapshot: not importable, and its existence is not confirmed either
+            raise NotFound(f"snapshot {snapshot_id!r} is not published in {objects.url}", details={"id": snapshot_id})
+        if existing is not None:
             raise StateError(f"snapshot {snapshot_id} is already registered", state="exists", required="absent")
         if self.quotas is not None:
             await self.quotas.admit_snapshot(workspace_id, int(manifest.get("size_bytes") or 0))

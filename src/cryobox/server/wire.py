@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from ..models import Sandbox, SandboxStatus
+from ..models import Metadata, Sandbox, SandboxStatus
 
 LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 LabelValue = Annotated[str, StringConstraints(max_length=1024)]
@@ -63,7 +63,7 @@ class SnapshotList(BaseModel):
 
 class ForkRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    metadata: dict[str, str] = Field(default_factory=dict)
+    metadata: Metadata = Field(default_factory=dict)
 
 
 class ForkResponse(BaseModel):
@@ -74,7 +74,7 @@ class ForkResponse(BaseModel):
 class ForkTreeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     count: int = Field(default=2, ge=1, le=16)
-    metadata: dict[str, str] = Field(default_factory=dict)
+    metadata: Metadata = Field(default_factory=dict)
 
 
 class ForkTreeError(BaseModel):

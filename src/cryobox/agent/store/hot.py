@@ -10,6 +10,12 @@ first copied, sparsely, into a per-host directory on tmpfs::
 ``key`` names the image's content (e.g. a template generation): a key already present is never copied again.
 The root is wiped when the agent starts (except what adopted VMs map) and when it stops with ``--on-stop kill``;
 VMs still mapping an unlinked file keep their pages.
+
+**Bounded**: copies together may take at most ``budget_bytes`` (``CRYOBOX_HOT_BUDGET_MIB``; default 75 % of
+the tmpfs). A copy that does not fit first evicts, least recently ensured first, copies that are durable
+elsewhere (made by :meth:`ensure` from a file that still exists), that no VM maps (``in_use``) and that were
+not ensured in the last :data:`PIN_S` seconds (a VM about to map one); if that is not enough it raises
+:class:`HotBudgetExceeded` and the caller pages the image lazily or refuses the restore (503).
 """
 
 from __future__ import annotations
@@ -19,13 +25,32 @@ import hashlib
 import os
 import re
 import shutil
-from collections.abc import Collection, Mapping
+import time
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
-from ...errors import InvalidArgument
-from .volume import copy_sparse
+from ...errors import HostUnavailable, InvalidArgument
+from .volume import allocated_bytes, copy_sparse
 
 _KEY = re.compile(r"[A-Za-z0-9._-]{1,200}")
+ENV_BUDGET = "CRYOBOX_HOT_BUDGET_MIB"
+PIN_S = 60.0
+
+
+class HotBudgetExceeded(HostUnavailable):
+    """No room for another hot copy: everything there is mapped, pinned or the only copy."""
+
+
+def default_budget(root: Path, env: Mapping[str, str] | None = None) -> int:
+    raw = (os.environ if env is None else env).get(ENV_BUDGET, "").strip()
+    if raw:
+        try:
+            return int(raw) << 20
+        except ValueError:
+            raise InvalidArgument(f"{ENV_BUDGET} must be an integer (MiB), not {raw!r}") from None
+    probe = root if root.exists() else root.parent
+    stat = os.statvfs(probe)
+    return stat.f_blocks * stat.f_frsize * 3 // 4
 
 
 def default_hot_dir(data_dir: Path, env: Mapping[str, str] | None = None) -> Path:
@@ -40,10 +65,24 @@ def default_hot_dir(data_dir: Path, env: Mapping[str, str] | None = None) -> Pat
 class HotImages:
     """Hot copies of memory images under ``root``; an image is copied at most once however many ask for it."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(
+        self,
+        root: Path,
+        budget_bytes: int | None = None,
+        in_use: Callable[[], Collection[str]] = frozenset,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.root = root
+        self.budget_bytes = budget_bytes
+        self.in_use = in_use
+        self.clock = clock
+        self.evicted = 0
         self._locks: dict[str, asyncio.Lock] = {}
         self._waiting: dict[str, int] = {}
+        self._sources: dict[str, Path] = {}
+        """Copies this process made from a durable file, and that file."""
+        self._ensured: dict[str, float] = {}
+        """When each key was last handed out (least recently ensured are evicted first)."""
 
     def wipe(self, keep: Collection[str] = ()) -> None:
         """Remove everything in ``root`` but the hot copies named in ``keep`` (adopted VMs map them), creating
@@ -76,6 +115,7 @@ class HotImages:
         renamed, so a half-written image is never visible at the returned path.
         """
         hot = self.path(key)
+        self._ensured[key] = self.clock()
         if hot.exists():
             return hot
         lock = self._locks.setdefault(key, asyncio.Lock())
@@ -83,16 +123,51 @@ class HotImages:
         try:
             async with lock:
                 if not hot.exists():
+                    await asyncio.to_thread(self._make_room, key, allocated_bytes(src))
                     await asyncio.to_thread(_copy_in, src, hot)
+                    self._sources[key] = src
         finally:
             self._waiting[key] -= 1
             if not self._waiting[key]:
                 del self._waiting[key], self._locks[key]
+        self._ensured[key] = self.clock()
         return hot
+
+    def used_bytes(self) -> int:
+        if not self.root.is_dir():
+            return 0
+        return sum(allocated_bytes(d / "memory") for d in self.root.iterdir() if (d / "memory").exists())
+
+    def _make_room(self, key: str, needed: int) -> None:
+        if self.budget_bytes is None:
+            return
+        used = self.used_bytes()
+        if used + needed <= self.budget_bytes:
+            return
+        busy, now = set(self.in_use()), self.clock()
+        candidates = sorted(
+            (k for k, src in self._sources.items() if k != key and k not in busy and src.exists()),
+            key=lambda k: self._ensured.get(k, 0.0),
+        )
+        for victim in candidates:
+            if now - self._ensured.get(victim, 0.0) < PIN_S:
+                continue
+            freed = allocated_bytes(self.path(victim))
+            self.drop(victim)
+            self.evicted += 1
+            used -= freed
+            if used + needed <= self.budget_bytes:
+                return
+        raise HotBudgetExceeded(
+            f"hot memory budget of {self.budget_bytes >> 20} MiB is full ({used >> 20} MiB mapped or pinned)",
+            details={"budget_mib": self.budget_bytes >> 20, "used_mib": used >> 20, "needed_mib": needed >> 20},
+        )
 
     def drop(self, key: str) -> None:
         """Remove the hot copy for ``key`` (nothing happens if there is none)."""
         shutil.rmtree(self.path(key).parent, ignore_errors=True)
+        self._sources.pop(key, None)
+        self._ensured.pop(key, None)
 
     def close(self) -> None:
         """Remove ``root`` and everything in it."""

@@ -48,12 +48,12 @@ def test_a_console_flood_is_capped_on_disk(server: ServeProcess, api: Api, sandb
     before = _rss_mib(pid)
     with Sandbox.create(template="base", **api) as noisy:
         run_dir = Path(str(_vm(server, noisy.id)["root"]))
-        # 24 MiB of random bytes to the serial console (six times the cap), as fast as the guest can write
-        result = noisy.exec("head -c 25165824 /dev/urandom > /dev/ttyS0; echo wrote", timeout_seconds=300)
+        # 9 MiB of random bytes to the serial console (over twice the cap; the UART takes ~0.4 MB/s under TCG)
+        result = noisy.exec("head -c 9437184 /dev/urandom > /dev/ttyS0; echo wrote", timeout_seconds=300)
         assert result.stdout == "wrote\n", result
         time.sleep(2.5)  # the capper runs every second
         sizes = {p.name: p.stat().st_size for p in run_dir.glob("console.log*")}
-        print(f"\nconsole flood of 24 MiB: log files {sizes}; agent RSS {before:.0f} -> {_rss_mib(pid):.0f} MiB")
+        print(f"\nconsole flood of 9 MiB: log files {sizes}; agent RSS {before:.0f} -> {_rss_mib(pid):.0f} MiB")
         assert "console.log.1" in sizes, sizes  # it was rotated...
         assert sizes["console.log.1"] <= KEEP_BYTES and sizes["console.log"] <= MAX_BYTES, sizes  # ...and is small
         snap = noisy.snapshot()
@@ -147,7 +147,7 @@ def test_fork_bomb_and_memory_hog_stay_inside_their_vm(server: ServeProcess, api
             "nohup python3 -c 'b = []\nwhile True: b.append(bytearray(64 << 20))' >/dev/null 2>&1 &",
             timeout_seconds=30,
         )
-        time.sleep(15)
+        time.sleep(8)
         latency = _answers(sandbox, within_s=60)
         for victim in (bomb, hog):
             qemu = int(str(_vm(server, victim.id)["pid"]))

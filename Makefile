@@ -50,6 +50,7 @@ bench: setup
 	$(CRYOBOX) bench burst --n 32 --json --plot bench/results/burst.png $(ARGS)
 	$(CRYOBOX) bench burst --n 32 --faults latency_ms=50,bandwidth_mbps=200 --json --plot bench/results/burst-slow-store.png $(ARGS)
 	$(CRYOBOX) bench fleet --n 48 --agents 3 --json --plot bench/results/fleet.png $(ARGS)
+	$(CRYOBOX) bench restart --json $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

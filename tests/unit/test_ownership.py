@@ -98,7 +98,7 @@ def test_owner_records_round_trip_and_claim_writes_one(tmp_path: Path) -> None:
         assert written.tag == tag_for(paths.data_dir) and written.data_dir == str(paths.data_dir.resolve())
         assert written.hot_dir == "/dev/shm/cryobox-test" and written.pid > 0 and written.started_at > 0
         on_disk = json.loads((owners / f"{written.tag}.json").read_text())
-        assert set(on_disk) == {"tag", "data_dir", "hot_dir", "pid", "started_at"}
+        assert set(on_disk) == {"tag", "data_dir", "hot_dir", "pid", "started_at", "uid_base"}
         assert list(owners.iterdir()) == [owners / f"{written.tag}.json"]  # no temp file left behind
         with pytest.raises(StateError):
             Ownership(paths, owners).claim()  # a second claim in the same process is refused too
@@ -111,6 +111,27 @@ def test_owner_records_round_trip_and_claim_writes_one(tmp_path: Path) -> None:
     (owners / "junk.json").write_text("{not json")
     assert sorted(r.tag for r in read_owners(owners)) == sorted([written.tag, "abcdef"])
     assert remove_owner("abcdef", owners) and not remove_owner("abcdef", owners)
+
+
+def test_a_jail_uid_range_in_use_by_another_running_agent_is_refused(
+    tmp_path: Path, holder: subprocess.Popen[str]
+) -> None:
+    owners = tmp_path / "owners"
+    theirs = OwnerRecord("abc123", str((tmp_path / "data").resolve()), "/dev/shm/x", holder.pid, 1.0, 5_000_000)
+    write_owner(theirs, owners)  # the agent of tmp_path/data runs (holder) with uids from 5,000,000
+    paths = Paths(tmp_path / "mine", tmp_path / "cache", hot_dir=Path("/dev/shm/cryobox-mine"))
+    with pytest.raises(StateError) as refused:
+        Ownership(paths, owners).claim(uid_base=5_000_000)
+    assert "CRYOBOX_JAIL_UID_BASE" in refused.value.message and str(tmp_path / "data") in refused.value.message
+    assert not held_by_other(paths.data_dir) and [r.tag for r in read_owners(owners)] == ["abc123"]  # nothing taken
+    ownership = Ownership(paths, owners).claim(uid_base=5_065_536)  # another range is fine
+    try:
+        assert {r.uid_base for r in read_owners(owners)} == {5_000_000, 5_065_536}
+    finally:
+        ownership.release()
+    holder.kill()
+    holder.wait()
+    Ownership(paths, owners).claim(uid_base=5_000_000).release()  # a stopped agent's range is free again
 
 
 def test_owners_dir_from_env() -> None:

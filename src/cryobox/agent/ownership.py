@@ -143,15 +143,20 @@ class OwnerRecord:
     hot_dir: str
     pid: int
     started_at: float
+    uid_base: int | None = None
+    """The first uid of the data dir's jail range (``None``: not jailed)."""
 
     @classmethod
-    def for_paths(cls, paths: Paths, pid: int | None = None, started_at: float | None = None) -> OwnerRecord:
+    def for_paths(
+        cls, paths: Paths, pid: int | None = None, started_at: float | None = None, uid_base: int | None = None
+    ) -> OwnerRecord:
         return cls(
             tag=tag_for(paths.data_dir),
             data_dir=str(paths.data_dir.resolve()),
             hot_dir=str(paths.hot_dir),
             pid=os.getpid() if pid is None else pid,
             started_at=time.time() if started_at is None else started_at,
+            uid_base=uid_base,
         )
 
     @classmethod
@@ -164,6 +169,7 @@ class OwnerRecord:
             hot_dir=str(value["hot_dir"]),
             pid=int(value["pid"]),
             started_at=float(value["started_at"]),
+            uid_base=int(value["uid_base"]) if value.get("uid_base") is not None else None,
         )
 
 
@@ -208,11 +214,21 @@ class Ownership:
         self.lock = OwnerLock(paths.data_dir)
         self.record: OwnerRecord | None = None
 
-    def claim(self) -> Ownership:
-        """:raises StateError: another agent runs on this data dir (nothing is written then)."""
+    def claim(self, uid_base: int | None = None) -> Ownership:
+        """:raises StateError: another agent runs on this data dir, or a running agent of another data dir
+        jails its VMs with the same uid range (nothing is written then)."""
         self.lock.acquire()
         try:
-            self.record = OwnerRecord.for_paths(self.paths)
+            mine = str(self.paths.data_dir.resolve())
+            for other in read_owners(self.owners_dir) if uid_base is not None else []:
+                if other.uid_base == uid_base and other.data_dir != mine and held_by_other(Path(other.data_dir)):
+                    raise StateError(
+                        f"jail uids from {uid_base} are in use by the agent of {other.data_dir}; "
+                        "set CRYOBOX_JAIL_UID_BASE to a free range",
+                        state="uids_in_use",
+                        required="free_uid_range",
+                    )
+            self.record = OwnerRecord.for_paths(self.paths, uid_base=uid_base)
             write_owner(self.record, self.owners_dir)
         except BaseException:
             self.lock.release()

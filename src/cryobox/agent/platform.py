@@ -237,7 +237,9 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
     paths.ensure()
     # one agent per data dir (StateError if another holds it); the owner record lets `cryobox gc` find what
     # this data dir's agents leave on the host
-    ownership = started.ownership = await asyncio.to_thread(Ownership(paths).claim)
+    jail = JailSettings.for_tag(tag_for(paths.data_dir))
+    uid_base = jail.uid_base if jail is not None else None
+    ownership = started.ownership = await asyncio.to_thread(Ownership(paths).claim, uid_base)
     volume = started.volume = await asyncio.to_thread(ensure_volume, paths.data_dir)
     progress(f"data volume {volume.root} ({'reflink' if volume.reflink else 'copy'}, image {volume.image})")
     records = SandboxRecords(paths.records_dir)
@@ -247,7 +249,6 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
     if killed:
         progress(f"reclaimed {killed} leftover QEMU process(es)")
     tag = tag_for(paths.data_dir)
-    jail = JailSettings.for_tag(tag)
     weakened = await asyncio.to_thread(prepare_host, jail) if jail is not None else []
     if jail is not None and jail.cgroups is not None:
         await asyncio.to_thread(jail.cgroups.reclaim, set(found.keep_vms()))

@@ -13,6 +13,7 @@ from ..errors import Unauthorized
 from ..registry import Registry, WorkspaceInfo
 from .control import ControlPlane
 from .forks_ctl import ForkControl
+from .gate import bearer_key
 from .keycache import KeyCache
 from .metrics import Metrics
 from .ratelimit import RateLimiter
@@ -61,10 +62,10 @@ def context(request: Request) -> AppContext:
 
 
 async def authenticated(request: Request, ctx: Annotated[AppContext, Depends(context)]) -> Caller:
-    header = request.headers.get("authorization")
-    if not header or not header.lower().startswith("bearer ") or not header[7:].strip():
+    key = bearer_key(request.headers.get("authorization"))
+    if key is None:
         raise Unauthorized("missing bearer API key (Authorization: Bearer <key>)")
-    workspace = await asyncio.to_thread(ctx.keys.authenticate, header[7:].strip())
+    workspace = await asyncio.to_thread(ctx.keys.authenticate, key)
     if workspace is None:
         raise Unauthorized("invalid or revoked API key")
     ctx.limiter.check(workspace.id)

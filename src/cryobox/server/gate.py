@@ -51,12 +51,20 @@ class FailedAuth:
                 del self._buckets[key]
 
 
+def bearer_key(authorization: str | None) -> str | None:
+    """The key of an ``Authorization: Bearer <key>`` header value (the one parser of it)."""
+    text = (authorization or "").strip()
+    if text.lower().startswith("bearer ") and text[7:].strip():
+        return text[7:].strip()
+    return None
+
+
 def bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
     for name, value in headers:
         if name == b"authorization":
-            text = value.decode("latin-1").strip()
-            if text.lower().startswith("bearer ") and text[7:].strip():
-                return text[7:].strip()
+            key = bearer_key(value.decode("latin-1"))
+            if key is not None:
+                return key
         elif name == b"x-api-key" and value.strip():
             return value.decode("latin-1").strip()
     return None

@@ -27,19 +27,13 @@ from ..agentapi import models as am
 from ..errors import CryoboxError, InvalidArgument, Unauthorized
 from .deps import AppContext, Ctx
 from .errors import ERROR_RESPONSES
+from .gate import bearer_key
 
 log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
 
 HANGUP_WAIT_S = 5.0  # how long to wait for the program to go after the client left
-
-
-def _token(websocket: WebSocket) -> str | None:
-    header = websocket.headers.get("authorization")
-    if header and header.lower().startswith("bearer ") and header[7:].strip():
-        return header[7:].strip()
-    return None
 
 
 async def _workspace(websocket: WebSocket, ctx: AppContext, sandbox_id: str) -> str:
@@ -51,7 +45,7 @@ async def _workspace(websocket: WebSocket, ctx: AppContext, sandbox_id: str) -> 
         if workspace_id is None:
             raise Unauthorized("invalid, used or expired terminal ticket")
         return workspace_id
-    key = _token(websocket)
+    key = bearer_key(websocket.headers.get("authorization"))
     if key is None:
         raise Unauthorized("missing API key (Authorization: Bearer <key>) or terminal ticket (?ticket=)")
     workspace = await asyncio.to_thread(ctx.keys.authenticate, key)

@@ -15,10 +15,12 @@
      ├── VmmError            vmm_error          500  (QEMU / QMP failures)
      ├── GuestError          guest_error        500  (the guest agent failed or vanished)
      ├── ImageBuildError     image_build_failed 500
+     ├── SecretUnreadable    secret_unreadable  500  (a sealed secret at rest: wrong key, or tampered)
      └── StoreError          store_error        502  (the object store failed)
           ├── ObjectNotFound     object_not_found   502  (a key the platform needs is missing)
           ├── StoreThrottled     store_throttled    503  (the store said slow down, retries exhausted)
-          └── ChunkFetchFailed   chunk_fetch_failed 502  (a memory chunk could not be fetched in time)
+          ├── ChunkFetchFailed   chunk_fetch_failed 502  (a memory chunk could not be fetched in time)
+          └── IntegrityError     store_integrity    502  (a fetched object does not match its pinned sha256)
 
 Foreign exceptions are translated at one boundary per layer and re-raised ``from`` the original.
 """
@@ -75,6 +77,14 @@ class StateError(CryoboxError):
         self.required = required
 
 
+class Forbidden(CryoboxError):
+    """The key is valid but this host's operator does not allow what it asked (e.g. a package outside the
+    template build allowlist); nothing was changed."""
+
+    code = "forbidden"
+    http_status = 403
+
+
 class PayloadTooLarge(CryoboxError):
     code = "payload_too_large"
     http_status = 413
@@ -98,6 +108,12 @@ class WorkspaceQuotaExceeded(CryoboxError):
 
     code = "quota_exceeded"
     http_status = 429
+
+
+class BuildQueueFull(QuotaExceeded):
+    """Template builds are bounded per host: this many wait already. Nothing was created; retry later."""
+
+    code = "build_queue_full"
 
 
 class HostUnavailable(CryoboxError):
@@ -135,6 +151,14 @@ class ImageBuildError(CryoboxError):
     code = "image_build_failed"
 
 
+class SecretUnreadable(CryoboxError):
+    """A secret sealed at rest (a sandbox's ``env`` in the registry or in an agent's record) cannot be opened: it
+    was sealed with another key than the one configured (``CRYOBOX_SECRET_KEY`` or the key file), or it was
+    tampered with. Never answered with an empty value instead; restore the key that sealed it."""
+
+    code = "secret_unreadable"
+
+
 class StoreError(CryoboxError):
     """The object store failed (unreachable, refused, or answered with an error)."""
 
@@ -161,6 +185,14 @@ class ChunkFetchFailed(StoreError):
     code = "chunk_fetch_failed"
 
 
+class IntegrityError(StoreError):
+    """An object fetched from the store is not what its manifest pinned (size or sha256), or the manifest pins
+    nothing for it. Nothing was installed: the partial download is gone. Retrying fetches the same bytes; the
+    stored object (or the manifest) must be republished."""
+
+    code = "store_integrity"
+
+
 ERRORS_BY_CODE: dict[str, type[CryoboxError]] = {
     cls.code: cls
     for cls in (
@@ -169,8 +201,10 @@ ERRORS_BY_CODE: dict[str, type[CryoboxError]] = {
         Unauthorized,
         NotFound,
         StateError,
+        Forbidden,
         PayloadTooLarge,
         WorkspaceQuotaExceeded,  # before QuotaExceeded: a bare 429 (no code) still maps to QuotaExceeded
+        BuildQueueFull,
         QuotaExceeded,
         HostUnavailable,
         SandboxTimeout,
@@ -178,10 +212,12 @@ ERRORS_BY_CODE: dict[str, type[CryoboxError]] = {
         GuestError,
         ResumeHookFailed,
         ImageBuildError,
+        SecretUnreadable,
         StoreError,
         ObjectNotFound,
         StoreThrottled,
         ChunkFetchFailed,
+        IntegrityError,
     )
 }
 

@@ -31,6 +31,7 @@ from cryobox.agent.store.objstore import open_store
 from cryobox.agent.templates import Template
 from cryobox.bench.fleetproc import S3_CREDENTIALS, ControlProcess, Fleet
 from cryobox.registry import Registry
+from cryobox.util.sealing import Sealer
 
 DEADLINE_S = 4.0
 CAPACITY = 3  # sandboxes per agent
@@ -98,7 +99,7 @@ def api(fleet: Fleet, url: str | None = None) -> Api:
 
 def rows_of_other_hosts(fleet: Fleet, host: str) -> dict[str, dict[str, Any]]:
     assert fleet.postgres is not None
-    with Registry(fleet.postgres.url) as registry:
+    with Registry(fleet.postgres.url, Sealer.from_keys(fleet.secret_key)) as registry:
         sandboxes = {f"sb:{r.id}": asdict(r) for r in registry.list_sandboxes() if r.host != host}
         snapshots = {f"snap:{r.id}": asdict(r) for r in registry.list_snapshots() if r.host != host}
     return {**sandboxes, **snapshots}
@@ -119,6 +120,7 @@ def test_burst_spreads_by_reservation_across_agents_and_replicas(fleet: Fleet, c
         database_url=fleet.postgres.url,
         node_token=fleet.node_token,
         api_key=fleet.api_key,
+        secret_key=fleet.secret_key,
         store_url=fleet.store_url,
         cache_dir=cache_dir,
         agent_deadline_s=DEADLINE_S,

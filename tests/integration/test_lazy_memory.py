@@ -7,7 +7,10 @@ cache and breaks the store.
 
 from __future__ import annotations
 
+import os
 import shutil
+import stat
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,6 +93,7 @@ def test_lazy_restores_fetch_each_touched_chunk_once_and_cache_survives_restart(
         try:
             first = client.create()
             assert client.sh(first["id"], "echo paged in") == "paged in\n"
+            _only_the_image_group_opens_memory_server_files(Paths(lazy_host, cache_dir).memserver_dir / "mnt")
             stats = memstats(lazy_host, cache_dir)
             image = base_image(stats)
             m = stats["metrics"]
@@ -138,6 +142,40 @@ def test_lazy_restores_fetch_each_touched_chunk_once_and_cache_survives_restart(
             assert m["cache_hits"] > 0
         finally:
             client.close()
+
+
+def _open_as(mnt_fd: int, name: str, groups: list[int]) -> str:
+    """Open ``name`` under the mount as uid/gid 65534 with ``groups``; '' or the error's name."""
+    code = "import os, sys\ntry: os.open(sys.argv[2], os.O_RDONLY, dir_fd=int(sys.argv[1]))\n"
+    code += "except OSError as e: print(type(e).__name__)"
+    result = subprocess.run(
+        ["/usr/bin/python3", "-c", code, str(mnt_fd), name],  # the venv's is under /root (0700)
+        user=65534,
+        group=65534,
+        extra_groups=groups,
+        pass_fds=(mnt_fd,),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return result.stdout.strip()
+
+
+def _only_the_image_group_opens_memory_server_files(mnt: Path) -> None:
+    """The mount admits other uids (jailed QEMUs) but the kernel checks modes: root:image_gid, 0660."""
+    options = next(
+        line.split()[3] for line in Path("/proc/mounts").read_text().splitlines() if line.split()[1] == str(mnt)
+    )
+    assert "default_permissions" in options.split(",") and "allow_other" in options.split(","), options
+    (image,) = [p for p in mnt.iterdir() if p.name.startswith("templates+base+")]
+    info = image.stat()
+    assert info.st_uid == 0 and info.st_gid != 0 and stat.S_IMODE(info.st_mode) == 0o660
+    fd = os.open(mnt, os.O_PATH | os.O_DIRECTORY)
+    try:
+        assert _open_as(fd, image.name, []) == "PermissionError"  # another user of the host
+        assert _open_as(fd, image.name, [info.st_gid]) == ""  # a jailed QEMU (in the image group)
+    finally:
+        os.close(fd)
 
 
 def _cached_chunks(data_dir: Path, cache_dir: Path) -> list[int]:

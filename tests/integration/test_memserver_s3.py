@@ -17,6 +17,7 @@ import pytest
 from cryobox.agent.store.chunkfmt import CHUNK_SIZE
 from cryobox.agent.store.memclient import MemoryServerProcess, MemServerConfig
 from cryobox.agent.store.objstore import ObjectStore
+from cryobox.agent.store.pins import PinSet
 from cryobox.agent.store.publish import upload_image
 
 from ..support_s3 import CREDENTIALS, MotoServer, moto_server
@@ -43,7 +44,7 @@ def image(tmp_path: Path, moto: MotoServer) -> tuple[ObjectStore, str, Path]:
             if i not in ZERO:
                 fh.seek(i * CHUNK_SIZE)
                 fh.write(os.urandom(CHUNK_SIZE))
-    upload_image(store, "templates/t/g1/memory", raw, "g1", tmp_path / "work")
+    upload_image(store, "templates/t/g1/memory", raw, "g1", tmp_path / "work", PinSet())
     return store, moto.url(bucket), raw
 
 

@@ -117,3 +117,25 @@ def test_invalid_template_specs_are_400(server: ServeProcess) -> None:
     ):
         response = httpx.post(f"{server.url}/v1/templates", json=spec, headers=headers)
         assert response.status_code == 400, (spec, response.text)
+
+
+def test_added_packages_install_in_a_build_vm_never_on_the_host(server: ServeProcess) -> None:
+    """jq (and the libraries it needs) come in through the build VM: configured by dpkg (its scripts and
+    triggers ran) under a kernel whose boot id is not the host's; the downloads do not stay in the image."""
+    headers = {"Authorization": f"Bearer {server.api_key}"}
+    spec = {"name": "tpl-jq", "base": "base", "packages": ["jq"], "memory_mb": 384}
+    assert httpx.post(f"{server.url}/v1/templates", json=spec, headers=headers).status_code == 202
+    built = _wait_built(server, "tpl-jq", headers)
+    assert built["status"] == "ready", built
+    host_boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    try:
+        with Sandbox.create(template="tpl-jq", api_url=server.url, api_key=server.api_key) as sbx:
+            assert sbx.exec("echo '{\"a\": [1, 2]}' | jq -c .a").stdout == "[1,2]\n"
+            status = sbx.exec("dpkg-query -W -f '${Status}' jq libjq1 libonig5").stdout
+            assert status == "install ok installed" * 3
+            boots = sbx.exec("cat /var/log/cryobox-build.boot_id").stdout.split()
+            baked = sbx.exec("cat /proc/sys/kernel/random/boot_id").stdout.strip()  # the bake's (restored)
+            assert boots and host_boot not in boots and baked not in boots  # every dpkg run was in the build VM
+            assert sbx.exec("test -e /var/cache/cryobox-build || test -e /usr/sbin/policy-rc.d").exit_code == 1
+    finally:
+        assert httpx.delete(f"{server.url}/v1/templates/tpl-jq", headers=headers).status_code == 204

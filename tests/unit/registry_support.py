@@ -3,6 +3,9 @@
 Fixtures are shared by binding them into a test module under the name its tests ask for (pytest finds them by
 that name), e.g. ``registry = registry_support.sqlite_registry`` for a SQLite registry, or, to run a module on
 both backends, ``pg_server``, ``db_url`` and ``registry`` (SQLite and a real throwaway PostgreSQL, ``pg.py``).
+
+:func:`open_registry` is ``Registry(url)`` with, for PostgreSQL (which has no key file), the key every replica
+of a test shares; a SQLite registry keeps its default key file beside the database.
 """
 
 from __future__ import annotations
@@ -14,9 +17,12 @@ from typing import Any
 import pytest
 
 from cryobox.registry import Registry, SandboxRow, SnapshotRow
+from cryobox.util.sealing import Sealer, generate_key
 from tests.unit.pg import PostgresServer, throwaway_postgres
 
 T0 = 1_000_000.0
+PG_KEY = generate_key()
+"""The sealing key of the PostgreSQL registries of this test session (SQLite ones use their key file)."""
 
 
 class Clock:
@@ -34,9 +40,14 @@ def clock() -> Clock:
     return Clock()
 
 
+def open_registry(url: str) -> Registry:
+    """``Registry(url)``; on PostgreSQL sealing with :data:`PG_KEY`."""
+    return Registry(url, None if url.startswith("sqlite") else Sealer.from_keys(PG_KEY, "the test key"))
+
+
 def migrated(url: str) -> Iterator[Registry]:
     """A :class:`Registry` on ``url`` with the schema applied; closed afterwards (the body of a fixture)."""
-    reg = Registry(url)
+    reg = open_registry(url)
     try:
         reg.migrate()
         yield reg

@@ -11,6 +11,7 @@ import pytest
 
 from cryobox.agent.store.chunkfmt import CHUNK_SIZE
 from cryobox.agent.store.objstore import open_store
+from cryobox.agent.store.pins import PinSet
 from cryobox.agent.store.publish import download_image, import_snapshot, publish_snapshot, upload_image
 from cryobox.agent.store.snapshots import SnapshotImage
 from cryobox.agent.templates import Template
@@ -30,12 +31,13 @@ def test_upload_then_download_rebuilds_the_sparse_image(tmp_path: Path) -> None:
     store = open_store("memory://")
     src = tmp_path / "src"
     sparse_image(src, 6, {0: os.urandom(5000), 3: os.urandom(CHUNK_SIZE - 100)})
-    index = upload_image(store, "images/x/rootfs", src, "gen", tmp_path / "work")
+    pins = PinSet()
+    index = upload_image(store, "images/x/rootfs", src, "gen", tmp_path / "work", pins)
     assert [index.is_zero(i) for i in range(6)] == [False, True, True, False, True, True]
     assert index.stored_bytes == 2 * CHUNK_SIZE
     assert sorted(store.list("images/x")) == ["images/x/rootfs.idx", "images/x/rootfs.pack"]
     dest = tmp_path / "out" / "rootfs"
-    download_image(store, "images/x/rootfs", dest)
+    download_image(store, "images/x/rootfs", dest, PinSet.from_manifest({"pins": pins.to_json()}, "test"))
     assert dest.read_bytes() == src.read_bytes()
     assert dest.stat().st_blocks * 512 < 3 * CHUNK_SIZE, "zero chunks stay holes"
     assert not list(dest.parent.glob(".*")), "no temp file left behind"
@@ -45,12 +47,13 @@ def test_download_refuses_bytes_that_do_not_match_the_index(tmp_path: Path) -> N
     store = open_store("memory://")
     src = tmp_path / "src"
     sparse_image(src, 2, {1: b"payload"})
-    upload_image(store, "m/memory", src, "gen", tmp_path / "work")
+    pins = PinSet()
+    upload_image(store, "m/memory", src, "gen", tmp_path / "work", pins)
     pack = bytearray(store.get("m/memory.pack"))
     pack[200] ^= 0xFF
     store.put("m/memory.pack", bytes(pack))
     with pytest.raises(StoreError, match="checksum"):
-        download_image(store, "m/memory", tmp_path / "dest")
+        download_image(store, "m/memory", tmp_path / "dest", pins)
     assert not (tmp_path / "dest").exists()
 
 

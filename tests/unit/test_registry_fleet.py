@@ -27,7 +27,7 @@ from cryobox.registry import (
     SnapshotRow,
 )
 from tests.unit import registry_support
-from tests.unit.registry_support import sandbox, snapshot
+from tests.unit.registry_support import open_registry, sandbox, snapshot
 
 TOTAL_KEY = "memory_total_mib"
 
@@ -79,7 +79,7 @@ def host_state(reg: Registry, hosts: list[str]) -> tuple[list[SandboxRow], list[
 
 def test_0004_gives_existing_snapshots_a_local_location(db_url: str) -> None:
     """Rows written before the fleet revision get ``host=''`` and ``location='local'`` from the server defaults."""
-    with Registry(db_url) as reg:
+    with open_registry(db_url) as reg:
         db = reg.database
         cfg = db._alembic_config()
         with db.engine.begin() as conn:
@@ -109,7 +109,7 @@ def test_0004_gives_existing_snapshots_a_local_location(db_url: str) -> None:
 
 def test_0005_leaves_existing_sandboxes_without_a_hibernation(db_url: str) -> None:
     """Sandbox rows from before revision 0005 have no hibernation, generation or egress; the fields round-trip."""
-    with Registry(db_url) as reg:
+    with open_registry(db_url) as reg:
         db = reg.database
         cfg = db._alembic_config()
         with db.engine.begin() as conn:
@@ -292,7 +292,7 @@ def test_stored_hibernations_are_never_lost_and_move_by_compare_and_swap(registr
     registry.fleet.reconcile_host("h1", {"sb-local": "running"})  # woke: no hibernation any more
     assert registry.get_sandbox("sb-local").hibernation is None
 
-    moves = MoveRecords(registry.database)
+    moves = MoveRecords(registry.database, registry.sealer)
     held = registry.fleet.reserve(
         memory_mib=512, cpus=1, now=96.0, ttl_s=60.0, choose=lambda _: "h2", sandbox_id="sb-stored", live_after=60.0
     )
@@ -320,7 +320,7 @@ def test_stored_hibernations_are_never_lost_and_move_by_compare_and_swap(registr
 
 
 def test_mark_stale_from_two_replicas_at_once(db_url: str) -> None:
-    with Registry(db_url) as first, Registry(db_url) as second:
+    with open_registry(db_url) as first, open_registry(db_url) as second:
         first.migrate()
         ws = first.ensure_workspace("default")
         for i in range(6):
@@ -562,7 +562,7 @@ def test_replicas_never_over_book(db_url: str) -> None:
     Supply: a has 4096 MiB minus a running 1024 MiB sandbox, b 3072, c 2048 = 8192 MiB = 16 requests of 512 MiB.
     Demand: 2 x 8 x 3 = 48 requests, so exactly 16 succeed and every agent ends exactly full, never over.
     """
-    with Registry(db_url) as first, Registry(db_url) as second:
+    with open_registry(db_url) as first, open_registry(db_url) as second:
         first.migrate()
         ws = first.ensure_workspace("default")
         for name, total in AGENTS.items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -11,11 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import Paths
-from ..image.builder import ImageSet, build_images
+from ..image.builder import ImageSet
 from ..image.specs import DEFAULT_TEMPLATES, TemplateSpec
 from ..util.proc import Progress
 from .adopt import adopt, survey, sweep_hibernation
 from .bakereclaim import reclaim_bakes_dirs
+from .buildvm import BuildQueue, BuildVmHost, images_for
 from .crashpoints import CrashPoints
 from .factory import PoolMode, VmFactory
 from .forking import Forking
@@ -89,16 +91,23 @@ def machine_for(spec: TemplateSpec, images: ImageSet, accel: Accel, tsc_khz: int
     )
 
 
-async def prepare_template(config: HostConfig, spec: TemplateSpec, progress: Progress) -> Template:
-    """Build the template's images and bake it unless a finished bake with the same inputs exists; publish it
-    to the object store unless it is there already."""
+async def prepare_template(
+    config: HostConfig, spec: TemplateSpec, progress: Progress, queue: BuildQueue | None = None
+) -> Template:
+    """Build the template's images (what a custom template adds, in a build VM waiting in ``queue``) and bake
+    it unless a finished bake with the same inputs exists; publish it to the object store unless it is there
+    already."""
     config.paths.ensure()
     jail = JailSettings.for_tag(tag_for(config.paths.data_dir))
     if jail is not None:
         await asyncio.to_thread(prepare_host, jail)
     baker = TemplateBaker(config.paths.templates_dir, config.paths.bake_dir, progress, bake_network, jail)
-    images = await asyncio.to_thread(build_images, config.paths.images_dir, spec, progress)
-    template = await baker.ensure(spec, images, machine_for(spec, images, config.accel, host_tsc_khz()))
+    tsc_khz = host_tsc_khz()
+    build_host = BuildVmHost(
+        config.paths.images_dir, config.paths.bake_dir, config.accel, tsc_khz, jail, queue or BuildQueue.from_env()
+    )
+    images = await images_for(build_host, spec, progress)
+    template = await baker.ensure(spec, images, machine_for(spec, images, config.accel, tsc_khz))
     store = await asyncio.to_thread(open_store, config.resolved_store_url)
     work = config.paths.cache_dir / ".publish"
     await asyncio.to_thread(publish_template, store, template, config.paths.images_dir, work, progress)
@@ -276,7 +285,10 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
         log.info("removed unfinished snapshot %s", partial)
     await asyncio.to_thread(sweep_hibernation, hibernation, found.hibernation_dirs())
     store = await asyncio.to_thread(open_store, config.resolved_store_url)
-    memserver = started.memserver = MemoryServerProcess(config.memserver_config())
+    memserver_config = config.memserver_config()
+    if jail is not None:
+        memserver_config = dataclasses.replace(memserver_config, image_gid=jail.image_gid)
+    memserver = started.memserver = MemoryServerProcess(memserver_config)
     reattached = await asyncio.to_thread(memserver.start)
     progress(
         f"memory server on {memserver.config.mount} ({'reattached, ' if reattached else ''}store {store.url}, "

@@ -5,6 +5,12 @@ rename, fsync of the directory) whenever the sandbox changes state, and *before*
 A record names its QEMU by pid **and** the process start time (``/proc/<pid>/stat`` field 22), so a reused pid
 is never mistaken for the VM; plus the sockets, the run directory, the disk overlay, the memory mapping and the
 network slot. A hibernated sandbox's record has no VM, only the path of its hibernation image.
+
+A record's ``env`` is sealed on disk (:mod:`cryobox.util.sealing`: a token instead of the mapping) with
+``CRYOBOX_SECRET_KEY`` if set, else the key file ``secrets/records.key`` beside the records directory (in the
+data volume, so it shares the records' fate), created on first use. A record an older version wrote with a plain
+``env`` still loads and is re-sealed by :meth:`SandboxRecords.load_all`. A record no key opens stops the load
+with :class:`~cryobox.errors.SecretUnreadable` rather than being set aside: a wrong key must not cost sandboxes.
 """
 
 from __future__ import annotations
@@ -18,9 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from ..util.files import fsync_dir, write_json_atomic
+from ..util.sealing import Sealer
 
 log = logging.getLogger(__name__)
 VERSION = 1
+KEY_FILE = Path("secrets") / "records.key"
+"""The records' key file, relative to the parent of the records directory (``<data>/vol``)."""
 
 
 def process_start_ticks(pid: int, proc: Path = Path("/proc")) -> int | None:
@@ -88,28 +97,39 @@ class SandboxRecord:
     mapped_image: str | None = None
     """Hot copy of the hibernation image the VM woke from (it still maps it)."""
 
-    def to_json(self) -> dict[str, Any]:
-        return {"version": VERSION, **asdict(self)}
+    def to_json(self, sealer: Sealer) -> dict[str, Any]:
+        """The record as stored: its env sealed."""
+        return {"version": VERSION, **asdict(self), "env": sealer.seal(self.env)}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SandboxRecord:
+    def from_json(cls, data: dict[str, Any], sealer: Sealer) -> SandboxRecord:
+        """A stored record (its env sealed, or a plain mapping from an older version).
+
+        :raises SecretUnreadable: its env cannot be opened.
+        """
         values = {k: v for k, v in data.items() if k != "version"}
         vm = values.pop("vm", None)
+        values["env"] = sealer.open_stored(values.get("env", {}), what=f"the env of sandbox record {values.get('id')}")
         return cls(**values, vm=VmRecord(**vm) if vm is not None else None)
 
 
 class SandboxRecords:
-    """The records directory. Writes are durable when they return; a corrupt file is set aside, not fatal."""
+    """The records directory. Writes are durable when they return; a corrupt file is set aside, not fatal.
 
-    def __init__(self, root: Path) -> None:
+    ``sealer`` seals the records' env (default: ``CRYOBOX_SECRET_KEY``, else the key file :data:`KEY_FILE` beside
+    ``root``, read or created at first use).
+    """
+
+    def __init__(self, root: Path, sealer: Sealer | None = None) -> None:
         self.root = root
+        self.sealer = sealer if sealer is not None else Sealer.load(root.parent / KEY_FILE)
 
     def _path(self, sandbox_id: str) -> Path:
         return self.root / f"{sandbox_id}.json"
 
     def write(self, record: SandboxRecord) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self._path(record.id), record.to_json())
+        write_json_atomic(self._path(record.id), record.to_json(self.sealer))
 
     def remove(self, sandbox_id: str) -> None:
         path = self._path(sandbox_id)
@@ -128,9 +148,18 @@ class SandboxRecords:
             if path.suffix != ".json":
                 continue
             try:
-                records.append(SandboxRecord.from_json(json.loads(path.read_text())))
+                data = json.loads(path.read_text())
+                record = SandboxRecord.from_json(data, self.sealer)  # SecretUnreadable propagates: stop
             except (OSError, ValueError, TypeError, KeyError) as err:
                 log.error("sandbox record %s is unreadable (%s); set aside as %s.bad", path, err, path.name)
                 with contextlib.suppress(OSError):
                     os.replace(path, path.with_suffix(".bad"))
+                continue
+            if not isinstance(data.get("env"), str):  # written before sealing existed: seal it now
+                try:
+                    self.write(record)
+                    log.info("sealed the plaintext env of sandbox record %s", path)
+                except OSError as err:  # still readable: sealed by its next write
+                    log.warning("could not seal the plaintext env of sandbox record %s: %s", path, err)
+            records.append(record)
         return records

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from ..agent.admission import AdmissionConfig, AdmissionController
+from ..agent.buildvm import BuildQueue
 from ..agent.hostagent import HostAgent
 from ..agent.platform import Host, HostConfig, prepare_template, start_host
 from ..agent.stopmode import OnStop
@@ -77,7 +78,7 @@ async def boot_agent(
         memory_mib=options.memory_mib,
         vcpus=options.vcpus,
         max_sandboxes=options.max_sandboxes,
-        builder=functools.partial(prepare_template, config),
+        builder=functools.partial(prepare_template, config, queue=BuildQueue.from_env()),
         spec_from_request=spec_from_json,
         metrics_sources=[own_metrics] if options.url else [],
         isolation="tcg" if config.accel.value == "tcg" else "kvm",

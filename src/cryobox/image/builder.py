@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import ImageBuildError
 from ..util.proc import Progress, Runner, run
 from .cache import ContentCache
 from .initramfs import Initramfs, build_initramfs
@@ -30,8 +31,15 @@ class ImageSet:
 
 
 def build_images(images_dir: Path, spec: TemplateSpec, progress: Progress, runner: Runner = run) -> ImageSet:
+    """The images of a built-in spec, built on the host from its fixed package set.
+
+    :raises ImageBuildError: ``spec`` adds packages to its base: those are installed in a build VM
+        (:mod:`cryobox.agent.buildvm`), never here.
+    """
+    if spec.added_packages or spec.added_pip:
+        raise ImageBuildError(f"template {spec.name!r} adds packages: its image is built in a build VM")
     cache = ContentCache(images_dir)
     kernel = build_kernel(cache, progress, runner)
     initramfs = build_initramfs(cache, kernel, progress)
-    rootfs = build_rootfs(cache, spec.packages, progress, runner, spec.pip)
+    rootfs = build_rootfs(cache, spec.packages, progress, runner)
     return ImageSet(kernel=kernel, initramfs=initramfs, rootfs=rootfs)

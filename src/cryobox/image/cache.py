@@ -7,10 +7,11 @@ wait for one another instead of building twice.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +38,42 @@ class ContentCache:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if final.is_dir():
                 return final, False
-            tmp = final.parent / f".{final.name}.building{os.getpid()}"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
+            tmp = _fresh(final)
             try:
                 build(tmp)
-                os.replace(tmp, final)
-                fsync_dir(final.parent)
+                _finish(tmp, final)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         return final, True
+
+    async def aget_or_build(
+        self, kind: str, inputs: Any, build: Callable[[Path], Awaitable[None]]
+    ) -> tuple[Path, bool]:
+        """:meth:`get_or_build` for a build that is a coroutine (one that runs a VM); waits without blocking."""
+        final = self.path_for(kind, inputs)
+        if final.is_dir():
+            return final, False
+        final.parent.mkdir(parents=True, exist_ok=True)
+        with open(final.parent / f".{final.name}.lock", "w") as lock:
+            await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)
+            if final.is_dir():
+                return final, False
+            tmp = _fresh(final)
+            try:
+                await build(tmp)
+                _finish(tmp, final)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        return final, True
+
+
+def _fresh(final: Path) -> Path:
+    tmp = final.parent / f".{final.name}.building{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
+def _finish(tmp: Path, final: Path) -> None:
+    os.replace(tmp, final)
+    fsync_dir(final.parent)

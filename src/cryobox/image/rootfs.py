@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -17,6 +16,7 @@ from .specs import DEBIAN_SUITE
 
 GUEST_PACKAGE_DIR = Path(__file__).resolve().parent.parent / "guest"
 GUEST_SITE = "usr/lib/python3/dist-packages/cryobox_guest"
+ROOT_LABEL = "cryoroot"
 
 
 def mirror() -> str:
@@ -32,12 +32,10 @@ class Rootfs:
         return self.path / "rootfs.ext4"
 
 
-def build_tree(
-    cache: ContentCache, packages: tuple[str, ...], progress: Progress, runner: Runner = run, pip: tuple[str, ...] = ()
-) -> Path:
+def build_tree(cache: ContentCache, packages: tuple[str, ...], progress: Progress, runner: Runner = run) -> Path:
+    """A debootstrap tree of a built-in template's package set (fixed in code by the operator, never by a
+    tenant: a custom template's extra packages are installed in a build VM, :mod:`cryobox.agent.buildvm`)."""
     inputs: dict[str, object] = {"suite": DEBIAN_SUITE, "variant": "minbase", "packages": sorted(packages), "layout": 1}
-    if pip:
-        inputs["pip"] = sorted(pip)
 
     def build(out: Path) -> None:
         progress(f"debootstrap {DEBIAN_SUITE} minbase + {', '.join(packages)} (a few minutes, once)")
@@ -46,8 +44,6 @@ def build_tree(
             ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", DEBIAN_SUITE, str(tree), mirror()],
             progress=lambda line: progress(f"debootstrap: {line}"),
         )
-        if pip:
-            pip_install(tree, pip, progress, runner)
         # Trim what a sandbox never needs: package lists and caches.
         for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
             for child in (tree / junk).glob("*"):
@@ -58,93 +54,44 @@ def build_tree(
     return path / "tree"
 
 
-# Wheels that run on Debian 12 (glibc 2.36, CPython 3.11, x86_64): pure-Python and manylinux wheels.
-WHEEL_PLATFORMS = ("manylinux_2_36_x86_64", "manylinux_2_28_x86_64", "manylinux2014_x86_64", "linux_x86_64")
-
-
-def pip_install(tree: Path, requirements: tuple[str, ...], progress: Progress, runner: Runner = run) -> None:
-    """Install pip packages into the tree at build time (guests have no network).
-
-    The host downloads the wheels with its own pip and settings (proxy, CA bundle: this machine reaches PyPI
-    through a TLS-intercepting proxy whose CA only the host trusts), then the tree's pip installs them offline.
-    Packages that publish no wheel for the guest's platform are refused with pip's message.
-    """
-    progress(f"pip install {' '.join(requirements)}")
-    wheels = tree / "tmp" / "cryobox-wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    platforms = [arg for platform in WHEEL_PLATFORMS for arg in ("--platform", platform)]
-    try:
-        runner(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--only-binary=:all:",
-                "--python-version",
-                "3.11",
-                "--implementation",
-                "cp",
-                "--abi",
-                "cp311",
-                *platforms,
-                "--dest",
-                str(wheels),
-                *requirements,
-            ],
-            progress=lambda line: progress(f"pip download: {line}"),
-        )
-        runner(
-            [
-                "chroot",
-                str(tree),
-                "python3",
-                "-m",
-                "pip",
-                "install",
-                "--no-cache-dir",
-                "--break-system-packages",
-                "--no-index",
-                "--find-links",
-                "/tmp/cryobox-wheels",
-                *requirements,
-            ],
-            progress=lambda line: progress(f"pip: {line}"),
-        )
-    finally:
-        shutil.rmtree(wheels, ignore_errors=True)
-
-
 def init_script() -> bytes:
     return resources.files("cryobox.image").joinpath("files/cryobox-init").read_bytes()
 
 
-def build_rootfs(
-    cache: ContentCache, packages: tuple[str, ...], progress: Progress, runner: Runner = run, pip: tuple[str, ...] = ()
-) -> Rootfs:
-    tree = build_tree(cache, packages, progress, runner, pip)
-    inputs = {
-        "tree": tree.parent.name,
-        "agent": tree_hash(GUEST_PACKAGE_DIR),
-        "init": init_script().hex()[:64],
-        "init_len": len(init_script()),
-        "layout": 1,
-    }
+def guest_inputs() -> dict[str, object]:
+    """What of the guest side an image carries (a change rebuilds only the image, not the tree)."""
+    return {"agent": tree_hash(GUEST_PACKAGE_DIR), "init": init_script().hex()[:64], "init_len": len(init_script())}
+
+
+def stage(tree: Path, staging: Path, runner: Runner = run) -> None:
+    """Copy ``tree`` to ``staging`` and add the guest agent, the init and the hostname."""
+    runner(["cp", "-a", "--reflink=auto", str(tree), str(staging)])
+    site = staging / GUEST_SITE
+    shutil.copytree(GUEST_PACKAGE_DIR, site, ignore=shutil.ignore_patterns("__pycache__"))
+    init = staging / "sbin" / "cryobox-init"
+    init.write_bytes(init_script())
+    init.chmod(0o755)
+    (staging / "etc" / "hostname").write_text("sandbox\n")
+
+
+def make_ext4(staging: Path, image: Path, label: str, runner: Runner = run, extra_bytes: int = 0) -> int:
+    """Write ``staging`` into a new sparse ext4 ``image`` with room to spare; returns its size in MiB."""
+    used = sum(p.lstat().st_size for p in staging.rglob("*") if p.is_file() and not p.is_symlink())
+    size_mib = int(used * 1.25 + extra_bytes) // (1 << 20) + 1024
+    runner(["mkfs.ext4", "-q", "-F", "-L", label, "-d", str(staging), str(image), f"{size_mib}M"])
+    return size_mib
+
+
+def build_rootfs(cache: ContentCache, packages: tuple[str, ...], progress: Progress, runner: Runner = run) -> Rootfs:
+    tree = build_tree(cache, packages, progress, runner)
+    inputs = {"tree": tree.parent.name, **guest_inputs(), "layout": 1}
 
     def build(out: Path) -> None:
         progress("assembling root filesystem image")
         staging = out / "staging"
-        runner(["cp", "-a", "--reflink=auto", str(tree), str(staging)])
-        site = staging / GUEST_SITE
-        shutil.copytree(GUEST_PACKAGE_DIR, site, ignore=shutil.ignore_patterns("__pycache__"))
-        init = staging / "sbin" / "cryobox-init"
-        init.write_bytes(init_script())
-        init.chmod(0o755)
-        (staging / "etc" / "hostname").write_text("sandbox\n")
-        used = sum(p.lstat().st_size for p in staging.rglob("*") if p.is_file() and not p.is_symlink())
-        size_mib = int(used * 1.25) // (1 << 20) + 1024
+        stage(tree, staging, runner)
         image = out / "rootfs.ext4"
-        runner(["mkfs.ext4", "-q", "-F", "-L", "cryoroot", "-d", str(staging), str(image), f"{size_mib}M"])
+        size_mib = make_ext4(staging, image, ROOT_LABEL, runner)
         shutil.rmtree(staging)
         image.chmod(0o444)
         progress(f"root filesystem ready ({size_mib} MiB ext4, sparse)")

@@ -19,13 +19,37 @@ class TemplateSpec:
     cpus: int = 1
     warmup: tuple[str, ...] = ()
     files: dict[str, str] = field(default_factory=dict)
-    pip: tuple[str, ...] = ()  # installed into the image with pip at build time (python3-pip is added)
+    pip: tuple[str, ...] = ()  # wheels installed into the image at build time (pip itself is not added)
+    base: str = ""
+    """The built-in template a custom one derives from: its tree is the starting point, and whatever
+    ``packages`` and ``pip`` add to it is installed in a build VM, never on the host."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        if not data["pip"]:
-            del data["pip"]  # keeps the generations of specs that predate the field
+        for optional in ("pip", "base"):
+            if not data[optional]:
+                del data[optional]  # keeps the generations of specs that predate the field
         return data
+
+    def base_spec(self) -> TemplateSpec:
+        """The built-in spec whose image this one starts from (itself for a built-in)."""
+        if not self.base:
+            return self
+        base = by_name(self.base)
+        if base is None:
+            raise ValueError(f"unknown base template {self.base!r}")
+        return base
+
+    @property
+    def added_packages(self) -> tuple[str, ...]:
+        """Debian packages beyond the base's (installed in a build VM)."""
+        base = self.base_spec()
+        return tuple(p for p in self.packages if p not in base.packages)
+
+    @property
+    def added_pip(self) -> tuple[str, ...]:
+        base = self.base_spec()
+        return tuple(r for r in self.pip if r not in base.pip)
 
 
 BASE = TemplateSpec(
@@ -63,8 +87,6 @@ def derived_spec(
 ) -> TemplateSpec:
     """A custom template: a built-in's package set plus extra Debian and pip packages, files and warm-up."""
     extra = tuple(p for p in packages if p not in base.packages)
-    if pip and "python3-pip" not in base.packages + extra:
-        extra += ("python3-pip",)
     return TemplateSpec(
         name=name,
         packages=base.packages + extra,
@@ -73,6 +95,7 @@ def derived_spec(
         warmup=base.warmup + warmup,
         files={**base.files, **(files or {})},
         pip=base.pip + pip,
+        base=base.name,
     )
 
 

@@ -23,6 +23,8 @@ from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from ..errors import HostUnavailable, InvalidArgument, NotFound
+from ..util.sealing import Sealer
+from . import envseal
 from . import models as m
 from .db import AlreadyExists, Database
 from .loads import agent_loads, free_memory
@@ -45,7 +47,6 @@ from .rows import (
     _check_fields,
     _chunks,
     _from_orm,
-    _to_orm,
 )
 
 ABSENT_STATUSES = (*ACTIVE_STATUSES, HIBERNATED, LOST)
@@ -62,10 +63,12 @@ def _claims_vm() -> Any:
 
 
 class FleetRecords:
-    """Agents, reservations and per-host reconciliation on a shared :class:`Database` (``Registry.fleet``)."""
+    """Agents, reservations and per-host reconciliation on a shared :class:`Database` (``Registry.fleet``);
+    ``sealer`` seals the env of the sandbox rows :meth:`commit` writes."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, sealer: Sealer) -> None:
         self._db = db
+        self._sealer = sealer
 
     # -- agents ----------------------------------------------------------------------------------------------
 
@@ -233,7 +236,7 @@ class FleetRecords:
     def commit(self, reservation_id: str, row: SandboxRow) -> None:
         """Insert the sandbox row and delete its reservation in one transaction (an expired one is fine)."""
         with self._db.session(what=f"sandbox {row.id}") as s:
-            s.add(_to_orm(row, m.Sandbox))
+            s.add(envseal.to_orm(row, self._sealer))
             s.flush()
             s.execute(delete(m.Reservation).where(m.Reservation.id == reservation_id))
 

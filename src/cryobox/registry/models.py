@@ -91,7 +91,8 @@ class Sandbox(Base):
     status: Mapped[str] = mapped_column(String(32), index=True)
     # ``metadata`` is reserved on declarative classes: the attribute is ``metadata_``, the column "metadata"
     metadata_: Mapped[dict[str, str]] = mapped_column("metadata", JSON)
-    env: Mapped[dict[str, str]] = mapped_column(JSON)
+    # a sealed token (a JSON string, ``envseal``); a plain mapping in rows written before sealing existed
+    env: Mapped[str | dict[str, str]] = mapped_column(JSON)
     from_snapshot: Mapped[str | None] = mapped_column(ID)
     boot_ms: Mapped[float] = mapped_column(Double)
     boot_mode: Mapped[str] = mapped_column(String(32))

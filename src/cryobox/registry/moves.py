@@ -16,22 +16,27 @@ from typing import Any
 
 from sqlalchemy import delete, select, update
 
+from ..util.sealing import Sealer
+from . import envseal
 from . import models as m
 from .db import Database
-from .rows import HIBERNATED, HIBERNATION_LOCAL, HIBERNATION_STORED, SandboxRow, _attr, _check_fields, _from_orm
-
-
-def _values(changes: Mapping[str, Any]) -> dict[str, Any]:
-    return {_attr(name): value for name, value in _check_fields(SandboxRow, changes).items()}
+from .rows import HIBERNATED, HIBERNATION_LOCAL, HIBERNATION_STORED, SandboxRow, _attr, _check_fields
 
 
 class MoveRecords:
-    def __init__(self, db: Database) -> None:
+    """``sealer`` seals and opens the env of the rows it writes and returns (``Registry.sealer``)."""
+
+    def __init__(self, db: Database, sealer: Sealer) -> None:
         self._db = db
+        self._sealer = sealer
+
+    def _values(self, changes: Mapping[str, Any]) -> dict[str, Any]:
+        checked = envseal.seal_changes(_check_fields(SandboxRow, changes), self._sealer)
+        return {_attr(name): value for name, value in checked.items()}
 
     def hibernated(self, sandbox_id: str, host: str, egress: list[str] | None) -> bool:
         """The row of ``sandbox_id`` on ``host`` is hibernated there (image local); ``False`` when no such row."""
-        values = _values({"status": HIBERNATED, "hibernation": HIBERNATION_LOCAL, "egress": egress})
+        values = self._values({"status": HIBERNATED, "hibernation": HIBERNATION_LOCAL, "egress": egress})
         with self._db.session(what=f"sandbox {sandbox_id}") as s:
             done = s.execute(update(m.Sandbox).where(m.Sandbox.id == sandbox_id, m.Sandbox.host == host).values(values))
             return bool(done.rowcount)  # type: ignore[attr-defined]
@@ -39,7 +44,7 @@ class MoveRecords:
     def stored(self, sandbox_id: str, host: str, generation: str | None) -> bool:
         """Its image is in the object store now (``hibernation: stored``); ``False`` unless the row still names
         ``host`` and says ``hibernated``."""
-        values = _values({"hibernation": HIBERNATION_STORED, "hibernation_generation": generation})
+        values = self._values({"hibernation": HIBERNATION_STORED, "hibernation_generation": generation})
         with self._db.session(what=f"sandbox {sandbox_id}") as s:
             done = s.execute(
                 update(m.Sandbox)
@@ -54,7 +59,7 @@ class MoveRecords:
         """Point the row at ``to_host`` (with ``changes``, its hibernation cleared) and delete the reservation, in
         one transaction; only if the row still names ``from_host`` and its stored image. ``None`` (nothing changed,
         the reservation kept for the caller to release) otherwise."""
-        values = _values({**changes, "host": to_host, "hibernation": None, "hibernation_generation": None})
+        values = self._values({**changes, "host": to_host, "hibernation": None, "hibernation_generation": None})
         with self._db.session(what=f"sandbox {sandbox_id}") as s:
             done = s.execute(
                 update(m.Sandbox)
@@ -71,7 +76,7 @@ class MoveRecords:
             s.execute(delete(m.Reservation).where(m.Reservation.id == reservation_id))
             obj = s.get(m.Sandbox, sandbox_id)
             assert obj is not None
-            return _from_orm(obj, SandboxRow)
+            return envseal.from_orm(obj, self._sealer)
 
     def elsewhere(self, host: str, sandbox_ids: Collection[str]) -> list[str]:
         """Of the sandboxes ``host`` reports, those whose row names another host and that no reservation of

@@ -20,12 +20,12 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from ..errors import InvalidArgument, NotFound
-from . import keys
+from ..util.sealing import Sealer
+from . import envseal, keys
 from . import models as m
 from .db import AlreadyExists, Database, url_for_data_dir
 from .fleet import FleetRecords
 from .rows import (
-    _IMMUTABLE,
     STOPPED_STATUSES,
     ApiKeyInfo,
     ReconcileReport,
@@ -34,6 +34,7 @@ from .rows import (
     TemplateRow,
     WorkspaceInfo,
     _attr,
+    _changes,
     _check_fields,
     _chunks,
     _from_orm,
@@ -48,19 +49,25 @@ from .rows import (
 
 
 class Registry:
-    """Synchronous, thread-safe access to the registry database. Call :meth:`migrate` once before use."""
+    """Synchronous, thread-safe access to the registry database. Call :meth:`migrate` once before use.
 
-    def __init__(self, url: str) -> None:
+    Sandbox env is sealed at rest by ``sealer`` (default: :func:`~.envseal.registry_sealer` for ``url``).
+    """
+
+    def __init__(self, url: str, sealer: Sealer | None = None) -> None:
         self._db = Database(url)
-        self._fleet = FleetRecords(self._db)
+        self._sealer = sealer if sealer is not None else envseal.registry_sealer(url)
+        self._fleet = FleetRecords(self._db, self._sealer)
 
     @classmethod
     def for_data_dir(cls, data_dir: Path, env: Mapping[str, str] | None = None) -> Registry:
-        """``CRYOBOX_DATABASE_URL`` from ``env`` (default: ``os.environ``) if set, else ``data_dir/registry.sqlite``.
+        """``CRYOBOX_DATABASE_URL`` from ``env`` (default: ``os.environ``) if set, else ``data_dir/registry.sqlite``;
+        env sealed with ``CRYOBOX_SECRET_KEY`` from ``env`` if set, else ``data_dir/secrets/registry.key``.
 
         A bare ``postgresql://`` URL is rewritten to ``postgresql+psycopg://``.
         """
-        return cls(url_for_data_dir(data_dir, env))
+        url = url_for_data_dir(data_dir, env)
+        return cls(url, envseal.registry_sealer(url, data_dir, env))
 
     @property
     def url(self) -> str:
@@ -72,13 +79,20 @@ class Registry:
         return self._db
 
     @property
+    def sealer(self) -> Sealer:
+        """What seals sandbox env at rest (for :class:`~.moves.MoveRecords` and other row writers)."""
+        return self._sealer
+
+    @property
     def fleet(self) -> FleetRecords:
         """Agents, capacity reservations and per-host reconciliation (the fleet's shared state)."""
         return self._fleet
 
     def migrate(self) -> None:
-        """Bring the schema to the newest Alembic revision (idempotent)."""
+        """Bring the schema to the newest Alembic revision and seal any plaintext env left by older versions
+        (idempotent)."""
         self._db.migrate()
+        envseal.seal_plaintext(self._db, self._sealer)
 
     def close(self) -> None:
         self._db.close()
@@ -259,19 +273,20 @@ class Registry:
     def add_sandbox(self, row: SandboxRow) -> None:
         """Insert a sandbox; :class:`AlreadyExists` for a duplicate id, InvalidArgument for an unknown workspace."""
         with self._db.session(what=f"sandbox {row.id}") as s:
-            s.add(_to_orm(row, m.Sandbox))
+            s.add(envseal.to_orm(row, self._sealer))
 
     def update_sandbox(self, sandbox_id: str, **fields_: Any) -> SandboxRow:
         """Set some fields of a sandbox row and return the result."""
-        values = self._changes(SandboxRow, fields_)
+        values = envseal.seal_changes(_changes(SandboxRow, fields_), self._sealer)
         with self._db.session(what=f"sandbox {sandbox_id}") as s:
             obj = s.get(m.Sandbox, sandbox_id)
             if obj is None:
                 raise NotFound(f"sandbox {sandbox_id} not found", details={"sandbox_id": sandbox_id})
             for name, value in values.items():
                 setattr(obj, _attr(name), value)
+            envseal.reseal(obj, self._sealer)  # a row of an older version: sealed by its first update
             s.flush()
-            return _from_orm(obj, SandboxRow)
+            return envseal.from_orm(obj, self._sealer)
 
     def get_sandbox(self, sandbox_id: str, workspace_id: str | None = None) -> SandboxRow:
         """The sandbox; NotFound also when it belongs to another workspace than ``workspace_id``."""
@@ -279,7 +294,7 @@ class Registry:
             obj = s.get(m.Sandbox, sandbox_id)
             if obj is None or (workspace_id is not None and obj.workspace_id != workspace_id):
                 raise NotFound(f"sandbox {sandbox_id} not found", details={"sandbox_id": sandbox_id})
-            return _from_orm(obj, SandboxRow)
+            return envseal.from_orm(obj, self._sealer)
 
     def list_sandboxes(
         self,
@@ -297,7 +312,7 @@ class Registry:
         if host is not None:
             query = query.where(m.Sandbox.host == host)
         with self._db.session(write=False) as s:
-            rows = [_from_orm(obj, SandboxRow) for obj in s.scalars(query)]
+            rows = [envseal.from_orm(obj, self._sealer) for obj in s.scalars(query)]
         return [row for row in rows if _subset(metadata, row.metadata)]
 
     def delete_sandbox(self, sandbox_id: str) -> None:
@@ -312,7 +327,7 @@ class Registry:
             s.add(_to_orm(row, m.Snapshot))
 
     def update_snapshot(self, snapshot_id: str, **fields_: Any) -> SnapshotRow:
-        values = self._changes(SnapshotRow, fields_)
+        values = _changes(SnapshotRow, fields_)
         with self._db.session(what=f"snapshot {snapshot_id}") as s:
             obj = s.get(m.Snapshot, snapshot_id)
             if obj is None:
@@ -381,20 +396,3 @@ class Registry:
                     update(m.Sandbox).where(m.Sandbox.id.in_(chunk), m.Sandbox.host == host).values(status="stopped")
                 )
         return ReconcileReport(deleted_snapshots=gone, stopped_sandboxes=dead)
-
-    # -- helpers ---------------------------------------------------------------------------------------------
-
-    @staticmethod
-    def _changes(cls: type[Any], changes: Mapping[str, Any]) -> dict[str, Any]:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(changes) - known)
-        if unknown:
-            raise InvalidArgument(f"unknown {cls.__name__} field(s): {', '.join(unknown)}", details={"fields": unknown})
-        fixed = sorted(set(changes) & _IMMUTABLE)
-        if fixed:
-            raise InvalidArgument(
-                f"{cls.__name__} field(s) cannot change: {', '.join(fixed)}", details={"fields": fixed}
-            )
-        if not changes:
-            raise InvalidArgument(f"no {cls.__name__} fields to update")
-        return _check_fields(cls, changes)

@@ -290,3 +290,17 @@ def _subset(want: Mapping[str, str] | None, have: Mapping[str, str]) -> bool:
 def _chunks(ids: list[str]) -> Iterable[list[str]]:
     for start in range(0, len(ids), _CHUNK):
         yield ids[start : start + _CHUNK]
+
+
+def _changes(cls: type[Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """Checked values of an update of some fields of a ``cls`` row (unknown or immutable fields refused)."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(changes) - known)
+    if unknown:
+        raise InvalidArgument(f"unknown {cls.__name__} field(s): {', '.join(unknown)}", details={"fields": unknown})
+    fixed = sorted(set(changes) & _IMMUTABLE)
+    if fixed:
+        raise InvalidArgument(f"{cls.__name__} field(s) cannot change: {', '.join(fixed)}", details={"fields": fixed})
+    if not changes:
+        raise InvalidArgument(f"no {cls.__name__} fields to update")
+    return _check_fields(cls, changes)

@@ -105,7 +105,7 @@ class HibernationControl:
         self.fleet = fleet
         self.placement = placement
         self.objects = objects
-        self.moves = MoveRecords(registry.database)
+        self.moves = MoveRecords(registry.database, registry.sealer)
         self._moving: dict[str, asyncio.Lock] = {}
         self._draining: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[SandboxRow]] = set()

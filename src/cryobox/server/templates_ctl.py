@@ -20,7 +20,8 @@ from typing import Any
 from .. import models
 from ..agentapi import Agent
 from ..agentapi import models as am
-from ..errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound, StateError
+from ..errors import BuildQueueFull, CryoboxError, HostUnavailable, InvalidArgument, NotFound, StateError
+from ..image.buildpolicy import BuildAllowlist, BuildLimits
 from ..image.specs import TemplateSpec, by_name, derived_spec
 from ..registry import Registry, TemplateRow
 from .fleet import Fleet
@@ -74,6 +75,9 @@ class TemplateJobs:
         self._rows: dict[str, tuple[float, TemplateRow]] = {}
         self.quotas: QuotaGuard | None = None
         """The workspace quotas (set by the control plane); ``None``: unlimited."""
+        self.allowlist = BuildAllowlist.from_env()
+        self.max_builds = BuildLimits.from_env().per_agent
+        """Builds (running and queued) one control plane sends to one agent at a time."""
 
     async def _row(self, name: str) -> TemplateRow:
         cached = self._rows.get(name)
@@ -138,7 +142,7 @@ class TemplateJobs:
         return choices[0]
 
     async def start_build(self, workspace_id: str, request: models.TemplateCreateRequest) -> TemplateRow:
-        spec_from_request(request)  # 400 before anything is written
+        self.allowlist.check(spec_from_request(request))  # 400 or 403 before anything is written
         with contextlib.suppress(NotFound):
             existing = await asyncio.to_thread(self.registry.get_template, request.name)
             if existing.workspace_id != workspace_id:
@@ -154,6 +158,13 @@ class TemplateJobs:
 
     async def _start(self, workspace_id: str, request: models.TemplateCreateRequest) -> TemplateRow:
         agent_name, agent = await self._builder()
+        running = sum(1 for builder, _ in self._jobs if builder == agent_name)
+        if running >= self.max_builds:
+            raise BuildQueueFull(
+                f"{running} template builds are running or queued on {agent_name}; try again when one is done",
+                details={"agent": agent_name, "builds": running, "limit": self.max_builds},
+                retry_after_s=30.0,
+            )
         spec = spec_from_request(request)
         row = TemplateRow(
             name=request.name,

@@ -38,3 +38,15 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+CONTROL_SECRETS = ("CRYOBOX_API_KEY", "CRYOBOX_DATABASE_URL", "CRYOBOX_NODE_TOKEN", "CRYOBOX_SECRET_KEY")
+"""What the agent's environment may hold that no helper process it starts needs."""
+
+
+def scrubbed_env(*, minimal: bool = False) -> dict[str, str]:
+    """The environment for a child process: without :data:`CONTROL_SECRETS`; ``minimal`` keeps ``PATH`` only
+    (an unjailed QEMU needs nothing else; a jailed one gets an empty environment)."""
+    if minimal:
+        return {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
+    return {k: v for k, v in os.environ.items() if k not in CONTROL_SECRETS}

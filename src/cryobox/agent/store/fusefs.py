@@ -140,6 +140,9 @@ class MemoryFS(fuse.Operations):  # type: ignore[misc]
         self.table = table
         self.resolver = resolver
         self._mounted_at_ns = int(clock() * 1e9)
+        self.image_gid: int | None = None
+        """Files are ``root:image_gid`` 0660 (the mount admits jailed QEMUs, the kernel checks modes); ``None``:
+        0644, and only the mounting user (root) may open them."""
 
     def _ref(self, path: str) -> ImageRef:
         name = path.lstrip("/")
@@ -155,12 +158,14 @@ class MemoryFS(fuse.Operations):  # type: ignore[misc]
 
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
         times = {"st_atime": self._mounted_at_ns, "st_mtime": self._mounted_at_ns, "st_ctime": self._mounted_at_ns}
+        owner = {"st_uid": 0, "st_gid": self.image_gid or 0, **times}
         if path == "/":
-            return {"st_mode": stat.S_IFDIR | 0o755, "st_nlink": 2, **times}
+            return {"st_mode": stat.S_IFDIR | (0o755 if self.image_gid is None else 0o750), "st_nlink": 2, **owner}
         ref = self._ref(path)
         size = ref.index.image_size
-        # writable mode bits: QEMU opens its RAM file O_RDWR even to map it MAP_PRIVATE (which never writes back)
-        return {"st_mode": stat.S_IFREG | 0o644, "st_nlink": 1, "st_size": size, "st_blocks": size // 512, **times}
+        # writable mode bits: QEMU < 8.2 opens its RAM file O_RDWR even to map it MAP_PRIVATE (never written back)
+        mode = 0o644 if self.image_gid is None else 0o660
+        return {"st_mode": stat.S_IFREG | mode, "st_nlink": 1, "st_size": size, "st_blocks": size // 512, **owner}
 
     def readdir(self, path: str, fh: int) -> list[str]:
         if path != "/":

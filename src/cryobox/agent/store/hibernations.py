@@ -3,11 +3,12 @@
 Same chunked format as a snapshot (:func:`.publish.publish_snapshot`), under the sandbox's id::
 
     hibernations/<sandbox id>/memory.{idx,pack}, vmstate, disk.qcow2   (the overlay over its template's disk)
-    hibernations/<sandbox id>/manifest.json                             written last
+    hibernations/<sandbox id>/manifest.json                             written last; pins every object above
 
 One image per sandbox: a later hibernation (another image id) replaces the stored one. An import brings the
 whole image home, memory included (downloaded and verified chunk by chunk), so the woken VM maps a local copy
-and the stored objects can be deleted as soon as its row names its new host.
+and the stored objects can be deleted as soon as its row names its new host. Every object is checked against
+its pin in the manifest (:mod:`.pins`) before it is renamed into place or parsed.
 """
 
 from __future__ import annotations
@@ -25,7 +26,16 @@ from ...errors import ObjectNotFound, StateError
 from ...util.files import fsync_dir, write_json_atomic
 from ..templates import Template
 from .objstore import ObjectStore
-from .publish import _backing_file, _rebase, download_image, template_prefix, upload_image
+from .pins import PINS_FIELD, PinSet
+from .publish import (
+    _backing_file,
+    _rebase,
+    download_image,
+    fetch_image_files,
+    publish_image_files,
+    template_prefix,
+    upload_image,
+)
 from .snapshots import SnapshotImage
 
 
@@ -58,9 +68,9 @@ def publish_hibernation(
         if found.get("id") == image.id:
             return prefix
         delete_hibernation(store, sandbox_id)  # an earlier hibernation of the same sandbox
-    index = upload_image(store, f"{prefix}/memory", image.memory, image.id, work_dir)
-    store.put_file(f"{prefix}/vmstate", image.vmstate)
-    store.put_file(f"{prefix}/disk.qcow2", image.disk)
+    pins = PinSet()
+    index = upload_image(store, f"{prefix}/memory", image.memory, image.id, work_dir, pins)
+    publish_image_files(store, prefix, image, pins)
     manifest = dict(image.manifest)
     manifest.update(
         id=image.id,
@@ -69,6 +79,7 @@ def publish_hibernation(
         memory_chunks={"image_size": index.image_size, "stored_bytes": index.stored_bytes},
         published_at=time.time(),
     )
+    manifest[PINS_FIELD] = pins.to_json()
     store.put(f"{prefix}/manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode())
     return prefix
 
@@ -88,16 +99,16 @@ def import_hibernation(store: ObjectStore, sandbox_id: str, root: Path, template
             f"({manifest.get('template_generation')}); this host serves {template.name} ({template.generation})",
             details={"id": sandbox_id},
         )
+    pins = PinSet.from_manifest(manifest, f"the manifest of the hibernation of {sandbox_id}")
     image_id = f"{sandbox_id}.h{secrets.token_hex(4)}"
     root.mkdir(parents=True, exist_ok=True)
     work = root / f".{image_id}.import"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
     try:
-        store.download(f"{prefix}/vmstate", work / "vmstate")
-        store.download(f"{prefix}/disk.qcow2", work / "disk.qcow2")
+        fetch_image_files(store, prefix, work, pins)
         _rebase(work / "disk.qcow2", template.disk, "qcow2")
-        download_image(store, f"{prefix}/memory", work / "memory")
+        download_image(store, f"{prefix}/memory", work / "memory", pins)
         machine = dict(manifest["machine"], kernel=str(template.machine.kernel), initrd=str(template.machine.initrd))
         manifest.update(id=image_id, machine=machine, imported_from=store.url, imported_at=time.time())
         write_json_atomic(work / "manifest.json", manifest)

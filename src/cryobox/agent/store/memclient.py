@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from ...errors import ERRORS_BY_CODE, ChunkFetchFailed, CryoboxError, VmmError
+from ...util.system import scrubbed_env
 from .fusefs import file_name
 from .mounts import unmount
 
@@ -34,6 +35,9 @@ class MemServerConfig:
     naive: bool = False
     fetch_deadline_s: float | None = None
     retries: int | None = None
+    image_gid: int | None = None
+    """Jailed QEMUs (other uids) map the files: the mount admits other users, and the kernel checks the
+    files' modes (``root:image_gid``, 0660); ``None`` (no jail): only root, the mounting user, may open them."""
 
     @property
     def mount(self) -> Path:
@@ -63,6 +67,8 @@ class MemServerConfig:
             argv += ["--fetch-deadline", str(self.fetch_deadline_s)]
         if self.retries is not None:
             argv += ["--retries", str(self.retries)]
+        if self.image_gid is not None:
+            argv += ["--image-gid", str(self.image_gid)]
         return argv
 
 
@@ -128,8 +134,8 @@ class MemoryServerProcess:
         reclaim(self.config)
         self.config.root.mkdir(parents=True, exist_ok=True)
         with open(self.config.log, "ab") as log:
-            self._proc = subprocess.Popen(
-                self.config.argv(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            self._proc = subprocess.Popen(  # store credentials yes, the control plane's secrets no
+                self.config.argv(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=scrubbed_env()
             )
         self._pid = self._proc.pid
         self.config.pidfile.write_text(str(self._proc.pid))

@@ -192,6 +192,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--naive", action="store_true", help="no single-flight, no chunk cache (for comparison)")
     parser.add_argument("--fetch-deadline", type=float, default=ResolverConfig.fetch_deadline_s)
     parser.add_argument("--retries", type=int, default=ResolverConfig.retries)
+    parser.add_argument("--image-gid", type=int, default=None, help="admit this group only (jailed QEMUs)")
     return parser.parse_args(argv)
 
 
@@ -226,7 +227,16 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=control.serve_forever, name="control", daemon=True).start()
     try:
         # blocks until unmounted or SIGTERM/SIGINT (libfuse's handlers unmount on the way out)
-        fuse.FUSE(server.fs, str(args.mount), foreground=True, allow_other=True, kernel_cache=True)
+        server.fs.image_gid = args.image_gid
+        shared = args.image_gid is not None  # other uids open the files, and the kernel checks their modes
+        fuse.FUSE(
+            server.fs,
+            str(args.mount),
+            foreground=True,
+            allow_other=shared,
+            default_permissions=shared,
+            kernel_cache=True,
+        )
     except RuntimeError as err:  # mfusepy reports the loop's exit status; a signal-initiated exit is nonzero
         log.info("FUSE loop ended (%s)", err)
     finally:

@@ -20,11 +20,11 @@ here explicitly (e.g. ``AWS_ENDPOINT_URL``); ``open_store`` sets region, credent
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import secrets
-import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -38,11 +38,15 @@ from obstore.store import LocalStore, MemoryStore, S3Store
 
 from ...errors import InvalidArgument, ObjectNotFound, StoreError, StoreThrottled
 from ...util.files import fsync_dir
+from .storestats import StoreStats as StoreStats
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig, S3Config
 
 Backend: TypeAlias = "LocalStore | MemoryStore | S3Store"
+Verify: TypeAlias = Callable[[int, str], None]
+"""Called by ``download`` with the size and sha256 (hex) of the bytes written, before the file is renamed into
+place; raising refuses the object (the temp file is removed, ``dest`` is untouched)."""
 
 MiB = 1 << 20
 PART_SIZE = 8 * MiB  # multipart part size for large uploads (S3 needs >= 5 MiB for every part but the last)
@@ -64,52 +68,6 @@ class ObjectMeta:
     key: str
     size: int
     etag: str | None
-
-
-class StoreStats:
-    """Thread-safe counters of one store: ``gets`` (GET calls that reached the store: get, get_range, download),
-    ``get_bytes`` (bytes those returned), ``puts``, ``errors`` (failed calls of any kind) and ``throttled``."""
-
-    FIELDS = ("gets", "get_bytes", "puts", "errors", "throttled")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts = dict.fromkeys(self.FIELDS, 0)
-
-    def add(self, **counts: int) -> None:
-        unknown = set(counts) - set(self.FIELDS)
-        if unknown:
-            raise ValueError(f"unknown store counters: {sorted(unknown)}")
-        with self._lock:
-            for name, value in counts.items():
-                self._counts[name] += value
-
-    def failed(self, err: StoreError) -> None:
-        self.add(errors=1, throttled=int(isinstance(err, StoreThrottled)))
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._counts)
-
-    @property
-    def gets(self) -> int:
-        return self.snapshot()["gets"]
-
-    @property
-    def get_bytes(self) -> int:
-        return self.snapshot()["get_bytes"]
-
-    @property
-    def puts(self) -> int:
-        return self.snapshot()["puts"]
-
-    @property
-    def errors(self) -> int:
-        return self.snapshot()["errors"]
-
-    @property
-    def throttled(self) -> int:
-        return self.snapshot()["throttled"]
 
 
 @runtime_checkable
@@ -134,7 +92,7 @@ class ObjectStore(Protocol):
 
     def put_file(self, key: str, path: Path) -> None: ...
 
-    def download(self, key: str, dest: Path) -> None: ...
+    def download(self, key: str, dest: Path, verify: Verify | None = None) -> None: ...
 
     def list(self, prefix: str) -> list[str]: ...
 
@@ -267,14 +225,16 @@ class ObstoreStore:
             os.close(fd)
         fsync_dir(path.parent)
 
-    def download(self, key: str, dest: Path) -> None:
-        """Stream an object into ``dest``: write a temp file next to it, fsync, rename, fsync the directory."""
+    def download(self, key: str, dest: Path, verify: Verify | None = None) -> None:
+        """Stream an object into ``dest``: write a temp file next to it, fsync, rename, fsync the directory.
+        With ``verify`` the bytes are hashed as they arrive and ``verify(size, sha256)`` runs before the rename."""
         check_key(key)
         if not dest.parent.is_dir():
             raise InvalidArgument(f"download {key!r}: {dest.parent} is not a directory", details={"dest": str(dest)})
         self.stats.add(gets=1)
         tmp = dest.with_name(f".{dest.name}.tmp.{os.getpid()}.{secrets.token_hex(4)}")
         written = 0
+        digest = hashlib.sha256() if verify is not None else None
         try:
             with self._boundary("download", key, reading=True):
                 result = obstore.get(self._backend, key)
@@ -283,10 +243,14 @@ class ObstoreStore:
                     for piece in result.stream(min_chunk_size=DOWNLOAD_CHUNK):
                         fh.write(piece)
                         written += len(piece)
+                        if digest is not None:
+                            digest.update(piece)
                     fh.flush()
                     os.fsync(fh.fileno())
                 if written != expected:
                     raise StoreError(f"download {key!r}: got {written} of {expected} bytes", details={"key": key})
+                if verify is not None and digest is not None:
+                    verify(written, digest.hexdigest())
                 os.replace(tmp, dest)
                 fsync_dir(dest.parent)
         finally:

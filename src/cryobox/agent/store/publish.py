@@ -7,7 +7,8 @@ Store layout (every name carries the generation, so a re-bake is a new name and 
     templates/<name>/<generation>/memory.trace   chunks in the order a restore first read them (prefetch)
     templates/<name>/<generation>/vmstate        device state
     templates/<name>/<generation>/disk.qcow2     root-disk overlay (its backing file is rebased on fetch)
-    templates/<name>/<generation>/manifest.json  written last: the template is published once it exists
+    templates/<name>/<generation>/manifest.json  written last: the template is published once it exists; it pins
+                                                 the size and sha256 of every object above (``pins.py``)
     templates/<name>/latest                      {"generation": ...} of the newest publish
     images/<kind>/<cache key>/<file>[.idx|.pack] kernel, initrd, rootfs base (sparse images chunked like memory)
 
@@ -15,6 +16,9 @@ Snapshots (``publish_snapshot``, on request)::
 
     snapshots/<id>/memory.{idx,pack}, vmstate, disk.qcow2   (the overlay over its template's disk)
     snapshots/<id>/manifest.json                             written last; names the template generation
+
+Every object a fetch downloads (vmstate, disk overlay, kernel, initrd, the chunk indexes) must match the pin
+its manifest records before it is renamed into place or parsed; a manifest without pins is refused.
 
 A fetched template gets the usual directory (``vmstate``, ``disk.qcow2``, ``manifest.json``) but no ``memory``:
 its restores map the memory server's file for ``templates/<name>/<generation>`` and fault chunks in on demand.
@@ -32,13 +36,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...errors import CryoboxError, ObjectNotFound, StateError
+from ...errors import CryoboxError, IntegrityError, ObjectNotFound, StateError
 from ...util.files import fsync_dir, write_json_atomic
 from ...util.proc import Progress
 from ..templates import Template
 from ..vm import MachineConfig
 from .chunkfmt import ChunkIndex, pack_image, unpack_image
 from .objstore import ObjectStore
+from .pins import PINS_FIELD, Pin, PinSet
 from .snapshots import SnapshotImage
 
 LAYOUT_VERSION = 1
@@ -48,8 +53,11 @@ def template_prefix(name: str, generation: str) -> str:
     return f"templates/{name}/{generation}"
 
 
-def upload_image(store: ObjectStore, base: str, path: Path, generation: str, work_dir: Path) -> ChunkIndex:
-    """Upload a sparse raw image as ``<base>.pack`` (non-zero chunks) and then ``<base>.idx``."""
+def upload_image(
+    store: ObjectStore, base: str, path: Path, generation: str, work_dir: Path, pins: PinSet
+) -> ChunkIndex:
+    """Upload a sparse raw image as ``<base>.pack`` (non-zero chunks) and then ``<base>.idx`` (pinned: it holds
+    the sha256 of every chunk of the pack)."""
     work_dir.mkdir(parents=True, exist_ok=True)
     pack = work_dir / f".pack-{secrets.token_hex(6)}"
     try:
@@ -57,13 +65,30 @@ def upload_image(store: ObjectStore, base: str, path: Path, generation: str, wor
         store.put_file(f"{base}.pack", pack)
     finally:
         pack.unlink(missing_ok=True)
-    store.put(f"{base}.idx", index.to_bytes())
+    pins.put(store, f"{base}.idx", index.to_bytes())
     return index
 
 
-def download_image(store: ObjectStore, base: str, dest: Path) -> ChunkIndex:
-    """Rebuild the sparse image stored as ``<base>.{idx,pack}`` at ``dest`` (every chunk verified; atomic)."""
-    index = ChunkIndex.from_bytes(store.get(f"{base}.idx"))
+def pin_stored_image(store: ObjectStore, base: str, path: Path, generation: str, pins: PinSet) -> None:
+    """Pin the index of an image already in the store (uploaded by an earlier publish) once it is found to
+    describe the local ``path`` exactly (the local image is hashed; no pack is written).
+
+    :raises IntegrityError: the stored index is not the one ``path`` would get.
+    """
+    key = f"{base}.idx"
+    stored = store.get(key)
+    if stored != pack_image(path, Path(os.devnull), generation).to_bytes():
+        raise IntegrityError(
+            f"the stored chunk index {key!r} does not describe the local image {path}: refusing to pin it",
+            details={"key": key, "path": str(path)},
+        )
+    pins.add(key, Pin.of_bytes(stored))
+
+
+def download_image(store: ObjectStore, base: str, dest: Path, pins: PinSet) -> ChunkIndex:
+    """Rebuild the sparse image stored as ``<base>.{idx,pack}`` at ``dest``: the index must match its pin before
+    it is parsed, and every chunk of the pack its sha256 in the index. Atomic: nothing is left on failure."""
+    index = ChunkIndex.from_bytes(pins.fetch_bytes(store, f"{base}.idx"))
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{secrets.token_hex(6)}")
     pack = tmp.with_name(f"{tmp.name}.pack")
@@ -98,9 +123,10 @@ def publish_template(
         return prefix
     started = time.monotonic()
     progress(f"publishing template {template.name} ({template.generation}) to {store.url}")
-    index = upload_image(store, f"{prefix}/memory", template.memory, template.generation, work_dir)
-    store.put_file(f"{prefix}/vmstate", template.vmstate)
-    store.put_file(f"{prefix}/disk.qcow2", template.disk)
+    pins = PinSet()
+    index = upload_image(store, f"{prefix}/memory", template.memory, template.generation, work_dir, pins)
+    pins.put_file(store, f"{prefix}/vmstate", template.vmstate)
+    pins.put_file(store, f"{prefix}/disk.qcow2", template.disk)
     files: dict[str, str] = {}
     for role, path in (
         ("kernel", template.machine.kernel),
@@ -110,10 +136,14 @@ def publish_template(
         key = _image_key(images_dir, path)
         files[role] = key
         if role == "rootfs":
-            if not store.exists(f"{key}.idx"):
-                upload_image(store, key, path, key, work_dir)
-        elif not store.exists(key):
-            store.put_file(key, path)
+            if store.exists(f"{key}.idx"):
+                pin_stored_image(store, key, path, key, pins)
+            else:
+                upload_image(store, key, path, key, work_dir, pins)
+        elif store.exists(key):
+            pins.add(key, Pin.of_file(path))  # content-addressed: a fetch refuses a stored copy that differs
+        else:
+            pins.put_file(store, key, path)
     manifest = dict(template.manifest)
     manifest.update(
         layout=LAYOUT_VERSION,
@@ -122,6 +152,7 @@ def publish_template(
         memory={"image_size": index.image_size, "stored_bytes": index.stored_bytes, "chunks": index.chunk_count},
         published_at=time.time(),
     )
+    manifest[PINS_FIELD] = pins.to_json()
     store.put(f"{prefix}/manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode())
     store.put(f"templates/{template.name}/latest", json.dumps({"generation": template.generation}).encode())
     progress(f"  published in {time.monotonic() - started:.1f}s ({index.stored_bytes >> 20} MiB of memory chunks)")
@@ -156,16 +187,17 @@ def fetch_template(
         raise CryoboxError(
             f"template {name} ({generation}) was baked with {manifest.get('qemu')!r}; this host runs {qemu!r}"
         )
+    pins = PinSet.from_manifest(manifest, f"the manifest of template {name} ({generation})")
     progress(f"fetching template {name} ({generation}) from {store.url}")
     local: dict[str, Path] = {}
     for role, key in manifest["files"].items():
         path = images_dir / key.removeprefix("images/")
         if not path.exists():
             if role == "rootfs":
-                download_image(store, key, path)
+                download_image(store, key, path, pins)
             else:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                store.download(key, path)
+                pins.fetch_file(store, key, path)
         local[role] = path
     machine = dict(manifest["machine_config"], kernel=str(local["kernel"]), initrd=str(local["initrd"]))
     manifest.update(
@@ -176,21 +208,21 @@ def fetch_template(
         memory_prefix=prefix,
         fetched_from=store.url,
     )
-    _materialize(store, prefix, final, (local["rootfs"], "raw"), manifest)
+    _materialize(store, prefix, final, (local["rootfs"], "raw"), manifest, pins)
     return _load(final)
 
 
 def _materialize(
-    store: ObjectStore, prefix: str, final: Path, backing: tuple[Path, str], manifest: dict[str, Any]
+    store: ObjectStore, prefix: str, final: Path, backing: tuple[Path, str], manifest: dict[str, Any], pins: PinSet
 ) -> None:
-    """Download ``prefix``'s vmstate and disk overlay into a work directory beside ``final``, point the overlay
-    at this host's ``backing`` (path, format), write ``manifest`` last and rename the directory into place."""
+    """Download ``prefix``'s vmstate and disk overlay (each checked against its pin) into a work directory beside
+    ``final``, point the overlay at this host's ``backing`` (path, format), write ``manifest`` last and rename
+    the directory into place."""
     work = final.with_name(f".{final.name}.fetch{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     try:
-        store.download(f"{prefix}/vmstate", work / "vmstate")
-        store.download(f"{prefix}/disk.qcow2", work / "disk.qcow2")
+        fetch_image_files(store, prefix, work, pins)
         _rebase(work / "disk.qcow2", *backing)
         write_json_atomic(work / "manifest.json", manifest)
         with contextlib.suppress(FileNotFoundError):
@@ -199,6 +231,12 @@ def _materialize(
         fsync_dir(final.parent)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def fetch_image_files(store: ObjectStore, prefix: str, work: Path, pins: PinSet) -> None:
+    """``prefix``'s ``vmstate`` and ``disk.qcow2`` into ``work``, each only once it matches its pin."""
+    for name in ("vmstate", "disk.qcow2"):
+        pins.fetch_file(store, f"{prefix}/{name}", work / name)
 
 
 def _rebase(disk: Path, backing: Path, backing_format: str) -> None:
@@ -224,6 +262,12 @@ def _backing_file(disk: Path) -> str:
     return str(json.loads(out.stdout).get("backing-filename") or "")
 
 
+def publish_image_files(store: ObjectStore, prefix: str, image: SnapshotImage, pins: PinSet) -> None:
+    """Upload a snapshot's ``vmstate`` and ``disk.qcow2`` under ``prefix``, pinning both."""
+    pins.put_file(store, f"{prefix}/vmstate", image.vmstate)
+    pins.put_file(store, f"{prefix}/disk.qcow2", image.disk)
+
+
 def publish_snapshot(store: ObjectStore, image: SnapshotImage, template: Template, work_dir: Path) -> str:
     """Upload a snapshot of ``template`` (memory chunked, vmstate, disk overlay); the manifest goes last."""
     if Path(_backing_file(image.disk)) != template.disk:
@@ -235,9 +279,9 @@ def publish_snapshot(store: ObjectStore, image: SnapshotImage, template: Templat
     prefix = snapshot_prefix(image.id)
     if store.exists(f"{prefix}/manifest.json"):
         return prefix
-    index = upload_image(store, f"{prefix}/memory", image.memory, image.id, work_dir)
-    store.put_file(f"{prefix}/vmstate", image.vmstate)
-    store.put_file(f"{prefix}/disk.qcow2", image.disk)
+    pins = PinSet()
+    index = upload_image(store, f"{prefix}/memory", image.memory, image.id, work_dir, pins)
+    publish_image_files(store, prefix, image, pins)
     manifest = dict(image.manifest)
     manifest.update(
         template_generation=template.generation,
@@ -245,6 +289,7 @@ def publish_snapshot(store: ObjectStore, image: SnapshotImage, template: Templat
         memory_chunks={"image_size": index.image_size, "stored_bytes": index.stored_bytes},
         published_at=time.time(),
     )
+    manifest[PINS_FIELD] = pins.to_json()
     store.put(f"{prefix}/manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode())
     return prefix
 
@@ -260,10 +305,11 @@ def import_snapshot(store: ObjectStore, snapshot_id: str, snapshots_dir: Path, t
             f"({manifest.get('template_generation')}); this host serves {template.name} ({template.generation})",
             details={"id": snapshot_id},
         )
+    pins = PinSet.from_manifest(manifest, f"the manifest of snapshot {snapshot_id}")
     final = snapshots_dir / snapshot_id
     if (final / "manifest.json").exists():
         raise StateError(f"snapshot {snapshot_id} is already on this host", details={"id": snapshot_id})
     machine = dict(manifest["machine"], kernel=str(template.machine.kernel), initrd=str(template.machine.initrd))
     manifest.update(machine=machine, memory_prefix=prefix, imported_from=store.url, imported_at=time.time())
-    _materialize(store, prefix, final, (template.disk, "qcow2"), manifest)
+    _materialize(store, prefix, final, (template.disk, "qcow2"), manifest, pins)
     return final

@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from ...errors import InvalidArgument, StoreError, StoreThrottled
-from .objstore import ObjectMeta, ObjectStore, StoreStats
+from .objstore import ObjectMeta, ObjectStore, StoreStats, Verify
 
 ENV_VAR = "CRYOBOX_STORE_FAULTS"
 _DONE_BYTES = 1e-3  # a flow this close to its target is finished (float rounding of clock differences)
@@ -264,9 +264,9 @@ class FaultyStore:
         self.stats.add(get_bytes=len(data))
         return data
 
-    def download(self, key: str, dest: Path) -> None:
+    def download(self, key: str, dest: Path, verify: Verify | None = None) -> None:
         with self._faulted_get("download", key):
-            self.inner.download(key, dest)
+            self.inner.download(key, dest, verify)
             size = dest.stat().st_size
             self._transfer(size)
         self.stats.add(get_bytes=size)

@@ -147,7 +147,13 @@ class VmJail:
     uid: int
 
     def spec(
-        self, config: MachineConfig, paths: VmPaths, memory: MemoryBacking, disk: Path, net: NetAttach | None
+        self,
+        config: MachineConfig,
+        paths: VmPaths,
+        memory: MemoryBacking,
+        disk: Path,
+        net: NetAttach | None,
+        data_disks: tuple[Path, ...] = (),
     ) -> list[list[str]]:
         binds: list[tuple[Path, str]] = [
             (Path("/usr"), "ro"),
@@ -160,6 +166,7 @@ class VmJail:
         if not disk.is_relative_to(paths.root):
             binds.append((disk, "rw"))
         binds += [(p, "ro") for p in backing_chain(disk)]
+        binds += [(p, "rw") for p in data_disks if not p.is_relative_to(paths.root)]
         spec: list[list[str]] = [["root", str(paths.root / "jail")]]
         if net is not None:
             spec += [["netns", f"/run/netns/{net.netns}"], ["tap", net.tap]]
@@ -181,18 +188,18 @@ class VmJail:
             major, minor = _device_numbers(node)
             spec.append(["mknod", str(node), str(major), str(minor)])
         spec += [["uid", str(self.uid)], ["gid", str(self.uid)]]
-        if not memory.share and not qemu.private_readonly():
+        if not memory.share:  # a restore's image: a hot file of the group (QEMU < 8.2), or a memory server file
             spec.append(["groups", str(self.settings.image_gid)])
         for fields in spec:
             if any(_UNSAFE.search(f) for f in fields):
                 raise VmmError(f"jail path {fields!r} contains a tab or newline")
         return spec
 
-    def prepare(self, paths: VmPaths, memory: MemoryBacking, disk: Path) -> None:
-        """Hand the VM's writable files to its uid (the run dir, its overlay, a shared RAM file)."""
+    def prepare(self, paths: VmPaths, memory: MemoryBacking, disk: Path, data_disks: tuple[Path, ...] = ()) -> None:
+        """Hand the VM's writable files to its uid (the run dir, its overlay, a shared RAM file, data disks)."""
         (paths.root / "jail").mkdir(exist_ok=True)
         os.chown(paths.root, self.uid, self.uid)
-        for path in (disk, *([memory.path] if memory.share else [])):
+        for path in (disk, *data_disks, *([memory.path] if memory.share else [])):
             os.chown(path, self.uid, self.uid)
         if not memory.share and not qemu.private_readonly():
             # QEMU < 8.2 opens even a private RAM file read-write: the shared image goes to the image group
@@ -211,13 +218,15 @@ class VmJail:
         disk: Path,
         net: NetAttach | None,
         log_path: Path,
+        *,
+        data_disks: tuple[Path, ...] = (),
     ) -> int:
         """Start ``argv`` (QEMU, without a netns wrapper) jailed; returns its pid as this host sees it.
 
         :raises VmmError: the jail or QEMU's exec failed (the message says which step).
         """
-        spec = self.spec(config, paths, memory, disk, net)
-        self.prepare(paths, memory, disk)
+        spec = self.spec(config, paths, memory, disk, net, data_disks)
+        self.prepare(paths, memory, disk, data_disks)
         cgroups = self.settings.cgroups
         if cgroups is not None:
             spec += [["cgroup", str(p)] for p in await asyncio.to_thread(cgroups.create, vm_id, limits_for(config))]

@@ -160,6 +160,7 @@ def qemu_argv(
     incoming: bool,
     net: NetAttach | None = None,
     wrap: bool = True,
+    data_disks: tuple[Path, ...] = (),
 ) -> list[str]:
     backing = f"memory-backend-file,id=ram,size={config.memory_mib}M,mem-path={memory.path}"
     if memory.share:
@@ -221,6 +222,13 @@ def qemu_argv(
         "-pidfile",
         str(paths.pidfile),
     ]
+    for index, data in enumerate(data_disks):  # raw, writable, after the root disk (the guest's vdb, vdc, ...)
+        argv += [
+            "-drive",
+            f"id=data{index},file={data},format=raw,if=none,cache=writeback",
+            "-device",
+            f"virtio-blk-device,drive=data{index}",
+        ]
     if config.nic:
         netdev = net.netdev() if net is not None else UNPLUGGED_NETDEV
         argv += ["-netdev", netdev, "-device", f"virtio-net-device,netdev=net0,mac={GUEST_MAC}"]

@@ -30,6 +30,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 from qemu.qmp import ExecuteError, QMPClient, QMPError
 
 from ...errors import GuestError, StateError, VmmError
+from ...util.system import scrubbed_env
 from ..guest_client import GuestClient
 from ..records import process_start_ticks
 from .jail import VmJail
@@ -98,8 +99,11 @@ class MicroVM:
         disk: Path,
         net: NetAttach | None = None,
         jail: VmJail | None = None,
+        data_disks: tuple[Path, ...] = (),
     ) -> None:
         self.vm_id = vm_id
+        self.data_disks = data_disks
+        """Raw writable disks after the root disk (a template build's target filesystem); never snapshotted."""
         self.jail = jail
         """Where QEMU runs confined (its uid, namespaces, cgroup); ``None`` runs it as this process's user."""
         self.net = net
@@ -214,11 +218,20 @@ class MicroVM:
             incoming=incoming,
             net=self.net,
             wrap=self.jail is None,  # the jail enters the netns itself
+            data_disks=self.data_disks,
         )
         if self.jail is not None:
             try:
                 self._pid = await self.jail.launch(
-                    self.vm_id, argv, self.config, self.paths, self.memory, self.disk, self.net, self.paths.qemu_log
+                    self.vm_id,
+                    argv,
+                    self.config,
+                    self.paths,
+                    self.memory,
+                    self.disk,
+                    self.net,
+                    self.paths.qemu_log,
+                    data_disks=self.data_disks,
                 )
             except VmmError as err:
                 raise VmmError(f"{err.message}; QEMU log:\n{self.qemu_log_tail()}") from err
@@ -226,7 +239,12 @@ class MicroVM:
             with open(self.paths.qemu_log, "ab") as qemu_log:
                 # its own session and no death signal: the VM outlives the agent (a restarted agent adopts it)
                 self._proc = subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=qemu_log, start_new_session=True
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=qemu_log,
+                    stderr=qemu_log,
+                    start_new_session=True,
+                    env=scrubbed_env(minimal=True),  # none of the agent's secrets or store credentials
                 )
             self._pid = self._proc.pid
         self.start_ticks = process_start_ticks(self._pid)

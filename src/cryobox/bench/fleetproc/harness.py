@@ -19,6 +19,7 @@ from typing import Any, Literal
 import httpx
 
 from ...config import DEFAULT_CACHE_DIR
+from ...util.sealing import generate_key
 from ..server import ServeProcess
 from .addresses import check_name, slot_cidrs
 from .moto import S3_CREDENTIALS, MotoProcess
@@ -80,6 +81,8 @@ class Fleet:
         self.start_timeout_s = start_timeout_s
         self.api_key = "cbx_fleet_" + secrets.token_hex(8)
         self.node_token = "node_" + secrets.token_hex(16)
+        self.secret_key = generate_key()
+        """The control plane's ``CRYOBOX_SECRET_KEY`` (every replica on the fleet's PostgreSQL needs the same)."""
         self.postgres: PostgresProcess | None = None
         self.moto: MotoProcess | None = None
         self.bucket = ""
@@ -122,6 +125,7 @@ class Fleet:
             database_url=self.postgres.url,
             node_token=self.node_token,
             api_key=self.api_key,
+            secret_key=self.secret_key,
             store_url=self.store_url,
             cache_dir=self.cache_dir,
             agent_deadline_s=self.agent_deadline_s,

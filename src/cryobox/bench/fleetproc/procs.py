@@ -15,6 +15,7 @@ import httpx
 from ...agent.net.slots import CIDR_ENV, tag_for
 from ...agent.reclaim import find_own_qemus
 from ...config import DEFAULT_CACHE_DIR, Paths
+from ...util.sealing import SECRET_KEY_ENV
 from ..childproc import ChildProcess
 from ..server import free_port, release_serve_state
 from .addresses import AGENT_PORT, check_name, loopback_ports
@@ -66,11 +67,14 @@ class ControlProcess(ChildProcess):
         extra_env: Mapping[str, str] | None = None,
         extra_args: Sequence[str] = (),
         listen_host: str = "127.0.0.1",
+        secret_key: str | None = None,
     ) -> None:
         super().__init__(data_dir, data_dir / "control.log", extra_env, extra_args)
         self.database_url = database_url
         self.node_token = node_token
         self.api_key = api_key
+        self.secret_key = secret_key
+        """``CRYOBOX_SECRET_KEY``: replicas on one PostgreSQL must share it (each has its own data dir)."""
         self.store_url = store_url
         self.cache_dir = cache_dir
         self.agent_deadline_s = agent_deadline_s
@@ -96,6 +100,7 @@ class ControlProcess(ChildProcess):
             "CRYOBOX_DATABASE_URL": self.database_url,
             "CRYOBOX_NODE_TOKEN": self.node_token,
             "CRYOBOX_API_KEY": self.api_key,
+            **({SECRET_KEY_ENV: self.secret_key} if self.secret_key else {}),
             **S3_CREDENTIALS,
             **self.extra_env,
         }

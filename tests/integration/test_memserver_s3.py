@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from cryobox.agent.store.chunkfmt import CHUNK_SIZE
+from cryobox.agent.store.fusefs import file_name
 from cryobox.agent.store.memclient import MemoryServerProcess, MemServerConfig
 from cryobox.agent.store.objstore import ObjectStore
 from cryobox.agent.store.pins import PinSet
@@ -33,8 +34,9 @@ def moto() -> Iterator[MotoServer]:
 
 
 @pytest.fixture
-def image(tmp_path: Path, moto: MotoServer) -> tuple[ObjectStore, str, Path]:
-    """A 48 MiB sparse image with random data in 8 of its 12 chunks, uploaded to a fresh bucket."""
+def image(tmp_path: Path, moto: MotoServer) -> tuple[ObjectStore, str, Path, str]:
+    """A 48 MiB sparse image with random data in 8 of its 12 chunks, uploaded to a fresh bucket; and its file
+    name on the memory server's mount (its index pin included)."""
     bucket = moto.create_bucket()
     store = moto.open(bucket)
     raw = tmp_path / "image.raw"
@@ -44,8 +46,9 @@ def image(tmp_path: Path, moto: MotoServer) -> tuple[ObjectStore, str, Path]:
             if i not in ZERO:
                 fh.seek(i * CHUNK_SIZE)
                 fh.write(os.urandom(CHUNK_SIZE))
-    upload_image(store, "templates/t/g1/memory", raw, "g1", tmp_path / "work", PinSet())
-    return store, moto.url(bucket), raw
+    pins = PinSet()
+    upload_image(store, "templates/t/g1/memory", raw, "g1", tmp_path / "work", pins)
+    return store, moto.url(bucket), raw, file_name("templates/t/g1", pins.pin("templates/t/g1/memory.idx").sha256)
 
 
 @pytest.fixture(autouse=True)
@@ -66,12 +69,12 @@ def stats(server: MemoryServerProcess) -> dict[str, Any]:
 
 
 def test_fuse_file_is_the_image_and_concurrent_faults_fetch_each_chunk_once(
-    tmp_path: Path, image: tuple[ObjectStore, str, Path]
+    tmp_path: Path, image: tuple[ObjectStore, str, Path, str]
 ) -> None:
-    _, url, raw = image
+    _, url, raw, name = image
     server = start(tmp_path, url)
     try:
-        path = server.path_for("templates/t/g1")
+        path = server.path_for(name)
         assert path.stat().st_size == CHUNKS * CHUNK_SIZE
         with open(path, "rb") as fh:
             mapping = mmap.mmap(fh.fileno(), 0, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -119,7 +122,7 @@ def test_fuse_file_is_the_image_and_concurrent_faults_fetch_each_chunk_once(
         bad.write(bytes([byte[0] ^ 0xFF]))
     again = start(tmp_path, url)
     try:
-        with open(again.path_for("templates/t/g1"), "rb") as fh:
+        with open(again.path_for(name), "rb") as fh:
             assert hashlib.sha256(fh.read()).hexdigest() == hashlib.sha256(raw.read_bytes()).hexdigest()
         after = stats(again)
         assert after["metrics"]["store_gets"] == 1
@@ -129,12 +132,12 @@ def test_fuse_file_is_the_image_and_concurrent_faults_fetch_each_chunk_once(
         again.stop()
 
 
-def test_cache_budget_is_respected_by_the_server(tmp_path: Path, image: tuple[ObjectStore, str, Path]) -> None:
-    _, url, raw = image
+def test_cache_budget_is_respected_by_the_server(tmp_path: Path, image: tuple[ObjectStore, str, Path, str]) -> None:
+    _, url, raw, name = image
     budget = 3 * CHUNK_SIZE
     server = start(tmp_path, url, budget=budget)
     try:
-        with open(server.path_for("templates/t/g1"), "rb") as fh:
+        with open(server.path_for(name), "rb") as fh:
             assert hashlib.sha256(fh.read()).hexdigest() == hashlib.sha256(raw.read_bytes()).hexdigest()
         cache = stats(server)["cache"]
         assert cache["used_bytes"] <= budget

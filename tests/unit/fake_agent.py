@@ -10,13 +10,16 @@ streams (exec and terminals) land in ``closed_streams``.
 
 Stored hibernations go to ``objects`` (an :class:`ObjectStore`, ``memory://`` unless given: share one between
 fakes and a control plane for a fleet with one object store) as ``hibernations/<id>/manifest.json`` holding the
-sandbox and its files, so ``wake_stored`` on another fake brings back the same sandbox.
+sandbox and its files, so ``wake_stored`` on another fake brings back the same sandbox. Like the real agent,
+``store_hibernation`` and ``store_snapshot`` answer with the sha256 of the manifest bytes they stored, and
+``wake_stored`` refuses (``IntegrityError``) a stored manifest whose bytes do not hash to ``manifest_sha256``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import itertools
 import json
 import time
@@ -31,6 +34,7 @@ from cryobox.errors import (
     CryoboxError,
     GuestError,
     HostUnavailable,
+    IntegrityError,
     InvalidArgument,
     NotFound,
     PayloadTooLarge,
@@ -65,6 +69,8 @@ class FakeAgent:
         self.snapshots: dict[str, m.SnapshotInfo] = {}
         self.snapshot_files: dict[str, dict[str, bytes]] = {}
         self.stored: set[str] = set()
+        self.stored_manifests: dict[str, str] = {}
+        """Snapshot id -> the sha256 of the manifest its store_snapshot "uploaded"."""
         self.evidence: dict[str, dict[str, bytes]] = {}
         self.template_infos: dict[str, m.TemplateInfo] = {t.name: t for t in templates or [DEFAULT_TEMPLATE]}
         self.net: dict[str, dict[str, object]] = {}
@@ -192,6 +198,9 @@ class FakeAgent:
         ref = spec.from_snapshot
         if ref is not None and ref.id not in self.snapshots and not (ref.stored and ref.id in self.stored):
             raise NotFound(f"no snapshot {ref.id}", details={"snapshot_id": ref.id})
+        if ref is not None and ref.id not in self.snapshots and ref.manifest_sha256 is not None:
+            if self.stored_manifests.get(ref.id) != ref.manifest_sha256:  # "imported": checked like the real one
+                raise IntegrityError("the stored manifest is not the pinned one", details={"id": ref.id})
         return self._new_sandbox(spec)
 
     async def get(self, sandbox_id: str) -> m.SandboxInfo:
@@ -231,9 +240,15 @@ class FakeAgent:
         files = {path: base64.b64encode(data).decode() for path, data in self.files[sandbox_id].items()}
         key = f"hibernations/{sandbox_id}"
         manifest = {"sandbox": info.model_dump(mode="json"), "files": files, "generation": template.generation}
-        self.objects.put(f"{key}/manifest.json", json.dumps(manifest).encode())
+        data = json.dumps(manifest).encode()
+        self.objects.put(f"{key}/manifest.json", data)
         return m.StoredHibernation(
-            id=sandbox_id, store=self.objects.url, key=key, generation=template.generation, size_bytes=len(files)
+            id=sandbox_id,
+            store=self.objects.url,
+            key=key,
+            generation=template.generation,
+            size_bytes=len(files),
+            manifest_sha256=hashlib.sha256(data).hexdigest(),
         )
 
     async def wake_stored(self, spec: m.WakeSpec) -> m.SandboxInfo:
@@ -244,9 +259,13 @@ class FakeAgent:
         if template is None:
             raise NotFound(f"no template {spec.template}", details={"template": spec.template})
         try:
-            manifest = json.loads(self.objects.get(f"hibernations/{spec.sandbox_id}/manifest.json"))
+            data = self.objects.get(f"hibernations/{spec.sandbox_id}/manifest.json")
         except CryoboxError:
             raise NotFound(f"no stored hibernation of {spec.sandbox_id}", details={"id": spec.sandbox_id}) from None
+        sha = hashlib.sha256(data).hexdigest()
+        if spec.manifest_sha256 is not None and sha != spec.manifest_sha256:  # checked before it is parsed
+            raise IntegrityError("the stored manifest is not the pinned one", details={"sha256": sha})
+        manifest = json.loads(data)
         if manifest["generation"] != template.generation:
             raise StateError("the hibernation is of another generation", state="wrong_generation", required="same")
         if len(self.sandboxes) >= self.max_sandboxes:
@@ -484,7 +503,16 @@ class FakeAgent:
         if snapshot_id not in self.snapshots and snapshot_id not in self.stored:
             raise NotFound(f"no snapshot {snapshot_id}", details={"snapshot_id": snapshot_id})
         self.stored.add(snapshot_id)
-        return m.StoredSnapshot(id=snapshot_id, store="memory://fake", key=f"snapshots/{snapshot_id}/")
+        if snapshot_id not in self.stored_manifests:
+            files = {k: base64.b64encode(v).decode() for k, v in self.snapshot_files.get(snapshot_id, {}).items()}
+            data = json.dumps({"id": snapshot_id, "files": files}, sort_keys=True).encode()
+            self.stored_manifests[snapshot_id] = hashlib.sha256(data).hexdigest()
+        return m.StoredSnapshot(
+            id=snapshot_id,
+            store="memory://fake",
+            key=f"snapshots/{snapshot_id}/",
+            manifest_sha256=self.stored_manifests[snapshot_id],
+        )
 
     async def delete_snapshot(self, snapshot_id: str, *, from_store: bool = False) -> None:
         self._record("delete_snapshot", snapshot_id, from_store)
@@ -492,6 +520,7 @@ class FakeAgent:
         self.evidence.pop(snapshot_id, None)
         if from_store:
             self.stored.discard(snapshot_id)
+            self.stored_manifests.pop(snapshot_id, None)
             self.snapshot_files.pop(snapshot_id, None)
 
     async def prune_snapshots(self, keep: list[str]) -> list[str]:

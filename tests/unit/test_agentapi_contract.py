@@ -25,6 +25,7 @@ from cryobox.errors import (
     CryoboxError,
     GuestError,
     HostUnavailable,
+    IntegrityError,
     InvalidArgument,
     NotFound,
     PayloadTooLarge,
@@ -328,10 +329,14 @@ async def test_snapshots(pair: Pair) -> None:
     assert (snap.id, snap.sandbox_id, snap.labels, snap.generation) == ("snap-1", "sb-1", {"k": "v"}, "g1")
     stored = await agent.store_snapshot("snap-1")
     assert stored.id == "snap-1" and stored.key
+    assert stored.manifest_sha256 is not None and len(stored.manifest_sha256) == 64  # the pin crosses back
     with pytest.raises(NotFound):
         await agent.store_snapshot("missing")
-    restored = await agent.create(spec("sb-2", from_snapshot=m.SnapshotRef(id="snap-1", template="base")))
+    ref = m.SnapshotRef(id="snap-1", template="base", stored=True, manifest_sha256=stored.manifest_sha256)
+    restored = await agent.create(spec("sb-2", from_snapshot=ref))
     assert restored.from_snapshot == "snap-1"
+    [sent] = [args[0] for name, args in pair.fake.calls if name == "create" and args[0].sandbox_id == "sb-2"]
+    assert sent.from_snapshot == ref  # ... and travels down with the restore
     assert await agent.read_file("sb-2", "/state") == b"v1"
     await agent.snapshot("sb-1", m.SnapshotRequest(snapshot_id="snap-2"))
     assert await agent.prune_snapshots(["snap-2"]) == ["snap-1"]
@@ -354,6 +359,7 @@ async def test_hibernation_stored_and_woken_as_the_same_sandbox(pair: Pair) -> N
     await agent.hibernate("sb-1")
     stored = await agent.store_hibernation("sb-1")
     assert (stored.id, stored.key, stored.generation) == ("sb-1", "hibernations/sb-1", "g1")
+    assert stored.manifest_sha256 is not None and len(stored.manifest_sha256) == 64
     assert await agent.store_hibernation("sb-1") == stored  # idempotent
 
     wake = m.WakeSpec(
@@ -366,11 +372,15 @@ async def test_hibernation_stored_and_woken_as_the_same_sandbox(pair: Pair) -> N
         env={"A": "1"},
         ttl_s=600,
         egress=["10.9.0.0/16"],
+        manifest_sha256=stored.manifest_sha256,
     )
     again = await agent.wake_stored(wake)  # it never left: the call wakes the one here
     assert again.state == "running" and again.vm_id == made.vm_id
     await agent.hibernate("sb-1")
     await agent.delete("sb-1")  # gone from this host: the stored image is the sandbox now
+    with pytest.raises(IntegrityError):  # another manifest than the pinned one: refused, nothing made
+        await agent.wake_stored(wake.model_copy(update={"manifest_sha256": "0" * 64}))
+    assert "sb-1" not in pair.fake.sandboxes
     woken = await agent.wake_stored(wake)
     assert (woken.id, woken.state, woken.workspace_id, woken.instance_id) == (
         "sb-1",

@@ -413,8 +413,9 @@ class SlowStoreAgent(FakeAgent):
 def shared_store(*agents: FakeAgent) -> None:
     """One object store for the fleet: what one agent stores the others can restore from."""
     stored: set[str] = set()
+    manifests: dict[str, str] = {}
     for agent in agents:
-        agent.stored = stored
+        agent.stored, agent.stored_manifests = stored, manifests
 
 
 async def test_fork_tree_places_what_does_not_fit_on_the_parents_agent_elsewhere(

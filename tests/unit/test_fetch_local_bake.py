@@ -111,3 +111,24 @@ def test_a_previously_fetched_template_is_loaded_as_before(tmp_path: Path) -> No
     assert template.machine == MachineConfig.from_json(machine)
     assert template.manifest == fetched
     assert messages == [] and not images_dir.exists(), "nothing is fetched"
+
+
+def test_a_local_bake_without_recorded_pins_gets_the_published_ones(tmp_path: Path) -> None:
+    """Lazy restores of it name the memory index by its pin: the building host may not have recorded its pins
+    yet (it records them after publishing), so they come from the published manifest; the file is left alone."""
+    store, builder = _published_store(tmp_path, "g1")
+    manifest = json.loads(store.get("templates/base/g1/manifest.json"))
+    pins = {"templates/base/g1/memory.idx": {"size": 10, "sha256": "cd" * 32}}
+    store.put("templates/base/g1/manifest.json", json.dumps({**manifest, "pins": pins}).encode())
+    templates_dir, images_dir = tmp_path / "cache" / "templates", tmp_path / "cache" / "images"
+    local = templates_dir / "base-g1"
+    baked = {"name": "base", "generation": "g1", "kernel": "/k", "initrd": "/i", "machine": builder.identity()}
+    _write_manifest(local, baked)
+
+    template = fetch_template(store, "base", templates_dir, images_dir, QEMU, lambda _: None)
+    assert template.manifest == {**baked, "pins": pins}
+    assert json.loads((local / "manifest.json").read_text()) == baked
+
+    recorded = {**baked, "pins": {"templates/base/g1/memory.idx": {"size": 10, "sha256": "ef" * 32}}}
+    (local / "manifest.json").write_text(json.dumps(recorded))  # pins recorded locally win
+    assert fetch_template(store, "base", templates_dir, images_dir, QEMU, lambda _: None).manifest == recorded

@@ -39,7 +39,7 @@ def test_a_stored_hibernation_imports_whole_onto_another_hosts_template(tmp_path
     machine = _machine(tmp_path)
     template_a = _template(tmp_path / "a" / "templates", machine, "g1")
     image = _hibernation(tmp_path / "a" / "hibernate", "sb-1.h1", template_a, machine, b"first")
-    assert publish_hibernation(store, "sb-1", image, template_a, tmp_path / "work") == "hibernations/sb-1"
+    assert publish_hibernation(store, "sb-1", image, template_a, tmp_path / "work").key == "hibernations/sb-1"
     keys = sorted(store.list("hibernations/sb-1"))
     assert keys == [
         f"hibernations/sb-1/{n}" for n in ("disk.qcow2", "manifest.json", "memory.idx", "memory.pack", "vmstate")

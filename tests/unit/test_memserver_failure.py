@@ -16,17 +16,17 @@ import pytest
 from cryobox.agent.memsource import MemorySource, vm_started_at
 from cryobox.agent.storage import MemoryMode
 from cryobox.agent.store.chunkfmt import ChunkIndex
+from cryobox.agent.store.fusefs import file_name
 from cryobox.agent.store.hot import HotImages
 from cryobox.agent.store.memclient import MemoryServerProcess, MemServerConfig
 from cryobox.agent.store.memserver import MemoryServer, _handler, _UnixHTTPServer
 from cryobox.agent.store.objstore import ObjectStore, open_store
 from cryobox.agent.store.resolver import ResolverConfig
 from cryobox.agent.vm import Accel, MachineConfig, MemoryBacking, MicroVM, VmPaths
-from cryobox.errors import ChunkFetchFailed, CryoboxError
+from cryobox.errors import ChunkFetchFailed, CryoboxError, IntegrityError
 
 CS = 64
 PREFIX = "templates/base/g1"
-NAME = "templates+base+g1"
 MACHINE = MachineConfig(
     memory_mib=16, cpus=1, accel=Accel.TCG, kernel=Path("/k"), initrd=Path("/i"), tsc_khz=1, norandmaps=True
 )
@@ -40,14 +40,15 @@ class Stamp:
         return self.now
 
 
-def publish(store: ObjectStore, chunks: list[bytes]) -> bytes:
+def publish(store: ObjectStore, chunks: list[bytes]) -> tuple[str, bytes]:
+    """Store the image; returns its file name (its index pinned) and its pack."""
     sha = tuple(hashlib.sha256(c).hexdigest() for c in chunks)
     offsets = tuple(i * CS for i in range(len(chunks)))
     index = ChunkIndex(CS * len(chunks), CS, "g1", bytes((len(chunks) + 7) // 8), sha, offsets)
     pack = b"".join(chunks)
     store.put(f"{PREFIX}/memory.idx", index.to_bytes())
     store.put(f"{PREFIX}/memory.pack", pack)
-    return pack
+    return file_name(PREFIX, hashlib.sha256(index.to_bytes()).hexdigest()), pack
 
 
 @pytest.fixture
@@ -74,15 +75,15 @@ def test_failure_endpoint_is_dated_and_cleared_by_a_later_success(
 ) -> None:
     server, client, stamp = served
     chunks = [bytes([1 + i]) * CS for i in range(3)]
-    pack = publish(server.store, chunks)
-    ref = server.table.get(NAME)
+    name, pack = publish(server.store, chunks)
+    ref = server.table.get(name)
     server.store.delete(f"{PREFIX}/memory.pack")
     stamp.now = 100.0
     with pytest.raises(ChunkFetchFailed):
         server.resolver.read(ref, 0, 8)
 
     async def ask(since: float | None) -> CryoboxError | None:
-        return await client.failure(PREFIX, since)
+        return await client.failure(name, since)
 
     recorded = asyncio.run(ask(None))
     assert isinstance(recorded, ChunkFetchFailed) and "chunk 0" in recorded.message
@@ -100,8 +101,8 @@ def test_explain_asks_only_for_failures_since_the_vm_started(
     served: tuple[MemoryServer, MemoryServerProcess, Stamp], tmp_path: Path
 ) -> None:
     server, client, stamp = served
-    publish(server.store, [bytes([7]) * CS])
-    ref = server.table.get(NAME)
+    name, _ = publish(server.store, [bytes([7]) * CS])
+    ref = server.table.get(name)
     server.store.delete(f"{PREFIX}/memory.pack")
     stamp.now = 100.0
     with pytest.raises(ChunkFetchFailed):
@@ -111,7 +112,7 @@ def test_explain_asks_only_for_failures_since_the_vm_started(
         "vm1",
         MACHINE,
         VmPaths(tmp_path / "run" / "vm1"),
-        MemoryBacking(client.path_for(PREFIX), share=False, write_trackable=False),
+        MemoryBacking(client.path_for(name), share=False, write_trackable=False),
         tmp_path / "disk.qcow2",
     )
     started = {"at": 150.0}
@@ -119,6 +120,20 @@ def test_explain_asks_only_for_failures_since_the_vm_started(
     assert asyncio.run(source.explain(vm)) is None  # the outage was over before this VM existed
     started["at"] = 90.0
     assert isinstance(asyncio.run(source.explain(vm)), ChunkFetchFailed)
+
+
+def test_a_swapped_index_is_explained_as_a_store_integrity_failure(
+    served: tuple[MemoryServer, MemoryServerProcess, Stamp],
+) -> None:
+    server, client, stamp = served
+    name, _ = publish(server.store, [bytes([7]) * CS])
+    publish(server.store, [bytes([8]) * CS])  # a consistent index + pack pair swapped in
+    stamp.now = 100.0
+    with pytest.raises(IntegrityError):
+        server.table.get(name)
+    recorded = asyncio.run(client.failure(name, 99.0))
+    assert isinstance(recorded, IntegrityError) and recorded.code == "store_integrity"
+    assert recorded.details["key"] == f"{PREFIX}/memory.idx"
 
 
 def test_vm_start_time_from_proc_or_pidfile(tmp_path: Path) -> None:

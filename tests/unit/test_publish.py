@@ -108,7 +108,7 @@ def test_a_published_snapshot_imports_onto_another_hosts_template(tmp_path: Path
     machine = _machine(tmp_path)
     template_a = _template(tmp_path / "a" / "templates", machine, "g1")
     image = _snapshot(tmp_path / "a" / "snapshots", template_a, machine)
-    assert publish_snapshot(store, image, template_a, tmp_path / "work") == "snapshots/snap-1"
+    assert publish_snapshot(store, image, template_a, tmp_path / "work").key == "snapshots/snap-1"
 
     template_b = _template(tmp_path / "b" / "templates", machine, "g1")  # the same generation, elsewhere
     local = import_snapshot(store, "snap-1", tmp_path / "b" / "snapshots", template_b)

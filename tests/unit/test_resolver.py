@@ -696,7 +696,8 @@ def test_an_index_load_failure_is_dated_too() -> None:
     stamp = FakeClock()
     table = ImageTable(store, None, stamp)
     stamp.now = 10.0
+    name = f"templates+base+g1@{'0' * 64}"
     with pytest.raises(ObjectNotFound):
-        table.get("templates+base+g1")
-    assert table.failure("templates+base+g1", since=9.0) is not None
-    assert table.failure("templates+base+g1", since=11.0) is None
+        table.get(name)
+    assert table.failure(name, since=9.0) is not None
+    assert table.failure(name, since=11.0) is None

@@ -33,7 +33,7 @@ from ..util.proc import Progress, Runner, run
 from .exec import run_exec
 from .guest_client import b64
 from .vm import Accel, MachineConfig, MemoryBacking, MicroVM, VmPaths
-from .vm.jail import EXTRA_UIDS, JailSettings, VmJail
+from .vm.jail import JailSettings, VmJail, one_off_uid
 
 BUILD_LABEL = "cryobuild"
 BUILD_DIR = "var/cache/cryobox-build"
@@ -164,7 +164,23 @@ async def _install_in_vm(host: BuildVmHost, images: ImageSet, image: Path, progr
         tsc_khz=host.tsc_khz,
         norandmaps=host.accel.default_norandmaps,
     )
-    jail = VmJail(host.jail, host.jail.extra_uid(EXTRA_UIDS - 2)) if host.jail is not None else None
+    with one_off_uid(host.jail, host.run_dir) as uid:
+        jail = VmJail(host.jail, uid) if host.jail is not None and uid is not None else None
+        await _run_install(name, machine, paths, images, image, jail, progress)
+    os.chown(image, os.getuid(), os.getgid())  # the build VM's uid owned it while it ran
+    with open(image, "rb+") as fh:
+        os.fsync(fh.fileno())
+
+
+async def _run_install(
+    name: str,
+    machine: MachineConfig,
+    paths: VmPaths,
+    images: ImageSet,
+    image: Path,
+    jail: VmJail | None,
+    progress: Progress,
+) -> None:
     vm: MicroVM | None = None
     try:
         disk = paths.root / "disk.qcow2"
@@ -191,6 +207,3 @@ async def _install_in_vm(host: BuildVmHost, images: ImageSet, image: Path, progr
         if vm is not None:
             await vm.kill()
         shutil.rmtree(paths.root, ignore_errors=True)
-    os.chown(image, os.getuid(), os.getgid())  # the build VM's uid owned it while it ran
-    with open(image, "rb+") as fh:
-        os.fsync(fh.fileno())

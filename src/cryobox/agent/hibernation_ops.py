@@ -6,9 +6,10 @@ chunks, manifest last) while holding the sandbox's lock, so it cannot wake (or g
 ``wake_stored`` imports the stored image into this host's hibernation store (its overlay rebased onto this
 host's copy of the template's disk, the memory downloaded and verified), records the sandbox as hibernated here,
 with the identity the control plane gives (id, workspace, metadata, env, instance id, TTL, egress), and wakes it
-like any local hibernation. The download holds an admission slot; the wake's restore takes its own (the
-service's restore gate), never one inside the other. The control plane deletes the stored objects once the row
-names this host.
+like any local hibernation; the stored manifest must hash to the one the control plane pins
+(``WakeSpec.manifest_sha256``, returned by ``store`` when it uploaded it). The download holds an admission slot;
+the wake's restore takes its own (the service's restore gate), never one inside the other. The control plane
+deletes the stored objects once the row names this host.
 """
 
 from __future__ import annotations
@@ -54,14 +55,15 @@ class HibernationOps:
                 )
             work = service.hibernation.root / ".publish"
             started = time.monotonic()
-            key = await asyncio.to_thread(publish_hibernation, self.host.store, sandbox_id, image, template, work)
-        log.info("hibernation of %s stored as %s in %.1f s", sandbox_id, key, time.monotonic() - started)
+            published = await asyncio.to_thread(publish_hibernation, self.host.store, sandbox_id, image, template, work)
+        log.info("hibernation of %s stored as %s in %.1f s", sandbox_id, published.key, time.monotonic() - started)
         return am.StoredHibernation(
             id=sandbox_id,
             store=self.host.store.url,
-            key=key,
+            key=published.key,
             generation=template.generation,
             size_bytes=image.size_bytes,
+            manifest_sha256=published.manifest_sha256,
         )
 
     async def wake_stored(self, spec: am.WakeSpec) -> am.SandboxInfo:
@@ -86,7 +88,9 @@ class HibernationOps:
         root = service.hibernation.root
         async with self.admission.slot():  # the download is part of this restore; the wake below takes its own
             try:
-                image_id = await asyncio.to_thread(import_hibernation, self.host.store, spec.sandbox_id, root, template)
+                image_id = await asyncio.to_thread(
+                    import_hibernation, self.host.store, spec.sandbox_id, root, template, spec.manifest_sha256
+                )
             except ObjectNotFound:
                 raise NotFound(
                     f"no hibernation of sandbox {spec.sandbox_id} in the object store", details={"id": spec.sandbox_id}

@@ -18,9 +18,9 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..errors import VmmError
+from ..errors import IntegrityError, VmmError
 from ..util.files import fsync_dir
-from .store.memclient import MemoryServerProcess
+from .store.memclient import MemoryServerProcess, image_name
 from .templates import Template
 
 log = logging.getLogger(__name__)
@@ -69,16 +69,21 @@ class Localizer:
         for template in templates:
             prefix = template.manifest.get("memory_prefix")
             if isinstance(prefix, str) and not template.memory.exists():
-                task = asyncio.create_task(self._one(template, prefix))
+                try:
+                    name = image_name(template.manifest, prefix)  # the memory server checks the index against it
+                except IntegrityError as err:
+                    log.warning("cannot bring the memory of %s home: %s", template.name, err)
+                    continue
+                task = asyncio.create_task(self._one(template, name))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
                 started += 1
         return started
 
-    async def _one(self, template: Template, prefix: str) -> None:
+    async def _one(self, template: Template, name: str) -> None:
         began = time.monotonic()
         try:
-            written = await asyncio.to_thread(copy_nonzero, self.memserver.path_for(prefix), template.memory)
+            written = await asyncio.to_thread(copy_nonzero, self.memserver.path_for(name), template.memory)
         except Exception as err:  # restores keep paging from the store; only snapshots stay slower
             log.warning("could not bring the memory of %s home: %s", template.name, err)
             return

@@ -6,7 +6,8 @@ write-protect it, so a running sandbox snapshots with a ~30 ms pause).
 ``lazy``: the image stays in the object store; restores map the memory server's FUSE file and each chunk a guest
 touches is fetched once per host (single-flight, durable chunk cache). A template fetched from the store has no
 local memory file and is always lazy. Such a VM's RAM cannot be write-protected, so its snapshots pause it for a
-plain migration.
+plain migration. The file is named by the image's prefix and the sha256 the source's local manifest pins for its
+chunk index (:func:`~.store.memclient.image_name`); a source whose manifest pins none is not paged from the store.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import CryoboxError, VmmError
+from ..errors import CryoboxError, IntegrityError, VmmError
 from ..util import procfs
 from .storage import MemoryMode
 from .store.fusefs import prefix_of
 from .store.hot import HotBudgetExceeded, HotImages
-from .store.memclient import MemoryServerProcess
+from .store.memclient import MemoryServerProcess, image_name
 from .store.publish import template_prefix
 from .store.snapshots import SnapshotImage
 from .templates import Template
@@ -82,34 +83,44 @@ class MemorySource:
             return template_prefix(source.name, source.generation)
         return None
 
+    def image_name(self, source: Template | SnapshotImage, lazy: bool = False) -> str | None:
+        """The memory server's file name for ``source``'s RAM (its index pin included), or ``None`` when it maps a
+        local hot copy.
+
+        :raises IntegrityError: it would be paged from the store, but its manifest pins no hash for the index.
+        """
+        prefix = self.prefix(source, lazy)
+        return None if prefix is None else image_name(source.manifest, prefix)
+
     async def backing(self, source: Template | SnapshotImage, lazy: bool = False) -> MemoryBacking:
         """The RAM file for a restore of ``source`` (``lazy`` forces the memory server, e.g. to record a trace).
         The first lazy restore of an image starts the replay of its prefetch trace."""
-        prefix = self.prefix(source, lazy)
-        if prefix is not None:
+        name = self.image_name(source, lazy)
+        if name is not None:
             assert self.memserver is not None
-            if self.prefetch and not lazy and prefix not in self._prefetched:
-                self._prefetched.add(prefix)
+            if self.prefetch and not lazy and name not in self._prefetched:
+                self._prefetched.add(name)
                 try:
-                    chunks = await self.memserver.prefetch(prefix)
-                    log.info("prefetching %d chunks of %s", chunks, prefix)
+                    chunks = await self.memserver.prefetch(name)
+                    log.info("prefetching %d chunks of %s", chunks, name)
                 except Exception as err:  # prefetch is an optimisation: the restore faults chunks in anyway
-                    log.warning("prefetch of %s did not start: %s", prefix, err)
-            return MemoryBacking(self.memserver.path_for(prefix), share=False, write_trackable=False)
+                    log.warning("prefetch of %s did not start: %s", name, err)
+            return MemoryBacking(self.memserver.path_for(name), share=False, write_trackable=False)
         if not source.memory.exists() and not self.hot.path(source.hot_key).exists():
             # (a snapshot still being made durable has only its hot copy: fork_tree children restore from it)
             raise VmmError(f"{source.path} has no memory image here and none in the object store")
         try:
             return MemoryBacking(await self.hot.ensure(source.hot_key, source.memory), share=False)
-        except HotBudgetExceeded:
+        except HotBudgetExceeded as full:
             if self.memserver is None or not isinstance(source, Template):
                 raise
+            try:
+                name = image_name(source.manifest, template_prefix(source.name, source.generation))
+            except IntegrityError as err:  # no pin to page it with: the restore waits for hot memory as before
+                log.warning("hot memory is full and %s cannot page from the memory server: %s", source.name, err)
+                raise full from err
             log.warning("hot memory is full: %s pages from the memory server instead", source.name)
-            return MemoryBacking(
-                self.memserver.path_for(template_prefix(source.name, source.generation)),
-                share=False,
-                write_trackable=False,
-            )
+            return MemoryBacking(self.memserver.path_for(name), share=False, write_trackable=False)
 
     async def explain(self, vm: MicroVM) -> CryoboxError | None:
         """Why a lazily paged VM died, if the memory server recorded a failed chunk fetch for its image since the
@@ -119,12 +130,13 @@ class MemorySource:
         mount = self.memserver.config.mount
         if vm.memory.path.parent != mount:
             return None
-        prefix = prefix_of(vm.memory.path.name)
+        name = vm.memory.path.name
+        prefix = prefix_of(name)
         since = self._started_at(vm)
         if since is None:
             log.warning("could not tell when %s started; any recorded failure of %s may be older", vm.vm_id, prefix)
         try:
-            return await self.memserver.failure(prefix, since)
+            return await self.memserver.failure(name, since)
         except Exception as err:  # the memory server itself is gone: say so rather than hide the first error
             log.warning("could not ask the memory server about %s: %s", prefix, err)
             return None

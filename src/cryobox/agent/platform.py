@@ -43,7 +43,7 @@ from .store.objstore import ObjectStore, open_store
 from .store.publish import fetch_template, publish_template
 from .store.snapshots import SnapshotStore
 from .store.volume import Volume, ensure_volume, release_volume
-from .templates import Template, TemplateBaker, qemu_version
+from .templates import Template, TemplateBaker, qemu_version, record_pins
 from .vm import Accel, MachineConfig, detect_accel, host_tsc_khz
 from .vm.consolelog import LogCapper
 from .vm.jail import JailSettings, prepare_host
@@ -110,8 +110,8 @@ async def prepare_template(
     template = await baker.ensure(spec, images, machine_for(spec, images, config.accel, tsc_khz))
     store = await asyncio.to_thread(open_store, config.resolved_store_url)
     work = config.paths.cache_dir / ".publish"
-    await asyncio.to_thread(publish_template, store, template, config.paths.images_dir, work, progress)
-    return template
+    pins = await asyncio.to_thread(publish_template, store, template, config.paths.images_dir, work, progress)
+    return await asyncio.to_thread(record_pins, template, pins.to_json())  # lazy restores name the index by it
 
 
 async def obtain_templates(config: HostConfig, store: ObjectStore, progress: Progress) -> dict[str, Template]:
@@ -128,7 +128,10 @@ async def obtain_templates(config: HostConfig, store: ObjectStore, progress: Pro
 
 
 async def prepare_templates(config: HostConfig, progress: Progress) -> dict[str, Template]:
-    return {spec.name: await prepare_template(config, spec, progress) for spec in config.templates}
+    """Every template of ``config``, built and baked side by side (their debootstraps and cold boots overlap;
+    a part they share, like the kernel, is built once: the image cache makes the others wait for it)."""
+    built = await asyncio.gather(*(prepare_template(config, spec, progress) for spec in config.templates))
+    return {template.name: template for template in built}
 
 
 @dataclass

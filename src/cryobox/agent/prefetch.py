@@ -17,7 +17,7 @@ from .factory import VmFactory
 from .fidelity import rejoin
 from .store.chunkfmt import PrefetchTrace
 from .store.fusefs import TRACE_NAME
-from .store.memclient import MemoryServerProcess
+from .store.memclient import MemoryServerProcess, image_name
 from .store.objstore import ObjectStore
 from .store.publish import template_prefix
 from .templates import Template
@@ -33,15 +33,16 @@ async def ensure_trace(
     key = f"{prefix}/{TRACE_NAME}"
     if await asyncio.to_thread(store.exists, key):
         return None
+    name = image_name(template.manifest, prefix)  # what the lazy restore maps (its index pin included)
     started = time.monotonic()
     vm = await factory.spawn_incoming(template, lazy=True)
     try:
-        await memserver.forget_reads(prefix)
+        await memserver.forget_reads(name)
         await vm.restore(template.vmstate)
         guest = await vm.connect_guest()
         await rejoin(guest, "trace", run_hooks=False)
         await run_exec(guest, "true", timeout_s=60)
-        order = await memserver.first_reads(prefix)
+        order = await memserver.first_reads(name)
     finally:
         await factory.destroy(vm)
     await asyncio.to_thread(store.put, key, PrefetchTrace(tuple(order)).to_bytes())

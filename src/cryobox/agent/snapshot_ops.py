@@ -3,7 +3,9 @@
 A snapshot is captured into this host's snapshot store (durable on its disk, see :mod:`.store.snapshots`),
 then copied to the object store (:meth:`SnapshotOps.store`, idempotent) so any agent can restore it: an agent
 that holds the files restores from them (memory mapped from the hot copy), one that does not imports the
-snapshot's small files from the store and pages its memory in through the memory server.
+snapshot's small files from the store and pages its memory in through the memory server. The store's copy is
+pinned in the registry: :meth:`SnapshotOps.store` returns the sha256 of the manifest it uploaded, and an import
+checks the fetched manifest against the hash the control plane passes down (``SnapshotRef.manifest_sha256``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from .forking import SlotFactory
 from .platform import Host
 from .sandbox import Sandbox
 from .store import evidence
+from .store.manifests import recorded_manifest
 from .store.publish import import_snapshot, publish_snapshot, snapshot_prefix
 from .store.snapshots import SnapshotImage
 
@@ -51,6 +54,7 @@ class SnapshotOps:
         self.host = host
         self.clock = clock
         self._imports: dict[str, asyncio.Lock] = {}
+        self._storing: dict[str, asyncio.Lock] = {}
 
     def _load(self, snapshot_id: str) -> SnapshotImage:
         return self.host.snapshots.load(snapshot_id)
@@ -70,16 +74,29 @@ class SnapshotOps:
         return info
 
     async def store(self, snapshot_id: str) -> am.StoredSnapshot:
-        """Copy a local snapshot to the object store (memory in chunks, manifest last); idempotent."""
+        """Copy a local snapshot to the object store (memory in chunks, manifest last); idempotent. Concurrent
+        calls for one snapshot go one at a time, so all of them answer with the manifest that is in the store."""
+        lock = self._storing.setdefault(snapshot_id, asyncio.Lock())
+        try:
+            async with lock:
+                return await self._store(snapshot_id)
+        finally:
+            if not lock.locked():
+                self._storing.pop(snapshot_id, None)
+
+    async def _store(self, snapshot_id: str) -> am.StoredSnapshot:
         image = await asyncio.to_thread(self._load, snapshot_id)
         prefix = snapshot_prefix(snapshot_id)
         if image.manifest.get("memory_prefix") == prefix:  # imported from the store: it is there already
-            return am.StoredSnapshot(id=snapshot_id, store=self.host.store.url, key=prefix)
+            sha = await asyncio.to_thread(recorded_manifest, image.path, f"{prefix}/manifest.json")
+            return am.StoredSnapshot(id=snapshot_id, store=self.host.store.url, key=prefix, manifest_sha256=sha)
         template = self.host.service.template(image.template)
         work = self.host.snapshots.root / ".publish"
-        key = await asyncio.to_thread(publish_snapshot, self.host.store, image, template, work)
+        published = await asyncio.to_thread(publish_snapshot, self.host.store, image, template, work)
         await asyncio.to_thread(self._store_evidence, image, prefix)
-        return am.StoredSnapshot(id=snapshot_id, store=self.host.store.url, key=key)
+        return am.StoredSnapshot(
+            id=snapshot_id, store=self.host.store.url, key=published.key, manifest_sha256=published.manifest_sha256
+        )
 
     def _store_evidence(self, image: SnapshotImage, prefix: str) -> None:
         for entry in evidence.listing(image.path):
@@ -106,7 +123,12 @@ class SnapshotOps:
                 template = self.host.service.template(ref.template)
                 try:
                     await asyncio.to_thread(
-                        import_snapshot, self.host.store, ref.id, self.host.snapshots.root, template
+                        import_snapshot,
+                        self.host.store,
+                        ref.id,
+                        self.host.snapshots.root,
+                        template,
+                        ref.manifest_sha256,
                     )
                 except ObjectNotFound:
                     raise NotFound(f"snapshot {ref.id} is not in the object store", details={"id": ref.id}) from None

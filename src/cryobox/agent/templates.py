@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -37,8 +38,9 @@ from .exec import run_exec
 from .guest_client import b64
 from .quiesce import require_quiesced
 from .store.layout import ImageFiles
+from .store.pins import PINS_FIELD
 from .vm import MachineConfig, MemoryBacking, MicroVM, NetAttach, VmPaths, qemu
-from .vm.jail import EXTRA_UIDS, JailSettings, VmJail
+from .vm.jail import JailSettings, VmJail, one_off_uid
 
 BakeNet = Callable[[], AbstractAsyncContextManager[NetAttach]]
 """Makes the private network a bake's NIC plugs into (a throwaway namespace with a tap), and removes it."""
@@ -69,6 +71,17 @@ class Template(ImageFiles):
         return f"tpl-{self.name}-{self.generation}"
 
 
+def record_pins(template: Template, pins: dict[str, dict[str, Any]]) -> Template:
+    """``template`` with the pins publishing it returned (``store.publish.publish_template``) kept in its local
+    manifest too (rewritten atomically, only when they are new): lazy restores of it name its memory index by
+    its pin, which the memory server checks."""
+    if template.manifest.get(PINS_FIELD) == pins:
+        return template
+    manifest = {**template.manifest, PINS_FIELD: pins}
+    write_json_atomic(template.path / "manifest.json", manifest)
+    return dataclasses.replace(template, manifest=manifest)
+
+
 def generation_of(spec: TemplateSpec, images: ImageSet, machine: MachineConfig, qemu: str) -> str:
     return stable_hash(
         {
@@ -95,7 +108,8 @@ class TemplateBaker:
         self.progress = progress
         self.bake_net = bake_net
         self.jail = jail
-        """Bakes run jailed too (as the range's last extra uid): a package's code runs in the bake guest."""
+        """Bakes run jailed too (each with a uid of its own, :func:`.vm.jail.one_off_uid`): a package's code
+        runs in the bake guest."""
 
     def load(self, spec: TemplateSpec, images: ImageSet, machine: MachineConfig) -> Template | None:
         generation = generation_of(spec, images, machine, qemu_version())
@@ -143,7 +157,8 @@ class TemplateBaker:
             if machine.nic and self.bake_net is None:
                 raise CryoboxError("a machine with a NIC needs a bake network (bake_net)")
             net = await stack.enter_async_context(self.bake_net()) if machine.nic and self.bake_net else None
-            jail = VmJail(self.jail, self.jail.extra_uid(EXTRA_UIDS - 1)) if self.jail is not None else None
+            uid = stack.enter_context(one_off_uid(self.jail, self.run_dir))
+            jail = VmJail(self.jail, uid) if self.jail is not None and uid is not None else None
             vm = MicroVM(f"bake-{spec.name}", machine, vm_paths, MemoryBacking(memory, share=True), disk, net, jail)
             self.progress(f"baking template {spec.name} ({generation}): cold boot")
             started = time.monotonic()

@@ -8,7 +8,7 @@ named.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
@@ -19,6 +19,11 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
+SHA256_HEX = r"^[0-9a-f]{64}$"
+ManifestSha256 = Annotated[str, Field(pattern=SHA256_HEX)]
+"""The sha256 (hex) of the exact manifest bytes a publish uploaded: the registry pins it, an import checks it."""
+
+
 class SnapshotRef(_Model):
     """What an agent needs to restore a snapshot it may not hold: it uses its local copy when it has one,
     otherwise it imports the snapshot from the object store (``stored``) and pages its memory from there."""
@@ -26,6 +31,9 @@ class SnapshotRef(_Model):
     id: str
     template: str
     stored: bool = False
+    manifest_sha256: ManifestSha256 | None = None
+    """What the stored manifest must hash to (the registry row's pin), checked before an import parses it;
+    ``None`` (a snapshot stored before manifests were pinned): the manifest is trusted as fetched, with a warning."""
 
 
 class CreateSpec(_Model):
@@ -155,6 +163,8 @@ class StoredSnapshot(_Model):
     id: str
     store: str
     key: str
+    manifest_sha256: ManifestSha256 | None = None
+    """The sha256 of the manifest bytes the agent uploaded (``None`` from an agent that predates pinning)."""
 
 
 class StoredHibernation(_Model):
@@ -167,6 +177,8 @@ class StoredHibernation(_Model):
     generation: str
     """The template generation the image's disk and memory sit on."""
     size_bytes: int = 0
+    manifest_sha256: ManifestSha256 | None = None
+    """The sha256 of the manifest bytes the agent uploaded (``None`` from an agent that predates pinning)."""
 
 
 class WakeSpec(_Model):
@@ -185,6 +197,9 @@ class WakeSpec(_Model):
     egress: list[str] | None = None
     from_snapshot: str | None = None
     boot_mode: Literal["restore", "cold"] = "restore"
+    manifest_sha256: ManifestSha256 | None = None
+    """What the stored image's manifest must hash to (the row's pin), checked before the import parses it;
+    ``None`` (stored before manifests were pinned): trusted as fetched, with a warning."""
 
 
 class ForkRequest(_Model):

@@ -304,7 +304,12 @@ class FleetRecords:
                     lost.append(sandbox_id)
             for status, ids in sorted(targets.items()):
                 for chunk in _chunks(sorted(ids)):
-                    changes: dict[str, Any] = {"status": status, "hibernation": None, "hibernation_generation": None}
+                    changes: dict[str, Any] = {
+                        "status": status,
+                        "hibernation": None,
+                        "hibernation_generation": None,
+                        "hibernation_manifest_sha256": None,
+                    }
                     if status == HIBERNATED:  # it was not before: its image is on its host only
                         changes["hibernation"] = HIBERNATION_LOCAL
                     s.execute(update(m.Sandbox).where(m.Sandbox.host == host, m.Sandbox.id.in_(chunk)).values(changes))

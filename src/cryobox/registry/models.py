@@ -110,6 +110,8 @@ class Sandbox(Base):
     hibernation: Mapped[str | None] = mapped_column(String(32), nullable=True)
     hibernation_generation: Mapped[str | None] = mapped_column(NAME, nullable=True)
     egress: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    # the sha256 of the stored hibernation's manifest (revision 0007; NULL: stored before manifests were pinned)
+    hibernation_manifest_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class Snapshot(Base):
@@ -133,6 +135,8 @@ class Snapshot(Base):
     host: Mapped[str] = mapped_column(NAME, server_default="")
     location: Mapped[str] = mapped_column(String(32), server_default="local")
     generation: Mapped[str | None] = mapped_column(NAME, nullable=True)
+    # the sha256 of its manifest in the object store (revision 0007; NULL: not stored, or before pinning)
+    manifest_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class Agent(Base):

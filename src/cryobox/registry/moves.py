@@ -1,7 +1,8 @@
 """Portable hibernation in the registry: recording a stored hibernation and moving its sandbox to another host.
 
 A drained sandbox is hibernated on its host and its image copied to the object store; its row then says
-``hibernation: stored`` (with the template generation the image sits on). Such a row is *portable*: when its
+``hibernation: stored`` (with the template generation the image sits on and the sha256 of the manifest uploaded,
+which the agent that wakes it checks). Such a row is *portable*: when its
 host is draining, down or lacks it, the next request wakes it on another agent, and :meth:`MoveRecords.move`
 swaps the row's host and settles that agent's reservation in one transaction, but only if the row still names
 the old host and the stored image (a compare-and-swap: of two requests racing to wake one sandbox, one wins).
@@ -36,15 +37,23 @@ class MoveRecords:
 
     def hibernated(self, sandbox_id: str, host: str, egress: list[str] | None) -> bool:
         """The row of ``sandbox_id`` on ``host`` is hibernated there (image local); ``False`` when no such row."""
-        values = self._values({"status": HIBERNATED, "hibernation": HIBERNATION_LOCAL, "egress": egress})
+        changes = {"status": HIBERNATED, "hibernation": HIBERNATION_LOCAL, "egress": egress}
+        values = self._values({**changes, "hibernation_manifest_sha256": None})  # a stored one is not this image
         with self._db.session(what=f"sandbox {sandbox_id}") as s:
             done = s.execute(update(m.Sandbox).where(m.Sandbox.id == sandbox_id, m.Sandbox.host == host).values(values))
             return bool(done.rowcount)  # type: ignore[attr-defined]
 
-    def stored(self, sandbox_id: str, host: str, generation: str | None) -> bool:
-        """Its image is in the object store now (``hibernation: stored``); ``False`` unless the row still names
-        ``host`` and says ``hibernated``."""
-        values = self._values({"hibernation": HIBERNATION_STORED, "hibernation_generation": generation})
+    def stored(self, sandbox_id: str, host: str, generation: str | None, manifest_sha256: str | None = None) -> bool:
+        """Its image is in the object store now (``hibernation: stored``, its manifest's sha256 pinned; ``None``
+        from an agent that predates pinning); ``False`` unless the row still names ``host`` and says
+        ``hibernated``."""
+        values = self._values(
+            {
+                "hibernation": HIBERNATION_STORED,
+                "hibernation_generation": generation,
+                "hibernation_manifest_sha256": manifest_sha256,
+            }
+        )
         with self._db.session(what=f"sandbox {sandbox_id}") as s:
             done = s.execute(
                 update(m.Sandbox)
@@ -59,7 +68,8 @@ class MoveRecords:
         """Point the row at ``to_host`` (with ``changes``, its hibernation cleared) and delete the reservation, in
         one transaction; only if the row still names ``from_host`` and its stored image. ``None`` (nothing changed,
         the reservation kept for the caller to release) otherwise."""
-        values = self._values({**changes, "host": to_host, "hibernation": None, "hibernation_generation": None})
+        cleared = {"hibernation": None, "hibernation_generation": None, "hibernation_manifest_sha256": None}
+        values = self._values({**changes, "host": to_host, **cleared})
         with self._db.session(what=f"sandbox {sandbox_id}") as s:
             done = s.execute(
                 update(m.Sandbox)

@@ -80,6 +80,9 @@ class SandboxRow:
     hibernation_generation: str | None = None
     egress: list[str] | None = None
     """CIDRs the guest may reach (``None``: egress denied)."""
+    hibernation_manifest_sha256: str | None = None
+    """The sha256 of the stored hibernation's manifest (revision 0007): a wake elsewhere refuses any other bytes;
+    ``None`` for a stored hibernation from before manifests were pinned (trusted as fetched, with a warning)."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,9 @@ class SnapshotRow:
     """``local``: its files exist only on ``host``; ``stored``: they are in the object store too."""
     generation: str | None = None
     """The template generation it was taken from."""
+    manifest_sha256: str | None = None
+    """The sha256 of its manifest in the object store (revision 0007), set when it is stored: an import on another
+    agent refuses any other bytes; ``None`` for snapshots stored before manifests were pinned (or not yet)."""
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,7 @@ class ControlPlane:
             await self.record_state(row.id, info)
         woken = live_row(row, info)
         if info.state != HIBERNATED:
-            woken = replace(woken, hibernation=None, hibernation_generation=None)
+            woken = replace(woken, hibernation=None, hibernation_generation=None, hibernation_manifest_sha256=None)
         return woken
 
     # -- create --------------------------------------------------------------------------------------------
@@ -292,6 +292,7 @@ class ControlPlane:
                     guest_ip=info.guest_ip,
                     hibernation=HIBERNATION_LOCAL if info.state == "hibernated" else None,
                     hibernation_generation=None,
+                    hibernation_manifest_sha256=None,
                 )
             )
 

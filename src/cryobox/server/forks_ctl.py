@@ -25,6 +25,7 @@ from ..errors import CryoboxError, NotFound
 from ..registry import ReservationRow, SandboxRow, SnapshotRow
 from .control import ControlPlane, new_sandbox_id
 from .placement import PlacementRequest
+from .snapshots_ctl import snapshot_ref
 
 log = logging.getLogger(__name__)
 MAX_TREE = 16
@@ -173,7 +174,7 @@ class ForkControl:
                     sandbox_id=child_id,
                     template=parent.template,
                     workspace_id=parent.workspace_id,
-                    from_snapshot=am.SnapshotRef(id=snapshot.id, template=snapshot.template, stored=True),
+                    from_snapshot=snapshot_ref(stored),
                     metadata=metadata,
                     env=parent.env,
                     egress=egress,

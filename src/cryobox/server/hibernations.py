@@ -3,8 +3,10 @@
 **Drain** (:meth:`HibernationControl.drain`): the agent becomes ``draining`` (placement skips it, its heartbeats
 keep it so), then each of its sandboxes is hibernated there and its image copied to the object store
 (``hibernations/<id>/…``, the snapshot format); its row then says ``hibernation: stored`` with the template
-generation the image sits on. Idempotent and resumable: a sandbox already stored is reported ``already``; one a
-crashed drain left hibernated but not stored is stored now (both agent calls are idempotent).
+generation the image sits on and the sha256 of the manifest the agent uploaded (``hibernation_manifest_sha256``:
+the agent that wakes it refuses any other manifest, ``WakeSpec.manifest_sha256``). Idempotent and resumable: a
+sandbox already stored is reported ``already``; one a crashed drain left hibernated but not stored is stored now
+(both agent calls are idempotent).
 
 **Wake elsewhere** (:meth:`HibernationControl.relocate`, the fleet's ``relocator``: every request resolves its
 agent through :meth:`Fleet.route <cryobox.server.fleet.Fleet.route>`): a stored hibernation whose host is
@@ -70,6 +72,7 @@ def wake_spec(row: SandboxRow) -> am.WakeSpec:
         egress=list(row.egress) if row.egress is not None else None,
         from_snapshot=row.from_snapshot,
         boot_mode="cold" if row.boot_mode == "cold" else "restore",
+        manifest_sha256=row.hibernation_manifest_sha256,
     )
 
 
@@ -161,7 +164,7 @@ class HibernationControl:
         if not await asyncio.to_thread(self.moves.hibernated, row.id, host, info.egress):
             raise NotFound(f"sandbox {row.id} went during the drain", details={"id": row.id})
         stored = await agent.store_hibernation(row.id)
-        if not await asyncio.to_thread(self.moves.stored, row.id, host, stored.generation):
+        if not await asyncio.to_thread(self.moves.stored, row.id, host, stored.generation, stored.manifest_sha256):
             raise StateError(
                 f"sandbox {row.id} woke (or went) during the drain; drain again",
                 state="running",
@@ -210,9 +213,15 @@ class HibernationControl:
                     return row  # its host is up and holds it: it wakes there
                 # draining: a request may have woken it there since the drain; capture what it is now
                 await agent.hibernate(row.id)
-                await agent.store_hibernation(row.id)
+                stored = await agent.store_hibernation(row.id)
             except (NotFound, HostUnavailable):
                 pass  # the host lacks it (or cannot be reached): the stored image is the sandbox
+            else:  # what is stored now may be a newer image: its manifest is the one to pin
+                sha = stored.manifest_sha256
+                await asyncio.to_thread(self.moves.stored, row.id, row.host, stored.generation, sha)
+                row = await asyncio.to_thread(self.registry.get_sandbox, sandbox_id)
+                if not portable(row):
+                    return row
         return await self._wake_elsewhere(row)
 
     async def _reachable(self, name: str) -> tuple[str, Agent] | None:

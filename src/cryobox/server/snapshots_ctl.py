@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -95,6 +96,12 @@ def snapshot_row(
     )
 
 
+def snapshot_ref(row: SnapshotRow) -> am.SnapshotRef:
+    """What an agent needs to restore the snapshot of ``row``, incl. the manifest hash it must check."""
+    stored = row.location == "stored"
+    return am.SnapshotRef(id=row.id, template=row.template, stored=stored, manifest_sha256=row.manifest_sha256)
+
+
 def new_snapshot_id() -> str:
     return f"snap-{secrets.token_hex(6)}"
 
@@ -137,13 +144,20 @@ class SnapshotControl:
 
     async def _store(self, row: SnapshotRow) -> None:
         try:
-            await (await self.fleet.agent(row.host)).store_snapshot(row.id)
-            await asyncio.to_thread(functools.partial(self.registry.update_snapshot, row.id, location="stored"))
+            stored = await (await self.fleet.agent(row.host)).store_snapshot(row.id)
+            await asyncio.to_thread(self._mark_stored, row.id, stored)
             log.info("snapshot %s stored in the object store", row.id)
         except NotFound:
             log.info("snapshot %s went before it was stored", row.id)
         except (CryoboxError, OSError) as err:
             log.warning("storing snapshot %s failed (retried at the agent's next registration): %s", row.id, err)
+
+    def _mark_stored(self, snapshot_id: str, stored: am.StoredSnapshot) -> SnapshotRow:
+        """The row says ``stored``, with the sha256 of the manifest the agent uploaded (``None`` from an agent
+        that predates pinning: imports of it trust the manifest as fetched, with a warning)."""
+        if stored.manifest_sha256 is None:
+            log.warning("snapshot %s was stored by an agent that returns no manifest hash: unpinned", snapshot_id)
+        return self.registry.update_snapshot(snapshot_id, location="stored", manifest_sha256=stored.manifest_sha256)
 
     async def wait_stored(self, snapshot_id: str) -> None:
         task = self._storing.get(snapshot_id)
@@ -161,7 +175,7 @@ class SnapshotControl:
     async def ref(self, snapshot_id: str, workspace_id: str) -> tuple[SnapshotRow, am.SnapshotRef]:
         """The row of a snapshot the caller can see (404 otherwise) and what an agent needs to restore it."""
         row = await self.get(snapshot_id, workspace_id)
-        return row, am.SnapshotRef(id=row.id, template=row.template, stored=row.location == "stored")
+        return row, snapshot_ref(row)
 
     async def take(
         self, sandbox_id: str, workspace_id: str, *, labels: dict[str, str], retain: bool, quiesce: bool
@@ -191,7 +205,7 @@ class SnapshotControl:
         row = await self.get(snapshot_id, workspace_id)
         stored = await (await self.fleet.agent(row.host)).store_snapshot(row.id) if row.location != "stored" else None
         if stored is not None:
-            await asyncio.to_thread(functools.partial(self.registry.update_snapshot, row.id, location="stored"))
+            await asyncio.to_thread(self._mark_stored, row.id, stored)
         store = stored.store if stored is not None else self._objects().url
         return {"id": snapshot_id, "store": store, "key": snapshot_prefix(row.id)}
 
@@ -202,7 +216,7 @@ class SnapshotControl:
         restores it (paging its memory in from the store). The row belongs to the caller's workspace."""
         objects = self._objects()
         try:
-            manifest = json.loads(await asyncio.to_thread(objects.get, f"{snapshot_prefix(snapshot_id)}/manifest.json"))
+            data = await asyncio.to_thread(objects.get, f"{snapshot_prefix(snapshot_id)}/manifest.json")
         except ObjectNotFound:
             raise NotFound(
                 f"snapshot {snapshot_id!r} is not published in {objects.url}", details={"id": snapshot_id}
@@ -216,6 +230,7 @@ class SnapshotControl:
             raise NotFound(f"snapshot {snapshot_id!r} is not published in {objects.url}", details={"id": snapshot_id})
         if existing is not None:
             raise StateError(f"snapshot {snapshot_id} is already registered", state="exists", required="absent")
+        manifest = json.loads(data)
         if self.quotas is not None:
             await self.quotas.admit_snapshot(workspace_id, int(manifest.get("size_bytes") or 0))
         row = SnapshotRow(
@@ -233,6 +248,8 @@ class SnapshotControl:
             host="",
             location="stored",
             generation=manifest.get("template_generation"),
+            # pinned as registered: every import of it refuses a manifest replaced in the store later
+            manifest_sha256=hashlib.sha256(data).hexdigest(),
         )
         await asyncio.to_thread(self.registry.add_snapshot, row)
         return row

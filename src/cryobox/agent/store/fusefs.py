@@ -1,14 +1,21 @@
 """The memory server's FUSE filesystem: every memory image in the object store, as one read-only file.
 
-A file's name is its image's store prefix with ``/`` written as ``+``::
+A file's name is its image's store prefix with ``/`` written as ``+``, then ``@`` and the sha256 of its chunk index
+as the manifest that named the image pins it (:mod:`.pins`)::
 
-    <mount>/templates+base+<generation>     the image whose objects are templates/base/<generation>/memory.{idx,pack}
+    <mount>/templates+base+<generation>@<sha256>   the image whose objects are templates/base/<generation>/memory.*
 
 so the filesystem needs no registration: the first ``getattr`` of a name fetches that image's index (once, however
-many callers ask) and the file's size is the image's size. QEMU maps the file with ``share=off``; every page fault
-the kernel page cache cannot serve becomes a ``read`` here, which goes to the chunk resolver. A read the resolver
-cannot serve (the store failed past its retries and deadline) answers ``EIO``: the faulting QEMU gets ``SIGBUS``
-and dies, and the platform reports the recorded :class:`~cryobox.errors.ChunkFetchFailed` instead of a hung vCPU.
+many callers ask), checks it against the name's sha256 *before* parsing it, and the file's size is the image's size.
+The pack needs no pin of its own: every chunk is verified against its sha256 in the (pinned) index. An index that
+does not match, or a name without a pin (an agent older than this server), fails the lookup with ``EIO`` and an
+:class:`~cryobox.errors.IntegrityError` (``store_integrity``) recorded as the image's failure; nothing is kept.
+The name is as stable as the manifest it comes from, so a restarted agent finds the files its VMs map.
+
+QEMU maps the file with ``share=off``; every page fault the kernel page cache cannot serve becomes a ``read``
+here, which goes to the chunk resolver. A read the resolver cannot serve (the store failed past its retries and
+deadline) answers ``EIO``: the faulting QEMU gets ``SIGBUS`` and dies, and the platform reports the recorded
+:class:`~cryobox.errors.ChunkFetchFailed` instead of a hung vCPU.
 
 The resolver records the order in which each image's chunks are first read (the prefetch trace of a restore).
 """
@@ -28,12 +35,13 @@ from typing import Any
 
 import mfusepy as fuse
 
-from ...errors import CryoboxError, ObjectNotFound, StoreError
+from ...errors import CryoboxError, IntegrityError, ObjectNotFound, StoreError
 from ...util.files import write_atomic
 from .chunkcache import cache_identity
 from .chunkfmt import ChunkIndex
 from .failures import FailureLog, boot_clock
 from .objstore import ObjectStore
+from .pins import is_sha256, verify_sha256
 from .resolver import ChunkResolver, ImageRef
 
 log = logging.getLogger(__name__)
@@ -44,22 +52,35 @@ TRACE_NAME = "memory.trace"
 INDEX_ATTEMPTS = 4
 
 
-def file_name(prefix: str) -> str:
-    """The file name under the mount for the image stored under ``prefix``."""
-    if "+" in prefix or not prefix or prefix.startswith("/"):
+PIN_MARK = "@"
+
+
+def file_name(prefix: str, index_sha256: str) -> str:
+    """The file name under the mount for the image stored under ``prefix`` whose ``memory.idx`` is pinned to
+    ``index_sha256``."""
+    if "+" in prefix or PIN_MARK in prefix or not prefix or prefix.startswith("/"):
         raise ValueError(f"invalid image prefix {prefix!r}")
-    return prefix.strip("/").replace("/", "+")
+    if not is_sha256(index_sha256):
+        raise ValueError(f"invalid chunk index pin {index_sha256!r}")
+    return f"{prefix.strip('/').replace('/', '+')}{PIN_MARK}{index_sha256}"
+
+
+def parse_name(name: str) -> tuple[str, str | None]:
+    """The store prefix and the index pin a file name carries (``None``: none, or a malformed one)."""
+    base, mark, pin = name.partition(PIN_MARK)
+    return base.replace("+", "/"), pin if mark and is_sha256(pin) else None
 
 
 def prefix_of(name: str) -> str:
-    return name.replace("+", "/")
+    return parse_name(name)[0]
 
 
 class ImageTable:
     """Image indexes by file name, each loaded from the store at most once at a time (thread-safe).
 
     Indexes and traces are immutable (their names carry the generation), so a copy is kept under ``local_dir``
-    and a restarted server reads them without a GET.
+    and a restarted server reads them without a GET. An index is kept there only once it matched its pin, and a
+    kept copy is checked again when read (one that does not match is removed and fetched afresh).
     """
 
     def __init__(
@@ -98,13 +119,21 @@ class ImageTable:
         record = self._failures.latest(name, since)
         return None if record is None else record.error
 
-    def small_object(self, key: str) -> bytes:
-        """An immutable small object (index, trace): the local copy, else the store's (a few retries), kept."""
+    def small_object(self, key: str, sha256: str | None = None) -> bytes:
+        """An immutable small object (index, trace): the local copy, else the store's (a few retries), kept.
+        With ``sha256`` (its pin) both are checked against it, and a store copy that does not match is not kept.
+
+        :raises IntegrityError: the store's copy does not match ``sha256``.
+        """
         local = (
             self.local_dir / hashlib.sha256(f"{self.store.url}\0{key}".encode()).hexdigest() if self.local_dir else None
         )
         if local is not None and local.exists():
-            return local.read_bytes()
+            kept = local.read_bytes()
+            if sha256 is None or hashlib.sha256(kept).hexdigest() == sha256:
+                return kept
+            log.warning("the kept copy of %s does not match its pin %s: removed, fetching it again", key, sha256)
+            local.unlink(missing_ok=True)
         for attempt in range(INDEX_ATTEMPTS):
             try:
                 blob = self.store.get(key)
@@ -115,14 +144,22 @@ class ImageTable:
                 if attempt == INDEX_ATTEMPTS - 1:
                     raise
                 time.sleep(0.1 * 2**attempt)
+        if sha256 is not None:
+            verify_sha256(key, blob, sha256)
         if local is not None:
             local.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(local, blob)
         return blob
 
     def _load(self, name: str) -> ImageRef:
-        prefix = prefix_of(name)
-        index = ChunkIndex.from_bytes(self.small_object(f"{prefix}/{INDEX_NAME}"))
+        prefix, pin = parse_name(name)
+        if pin is None:
+            raise IntegrityError(
+                f"memory image {name!r} names no pin of its chunk index (<prefix>{PIN_MARK}<sha256>): refusing to "
+                "page it unverified",
+                details={"name": name, "key": f"{prefix}/{INDEX_NAME}"},
+            )
+        index = ChunkIndex.from_bytes(self.small_object(f"{prefix}/{INDEX_NAME}", pin))
         key = f"{prefix}/{PACK_NAME}"
         return ImageRef(key=key, index=index, identity=cache_identity(self.store.url, key, index.generation))
 
@@ -153,7 +190,7 @@ class MemoryFS(fuse.Operations):  # type: ignore[misc]
         except ObjectNotFound:
             raise fuse.FuseOSError(errno.ENOENT) from None
         except CryoboxError as err:
-            log.error("memory image %s: %s", name, err)
+            log.error("memory image %s: %s: %s", name, err.code, err)
             raise fuse.FuseOSError(errno.EIO) from None
 
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:

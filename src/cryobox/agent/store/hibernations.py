@@ -8,7 +8,8 @@ Same chunked format as a snapshot (:func:`.publish.publish_snapshot`), under the
 One image per sandbox: a later hibernation (another image id) replaces the stored one. An import brings the
 whole image home, memory included (downloaded and verified chunk by chunk), so the woken VM maps a local copy
 and the stored objects can be deleted as soon as its row names its new host. Every object is checked against
-its pin in the manifest (:mod:`.pins`) before it is renamed into place or parsed.
+its pin in the manifest (:mod:`.pins`) before it is renamed into place or parsed, and the manifest against the
+sha256 the registry pins for it (:mod:`.manifests`) before it is parsed.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 from ...errors import ObjectNotFound, StateError
 from ...util.files import fsync_dir, write_json_atomic
 from ..templates import Template
+from .manifests import Published, fetch_manifest, put_manifest, still_published
 from .objstore import ObjectStore
 from .pins import PINS_FIELD, PinSet
 from .publish import (
@@ -53,9 +55,10 @@ def stored_manifest(store: ObjectStore, sandbox_id: str) -> dict[str, Any] | Non
 
 def publish_hibernation(
     store: ObjectStore, sandbox_id: str, image: SnapshotImage, template: Template, work_dir: Path
-) -> str:
-    """Upload ``sandbox_id``'s hibernation ``image`` (over ``template``'s disk); the manifest goes last.
-    Idempotent: an image already stored is not uploaded again; another image of the sandbox is replaced."""
+) -> Published:
+    """Upload ``sandbox_id``'s hibernation ``image`` (over ``template``'s disk); the manifest goes last, and the
+    sha256 of its bytes is returned (the registry pins it). Idempotent: nothing is uploaded while the store holds
+    the manifest this image was published with; another image of the sandbox is replaced."""
     if Path(_backing_file(image.disk)) != template.disk:
         raise StateError(
             f"the hibernation of {sandbox_id} is not over the current generation of template {template.name} "
@@ -63,10 +66,11 @@ def publish_hibernation(
             details={"id": sandbox_id, "template": template.name},
         )
     prefix = hibernation_prefix(sandbox_id)
+    done = still_published(store, f"{prefix}/manifest.json", image.path)
+    if done is not None:
+        return Published(prefix, done)
     found = stored_manifest(store, sandbox_id)
-    if found is not None:
-        if found.get("id") == image.id:
-            return prefix
+    if found is not None and found.get("id") != image.id:
         delete_hibernation(store, sandbox_id)  # an earlier hibernation of the same sandbox
     pins = PinSet()
     index = upload_image(store, f"{prefix}/memory", image.memory, image.id, work_dir, pins)
@@ -80,19 +84,25 @@ def publish_hibernation(
         published_at=time.time(),
     )
     manifest[PINS_FIELD] = pins.to_json()
-    store.put(f"{prefix}/manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode())
-    return prefix
+    return Published(prefix, put_manifest(store, f"{prefix}/manifest.json", manifest, image.path))
 
 
-def import_hibernation(store: ObjectStore, sandbox_id: str, root: Path, template: Template) -> str:
+def import_hibernation(
+    store: ObjectStore, sandbox_id: str, root: Path, template: Template, manifest_sha256: str | None = None
+) -> str:
     """Bring ``sandbox_id``'s stored hibernation home as ``root/<new image id>/`` (memory, vmstate, the overlay
-    rebased onto this host's copy of ``template``'s disk, manifest last); returns the image id.
+    rebased onto this host's copy of ``template``'s disk, manifest last); returns the image id. The manifest must
+    hash to ``manifest_sha256`` (the registry's pin; ``None``: a row from before manifests were pinned, accepted
+    with a warning) before it is parsed.
 
     :raises ObjectNotFound: nothing is stored for ``sandbox_id``.
+    :raises IntegrityError: the manifest is not the pinned one (or an object not the one it pins).
     :raises StateError: it sits on another template or generation than the one this host serves.
     """
     prefix = hibernation_prefix(sandbox_id)
-    manifest: dict[str, Any] = json.loads(store.get(f"{prefix}/manifest.json"))
+    manifest, _ = fetch_manifest(
+        store, f"{prefix}/manifest.json", manifest_sha256, f"the manifest of the hibernation of {sandbox_id}"
+    )
     if (manifest.get("template"), manifest.get("template_generation")) != (template.name, template.generation):
         raise StateError(
             f"the hibernation of {sandbox_id} is of template {manifest.get('template')} "

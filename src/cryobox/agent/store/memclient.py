@@ -1,4 +1,9 @@
-"""The host agent's side of the memory server: start it, find its files, ask it for figures, stop it."""
+"""The host agent's side of the memory server: start it, find its files, ask it for figures, stop it.
+
+The agent names an image by its file name (:func:`image_name`): the store prefix and the sha256 that the local
+manifest of the template or snapshot pins for the image's ``memory.idx``, which the server checks before it
+parses the index. Control calls take the same name.
+"""
 
 from __future__ import annotations
 
@@ -9,19 +14,37 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from ...errors import ERRORS_BY_CODE, ChunkFetchFailed, CryoboxError, VmmError
+from ...errors import ERRORS_BY_CODE, ChunkFetchFailed, CryoboxError, IntegrityError, VmmError
 from ...util.system import scrubbed_env
-from .fusefs import file_name
+from .fusefs import INDEX_NAME, file_name, parse_name
 from .mounts import unmount
+from .pins import pinned_sha256
 
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
+
+
+def image_name(manifest: Mapping[str, Any], prefix: str) -> str:
+    """The memory server's file name for the image stored under ``prefix``, pinned to the sha256 ``manifest``
+    (the local manifest of what is restored) records for ``<prefix>/memory.idx``.
+
+    :raises IntegrityError: ``manifest`` pins no hash for that index: its RAM cannot be paged from the store.
+    """
+    key = f"{prefix}/{INDEX_NAME}"
+    sha256 = pinned_sha256(manifest, key)
+    if sha256 is None:
+        raise IntegrityError(
+            f"the manifest pins no hash for the chunk index {key!r}: its memory cannot be paged from the store",
+            details={"key": key},
+        )
+    return file_name(prefix, sha256)
 
 
 @dataclass(frozen=True)
@@ -69,7 +92,7 @@ class MemServerConfig:
             argv += ["--retries", str(self.retries)]
         if self.image_gid is not None:
             argv += ["--image-gid", str(self.image_gid)]
-        return argv
+        return [*argv, "--pinned-names"]
 
 
 def running_server(config: MemServerConfig) -> tuple[int, list[str]] | None:
@@ -117,9 +140,11 @@ class MemoryServerProcess:
     def pid(self) -> int | None:
         return self._pid
 
-    def path_for(self, prefix: str) -> Path:
-        """The file QEMU maps for the memory image stored under ``prefix``."""
-        return self.config.mount / file_name(prefix)
+    def path_for(self, name: str) -> Path:
+        """The file QEMU maps for the memory image ``name`` (:func:`image_name`: it must carry its index pin)."""
+        if parse_name(name)[1] is None:
+            raise ValueError(f"memory image name {name!r} carries no index pin")
+        return self.config.mount / name
 
     def start(self) -> bool:
         """Reattach to the server an earlier agent started (same settings, mount up), or start one and wait until
@@ -190,27 +215,27 @@ class MemoryServerProcess:
         response.raise_for_status()
         return response.text
 
-    async def first_reads(self, prefix: str) -> list[int]:
-        response = await self._get(f"/images/{file_name(prefix)}/first-reads")
+    async def first_reads(self, name: str) -> list[int]:
+        response = await self._get(f"/images/{name}/first-reads")
         response.raise_for_status()
         return [int(i) for i in response.json()]
 
-    async def forget_reads(self, prefix: str) -> None:
-        (await self._client.post(f"/images/{file_name(prefix)}/forget-reads")).raise_for_status()
+    async def forget_reads(self, name: str) -> None:
+        (await self._client.post(f"/images/{name}/forget-reads")).raise_for_status()
 
-    async def prefetch(self, prefix: str) -> int:
+    async def prefetch(self, name: str) -> int:
         """Start replaying the image's stored trace; returns its length (0 when the image has no trace)."""
-        response = await self._client.post(f"/images/{file_name(prefix)}/prefetch")
+        response = await self._client.post(f"/images/{name}/prefetch")
         if response.status_code == 404:
             return 0
         response.raise_for_status()
         return int(response.json()["chunks"])
 
-    async def failure(self, prefix: str, since: float | None = None) -> CryoboxError | None:
+    async def failure(self, name: str, since: float | None = None) -> CryoboxError | None:
         """The last chunk (or index) fetch that failed for the image, if any (to explain a restore that died);
         with ``since`` (seconds of ``CLOCK_BOOTTIME``, e.g. when the VM started) only one recorded at or after it."""
         params = {} if since is None else {"since": repr(since)}
-        response = await self._client.get(f"/images/{file_name(prefix)}/failure", params=params)
+        response = await self._client.get(f"/images/{name}/failure", params=params)
         if response.status_code == 404:
             return None
         wire = response.json()

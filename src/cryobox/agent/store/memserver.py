@@ -14,6 +14,10 @@ Besides the mount it answers HTTP on a unix socket (``--control``)::
     GET  /images/<name>/failure         the last chunk fetch failure of the image (404 if none); ``?since=T``:
                                         only one recorded at or after T (seconds of CLOCK_BOOTTIME)
     POST /images/<name>/prefetch        replay the image's stored trace (memory.trace) in the background
+
+``<name>`` is the image's file name under the mount, its index pin included (``<prefix>@<sha256>``, see
+:mod:`.fusefs`). ``--pinned-names`` is required: it marks that naming in the argv the agent compares before
+reattaching, so an agent never reattaches to a server of the earlier, unpinned naming (it replaces it).
 """
 
 from __future__ import annotations
@@ -193,6 +197,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fetch-deadline", type=float, default=ResolverConfig.fetch_deadline_s)
     parser.add_argument("--retries", type=int, default=ResolverConfig.retries)
     parser.add_argument("--image-gid", type=int, default=None, help="admit this group only (jailed QEMUs)")
+    parser.add_argument(
+        "--pinned-names",
+        action="store_true",
+        required=True,
+        help="file names carry their chunk index's sha256 (<prefix>@<sha256>); names without one are refused",
+    )
     return parser.parse_args(argv)
 
 

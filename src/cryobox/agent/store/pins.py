@@ -13,6 +13,10 @@ Publishing goes through :meth:`PinSet.put_file` / :meth:`PinSet.put` (hash, then
 :meth:`PinSet.fetch_file` (streamed to a temp file while hashed, checked before the rename) and
 :meth:`PinSet.fetch_bytes`. A mismatch, a missing pin or a manifest without pins is an :class:`IntegrityError`,
 and nothing is left at the destination.
+
+The memory server pages guest RAM from a chunked image it was never handed a manifest for: the agent puts the
+sha256 its local manifest pins for the image's index into the file name it opens (``fusefs.file_name``), and the
+server checks the index bytes with :func:`verify_sha256` before parsing them.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,3 +130,28 @@ class PinSet:
         """Stream ``key`` to ``dest``, hashed as it arrives; renamed into place only if it matches its pin."""
         pin = self.pin(key)
         store.download(key, dest, lambda size, sha256: pin.check(key, size, sha256))
+
+
+def is_sha256(value: str) -> bool:
+    """Whether ``value`` is a sha256 as pins write it (64 lowercase hex digits)."""
+    return _SHA256_HEX.fullmatch(value) is not None
+
+
+def pinned_sha256(manifest: Mapping[str, Any], key: str) -> str | None:
+    """The sha256 ``manifest`` (a local one: fetched, imported, or of a template published from here) pins for
+    ``key``, or ``None`` when it pins no well-formed one."""
+    pins = manifest.get(PINS_FIELD)
+    entry = pins.get(key) if isinstance(pins, dict) else None
+    sha = entry.get("sha256") if isinstance(entry, dict) else None
+    return sha if isinstance(sha, str) and is_sha256(sha) else None
+
+
+def verify_sha256(key: str, data: bytes, sha256: str) -> None:
+    """Raise :class:`IntegrityError` unless ``data`` (the bytes of ``key``) hashes to ``sha256``."""
+    got = hashlib.sha256(data).hexdigest()
+    if got != sha256:
+        raise IntegrityError(
+            f"object {key!r} from the store does not match its pin: got {len(data)} bytes with sha256 {got}, "
+            f"expected sha256 {sha256}",
+            details={"key": key, "size": len(data), "sha256": got, "expected": {"sha256": sha256}},
+        )

@@ -15,13 +15,17 @@ Store layout (every name carries the generation, so a re-bake is a new name and 
 Snapshots (``publish_snapshot``, on request)::
 
     snapshots/<id>/memory.{idx,pack}, vmstate, disk.qcow2   (the overlay over its template's disk)
-    snapshots/<id>/manifest.json                             written last; names the template generation
+    snapshots/<id>/manifest.json                             written last; names the template generation; the
+                                                             registry row pins its sha256 (``manifests.py``)
 
 Every object a fetch downloads (vmstate, disk overlay, kernel, initrd, the chunk indexes) must match the pin
 its manifest records before it is renamed into place or parsed; a manifest without pins is refused.
 
 A fetched template gets the usual directory (``vmstate``, ``disk.qcow2``, ``manifest.json``) but no ``memory``:
 its restores map the memory server's file for ``templates/<name>/<generation>`` and fault chunks in on demand.
+That file's name carries the sha256 the local manifest pins for ``memory.idx`` (fetched manifests keep their
+pins; a template baked here records the ones :func:`publish_template` returns), and the memory server checks the
+index against it before parsing it.
 """
 
 from __future__ import annotations
@@ -42,8 +46,9 @@ from ...util.proc import Progress
 from ..templates import Template
 from ..vm import MachineConfig
 from .chunkfmt import ChunkIndex, pack_image, unpack_image
+from .manifests import Published, fetch_manifest, put_manifest, record_manifest, still_published
 from .objstore import ObjectStore
-from .pins import PINS_FIELD, Pin, PinSet
+from .pins import PINS_FIELD, Pin, PinSet, pinned_sha256
 from .snapshots import SnapshotImage
 
 LAYOUT_VERSION = 1
@@ -114,13 +119,27 @@ def _image_key(images_dir: Path, path: Path) -> str:
     return f"images/{rel.as_posix()}"
 
 
+def local_pins(template: Template) -> PinSet:
+    """The pins a local bake keeps in its manifest (recorded after publishing it), else the pin of its memory
+    index computed from its local memory (a bake recorded before pins were kept, published earlier): what this
+    host's vmstate belongs with, so a stored index that differs is refused when paged, not trusted."""
+    key = f"{template_prefix(template.name, template.generation)}/memory.idx"
+    if pinned_sha256(template.manifest, key) is not None:
+        return PinSet.from_manifest(template.manifest, f"the local manifest of template {template.name}")
+    pins = PinSet()
+    pins.add(key, Pin.of_bytes(pack_image(template.memory, Path(os.devnull), template.generation).to_bytes()))
+    return pins
+
+
 def publish_template(
     store: ObjectStore, template: Template, images_dir: Path, work_dir: Path, progress: Progress
-) -> str:
-    """Upload ``template`` (skipping objects already there); the manifest goes last. Returns its prefix."""
+) -> PinSet:
+    """Upload ``template`` (skipping objects already there); the manifest goes last. Returns the pins its
+    manifest records (:func:`local_pins` when it is published already), for the local manifest to keep
+    (``templates.record_pins``): lazy restores of the template name its memory index by its pin."""
     prefix = template_prefix(template.name, template.generation)
     if store.exists(f"{prefix}/manifest.json"):
-        return prefix
+        return local_pins(template)
     started = time.monotonic()
     progress(f"publishing template {template.name} ({template.generation}) to {store.url}")
     pins = PinSet()
@@ -156,7 +175,7 @@ def publish_template(
     store.put(f"{prefix}/manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode())
     store.put(f"templates/{template.name}/latest", json.dumps({"generation": template.generation}).encode())
     progress(f"  published in {time.monotonic() - started:.1f}s ({index.stored_bytes >> 20} MiB of memory chunks)")
-    return prefix
+    return pins
 
 
 def latest_generation(store: ObjectStore, name: str) -> str:
@@ -181,6 +200,10 @@ def fetch_template(
         # baked here (a cache dir shared with a building host): the same generation, files all local
         published: dict[str, Any] = json.loads(store.get(f"{prefix}/manifest.json"))
         machine = dict(published["machine_config"], kernel=found["kernel"], initrd=found["initrd"])
+        if PINS_FIELD not in found and PINS_FIELD in published:
+            # not (yet) recorded by the building host: lazy restores name the memory index by its pin, taken from
+            # the published manifest that gives the machine config too
+            found = {**found, PINS_FIELD: published[PINS_FIELD]}
         return Template(name, generation, final, MachineConfig.from_json(machine), found)
     manifest: dict[str, Any] = json.loads(store.get(f"{prefix}/manifest.json"))
     if manifest.get("qemu") != qemu:
@@ -213,17 +236,25 @@ def fetch_template(
 
 
 def _materialize(
-    store: ObjectStore, prefix: str, final: Path, backing: tuple[Path, str], manifest: dict[str, Any], pins: PinSet
+    store: ObjectStore,
+    prefix: str,
+    final: Path,
+    backing: tuple[Path, str],
+    manifest: dict[str, Any],
+    pins: PinSet,
+    fetched_sha256: str | None = None,
 ) -> None:
     """Download ``prefix``'s vmstate and disk overlay (each checked against its pin) into a work directory beside
     ``final``, point the overlay at this host's ``backing`` (path, format), write ``manifest`` last and rename
-    the directory into place."""
+    the directory into place. ``fetched_sha256``: the hash of the manifest fetched, recorded beside it."""
     work = final.with_name(f".{final.name}.fetch{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     try:
         fetch_image_files(store, prefix, work, pins)
         _rebase(work / "disk.qcow2", *backing)
+        if fetched_sha256 is not None:
+            record_manifest(work, f"{prefix}/manifest.json", fetched_sha256)
         write_json_atomic(work / "manifest.json", manifest)
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(final)
@@ -268,8 +299,10 @@ def publish_image_files(store: ObjectStore, prefix: str, image: SnapshotImage, p
     pins.put_file(store, f"{prefix}/disk.qcow2", image.disk)
 
 
-def publish_snapshot(store: ObjectStore, image: SnapshotImage, template: Template, work_dir: Path) -> str:
-    """Upload a snapshot of ``template`` (memory chunked, vmstate, disk overlay); the manifest goes last."""
+def publish_snapshot(store: ObjectStore, image: SnapshotImage, template: Template, work_dir: Path) -> Published:
+    """Upload a snapshot of ``template`` (memory chunked, vmstate, disk overlay); the manifest goes last, and the
+    sha256 of its bytes is returned (the registry pins it). Idempotent: nothing is uploaded while the store holds
+    the manifest this host uploaded; otherwise (none, or another one) the snapshot is uploaded again."""
     if Path(_backing_file(image.disk)) != template.disk:
         raise StateError(
             f"snapshot {image.id} is not over the current generation of template {template.name} "
@@ -277,8 +310,9 @@ def publish_snapshot(store: ObjectStore, image: SnapshotImage, template: Templat
             details={"id": image.id, "template": template.name},
         )
     prefix = snapshot_prefix(image.id)
-    if store.exists(f"{prefix}/manifest.json"):
-        return prefix
+    done = still_published(store, f"{prefix}/manifest.json", image.path)
+    if done is not None:
+        return Published(prefix, done)
     pins = PinSet()
     index = upload_image(store, f"{prefix}/memory", image.memory, image.id, work_dir, pins)
     publish_image_files(store, prefix, image, pins)
@@ -290,15 +324,20 @@ def publish_snapshot(store: ObjectStore, image: SnapshotImage, template: Templat
         published_at=time.time(),
     )
     manifest[PINS_FIELD] = pins.to_json()
-    store.put(f"{prefix}/manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode())
-    return prefix
+    return Published(prefix, put_manifest(store, f"{prefix}/manifest.json", manifest, image.path))
 
 
-def import_snapshot(store: ObjectStore, snapshot_id: str, snapshots_dir: Path, template: Template) -> Path:
+def import_snapshot(
+    store: ObjectStore, snapshot_id: str, snapshots_dir: Path, template: Template, manifest_sha256: str | None = None
+) -> Path:
     """Make a published snapshot restorable here: its vmstate and disk overlay (rebased onto this host's copy
-    of the template's disk) in ``snapshots_dir/<id>/``; the memory stays in the store, paged in on demand."""
+    of the template's disk) in ``snapshots_dir/<id>/``; the memory stays in the store, paged in on demand.
+    The manifest must hash to ``manifest_sha256`` (the registry's pin; ``None``: a row from before manifests were
+    pinned, accepted with a warning) before it is parsed (:func:`.manifests.fetch_manifest`)."""
     prefix = snapshot_prefix(snapshot_id)
-    manifest: dict[str, Any] = json.loads(store.get(f"{prefix}/manifest.json"))
+    manifest, fetched = fetch_manifest(
+        store, f"{prefix}/manifest.json", manifest_sha256, f"the manifest of snapshot {snapshot_id}"
+    )
     if (manifest.get("template"), manifest.get("template_generation")) != (template.name, template.generation):
         raise StateError(
             f"snapshot {snapshot_id} is of template {manifest.get('template')} "
@@ -311,5 +350,5 @@ def import_snapshot(store: ObjectStore, snapshot_id: str, snapshots_dir: Path, t
         raise StateError(f"snapshot {snapshot_id} is already on this host", details={"id": snapshot_id})
     machine = dict(manifest["machine"], kernel=str(template.machine.kernel), initrd=str(template.machine.initrd))
     manifest.update(machine=machine, memory_prefix=prefix, imported_from=store.url, imported_at=time.time())
-    _materialize(store, prefix, final, (template.disk, "qcow2"), manifest, pins)
+    _materialize(store, prefix, final, (template.disk, "qcow2"), manifest, pins, fetched)
     return final

@@ -25,17 +25,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import re
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import InvalidArgument, VmmError
+from ...errors import HostUnavailable, InvalidArgument, VmmError
 from . import qemu
 from .accel import Accel
 from .cgroups import CgroupHost, Limits
@@ -124,6 +125,32 @@ class JailSettings:
             "seccomp": True,
             "namespaces": ["mount", "pid", "ipc", "net"],
         }
+
+
+ONE_OFF_UIDS = 16
+"""uids at the top of the extra range for bake and build VMs: each holds one exclusively while it runs."""
+
+
+@contextlib.contextmanager
+def one_off_uid(settings: JailSettings | None, lock_dir: Path) -> Iterator[int | None]:
+    """A uid for a bake or a build VM that no other running one holds (a ``flock`` per uid under ``lock_dir``:
+    concurrent bakes and builds of every process on this data dir never share a uid). ``None`` without a jail.
+
+    :raises HostUnavailable: all :data:`ONE_OFF_UIDS` are held.
+    """
+    if settings is None:
+        yield None
+        return
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    for k in range(ONE_OFF_UIDS):
+        with open(lock_dir / f".uid-{k}.lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            yield settings.extra_uid(EXTRA_UIDS - 1 - k)
+            return
+    raise HostUnavailable(f"all {ONE_OFF_UIDS} jail uids for bakes and builds are in use; try again later")
 
 
 def _device_numbers(node: Path) -> tuple[int, int]:

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Generic, TypeVar
 
 from ...errors import VmmError
-from .microvm import MicroVM, VmState
+from .microvm import MicroVM
+from .states import VmState
 
 MAX_BANDWIDTH = 8 << 30  # bytes/s; the default (128 MiB/s) throttles a local stream for nothing
 FD_NAME = "cryobox-snapshot"

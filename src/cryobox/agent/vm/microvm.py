@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
-import functools
 import logging
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar, cast
+from typing import Any, cast
 
 from qemu.qmp import ExecuteError, QMPClient, QMPError
 
@@ -35,48 +33,10 @@ from ..guest_client import GuestClient
 from ..records import process_start_ticks
 from .jail import VmJail
 from .machine import MachineConfig, MemoryBacking, NetAttach, VmPaths, qemu_argv
+from .states import VmState, require
 
 log = logging.getLogger(__name__)
 MAX_UNIX_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-class VmState(enum.Enum):
-    CREATED = "created"
-    INCOMING = "incoming"
-    RUNNING = "running"
-    PAUSED = "paused"
-    SAVED = "saved"
-    KILLED = "killed"
-
-    @property
-    def alive(self) -> bool:
-        return self in (VmState.INCOMING, VmState.RUNNING, VmState.PAUSED, VmState.SAVED)
-
-
-def require(
-    *states: VmState,
-) -> Callable[
-    [Callable[Concatenate[MicroVM, P], Coroutine[Any, Any, R]]],
-    Callable[Concatenate[MicroVM, P], Coroutine[Any, Any, R]],
-]:
-    def decorate(
-        fn: Callable[Concatenate[MicroVM, P], Coroutine[Any, Any, R]],
-    ) -> Callable[Concatenate[MicroVM, P], Coroutine[Any, Any, R]]:
-        @functools.wraps(fn)
-        async def wrapper(self: MicroVM, *args: P.args, **kwargs: P.kwargs) -> R:
-            if self.state not in states:
-                raise StateError(
-                    f"{fn.__name__} needs the VM in {'/'.join(s.value for s in states)}, it is {self.state.value}",
-                    state=self.state.value,
-                    required="|".join(s.value for s in states),
-                )
-            return await fn(self, *args, **kwargs)
-
-        return cast("Callable[Concatenate[MicroVM, P], Coroutine[Any, Any, R]]", wrapper)
-
-    return decorate
 
 
 async def _poll(predicate: Callable[[], bool], timeout: float, what: str, alive: Callable[[], bool]) -> None:

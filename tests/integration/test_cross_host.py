@@ -4,6 +4,7 @@ both from the store alone, paging guest RAM in chunk by chunk."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -60,7 +61,12 @@ def test_cross_host_restore_from_s3(tmp_path: Path, cache_dir: Path, templates: 
                 restored = client.create(from_snapshot=snap["id"])
                 assert client.sh(restored["id"], "cat /tmp/secret") == secret
                 assert client.sh(restored["id"], "pgrep -f 'time.sleep' >/dev/null && echo alive") == "alive\n"
-                snap_image = memstats(data_dir, empty_cache)["images"][f"snapshots+{snap['id']}"]
+                images = memstats(data_dir, empty_cache)["images"]
+                # the memory server's name for it carries the pin of its chunk index, from the imported manifest
+                (name,) = [n for n in images if n.startswith(f"snapshots+{snap['id']}@")]
+                manifest = json.loads((data_dir / "vol" / "snapshots" / snap["id"] / "manifest.json").read_text())
+                assert name.endswith("@" + manifest["pins"][f"snapshots/{snap['id']}/memory.idx"]["sha256"])
+                snap_image = images[name]
                 assert 0 < snap_image["touched"] < snap_image["chunks"]
             finally:
                 client.close()

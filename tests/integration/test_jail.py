@@ -14,7 +14,7 @@ import httpx
 from cryobox import Sandbox
 from cryobox.agent.net.slots import tag_for
 from cryobox.agent.vm import detect_accel, qemu
-from cryobox.agent.vm.jail import OVERHEAD_MIB, JailSettings
+from cryobox.agent.vm.jail import OVERHEAD_MIB, QEMU_THREADS_CPUS, JailSettings
 from cryobox.bench.server import ServeProcess
 from tests.integration.support import Api
 
@@ -88,6 +88,9 @@ def test_each_qemu_runs_jailed_and_sees_only_its_own_files(server: ServeProcess,
         memory_dir = next(Path("/sys/fs/cgroup/memory").glob(f"**/cryobox-{tag}/{vm1['vm_id']}"))
         limit = int((memory_dir / "memory.limit_in_bytes").read_text())
         assert limit == (512 + OVERHEAD_MIB[detect_accel()]) << 20
+        cpu_dir = next(Path("/sys/fs/cgroup/cpu").glob(f"**/cryobox-{tag}/{vm1['vm_id']}"))
+        period = int((cpu_dir / "cpu.cfs_period_us").read_text())
+        assert int((cpu_dir / "cpu.cfs_quota_us").read_text()) == int((1 + QEMU_THREADS_CPUS) * period)  # 1 vCPU
         pids_dir = next(Path("/sys/fs/cgroup/pids").glob(f"**/cryobox-{tag}/{vm1['vm_id']}"))
         assert (pids_dir / "pids.max").read_text().strip() == "256"
 

@@ -162,10 +162,10 @@ def _config(tmp_path: Path, accel: Accel = Accel.TCG, memory_mib: int = 512, cpu
 
 def test_limits_for(tmp_path: Path) -> None:
     assert limits_for(_config(tmp_path, Accel.TCG, memory_mib=512, cpus=2)) == Limits(
-        memory_bytes=(512 + 384) << 20, cpus=2.5, pids=256
+        memory_bytes=(512 + 384) << 20, cpus=3.0, pids=256
     )
     assert limits_for(_config(tmp_path, Accel.KVM, memory_mib=1024, cpus=1)) == Limits(
-        memory_bytes=(1024 + OVERHEAD_MIB[Accel.KVM]) << 20, cpus=1.5, pids=PIDS_MAX
+        memory_bytes=(1024 + OVERHEAD_MIB[Accel.KVM]) << 20, cpus=2.0, pids=PIDS_MAX
     )
     assert OVERHEAD_MIB[Accel.KVM] == 192 and PIDS_MAX == 256
 

@@ -42,3 +42,19 @@ def test_pandastack_sdk_application_runs_unchanged(
     burst = report["burst"]
     assert burst["failures"] == [] and burst["created"] == 4
     assert burst["retries"] and set(burst["retries"]) == {503}, "capacity refusals must have been retried"
+
+
+def test_pandastack_snapshot_restore_fork_and_fork_tree(server: ServeProcess) -> None:
+    env = {
+        **os.environ,
+        "PANDASTACK_API": server.url,
+        "PANDASTACK_API_KEY": server.api_key,
+        "HOME": str(server.data_dir),
+    }
+    done = subprocess.run([sys.executable, str(APP), "lifecycle"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["snapshot"] is True
+    assert report["restored"] == {"file": "written before the snapshot", "process": "alive\n"}
+    assert report["fork"] == "written before the snapshot"
+    assert report["tree"] == ["written before the snapshot"] * 2 and report["tree_ids"] == 2

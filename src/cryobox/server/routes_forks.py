@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Response
 
 from ..agentapi import models as am
 from ..errors import CryoboxError, NotFound
@@ -15,14 +17,18 @@ router = APIRouter(prefix="/v1/sandboxes", tags=["forks"], responses=ERROR_RESPO
 
 
 @router.post("/{sandbox_id}/fork", status_code=201, response_model=wire.ForkResponse)
-async def fork(sandbox_id: str, body: wire.ForkRequest, ctx: Ctx) -> wire.ForkResponse:
+async def fork(
+    sandbox_id: str, body: Annotated[wire.ForkRequest, Body(default_factory=wire.ForkRequest)], ctx: Ctx
+) -> wire.ForkResponse:
     """A child that cold-boots from a copy of the parent's disk (fresh processes, no memory)."""
     row = await ctx.app.forks.fork(sandbox_id, ctx.workspace_id, metadata=body.metadata)
     return wire.ForkResponse(parent_id=sandbox_id, sandbox=sandbox_view(row))
 
 
 @router.post("/{sandbox_id}/fork-tree", status_code=201, response_model=wire.ForkTreeResponse)
-async def fork_tree(sandbox_id: str, body: wire.ForkTreeRequest, ctx: Ctx) -> wire.ForkTreeResponse:
+async def fork_tree(
+    sandbox_id: str, body: Annotated[wire.ForkTreeRequest, Body(default_factory=wire.ForkTreeRequest)], ctx: Ctx
+) -> wire.ForkTreeResponse:
     """One snapshot of the parent, ``count`` children restored from it in parallel (memory and disk), on the
     parent's agent where it has room and on others otherwise."""
     tree = await ctx.app.forks.fork_tree(sandbox_id, ctx.workspace_id, count=body.count, metadata=body.metadata)

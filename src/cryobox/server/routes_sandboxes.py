@@ -6,9 +6,9 @@ import base64
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Body, Request, Response
 from fastapi.responses import StreamingResponse
 
 from .. import models
@@ -25,7 +25,11 @@ router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"], responses=ERROR_R
 
 
 @router.post("", status_code=201, response_model=models.Sandbox)
-async def create_sandbox(body: models.CreateSandboxRequest, ctx: Ctx, response: Response) -> models.Sandbox:
+async def create_sandbox(
+    body: Annotated[models.CreateSandboxRequest, Body(default_factory=models.CreateSandboxRequest)],
+    ctx: Ctx,
+    response: Response,
+) -> models.Sandbox:
     """Restore a sandbox on an agent with room. ``Server-Timing`` says how the call's time split between the
     control plane (``control``: auth, placement, registry) and the agent (``agent``: the restore itself)."""
     started = time.monotonic()

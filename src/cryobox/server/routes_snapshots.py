@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Request, Response
 
 from ..agent.sandbox import rfc3339
 from ..registry import SnapshotRow
@@ -30,7 +32,11 @@ def snapshot_view(row: SnapshotRow) -> wire.Snapshot:
 
 
 @router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201, response_model=wire.Snapshot)
-async def create_snapshot(sandbox_id: str, body: wire.SnapshotCreateRequest, ctx: Ctx) -> wire.Snapshot:
+async def create_snapshot(
+    sandbox_id: str,
+    body: Annotated[wire.SnapshotCreateRequest, Body(default_factory=wire.SnapshotCreateRequest)],
+    ctx: Ctx,
+) -> wire.Snapshot:
     """Snapshot memory, device state and disk while the sandbox keeps running (it pauses for ``pause_ms``)."""
     row = await ctx.control.snapshots.take(
         sandbox_id, ctx.workspace_id, labels=body.labels, retain=body.retain, quiesce=body.quiesce

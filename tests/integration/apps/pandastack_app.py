@@ -87,5 +87,40 @@ def main() -> None:
     json.dump(report, sys.stdout)
 
 
+def lifecycle() -> None:
+    """Snapshot (the SDK POSTs no body), restore from it with a process still alive, fork (no body either), and a
+    fork tree of two."""
+    report: dict[str, Any] = {}
+    sbx = Sandbox.create(template="base", ttl_seconds=600)
+    try:
+        sbx.filesystem.write("/root/before.txt", "written before the snapshot")
+        sbx.exec("nohup sleep 1000 >/dev/null 2>&1 & echo $! > /root/sleeper.pid")
+        snap = sbx.snapshot()
+        report["snapshot"] = snap.startswith("snap-")
+        restored = Sandbox.create(template="base", from_snapshot=snap, ttl_seconds=600)
+        try:
+            report["restored"] = {
+                "file": restored.filesystem.read("/root/before.txt").decode(),
+                "process": restored.exec("kill -0 $(cat /root/sleeper.pid) && echo alive").stdout,
+            }
+        finally:
+            restored.kill()
+        child = sbx.fork()
+        try:
+            report["fork"] = child.filesystem.read("/root/before.txt").decode()
+        finally:
+            child.kill()
+        children = sbx.fork_tree(2)
+        try:
+            report["tree"] = [c.filesystem.read("/root/before.txt").decode() for c in children]
+            report["tree_ids"] = len({c.id for c in children} - {sbx.id})
+        finally:
+            for c in children:
+                c.kill()
+    finally:
+        sbx.kill()
+    json.dump(report, sys.stdout)
+
+
 if __name__ == "__main__":
-    main()
+    lifecycle() if sys.argv[1:] == ["lifecycle"] else main()

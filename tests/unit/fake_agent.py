@@ -41,11 +41,13 @@ from cryobox.errors import (
     StateError,
 )
 
+from .fake_procs import FakeProcs
+
 MAX_FILE_BYTES = 64 << 20
 DEFAULT_TEMPLATE = m.TemplateInfo(name="base", generation="g1", cpus=1, memory_mib=512, created_at=0.0)
 
 
-class FakeAgent:
+class FakeAgent(FakeProcs):
     def __init__(
         self,
         *,
@@ -79,6 +81,7 @@ class FakeAgent:
         self.closed_streams: list[str] = []
         self.closed = False
         self._ids = itertools.count(1)
+        self._init_procs()
 
     # -- helpers -------------------------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
+from pydantic import ValidationError
 
 from cryobox.agentapi import Agent, HttpAgent, InProcessAgent, create_agent_app
 from cryobox.agentapi import models as m
@@ -604,3 +605,62 @@ async def test_http_metrics_override() -> None:
         async with HttpAgent(url, TOKEN) as agent:
             assert await agent.metrics_text() == b"process_series 1\n"
     assert "metrics_text" not in fake.call_names()
+
+
+# -- long-lived processes, watches, file-system calls, ports -------------------------------------------------------
+
+
+async def test_processes(pair: Pair) -> None:
+    agent = pair.agent
+    await agent.create(spec())
+    events = await collect(agent.proc_start("sb-1", m.ProcStart(cmd="echo", args=["hi", "there"], tag="t1")))
+    assert [e.kind for e in events] == ["start", "stdout", "end"]
+    pid = events[0].pid
+    assert pid is not None and base64.b64decode(events[1].data_b64) == b"hi there\n"
+    assert (events[2].exit_code, events[2].status) == (0, "exit status 0")
+    stream = agent.proc_start("sb-1", m.ProcStart(cmd="cat", stdin=True))
+    start = await anext(stream)
+    await close_stream(stream)  # detach: the process keeps running
+    assert start.pid is not None
+    cat = m.ProcSelector(pid=start.pid)
+    await agent.proc_input("sb-1", m.ProcInput(process=cat, data_b64=base64.b64encode(b"typed").decode()))
+    listed = {p.pid: p for p in await agent.proc_list("sb-1")}
+    assert listed[pid].running is False and listed[pid].tag == "t1" and listed[start.pid].running is True
+    replay = agent.proc_connect("sb-1", cat)
+    assert (await anext(replay)).kind == "start"
+    assert base64.b64decode((await anext(replay)).data_b64) == b"typed"  # buffered while detached
+    await agent.proc_input("sb-1", m.ProcInput(process=cat, eof=True))
+    assert [e.kind for e in await collect(replay)] == ["end"]
+    with pytest.raises(NotFound):
+        await agent.proc_signal("sb-1", m.ProcSignal(process=cat, signal=9))  # it ended
+    sleeper = await anext(agent.proc_start("sb-1", m.ProcStart(cmd="sleep", args=["1000"])))
+    await agent.proc_signal("sb-1", m.ProcSignal(process=m.ProcSelector(pid=sleeper.pid), signal=9))
+    ended = await collect(agent.proc_connect("sb-1", m.ProcSelector(pid=sleeper.pid)))
+    assert ended[-1].status == "signal: 9"
+    with pytest.raises(NotFound):
+        await collect(agent.proc_connect("sb-1", m.ProcSelector(tag="nope")))
+    with pytest.raises(NotFound):  # ended
+        await agent.proc_input("sb-1", m.ProcInput(process=m.ProcSelector(tag="t1"), data_b64="eA=="))
+    with pytest.raises(ValidationError):
+        m.ProcSelector(pid=1, tag="both")
+
+
+async def test_fs_watch_and_ports(pair: Pair) -> None:
+    agent = pair.agent
+    await agent.create(spec())
+    moved = await agent.fs("sb-1", m.FsRequest(op="move", path="/a", destination="/b/c"))
+    assert moved == {"path": "/b/c", "name": "c"}
+    assert (await agent.fs("sb-1", m.FsRequest(op="list_dir", path="/w", depth=3)))["depth"] == 3
+    watch = agent.fs_watch("sb-1", m.WatchRequest(path="/w", recursive=True))
+    assert (await anext(watch)).kind == "start"
+    pair.fake.watch_queues["sb-1"].put_nowait(m.FsEvent(kind="create", name="sub/x.txt"))
+    assert await anext(watch) == m.FsEvent(kind="create", name="sub/x.txt")
+    await close_stream(watch)
+    await eventually(lambda: "sb-1" not in pair.fake.watch_queues)
+    target = await agent.port_target("sb-1", 8000)
+    if pair.kind == "http":  # the agent's own port route, with its node token
+        assert target.url.endswith("/agent/v1/sandboxes/sb-1/ports/8000") and target.headers["Authorization"]
+    else:
+        assert target == m.PortTarget(url="http://127.0.0.1:9/8000")
+    with pytest.raises(InvalidArgument):
+        await agent.port_target("sb-1", 0)

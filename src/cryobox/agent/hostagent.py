@@ -30,6 +30,7 @@ from .guest_client import b64, unb64
 from .hibernation_ops import HibernationEndpoints
 from .info import host_memory_mib, sandbox_info, template_info
 from .platform import Host
+from .procs import ProcEndpoints
 from .sandbox import Sandbox, SandboxState
 from .snapshot_ops import SnapshotOps
 from .templates import Template
@@ -40,7 +41,7 @@ SpecFromRequest = Callable[[dict[str, object]], TemplateSpec]
 PTY_CALL_TIMEOUT_S = 30.0
 
 
-class HostAgent(HibernationEndpoints):
+class HostAgent(HibernationEndpoints, ProcEndpoints):
     """One host's agent (implements :class:`cryobox.agentapi.Agent`; portable hibernation in the base class)."""
 
     def __init__(

@@ -21,6 +21,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ..errors import ERRORS_BY_CODE, CryoboxError, HostUnavailable, InvalidArgument, QuotaExceeded
 from . import models as m
+from .http_procs_client import ProcClient
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -76,7 +77,7 @@ def error_from_response(response: httpx.Response) -> CryoboxError:
     return rebuild_error(body, status=response.status_code, retry_after_s=retry)
 
 
-class HttpAgent:
+class HttpAgent(ProcClient):
     """An :class:`~.interface.Agent` reached over HTTP at ``url`` with the node ``token``."""
 
     def __init__(
@@ -91,6 +92,7 @@ class HttpAgent:
         if not token:
             raise InvalidArgument("an agent token is required")
         self.url = url.rstrip("/")
+        self._token = token
         self.name = name
         self.timeout_s = timeout_s
         self._connect_s = min(CONNECT_TIMEOUT_S, timeout_s)

@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import CryoboxError, HostUnavailable, InvalidArgument, QuotaExceeded
 from . import models as m
+from .http_procs import add_proc_routes
 from .http_streams import MAX_FILE_BYTES, add_stream_routes
 from .interface import FILE_OPS, Agent
 
@@ -332,6 +333,7 @@ def create_agent_app(agent: Agent, token: str, *, metrics_text: MetricsText | No
     _sandbox_routes(router, agent)
     _snapshot_routes(router, agent)
     add_stream_routes(router, agent)
+    add_proc_routes(router, agent)
     app.include_router(router)
     _install_error_handlers(app)
     app.add_middleware(AgentGuard, token=token)

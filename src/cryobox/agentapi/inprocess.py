@@ -154,6 +154,38 @@ class InProcessAgent:
     async def pty_close(self, sandbox_id: str, session: str) -> None:
         await _pass(self.impl.pty_close(sandbox_id, session))
 
+    # -- long-lived processes, watches, file ops, ports ------------------------------------------------------------
+
+    def proc_start(self, sandbox_id: str, request: m.ProcStart) -> AsyncIterator[m.ProcEvent]:
+        request = _c(request)
+        return self._stream(lambda: self.impl.proc_start(sandbox_id, request))
+
+    def proc_connect(self, sandbox_id: str, process: m.ProcSelector) -> AsyncIterator[m.ProcEvent]:
+        process = _c(process)
+        return self._stream(lambda: self.impl.proc_connect(sandbox_id, process))
+
+    async def proc_list(self, sandbox_id: str) -> list[m.ProcInfo]:
+        return _cs(await _pass(self.impl.proc_list(sandbox_id)))
+
+    async def proc_input(self, sandbox_id: str, request: m.ProcInput) -> None:
+        await _pass(self.impl.proc_input(sandbox_id, _c(request)))
+
+    async def proc_signal(self, sandbox_id: str, request: m.ProcSignal) -> None:
+        await _pass(self.impl.proc_signal(sandbox_id, _c(request)))
+
+    async def proc_resize(self, sandbox_id: str, request: m.ProcResize) -> None:
+        await _pass(self.impl.proc_resize(sandbox_id, _c(request)))
+
+    async def fs(self, sandbox_id: str, request: m.FsRequest) -> dict[str, object]:
+        return copy.deepcopy(await _pass(self.impl.fs(sandbox_id, _c(request))))
+
+    def fs_watch(self, sandbox_id: str, request: m.WatchRequest) -> AsyncIterator[m.FsEvent]:
+        request = _c(request)
+        return self._stream(lambda: self.impl.fs_watch(sandbox_id, request))
+
+    async def port_target(self, sandbox_id: str, port: int) -> m.PortTarget:
+        return _c(await _pass(self.impl.port_target(sandbox_id, port)))
+
     # -- snapshots and forks -------------------------------------------------------------------------------------
 
     async def snapshot(self, sandbox_id: str, request: m.SnapshotRequest) -> m.SnapshotInfo:

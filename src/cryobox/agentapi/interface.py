@@ -39,6 +39,19 @@ from .models import (
     WakeSpec,
     WriteResult,
 )
+from .models_procs import (
+    FsEvent,
+    FsRequest,
+    PortTarget,
+    ProcEvent,
+    ProcInfo,
+    ProcInput,
+    ProcResize,
+    ProcSelector,
+    ProcSignal,
+    ProcStart,
+    WatchRequest,
+)
 
 FILE_OPS = frozenset({"delete", "list_dir", "stat", "mkdir"})
 
@@ -126,6 +139,38 @@ class Agent(Protocol):
     async def pty_resize(self, sandbox_id: str, session: str, cols: int, rows: int) -> None: ...
 
     async def pty_close(self, sandbox_id: str, session: str) -> None: ...
+
+    # -- long-lived processes, watches, richer file ops, ports ---------------------------------------------
+    def proc_start(self, sandbox_id: str, request: ProcStart) -> AsyncIterator[ProcEvent]:
+        """Start a process: a ``start`` event (its pid), its output, then ``end``. Closing the stream early only
+        detaches; the process keeps running (reattach with :meth:`proc_connect`)."""
+        ...
+
+    def proc_connect(self, sandbox_id: str, process: ProcSelector) -> AsyncIterator[ProcEvent]:
+        """Reattach: ``start``, the buffered output so far, live output, then ``end`` (at once for a process
+        that already ended and is still remembered). ``NotFound`` for a process the guest does not know."""
+        ...
+
+    async def proc_list(self, sandbox_id: str) -> list[ProcInfo]: ...
+
+    async def proc_input(self, sandbox_id: str, request: ProcInput) -> None: ...
+
+    async def proc_signal(self, sandbox_id: str, request: ProcSignal) -> None: ...
+
+    async def proc_resize(self, sandbox_id: str, request: ProcResize) -> None: ...
+
+    async def fs(self, sandbox_id: str, request: FsRequest) -> dict[str, object]:
+        """A file-system call (:class:`~.models_procs.FsRequest`); returns the guest's answer."""
+        ...
+
+    def fs_watch(self, sandbox_id: str, request: WatchRequest) -> AsyncIterator[FsEvent]:
+        """Changes under a directory: ``start`` once the watch is in place, then one event per change, until the
+        caller closes the stream."""
+        ...
+
+    async def port_target(self, sandbox_id: str, port: int) -> PortTarget:
+        """Where to send HTTP/WebSocket traffic for a guest port (``InvalidArgument`` outside 1–65535)."""
+        ...
 
     # -- snapshots and forks -------------------------------------------------------------------------------
     async def snapshot(self, sandbox_id: str, request: SnapshotRequest) -> SnapshotInfo:

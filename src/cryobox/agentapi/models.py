@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from . import models_procs as _procs
+
 SandboxState = Literal["starting", "running", "paused", "hibernated", "stopped", "error"]
 
 
@@ -318,3 +320,18 @@ class Heartbeat(_Model):
 class HeartbeatReply(_Model):
     accepted: bool = True
     reconciled: bool = False
+
+
+# the models of long-lived processes, watches, file ops and ports (models_procs.py), in this one namespace
+FsEvent = _procs.FsEvent
+FsRequest = _procs.FsRequest
+PortTarget = _procs.PortTarget
+ProcEvent = _procs.ProcEvent
+ProcInfo = _procs.ProcInfo
+ProcInput = _procs.ProcInput
+ProcResize = _procs.ProcResize
+ProcSelector = _procs.ProcSelector
+ProcSignal = _procs.ProcSignal
+ProcStart = _procs.ProcStart
+PtySize = _procs.PtySize
+WatchRequest = _procs.WatchRequest

@@ -58,9 +58,40 @@ def init_script() -> bytes:
     return resources.files("cryobox.image").joinpath("files/cryobox-init").read_bytes()
 
 
+SANDBOX_USER = ("user", 1000, "/home/user")
+"""The unprivileged account every image has (E2B's default user: its SDK's commands and files run as ``user``
+with ``/home/user`` as home unless told otherwise). cryobox's own API runs commands as root."""
+
+
 def guest_inputs() -> dict[str, object]:
     """What of the guest side an image carries (a change rebuilds only the image, not the tree)."""
-    return {"agent": tree_hash(GUEST_PACKAGE_DIR), "init": init_script().hex()[:64], "init_len": len(init_script())}
+    return {
+        "agent": tree_hash(GUEST_PACKAGE_DIR),
+        "init": init_script().hex()[:64],
+        "init_len": len(init_script()),
+        "user": list(SANDBOX_USER),
+    }
+
+
+def add_user(root: Path, name: str, uid: int, home: str) -> None:
+    """Add ``name`` (uid = gid = ``uid``, bash, no password) to the tree at ``root`` with its home; idempotent."""
+    etc = root / "etc"
+    passwd = (etc / "passwd").read_text()
+    if any(line.split(":", 1)[0] == name for line in passwd.splitlines()):
+        return
+    shell = "/bin/bash" if (root / "bin" / "bash").exists() or (root / "usr" / "bin" / "bash").exists() else "/bin/sh"
+    (etc / "passwd").write_text(passwd + f"{name}:x:{uid}:{uid}::{home}:{shell}\n")
+    group = etc / "group"
+    group.write_text(group.read_text() + f"{name}:x:{uid}:\n")
+    shadow = etc / "shadow"
+    if shadow.exists():
+        mode = shadow.stat().st_mode
+        shadow.write_text(shadow.read_text() + f"{name}:!:19000:0:99999:7:::\n")
+        shadow.chmod(mode & 0o7777)
+    home_dir = root / home.lstrip("/")
+    home_dir.mkdir(parents=True, exist_ok=True)
+    home_dir.chmod(0o755)
+    os.chown(home_dir, uid, uid)
 
 
 def stage(tree: Path, staging: Path, runner: Runner = run) -> None:
@@ -72,6 +103,7 @@ def stage(tree: Path, staging: Path, runner: Runner = run) -> None:
     init.write_bytes(init_script())
     init.chmod(0o755)
     (staging / "etc" / "hostname").write_text("sandbox\n")
+    add_user(staging, *SANDBOX_USER)
 
 
 def make_ext4(staging: Path, image: Path, label: str, runner: Runner = run, extra_bytes: int = 0) -> int:

@@ -17,6 +17,8 @@ from ..agentapi import models as am
 from ..agentapi.heartbeat import heartbeat_of
 from .control import ControlPlane
 from .deps import AppContext
+from .e2b.access import SandboxAccess
+from .e2b.api import router as e2b_router
 from .errors import install_error_handlers
 from .fleet import DEFAULT_HEARTBEAT_INTERVAL_S
 from .forks_ctl import ForkControl
@@ -136,7 +138,8 @@ def create_app(
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware)
     # outside the body limit: a request's key is checked before anything reads its body
-    app.add_middleware(AuthGateMiddleware, authenticate=keys.authenticate)
+    sandbox_access = SandboxAccess(control, limiter)
+    app.add_middleware(AuthGateMiddleware, authenticate=keys.authenticate, sandbox_token=sandbox_access.verify)
     app.add_middleware(MetricsMiddleware, metrics=control.metrics)
     app.include_router(sandboxes_router)
     app.include_router(files_router)
@@ -146,4 +149,5 @@ def create_app(
     app.include_router(pty_router)
     app.include_router(fleet_router)
     app.include_router(quota_router)
+    app.include_router(e2b_router)
     return app

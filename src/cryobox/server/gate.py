@@ -23,8 +23,14 @@ MAX_JSON_BYTES = 1 << 20
 PUBLIC_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/redoc", "/docs/oauth2-redirect"})
 NODE_PREFIXES = ("/internal/",)
 """Agent-to-control-plane routes: authenticated by the node token in their own dependency."""
-UPLOAD = re.compile(r"^/v1/sandboxes/[^/]+/(files|fs|exec)(/|$)")
-"""Routes whose bodies are file contents or exec stdin (up to 64 MiB by the API contract): the large limit."""
+UPLOAD = re.compile(r"^/v1/sandboxes/[^/]+/(files|fs|exec|ports|proxy)(/|$)")
+"""Routes whose bodies are file contents, exec stdin or a guest port's traffic (proxied as it comes, never
+parsed): the large limit."""
+SANDBOX_PREFIX = "/e2b/sandbox"
+"""The E2B sandbox URL: authenticated by the sandbox's access token (``X-Access-Token`` with ``E2b-Sandbox-Id``),
+not by an API key; its file uploads and port traffic take the large limit, its RPCs the JSON cap."""
+SANDBOX_UPLOAD = re.compile(r"^/e2b/sandbox/files/?$")
+ENVD_PORT = "49983"
 
 
 @dataclass
@@ -77,9 +83,11 @@ class AuthGateMiddleware:
         authenticate: Callable[[str], object | None],
         failures: FailedAuth | None = None,
         max_json_bytes: int = MAX_JSON_BYTES,
+        sandbox_token: Callable[[str, str], bool] | None = None,
     ) -> None:
         self.app = app
         self.authenticate = authenticate
+        self.sandbox_token = sandbox_token
         self.failures = failures if failures is not None else FailedAuth()
         self.max_json_bytes = max_json_bytes
 
@@ -92,6 +100,9 @@ class AuthGateMiddleware:
         if self.failures.blocked(client):
             await _reply(send, 429, "auth_rate_limited", "too many requests with bad API keys from this address")
             return
+        if path == SANDBOX_PREFIX or path.startswith(SANDBOX_PREFIX + "/"):
+            await self._sandbox(scope, receive, send, client)
+            return
         key = bearer(scope.get("headers", []))
         if key is None or await asyncio.to_thread(self.authenticate, key) is None:
             self.failures.failed(client)
@@ -99,6 +110,20 @@ class AuthGateMiddleware:
             await _reply(send, 401, "unauthorized", missing if key is None else "invalid or revoked API key")
             return
         if UPLOAD.match(path):
+            await self.app(scope, receive, send)
+            return
+        await self._capped(scope, receive, send)
+
+    async def _sandbox(self, scope: Scope, receive: Receive, send: Send, client: str) -> None:
+        headers = {name: value.decode("latin-1") for name, value in scope.get("headers", [])}
+        sandbox_id = headers.get("e2b-sandbox-id", "").strip()
+        token = headers.get("x-access-token", "").strip() or headers.get("e2b-traffic-access-token", "").strip()
+        if self.sandbox_token is None or not sandbox_id or not token or not self.sandbox_token(sandbox_id, token):
+            self.failures.failed(client)
+            await _reply(send, 401, "unauthorized", "missing or invalid sandbox access token (X-Access-Token)")
+            return
+        port = headers.get("e2b-sandbox-port", "").strip()
+        if SANDBOX_UPLOAD.match(str(scope.get("path", ""))) or (port and port != ENVD_PORT):
             await self.app(scope, receive, send)
             return
         await self._capped(scope, receive, send)

@@ -19,6 +19,9 @@ caller re-seals them on its next write).
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -63,6 +66,11 @@ def _parse_keys(text: str, source: str) -> list[Fernet]:
     return keys
 
 
+def _mac_keys(text: str) -> list[bytes]:
+    """The raw 32 bytes of each key (already validated by :func:`_parse_keys`)."""
+    return [base64.urlsafe_b64decode(entry) for entry in re.split(r"[,\s]+", text) if entry]
+
+
 def read_or_create_key_file(path: Path) -> str:
     """The key in ``path``; a new one if there is no such file (created atomically, mode 0600)."""
     try:
@@ -97,6 +105,12 @@ def _create_key_file(path: Path) -> str:
         tmp.unlink(missing_ok=True)
 
 
+def _tag(key: bytes, purpose: str, message: str) -> str:
+    derived = hmac.new(key, f"cryobox-mac/{purpose}".encode(), hashlib.sha256).digest()
+    digest = hmac.new(derived, message.encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
 def _is_str_mapping(value: object) -> TypeGuard[dict[str, str]]:
     return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
@@ -105,16 +119,24 @@ class Sealer:
     """Seals and opens ``dict[str, str]`` values with one key set; thread-safe. Build one with :meth:`load`,
     :meth:`from_keys`, :meth:`from_key_file`, :meth:`ephemeral` or :meth:`keyless`."""
 
-    def __init__(self, source: str, *, keys: list[Fernet] | None = None, key_file: Path | None = None) -> None:
+    def __init__(
+        self,
+        source: str,
+        *,
+        keys: list[Fernet] | None = None,
+        key_file: Path | None = None,
+        mac_keys: list[bytes] | None = None,
+    ) -> None:
         self._source = source
         self._keys = MultiFernet(keys) if keys else None
+        self._macs = mac_keys
         self._key_file = key_file
         self._lock = threading.Lock()
 
     @classmethod
     def from_keys(cls, text: str, source: str = SECRET_KEY_ENV) -> Sealer:
         """Comma-separated keys (checked now): the first seals, every one opens."""
-        return cls(source, keys=_parse_keys(text, source))
+        return cls(source, keys=_parse_keys(text, source), mac_keys=_mac_keys(text))
 
     @classmethod
     def from_key_file(cls, path: Path) -> Sealer:
@@ -124,7 +146,8 @@ class Sealer:
     @classmethod
     def ephemeral(cls) -> Sealer:
         """A random key that lives as long as this object (for data that does not outlive the process)."""
-        return cls("an ephemeral key", keys=[Fernet(Fernet.generate_key())])
+        key = Fernet.generate_key()
+        return cls("an ephemeral key", keys=[Fernet(key)], mac_keys=[base64.urlsafe_b64decode(key)])
 
     @classmethod
     def keyless(cls, why: str) -> Sealer:
@@ -157,8 +180,25 @@ class Sealer:
                     raise InvalidArgument(
                         f"cannot seal or open secrets: {self._source}", details={"source": self._source}
                     )
-                self._keys = MultiFernet(_parse_keys(read_or_create_key_file(self._key_file), self._source))
+                text = read_or_create_key_file(self._key_file)
+                self._keys = MultiFernet(_parse_keys(text, self._source))
+                self._macs = _mac_keys(text)
             return self._keys
+
+    def _mac_key_list(self) -> list[bytes]:
+        self._multi()
+        assert self._macs is not None
+        return self._macs
+
+    def mac(self, purpose: str, message: str) -> str:
+        """A stable tag of ``message`` for ``purpose`` (HMAC-SHA256 under a key derived from the first key), url-safe
+        base64 without padding: a bearer secret anyone holding the key can recompute, nobody else can forge."""
+        return _tag(self._mac_key_list()[0], purpose, message)
+
+    def verify_mac(self, purpose: str, message: str, tag: str) -> bool:
+        """Whether ``tag`` is :meth:`mac` of ``message`` under any of the keys (constant time per key)."""
+        given = tag.encode("ascii", "replace")
+        return any(hmac.compare_digest(_tag(k, purpose, message).encode(), given) for k in self._mac_key_list())
 
     def seal(self, values: Mapping[str, str]) -> str:
         """An opaque ASCII token holding ``values``."""

@@ -52,5 +52,14 @@ bench: setup
 	$(CRYOBOX) bench fleet --n 48 --agents 3 --json --plot bench/results/fleet.png $(ARGS)
 	$(CRYOBOX) bench restart --json $(ARGS)
 
+ENVD_DIR := src/cryobox/server/e2b/envd
+ENVD_PROTOS := process/process.proto filesystem/filesystem.proto
+
+.PHONY: proto
+proto: venv
+	rm -rf $(ENVD_DIR)/gen && mkdir -p $(ENVD_DIR)/gen
+	cd $(ENVD_DIR) && PATH="$(abspath $(VENV))/bin:$$PATH" protoc -I proto -I /usr/include \
+	  --py_out=gen --connectrpc_out=gen $(ENVD_PROTOS)
+
 clean-venv:
 	rm -rf $(VENV)

@@ -16,6 +16,7 @@
      ├── GuestError          guest_error        500  (the guest agent failed or vanished)
      ├── ImageBuildError     image_build_failed 500
      ├── SecretUnreadable    secret_unreadable  500  (a sealed secret at rest: wrong key, or tampered)
+     ├── PortUnreachable     port_unreachable   502  (nothing accepted the proxy's connection to a sandbox port)
      └── StoreError          store_error        502  (the object store failed)
           ├── ObjectNotFound     object_not_found   502  (a key the platform needs is missing)
           ├── StoreThrottled     store_throttled    503  (the store said slow down, retries exhausted)
@@ -157,6 +158,15 @@ class SecretUnreadable(CryoboxError):
     tampered with. Never answered with an empty value instead; restore the key that sealed it."""
 
     code = "secret_unreadable"
+
+
+class PortUnreachable(CryoboxError):
+    """The port proxy could not reach a sandbox's port: nothing accepted the connection (refused, nothing
+    listening, or the connect timed out) or it closed before answering. Its message names the port and says
+    "port is not open" (the phrase the E2B SDK recognises); ``details: {port}``."""
+
+    code = "port_unreachable"
+    http_status = 502
 
 
 class StoreError(CryoboxError):

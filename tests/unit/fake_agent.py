@@ -374,7 +374,7 @@ class FakeAgent(FakeProcs):
         except KeyError:
             raise NotFound(f"no file {path}", details={"path": path}) from None
 
-    async def write_file(self, sandbox_id: str, path: str, data: bytes) -> m.WriteResult:
+    async def write_file(self, sandbox_id: str, path: str, data: bytes, *, user: str | None = None) -> m.WriteResult:
         self._record("write_file", sandbox_id, path, len(data))
         self._guest(sandbox_id)
         if len(data) > MAX_FILE_BYTES:

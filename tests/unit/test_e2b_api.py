@@ -56,7 +56,7 @@ async def test_create_get_list_kill(env: Env) -> None:
 async def test_errors_are_in_e2b_shape_and_change_nothing(env: Env) -> None:
     before = env.calls("create")
     unauth = await env.client.post("/e2b/v2/sandboxes", json={}, headers={"Authorization": "", "X-API-Key": "bad"})
-    assert unauth.status_code == 401
+    assert unauth.status_code == 401 and unauth.json() == {"code": 401, "message": "invalid or revoked API key"}
     bad = await create(env, timeout=-5)
     assert bad.status_code == 400 and bad.json()["code"] == 400 and "timeout" in bad.json()["message"]
     missing = await create(env, templateID="no-such-template")
@@ -108,3 +108,29 @@ async def test_fork_and_snapshots(env: Env) -> None:
         assert restored.from_snapshot == snap_id
     assert (await env.client.delete(f"/e2b/templates/{snap_id}", headers=e2b(env))).status_code == 204
     assert (await env.client.delete(f"/e2b/templates/{snap_id}", headers=e2b(env))).status_code == 404
+
+
+async def test_the_sandbox_url_needs_the_sandbox_token_before_anything_runs(env: Env) -> None:
+    made = (await create(env)).json()
+    sid, token = made["sandboxID"], made["envdAccessToken"]
+    other = (await create(env)).json()
+    url = "/e2b/sandbox/process.Process/List"
+    rpc = {"Content-Type": "application/json", "E2b-Sandbox-Port": "49983", "Authorization": ""}
+    before = env.calls("proc_list")
+    for headers in (
+        {},  # no token
+        {"E2b-Sandbox-Id": sid, "X-Access-Token": "wrong"},
+        {"E2b-Sandbox-Id": sid, "X-Access-Token": other["envdAccessToken"]},  # another sandbox's token
+        {"E2b-Sandbox-Id": other["sandboxID"] + "x", "X-Access-Token": other["envdAccessToken"]},
+    ):
+        refused = await env.client.post(url, json={}, headers={**rpc, **headers})
+        assert refused.status_code == 401, (headers, refused.text)
+        assert refused.json()["code"] == "unauthenticated"  # Connect's shape: the SDK raises AuthenticationException
+    assert env.calls("proc_list") == before  # refused at the gate: the agent never heard of it
+    listed = await env.client.post(url, json={}, headers={**rpc, "E2b-Sandbox-Id": sid, "X-Access-Token": token})
+    assert listed.status_code == 200, listed.text
+    assert listed.json() == {} and env.calls("proc_list") == before + 1  # an empty list is {} in proto JSON
+    health = await env.client.get(
+        "/e2b/sandbox/health", headers={**rpc, "E2b-Sandbox-Id": sid, "X-Access-Token": token}
+    )
+    assert health.status_code == 204

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import signal
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from cryobox.agent.guest_client import READ_BUFFER, GuestClient
 from cryobox.guest import ops_exec
 from cryobox.guest.__main__ import find_port
 from cryobox.guest.agent import GuestAgent
@@ -385,3 +387,134 @@ def test_a_hung_up_port_ends_the_session_instead_of_spinning(monkeypatch: pytest
     monkeypatch.setattr(os, "read", again)
     assert list(agent_mod.read_frames(7)) == []
     assert polls == [1]
+
+
+class Spinner:
+    """A streaming handler that runs until its request is cancelled."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.ended = threading.Event()
+        self.saw_cancel = False
+
+    def __call__(self, args: dict[str, Any], emit: Any) -> dict[str, Any]:
+        self.started.set()
+        emit("tick", b"1")
+        try:
+            self.saw_cancel = emit.cancelled.wait(10)
+            return {"spun": True}
+        finally:
+            self.ended.set()
+
+
+def test_cancel_ends_a_stream_of_the_same_connection_only(clock_calls: list[int]) -> None:
+    agent = GuestAgent(clock_setter=clock_calls.append)
+    spinner = Spinner()
+    agent.register("spin", spinner)
+    a, b = Harness(agent), Harness(agent)
+    try:
+        req = a.client.send("spin")
+        assert a.client.recv()["event"] == "tick"
+        assert b.client.ok("cancel", {"request": req}) == {"cancelled": False}  # another connection's request
+        assert a.client.ok("cancel", {"request": 12345}) == {"cancelled": False}  # no such request
+        assert a.client.error_code("cancel", {}) == "invalid_argument"
+        assert not spinner.ended.is_set()
+        cancel = a.client.send("cancel", {"request": req})
+        frames = {f["id"]: f for f in (a.client.recv(), a.client.recv())}
+        assert frames[cancel]["result"] == {"cancelled": True}
+        assert frames[req]["result"] == {"spun": True}
+        assert spinner.saw_cancel and spinner.ended.wait(5)
+        assert a.client.ok("cancel", {"request": req}) == {"cancelled": False}  # ended: forgotten
+    finally:
+        a.close()
+        b.close()
+
+
+def test_closing_the_connection_cancels_its_running_requests(harness: Harness) -> None:
+    spinner = Spinner()
+    harness.agent.register("spin", spinner)
+    harness.client.send("spin")
+    assert harness.client.recv()["event"] == "tick"
+    harness.client.sock.close()
+    assert spinner.ended.wait(5) and spinner.saw_cancel
+
+
+def test_existing_handlers_get_a_plain_callable_emit(harness: Harness) -> None:
+    """``handle`` without a connection still gives handlers an emit with a cancel flag that is never set."""
+    seen: list[Any] = []
+
+    def probe(args: dict[str, Any], emit: Any) -> dict[str, Any]:
+        emit("ignored", b"")
+        seen.append(emit.cancelled.is_set())
+        return {}
+
+    harness.agent.register("probe", probe)
+    assert harness.agent.handle({"id": 1, "op": "probe"})["ok"] is True
+    assert seen == [False]
+
+
+class AsyncGuest:
+    """The real agent behind a ``GuestClient``: served in a thread over a socketpair wrapped in asyncio streams."""
+
+    def __init__(self, agent: GuestAgent) -> None:
+        self.agent = agent
+        self.cancels: list[Any] = []
+        original = agent._ops["cancel"]
+
+        def recording(args: dict[str, Any], emit: Any) -> dict[str, Any]:
+            self.cancels.append(args.get("request"))
+            return original(args, emit)
+
+        agent.register("cancel", recording)
+        self.agent_sock, self.host_sock = socket.socketpair()
+        self.thread = threading.Thread(target=agent.serve_socket, args=(self.agent_sock,), daemon=True)
+        self.thread.start()
+
+    async def client(self) -> GuestClient:
+        reader, writer = await asyncio.open_connection(sock=self.host_sock, limit=READ_BUFFER)
+        return GuestClient(reader, writer, "test")
+
+    def close(self) -> None:
+        self.thread.join(timeout=5)
+        self.agent_sock.close()
+
+
+async def test_guest_client_cancels_a_stream_its_consumer_left() -> None:
+    agent = GuestAgent(clock_setter=lambda ns: None)
+    spinner = Spinner()
+    agent.register("spin", spinner)
+    guest = AsyncGuest(agent)
+    client = await guest.client()
+    try:
+        stream = client.stream("spin", {})
+        first = await asyncio.wait_for(anext(stream), 5)
+        assert first["event"] == "tick"
+        await stream.aclose()  # type: ignore[attr-defined]
+        assert await asyncio.to_thread(spinner.ended.wait, 5)
+        assert spinner.saw_cancel and guest.cancels == [first["id"]]
+
+        # a consumer task that is cancelled mid-stream cancels its request too
+        spinner2 = Spinner()
+        agent.register("spin", spinner2)
+
+        async def consume() -> None:
+            async for _ in client.stream("spin", {}):
+                pass
+
+        task = asyncio.create_task(consume())
+        assert await asyncio.to_thread(spinner2.started.wait, 5)
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await asyncio.to_thread(spinner2.ended.wait, 5)
+        assert spinner2.saw_cancel and len(guest.cancels) == 2
+
+        # a stream read to its end sends no cancel
+        events = [m async for m in client.stream("exec", {"cmd": "echo hi", "stream": True})]
+        assert events[-1]["event"] == "result" and events[-1]["result"]["exit_code"] == 0
+        assert (await client.call("ping"))["pong"] is True
+        assert len(guest.cancels) == 2
+    finally:
+        await client.aclose()
+        guest.close()

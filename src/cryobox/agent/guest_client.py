@@ -173,18 +173,39 @@ class GuestClient:
             self._forget(request_id)
 
     async def stream(self, op: str, args: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Yield event messages, then one final ``{"event": "result", "result": {...}}``."""
+        """Yield event messages, then one final ``{"event": "result", "result": {...}}``.
+
+        A consumer that stops early (closes the generator, or is cancelled) before the final reply arrived makes
+        the guest cancel the request (a ``cancel`` frame, not waited for): streams that run until cancelled end,
+        an attached process detaches and runs on.
+        """
         request_id, queue = await self._send(op, args, STREAM_EVENT)
+        finished = False
         try:
             while True:
                 message = await queue.get()
                 if message is not _CLOSED and "event" in message:
                     yield message
                     continue
+                finished = True
                 yield {"event": "result", "result": self._final(op, message)}
                 return
         finally:
             self._forget(request_id)
+            if not finished:
+                self._cancel_nowait(request_id)
+
+    def _cancel_nowait(self, request_id: int) -> None:
+        """Ask the guest to cancel ``request_id``; its reply is dropped by the reader (no queue for it). Never
+        raises and never waits: the frame goes into the transport's buffer whole, so it cannot split another
+        request's frame."""
+        if self._closed or self._writer.is_closing():
+            return
+        try:
+            frame = protocol.encode({"id": next(self._ids), "op": "cancel", "args": {"request": request_id}})
+            self._writer.write(frame)
+        except Exception as err:  # the connection broke meanwhile: nothing left to cancel
+            self._log.debug("cannot send cancel for request %s: %r", request_id, err)
 
     async def ping(self, timeout: float = 1.0) -> dict[str, Any]:
         """:raises TimeoutError: no answer within ``timeout`` (callers retry pings)."""

@@ -263,9 +263,9 @@ class HostAgent(HibernationEndpoints, ProcEndpoints):
         async with self._busy(sandbox_id):
             return await self.service.read_file(sandbox_id, path)
 
-    async def write_file(self, sandbox_id: str, path: str, data: bytes) -> am.WriteResult:
+    async def write_file(self, sandbox_id: str, path: str, data: bytes, *, user: str | None = None) -> am.WriteResult:
         async with self._busy(sandbox_id):
-            result = await self.service.write_file(sandbox_id, path, data)
+            result = await self.service.write_file(sandbox_id, path, data, user=user)
         return am.WriteResult(path=str(result.get("path", path)), bytes=int(result.get("bytes", len(data))))
 
     async def file_op(self, sandbox_id: str, op: str, path: str) -> dict[str, object]:

@@ -390,12 +390,15 @@ class SandboxService:
         return unb64((await guest.call("read_file", {"path": path}, timeout=120, max_reply=FILE_REPLY)).get("content"))
 
     async def write_file(
-        self, sandbox_id: str, path: str, data: bytes, workspace_id: str | None = None
+        self, sandbox_id: str, path: str, data: bytes, workspace_id: str | None = None, *, user: str | None = None
     ) -> dict[str, Any]:
         if len(data) > MAX_FILE_BYTES:
             raise PayloadTooLarge(f"file of {len(data)} bytes exceeds {MAX_FILE_BYTES}")
         _, guest = await self.guest(sandbox_id, workspace_id)
-        return await guest.call("write_file", {"path": path, "content": b64(data)}, timeout=120)
+        args: dict[str, Any] = {"path": path, "content": b64(data)}
+        if user is not None:
+            args["user"] = user  # what the write creates (the file, missing parents) is owned by that user
+        return await guest.call("write_file", args, timeout=120)
 
     async def inspect_net(self, sandbox_id: str, workspace_id: str | None = None) -> dict[str, Any]:
         """The guest's sockets, neighbours, resolver config, interfaces, clocks and instance id."""

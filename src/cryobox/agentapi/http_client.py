@@ -283,9 +283,10 @@ class HttpAgent(ProcClient):
         response = await self._send("GET", f"/sandboxes/{_q(sandbox_id)}/files", params={"path": path})
         return response.content
 
-    async def write_file(self, sandbox_id: str, path: str, data: bytes) -> m.WriteResult:
+    async def write_file(self, sandbox_id: str, path: str, data: bytes, *, user: str | None = None) -> m.WriteResult:
         url = f"/sandboxes/{_q(sandbox_id)}/files"
-        return await self._model(m.WriteResult, "PUT", url, content=data, params={"path": path})
+        params = {"path": path} if user is None else {"path": path, "user": user}
+        return await self._model(m.WriteResult, "PUT", url, content=data, params=params)
 
     async def file_op(self, sandbox_id: str, op: str, path: str) -> dict[str, object]:
         url = f"/sandboxes/{_q(sandbox_id)}/files/op"

@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import CryoboxError, HostUnavailable, InvalidArgument, QuotaExceeded
 from . import models as m
+from .http_ports import add_port_routes
 from .http_procs import add_proc_routes
 from .http_streams import MAX_FILE_BYTES, add_stream_routes
 from .interface import FILE_OPS, Agent
@@ -128,6 +129,9 @@ class AgentGuard:
         return False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and not self._authorized(scope):
+            await send({"type": "websocket.close", "code": 1008})  # before accept: the server answers 403
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -335,6 +339,7 @@ def create_agent_app(agent: Agent, token: str, *, metrics_text: MetricsText | No
     add_stream_routes(router, agent)
     add_proc_routes(router, agent)
     app.include_router(router)
+    add_port_routes(app, agent, token=token)
     _install_error_handlers(app)
     app.add_middleware(AgentGuard, token=token)
     return app

@@ -31,6 +31,7 @@ MAX_FILE_BYTES = 64 << 20
 """The largest file (or evidence) body the agent accepts; the guest enforces the same limit."""
 MAX_PTY_INPUT_BYTES = 1 << 20
 PathQuery = Query(min_length=1, max_length=4096, description="absolute path inside the guest")
+UserQuery = Query(default=None, min_length=1, max_length=64, description="the guest user to own what is written")
 
 
 class PtyResize(BaseModel):
@@ -127,9 +128,11 @@ def add_stream_routes(router: APIRouter, agent: Agent) -> None:
         return Response(content=data, media_type="application/octet-stream")
 
     @router.put("/sandboxes/{sandbox_id}/files")
-    async def write_file(sandbox_id: str, request: Request, path: str = PathQuery) -> m.WriteResult:
+    async def write_file(
+        sandbox_id: str, request: Request, path: str = PathQuery, user: str | None = UserQuery
+    ) -> m.WriteResult:
         data = await read_body(request, MAX_FILE_BYTES)
-        return await agent.write_file(sandbox_id, path, data)
+        return await agent.write_file(sandbox_id, path, data, user=user)
 
     @router.post("/sandboxes/{sandbox_id}/pty", response_class=StreamingResponse)
     async def pty_open(sandbox_id: str, body: m.PtyOpen) -> Response:

@@ -132,8 +132,8 @@ class InProcessAgent:
     async def read_file(self, sandbox_id: str, path: str) -> bytes:
         return bytes(await _pass(self.impl.read_file(sandbox_id, path)))
 
-    async def write_file(self, sandbox_id: str, path: str, data: bytes) -> m.WriteResult:
-        return _c(await _pass(self.impl.write_file(sandbox_id, path, bytes(data))))
+    async def write_file(self, sandbox_id: str, path: str, data: bytes, *, user: str | None = None) -> m.WriteResult:
+        return _c(await _pass(self.impl.write_file(sandbox_id, path, bytes(data), user=user)))
 
     async def file_op(self, sandbox_id: str, op: str, path: str) -> dict[str, object]:
         return copy.deepcopy(await _pass(self.impl.file_op(sandbox_id, op, path)))

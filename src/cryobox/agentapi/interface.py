@@ -121,7 +121,9 @@ class Agent(Protocol):
 
     async def read_file(self, sandbox_id: str, path: str) -> bytes: ...
 
-    async def write_file(self, sandbox_id: str, path: str, data: bytes) -> WriteResult: ...
+    async def write_file(self, sandbox_id: str, path: str, data: bytes, *, user: str | None = None) -> WriteResult:
+        """Write ``data`` (parents created); with ``user``, what it creates is owned by that guest user."""
+        ...
 
     async def file_op(self, sandbox_id: str, op: str, path: str) -> dict[str, object]:
         """``delete``, ``list_dir``, ``stat`` or ``mkdir`` (:data:`FILE_OPS`); returns the guest's answer."""

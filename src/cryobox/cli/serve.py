@@ -129,8 +129,10 @@ def serve(options: ServeOptions, console: Console) -> None:
             )
         else:
             console.print(f"API key (workspace {DEFAULT_WORKSPACE}): [bold]{key}[/bold]", soft_wrap=True)
-        console.print(
-            f"export CRYOBOX_API_URL=http://{options.host}:{options.port} CRYOBOX_API_KEY={key}", soft_wrap=True
+        base = f"http://{options.host}:{options.port}"
+        console.print(f"export CRYOBOX_API_URL={base} CRYOBOX_API_KEY={key}", soft_wrap=True)
+        console.print(  # the E2B SDK, unchanged: every sandbox call goes to one URL (no wildcard DNS or TLS)
+            f"export E2B_API_URL={base}/e2b E2B_SANDBOX_URL={base}/e2b/sandbox E2B_API_KEY={key}", soft_wrap=True
         )
         server = uvicorn.Server(
             uvicorn.Config(

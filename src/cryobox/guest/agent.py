@@ -3,6 +3,12 @@
 A connection is a file descriptor (the virtio-serial port, a unix socket, a socketpair end). It is switched
 to non-blocking mode while served so that a reply written after the host went away is dropped instead of
 blocking forever; every frame is written whole under one lock, so frames from different requests never mix.
+
+Every request gets a :class:`StreamEmit`: callable as ``emit(event, data)`` and carrying ``cancelled`` (a
+``threading.Event``). The inline op ``cancel`` (``{"request": id}``) sets it for the running request with that
+id on the same connection; when the connection ends, every request still running on it is cancelled too (no
+one is left to read its events). Ops that stream forever (``watch_dir``) or may detach (``proc_start`` with
+``attach``, ``proc_connect``) watch the flag; other ops ignore it.
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ from typing import Any
 from . import ops_exec
 from .ops_files import FILE_OPS, FileOp, OpError, error_from_oserror, invalid
 from .ops_inspect import InspectSources, NetInspector
+from .ops_procs import ProcTable
 from .ops_pty import PtySessions
 from .ops_resume import Resumer, ResumeSystem
+from .ops_watch import WatcherTable, op_watch_dir
 from .protocol import HEADER, FrameError, decode_body, decode_length, encode
 
 AGENT_VERSION = 1
@@ -32,9 +40,10 @@ WRITE_POLL_MS = 100  # how often a writer blocked by a full connection re-checks
 # clock first for the same reason; the trade-off is that its hooks (each in its own thread, with a timeout)
 # keep the reader busy until the last one finished or timed out, so requests sent after a resume start only
 # once the guest is fully resumed (which is also the order the host wants).
-INLINE_OPS = frozenset({"ping", "set_clock", "resume"})
+# ``cancel`` must act while the request it names runs, so it never queues behind a thread start either.
+INLINE_OPS = frozenset({"ping", "set_clock", "resume", "cancel"})
 
-Emit = Callable[[str, bytes], None]
+Emit = Callable[[str, bytes], None]  # a StreamEmit is one; ops that need the cancel flag read ``emit.cancelled``
 Handler = Callable[[dict[str, Any], Emit], dict[str, Any]]
 ClockSetter = Callable[[int], None]
 
@@ -85,6 +94,63 @@ class Connection:
         self._closed = True
         with self._lock:
             pass
+
+
+class RunningRequests:
+    """The requests of one connection still running, by id, so ``cancel`` can find them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_id: dict[Any, StreamEmit] = {}
+
+    def add(self, req_id: Any, emit: StreamEmit) -> None:
+        if _hashable(req_id):
+            with self._lock:
+                self._by_id[req_id] = emit
+
+    def discard(self, req_id: Any, emit: StreamEmit) -> None:
+        if _hashable(req_id):
+            with self._lock:
+                if self._by_id.get(req_id) is emit:
+                    del self._by_id[req_id]
+
+    def cancel(self, req_id: Any) -> bool:
+        if not _hashable(req_id):
+            return False
+        with self._lock:
+            emit = self._by_id.get(req_id)
+        if emit is None:
+            return False
+        emit.cancelled.set()
+        return True
+
+    def cancel_all(self) -> None:
+        with self._lock:
+            emits = list(self._by_id.values())
+        for emit in emits:
+            emit.cancelled.set()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by_id)
+
+
+class StreamEmit:
+    """What a request's handler gets as ``emit``: ``emit(event, data)`` sends an event; ``cancelled`` is set when
+    the host cancels the request (or its connection ends)."""
+
+    def __init__(self, send: Emit | None = None, running: RunningRequests | None = None) -> None:
+        self._send = send
+        self.running = running  # the requests of this one's connection: what a ``cancel`` sent on it acts on
+        self.cancelled = threading.Event()
+
+    def __call__(self, event: str, data: bytes) -> None:
+        if self._send is not None:
+            self._send(event, data)
+
+
+def _hashable(value: Any) -> bool:
+    return value is None or isinstance(value, int | str | float)
 
 
 def read_frames(fd: int) -> Iterator[dict[str, Any]]:
@@ -140,12 +206,17 @@ class GuestAgent:
             "exec": ops_exec.op_exec,
             "resume": Resumer(self._clock_setter, resume_system),
             "inspect_net": NetInspector(inspect_sources),
+            "cancel": self._op_cancel,
+            "watch_dir": op_watch_dir,
         }
         for name, op in FILE_OPS.items():
             self.register(name, _without_events(op))
         self.pty = PtySessions()
-        for name, handler in self.pty.handlers().items():
-            self.register(name, handler)
+        self.procs = ProcTable()
+        self.watchers = WatcherTable()
+        for table in (self.pty, self.procs, self.watchers):
+            for name, handler in table.handlers().items():
+                self.register(name, handler)
 
     @property
     def ops(self) -> list[str]:
@@ -164,21 +235,28 @@ class GuestAgent:
         was_blocking = os.get_blocking(fd)
         os.set_blocking(fd, False)
         conn = Connection(fd)
+        running = RunningRequests()
         count = 0
         try:
             for message in read_frames(fd):
                 count += 1
+                emit = self._stream_emit(conn, running, message.get("id"))
                 if message.get("op") in INLINE_OPS:  # cheap and latency-critical: no thread start
-                    self._serve_request(conn, message)
+                    self._serve_request(conn, message, emit)
                     continue
+                running.add(message.get("id"), emit)  # before the thread starts: a cancel right behind finds it
                 threading.Thread(
-                    target=self._serve_request, args=(conn, message), name="cryobox-request", daemon=True
+                    target=self._serve_request,
+                    args=(conn, message, emit, running),
+                    name="cryobox-request",
+                    daemon=True,
                 ).start()
         except FrameError as err:
             log(f"dropping connection: {err}")
         except OSError as err:
             log(f"connection read failed: {err}")
         finally:
+            running.cancel_all()  # nobody reads their events any more: streams that would run forever end
             conn.close()
             try:
                 os.set_blocking(fd, was_blocking)
@@ -190,12 +268,16 @@ class GuestAgent:
         """Serve a connected socket (e.g. one end of ``socket.socketpair()``) until the peer closes it."""
         return self.serve_fd(sock.fileno())
 
-    def _serve_request(self, conn: Connection, message: dict[str, Any]) -> None:
-        req_id = message.get("id")
-
-        def emit(event: str, data: bytes) -> None:
+    def _stream_emit(self, conn: Connection, running: RunningRequests, req_id: Any) -> StreamEmit:
+        def send(event: str, data: bytes) -> None:
             conn.send({"id": req_id, "event": event, "data": base64.b64encode(data).decode("ascii")})
 
+        return StreamEmit(send, running)
+
+    def _serve_request(
+        self, conn: Connection, message: dict[str, Any], emit: StreamEmit, running: RunningRequests | None = None
+    ) -> None:
+        req_id = message.get("id")
         try:
             reply = self.handle(message, emit)
             try:
@@ -204,6 +286,9 @@ class GuestAgent:
                 conn.send(_error(req_id, "internal", f"cannot encode reply: {err}"))
         except Exception as err:  # never let a request kill the agent
             log(f"request {req_id!r} failed while replying: {err!r}")
+        finally:
+            if running is not None:
+                running.discard(req_id, emit)
 
     # --- dispatch --------------------------------------------------------------------------------------
 
@@ -222,7 +307,7 @@ class GuestAgent:
             handler = self._ops.get(op)
             if handler is None:
                 raise invalid(f"unknown op {op!r}")
-            result = handler(args, emit or _discard)
+            result = handler(args, emit if emit is not None else StreamEmit())
         except OpError as err:
             return _error(req_id, err.code, err.message)
         except OSError as err:
@@ -234,6 +319,14 @@ class GuestAgent:
 
     def _op_ping(self, args: dict[str, Any], emit: Emit) -> dict[str, Any]:
         return {"pong": True, "pid": os.getpid(), "time_ns": time.time_ns(), "version": AGENT_VERSION}
+
+    def _op_cancel(self, args: dict[str, Any], emit: Emit) -> dict[str, Any]:
+        """Cancel the running request ``args["request"]`` of this connection; False if there is none."""
+        if "request" not in args:
+            raise invalid("'request' must be a request id")
+        if not isinstance(emit, StreamEmit) or emit.running is None:
+            return {"cancelled": False}
+        return {"cancelled": emit.running.cancel(args["request"])}
 
     def _op_set_clock(self, args: dict[str, Any], emit: Emit) -> dict[str, Any]:
         epoch_ns = args.get("epoch_ns")
@@ -249,10 +342,6 @@ class GuestAgent:
 
 def _error(req_id: Any, code: str, message: str) -> dict[str, Any]:
     return {"id": req_id, "ok": False, "error": {"code": code, "message": message}}
-
-
-def _discard(event: str, data: bytes) -> None:
-    pass
 
 
 def _without_events(op: FileOp) -> Handler:

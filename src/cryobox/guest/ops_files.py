@@ -2,6 +2,8 @@
 
 Each op takes the request's ``args`` dict and returns its ``result`` dict, or raises :class:`OpError`
 (an ``OSError`` escaping an op is mapped to a protocol error code by :func:`error_from_oserror`).
+Entries (``stat``, ``list_dir``, ``move``) are described by :mod:`.ops_entries`. ``user`` (optional, on
+``mkdir``, ``move`` and ``write_file``) names an /etc/passwd user that owns what the op creates.
 """
 
 from __future__ import annotations
@@ -11,11 +13,15 @@ import binascii
 import contextlib
 import errno
 import os
+import pwd
 import shutil
 import stat
 import tempfile
+import threading
 from collections.abc import Callable
 from typing import Any
+
+from .ops_entries import describe, list_tree, make_dirs
 
 MAX_READ = 64 * 1024 * 1024  # largest file read_file returns (fits a frame once base64-encoded)
 DEFAULT_MODE = 0o644
@@ -88,26 +94,32 @@ def b64(data: bytes | bytearray) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def _stat_entry(path: str) -> os.stat_result:
-    """``os.stat`` following symlinks, falling back to ``lstat`` for broken or looping links."""
+def lookup_user(args: dict[str, Any], key: str = "user") -> pwd.struct_passwd | None:
+    """The /etc/passwd entry named by ``args[key]``; None when absent or null; unknown -> invalid_argument."""
+    name = args.get(key)
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise invalid(f"{key!r} must be a user name or null")
     try:
-        return os.stat(path)
-    except OSError:
-        try:
-            return os.lstat(path)
-        except OSError:
-            pass
-        raise
+        return pwd.getpwnam(name)
+    except KeyError:
+        raise invalid(f"no user {name!r}") from None
 
 
-def _describe(name: str, st: os.stat_result) -> dict[str, Any]:
-    return {
-        "name": name,
-        "is_dir": stat.S_ISDIR(st.st_mode),
-        "size": st.st_size,
-        "mode": stat.S_IMODE(st.st_mode),
-        "mtime": st.st_mtime,
-    }
+def cancel_flag(emit: Callable[[str, bytes], None]) -> threading.Event:
+    """The request's cancel flag (``emit.cancelled`` of the agent's ``StreamEmit``); else one never set."""
+    flag = getattr(emit, "cancelled", None)
+    return flag if isinstance(flag, threading.Event) else threading.Event()
+
+
+def _make_parent(parent: str, owner: pwd.struct_passwd | None) -> None:
+    try:
+        make_dirs(parent, owner)
+    except FileExistsError as err:
+        raise OpError("not_a_directory", f"{parent} exists and is not a directory") from err
+    except NotADirectoryError as err:
+        raise OpError("not_a_directory", f"an ancestor of {parent} is not a directory") from err
 
 
 def op_read_file(args: dict[str, Any]) -> dict[str, Any]:
@@ -138,21 +150,21 @@ def op_write_file(args: dict[str, Any]) -> dict[str, Any]:
         mode = DEFAULT_MODE
     elif isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o7777:
         raise invalid("'mode' must be an integer between 0 and 0o7777")
+    owner = lookup_user(args)
     if os.path.isdir(path):
         raise OpError("is_a_directory", f"{path} is a directory")
     if path.endswith("/"):
         raise invalid(f"{path!r} names a directory, not a file")
     parent, name = os.path.split(path)
-    try:
-        os.makedirs(parent, exist_ok=True)
-    except FileExistsError as err:
-        raise OpError("not_a_directory", f"{parent} exists and is not a directory") from err
+    _make_parent(parent, owner)
     fd, tmp = tempfile.mkstemp(prefix=f".{name[:100]}.", suffix=".tmp", dir=parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fchmod(handle.fileno(), mode)
+            if owner is not None:
+                os.fchown(handle.fileno(), owner.pw_uid, owner.pw_gid)
+            os.fchmod(handle.fileno(), mode)  # after the chown, which clears set-id bits
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -164,24 +176,18 @@ def op_write_file(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def op_list_dir(args: dict[str, Any]) -> dict[str, Any]:
+    """Entries of ``path``; ``depth`` N (default 1) also lists real subdirectories N-1 levels down."""
     path = require_path(args)
-    entries: list[dict[str, Any]] = []
-    with os.scandir(path) as it:
-        for entry in it:
-            try:
-                st = _stat_entry(entry.path)
-            except OSError:
-                continue  # vanished while listing
-            entries.append(_describe(entry.name, st))
-    entries.sort(key=lambda e: str(e["name"]))
-    return {"path": path, "entries": entries}
+    depth = args.get("depth")
+    if depth is None:
+        depth = 1
+    elif isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise invalid("'depth' must be an integer of at least 1")
+    return {"path": path, "entries": list_tree(path, depth)}
 
 
 def op_stat(args: dict[str, Any]) -> dict[str, Any]:
-    path = require_path(args)
-    st = _stat_entry(path)
-    name = os.path.basename(os.path.normpath(path)) or "/"
-    return {**_describe(name, st), "path": path}
+    return describe(require_path(args))
 
 
 def op_delete(args: dict[str, Any]) -> dict[str, Any]:
@@ -200,12 +206,36 @@ def op_delete(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def op_mkdir(args: dict[str, Any]) -> dict[str, Any]:
+    """``{path, created, entry}``: created is False when the directory already existed; entry as ``stat``'s."""
     path = require_path(args)
+    owner = lookup_user(args)
     try:
-        os.makedirs(path, exist_ok=True)
+        created = make_dirs(path, owner)
     except FileExistsError as err:
         raise OpError("exists", f"{path} exists and is not a directory") from err
-    return {"path": path}
+    return {"path": path, "created": created, "entry": describe(path)}
+
+
+def op_move(args: dict[str, Any]) -> dict[str, Any]:
+    """Rename ``path`` to ``destination`` (creating its parents); reply: the destination's entry.
+
+    Like ``rename(2)``: a file replaces an existing file, a directory an empty directory. Across file systems
+    it copies and deletes (then the destination must not exist yet).
+    """
+    source = require_path(args)
+    destination = require_path(args, "destination")
+    owner = lookup_user(args)
+    os.lstat(source)  # a missing source is not_found before anything is created
+    _make_parent(os.path.dirname(os.path.normpath(destination)), owner)
+    try:
+        os.rename(source, destination)
+    except OSError as err:
+        if err.errno != errno.EXDEV:
+            raise
+        if os.path.lexists(destination):
+            raise OpError("exists", f"{destination} exists on another file system") from err
+        shutil.move(source, destination)
+    return describe(destination)
 
 
 FILE_OPS: dict[str, FileOp] = {
@@ -215,4 +245,5 @@ FILE_OPS: dict[str, FileOp] = {
     "stat": op_stat,
     "delete": op_delete,
     "mkdir": op_mkdir,
+    "move": op_move,
 }

@@ -19,6 +19,7 @@ from .control import ControlPlane
 from .deps import AppContext
 from .e2b.access import SandboxAccess
 from .e2b.api import router as e2b_router
+from .e2b.sandbox_url import mount_sandbox_url
 from .errors import install_error_handlers
 from .fleet import DEFAULT_HEARTBEAT_INTERVAL_S
 from .forks_ctl import ForkControl
@@ -31,6 +32,7 @@ from .routes_files import router as files_router
 from .routes_fleet import router as fleet_router
 from .routes_forks import router as forks_router
 from .routes_platform import router as platform_router
+from .routes_ports import router as ports_router
 from .routes_pty import router as pty_router
 from .routes_quota import router as quota_router
 from .routes_sandboxes import router as sandboxes_router
@@ -118,6 +120,8 @@ def create_app(
             await control.snapshots.close()
             await control.hibernations.close()
             await control.fleet.close()
+            await app.state.ctx.proxy.aclose()
+            await app.state.envd.aclose()
 
     app = FastAPI(
         title="cryobox",
@@ -149,5 +153,7 @@ def create_app(
     app.include_router(pty_router)
     app.include_router(fleet_router)
     app.include_router(quota_router)
+    app.include_router(ports_router)
     app.include_router(e2b_router)
+    app.state.envd = mount_sandbox_url(app, sandbox_access, app.state.ctx.proxy)
     return app

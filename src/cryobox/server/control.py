@@ -133,9 +133,7 @@ class ControlPlane:
     async def row(self, sandbox_id: str, workspace_id: str) -> SandboxRow:
         return await asyncio.to_thread(self.registry.get_sandbox, sandbox_id, workspace_id)
 
-    async def route(
-        self, sandbox_id: str, workspace_id: str | None, *, wake: bool = True
-    ) -> tuple[SandboxRow, Agent]:
+    async def route(self, sandbox_id: str, workspace_id: str | None, *, wake: bool = True) -> tuple[SandboxRow, Agent]:
         """The sandbox's row and its agent (404 across workspaces; 409 ``lost`` when its agent is gone). With
         ``wake`` (a request that needs the guest) a hibernated sandbox is woken first, inside its quota."""
         return await self.fleet.route(sandbox_id, workspace_id, wake=wake)

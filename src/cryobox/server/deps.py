@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 
 from ..agent.vm import Accel
 from ..errors import Unauthorized
+from ..proxy import PortProxy
 from ..registry import Registry, WorkspaceInfo
 from .control import ControlPlane
 from .forks_ctl import ForkControl
@@ -30,6 +31,7 @@ class AppContext:
     version: str
     keys: KeyCache
     tickets: PtyTickets = field(default_factory=PtyTickets)
+    proxy: PortProxy = field(default_factory=PortProxy)
 
     @property
     def registry(self) -> Registry:

@@ -98,7 +98,9 @@ class AuthGateMiddleware:
             return
         client = scope["client"][0] if scope.get("client") else "-"
         if self.failures.blocked(client):
-            await _reply(send, 429, "auth_rate_limited", "too many requests with bad API keys from this address")
+            await _reply(
+                send, 429, "auth_rate_limited", "too many requests with bad API keys from this address", path=path
+            )
             return
         if path == SANDBOX_PREFIX or path.startswith(SANDBOX_PREFIX + "/"):
             await self._sandbox(scope, receive, send, client)
@@ -107,7 +109,8 @@ class AuthGateMiddleware:
         if key is None or await asyncio.to_thread(self.authenticate, key) is None:
             self.failures.failed(client)
             missing = "missing bearer API key (Authorization: Bearer <key>)"
-            await _reply(send, 401, "unauthorized", missing if key is None else "invalid or revoked API key")
+            message = missing if key is None else "invalid or revoked API key"
+            await _reply(send, 401, "unauthorized", message, path=path)
             return
         if UPLOAD.match(path):
             await self.app(scope, receive, send)
@@ -115,12 +118,13 @@ class AuthGateMiddleware:
         await self._capped(scope, receive, send)
 
     async def _sandbox(self, scope: Scope, receive: Receive, send: Send, client: str) -> None:
-        headers = {name: value.decode("latin-1") for name, value in scope.get("headers", [])}
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope.get("headers", [])}
         sandbox_id = headers.get("e2b-sandbox-id", "").strip()
         token = headers.get("x-access-token", "").strip() or headers.get("e2b-traffic-access-token", "").strip()
         if self.sandbox_token is None or not sandbox_id or not token or not self.sandbox_token(sandbox_id, token):
             self.failures.failed(client)
-            await _reply(send, 401, "unauthorized", "missing or invalid sandbox access token (X-Access-Token)")
+            message = "missing or invalid sandbox access token (X-Access-Token)"
+            await _reply(send, 401, "unauthorized", message, path=SANDBOX_PREFIX)
             return
         port = headers.get("e2b-sandbox-port", "").strip()
         if SANDBOX_UPLOAD.match(str(scope.get("path", ""))) or (port and port != ENVD_PORT):
@@ -165,8 +169,23 @@ async def _too_large(send: Send, limit: int) -> None:
     await _reply(send, 413, "payload_too_large", f"request body exceeds {limit} bytes", {"limit": limit})
 
 
-async def _reply(send: Send, status: int, code: str, message: str, details: dict[str, object] | None = None) -> None:
-    body = json.dumps({"error": message, "code": code, "details": details or {}}).encode()
+CONNECT_CODES = {401: "unauthenticated", 413: "resource_exhausted", 429: "resource_exhausted"}
+
+
+def _body(path: str, status: int, code: str, message: str, details: dict[str, object] | None) -> dict[str, object]:
+    """The refusal in the shape the caller's client reads: Connect's on the E2B sandbox URL, E2B's on its API,
+    cryobox's everywhere else."""
+    if path == SANDBOX_PREFIX or path.startswith(SANDBOX_PREFIX + "/"):
+        return {"code": CONNECT_CODES.get(status, "unknown"), "message": message}
+    if path.startswith("/e2b/"):
+        return {"code": status, "message": message}
+    return {"error": message, "code": code, "details": details or {}}
+
+
+async def _reply(
+    send: Send, status: int, code: str, message: str, details: dict[str, object] | None = None, *, path: str = ""
+) -> None:
+    body = json.dumps(_body(path, status, code, message, details)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))

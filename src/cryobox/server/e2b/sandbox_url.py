@@ -1,0 +1,40 @@
+"""The E2B sandbox URL in the control-plane app: envd (``envd/``) mounted at ``/e2b/sandbox``, and every other
+guest port reached through the same reverse proxy as ``/v1/sandboxes/{id}/ports/{port}`` (``cryobox.proxy``,
+the sandbox's agent choosing where the traffic goes: its guest address, or its own port route in a fleet)."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from starlette.types import Receive, Scope, Send
+
+from ...agentapi.interface import Agent
+from ...errors import CryoboxError
+from ...proxy import PortProxy, reply_error
+from .access import SandboxAccess
+from .envd import EnvdApp, create_envd_app
+
+PREFIX = "/e2b/sandbox"
+
+
+class PortForward:
+    """The envd app's :class:`~.envd.Forward`: a request for a port other than envd's goes to the guest."""
+
+    def __init__(self, proxy: PortProxy) -> None:
+        self._proxy = proxy
+
+    async def __call__(
+        self, scope: Scope, receive: Receive, send: Send, agent: Agent, sandbox_id: str, port: int
+    ) -> None:
+        try:
+            target = await agent.port_target(sandbox_id, port)
+        except CryoboxError as error:
+            await reply_error(scope, send, error)
+            return
+        await self._proxy.forward(scope, receive, send, target, str(scope.get("path") or "/"), port=port)
+
+
+def mount_sandbox_url(app: FastAPI, access: SandboxAccess, proxy: PortProxy) -> EnvdApp:
+    """Mount the sandbox URL on ``app``; the caller closes the returned app at shutdown."""
+    envd = create_envd_app(access, PortForward(proxy), prefix=PREFIX)
+    app.mount(PREFIX, envd)
+    return envd

@@ -1,0 +1,102 @@
+"""An application written against E2B's SDK works unchanged against ``cryobox serve``.
+
+The SDK (``e2b``, pinned) is installed from PyPI into its own virtualenv (under the cache dir, once per
+version), and the application (``apps/e2b_app.py``) sees only ``E2B_API_URL``, ``E2B_SANDBOX_URL`` and
+``E2B_API_KEY``, as a user pointing it at a self-hosted E2B would set them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cryobox.bench.server import ServeProcess
+
+E2B_VERSION = "2.63.0"
+APP = Path(__file__).parent / "apps" / "e2b_app.py"
+
+
+@pytest.fixture(scope="session")
+def e2b_python(cache_dir: Path) -> Path:
+    """The python of a virtualenv holding the pinned ``e2b`` SDK (made once; reused while the pin holds)."""
+    venv = cache_dir / "venvs" / f"e2b-{E2B_VERSION}"
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f".e2b-{E2B_VERSION}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        marker = venv / ".installed"
+        if not marker.exists():
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+            pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+            subprocess.run([*pip, f"e2b=={E2B_VERSION}"], check=True, timeout=600)
+            marker.touch()
+    return venv / "bin" / "python"
+
+
+def e2b_env(server: ServeProcess) -> dict[str, str]:
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TMPDIR")}
+    return {
+        **keep,
+        "HOME": str(server.data_dir),
+        "E2B_API_URL": f"{server.url}/e2b",
+        "E2B_SANDBOX_URL": f"{server.url}/e2b/sandbox",
+        "E2B_API_KEY": server.api_key,
+    }
+
+
+def run_app(python: Path, server: ServeProcess) -> dict[str, Any]:
+    done = subprocess.run(
+        [str(python), str(APP)], env=e2b_env(server), capture_output=True, text=True, timeout=900, check=False
+    )
+    assert done.stdout.strip(), f"the app printed no report (rc {done.returncode}): {done.stderr[-4000:]}"
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    errors = {k: v["error"] for k, v in report.items() if isinstance(v, dict) and "error" in v and k != "after_kill"}
+    assert not errors, json.dumps({k: report[k] for k in errors}, indent=1)
+    return report
+
+
+def test_e2b_sdk_application_runs_unchanged(e2b_python: Path, server: ServeProcess) -> None:
+    report = run_app(e2b_python, server)
+    # commands
+    assert report["run"] == {"stdout": "out\n", "stderr": "err\n", "exit_code": 0}
+    assert report["run_failing"] == {"exit_code": 7, "stdout": "partial\n", "class": "CommandExitException"}
+    assert report["on_stdout"]["chunks"] == "line1\nline2\nline3\n"
+    assert report["envs_cwd"] == "hi /tmp\n"
+    assert report["sandbox_env"] == "set-at-create\n"
+    assert report["whoami"] == "user" and report["as_root"] == "root"  # E2B's default user, and user="root"
+    bg = report["background"]
+    assert bg["listed"] and bg["killed"] and bg["gone"], bg
+    assert bg["waited"] == {"exit_code": 3, "stdout": "bg-done\n"}
+    assert report["stdin"] == "got:typed\n"
+    # files
+    assert report["make_dir"] is True and report["make_dir_again"] is False
+    assert report["read_text"] == "hello e2b" and report["read_bytes_ok"] is True
+    assert report["list"] == ["blob.bin", "hello.txt"]
+    assert report["exists"] == [True, False]
+    assert report["get_info"] == {"name": "hello.txt", "type": "file", "size": 9, "owner": "user"}
+    assert report["rename"] == "renamed.txt" and report["owner_of_written"] == "user"
+    kinds = [kind for name, kind in report["watch"] if name == "watched.txt"]
+    assert "create" in kinds and "remove" in kinds, report["watch"]
+    assert report["remove"] is False
+    # lifecycle
+    assert report["sandbox_id"] in report["sandbox_list"]["ids"] and set(report["sandbox_list"]["state"]) == {"running"}
+    assert report["sandbox_info"] == {"metadata": {"app": "e2b"}, "state": "running", "template": "base"}
+    assert report["set_timeout"] is True
+    assert report["connect"] == "connected\n"
+    pause = report["pause_connect"]
+    assert pause["paused"] is True and pause["state_paused"] is True, pause
+    assert pause["after"] == "kept\nalive\n", pause
+    # snapshots and forks
+    snap = report["snapshot_restore"]
+    assert snap["file"] == "1\n" and snap["process_alive"] is True, snap
+    fork = report["fork"]
+    assert fork["children"] == 2 and all(len(e) == 32 for e in fork["entropy"]), fork
+    assert fork["entropy"][0] != fork["entropy"][1], "fork children must not share entropy"
+    assert report["kill"] is True
+    assert "NotFound" in report["after_kill"]["error"]

@@ -7,7 +7,10 @@ Ladder: ``templates`` (built/baked once, cached across runs) -> ``server`` (a re
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -92,3 +95,23 @@ def client(server: ServeProcess) -> Iterator[Client]:
         yield http
     finally:
         http.close()
+
+
+E2B_VERSION = "2.63.0"
+"""The ``e2b`` SDK the compatibility tests run unchanged (its own virtualenv: its dependencies are not ours)."""
+
+
+@pytest.fixture(scope="session")
+def e2b_python(cache_dir: Path) -> Path:
+    """The python of a virtualenv holding the pinned ``e2b`` SDK (made once; reused while the pin holds)."""
+    venv = cache_dir / "venvs" / f"e2b-{E2B_VERSION}"
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f".e2b-{E2B_VERSION}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        marker = venv / ".installed"
+        if not marker.exists():
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+            pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+            subprocess.run([*pip, f"e2b=={E2B_VERSION}"], check=True, timeout=600)
+            marker.touch()
+    return venv / "bin" / "python"

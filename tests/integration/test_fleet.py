@@ -33,6 +33,8 @@ from cryobox.bench.fleetproc import S3_CREDENTIALS, ControlProcess, Fleet
 from cryobox.registry import Registry
 from cryobox.util.sealing import Sealer
 
+from .test_e2b import run_app
+
 DEADLINE_S = 4.0
 CAPACITY = 3  # sandboxes per agent
 RESERVATION_TTL_S = 20  # how long a dead control plane's reservations (and so its strays) live
@@ -434,3 +436,29 @@ def control_killed_mid_burst(fleet: Fleet, client: Api) -> None:
         assert sandbox["status"] == "running"
         assert client.sh(sandbox["id"], "echo ok") == "ok\n"
     assert client.create()["status"] == "running"  # and creating works
+
+
+def test_e2b_sdk_and_guest_ports_through_the_fleet(fleet: Fleet, e2b_python: Path, tmp_path: Path) -> None:
+    """The sandbox side of the E2B SDK and a guest port, through a control plane whose agents are other
+    processes on other addresses: every call goes control plane → the sandbox's agent (node token) → guest."""
+    report = run_app(e2b_python, fleet.url, fleet.api_key, tmp_path, "fleet")
+    assert report["run"] == "fleet\nuser\n"
+    assert report["background"] == {"listed": True, "killed": True}
+    assert report["write_read"] == ["/home/user/f.txt", "fleet file"]
+    assert "touched" in report["watch"] and report["kill"] is True
+    with api(fleet) as client:
+        sandbox = client.create()
+        try:
+            client.sh(sandbox["id"], "mkdir -p /srv && echo hop > /srv/hop.txt")
+            client.sh(
+                sandbox["id"],
+                "setsid nohup python3 -m http.server 8080 --directory /srv >/dev/null 2>&1 </dev/null &",
+            )
+            url = f"/v1/sandboxes/{sandbox['id']}/ports/8080/hop.txt"
+            wait_for("the guest's http.server", lambda: client.http.get(url).status_code == 200, 60)
+            got = client.http.get(url)
+            assert got.status_code == 200 and got.text == "hop\n"
+            closed = client.http.get(f"/v1/sandboxes/{sandbox['id']}/ports/9/")
+            assert closed.status_code == 502 and "port is not open" in closed.json()["error"]
+        finally:
+            client.delete_all()

@@ -183,7 +183,44 @@ def latency(sbx: Sandbox) -> list[float]:
     return sorted(timings)
 
 
+def fleet() -> int:
+    """The short run for a fleet (control plane and agents in separate processes): sandbox calls reach the guest
+    through the control plane and the sandbox's agent."""
+    sbx = step("create", lambda: Sandbox.create(metadata={"app": "e2b-fleet"}, envs={"FROM_CREATE": "fleet"}))
+    try:
+        if sbx is None:
+            return 1
+        REPORT["sandbox_id"] = sbx.sandbox_id
+        step("run", lambda: sbx.commands.run("echo $FROM_CREATE; whoami").stdout)
+
+        def background() -> dict[str, Any]:
+            handle = sbx.commands.run("sleep 600", background=True)
+            listed = handle.pid in [p.pid for p in sbx.commands.list()]
+            return {"listed": listed, "killed": sbx.commands.kill(handle.pid)}
+
+        step("background", background)
+        step("write_read", lambda: [sbx.files.write("/home/user/f.txt", "fleet file").path, sbx.files.read("f.txt")])
+
+        def watch() -> list[str]:
+            handle = sbx.files.watch_dir("/home/user")
+            sbx.commands.run("touch /home/user/touched")
+            deadline, names = time.monotonic() + 20, []
+            while time.monotonic() < deadline and "touched" not in names:
+                names += [e.name for e in handle.get_new_events()]
+                time.sleep(0.2)
+            handle.stop()
+            return names
+
+        step("watch", watch)
+        step("kill", sbx.kill)
+    finally:
+        print(json.dumps(REPORT, default=repr))
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:] == ["fleet"]:
+        return fleet()
     sbx = step("create", lambda: Sandbox.create(metadata={"app": "e2b"}, envs={"FROM_CREATE": "set-at-create"}))
     try:
         if sbx is None:

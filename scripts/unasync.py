@@ -39,6 +39,8 @@ SUBS: dict[str, str] = {
     "AsyncFilesystem": "Filesystem",
     "AsyncSnapshots": "Snapshots",
     "AsyncForkTree": "ForkTree",
+    "AsyncProcess": "Process",
+    "AsyncProcesses": "Processes",
     "AsyncIterator": "Iterator",
     "AsyncGenerator": "Generator",
     "httpx.AsyncClient": "httpx.Client",

@@ -7,7 +7,9 @@ with Sandbox.create(template="code-interpreter") as sbx:
 
 ``AsyncSandbox`` has the same methods for asyncio (``async with await AsyncSandbox.create() as sbx``).
 Snapshots and forks: ``sbx.snapshot()``, ``Sandbox.create(from_snapshot=...)``, ``sbx.fork()``,
-``sbx.fork_tree(n)`` and ``Snapshots`` (``AsyncSnapshots``) for the workspace's snapshots.
+``sbx.fork_tree(n)`` and ``Snapshots`` (``AsyncSnapshots``) for the workspace's snapshots. Background
+processes: ``sbx.processes.start(cmd)`` or ``sbx.exec(cmd, background=True)`` → ``Process`` (``stream``,
+``wait``, ``send_stdin``, ``signal``, ``kill``); directory watches: ``sbx.filesystem.watch(path)``.
 """
 
 from .errors import (
@@ -25,15 +27,20 @@ from .errors import (
     VmmError,
     WorkspaceQuotaExceeded,
 )
-from .models import ForkTreeError, PromoteFailure, PromoteResult, Snapshot
+from .models import ForkTreeError, ProcessResult, PromoteFailure, PromoteResult, Snapshot
 from .sdk import (
     AsyncFilesystem,
     AsyncForkTree,
+    AsyncProcess,
+    AsyncProcesses,
     AsyncSandbox,
     AsyncSnapshots,
     ExecResult,
     Filesystem,
     ForkTree,
+    FsWatchEvent,
+    Process,
+    Processes,
     RetryPolicy,
     Sandbox,
     Snapshots,
@@ -45,6 +52,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncFilesystem",
     "AsyncForkTree",
+    "AsyncProcess",
+    "AsyncProcesses",
     "AsyncSandbox",
     "AsyncSnapshots",
     "CommandFailed",
@@ -53,11 +62,15 @@ __all__ = [
     "Filesystem",
     "ForkTree",
     "ForkTreeError",
+    "FsWatchEvent",
     "GuestError",
     "HostUnavailable",
     "InvalidArgument",
     "NotFound",
     "PayloadTooLarge",
+    "Process",
+    "ProcessResult",
+    "Processes",
     "PromoteFailure",
     "PromoteResult",
     "QuotaExceeded",

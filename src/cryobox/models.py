@@ -8,6 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from . import models_procs as _procs
+
 MetaKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 MetaValue = Annotated[str, StringConstraints(max_length=1024)]
 Metadata = Annotated[dict[MetaKey, MetaValue], Field(max_length=64)]
@@ -16,6 +18,15 @@ EnvKey = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=
 EnvValue = Annotated[str, StringConstraints(max_length=32768, pattern=r"^[^\x00]*$")]
 Env = Annotated[dict[EnvKey, EnvValue], Field(max_length=256)]
 """Environment variables: at most 256, names without ``=`` or NUL, values up to 32 KiB without NUL."""
+
+# the models of background processes (models_procs.py), in this one namespace
+Process = _procs.Process
+ProcessInput = _procs.ProcessInput
+ProcessList = _procs.ProcessList
+ProcessPty = _procs.ProcessPty
+ProcessResult = _procs.ProcessResult
+ProcessSignal = _procs.ProcessSignal
+
 SandboxStatus = Literal["starting", "running", "paused", "hibernated", "stopped", "error", "lost"]
 BootMode = Literal["restore", "cold"]
 
@@ -79,6 +90,22 @@ class ExecRequest(BaseModel):
     env: Env = Field(default_factory=dict)
     cwd: str | None = None
     stdin: str | None = Field(default=None, max_length=64 << 20)
+
+
+class ProcessStartRequest(BaseModel):
+    """``POST /v1/sandboxes/{id}/processes``: run ``cmd`` with ``/bin/sh -c`` in the background.
+
+    ``stdin`` keeps a pipe to its standard input open (``…/stdin`` writes to it); otherwise it reads
+    ``/dev/null``. With ``pty`` it runs on a terminal of that size (its output is the ``pty`` stream).
+    """
+
+    model_config = ConfigDict(extra="ignore")
+    cmd: str = Field(min_length=1, max_length=1 << 20)
+    env: Env = Field(default_factory=dict)
+    cwd: str | None = Field(default=None, min_length=1, max_length=4096)
+    tag: str | None = Field(default=None, min_length=1, max_length=256)
+    stdin: bool = False
+    pty: ProcessPty | None = None
 
 
 class ExecResponse(BaseModel):

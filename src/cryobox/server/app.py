@@ -33,6 +33,7 @@ from .routes_fleet import router as fleet_router
 from .routes_forks import router as forks_router
 from .routes_platform import router as platform_router
 from .routes_ports import router as ports_router
+from .routes_procs import router as procs_router
 from .routes_pty import router as pty_router
 from .routes_quota import router as quota_router
 from .routes_sandboxes import router as sandboxes_router
@@ -154,6 +155,7 @@ def create_app(
     app.include_router(fleet_router)
     app.include_router(quota_router)
     app.include_router(ports_router)
+    app.include_router(procs_router)
     app.include_router(e2b_router)
     app.state.envd = mount_sandbox_url(app, sandbox_access, app.state.ctx.proxy)
     return app

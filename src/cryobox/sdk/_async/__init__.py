@@ -1,7 +1,8 @@
 """The asynchronous SDK classes (``sdk/_async`` is hand-written; ``sdk/_sync`` is generated from it)."""
 
 from .filesystem import AsyncFilesystem
+from .processes import AsyncProcess, AsyncProcesses
 from .sandbox import AsyncSandbox
 from .snapshots import AsyncForkTree, AsyncSnapshots
 
-__all__ = ["AsyncFilesystem", "AsyncForkTree", "AsyncSandbox", "AsyncSnapshots"]
+__all__ = ["AsyncFilesystem", "AsyncForkTree", "AsyncProcess", "AsyncProcesses", "AsyncSandbox", "AsyncSnapshots"]

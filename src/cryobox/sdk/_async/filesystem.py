@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
 from ... import models
 from ...errors import NotFound
-from .. import _base, _requests
+from .. import _base, _procs, _requests
+from ._http import stream_lines
 
 if TYPE_CHECKING:
     from .sandbox import AsyncSandbox
@@ -54,3 +57,22 @@ class AsyncFilesystem:
 
     async def remove(self, path: str) -> None:
         await self._sbx._send(_requests.fs_request(self._sbx.id, "DELETE", path))
+
+    async def watch(self, path: str, *, recursive: bool = False) -> AsyncGenerator[_procs.FsWatchEvent]:
+        """Yield changes under the directory ``path``: first a ``start`` event once the watch is in place (make
+        changes after it), then ``create`` / ``write`` / ``remove`` / ``rename`` / ``chmod`` events naming the
+        entry relative to ``path`` (subdirectories too with ``recursive``). The watch runs until the iterator is
+        closed (``contextlib.aclosing``), which ends it in the guest.
+
+        :raises NotFound: no such directory.
+        """
+        request = _procs.watch_request(
+            self._sbx.id, path, recursive=recursive, client_timeout_s=self._sbx._config.timeout_s
+        )
+        decoder = _procs.WatchStreamDecoder()
+        async with contextlib.aclosing(stream_lines(self._sbx._http, request)) as lines:
+            async for line in lines:
+                event = decoder.feed(line)
+                if event is not None:
+                    yield event
+        raise _procs.watch_ended()

@@ -16,9 +16,10 @@ Example::
 from __future__ import annotations
 
 import builtins
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+import contextlib
+from collections.abc import AsyncGenerator, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal, overload
 
 import httpx
 
@@ -26,23 +27,21 @@ from ... import models
 from ...errors import CryoboxError, NotFound
 from .. import _base, _requests, _snapshots, _sse
 from .._base import DEFAULT_RETRY, ClientConfig, ExecResult, Lifecycle, RetryPolicy, SharedClient, StreamEvent
+from .._procs import PortUrls
 from .._sse import OutputCallback
-from ._http import open_client, send
+from ._http import open_client, output_stream, send
 from .filesystem import AsyncFilesystem
+from .processes import AsyncProcess, AsyncProcesses
 from .snapshots import AsyncForkTree
 
-__all__ = ["AsyncFilesystem", "AsyncSandbox"]
+__all__ = ["AsyncFilesystem", "AsyncProcess", "AsyncProcesses", "AsyncSandbox"]
 
 
-async def _lines_then_end(response: httpx.Response) -> AsyncIterator[str]:
-    """The response's lines, then one ``""`` that flushes an event whose final blank line never came."""
-    async for line in response.aiter_lines():  # noqa: UP028 (in the generated sync twin, `yield from` would do)
-        yield line
-    yield ""
-
-
-class AsyncSandbox:
+class AsyncSandbox(PortUrls):
     """One sandbox. Build it with ``create`` or ``connect``; ``async with`` kills it on exit.
+
+    ``filesystem`` and ``processes`` are its files and background processes; ``port_url(port)`` / ``get_host``
+    (no IO, from ``_procs.PortUrls``) address its ports through the control plane (send ``Authorization: Bearer``).
 
     The object owns its HTTP client: ``aclose()`` releases it and leaves the sandbox running, ``kill()`` deletes
     the sandbox and releases it. Forks share their parent's client; the last of them to be closed closes it.
@@ -63,6 +62,7 @@ class AsyncSandbox:
         self._shared = SharedClient()
         self._released = False
         self.filesystem = AsyncFilesystem(self)
+        self.processes = AsyncProcesses(self)
 
     @property
     def id(self) -> str:
@@ -277,6 +277,7 @@ class AsyncSandbox:
 
     # --- commands ------------------------------------------------------------------------------------------------
 
+    @overload
     async def exec(
         self,
         cmd: str,
@@ -286,12 +287,41 @@ class AsyncSandbox:
         cwd: str | None = None,
         stdin: str | None = None,
         check: bool = False,
-    ) -> ExecResult:
+        background: Literal[False] = False,
+    ) -> ExecResult: ...
+
+    @overload
+    async def exec(
+        self,
+        cmd: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: str | None = None,
+        background: Literal[True],
+    ) -> AsyncProcess: ...
+
+    async def exec(
+        self,
+        cmd: str,
+        *,
+        timeout_seconds: float | None = 60.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: str | None = None,
+        check: bool = False,
+        background: bool = False,
+    ) -> ExecResult | AsyncProcess:
         """Run ``cmd`` with ``/bin/sh -c`` in the sandbox and wait for it.
+
+        ``background=True`` starts it like ``processes.start`` (``stdin``, if given, is written and closed) and
+        returns its :class:`AsyncProcess` at once; ``timeout_seconds``/``check`` then do not apply (see ``wait``).
 
         :raises SandboxTimeout: the command ran past ``timeout_seconds`` (its process group was killed).
         :raises CommandFailed: ``check`` is set and the exit code is not 0.
         """
+        if background:
+            return await self.processes._start_fed(cmd, env=env, cwd=cwd, stdin=stdin)
         request = _requests.exec_request(
             self.id,
             cmd,
@@ -333,23 +363,10 @@ class AsyncSandbox:
             client_timeout_s=self._config.timeout_s,
             stream=True,
         )
-        decoder = _sse.ExecStreamDecoder()
-        try:
-            async with self._http.stream(request.method, request.path, **request.send_options()) as response:
-                if response.status_code >= 400:
-                    await response.aread()
-                    _base.raise_for_error(response)
-                async for line in _lines_then_end(response):
-                    event = decoder.feed(line)
-                    if event is None:
-                        continue
-                    _sse.notify(event, on_stdout, on_stderr)
-                    yield event
-                    if event.kind == "exit":
-                        return
-        except httpx.TransportError as err:
-            raise _base.transport_error(err, str(self._http.base_url)) from err
-        raise _sse.stream_ended_early()
+        events = output_stream(self._http, request, on_stdout, on_stderr, _sse.stream_ended_early)
+        async with contextlib.aclosing(events):
+            async for event in events:  # noqa: UP028 (`yield from` in the sync twin)
+                yield event
 
     # --- teardown ------------------------------------------------------------------------------------------------
 

@@ -3,7 +3,8 @@
 """The synchronous SDK classes (``sdk/_async`` is hand-written; ``sdk/_sync`` is generated from it)."""
 
 from .filesystem import Filesystem
+from .processes import Process, Processes
 from .sandbox import Sandbox
 from .snapshots import ForkTree, Snapshots
 
-__all__ = ["Filesystem", "ForkTree", "Sandbox", "Snapshots"]
+__all__ = ["Filesystem", "ForkTree", "Process", "Processes", "Sandbox", "Snapshots"]

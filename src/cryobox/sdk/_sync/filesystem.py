@@ -4,11 +4,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Generator
 from typing import TYPE_CHECKING
 
 from ... import models
 from ...errors import NotFound
-from .. import _base, _requests
+from .. import _base, _procs, _requests
+from ._http import stream_lines
 
 if TYPE_CHECKING:
     from .sandbox import Sandbox
@@ -56,3 +59,22 @@ class Filesystem:
 
     def remove(self, path: str) -> None:
         self._sbx._send(_requests.fs_request(self._sbx.id, "DELETE", path))
+
+    def watch(self, path: str, *, recursive: bool = False) -> Generator[_procs.FsWatchEvent]:
+        """Yield changes under the directory ``path``: first a ``start`` event once the watch is in place (make
+        changes after it), then ``create`` / ``write`` / ``remove`` / ``rename`` / ``chmod`` events naming the
+        entry relative to ``path`` (subdirectories too with ``recursive``). The watch runs until the iterator is
+        closed (``contextlib.closing``), which ends it in the guest.
+
+        :raises NotFound: no such directory.
+        """
+        request = _procs.watch_request(
+            self._sbx.id, path, recursive=recursive, client_timeout_s=self._sbx._config.timeout_s
+        )
+        decoder = _procs.WatchStreamDecoder()
+        with contextlib.closing(stream_lines(self._sbx._http, request)) as lines:
+            for line in lines:
+                event = decoder.feed(line)
+                if event is not None:
+                    yield event
+        raise _procs.watch_ended()

@@ -18,9 +18,10 @@ Example::
 from __future__ import annotations
 
 import builtins
-from collections.abc import Generator, Iterator, Mapping
+import contextlib
+from collections.abc import Generator, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal, overload
 
 import httpx
 
@@ -28,23 +29,21 @@ from ... import models
 from ...errors import CryoboxError, NotFound
 from .. import _base, _requests, _snapshots, _sse
 from .._base import DEFAULT_RETRY, ClientConfig, ExecResult, Lifecycle, RetryPolicy, SharedClient, StreamEvent
+from .._procs import PortUrls
 from .._sse import OutputCallback
-from ._http import open_client, send
+from ._http import open_client, output_stream, send
 from .filesystem import Filesystem
+from .processes import Process, Processes
 from .snapshots import ForkTree
 
-__all__ = ["Filesystem", "Sandbox"]
+__all__ = ["Filesystem", "Process", "Processes", "Sandbox"]
 
 
-def _lines_then_end(response: httpx.Response) -> Iterator[str]:
-    """The response's lines, then one ``""`` that flushes an event whose final blank line never came."""
-    for line in response.iter_lines():  # noqa: UP028 (in the generated sync twin, `yield from` would do)
-        yield line
-    yield ""
-
-
-class Sandbox:
+class Sandbox(PortUrls):
     """One sandbox. Build it with ``create`` or ``connect``; ``with`` kills it on exit.
+
+    ``filesystem`` and ``processes`` are its files and background processes; ``port_url(port)`` / ``get_host``
+    (no IO, from ``_procs.PortUrls``) address its ports through the control plane (send ``Authorization: Bearer``).
 
     The object owns its HTTP client: ``close()`` releases it and leaves the sandbox running, ``kill()`` deletes
     the sandbox and releases it. Forks share their parent's client; the last of them to be closed closes it.
@@ -65,6 +64,7 @@ class Sandbox:
         self._shared = SharedClient()
         self._released = False
         self.filesystem = Filesystem(self)
+        self.processes = Processes(self)
 
     @property
     def id(self) -> str:
@@ -279,6 +279,7 @@ class Sandbox:
 
     # --- commands ------------------------------------------------------------------------------------------------
 
+    @overload
     def exec(
         self,
         cmd: str,
@@ -288,12 +289,41 @@ class Sandbox:
         cwd: str | None = None,
         stdin: str | None = None,
         check: bool = False,
-    ) -> ExecResult:
+        background: Literal[False] = False,
+    ) -> ExecResult: ...
+
+    @overload
+    def exec(
+        self,
+        cmd: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: str | None = None,
+        background: Literal[True],
+    ) -> Process: ...
+
+    def exec(
+        self,
+        cmd: str,
+        *,
+        timeout_seconds: float | None = 60.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: str | None = None,
+        check: bool = False,
+        background: bool = False,
+    ) -> ExecResult | Process:
         """Run ``cmd`` with ``/bin/sh -c`` in the sandbox and wait for it.
+
+        ``background=True`` starts it like ``processes.start`` (``stdin``, if given, is written and closed) and
+        returns its :class:`Process` at once; ``timeout_seconds``/``check`` then do not apply (see ``wait``).
 
         :raises SandboxTimeout: the command ran past ``timeout_seconds`` (its process group was killed).
         :raises CommandFailed: ``check`` is set and the exit code is not 0.
         """
+        if background:
+            return self.processes._start_fed(cmd, env=env, cwd=cwd, stdin=stdin)
         request = _requests.exec_request(
             self.id,
             cmd,
@@ -335,23 +365,10 @@ class Sandbox:
             client_timeout_s=self._config.timeout_s,
             stream=True,
         )
-        decoder = _sse.ExecStreamDecoder()
-        try:
-            with self._http.stream(request.method, request.path, **request.send_options()) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    _base.raise_for_error(response)
-                for line in _lines_then_end(response):
-                    event = decoder.feed(line)
-                    if event is None:
-                        continue
-                    _sse.notify(event, on_stdout, on_stderr)
-                    yield event
-                    if event.kind == "exit":
-                        return
-        except httpx.TransportError as err:
-            raise _base.transport_error(err, str(self._http.base_url)) from err
-        raise _sse.stream_ended_early()
+        events = output_stream(self._http, request, on_stdout, on_stderr, _sse.stream_ended_early)
+        with contextlib.closing(events):
+            for event in events:  # noqa: UP028 (`yield from` in the sync twin)
+                yield event
 
     # --- teardown ------------------------------------------------------------------------------------------------
 

@@ -54,6 +54,7 @@ def test_e2b_sdk_application_runs_unchanged(e2b_python: Path, server: ServeProce
     assert bg["listed"] and bg["killed"] and bg["gone"], bg
     assert bg["waited"] == {"exit_code": 3, "stdout": "bg-done\n"}
     assert report["stdin"] == "got:typed\n"
+    assert report["pty"] == {"size": True, "echo": True}
     # files
     assert report["make_dir"] is True and report["make_dir_again"] is False
     assert report["read_text"] == "hello e2b" and report["read_bytes_ok"] is True
@@ -68,6 +69,7 @@ def test_e2b_sdk_application_runs_unchanged(e2b_python: Path, server: ServeProce
     assert report["sandbox_id"] in report["sandbox_list"]["ids"] and set(report["sandbox_list"]["state"]) == {"running"}
     assert report["sandbox_info"] == {"metadata": {"app": "e2b"}, "state": "running", "template": "base"}
     assert report["set_timeout"] is True
+    assert report["metrics"] == {"cpus": 1, "mem_ok": True, "disk": True}
     assert report["connect"] == "connected\n"
     pause = report["pause_connect"]
     assert pause["paused"] is True and pause["state_paused"] is True, pause

@@ -8,6 +8,7 @@ import urllib.parse
 import httpx
 
 from cryobox.server.e2b.access import PURPOSE
+from cryobox.server.e2b.metrics import parse_sample
 from tests.unit.test_quotas import Env, agent, env, quota, registry
 
 __all__ = ["agent", "env", "quota", "registry"]  # fixtures
@@ -134,3 +135,17 @@ async def test_the_sandbox_url_needs_the_sandbox_token_before_anything_runs(env:
         "/e2b/sandbox/health", headers={**rpc, "E2b-Sandbox-Id": sid, "X-Access-Token": token}
     )
     assert health.status_code == 204
+
+
+async def test_unserved_routes_are_404_in_e2b_shape_and_metrics_parse(env: Env) -> None:
+    sid = (await create(env)).json()["sandboxID"]
+    network = await env.client.put(f"/e2b/sandboxes/{sid}/network", json={}, headers=e2b(env))
+    assert network.status_code == 404 and network.json()["code"] == 404
+    assert "PUT /sandboxes/" in network.json()["message"]
+    sample = (
+        "cpu  100 0 100 800 0 0 0 0 0 0\nMemTotal: 1000 kB\nMemAvailable: 600 kB\nCached: 100 kB\n"
+        "8000000 2000000\ncpu  150 0 150 900 0 0 0 0 0 0\n"
+    )
+    metric = parse_sample(sample, 2, 1_700_000_000.0)
+    assert metric["cpuUsedPct"] == 50.0 and metric["memUsed"] == 400 * 1024 and metric["memTotal"] == 1000 * 1024
+    assert (metric["diskTotal"], metric["diskUsed"], metric["cpuCount"]) == (8000000, 2000000, 2)

@@ -156,6 +156,7 @@ def create_app(
     app.include_router(quota_router)
     app.include_router(ports_router)
     app.include_router(procs_router)
-    app.include_router(e2b_router)
+    # the sandbox URL first: the E2B API's catch-all 404 would otherwise answer for it
     app.state.envd = mount_sandbox_url(app, sandbox_access, app.state.ctx.proxy)
+    app.include_router(e2b_router)
     return app

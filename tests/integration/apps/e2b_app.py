@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from e2b import CommandExitException, Sandbox, SandboxQuery, SandboxState
+from e2b import CommandExitException, PtySize, Sandbox, SandboxQuery, SandboxState
 
 REPORT: dict[str, Any] = {}
 
@@ -81,6 +81,17 @@ def commands(sbx: Sandbox) -> None:
 
     step("stdin", stdin)
 
+    def pty() -> dict[str, Any]:
+        handle = sbx.pty.create(PtySize(cols=80, rows=24))
+        sbx.pty.resize(handle.pid, PtySize(cols=120, rows=40))
+        sbx.pty.send_stdin(handle.pid, b"stty size; echo pty-$((6*7)); exit\n")
+        out: list[bytes] = []
+        handle.wait(on_pty=out.append)
+        text = b"".join(out).decode(errors="replace")
+        return {"size": "40 120" in text, "echo": "pty-42" in text}
+
+    step("pty", pty)
+
 
 def files(sbx: Sandbox) -> None:
     base = "/home/user/e2b"
@@ -131,6 +142,16 @@ def lifecycle(sbx: Sandbox) -> None:
 
     step("sandbox_info", info)
     step("set_timeout", lambda: sbx.set_timeout(600) is None)
+
+    def metrics() -> dict[str, Any]:
+        sample = sbx.get_metrics()[-1]
+        return {
+            "cpus": sample.cpu_count,
+            "mem_ok": 0 < sample.mem_used < sample.mem_total,
+            "disk": sample.disk_total > 0,
+        }
+
+    step("metrics", metrics)
     step("connect", lambda: Sandbox.connect(sbx.sandbox_id).commands.run("echo connected").stdout)
 
     def pause_connect() -> dict[str, Any]:

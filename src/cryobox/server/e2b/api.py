@@ -29,6 +29,7 @@ from ...registry import SandboxRow, SnapshotRow
 from ..control import CreateRequest
 from ..deps import Caller
 from .access import SandboxAccess
+from .metrics import sample
 from .routing import E2BCtx, E2BRoute
 from .views import (
     DEFAULT_TIMEOUT_S,
@@ -313,3 +314,19 @@ async def delete_template(template_id: str, ctx: E2BCtx) -> Response:
         raise NotFound(f"no snapshot {template_id}", details={"id": template_id})
     await ctx.control.snapshots.delete(snapshot.id, ctx.workspace_id)
     return Response(status_code=204)
+
+
+@router.get("/sandboxes/{sandbox_id}/metrics")
+async def metrics(sandbox_id: str, ctx: E2BCtx) -> list[dict[str, Any]]:
+    """One sample taken now (cryobox keeps no per-sandbox series); ``start``/``end`` are accepted and ignored."""
+    row = await ctx.control.get(sandbox_id, ctx.workspace_id)
+    agent = await ctx.control.agent_for(sandbox_id, ctx.workspace_id, wake=False)
+    if row.status != "running":
+        return []
+    return [await sample(agent, sandbox_id, row.cpu)]
+
+
+@router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+async def unserved(rest: str, request: Request, ctx: E2BCtx) -> Response:
+    """Anything else of E2B's API (volumes, templates builds, teams, network updates, …): a 404 in E2B's shape."""
+    raise NotFound(f"cryobox serves no E2B route {request.method} /{rest}", details={"path": rest})

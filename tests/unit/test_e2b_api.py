@@ -149,3 +149,20 @@ async def test_unserved_routes_are_404_in_e2b_shape_and_metrics_parse(env: Env) 
     metric = parse_sample(sample, 2, 1_700_000_000.0)
     assert metric["cpuUsedPct"] == 50.0 and metric["memUsed"] == 400 * 1024 and metric["memTotal"] == 1000 * 1024
     assert (metric["diskTotal"], metric["diskUsed"], metric["cpuCount"]) == (8000000, 2000000, 2)
+
+
+async def test_the_traffic_token_opens_guest_ports_but_never_envd(env: Env) -> None:
+    made = (await create(env)).json()
+    sid, traffic = made["sandboxID"], made["trafficAccessToken"]
+    assert traffic and traffic != made["envdAccessToken"]
+    base = {"E2b-Sandbox-Id": sid, "E2B-Traffic-Access-Token": traffic, "Authorization": ""}
+    envd = await env.client.post(
+        "/e2b/sandbox/process.Process/List",
+        json={},
+        headers={**base, "E2b-Sandbox-Port": "49983", "Content-Type": "application/json"},
+    )
+    assert envd.status_code == 401  # a port's token does not run commands
+    port = await env.client.get("/e2b/sandbox/anything", headers={**base, "E2b-Sandbox-Port": "8000"})
+    # through the gate and the envd app to the proxy: the fake guest's port 8000 (127.0.0.1:9/8000) is closed
+    assert port.status_code == 502 and port.json()["code"] == "port_unreachable", port.text
+    assert ("port_target", (sid, 8000)) in env.agent.calls

@@ -57,7 +57,9 @@ class FakeAccess:
         self.status = status
         self.opened: list[tuple[str | None, bool]] = []
 
-    async def open(self, sandbox_id: str | None, token: str | None, *, wake: bool = True) -> tuple[Row, Agent]:
+    async def open(
+        self, sandbox_id: str | None, token: str | None, *, wake: bool = True, traffic: bool = False
+    ) -> tuple[Row, Agent]:
         if not sandbox_id:
             raise InvalidArgument("missing the E2b-Sandbox-Id header")
         if not token or self.tokens.get(sandbox_id) != token:

@@ -83,7 +83,7 @@ class AuthGateMiddleware:
         authenticate: Callable[[str], object | None],
         failures: FailedAuth | None = None,
         max_json_bytes: int = MAX_JSON_BYTES,
-        sandbox_token: Callable[[str, str], bool] | None = None,
+        sandbox_token: Callable[..., bool] | None = None,
     ) -> None:
         self.app = app
         self.authenticate = authenticate
@@ -121,13 +121,15 @@ class AuthGateMiddleware:
         headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope.get("headers", [])}
         sandbox_id = headers.get("e2b-sandbox-id", "").strip()
         token = headers.get("x-access-token", "").strip() or headers.get("e2b-traffic-access-token", "").strip()
-        if self.sandbox_token is None or not sandbox_id or not token or not self.sandbox_token(sandbox_id, token):
+        port = headers.get("e2b-sandbox-port", "").strip()
+        traffic = bool(port) and port != ENVD_PORT  # a guest port's traffic: the traffic token will do
+        verify = self.sandbox_token
+        if verify is None or not sandbox_id or not token or not verify(sandbox_id, token, traffic=traffic):
             self.failures.failed(client)
             message = "missing or invalid sandbox access token (X-Access-Token)"
             await _reply(send, 401, "unauthorized", message, path=SANDBOX_PREFIX)
             return
-        port = headers.get("e2b-sandbox-port", "").strip()
-        if SANDBOX_UPLOAD.match(str(scope.get("path", ""))) or (port and port != ENVD_PORT):
+        if SANDBOX_UPLOAD.match(str(scope.get("path", ""))) or traffic:
             await self.app(scope, receive, send)
             return
         await self._capped(scope, receive, send)

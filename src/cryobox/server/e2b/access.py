@@ -16,6 +16,9 @@ from ..control import ControlPlane
 from ..ratelimit import RateLimiter
 
 PURPOSE = "e2b-envd-access"
+TRAFFIC_PURPOSE = "e2b-traffic-access"
+"""The traffic token (``trafficAccessToken``): a guest port's traffic only (never envd), so it can be handed to
+whoever should reach a server in the sandbox without handing them the sandbox."""
 SANDBOX_HEADER = "e2b-sandbox-id"
 PORT_HEADER = "e2b-sandbox-port"
 TOKEN_HEADER = "x-access-token"
@@ -31,17 +34,26 @@ class SandboxAccess:
         """The sandbox's envd access token (what create, connect and get return as ``envdAccessToken``)."""
         return self._control.registry.sealer.mac(PURPOSE, sandbox_id)
 
-    def verify(self, sandbox_id: str, token: str | None) -> bool:
-        return (
-            bool(token) and token is not None and self._control.registry.sealer.verify_mac(PURPOSE, sandbox_id, token)
-        )
+    def traffic_token(self, sandbox_id: str) -> str:
+        return self._control.registry.sealer.mac(TRAFFIC_PURPOSE, sandbox_id)
 
-    async def open(self, sandbox_id: str | None, token: str | None, *, wake: bool = True) -> tuple[SandboxRow, Agent]:
+    def verify(self, sandbox_id: str, token: str | None, *, traffic: bool = False) -> bool:
+        """Whether ``token`` is the sandbox's access token (or, for a guest port's ``traffic``, its traffic token)."""
+        if not token:
+            return False
+        sealer = self._control.registry.sealer
+        if sealer.verify_mac(PURPOSE, sandbox_id, token):
+            return True
+        return traffic and sealer.verify_mac(TRAFFIC_PURPOSE, sandbox_id, token)
+
+    async def open(
+        self, sandbox_id: str | None, token: str | None, *, wake: bool = True, traffic: bool = False
+    ) -> tuple[SandboxRow, Agent]:
         """The sandbox's row and agent, once ``token`` is its access token (rate-limited like its workspace's
         API calls). :raises Unauthorized: no or a wrong token. :raises NotFound: no such sandbox."""
         if not sandbox_id:
             raise InvalidArgument("missing the E2b-Sandbox-Id header")
-        if not self.verify(sandbox_id, token):
+        if not self.verify(sandbox_id, token, traffic=traffic):
             raise Unauthorized("missing or invalid sandbox access token (X-Access-Token)")
         row, agent = await self._control.route(sandbox_id, None, wake=wake)
         self._limiter.check(row.workspace_id)

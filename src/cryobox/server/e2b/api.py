@@ -57,6 +57,11 @@ def _token(ctx: Caller, sandbox_id: str) -> str:
     return SandboxAccess(ctx.control, ctx.app.limiter).token(sandbox_id)
 
 
+def _sandbox(ctx: Caller, row: SandboxRow) -> dict[str, Any]:
+    access = SandboxAccess(ctx.control, ctx.app.limiter)
+    return sandbox(row, access.token(row.id), access.traffic_token(row.id))
+
+
 async def _snapshot_named(ctx: Caller, name: str) -> SnapshotRow | None:
     try:
         return await ctx.control.snapshots.get(name, ctx.workspace_id)
@@ -85,7 +90,7 @@ async def _create(ctx: Caller, body: NewSandbox) -> JSONResponse:
             egress=["0.0.0.0/0"] if body.allow_internet_access else None,
         )
     )
-    return JSONResponse(sandbox(row, _token(ctx, row.id)), status_code=201)
+    return JSONResponse(_sandbox(ctx, row), status_code=201)
 
 
 @router.post("/sandboxes")
@@ -219,7 +224,7 @@ async def _wake(ctx: Caller, sandbox_id: str, timeout: int | None) -> tuple[Sand
 
 async def _connect(ctx: Caller, sandbox_id: str, body: ConnectBody) -> JSONResponse:
     row, woke = await _wake(ctx, sandbox_id, body.timeout)
-    return JSONResponse(sandbox(row, _token(ctx, row.id)), status_code=201 if woke else 200)
+    return JSONResponse(_sandbox(ctx, row), status_code=201 if woke else 200)
 
 
 @router.post("/sandboxes/{sandbox_id}/connect")
@@ -274,7 +279,7 @@ async def fork(
                 continue
             if body.timeout is not None:
                 await _set_ttl(ctx, child.id, body.timeout)
-            results[index] = {"sandbox": sandbox(child, _token(ctx, child.id))}
+            results[index] = {"sandbox": _sandbox(ctx, child)}
     return [r for r in results if r is not None]
 
 

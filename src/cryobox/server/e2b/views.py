@@ -64,9 +64,11 @@ def template_id(row: SandboxRow) -> str:
     return row.from_snapshot or row.template
 
 
-def sandbox(row: SandboxRow, token: str) -> dict[str, Any]:
-    """``Sandbox``: what create, connect and fork return."""
+def sandbox(row: SandboxRow, token: str, traffic_token: str | None = None) -> dict[str, Any]:
+    """``Sandbox``: what create, connect and fork return. ``trafficAccessToken`` opens the sandbox's ports (not
+    envd): the code-interpreter SDK sends only it to port 49999's context routes."""
     return {
+        "trafficAccessToken": traffic_token,
         "templateID": template_id(row),
         "sandboxID": row.id,
         "clientID": row.host or "cryobox",

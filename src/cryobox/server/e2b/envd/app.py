@@ -146,7 +146,7 @@ class EnvdApp:
         sandbox_id = headers.get(SANDBOX_HEADER)
         token = headers.get(TOKEN_HEADER) or headers.get(TRAFFIC_TOKEN_HEADER)
         try:
-            _, agent = await open_sandbox(self._access, sandbox_id, token)
+            _, agent = await open_sandbox(self._access, sandbox_id, token, traffic=True)
         except Exception as exc:
             await self._refuse(scope, send, exc)
             return

@@ -47,8 +47,10 @@ class SandboxOpener(Protocol):
     token is its access token. :raises Unauthorized: no or a wrong token. :raises NotFound: no such sandbox."""
 
     def open(
-        self, sandbox_id: str | None, token: str | None, *, wake: bool = True
-    ) -> Awaitable[tuple[SandboxRowLike, Agent]]: ...
+        self, sandbox_id: str | None, token: str | None, *, wake: bool = True, traffic: bool = False
+    ) -> Awaitable[tuple[SandboxRowLike, Agent]]:
+        """``traffic``: a guest port's traffic, for which the sandbox's traffic token is enough."""
+        ...
 
 
 def home_of(user: str) -> str:
@@ -121,11 +123,11 @@ async def open_target(
 
 
 async def open_sandbox(
-    opener: SandboxOpener, sandbox_id: str | None, token: str | None, *, wake: bool = True
+    opener: SandboxOpener, sandbox_id: str | None, token: str | None, *, wake: bool = True, traffic: bool = False
 ) -> tuple[SandboxRowLike, Agent]:
     """:meth:`SandboxOpener.open`, with a sandbox that is gone reported as :class:`SandboxUnavailable`."""
     try:
-        return await opener.open(sandbox_id, token, wake=wake)
+        return await opener.open(sandbox_id, token, wake=wake, traffic=traffic)
     except NotFound as err:
         raise SandboxUnavailable(f"sandbox {sandbox_id} was not found") from err
     except StateError as err:

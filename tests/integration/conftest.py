@@ -98,13 +98,15 @@ def client(server: ServeProcess) -> Iterator[Client]:
 
 
 E2B_VERSION = "2.63.0"
-"""The ``e2b`` SDK the compatibility tests run unchanged (its own virtualenv: its dependencies are not ours)."""
+E2B_CODE_INTERPRETER_VERSION = "2.11.5"
+"""The ``e2b`` and ``e2b-code-interpreter`` SDKs the compatibility tests run unchanged (their own virtualenv:
+their dependencies are not ours)."""
 
 
 @pytest.fixture(scope="session")
 def e2b_python(cache_dir: Path) -> Path:
     """The python of a virtualenv holding the pinned ``e2b`` SDK (made once; reused while the pin holds)."""
-    venv = cache_dir / "venvs" / f"e2b-{E2B_VERSION}"
+    venv = cache_dir / "venvs" / f"e2b-{E2B_VERSION}-ci-{E2B_CODE_INTERPRETER_VERSION}"
     venv.parent.mkdir(parents=True, exist_ok=True)
     with open(venv.parent / f".e2b-{E2B_VERSION}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -112,6 +114,7 @@ def e2b_python(cache_dir: Path) -> Path:
         if not marker.exists():
             subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
             pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-            subprocess.run([*pip, f"e2b=={E2B_VERSION}"], check=True, timeout=600)
+            pins = [f"e2b=={E2B_VERSION}", f"e2b-code-interpreter=={E2B_CODE_INTERPRETER_VERSION}"]
+            subprocess.run([*pip, *pins], check=True, timeout=600)
             marker.touch()
     return venv / "bin" / "python"

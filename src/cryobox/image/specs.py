@@ -59,15 +59,36 @@ BASE = TemplateSpec(
     warmup=("true", "python3 -c 'import json, subprocess, os'"),
 )
 
+KERNELS_PORT = 49999
+START_KERNELS = (
+    # the kernel server (guest/kernels/), as E2B's default user, baked alive: every restore has a warm kernel
+    "setsid nohup python3 -m cryobox_guest.kernels --user user >/var/log/cryobox-kernels.log 2>&1 </dev/null &\n"
+    "python3 - <<'PY'\n"
+    "import json, time, urllib.request\n"
+    "deadline = time.time() + 280\n"
+    "while True:\n"
+    "    try:\n"
+    "        health = json.load(urllib.request.urlopen('http://127.0.0.1:49999/health', timeout=10))\n"
+    "        if health.get('spares_ready'):\n"
+    "            break\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "    if time.time() > deadline:\n"
+    "        raise SystemExit('the kernel server did not get ready: ' + open('/var/log/cryobox-kernels.log').read())\n"
+    "    time.sleep(0.5)\n"
+    "PY"
+)
+
 CODE_INTERPRETER = TemplateSpec(
     name="code-interpreter",
-    packages=BASE_PACKAGES + ("python3-numpy", "python3-pandas", "python3-matplotlib"),
+    packages=BASE_PACKAGES + ("python3-numpy", "python3-pandas", "python3-matplotlib", "python3-ipykernel"),
     memory_mib=1024,
     cpus=1,
     warmup=(
         "true",
         "MPLBACKEND=Agg python3 -c 'import numpy, pandas, matplotlib, matplotlib.pyplot as plt; "
         'plt.plot([1, 2]); plt.savefig("/tmp/warm.png")\' && rm -f /tmp/warm.png',
+        START_KERNELS,
     ),
 )
 

@@ -1,0 +1,48 @@
+"""``python3 -m cryobox_guest.kernels [--port 49999] [--user user] [--cold] [--spares N]``: become ``--user``
+(E2B runs its kernels as ``user`` in ``/home/user``), start the default context (warm unless ``--cold``), then
+serve; spare kernels start in the background once the server is up (``GET /health`` says when they are)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pwd
+import sys
+import threading
+
+from .server import Contexts, make_server
+
+PORT = 49999
+
+
+def become(name: str) -> None:
+    account = pwd.getpwnam(name)
+    os.initgroups(name, account.pw_gid)
+    os.setgid(account.pw_gid)
+    os.setuid(account.pw_uid)
+    os.environ.update(HOME=account.pw_dir, USER=name, LOGNAME=name)
+    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")  # ipykernel's debugger otherwise warns at start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cryobox_guest.kernels", description=__doc__)
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=PORT)
+    parser.add_argument("--cwd", default="/home/user")
+    parser.add_argument("--cold", action="store_true", help="do not import numpy, pandas and matplotlib at start")
+    parser.add_argument("--spares", type=int, default=1, help="warm kernels kept ready for new contexts")
+    parser.add_argument("--user", help="run as this account (the server starts as root)")
+    options = parser.parse_args(argv)
+    if options.user:
+        become(options.user)
+    contexts = Contexts(cwd=options.cwd, warm=not options.cold, spares=options.spares)
+    contexts.start_default()
+    server = make_server(options.host, options.port, contexts)
+    threading.Thread(target=contexts.fill_spares, daemon=True, name="kernel-spares").start()
+    print(f"cryobox kernels serving on {options.host}:{options.port}", file=sys.stderr, flush=True)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -41,6 +41,8 @@ SUBS: dict[str, str] = {
     "AsyncForkTree": "ForkTree",
     "AsyncProcess": "Process",
     "AsyncProcesses": "Processes",
+    "AsyncCodeContexts": "CodeContexts",
+    "AsyncCodeInterpreter": "CodeInterpreter",
     "AsyncIterator": "Iterator",
     "AsyncGenerator": "Generator",
     "httpx.AsyncClient": "httpx.Client",

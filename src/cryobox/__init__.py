@@ -9,7 +9,9 @@ with Sandbox.create(template="code-interpreter") as sbx:
 Snapshots and forks: ``sbx.snapshot()``, ``Sandbox.create(from_snapshot=...)``, ``sbx.fork()``,
 ``sbx.fork_tree(n)`` and ``Snapshots`` (``AsyncSnapshots``) for the workspace's snapshots. Background
 processes: ``sbx.processes.start(cmd)`` or ``sbx.exec(cmd, background=True)`` → ``Process`` (``stream``,
-``wait``, ``send_stdin``, ``signal``, ``kill``); directory watches: ``sbx.filesystem.watch(path)``.
+``wait``, ``send_stdin``, ``signal``, ``kill``); directory watches: ``sbx.filesystem.watch(path)``. The code
+interpreter (template ``code-interpreter``): ``sbx.run_code(code)`` → ``Execution`` (rich ``Result``s, ``logs``,
+``error``), ``sbx.code_contexts`` (``create``, ``list``, ``remove``, ``restart`` of ``CodeContext``s).
 """
 
 from .errors import (
@@ -29,18 +31,25 @@ from .errors import (
 )
 from .models import ForkTreeError, ProcessResult, PromoteFailure, PromoteResult, Snapshot
 from .sdk import (
+    AsyncCodeContexts,
     AsyncFilesystem,
     AsyncForkTree,
     AsyncProcess,
     AsyncProcesses,
     AsyncSandbox,
     AsyncSnapshots,
+    CodeContext,
+    CodeContexts,
     ExecResult,
+    Execution,
+    ExecutionError,
     Filesystem,
     ForkTree,
     FsWatchEvent,
+    Logs,
     Process,
     Processes,
+    Result,
     RetryPolicy,
     Sandbox,
     Snapshots,
@@ -50,15 +59,20 @@ from .sdk import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncCodeContexts",
     "AsyncFilesystem",
     "AsyncForkTree",
     "AsyncProcess",
     "AsyncProcesses",
     "AsyncSandbox",
     "AsyncSnapshots",
+    "CodeContext",
+    "CodeContexts",
     "CommandFailed",
     "CryoboxError",
     "ExecResult",
+    "Execution",
+    "ExecutionError",
     "Filesystem",
     "ForkTree",
     "ForkTreeError",
@@ -66,6 +80,7 @@ __all__ = [
     "GuestError",
     "HostUnavailable",
     "InvalidArgument",
+    "Logs",
     "NotFound",
     "PayloadTooLarge",
     "Process",
@@ -74,6 +89,7 @@ __all__ = [
     "PromoteFailure",
     "PromoteResult",
     "QuotaExceeded",
+    "Result",
     "RetryPolicy",
     "Sandbox",
     "SandboxTimeout",

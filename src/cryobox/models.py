@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from . import models_procs as _procs
+from .models_code import *  # noqa: F403 (the code interpreter's models, models_code.py, in this one namespace)
 
 MetaKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 MetaValue = Annotated[str, StringConstraints(max_length=1024)]

@@ -82,3 +82,26 @@ def test_e2b_sdk_application_runs_unchanged(e2b_python: Path, server: ServeProce
     assert fork["entropy"][0] != fork["entropy"][1], "fork children must not share entropy"
     assert report["kill"] is True
     assert "NotFound" in report["after_kill"]["error"]
+
+
+CODE_APP = Path(__file__).parent / "apps" / "e2b_code_app.py"
+
+
+def test_e2b_code_interpreter_sdk_runs_unchanged(e2b_python: Path, server: ServeProcess) -> None:
+    """``e2b-code-interpreter``: a stateful kernel baked warm into ``code-interpreter`` (its default template,
+    ``code-interpreter-v1``), reached on port 49999 through the sandbox URL and the port proxy."""
+    env = e2b_env(server.url, server.api_key, server.data_dir)
+    done = subprocess.run([str(e2b_python), str(CODE_APP)], env=env, capture_output=True, text=True, timeout=900)
+    assert done.stdout.strip(), f"no report (rc {done.returncode}): {done.stderr[-4000:]}"
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    errors = {k: v["error"] for k, v in report.items() if isinstance(v, dict) and "error" in v}
+    assert not errors, json.dumps({k: report[k] for k in errors}, indent=1)
+    assert report["first_1_plus_1"] == "2"
+    assert report["state"] == [True, "42"]
+    assert report["rich"]["html_table"] is True and report["rich"]["png_sig"] == "89504e470d0a1a0a"
+    assert report["rich"]["png_bytes"] > 1000
+    assert report["error"] == {"name": "ValueError", "value": "bad value", "tb": True, "after": "41"}
+    assert report["callbacks"] == {"stdout": "a\nb\n", "result": "7"}
+    assert report["contexts"] == {"isolated": "NameError", "listed": True}
+    assert report["timeout_then_works"] == {"raised": "TimeoutException", "after": "43"}
+    assert report["kill"] is True

@@ -1,4 +1,4 @@
-"""The guest's kernel contexts against a real ipykernel (the versions Debian bookworm ships): state, rich
+"""The guest's kernel contexts against real IPython kernels (the version Debian bookworm ships): state, rich
 results, interrupts that keep the context, a caller going away, and the reseed after a restore."""
 
 from __future__ import annotations
@@ -11,12 +11,6 @@ from typing import Any
 import pytest
 
 from cryobox.guest.kernels.contexts import ContextError, KernelContext
-
-pytestmark = pytest.mark.filterwarnings(
-    # jupyter_client 7.4 / pyzmq under Python 3.11: deprecations inside the libraries, not in our code
-    "ignore::DeprecationWarning",
-    "ignore::ResourceWarning",
-)
 
 
 class Instance:

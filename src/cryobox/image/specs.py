@@ -81,7 +81,8 @@ START_KERNELS = (
 
 CODE_INTERPRETER = TemplateSpec(
     name="code-interpreter",
-    packages=BASE_PACKAGES + ("python3-numpy", "python3-pandas", "python3-matplotlib", "python3-ipykernel"),
+    packages=BASE_PACKAGES
+    + ("python3-numpy", "python3-pandas", "python3-matplotlib", "python3-ipython", "python3-matplotlib-inline"),
     memory_mib=1024,
     cpus=1,
     warmup=(

@@ -1,19 +1,24 @@
 """Python SDK over the public HTTP API: ``Sandbox`` / ``Snapshots`` (sync) and ``AsyncSandbox`` /
 ``AsyncSnapshots`` (asyncio); a sandbox's background processes are ``Process`` / ``AsyncProcess``
-(``sbx.processes``).
+(``sbx.processes``); its code interpreter is ``sbx.run_code`` → ``Execution`` and ``sbx.code_contexts``
+(``CodeContexts`` / ``AsyncCodeContexts`` of ``CodeContext``).
 
 Both are built from one implementation: ``_async/`` is written by hand, ``_sync/`` is generated from it by
 ``scripts/unasync.py``, and the wire logic they share (requests, parsing, errors, retry planning) is in
-``_base.py``, ``_requests.py``, ``_snapshots.py`` and ``_procs.py``.
+``_base.py``, ``_requests.py``, ``_snapshots.py``, ``_procs.py`` and ``_code.py``.
 """
 
 from ..models import ForkTreeError, ProcessResult, PromoteFailure, PromoteResult, Snapshot
 from ._async import AsyncFilesystem, AsyncForkTree, AsyncProcess, AsyncProcesses, AsyncSandbox, AsyncSnapshots
+from ._async.code import AsyncCodeContexts
 from ._base import ClientConfig, ExecResult, Lifecycle, RetryPolicy, StreamEvent
+from ._code import CodeContext, Execution, ExecutionError, Logs, Result
 from ._procs import FsWatchEvent
 from ._sync import Filesystem, ForkTree, Process, Processes, Sandbox, Snapshots
+from ._sync.code import CodeContexts
 
 __all__ = [
+    "AsyncCodeContexts",
     "AsyncFilesystem",
     "AsyncForkTree",
     "AsyncProcess",
@@ -21,17 +26,23 @@ __all__ = [
     "AsyncSandbox",
     "AsyncSnapshots",
     "ClientConfig",
+    "CodeContext",
+    "CodeContexts",
     "ExecResult",
+    "Execution",
+    "ExecutionError",
     "Filesystem",
     "ForkTree",
     "ForkTreeError",
     "FsWatchEvent",
     "Lifecycle",
+    "Logs",
     "Process",
     "ProcessResult",
     "Processes",
     "PromoteFailure",
     "PromoteResult",
+    "Result",
     "RetryPolicy",
     "Sandbox",
     "Snapshot",

@@ -28,6 +28,7 @@ from .keycache import KeyCache
 from .limits import BodyLimitMiddleware
 from .metrics import MetricsMiddleware
 from .ratelimit import RateLimiter
+from .routes_code import router as code_router
 from .routes_files import router as files_router
 from .routes_fleet import router as fleet_router
 from .routes_forks import router as forks_router
@@ -36,6 +37,7 @@ from .routes_ports import router as ports_router
 from .routes_procs import router as procs_router
 from .routes_pty import router as pty_router
 from .routes_quota import router as quota_router
+from .routes_repl import router as repl_router
 from .routes_sandboxes import router as sandboxes_router
 from .routes_snapshots import router as snapshots_router
 
@@ -156,6 +158,8 @@ def create_app(
     app.include_router(quota_router)
     app.include_router(ports_router)
     app.include_router(procs_router)
+    app.include_router(code_router)
+    app.include_router(repl_router)
     # the sandbox URL first: the E2B API's catch-all 404 would otherwise answer for it
     app.state.envd = mount_sandbox_url(app, sandbox_access, app.state.ctx.proxy)
     app.include_router(e2b_router)

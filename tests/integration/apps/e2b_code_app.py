@@ -55,7 +55,9 @@ def main() -> int:
         def streamed() -> dict[str, Any]:
             chunks: list[str] = []
             results: list[Any] = []
-            sbx.run_code("print('a'); print('b'); 7", on_stdout=lambda m: chunks.append(m.line), on_result=results.append)
+            sbx.run_code(
+                "print('a'); print('b'); 7", on_stdout=lambda m: chunks.append(m.line), on_result=results.append
+            )
             return {"stdout": "".join(chunks), "result": results[0].text if results else None}
 
         step("callbacks", streamed)

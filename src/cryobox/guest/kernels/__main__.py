@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import os
 import pwd
+import signal
 import sys
 import threading
 
+from .contexts import INSTANCE_ID_PATH
 from .server import Contexts, make_server
 
 PORT = 49999
@@ -32,15 +34,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cold", action="store_true", help="do not import numpy, pandas and matplotlib at start")
     parser.add_argument("--spares", type=int, default=1, help="warm kernels kept ready for new contexts")
     parser.add_argument("--user", help="run as this account (the server starts as root)")
+    parser.add_argument("--instance-id-path", default=INSTANCE_ID_PATH, help="where the agent's resume writes it")
     options = parser.parse_args(argv)
     if options.user:
         become(options.user)
-    contexts = Contexts(cwd=options.cwd, warm=not options.cold, spares=options.spares)
+    contexts = Contexts(
+        cwd=options.cwd, warm=not options.cold, spares=options.spares, instance_path=options.instance_id_path
+    )
     contexts.start_default()
     server = make_server(options.host, options.port, contexts)
+
+    def stop(signum: int, frame: object) -> None:  # SIGTERM: stop serving, then shut every kernel down
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
     threading.Thread(target=contexts.fill_spares, daemon=True, name="kernel-spares").start()
-    print(f"cryobox kernels serving on {options.host}:{options.port}", file=sys.stderr, flush=True)
-    server.serve_forever()
+    host, port = str(server.server_address[0]), int(server.server_address[1])
+    print(f"cryobox kernels serving on {host}:{port}", file=sys.stderr, flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        contexts.close_all()
     return 0
 
 

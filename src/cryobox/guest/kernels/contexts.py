@@ -1,31 +1,40 @@
-"""Kernel contexts: one Jupyter kernel (ipykernel) per context, driven with jupyter_client's blocking client.
+"""Kernel contexts: one kernel process (:mod:`.shell`, an IPython shell) per context.
 
-A context runs one cell at a time (a lock); its cell's output is read from the kernel's iopub channel and turned
-into output lines (:mod:`.results`) as it comes. A per-call timeout *interrupts* the kernel (SIGINT: the cell gets
-a ``KeyboardInterrupt``), so the context and its variables survive; so does a caller going away mid-cell.
+Each context has one worker thread that owns its kernel's pipes and runs one job at a time: a cell, a restart, a
+shutdown. A cell's output (the kernel's stdout and stderr, and its display/result/error messages) is turned into
+output lines (:mod:`.results`) and handed, line by line, to the request thread that streams it. A per-call timeout
+*interrupts* the kernel (SIGINT: the cell gets a ``KeyboardInterrupt``, reported as ``TimeoutError`` with
+``timed_out: true``), so the context and its variables survive; so does a caller going away mid-cell, noticed when a
+write fails or, while the cell is quiet, when ``alive`` says so. Removing or restarting a context interrupts a
+running cell first.
 
 Every kernel starts with :data:`STARTUP` (inline matplotlib, the seed tracking below) and, when ``warm``, with
 numpy, pandas and matplotlib imported and one figure and one DataFrame rendered, so a first cell costs what a warm
-kernel costs. Restores and forks of a snapshot share the kernels' RNG state; before a context's next cell after
-its guest came back under a new instance id (``/run/cryobox/instance-id``, written by the agent's resume),
-``random`` and ``numpy.random`` are reseeded from ``os.urandom`` unless the user seeded them themselves.
+kernel costs. Restores and forks of a snapshot share the kernels' RNG state; before a context's next cell after its
+guest came back under a new instance id (``/run/cryobox/instance-id``, written by the agent's resume), ``random``
+and ``numpy.random`` are reseeded from ``os.urandom`` unless the user seeded them (``random.seed`` and
+``numpy.random.seed`` are wrapped to notice; numpy is imported at start in warm kernels, so its seed is tracked from
+the start). ``env`` of a call applies to that call only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import queue
-import shutil
-import tempfile
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_client.manager import KernelManager
-
-from .results import error_line, lines_of
+from .pipes import Pipes
+from .results import error_line, result_line, stream_line
 
 Emit = Callable[[dict[str, Any]], None]
 INSTANCE_ID_PATH = "/run/cryobox/instance-id"
@@ -33,9 +42,10 @@ START_TIMEOUT_S = 180.0
 POLL_S = 0.1
 INTERRUPT_GRACE_S = 10.0
 """How long an interrupted cell may take to stop before the kernel is restarted (state lost, said so)."""
+_DONE = object()
 
 STARTUP = """
-import builtins as __cb_builtins, random as __cb_random
+import builtins as __cb_builtins, random as __cb_random, os as __cb_os
 get_ipython().run_line_magic("matplotlib", "inline")
 __cb_builtins.__cryobox_user_seeded__ = False
 def __cb_track(seed):
@@ -50,6 +60,16 @@ def __cb_track_numpy():
     np = sys.modules.get("numpy")
     if np is not None and not hasattr(np.random.seed, "__cryobox_original__"):
         np.random.seed = __cb_track(np.random.seed)
+def __cb_env_set(values):
+    saved = {key: __cb_os.environ.get(key) for key in values}
+    __cb_os.environ.update(values)
+    return saved
+def __cb_env_restore(saved):
+    for key, value in saved.items():
+        if value is None:
+            __cb_os.environ.pop(key, None)
+        else:
+            __cb_os.environ[key] = value
 __cb_track_numpy()
 """
 WARM = """
@@ -60,7 +80,6 @@ __cb_plt.close(__cb_figure); del __cb_figure
 pandas.DataFrame({"a": [1, 2]})._repr_html_()
 """
 RESEED = """
-import os as __cb_os
 __cb_track_numpy()
 if not __cb_builtins.__cryobox_user_seeded__:
     getattr(__cb_random.seed, "__cryobox_original__", __cb_random.seed)(__cb_os.urandom(32))
@@ -87,6 +106,18 @@ class ContextError(Exception):
         self.message = message
 
 
+@dataclass
+class Cell:
+    """A cell handed to the worker: what to run, and the lines it made (``_DONE`` last)."""
+
+    code: str
+    timeout_s: float | None
+    env: dict[str, str]
+    alive: Callable[[], bool] | None
+    lines: queue.Queue[Any] = field(default_factory=queue.Queue)
+    abandoned: threading.Event = field(default_factory=threading.Event)
+
+
 class KernelContext:
     def __init__(
         self,
@@ -107,62 +138,128 @@ class KernelContext:
         self._env = env
         self._instance = instance
         self._seen_instance = instance()
-        self._lock = threading.Lock()
-        self._km: KernelManager | None = None
-        self._kc: Any = None
-        self._runtime: str | None = None
+        self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._stop_cell = threading.Event()  # a remove or restart wants the running cell gone
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._cells: Any = None
+        self._pipes: Pipes | None = None
+        self._worker = threading.Thread(target=self._work, name=f"kernel-{self.id}", daemon=True)
         self.executions = 0
 
     def describe(self) -> dict[str, str]:
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
 
+    # -- the worker thread -------------------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                job()
+            except Exception as err:  # never lose the worker; the job reported what it could
+                print(f"cryobox kernels: context {self.id}: {err!r}", flush=True)
+
+    def _call(self, job: Callable[[], None]) -> None:
+        """Run ``job`` on the worker thread and wait for it; its exception is raised here."""
+        done = threading.Event()
+        failure: list[BaseException] = []
+
+        def wrapped() -> None:
+            try:
+                job()
+            except BaseException as err:  # handed back to the caller
+                failure.append(err)
+            finally:
+                done.set()
+
+        self._jobs.put(wrapped)
+        done.wait()
+        if failure:
+            raise failure[0]
+
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
     def start(self) -> KernelContext:
-        # unix sockets, not loopback TCP: a guest holding established TCP connections is not snapshotted as a
-        # template (agent/quiesce.py), and a kernel's channels are the guest talking to itself anyway
-        self._runtime = tempfile.mkdtemp(prefix="cryobox-kernel-")
-        # jupyter_client 7.4 is not typed
-        km = KernelManager(  # type: ignore[no-untyped-call]
-            kernel_name="python3", transport="ipc", ip=os.path.join(self._runtime, "k")
-        )
-        km.start_kernel(cwd=self.cwd, env={**os.environ, **(self._env or {})})
-        kc = km.blocking_client()  # type: ignore[no-untyped-call]
-        kc.start_channels(hb=False)  # no heartbeat thread: a restore steps the clock, nothing else is needed
+        if not self._worker.is_alive():
+            self._worker.start()
+        self._call(self._start)
+        return self
+
+    def _start(self) -> None:
+        cells_r, cells_w = os.pipe()
+        events_r, events_w = os.pipe()
+        argv = [sys.executable, "-m", f"{__package__}.shell", "--in", str(cells_r), "--out", str(events_w)]
+        env = {**os.environ, **(self._env or {}), "MPLBACKEND": "agg"}
         try:
-            kc.wait_for_ready(timeout=START_TIMEOUT_S)
-        except RuntimeError as err:
-            km.shutdown_kernel(now=True)
-            raise ContextError(500, f"kernel did not start: {err}") from err
-        self._km, self._kc = km, kc
+            proc = subprocess.Popen(
+                argv,
+                pass_fds=(cells_r, events_w),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=self.cwd,
+                env=env,
+                start_new_session=True,  # its own group: a shutdown also ends what the user's code left running
+            )
+        finally:
+            os.close(cells_r)
+            os.close(events_w)
+        assert proc.stdout is not None and proc.stderr is not None
+        self._proc = proc
+        self._cells = os.fdopen(cells_w, "w", buffering=1, encoding="utf-8")
+        self._pipes = Pipes(events_r, proc.stdout.fileno(), proc.stderr.fileno())
+        ready = self._pipes.next_event(START_TIMEOUT_S)
+        if ready is None or ready.get("type") != "ready":
+            self._stop()
+            raise ContextError(500, f"kernel did not start (exit code {proc.poll()})")
         self._silent(STARTUP)
         if self.warm:
             self._silent(WARM)
         self._seen_instance = self._instance()
-        return self
+
+    def _stop(self) -> None:
+        self._stop_cell.clear()  # the cell it was asked to stop is gone with the kernel
+        proc, self._proc = self._proc, None
+        if self._cells is not None:
+            with contextlib.suppress(OSError):
+                self._cells.close()
+            self._cells = None
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+        if self._pipes is not None:
+            self._pipes.close()
+            self._pipes = None
+
+    def _interrupt(self) -> None:
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._proc.pid, signal.SIGINT)
 
     def shutdown(self) -> None:
-        with self._lock:
-            if self._kc is not None:
-                self._kc.stop_channels()
-            if self._km is not None:
-                self._km.shutdown_kernel(now=True)
-            self._km = self._kc = None
-            self._forget_runtime()
-
-    def _forget_runtime(self) -> None:
-        if self._runtime is not None:
-            shutil.rmtree(self._runtime, ignore_errors=True)
-            self._runtime = None
+        """Stop the kernel (a running cell is interrupted first) and the worker."""
+        self._stop_cell.set()
+        if self._worker.is_alive():
+            self._call(self._stop)
+            self._jobs.put(None)
+            self._worker.join(timeout=30)
+        else:
+            self._stop()
 
     def restart(self) -> None:
-        """A fresh kernel (all state gone), warmed like the first."""
-        with self._lock:
-            self.restart_locked()
+        """A fresh kernel (all state gone), warmed like the first; a running cell is interrupted first."""
+        self._stop_cell.set()
+        self._call(self._restart)
 
-    def interrupt(self) -> None:
-        if self._km is not None:
-            self._km.interrupt_kernel()
+    def _restart(self) -> None:
+        self._stop()
+        self._start()
 
     # -- running cells -----------------------------------------------------------------------------------------
 
@@ -184,18 +281,45 @@ class KernelContext:
     ) -> None:
         """Run one cell, emitting its output lines and a last ``number_of_executions``; ``emit`` raising, or
         ``alive`` answering false while the cell is quiet (the caller went away), interrupts the cell."""
-        with self._lock:
-            if self._kc is None:
+        cell = Cell(code, timeout_s, dict(env or {}), alive)
+        self._jobs.put(lambda: self._cell(cell))
+        while True:
+            line = cell.lines.get()
+            if line is _DONE:
+                return
+            if isinstance(line, ContextError):
+                raise line
+            if cell.abandoned.is_set():
+                continue
+            try:
+                emit(line)
+            except OSError:
+                cell.abandoned.set()  # the worker interrupts the cell at its next look
+
+    def _cell(self, cell: Cell) -> None:
+        try:
+            if self._proc is None:
                 raise ContextError(409, f"context {self.id} has no kernel (it was removed)")
+            self._stop_cell.clear()
             current = self._instance()
             if current and current != self._seen_instance:  # a restore or fork child of a snapshot
                 self._run(RESEED, lambda line: None, timeout_s=30, silent=True)
                 self._seen_instance = current
-            if env:
-                self._run(f"import os; os.environ.update({env!r})", lambda line: None, timeout_s=30, silent=True)
-            self._run(code, emit, timeout_s=timeout_s, alive=alive)
+            if cell.env:
+                self._run(f"__cb_env_saved = __cb_env_set({cell.env!r})", lambda line: None, timeout_s=30, silent=True)
+            try:
+                self._run(cell.code, cell.lines.put, timeout_s=cell.timeout_s, alive=cell.alive, cell=cell)
+            finally:
+                if cell.env and self._proc is not None:
+                    self._run("__cb_env_restore(__cb_env_saved)", lambda line: None, timeout_s=30, silent=True)
             self.executions += 1
-            self._emit_safely(emit, {"type": "number_of_executions", "execution_count": self.executions})
+            cell.lines.put({"type": "number_of_executions", "execution_count": self.executions})
+        except ContextError as err:
+            cell.lines.put(err)
+        except Exception as err:  # jupyter_client or the kernel failed under the cell
+            cell.lines.put(ContextError(500, f"the kernel failed: {type(err).__name__}: {err}"))
+        finally:
+            cell.lines.put(_DONE)
 
     def _run(
         self,
@@ -205,60 +329,56 @@ class KernelContext:
         timeout_s: float | None,
         silent: bool = False,
         alive: Callable[[], bool] | None = None,
+        cell: Cell | None = None,
     ) -> None:
-        kc = self._kc
-        msg_id = kc.execute(code, silent=silent, store_history=not silent, allow_stdin=False, stop_on_error=True)
+        assert self._cells is not None and self._pipes is not None
+        pipes = self._pipes
+        try:
+            self._cells.write(json.dumps({"code": code, "silent": silent}) + "\n")
+            self._cells.flush()
+        except OSError:
+            emit(error_line("KernelDied", "the kernel process exited: the kernel was restarted", []))
+            self._restart()
+            return
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         interrupted_at: float | None = None
-        gone = False
+        timed_out = False
         while True:
-            try:
-                message = kc.get_iopub_msg(timeout=POLL_S)
-            except queue.Empty:
-                now = time.monotonic()
-                if interrupted_at is None and ((deadline is not None and now > deadline) or (alive and not alive())):
-                    gone = gone or (alive is not None and not alive())
-                    self.interrupt()
+            now = time.monotonic()
+            if interrupted_at is None:
+                timed_out = deadline is not None and now > deadline
+                gone = cell is not None and cell.abandoned.is_set()
+                if timed_out or gone or self._stop_cell.is_set():
+                    self._interrupt()
                     interrupted_at = now
-                elif interrupted_at is not None and now - interrupted_at > INTERRUPT_GRACE_S:
-                    self._emit_safely(emit, error_line("KernelRestarted", "the cell ignored the interrupt", []))
-                    self.restart_locked()
-                    return
-                if self._km is not None and not self._km.is_alive():
-                    self._emit_safely(emit, error_line("KernelDied", "the kernel process exited", []))
-                    self.restart_locked()
-                    return
-                continue
-            if message.get("parent_header", {}).get("msg_id") != msg_id:
-                continue  # an earlier (abandoned) cell's late output
-            if message["msg_type"] == "status" and message["content"].get("execution_state") == "idle":
+            elif now - interrupted_at > INTERRUPT_GRACE_S:
+                emit(error_line("KernelRestarted", "the cell ignored the interrupt: the kernel was restarted", []))
+                self._restart()
                 return
-            for line in lines_of(message):
-                if interrupted_at is not None and deadline is not None and line["type"] == "error":
+            for name, text in pipes.output():
+                if not silent:
+                    emit(stream_line(name, text))
+            event = pipes.next_event(POLL_S, on_output=None if silent else lambda n, t: emit(stream_line(n, t)))
+            if event is None:
+                if pipes.closed:
+                    emit(error_line("KernelDied", "the kernel process exited: the kernel was restarted", []))
+                    self._restart()
+                    return
+                if cell is not None and alive is not None and interrupted_at is None and not alive():
+                    cell.abandoned.set()
+                continue
+            kind = event.get("type")
+            if kind == "done":
+                for name, text in pipes.output():
+                    if not silent:
+                        emit(stream_line(name, text))
+                return
+            if kind in ("display", "result"):
+                emit(result_line(dict(event.get("data") or {}), main=kind == "result"))
+            elif kind == "error":
+                name, value = str(event.get("ename")), str(event.get("evalue"))
+                line = error_line(name, value, [str(t) for t in event.get("traceback") or []])
+                if timed_out and name == "KeyboardInterrupt":
                     line = error_line("TimeoutError", f"execution timed out after {timeout_s:g}s (interrupted)", [])
-                if gone:
-                    continue
-                try:
-                    emit(line)
-                except OSError:  # the caller went away: stop the cell, keep the context
-                    gone = True
-                    if interrupted_at is None:
-                        self.interrupt()
-                        interrupted_at = time.monotonic()
-
-    @staticmethod
-    def _emit_safely(emit: Emit, line: dict[str, Any]) -> None:
-        try:
-            emit(line)
-        except OSError:
-            pass
-
-    def restart_locked(self) -> None:
-        """Replace the kernel while holding the lock (a cell that would not stop, or a dead kernel)."""
-        if self._kc is not None:
-            self._kc.stop_channels()
-        if self._km is not None:
-            self._km.shutdown_kernel(now=True)
-        self._km = self._kc = None
-        self._forget_runtime()
-        self.start()
+                    line["timed_out"] = True
+                emit(line)

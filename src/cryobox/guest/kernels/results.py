@@ -1,4 +1,4 @@
-"""Jupyter messages → E2B's code-interpreter output lines (``type`` ``stdout`` | ``stderr`` | ``result`` |
+"""A kernel's output → E2B's code-interpreter output lines (``type`` ``stdout`` | ``stderr`` | ``result`` |
 ``error`` | ``number_of_executions``), one JSON object per line.
 
 A result carries the MIME bundle IPython's display machinery produced for the object: ``text/plain`` → ``text``,
@@ -30,7 +30,8 @@ ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1e6) % 1_000_000:06d}Z"
+    stamp = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(stamp)) + f".{int(stamp * 1e6) % 1_000_000:06d}Z"
 
 
 def result_line(data: dict[str, Any], *, main: bool) -> dict[str, Any]:
@@ -56,18 +57,3 @@ def stream_line(name: str, text: str) -> dict[str, Any]:
 def error_line(name: str, value: str, traceback: list[str]) -> dict[str, Any]:
     """The traceback without terminal colours (IPython colours it for a terminal)."""
     return {"type": "error", "name": name, "value": value, "traceback": "\n".join(ANSI.sub("", t) for t in traceback)}
-
-
-def lines_of(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """The output lines one iopub message of the running cell makes (none for status and input echoes)."""
-    kind = message.get("msg_type") or message.get("header", {}).get("msg_type")
-    content = message.get("content", {})
-    if kind == "stream":
-        return [stream_line(str(content.get("name")), str(content.get("text", "")))]
-    if kind == "execute_result":
-        return [result_line(dict(content.get("data", {})), main=True)]
-    if kind == "display_data":
-        return [result_line(dict(content.get("data", {})), main=False)]
-    if kind == "error":
-        return [error_line(str(content.get("ename")), str(content.get("evalue")), list(content.get("traceback", [])))]
-    return []

@@ -13,6 +13,7 @@ Errors are JSON ``{"error": message}`` with 400, 404, 409 or 500; the E2B SDK ra
 
 from __future__ import annotations
 
+import functools
 import json
 import select
 import socket
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .contexts import ContextError, KernelContext
+from .contexts import INSTANCE_ID_PATH, ContextError, KernelContext, instance_id
 
 DEFAULT_CONTEXT = "default"
 MAX_BODY = 16 << 20
@@ -30,8 +31,11 @@ MAX_BODY = 16 << 20
 class Contexts:
     """Every context of this guest, the default one included, and one spare warm kernel for the next create."""
 
-    def __init__(self, *, cwd: str = "/home/user", warm: bool = True, spares: int = 1) -> None:
+    def __init__(
+        self, *, cwd: str = "/home/user", warm: bool = True, spares: int = 1, instance_path: str = INSTANCE_ID_PATH
+    ) -> None:
         self.cwd = cwd
+        self._instance = functools.partial(instance_id, instance_path)
         self.warm = warm
         self.spares = spares
         self._lock = threading.Lock()
@@ -40,7 +44,9 @@ class Contexts:
         self._filling = False
 
     def start_default(self) -> KernelContext:
-        context = KernelContext(cwd=self.cwd, context_id=DEFAULT_CONTEXT, warm=self.warm).start()
+        context = KernelContext(
+            cwd=self.cwd, context_id=DEFAULT_CONTEXT, warm=self.warm, instance=self._instance
+        ).start()
         with self._lock:
             self._contexts[context.id] = context
         return context
@@ -56,7 +62,7 @@ class Contexts:
                 with self._lock:
                     if len(self._spare) >= self.spares:
                         return
-                spare = KernelContext(cwd=self.cwd, warm=self.warm).start()
+                spare = KernelContext(cwd=self.cwd, warm=self.warm, instance=self._instance).start()
                 with self._lock:
                     self._spare.append(spare)
         finally:
@@ -74,7 +80,7 @@ class Contexts:
             threading.Thread(target=self.fill_spares, daemon=True, name="kernel-spares").start()
             context = spare
         else:
-            context = KernelContext(language, cwd or self.cwd, warm=self.warm).start()
+            context = KernelContext(language, cwd or self.cwd, warm=self.warm, instance=self._instance).start()
         with self._lock:
             self._contexts[context.id] = context
         return context
@@ -89,6 +95,15 @@ class Contexts:
     def listed(self) -> list[dict[str, str]]:
         with self._lock:
             return [c.describe() for c in self._contexts.values()]
+
+    def close_all(self) -> None:
+        """Shut every kernel down, spares too (the server is stopping)."""
+        with self._lock:
+            everything = [*self._contexts.values(), *self._spare]
+            self._contexts.clear()
+            self._spare.clear()
+        for context in everything:
+            context.shutdown()
 
     def remove(self, context_id: str) -> None:
         if context_id == DEFAULT_CONTEXT:
@@ -116,7 +131,10 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _body(self) -> dict[str, Any]:
-        length = int(self.headers.get("Content-Length") or 0)
+        declared = self.headers.get("Content-Length") or "0"
+        if not declared.isdigit():
+            raise ContextError(400, f"bad Content-Length {declared[:20]!r}")
+        length = int(declared)
         if length > MAX_BODY:
             raise ContextError(413, f"body of {length} bytes exceeds {MAX_BODY}")
         raw = self.rfile.read(length) if length else b""

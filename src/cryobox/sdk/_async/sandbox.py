@@ -30,6 +30,7 @@ from .._base import DEFAULT_RETRY, ClientConfig, ExecResult, Lifecycle, RetryPol
 from .._procs import PortUrls
 from .._sse import OutputCallback
 from ._http import open_client, output_stream, send
+from .code import AsyncCodeInterpreter
 from .filesystem import AsyncFilesystem
 from .processes import AsyncProcess, AsyncProcesses
 from .snapshots import AsyncForkTree
@@ -37,10 +38,11 @@ from .snapshots import AsyncForkTree
 __all__ = ["AsyncFilesystem", "AsyncProcess", "AsyncProcesses", "AsyncSandbox"]
 
 
-class AsyncSandbox(PortUrls):
+class AsyncSandbox(PortUrls, AsyncCodeInterpreter):
     """One sandbox. Build it with ``create`` or ``connect``; ``async with`` kills it on exit.
 
-    ``filesystem`` and ``processes`` are its files and background processes; ``port_url(port)`` / ``get_host``
+    ``filesystem`` and ``processes`` are its files and background processes; ``run_code`` and ``code_contexts``
+    its code interpreter (``AsyncCodeInterpreter``, template ``code-interpreter``); ``port_url(port)`` / ``get_host``
     (no IO, from ``_procs.PortUrls``) address its ports through the control plane (send ``Authorization: Bearer``).
 
     The object owns its HTTP client: ``aclose()`` releases it and leaves the sandbox running, ``kill()`` deletes

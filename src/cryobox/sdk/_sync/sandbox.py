@@ -32,6 +32,7 @@ from .._base import DEFAULT_RETRY, ClientConfig, ExecResult, Lifecycle, RetryPol
 from .._procs import PortUrls
 from .._sse import OutputCallback
 from ._http import open_client, output_stream, send
+from .code import CodeInterpreter
 from .filesystem import Filesystem
 from .processes import Process, Processes
 from .snapshots import ForkTree
@@ -39,10 +40,11 @@ from .snapshots import ForkTree
 __all__ = ["Filesystem", "Process", "Processes", "Sandbox"]
 
 
-class Sandbox(PortUrls):
+class Sandbox(PortUrls, CodeInterpreter):
     """One sandbox. Build it with ``create`` or ``connect``; ``with`` kills it on exit.
 
-    ``filesystem`` and ``processes`` are its files and background processes; ``port_url(port)`` / ``get_host``
+    ``filesystem`` and ``processes`` are its files and background processes; ``run_code`` and ``code_contexts``
+    its code interpreter (``CodeInterpreter``, template ``code-interpreter``); ``port_url(port)`` / ``get_host``
     (no IO, from ``_procs.PortUrls``) address its ports through the control plane (send ``Authorization: Bearer``).
 
     The object owns its HTTP client: ``close()`` releases it and leaves the sandbox running, ``kill()`` deletes

@@ -254,6 +254,20 @@ def bench_snapshot(
     _print_result(result, as_json)
 
 
+@bench_app.command("code")
+def bench_code(
+    n: Annotated[int, typer.Option("--n", help="fresh sandboxes per first-call measurement")] = 5,
+    as_json: AsJson = False,
+    out_dir: OutDir = RESULTS_DIR,
+    cache_dir: CacheDir = None,
+) -> None:
+    """First run_code and first DataFrame after a create vs `python3 -c "import pandas"`, and steady run_code."""
+    from ..bench.code import run_code_bench
+
+    result = run_code_bench(n=n, out_dir=out_dir, cache_dir=cache_dir, console=console)
+    _print_result(result, as_json)
+
+
 @bench_app.command("net")
 def bench_net(
     n: Annotated[int, typer.Option("--n", help="creates per snapshot age for the clock error")] = 5,

@@ -41,6 +41,19 @@ class ExecSpec:
     stream: bool
 
 
+def checked_cwd(cwd: Any, home: str) -> str:
+    """A request's ``cwd``: an existing absolute directory, or (``None``) ``home`` if it exists, else ``/``."""
+    if cwd is None:
+        return home if os.path.isdir(home) else "/"
+    if not isinstance(cwd, str) or not os.path.isabs(cwd) or "\x00" in cwd:
+        raise invalid("'cwd' must be an absolute path or null")
+    if not os.path.exists(cwd):
+        raise OpError("not_found", f"cwd {cwd} does not exist")
+    if not os.path.isdir(cwd):
+        raise OpError("not_a_directory", f"cwd {cwd} is not a directory")
+    return cwd
+
+
 def parse_args(args: dict[str, Any]) -> ExecSpec:
     cmd = args.get("cmd")
     if not isinstance(cmd, str):
@@ -63,15 +76,7 @@ def parse_args(args: dict[str, Any]) -> ExecSpec:
     env = {**os.environ, **extra}
     env.setdefault("PATH", DEFAULT_PATH)
     env.setdefault("HOME", DEFAULT_HOME)
-    cwd = args.get("cwd")
-    if cwd is None:
-        cwd = DEFAULT_HOME if os.path.isdir(DEFAULT_HOME) else "/"
-    elif not isinstance(cwd, str) or not os.path.isabs(cwd) or "\x00" in cwd:
-        raise invalid("'cwd' must be an absolute path or null")
-    elif not os.path.exists(cwd):
-        raise OpError("not_found", f"cwd {cwd} does not exist")
-    elif not os.path.isdir(cwd):
-        raise OpError("not_a_directory", f"cwd {cwd} is not a directory")
+    cwd = checked_cwd(args.get("cwd"), DEFAULT_HOME)
     stdin = args.get("stdin")
     return ExecSpec(
         argv=["/bin/sh", "-c", cmd],

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .ops_exec import DEFAULT_HOME, DEFAULT_PATH
+from .ops_exec import DEFAULT_HOME, DEFAULT_PATH, checked_cwd
 from .ops_files import OpError, cancel_flag, decode_b64, invalid, lookup_user, optional_bool
 from .ops_pty import _dimension, set_winsize
 from .proc_io import POLL_MS, Proc, StartSpec, killpg, pump, spawn, write_all
@@ -68,15 +68,7 @@ def parse_start(args: dict[str, Any]) -> StartSpec:
         env["TERM"] = "xterm-256color"
     env.update(given)
     env.setdefault("PATH", DEFAULT_PATH)
-    cwd = args.get("cwd")
-    if cwd is None:
-        cwd = home if os.path.isdir(home) else "/"
-    elif not isinstance(cwd, str) or not os.path.isabs(cwd) or "\x00" in cwd:
-        raise invalid("'cwd' must be an absolute path or null")
-    elif not os.path.exists(cwd):
-        raise OpError("not_found", f"cwd {cwd} does not exist")
-    elif not os.path.isdir(cwd):
-        raise OpError("not_a_directory", f"cwd {cwd} is not a directory")
+    cwd = checked_cwd(args.get("cwd"), home)
     return StartSpec(
         cmd=cmd,
         args=list(argv),

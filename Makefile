@@ -51,6 +51,7 @@ bench: setup
 	$(CRYOBOX) bench burst --n 32 --faults latency_ms=50,bandwidth_mbps=200 --json --plot bench/results/burst-slow-store.png $(ARGS)
 	$(CRYOBOX) bench fleet --n 48 --agents 3 --json --plot bench/results/fleet.png $(ARGS)
 	$(CRYOBOX) bench restart --json $(ARGS)
+	$(CRYOBOX) bench code --json $(ARGS)
 
 ENVD_DIR := src/cryobox/server/e2b/envd
 ENVD_PROTOS := process/process.proto filesystem/filesystem.proto

@@ -130,7 +130,13 @@ async def obtain_templates(config: HostConfig, store: ObjectStore, progress: Pro
 async def prepare_templates(config: HostConfig, progress: Progress) -> dict[str, Template]:
     """Every template of ``config``, built and baked side by side (their debootstraps and cold boots overlap;
     a part they share, like the kernel, is built once: the image cache makes the others wait for it)."""
-    built = await asyncio.gather(*(prepare_template(config, spec, progress) for spec in config.templates))
+    try:
+        built = await asyncio.gather(*(prepare_template(config, spec, progress) for spec in config.templates))
+    finally:
+        jail = JailSettings.for_tag(tag_for(config.paths.data_dir))
+        if jail is not None and jail.cgroups is not None:
+            # the bakes' VMs are gone: their per-agent cgroup directories too (kept while any VM still uses them)
+            await asyncio.to_thread(jail.cgroups.remove_base)
     return {template.name: template for template in built}
 
 

@@ -23,17 +23,14 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
-from fastapi import FastAPI
 
 from cryobox.agentapi import models as am
 from cryobox.errors import GuestError, HostUnavailable, InvalidArgument, NotFound, StateError
 from cryobox.sdk._sse import SSEDecoder
 from cryobox.server import code_client
 from cryobox.server.code_client import CodeClient, collect, primed
-from cryobox.server.routes_code import router as code_router
-from cryobox.server.routes_repl import router as repl_router
 from tests.unit.fake_agent import DEFAULT_TEMPLATE, FakeAgent
+from tests.unit.serving import app_of, serving
 from tests.unit.test_quotas import Env, env, quota, registry
 
 __all__ = ["env", "quota", "registry"]  # fixtures
@@ -123,45 +120,16 @@ def agent(kernels: Kernels) -> KernelAgent:
     return KernelAgent(kernels.url, name="a", max_sandboxes=64, vcpus=64, memory_mib=1 << 20)
 
 
-def with_code(env: Env) -> FastAPI:
-    """The env's app with the code and repl routes (included once, whether or not ``create_app`` has them)."""
-    transport = env.client._transport
-    assert isinstance(transport, httpx.ASGITransport)
-    app = transport.app
-    assert isinstance(app, FastAPI)
-    paths = {getattr(route, "path", None) for route in app.routes}
-    if "/v1/sandboxes/{sandbox_id}/code/run" not in paths:
-        app.include_router(code_router)
-    if "/v1/sandboxes/{sandbox_id}/repl" not in paths:
-        app.include_router(repl_router)
-    return app
-
-
 @pytest.fixture
 def api(env: Env) -> httpx.AsyncClient:
-    with_code(env)
     return env.client
 
 
 @pytest.fixture
 async def served(env: Env) -> AsyncIterator[str]:
     """The env's app on a real uvicorn server in this event loop (so responses really stream); its base URL."""
-    app = with_code(env)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", ws="none", timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        async with asyncio.timeout(10):
-            while not server.started:
-                assert not task.done(), "uvicorn did not start"
-                await asyncio.sleep(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
+    async with serving(app_of(env)) as url:
+        yield url
 
 
 @pytest.fixture

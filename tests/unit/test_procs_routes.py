@@ -12,22 +12,19 @@ import asyncio
 import base64
 import json
 import shlex
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
-from fastapi import FastAPI
 
 from cryobox.agentapi import models as am
 from cryobox.errors import GuestError, NotFound
 from cryobox.models import ProcessResult
 from cryobox.sdk._sse import SSEDecoder
 from cryobox.server.routes_procs import aclose, process_view
-from cryobox.server.routes_procs import router as procs_router
 from tests.unit.fake_agent import FakeAgent
+from tests.unit.serving import app_of, serving
 from tests.unit.test_quotas import Env, env, quota, registry
 
 __all__ = ["env", "quota", "registry"]  # fixtures
@@ -82,43 +79,17 @@ def agent() -> ShellAgent:
     return ShellAgent(name="a", max_sandboxes=64, vcpus=64, memory_mib=1 << 20)
 
 
-def with_procs(env: Env) -> FastAPI:
-    """The env's app with the process routes (included once, whether or not ``create_app`` has them)."""
-    transport = env.client._transport
-    assert isinstance(transport, httpx.ASGITransport)
-    app = transport.app
-    assert isinstance(app, FastAPI)
-    if not any(getattr(route, "path", None) == "/v1/sandboxes/{sandbox_id}/processes" for route in app.routes):
-        app.include_router(procs_router)
-    return app
-
-
 @pytest.fixture
 def api(env: Env) -> httpx.AsyncClient:
     """The ASGI client, with the process routes."""
-    with_procs(env)
     return env.client
 
 
 @pytest.fixture
 async def served(env: Env) -> AsyncIterator[str]:
     """The env's app on a real uvicorn server in this event loop (so responses really stream); its base URL."""
-    app = with_procs(env)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", ws="none", timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        async with asyncio.timeout(10):
-            while not server.started:
-                assert not task.done(), "uvicorn did not start"
-                await asyncio.sleep(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
+    async with serving(app_of(env)) as url:
+        yield url
 
 
 @pytest.fixture

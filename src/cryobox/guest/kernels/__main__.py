@@ -23,7 +23,6 @@ def become(name: str) -> None:
     os.setgid(account.pw_gid)
     os.setuid(account.pw_uid)
     os.environ.update(HOME=account.pw_dir, USER=name, LOGNAME=name)
-    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")  # ipykernel's debugger otherwise warns at start
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -316,7 +316,7 @@ class KernelContext:
             cell.lines.put({"type": "number_of_executions", "execution_count": self.executions})
         except ContextError as err:
             cell.lines.put(err)
-        except Exception as err:  # jupyter_client or the kernel failed under the cell
+        except Exception as err:  # the kernel process or its pipes failed under the cell
             cell.lines.put(ContextError(500, f"the kernel failed: {type(err).__name__}: {err}"))
         finally:
             cell.lines.put(_DONE)

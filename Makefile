@@ -6,8 +6,14 @@ CRYOBOX := $(VENV)/bin/cryobox
 APT_PACKAGES := qemu-system-x86 qemu-utils debootstrap busybox-static e2fsprogs postgresql xfsprogs nftables fuse3 libfuse3-3 protobuf-compiler
 PYTEST_ARGS ?=
 ARGS ?=
+# QEMU 10 from bookworm-backports, unpacked beside the system's 7.2 (not installed as the system QEMU): measured
+# against 7.2 by `make bench` (docs/ARCHITECTURE.md, "Snapshots"); VMs use it only with CRYOBOX_QEMU=$(QEMU10).
+QEMU10_VERSION := 1:10.0.2+ds-2+deb13u1~bpo12+1
+QEMU10_SEABIOS := 1.16.3-2~bpo12+1
+QEMU10_PREFIX := /opt/cryobox/qemu-10.0.2
+QEMU10 := $(QEMU10_PREFIX)/usr/bin/qemu-system-x86_64
 
-.PHONY: setup apt venv images run test lint unit bench clean-venv
+.PHONY: setup apt venv images qemu10 run test lint unit bench clean-venv
 
 setup: apt venv images
 
@@ -29,6 +35,9 @@ $(VENV)/.installed: pyproject.toml
 images: venv
 	$(CRYOBOX) image build
 
+qemu10:
+	scripts/install-qemu.sh $(QEMU10_PREFIX) /opt/cryobox/apt-backports '$(QEMU10_VERSION)' '$(QEMU10_SEABIOS)'
+
 run: setup
 	$(CRYOBOX) serve $(ARGS)
 
@@ -43,9 +52,9 @@ test: setup lint
 unit: venv
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
-bench: setup
+bench: setup qemu10
 	$(CRYOBOX) bench create --json $(ARGS)
-	$(CRYOBOX) bench snapshot --json $(ARGS)
+	$(CRYOBOX) bench snapshot --json --qemu $(QEMU10) $(ARGS)
 	$(CRYOBOX) bench net --json $(ARGS)
 	$(CRYOBOX) bench burst --n 32 --json --plot bench/results/burst.png $(ARGS)
 	$(CRYOBOX) bench burst --n 32 --faults latency_ms=50,bandwidth_mbps=200 --json --plot bench/results/burst-slow-store.png $(ARGS)

@@ -189,7 +189,10 @@ class Info(BaseModel):
 class Snapshot:
     """A snapshot of a sandbox's memory and disk (``GET /v1/snapshots/{id}``).
 
-    ``size_bytes`` is the allocated size of all its files; ``retain`` keeps it when its sandbox is deleted;
+    ``size_bytes`` is the allocated size of all its files; ``unique_bytes`` the bytes only it holds (the memory
+    pages it changed from its parent image, its device state and its disk overlay); ``shared_bytes`` the memory it
+    shares with its parent image (a template generation or another snapshot; both 0 from a server that predates
+    them); ``retain`` keeps it when its sandbox is deleted;
     ``parent_id`` is the snapshot it was taken on top of, if any; ``pause_ms`` how long the sandbox was paused;
     ``location`` is ``local`` until the snapshot is in the object store (``stored``: restorable on any host).
     """
@@ -205,6 +208,8 @@ class Snapshot:
     pause_ms: float | None = None
     location: str = "local"
     host: str | None = None
+    unique_bytes: int = 0
+    shared_bytes: int = 0
 
 
 @dataclass(frozen=True)

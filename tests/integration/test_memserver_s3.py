@@ -47,7 +47,7 @@ def image(tmp_path: Path, moto: MotoServer) -> tuple[ObjectStore, str, Path, str
                 fh.seek(i * CHUNK_SIZE)
                 fh.write(os.urandom(CHUNK_SIZE))
     pins = PinSet()
-    upload_image(store, "templates/t/g1/memory", raw, "g1", tmp_path / "work", pins)
+    upload_image(store, "templates/t/g1/memory", raw, "g1", pins)
     return store, moto.url(bucket), raw, file_name("templates/t/g1", pins.pin("templates/t/g1/memory.idx").sha256)
 
 
@@ -114,7 +114,9 @@ def test_fuse_file_is_the_image_and_concurrent_faults_fetch_each_chunk_once(
 
     # a new server over the same cache: the chunks are there, no GET (index and chunks are local) -- except for
     # one chunk whose cached bytes rotted on disk: detected by its sha256, evicted and fetched again
-    (rotten,) = [p for p in (tmp_path / "chunks").glob("*/00000003")]
+    with open(raw, "rb") as fh:
+        digest = hashlib.sha256(os.pread(fh.fileno(), CHUNK_SIZE, 3 * CHUNK_SIZE)).hexdigest()
+    rotten = tmp_path / "chunks" / digest[:2] / digest  # chunk 3, cached by its sha256
     with open(rotten, "r+b") as bad:
         bad.seek(12345)
         byte = bad.read(1)

@@ -12,9 +12,11 @@ import pytest
 
 from cryobox.agent.store.objstore import OTHER_RETRIES, PART_SIZE, ObjectStore, open_store
 from cryobox.agent.store.store_faults import FaultyStore, StoreFaults
+from cryobox.agent.store.storegc import GcPolicy, collect
 from cryobox.errors import InvalidArgument, ObjectNotFound, StoreError, StoreThrottled
 
 from ..support_s3 import CREDENTIALS, MotoServer, ThrottlePolicy, ThrottlingProxy, moto_server, throttling_proxy
+from ..unit.storegc_support import hours_later, live_problems, put_generation, put_image, put_orphan, referenced
 
 MiB = 1 << 20
 
@@ -197,3 +199,15 @@ def test_unreachable_endpoint_fails_fast() -> None:
     with pytest.raises(StoreError) as caught:
         store.get_range("k", 0, 1)
     assert type(caught.value) is StoreError and time.monotonic() - t0 < 2
+
+
+def test_a_store_gc_over_s3_keeps_live_images_and_removes_the_rest(store: ObjectStore, tmp_path: Path) -> None:
+    """Sizes and last-modified times come from S3's listing; a GC run over it keeps exactly what live images name."""
+    put_generation(store, tmp_path, "g1", {0: b"kernel", 1: b"gen 1"}, time.time() - 7200, latest=True)
+    orphan = put_orphan(store, b"orphan")
+    put_image(store, tmp_path, "snapshots/dead", {0: b"dead"}, None)
+    assert all(m.last_modified is not None and abs(m.last_modified - time.time()) < 600 for m in store.list_meta(""))
+    report = collect(store, GcPolicy(grace_s=3600), hours_later(2))
+    assert report.complete and live_problems(store) == [] and not store.exists(orphan)
+    assert sorted(store.list("chunks")) == sorted(referenced(store)) and store.list("snapshots") == []
+    assert store.list("leases") == [] and store.list("gc") == []

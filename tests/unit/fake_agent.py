@@ -251,6 +251,8 @@ class FakeAgent(FakeProcs):
             key=key,
             generation=template.generation,
             size_bytes=len(files),
+            unique_bytes=len(files),
+            shared_bytes=0,
             manifest_sha256=hashlib.sha256(data).hexdigest(),
         )
 
@@ -481,13 +483,17 @@ class FakeAgent(FakeProcs):
         self._require(sandbox_id, "running", "paused")
         files = dict(self.files[sandbox_id])
         template = self.template_infos.get(info.template)
+        memory = info.memory_mib * 1024 * 1024
+        shared = memory * 3 // 4  # the pages the guest left as its parent image has them
         snap = m.SnapshotInfo(
             id=request.snapshot_id,
             template=info.template,
             generation=template.generation if template else None,
             sandbox_id=sandbox_id,
             parent_id=info.from_snapshot,
-            size_bytes=info.memory_mib * 1024 * 1024 + sum(len(d) for d in files.values()),
+            size_bytes=memory + sum(len(d) for d in files.values()),
+            unique_bytes=memory - shared + sum(len(d) for d in files.values()),
+            shared_bytes=shared,
             pause_ms=2.0,
             created_at=self.clock(),
             labels=dict(request.labels),

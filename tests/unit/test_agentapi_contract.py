@@ -328,6 +328,9 @@ async def test_snapshots(pair: Pair) -> None:
     await agent.write_file("sb-1", "/state", b"v1")
     snap = await agent.snapshot("sb-1", m.SnapshotRequest(snapshot_id="snap-1", labels={"k": "v"}))
     assert (snap.id, snap.sandbox_id, snap.labels, snap.generation) == ("snap-1", "sb-1", {"k": "v"}, "g1")
+    assert snap == pair.fake.snapshots["snap-1"]  # every field crosses, the sizes too
+    assert snap.shared_bytes > 0 and snap.unique_bytes + snap.shared_bytes == snap.size_bytes
+    assert {"unique_bytes", "shared_bytes"} <= snap.model_fields_set  # sent, not defaulted
     stored = await agent.store_snapshot("snap-1")
     assert stored.id == "snap-1" and stored.key
     assert stored.manifest_sha256 is not None and len(stored.manifest_sha256) == 64  # the pin crosses back
@@ -361,6 +364,7 @@ async def test_hibernation_stored_and_woken_as_the_same_sandbox(pair: Pair) -> N
     stored = await agent.store_hibernation("sb-1")
     assert (stored.id, stored.key, stored.generation) == ("sb-1", "hibernations/sb-1", "g1")
     assert stored.manifest_sha256 is not None and len(stored.manifest_sha256) == 64
+    assert {"unique_bytes", "shared_bytes"} <= stored.model_fields_set
     assert await agent.store_hibernation("sb-1") == stored  # idempotent
 
     wake = m.WakeSpec(

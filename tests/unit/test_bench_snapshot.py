@@ -15,11 +15,15 @@ from cryobox.bench.snapshot import (
     TREE_COUNT,
     BenchError,
     Samples,
+    binaries_to_run,
     build_result,
     capture_breakdown,
+    combine_results,
+    comparison_table,
     guest_used_mib,
     result_table,
     stats_n,
+    version_key,
 )
 
 ROLLUP = """\
@@ -203,6 +207,8 @@ def test_build_result_shape_and_ratios() -> None:
         "pause_ratio": True,
         "fork_tree_over_restore": True,
         "pss_ratio": True,
+        "pause_ms_issue18": False,  # p50s 50 and 60 ms > 30
+        "pause_ratio_issue18": True,  # 1.2
     }
 
 
@@ -232,3 +238,85 @@ def test_table_renders() -> None:
     assert "Pss ratio" in text
     assert "QEMU downtime ms 512M" in text
     assert "≤ 0.25 ok" in text
+
+
+def test_build_result_adds_lazy_sweep_and_hot_dir() -> None:
+    s = samples()
+    s.lazy_pause = [600.0, 700.0, 650.0]
+    s.lazy_capture = [{"pause_ms": 600.0, "total_ms": 900.0}]
+    s.dirty_sweep = [{"dirtied_mib": 16.0, "unique_mib": 20.0, "shared_mib": 140.0, "snapshot_ms": 1500.0}]
+    s.shm_before_bytes, s.shm_after_bytes = 132 << 20, 700 << 20
+    s.capture_modes = {"512": ["precopy", "precopy"], "lazy": ["stopped", "precopy"]}
+    result = build_result(
+        s, n=3, cores=2, accelerator="tcg", qemu="q", server_version="v", measured_at="now", qemu_path="/opt/q"
+    )
+    json.dumps(result)
+    assert result["lazy_pause_ms"]["p50"] == 650.0
+    assert result["lazy_capture"]["total_ms"]["p50"] == 900.0
+    assert result["dirty_sweep"] == s.dirty_sweep
+    assert result["shm_mib_before_snapshots"] == 132.0
+    assert result["shm_mib_after_10_snapshots"] == 700.0
+    assert result["qemu_binary"] == "/opt/q"
+    assert result["capture_modes"] == {"512": ["precopy"], "lazy": ["precopy", "stopped"]}
+    assert result["checks"]["pause_ms_issue18"] is False  # p50s 50 and 60 > 30
+    assert result["checks"]["pause_ratio_issue18"] is True  # 1.2
+    console = Console(record=True, width=80)
+    console.print(result_table(result))
+    assert "lazy pause ms (512M)" in console.export_text()
+
+
+def test_build_result_without_the_new_steps() -> None:
+    result = build_result(samples(), n=3, cores=2, accelerator="tcg", qemu="q", server_version="v", measured_at="now")
+    assert result["lazy_pause_ms"] is None
+    assert result["dirty_sweep"] == []
+    assert result["shm_mib_after_10_snapshots"] is None
+
+
+def test_combine_results_keeps_the_default_binary_on_top() -> None:
+    old = build_result(
+        samples(),
+        n=3,
+        cores=2,
+        accelerator="tcg",
+        qemu="QEMU emulator version 7.2.22 (Debian)",
+        server_version="v",
+        measured_at="now",
+    )
+    s = samples()
+    s.pause_512 = [20.0, 21.0, 22.0]
+    new = build_result(
+        s,
+        n=3,
+        cores=2,
+        accelerator="tcg",
+        qemu="QEMU emulator version 10.0.2 (Debian)",
+        server_version="v",
+        measured_at="now",
+        qemu_path="/opt/cryobox/qemu-10.0.2/usr/bin/qemu-system-x86_64",
+    )
+    combined = combine_results([old, new])
+    json.dumps(combined)
+    assert combined["pause_ms_512"] == old["pause_ms_512"]
+    assert combined["qemu"] == old["qemu"]
+    assert list(combined["by_qemu"]) == ["7.2.22", "10.0.2"]
+    assert combined["by_qemu"]["10.0.2"]["pause_ms_512"]["p50"] == 21.0
+    assert combined["qemu_comparison"]["pause_ms_512_p50"] == {"7.2.22": 50.0, "10.0.2": 21.0}
+    assert combined["qemu_comparison"]["lazy_pause_ms_p50"] == {"7.2.22": None, "10.0.2": None}
+    console = Console(record=True, width=80)
+    console.print(comparison_table(combined))
+    assert "pause_ms_512_p50" in console.export_text()
+
+
+def test_version_key() -> None:
+    assert version_key("QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-2+deb13u1~bpo12+1)") == "10.0.2"
+    assert version_key("something else") == "something else"
+
+
+def test_binaries_to_run_dedupes_and_checks(tmp_path: Path) -> None:
+    fake = tmp_path / "usr" / "bin" / "qemu-system-x86_64"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    assert binaries_to_run([str(fake), str(fake)], default="qemu-system-x86_64") == ["qemu-system-x86_64", str(fake)]
+    with pytest.raises(BenchError, match="--qemu"):
+        binaries_to_run([str(tmp_path / "nope" / "qemu-system-x86_64")], default="qemu-system-x86_64")

@@ -3,6 +3,7 @@ process stands in for QEMU: it maps a file with ``mmap`` and looks itself up."""
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import mmap
 import os
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.vm.capture import prepopulate, ram_mapping
+from cryobox.agent.vm.capture import _continue_when_saved, _ensure_running, prepopulate, ram_mapping
 from cryobox.errors import VmmError
 
 SIZE = 64 * mmap.PAGESIZE
@@ -92,3 +93,50 @@ def test_prepopulate_faults_the_mapping_in(tmp_path: Path) -> None:
 def test_prepopulate_without_mapping(tmp_path: Path) -> None:
     with pytest.raises(VmmError):
         prepopulate(os.getpid(), tmp_path / "memory")
+
+
+class _FakeVm:
+    """Answers QMP like a QEMU 10 background snapshot: ``query-migrate`` shows no page saved for the first polls."""
+
+    def __init__(self, saved_after: int, running_after_cont: bool = True) -> None:
+        self.polls = 0
+        self.saved_after = saved_after
+        self.running_after_cont = running_after_cont
+        self.commands: list[str] = []
+
+    async def execute(self, command: str, args: object = None) -> dict[str, object]:
+        self.commands.append(command)
+        if command == "query-migrate":
+            self.polls += 1
+            saved = self.polls > self.saved_after
+            return {"status": "active", "ram": {"normal": 3 if saved else 0, "duplicate": 0}}
+        if command == "query-status":
+            running = self.running_after_cont or self.commands.count("cont") > 1
+            return {"running": running, "status": "running" if running else "paused"}
+        return {}
+
+
+def test_continue_when_saved_waits_for_the_first_page() -> None:
+    vm = _FakeVm(saved_after=3)
+    asyncio.run(_continue_when_saved(vm, timeout=5))  # type: ignore[arg-type]
+    assert vm.commands == ["query-migrate"] * 4 + ["cont"]
+
+
+def test_continue_when_saved_leaves_a_failed_migration_alone() -> None:
+    class Failed(_FakeVm):
+        async def execute(self, command: str, args: object = None) -> dict[str, object]:
+            self.commands.append(command)
+            return {"status": "failed"}
+
+    vm = Failed(saved_after=0)
+    asyncio.run(_continue_when_saved(vm, timeout=5))  # type: ignore[arg-type]
+    assert vm.commands == ["query-migrate"]
+
+
+def test_ensure_running_continues_a_vm_left_paused() -> None:
+    vm = _FakeVm(saved_after=0, running_after_cont=False)
+    asyncio.run(_ensure_running(vm))  # type: ignore[arg-type]
+    assert vm.commands == ["query-status", "cont"]
+    vm = _FakeVm(saved_after=0)
+    asyncio.run(_ensure_running(vm))  # type: ignore[arg-type]
+    assert vm.commands == ["query-status"]

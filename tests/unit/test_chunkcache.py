@@ -1,4 +1,5 @@
-"""ChunkCache: PutDurable under kill -9, verification on read, allocated-bytes budget, LRU by generation, restart."""
+"""ChunkCache: PutDurable under kill -9, verification on read, allocated-bytes budget, LRU per chunk, restart,
+content addressing (a chunk is one file however many images hold it)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.store.chunkcache import ChunkCache, cache_identity
+from cryobox.agent.store.chunkcache import ChunkCache
 from cryobox.errors import InvalidArgument, StateError
 from cryobox.util.files import allocated_bytes
 
@@ -38,17 +39,13 @@ class Clock:
         return self.now
 
 
-def ident(n: int) -> str:
-    return cache_identity("s3://bucket?endpoint=http://127.0.0.1:9000", f"templates/t{n}/memory.pack", f"gen{n}")
-
-
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def chunk_data(identity: str, idx: int) -> bytes:
-    """The one content chunk ``idx`` of ``identity`` ever has in these tests (1 byte .. 768 KiB)."""
-    rng = random.Random(f"{identity}/{idx}")
+def chunk_data(image: int, idx: int) -> bytes:
+    """The one content chunk ``idx`` of image ``image`` has in these tests (1 byte .. 768 KiB)."""
+    rng = random.Random(f"{image}/{idx}")
     return rng.randbytes(rng.randrange(1, 768 * 1024))
 
 
@@ -63,188 +60,180 @@ def opened(root: Path, budget: int = 1 << 40, clock: Clock | None = None, **kw: 
     return cache
 
 
-def test_cache_identity() -> None:
-    a = cache_identity("s3://b", "k/memory.pack", "g1")
-    assert len(a) == 32 and int(a, 16) >= 0 and a == cache_identity("s3://b", "k/memory.pack", "g1")
-    assert len({a, cache_identity("s3://c", "k/memory.pack", "g1"), cache_identity("s3://b", "k", "g1")}) == 3
-    assert cache_identity("s3://b", "k/memory.pack", "g2") != a
-    assert cache_identity("a/b", "c", "g") != cache_identity("a", "b/c", "g")  # no ambiguity at the joins
+def put(cache: ChunkCache, data: bytes) -> str:
+    digest = sha(data)
+    cache.put(digest, data)
+    return digest
 
 
 def test_put_get_contains_and_layout(tmp_path: Path) -> None:
     cache = opened(tmp_path / "cache")
     data = os.urandom(100 * KiB)
-    assert cache.get(ident(1), 3, sha(data)) is None and not cache.contains(ident(1), 3)
-    cache.put(ident(1), 3, data)
-    assert cache.contains(ident(1), 3) and not cache.contains(ident(2), 3)
-    assert cache.get(ident(1), 3, sha(data)) == data
-    assert (tmp_path / "cache" / ident(1) / "00000003").read_bytes() == data
-    assert cache.path(ident(1), 3) == tmp_path / "cache" / ident(1) / "00000003"
-    assert os.listdir(tmp_path / "cache" / ident(1)) == ["00000003"]  # no temp file left behind
-    cache.put(ident(1), 3, data)  # putting again replaces, accounting stays exact
+    digest = sha(data)
+    assert cache.get(digest) is None and not cache.contains(digest)
+    cache.put(digest, data)
+    assert cache.contains(digest) and not cache.contains(sha(b"other"))
+    assert cache.get(digest) == data
+    assert (tmp_path / "cache" / digest[:2] / digest).read_bytes() == data
+    assert cache.path(digest) == tmp_path / "cache" / digest[:2] / digest
+    assert os.listdir(tmp_path / "cache" / digest[:2]) == [digest]  # no temp file left behind
+    cache.put(digest, data)  # putting again replaces, accounting stays exact
     assert cache.used_bytes == allocated_bytes(tmp_path / "cache")
     s = cache.stats
     assert (s.hits, s.misses, s.puts, s.corrupt, s.evictions) == (1, 1, 2, 0, 0)
 
 
+def test_a_chunk_is_one_file_whatever_image_it_came_from(tmp_path: Path) -> None:
+    """Keyed by content: the bytes a template's restore cached are the hit for a snapshot holding them."""
+    cache = opened(tmp_path)
+    shared = os.urandom(64 * KiB)
+    put(cache, shared)  # by the template's restore
+    assert cache.get(sha(shared)) == shared  # by its snapshot's (same bytes, another image)
+    assert [p.name for p in tmp_path.glob("*/*")] == [sha(shared)]
+    assert cache.stats.hits == 1 and cache.stats.puts == 1
+
+
 def test_corrupt_file_reads_as_miss_and_is_deleted(tmp_path: Path) -> None:
     cache = opened(tmp_path)
     data = os.urandom(64 * KiB)
-    cache.put(ident(1), 0, data)
-    path = cache.path(ident(1), 0)
+    digest = put(cache, data)
+    path = cache.path(digest)
     raw = bytearray(path.read_bytes())
     raw[1234] ^= 0x01
     path.write_bytes(bytes(raw))
-    assert cache.get(ident(1), 0, sha(data)) is None
-    assert not path.exists() and not cache.contains(ident(1), 0)
+    assert cache.get(digest) is None
+    assert not path.exists() and not cache.contains(digest)
     assert cache.stats.corrupt == 1 and cache.used_bytes == 0
-    assert cache.get(ident(1), 0, sha(data)) is None  # now simply absent
+    assert cache.get(digest) is None  # now simply absent
     assert cache.stats.corrupt == 1 and cache.stats.misses == 2
 
 
 def test_vanished_file_reads_as_miss(tmp_path: Path) -> None:
     cache = opened(tmp_path)
-    cache.put(ident(1), 0, b"abc")
-    cache.path(ident(1), 0).unlink()
-    assert cache.get(ident(1), 0, sha(b"abc")) is None
-    assert not cache.contains(ident(1), 0) and cache.stats.corrupt == 0 and cache.used_bytes == 0
+    digest = put(cache, b"abc")
+    cache.path(digest).unlink()
+    assert cache.get(digest) is None
+    assert not cache.contains(digest) and cache.stats.corrupt == 0 and cache.used_bytes == 0
 
 
 def test_budget_counts_allocated_blocks(tmp_path: Path) -> None:
     cache = opened(tmp_path, budget=10 * 64 * KiB)
-    cache.put(ident(1), 0, b"x")  # one byte still allocates a whole block
-    assert cache.used_bytes == os.stat(cache.path(ident(1), 0)).st_blocks * 512 >= 4096
-    for idx in range(1, 40):
-        cache.put(ident(1 + idx % 3), idx, os.urandom(64 * KiB))
+    digest = put(cache, b"x")  # one byte still allocates a whole block
+    assert cache.used_bytes == os.stat(cache.path(digest)).st_blocks * 512 >= 4096
+    for _ in range(1, 40):
+        put(cache, os.urandom(64 * KiB))
         assert cache.used_bytes <= cache.budget_bytes
         assert allocated_bytes(tmp_path) == cache.used_bytes
     assert cache.stats.evictions == 40 - 10 and cache.stats.evicted_bytes > 29 * 64 * KiB
 
 
-def test_lru_by_generation(tmp_path: Path, clock: Clock) -> None:
+def test_lru_per_chunk(tmp_path: Path, clock: Clock) -> None:
     size = 64 * KiB
-    cache = opened(tmp_path, budget=9 * size, clock=clock)
-    blobs = {(n, i): os.urandom(size) for n in (1, 2, 3, 4) for i in range(3)}
-    for n in (1, 2, 3):  # generations 1, 2, 3 written in that order
-        for i in range(3):
-            clock.tick()
-            cache.put(ident(n), i, blobs[n, i])
+    cache = opened(tmp_path, budget=4 * size, clock=clock)
+    blobs = [os.urandom(size) for _ in range(6)]
+    for blob in blobs[:4]:
+        clock.tick()
+        put(cache, blob)
     clock.tick()
-    assert cache.get(ident(1), 1, sha(blobs[1, 1])) is not None  # generation 1 is now the most recently used
-    assert cache.chunks(ident(1)) == [0, 2, 1]
-    assert cache.identities() == [ident(2), ident(3), ident(1)]
-    assert cache.used_bytes == 9 * size
-
+    assert cache.get(sha(blobs[0])) is not None  # the oldest chunk is now the most recently used
+    assert cache.digests() == [sha(b) for b in (blobs[1], blobs[2], blobs[3], blobs[0])]
     clock.tick()
-    cache.put(ident(4), 0, blobs[4, 0])  # evicts from generation 2 (least recently used), oldest chunk first
-    assert cache.chunks(ident(2)) == [1, 2]
+    put(cache, blobs[4])  # evicts the least recently used chunk
+    assert not cache.contains(sha(blobs[1])) and not cache.path(sha(blobs[1])).exists()
     clock.tick()
-    cache.put(ident(4), 1, blobs[4, 1])
-    clock.tick()
-    cache.put(ident(4), 2, blobs[4, 2])
-    assert cache.chunks(ident(2)) == [] and not (tmp_path / ident(2)).exists()  # whole generation gone first
-    assert cache.chunks(ident(3)) == [0, 1, 2] and cache.chunks(ident(1)) == [0, 2, 1]
-    clock.tick()
-    cache.put(ident(4), 3, os.urandom(size))
-    assert cache.chunks(ident(3)) == [1, 2]  # then the next least recently used generation
-    assert cache.stats.evictions == 4 and cache.used_bytes <= cache.budget_bytes
+    put(cache, blobs[5])
+    assert cache.digests() == [sha(b) for b in (blobs[3], blobs[0], blobs[4], blobs[5])]
+    assert cache.stats.evictions == 2 and cache.used_bytes <= cache.budget_bytes
 
 
 def test_a_put_never_evicts_its_own_chunk(tmp_path: Path) -> None:
     cache = opened(tmp_path, budget=100 * KiB)
-    cache.put(ident(1), 0, os.urandom(60 * KiB))
-    cache.put(ident(2), 0, os.urandom(200 * KiB))  # alone it is over budget: everything else goes, it stays
-    assert cache.chunks(ident(1)) == [] and cache.chunks(ident(2)) == [0]
+    small = put(cache, os.urandom(60 * KiB))
+    big = put(cache, os.urandom(200 * KiB))  # alone it is over budget: everything else goes, it stays
+    assert cache.digests() == [big] and not cache.contains(small)
     assert cache.used_bytes > cache.budget_bytes
 
 
 def test_index_and_lru_survive_a_new_cache_over_the_same_root(tmp_path: Path, clock: Clock) -> None:
     size = 64 * KiB
     first = opened(tmp_path, budget=6 * size, clock=clock, touch_interval_s=50)
-    for n in (1, 2):
-        for i in range(3):
-            clock.tick()
-            first.put(ident(n), i, chunk_data(ident(n), i)[:size])
+    blobs = [chunk_data(n, i)[:size] for n in (1, 2) for i in range(3)]
+    for blob in blobs:
+        clock.tick()
+        put(first, blob)
     clock.tick()
-    first.get(ident(1), 0, sha(chunk_data(ident(1), 0)[:size]))  # a hit mirrors the use into the mtime
+    first.get(sha(blobs[0]))  # a hit mirrors the use into the mtime
     used = first.used_bytes
 
     second = opened(tmp_path, budget=6 * size, clock=clock)
     assert second.used_bytes == used == allocated_bytes(tmp_path)
-    assert second.identities() == [ident(2), ident(1)]
-    assert second.chunks(ident(1)) == [1, 2, 0] and second.chunks(ident(2)) == [0, 1, 2]
-    for n in (1, 2):
-        for i in range(3):
-            assert second.path(ident(n), i).read_bytes() == chunk_data(ident(n), i)[:size]
+    assert second.digests() == [sha(b) for b in blobs[1:] + blobs[:1]]
+    for blob in blobs:
+        assert second.path(sha(blob)).read_bytes() == blob
     clock.tick()
-    second.put(ident(3), 0, os.urandom(size))  # the LRU order rebuilt from disk picks the victim
-    assert second.chunks(ident(2)) == [1, 2]
+    put(second, os.urandom(size))  # the LRU order rebuilt from disk picks the victim
+    assert not second.contains(sha(blobs[1]))
 
     third = opened(tmp_path, budget=2 * size, clock=clock)  # a smaller budget is enforced on open
-    assert third.used_bytes <= 2 * size and third.identities()[-1] == ident(3)
+    assert third.used_bytes <= 2 * size and third.digests()[0] == sha(blobs[0])
 
 
-def test_open_removes_leftover_temp_files_and_empty_dirs(tmp_path: Path) -> None:
-    opened(tmp_path).put(ident(1), 7, b"kept")
-    gen_dir = tmp_path / ident(1)
+def test_open_removes_leftover_temp_files_and_the_earlier_layout(tmp_path: Path) -> None:
+    digest = put(opened(tmp_path), b"kept")
+    fan = tmp_path / digest[:2]
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    leftovers = [f".7.tmp.{dead.stdout.strip()}.ab12", f".8.tmp.{os.getpid()}.cd34", ".9.tmp.0.ef56"]
+    other = sha(b"other")
+    leftovers = [f".{digest}.tmp.{dead.stdout.strip()}.ab12", f".{other}.tmp.{os.getpid()}.cd34"]
+    leftovers.append(f".{other}.tmp.0.ef56")
     for name in leftovers:
-        (gen_dir / name).write_bytes(b"half a chunk")
-    (gen_dir / ".3.tmp.1.0a0a").write_bytes(b"a live process (pid 1) may still rename this")
-    (gen_dir / "notes.txt").write_bytes(b"not ours")
-    (tmp_path / ident(2)).mkdir()  # an empty generation directory
-    (tmp_path / "lost+found").mkdir()
+        (fan / name).write_bytes(b"half a chunk")
+    live_temp = f".{other}.tmp.1.0a0a"
+    (fan / live_temp).write_bytes(b"a live process (pid 1) may still rename this")
+    (fan / "notes.txt").write_bytes(b"not ours")
+    legacy = tmp_path / ("ab" * 16)  # <identity>/<idx>: chunks keyed by image, before content addressing
+    legacy.mkdir()
+    (legacy / "00000003").write_bytes(b"an old chunk")
+    (tmp_path / "objects").mkdir()  # the memory server's kept indexes: not the cache's
+    (tmp_path / "objects" / "x").write_bytes(b"index")
 
     cache = opened(tmp_path)
-    assert sorted(os.listdir(gen_dir)) == sorted(["00000007", ".3.tmp.1.0a0a", "notes.txt"])
-    assert not (tmp_path / ident(2)).exists() and (tmp_path / "lost+found").is_dir()
-    assert cache.identities() == [ident(1)] and cache.chunks(ident(1)) == [7]
-    assert cache.used_bytes == allocated_bytes(gen_dir / "00000007")
+    assert sorted(os.listdir(fan)) == sorted([digest, live_temp, "notes.txt"])
+    assert not legacy.exists() and (tmp_path / "objects" / "x").exists()
+    assert cache.digests() == [digest]
+    assert cache.used_bytes == allocated_bytes(fan / digest)
 
 
 def test_misuse_is_refused(tmp_path: Path) -> None:
     cache = ChunkCache(tmp_path, 1 << 20)
     with pytest.raises(StateError):
-        cache.get(ident(1), 0, "0" * 64)
+        cache.get("0" * 64)
     with pytest.raises(StateError):
-        cache.put(ident(1), 0, b"x")
+        cache.put("0" * 64, b"x")
     cache.open()
-    for identity, idx in (("../etc", 0), ("A" * 32, 0), (ident(1), -1)):
+    for digest in ("../etc", "A" * 64, "0" * 63, ""):
         with pytest.raises(InvalidArgument):
-            cache.put(identity, idx, b"x")
-    with pytest.raises(InvalidArgument):
-        cache.get(ident(1), 0, "")
+            cache.put(digest, b"x")
+        with pytest.raises(InvalidArgument):
+            cache.get(digest)
     with pytest.raises(InvalidArgument):
         ChunkCache(tmp_path, -1)
 
 
-def test_discard_drops_a_generation(tmp_path: Path) -> None:
-    cache = opened(tmp_path)
-    for i in range(3):
-        cache.put(ident(1), i, os.urandom(10 * KiB))
-    cache.put(ident(2), 0, b"stays")
-    size = sum(allocated_bytes(cache.path(ident(1), i)) for i in range(3))
-    assert cache.discard(ident(1)) == size > 0
-    assert cache.identities() == [ident(2)] and not (tmp_path / ident(1)).exists()
-
-
 def test_concurrent_puts_and_gets_keep_exact_accounting(tmp_path: Path) -> None:
     cache = opened(tmp_path, budget=2 * MiB)
-    keys = [(ident(n), i) for n in (1, 2, 3) for i in range(8)]
-    wrong: list[tuple[str, int]] = []
+    blobs = [chunk_data(n, i) for n in (1, 2, 3) for i in range(8)]
+    wrong: list[str] = []
 
     def worker(seed: int) -> None:
         rng = random.Random(seed)
         for _ in range(60):
-            identity, idx = rng.choice(keys)
-            data = chunk_data(identity, idx)
+            data = rng.choice(blobs)
             if rng.random() < 0.5:
-                cache.put(identity, idx, data)
+                cache.put(sha(data), data)
             else:
-                got = cache.get(identity, idx, sha(data))
+                got = cache.get(sha(data))
                 if got is not None and got != data:
-                    wrong.append((identity, idx))
+                    wrong.append(sha(data))
 
     threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(8)]
     for t in threads:
@@ -255,8 +244,7 @@ def test_concurrent_puts_and_gets_keep_exact_accounting(tmp_path: Path) -> None:
     assert cache.used_bytes == allocated_bytes(tmp_path) <= cache.budget_bytes
     reopened = opened(tmp_path, budget=2 * MiB)
     assert reopened.used_bytes == cache.used_bytes
-    files = sorted((p.parent.name, int(p.name)) for p in tmp_path.glob("*/*"))
-    assert files == sorted((n, i) for n in cache.identities() for i in cache.chunks(n))
+    assert sorted(p.name for p in tmp_path.glob("*/*")) == sorted(cache.digests())
 
 
 # -- kill -9 during PutDurable ------------------------------------------------------------------------------
@@ -264,12 +252,12 @@ def test_concurrent_puts_and_gets_keep_exact_accounting(tmp_path: Path) -> None:
 ZYGOTE = """
 import os, random, sys, threading, hashlib
 from pathlib import Path
-from cryobox.agent.store.chunkcache import ChunkCache, cache_identity
+from cryobox.agent.store.chunkcache import ChunkCache
 
 {chunk_data}
 
-root, budget, identities, mutant = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(","), sys.argv[4] == "mutant"
-DATA = {{(i, n): chunk_data(i, n) for i in identities for n in range({chunks})}}
+root, budget, images, mutant = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "mutant"
+DATA = {{(i, n): chunk_data(i, n) for i in range(images) for n in range({chunks})}}
 SHA = {{key: hashlib.sha256(data).hexdigest() for key, data in DATA.items()}}
 
 def write_in_place(self, path, data, now):
@@ -298,8 +286,8 @@ def run(seed):
         while True:
             key = rng.choice(keys)
             if rng.random() < 0.8:
-                cache.put(*key, DATA[key])
-            elif cache.get(*key, SHA[key]) not in (None, DATA[key]):
+                cache.put(SHA[key], DATA[key])
+            elif cache.get(SHA[key]) not in (None, DATA[key]):
                 os._exit(5)
     for n in range(3):
         threading.Thread(target=loop, args=(random.Random(seed * 10 + n),), daemon=True).start()
@@ -320,7 +308,7 @@ for line in sys.stdin:  # one line per child: its seed
 """
 
 KILL_ROUNDS = 30
-KILL_GENERATIONS = 3
+KILL_IMAGES = 3
 KILL_CHUNKS = 8
 KILL_BUDGET = 6 * MiB  # below the ~9 MiB of all chunks: eviction runs (and gets killed) too
 
@@ -329,8 +317,7 @@ KILL_BUDGET = 6 * MiB  # below the ~9 MiB of all chunks: eviction runs (and gets
 def zygote(root: Path, script: Path, *, mutant: bool = False) -> Iterator[subprocess.Popen[str]]:
     """A tiny script that imports the cache once, then forks one putting child per request (fast to start)."""
     script.write_text(ZYGOTE.format(chunk_data=textwrap.dedent(inspect.getsource(chunk_data)), chunks=KILL_CHUNKS))
-    identities = ",".join(ident(n) for n in range(KILL_GENERATIONS))
-    argv = [sys.executable, str(script), str(root), str(KILL_BUDGET), identities, "mutant" if mutant else "real"]
+    argv = [sys.executable, str(script), str(root), str(KILL_BUDGET), str(KILL_IMAGES), "mutant" if mutant else "real"]
     with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as proc:
         try:
             assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
@@ -344,7 +331,7 @@ class KillReport:
     rounds: int = 0
     present: int = 0  # chunks found present after the kills (summed over rounds)
     temps: int = 0  # temp files the kills left behind (a kill landed inside a put)
-    wrong: list[tuple[int, str, int]] = field(default_factory=list)  # (round, identity, idx) present with wrong bytes
+    wrong: list[tuple[int, str]] = field(default_factory=list)  # (round, sha256) present with wrong bytes
     corrupt: int = 0  # get() calls that found a present chunk's bytes not matching
     accounting: list[tuple[int, int, int]] = field(default_factory=list)  # (round, used_bytes, allocated) if unequal
 
@@ -353,7 +340,7 @@ def kill_rounds(proc: subprocess.Popen[str], root: Path, rounds: int, *, stop_at
     """Start a putting child, SIGKILL it after a random delay, reopen the cache and check every present chunk."""
     assert proc.stdin is not None and proc.stdout is not None
     rng = random.Random(5)
-    expected = {(ident(n), i): chunk_data(ident(n), i) for n in range(KILL_GENERATIONS) for i in range(KILL_CHUNKS)}
+    expected = {sha(data): data for data in (chunk_data(n, i) for n in range(KILL_IMAGES) for i in range(KILL_CHUNKS))}
     report = KillReport()
     for round_ in range(rounds):
         proc.stdin.write(f"{round_}\n")
@@ -368,13 +355,13 @@ def kill_rounds(proc: subprocess.Popen[str], root: Path, rounds: int, *, stop_at
         report.temps += len(list(root.glob("*/.*.tmp.*")))
         cache = opened(root, budget=KILL_BUDGET)
         assert list(root.glob("*/.*.tmp.*")) == []
-        for (identity, idx), data in expected.items():
-            if not cache.contains(identity, idx):
-                assert not cache.path(identity, idx).exists()
+        for digest, data in expected.items():
+            if not cache.contains(digest):
+                assert not cache.path(digest).exists()
                 continue
             report.present += 1
-            if cache.path(identity, idx).read_bytes() != data or cache.get(identity, idx, sha(data)) != data:
-                report.wrong.append((round_, identity, idx))
+            if cache.path(digest).read_bytes() != data or cache.get(digest) != data:
+                report.wrong.append((round_, digest))
         report.corrupt += cache.stats.corrupt
         if cache.used_bytes != allocated_bytes(root):
             report.accounting.append((round_, cache.used_bytes, allocated_bytes(root)))

@@ -1,4 +1,4 @@
-"""The chunked memory image format: pack_image, ChunkIndex (de)serialisation and PrefetchTrace."""
+"""The chunked image format: scan_image, chunk keys, ChunkIndex (de)serialisation and PrefetchTrace."""
 
 from __future__ import annotations
 
@@ -19,8 +19,11 @@ from cryobox.agent.store.chunkfmt import (
     ChunkIndex,
     PrefetchTrace,
     chunk_digest,
-    pack_image,
-    unpack_image,
+    chunk_key,
+    digest_of_key,
+    index_format,
+    read_chunk,
+    scan_image,
 )
 from cryobox.errors import InvalidArgument, StoreError
 
@@ -45,54 +48,68 @@ def image_bytes(size: int, writes: dict[int, bytes]) -> bytes:
     return bytes(expect)
 
 
-def test_pack_layout_zero_chunks_digests_offsets_and_round_trip(tmp_path: Path) -> None:
+def test_scan_layout_zero_chunks_digests_and_keys(tmp_path: Path) -> None:
     size = 10 * CS + 1000  # 11 chunks, the last one 1000 bytes long
+    same = os.urandom(CS)
     writes = {
         0: os.urandom(100),  # chunk 0: a little data at the start
         3 * CS - 50: os.urandom(100),  # straddles chunks 2 and 3
         5 * CS: bytes(CS),  # chunk 5: allocated, but every byte is zero
         7 * CS + 4096: os.urandom(CS - 4096),  # chunk 7: data starting mid-chunk
+        8 * CS: same,  # chunks 8 and 9 hold the same bytes: one chunk object
+        9 * CS: same,
         10 * CS + 10: os.urandom(990),  # the short last chunk
     }
     sparse_image(tmp_path / "img", size, writes)
     content = image_bytes(size, writes)
-    index = pack_image(tmp_path / "img", tmp_path / "pack", "gen-1", chunk_size=CS)
+    index = scan_image(tmp_path / "img", "gen-1", chunk_size=CS)
 
     assert (index.image_size, index.chunk_size, index.generation, index.chunk_count) == (size, CS, "gen-1", 11)
-    nonzero = [0, 2, 3, 7, 10]
+    nonzero = [0, 2, 3, 7, 8, 9, 10]
     assert [i for i in range(11) if not index.is_zero(i)] == nonzero
-    assert index.zero_chunks == 6
+    assert index.zero_chunks == 4
     assert index.chunk_len(10) == 1000 and index.chunk_len(0) == CS
-    pack = (tmp_path / "pack").read_bytes()
-    assert len(pack) == index.stored_bytes == 4 * CS + 1000
-    offset = 0
+    assert index.stored_bytes == 6 * CS + 1000
     for i in range(11):
         piece = content[i * CS : i * CS + index.chunk_len(i)]
         if i in nonzero:
-            assert index.offsets[i] == offset and index.pack_range(i) == (offset, len(piece))
             assert index.sha256[i] == hashlib.sha256(piece).hexdigest() == chunk_digest(piece)
-            assert pack[offset : offset + len(piece)] == piece
+            assert index.key(i) == f"chunks/{index.sha256[i][:2]}/{index.sha256[i]}" == chunk_key(index.sha256[i])
             assert index.verify(i, piece) and not index.verify(i, piece[:-1] + b"?")
-            offset += len(piece)
         else:
-            assert (index.sha256[i], index.offsets[i]) == ("", -1)
+            assert index.sha256[i] == ""
             assert index.verify(i, bytes(index.chunk_len(i)))
             with pytest.raises(InvalidArgument):
-                index.pack_range(i)
-
-    unpack_image(index, tmp_path / "pack", tmp_path / "restored")
-    assert (tmp_path / "restored").read_bytes() == content
+                index.key(i)
+    digests = index.digests()
+    assert len(digests) == 6 and digests[chunk_digest(same)] == [8, 9]
+    assert sorted(i for where in digests.values() for i in where) == nonzero
+    with open(tmp_path / "img", "rb") as fh:
+        assert read_chunk(fh.fileno(), index, 7) == content[7 * CS : 8 * CS]
+        with open(tmp_path / "img", "r+b") as writer:
+            os.pwrite(writer.fileno(), b"changed", 7 * CS)
+        with pytest.raises(StoreError, match="changed since it was indexed"):
+            read_chunk(fh.fileno(), index, 7)
     assert ChunkIndex.from_bytes(index.to_bytes()) == index
 
 
-def test_pack_worker_counts_agree(tmp_path: Path) -> None:
+def test_chunk_keys() -> None:
+    digest = chunk_digest(b"x")
+    assert chunk_key(digest) == f"chunks/{digest[:2]}/{digest}" and digest_of_key(chunk_key(digest)) == digest
+    for bad in ("chunks/ab/" + "ab" * 32 + "x", f"chunks/00/{digest}", f"chunk/{digest[:2]}/{digest}", "chunks/ab"):
+        assert digest_of_key(bad) is None
+    for bad_digest in ("", "A" * 64, "g" * 64, "../x"):
+        with pytest.raises(InvalidArgument):
+            chunk_key(bad_digest)
+
+
+def test_scan_worker_counts_agree(tmp_path: Path) -> None:
     size = 40 * CS
     writes = {i * CS + 7: os.urandom(3000) for i in range(0, 40, 3)} | {CS * 20: bytes(CS)}
     sparse_image(tmp_path / "img", size, writes)
-    one = pack_image(tmp_path / "img", tmp_path / "p1", "g", chunk_size=CS, workers=1)
-    four = pack_image(tmp_path / "img", tmp_path / "p4", "g", chunk_size=CS, workers=4)
+    one = scan_image(tmp_path / "img", "g", chunk_size=CS, workers=1)
+    four = scan_image(tmp_path / "img", "g", chunk_size=CS, workers=4)
     assert one == four
-    assert (tmp_path / "p1").read_bytes() == (tmp_path / "p4").read_bytes()
 
 
 def test_chunks_larger_than_the_read_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,25 +117,23 @@ def test_chunks_larger_than_the_read_block(tmp_path: Path, monkeypatch: pytest.M
     writes = {CS + CS // 2: b"x" * 10}  # only the 3rd of the 4 read blocks of chunk 1 holds data
     sparse_image(tmp_path / "img", 3 * CS, writes)
     content = image_bytes(3 * CS, writes)
-    index = pack_image(tmp_path / "img", tmp_path / "pack", "g", chunk_size=CS)
+    index = scan_image(tmp_path / "img", "g", chunk_size=CS)
     assert [index.is_zero(i) for i in range(3)] == [True, False, True]
     assert index.sha256[1] == chunk_digest(content[CS : 2 * CS])
-    assert (tmp_path / "pack").read_bytes() == content[CS : 2 * CS]
 
 
 def test_empty_and_fully_sparse_images(tmp_path: Path) -> None:
     sparse_image(tmp_path / "empty", 0, {})
-    empty = pack_image(tmp_path / "empty", tmp_path / "p0", "g")
-    assert (empty.chunk_count, empty.stored_bytes, empty.zero) == (0, 0, b"")
+    empty = scan_image(tmp_path / "empty", "g")
+    assert (empty.chunk_count, empty.stored_bytes, empty.zero, empty.digests()) == (0, 0, b"", {})
     assert empty.chunks_for(0, 100) == range(0)
     sparse_image(tmp_path / "holes", 9 * CS, {})
-    holes = pack_image(tmp_path / "holes", tmp_path / "p1", "g", chunk_size=CS)
+    holes = scan_image(tmp_path / "holes", "g", chunk_size=CS)
     assert holes.zero == b"\xff\x01" and holes.stored_bytes == 0
-    assert (tmp_path / "p1").stat().st_size == 0
     assert ChunkIndex.from_bytes(holes.to_bytes()) == holes
 
 
-def test_pack_large_sparse_image_reads_only_data_and_is_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_scan_large_sparse_image_reads_only_data_and_is_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A 2 GiB image holding 24 MiB of data and 8 MiB of written zeros: holes are never read."""
     size = 2 << 30
     writes = {k * 80 * MiB + 123: os.urandom(MiB) for k in range(24)}
@@ -133,7 +148,7 @@ def test_pack_large_sparse_image_reads_only_data_and_is_fast(tmp_path: Path, mon
 
     monkeypatch.setattr(os, "pread", counting_pread)
     started = time.monotonic()
-    index = pack_image(tmp_path / "img", tmp_path / "pack", "g")
+    index = scan_image(tmp_path / "img", "g")
     elapsed = time.monotonic() - started
     monkeypatch.undo()
 
@@ -143,15 +158,15 @@ def test_pack_large_sparse_image_reads_only_data_and_is_fast(tmp_path: Path, mon
     stored = [i for i in range(512) if not index.is_zero(i)]
     random_data = {off: data for off, data in writes.items() if any(data)}
     assert stored == sorted({(off + n - 1) // CHUNK_SIZE for off, data in random_data.items() for n in (1, len(data))})
-    assert index.stored_bytes == len(stored) * CHUNK_SIZE == (tmp_path / "pack").stat().st_size
-    assert elapsed < 5.0, f"pack_image took {elapsed:.2f}s for a 2 GiB sparse image"
+    assert index.stored_bytes == len(stored) * CHUNK_SIZE
+    assert elapsed < 5.0, f"scan_image took {elapsed:.2f}s for a 2 GiB sparse image"
 
 
-def test_pack_errors_are_store_errors(tmp_path: Path) -> None:
-    with pytest.raises(StoreError, match="cannot pack"):
-        pack_image(tmp_path / "missing", tmp_path / "pack", "g")
+def test_scan_errors_are_store_errors(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="cannot scan"):
+        scan_image(tmp_path / "missing", "g")
     with pytest.raises(InvalidArgument):
-        pack_image(tmp_path / "missing", tmp_path / "pack", "g", chunk_size=0)
+        scan_image(tmp_path / "missing", "g", chunk_size=0)
 
 
 def make_index(**overrides: object) -> ChunkIndex:
@@ -161,7 +176,6 @@ def make_index(**overrides: object) -> ChunkIndex:
         "generation": "g7",
         "zero": bytes([0b010]),
         "sha256": ("a" * 64, "", "b" * 64),
-        "offsets": (0, -1, CS),
     }
     fields.update(overrides)
     return ChunkIndex(**fields)  # type: ignore[arg-type]
@@ -192,8 +206,17 @@ def test_index_serialisation_is_magic_plus_json() -> None:
     blob = index.to_bytes()
     assert blob.startswith(INDEX_MAGIC)
     body = json.loads(blob[len(INDEX_MAGIC) :])
-    assert body["version"] == 1 and base64.b64decode(body["zero"]) == index.zero
+    assert body["version"] == 2 and base64.b64decode(body["zero"]) == index.zero and "offsets" not in body
     assert ChunkIndex.from_bytes(blob) == index
+    assert index_format(blob) == 2 and index_format(b"CRYOIDX1{}") == 1 and index_format(b"junk") is None
+
+
+def test_an_index_of_the_earlier_format_is_refused_saying_so() -> None:
+    """Format 1 (one memory.pack per image, pack offsets in the index) is never read as chunk objects."""
+    legacy = {"version": 1, "image_size": CS, "chunk_size": CS, "generation": "g", "zero": "AA=="}
+    blob = b"CRYOIDX1" + json.dumps({**legacy, "sha256": ["a" * 64], "offsets": [0]}).encode()
+    with pytest.raises(StoreError, match="format 1 .*no longer read.*published again"):
+        ChunkIndex.from_bytes(blob)
 
 
 def _tamper(edit: Callable[[dict[str, object]], object]) -> bytes:
@@ -206,12 +229,12 @@ def _tamper(edit: Callable[[dict[str, object]], object]) -> bytes:
     "blob",
     [
         b"",
-        b"CRYOIDX2{}",
+        b"CRYOIDX3{}",
         INDEX_MAGIC + b"{not json",
         INDEX_MAGIC + b"[]",
         INDEX_MAGIC + b"\xff\xfe",
-        _tamper(lambda b: b.update(version=2)),
-        _tamper(lambda b: b.pop("offsets")),
+        _tamper(lambda b: b.update(version=1)),
+        _tamper(lambda b: b.pop("sha256")),
         _tamper(lambda b: b.update(image_size=True)),
         _tamper(lambda b: b.update(image_size=-1)),
         _tamper(lambda b: b.update(chunk_size=0)),
@@ -220,8 +243,8 @@ def _tamper(edit: Callable[[dict[str, object]], object]) -> bytes:
         _tamper(lambda b: b.update(zero=base64.b64encode(bytes([0b1010])).decode())),  # bit past the end
         _tamper(lambda b: b.update(sha256=["a" * 64, "", "B" * 64])),
         _tamper(lambda b: b.update(sha256=["a" * 64, "c" * 64, "b" * 64])),  # zero chunk with a digest
-        _tamper(lambda b: b.update(offsets=[0, -1, CS + 1])),  # not packed back to back
-        _tamper(lambda b: b.update(offsets=[0, -1, "x"])),
+        _tamper(lambda b: b.update(sha256=["a" * 64, "", "a" * 64])),  # one digest, two lengths
+        _tamper(lambda b: b.update(sha256=["a" * 64, "", 7])),
     ],
 )
 def test_corrupt_index_raises_store_error(blob: bytes) -> None:

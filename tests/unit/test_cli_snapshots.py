@@ -106,8 +106,19 @@ def test_snapshot_list_table(api: FakeApi) -> None:
     assert "snp_0001" in result.stdout and "snp_0002" in result.stdout
     assert "step=3" in result.stdout
     assert "120.6 KiB" in result.stdout
+    assert "22.9 KiB" in result.stdout and "97.7 KiB" in result.stdout  # unique, shared
     assert "2024-05-01T12:30:00+00:00" in result.stdout
     assert api.requests[0].url.query == b""
+
+
+def test_snapshot_list_table_shows_unique_and_shared_columns(api: FakeApi) -> None:
+    sizes = {"size_bytes": 5 << 30, "unique_bytes": 3 << 20, "shared_bytes": 2 << 40}
+    api.on("GET", "/v1/snapshots", ok(200, {"snapshots": [{**SNAP, **sizes}]}))
+    result = run("snapshot", "list")
+    assert result.exit_code == 0, result.stderr
+    header, row = result.stdout.splitlines()[1], result.stdout.splitlines()[3]
+    assert header.index("size") < header.index("unique") < header.index("shared") < header.index("created")
+    assert row.index("5.0 GiB") < row.index("3.0 MiB") < row.index("2.0 TiB")
 
 
 def test_snapshot_get(api: FakeApi) -> None:
@@ -268,7 +279,7 @@ def test_sandbox_snapshot(api: FakeApi) -> None:
     result = run("sandbox", "snapshot", "sbx_0123")
     assert result.exit_code == 0
     assert result.stdout.strip() == "snp_0001"
-    assert "123456 bytes, paused 18 ms" in result.stderr
+    assert "123456 bytes (23456 unique, 100000 shared), paused 18 ms" in result.stderr
     assert body_of(api.requests[3]) == {"labels": {}, "retain": False, "quiesce": False}
 
 

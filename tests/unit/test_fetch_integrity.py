@@ -1,6 +1,6 @@
 """Published objects are pinned in their manifest and checked on fetch (a file:// store; qemu-img, no QEMU VM).
 
-A tampered object (one flipped byte, or a consistent chunk index + pack pair swapped in) is refused with
+A tampered object (one flipped byte, or a consistent chunk index swapped in with its chunks) is refused with
 ``IntegrityError`` and nothing is installed at the destination; the untampered round trip still works.
 """
 
@@ -110,6 +110,18 @@ def test_publish_pins_every_object_it_fetches_and_the_round_trip_works(tmp_path:
     assert _backing(fetched.disk) == fetched.manifest["rootfs"]
 
 
+def test_a_copy_fetched_in_the_earlier_layout_is_fetched_again(tmp_path: Path) -> None:
+    store, _ = _published(tmp_path)
+    fetched = _fetch(store, tmp_path)
+    assert fetched.manifest["layout"] == 2 and _fetch(store, tmp_path).path == fetched.path  # loaded as is
+    gets = store.stats.gets
+    old = {**fetched.manifest, "layout": 1}
+    (fetched.path / "manifest.json").write_text(json.dumps(old))  # as an earlier version fetched it
+    again = _fetch(store, tmp_path)
+    assert again.manifest["layout"] == 2 and store.stats.gets > gets + 2  # its small files came again
+    assert json.loads((again.path / "manifest.json").read_text())["layout"] == 2
+
+
 @pytest.mark.parametrize("key", ["templates/base/g1/vmstate", "templates/base/g1/disk.qcow2"])
 def test_a_tampered_template_object_is_refused_and_nothing_is_installed(tmp_path: Path, key: str) -> None:
     store, _ = _published(tmp_path)
@@ -130,13 +142,13 @@ def test_a_tampered_kernel_never_reaches_the_image_cache(tmp_path: Path) -> None
     assert not (tmp_path / "b" / "templates" / "base-g1").exists()
 
 
-def test_a_consistent_index_and_pack_swapped_in_for_the_rootfs_are_refused(tmp_path: Path) -> None:
-    """Per-chunk checks alone would accept this (the index matches the pack); the pin of the index does not."""
+def test_a_consistent_index_and_chunks_swapped_in_for_the_rootfs_are_refused(tmp_path: Path) -> None:
+    """Per-chunk checks alone would accept this (the index matches its chunks); the pin of the index does not."""
     store, _ = _published(tmp_path)
     evil = tmp_path / "evil.img"
     sparse_image(evil, 3, {0: b"rootfs superblock", 1: b"a backdoor"})
     other = PinSet()
-    upload_image(store, f"images/{ROOTFS}", evil, f"images/{ROOTFS}", tmp_path / "work", other)
+    upload_image(store, f"images/{ROOTFS}", evil, f"images/{ROOTFS}", other)
     with pytest.raises(IntegrityError, match=f"images/{ROOTFS}.idx"):
         _fetch(store, tmp_path)
     assert not (tmp_path / "b" / "images" / ROOTFS).parent.exists(), "refused before anything was written"
@@ -168,7 +180,7 @@ def test_a_stored_rootfs_index_that_differs_from_the_local_image_is_not_pinned(t
     store, _ = _published(tmp_path)
     evil = tmp_path / "evil.img"
     sparse_image(evil, 3, {0: b"something else"})
-    upload_image(store, f"images/{ROOTFS}", evil, f"images/{ROOTFS}", tmp_path / "work", PinSet())
+    upload_image(store, f"images/{ROOTFS}", evil, f"images/{ROOTFS}", PinSet())
     second = _baked(tmp_path / "a", "g2")
     with pytest.raises(IntegrityError, match="does not describe the local image"):
         publish_template(store, second, tmp_path / "a" / "images", tmp_path / "work", lambda _: None)

@@ -11,9 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cryobox.agent.store.objstore import ObjectStore, open_store
 from cryobox.agent.store.publish import fetch_template
 from cryobox.agent.vm import Accel, MachineConfig
+from cryobox.errors import StoreError
 
 QEMU = "QEMU emulator version 8.2.2"
 
@@ -40,7 +43,7 @@ def _published_store(root: Path, generation: str) -> tuple[ObjectStore, MachineC
         "name": "base",
         "generation": generation,
         "qemu": QEMU,
-        "layout": 1,
+        "layout": 2,
         "machine": builder.identity(),
         "machine_config": builder.to_json(),
         "files": {
@@ -101,6 +104,7 @@ def test_a_previously_fetched_template_is_loaded_as_before(tmp_path: Path) -> No
         "initrd": str(initrd),
         "memory_prefix": "templates/base/g1",
         "fetched_from": store.url,
+        "layout": 2,
     }
     _write_manifest(local, fetched)
     messages: list[str] = []
@@ -111,6 +115,21 @@ def test_a_previously_fetched_template_is_loaded_as_before(tmp_path: Path) -> No
     assert template.machine == MachineConfig.from_json(machine)
     assert template.manifest == fetched
     assert messages == [] and not images_dir.exists(), "nothing is fetched"
+
+
+def test_a_template_the_store_holds_in_the_earlier_layout_is_refused_saying_so(tmp_path: Path) -> None:
+    """One memory.pack per image (layout 1): its memory could not be paged; the fetch says what to do. A copy
+    fetched in that layout earlier is not served as is either: it is fetched again (and so refused here)."""
+    store, _ = _published_store(tmp_path, "g1")
+    manifest = json.loads(store.get("templates/base/g1/manifest.json"))
+    store.put("templates/base/g1/manifest.json", json.dumps({**manifest, "layout": 1}).encode())
+    templates_dir, images_dir = tmp_path / "cache" / "templates", tmp_path / "cache" / "images"
+    with pytest.raises(StoreError, match="layout 1 .*publish it again"):
+        fetch_template(store, "base", templates_dir, images_dir, QEMU, lambda _: None)
+    _write_manifest(templates_dir / "base-g1", {**manifest, "layout": 1})  # fetched by an earlier version
+    with pytest.raises(StoreError, match="layout 1"):
+        fetch_template(store, "base", templates_dir, images_dir, QEMU, lambda _: None)
+    assert not images_dir.exists()
 
 
 def test_a_local_bake_without_recorded_pins_gets_the_published_ones(tmp_path: Path) -> None:

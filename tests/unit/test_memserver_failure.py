@@ -15,7 +15,7 @@ import pytest
 
 from cryobox.agent.memsource import MemorySource, vm_started_at
 from cryobox.agent.storage import MemoryMode
-from cryobox.agent.store.chunkfmt import ChunkIndex
+from cryobox.agent.store.chunkfmt import ChunkIndex, chunk_key
 from cryobox.agent.store.fusefs import file_name
 from cryobox.agent.store.hot import HotImages
 from cryobox.agent.store.memclient import MemoryServerProcess, MemServerConfig
@@ -40,15 +40,21 @@ class Stamp:
         return self.now
 
 
-def publish(store: ObjectStore, chunks: list[bytes]) -> tuple[str, bytes]:
-    """Store the image; returns its file name (its index pinned) and its pack."""
+def publish(store: ObjectStore, chunks: list[bytes]) -> tuple[str, dict[str, bytes]]:
+    """Store the image; returns its file name (its index pinned) and its chunk objects."""
     sha = tuple(hashlib.sha256(c).hexdigest() for c in chunks)
-    offsets = tuple(i * CS for i in range(len(chunks)))
-    index = ChunkIndex(CS * len(chunks), CS, "g1", bytes((len(chunks) + 7) // 8), sha, offsets)
-    pack = b"".join(chunks)
+    index = ChunkIndex(CS * len(chunks), CS, "g1", bytes((len(chunks) + 7) // 8), sha)
+    objects = {chunk_key(digest): chunk for digest, chunk in zip(sha, chunks, strict=True)}
+    for key, chunk in objects.items():
+        store.put(key, chunk)
     store.put(f"{PREFIX}/memory.idx", index.to_bytes())
-    store.put(f"{PREFIX}/memory.pack", pack)
-    return file_name(PREFIX, hashlib.sha256(index.to_bytes()).hexdigest()), pack
+    return file_name(PREFIX, hashlib.sha256(index.to_bytes()).hexdigest()), objects
+
+
+def unpublish(store: ObjectStore, objects: dict[str, bytes]) -> None:
+    """The image's chunk objects vanish from the store (an outage of every GET of them)."""
+    for key in objects:
+        store.delete(key)
 
 
 @pytest.fixture
@@ -75,9 +81,9 @@ def test_failure_endpoint_is_dated_and_cleared_by_a_later_success(
 ) -> None:
     server, client, stamp = served
     chunks = [bytes([1 + i]) * CS for i in range(3)]
-    name, pack = publish(server.store, chunks)
+    name, objects = publish(server.store, chunks)
     ref = server.table.get(name)
-    server.store.delete(f"{PREFIX}/memory.pack")
+    unpublish(server.store, objects)
     stamp.now = 100.0
     with pytest.raises(ChunkFetchFailed):
         server.resolver.read(ref, 0, 8)
@@ -90,7 +96,8 @@ def test_failure_endpoint_is_dated_and_cleared_by_a_later_success(
     assert isinstance(asyncio.run(ask(99.5)), ChunkFetchFailed)  # a VM that started before the failure
     assert asyncio.run(ask(100.5)) is None  # a VM spawned after it did not die of it
 
-    server.store.put(f"{PREFIX}/memory.pack", pack)  # the store answers again
+    for key, chunk in objects.items():  # the store answers again
+        server.store.put(key, chunk)
     stamp.now = 200.0
     assert server.resolver.read(ref, 2 * CS, 8) == chunks[2][:8]
     assert asyncio.run(ask(None)) is None
@@ -101,9 +108,9 @@ def test_explain_asks_only_for_failures_since_the_vm_started(
     served: tuple[MemoryServer, MemoryServerProcess, Stamp], tmp_path: Path
 ) -> None:
     server, client, stamp = served
-    name, _ = publish(server.store, [bytes([7]) * CS])
+    name, objects = publish(server.store, [bytes([7]) * CS])
     ref = server.table.get(name)
-    server.store.delete(f"{PREFIX}/memory.pack")
+    unpublish(server.store, objects)
     stamp.now = 100.0
     with pytest.raises(ChunkFetchFailed):
         server.resolver.read(ref, 0, 8)
@@ -127,7 +134,7 @@ def test_a_swapped_index_is_explained_as_a_store_integrity_failure(
 ) -> None:
     server, client, stamp = served
     name, _ = publish(server.store, [bytes([7]) * CS])
-    publish(server.store, [bytes([8]) * CS])  # a consistent index + pack pair swapped in
+    publish(server.store, [bytes([8]) * CS])  # a consistent index (and its chunks) swapped in
     stamp.now = 100.0
     with pytest.raises(IntegrityError):
         server.table.get(name)

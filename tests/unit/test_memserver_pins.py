@@ -1,9 +1,9 @@
 """The memory server checks every chunk index it loads against the pin its file name carries, before parsing it.
 
-A file:// store, no FUSE mount: :class:`MemoryFS` operations are called directly. A consistent ``memory.idx`` +
-``memory.pack`` pair swapped in (every chunk matches the swapped index, so per-chunk checks alone accept it) is
+A file:// store, no FUSE mount: :class:`MemoryFS` operations are called directly. A consistent ``memory.idx``
+swapped in with its chunk objects (every chunk matches the swapped index, so per-chunk checks alone accept it) is
 refused with ``EIO``, recorded as a ``store_integrity`` failure and not kept; a name without a pin is refused
-before any GET.
+before any GET; an index of the earlier format is refused saying so.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _publish(store: ObjectStore, tmp_path: Path, page: bytes, tag: str) -> str:
     src = tmp_path / f"{tag}.img"
     sparse_image(src, 2, {1: page})
     pins = PinSet()
-    upload_image(store, f"{PREFIX}/memory", src, "g1", tmp_path / "work", pins)
+    upload_image(store, f"{PREFIX}/memory", src, "g1", pins)
     return pins.pin(IDX).sha256
 
 
@@ -114,7 +114,7 @@ def test_a_kept_index_that_does_not_match_its_pin_is_fetched_again(store: Object
     [kept] = _kept(tmp_path)
     _publish(store, tmp_path, EVIL, "evil")
     kept.write_bytes(store.get(IDX))  # e.g. kept by a server that checked no pins
-    store.put(IDX, genuine_idx)  # the store is sound again (its pack is still the swapped one)
+    store.put(IDX, genuine_idx)  # the store is sound again (the swapped chunks are there too)
 
     fs = _fs(store, tmp_path)
     assert fs.getattr(f"/{name}")["st_size"] == 2 * CHUNK_SIZE
@@ -160,6 +160,21 @@ def test_file_names_carry_the_pin() -> None:
 
 def test_the_server_argv_names_the_pinned_naming(tmp_path: Path) -> None:
     argv = MemServerConfig(tmp_path / "ms", "memory://", tmp_path / "chunks", 1 << 30).argv()
-    assert parse_args(argv[3:]).pinned_names
-    with pytest.raises(SystemExit):
-        parse_args([a for a in argv[3:] if a != "--pinned-names"])  # an older agent's argv: not served
+    assert parse_args(argv[3:]).pinned_names and parse_args(argv[3:]).content_chunks
+    for older in ("--pinned-names", "--content-chunks"):  # an older agent's argv: not served
+        with pytest.raises(SystemExit):
+            parse_args([a for a in argv[3:] if a != older])
+
+
+def test_an_index_of_the_earlier_format_is_refused_saying_so(store: ObjectStore, tmp_path: Path) -> None:
+    """A template left in a store by an earlier version (one memory.pack per image): its pinned index loads,
+    and is refused as format 1, with EIO; nothing is served from a pack."""
+    legacy = b'CRYOIDX1{"version":1,"image_size":8,"chunk_size":8,"generation":"g1","zero":"AA==",'
+    legacy += b'"sha256":["' + hashlib.sha256(b"ram!ram!").hexdigest().encode() + b'"],"offsets":[0]}'
+    store.put(IDX, legacy)
+    store.put(f"{PREFIX}/memory.pack", b"ram!ram!")
+    name = file_name(PREFIX, hashlib.sha256(legacy).hexdigest())
+    fs = _fs(store, tmp_path)
+    _eio(fs, name)
+    failure = fs.table.failure(name)
+    assert failure is not None and failure.code == "store_error" and "format 1" in failure.message

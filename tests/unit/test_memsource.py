@@ -119,4 +119,4 @@ def test_the_memory_server_client_maps_pinned_names_only(tmp_path: Path) -> None
     for name in ("templates+base+g1", "templates+base+g1@", "templates+base+g1@xyz"):
         with pytest.raises(ValueError, match="no index pin"):
             client.path_for(name)
-    assert client.config.argv()[-1] == "--pinned-names"
+    assert client.config.argv()[-2:] == ["--pinned-names", "--content-chunks"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,8 +36,14 @@ def test_put_get_head_exists(store: ObjectStore) -> None:
     store.put("gen1/memory.idx", b"hello world")
     assert store.get("gen1/memory.idx") == b"hello world"
     meta = store.head("gen1/memory.idx")
-    assert meta == ObjectMeta(key="gen1/memory.idx", size=11, etag=meta.etag) and meta.etag
+    assert meta == ObjectMeta(key="gen1/memory.idx", size=11, etag=meta.etag, last_modified=meta.last_modified)
+    assert meta.etag and meta.last_modified is not None and abs(meta.last_modified - time.time()) < 60
+    assert store.list_meta("gen1") == [meta]
+    store.put("gen1/deeper/x", b"x")
+    assert [m.key for m in store.list_meta("")] == ["gen1/deeper/x", "gen1/memory.idx"]
     assert store.exists("gen1/memory.idx") and not store.exists("gen1/other")
+    assert store.probe("gen1/memory.idx") == meta and store.probe("gen1/other") is None
+    assert store.stats.errors == 0, "a probe's 'no such object' is an answer, not an error"
     store.put("gen1/memory.idx", b"replaced")  # overwrite
     assert store.get("gen1/memory.idx") == b"replaced"
 

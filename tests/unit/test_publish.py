@@ -1,4 +1,5 @@
-"""Images and snapshots through the object store (a memory:// store; qemu-img for the overlays, no root)."""
+"""Images and snapshots through the object store (memory:// and file:// stores; qemu-img for the overlays, no
+root): chunks stored once by sha256, only the missing ones uploaded, indexes of the earlier format refused."""
 
 from __future__ import annotations
 
@@ -32,10 +33,11 @@ def test_upload_then_download_rebuilds_the_sparse_image(tmp_path: Path) -> None:
     src = tmp_path / "src"
     sparse_image(src, 6, {0: os.urandom(5000), 3: os.urandom(CHUNK_SIZE - 100)})
     pins = PinSet()
-    index = upload_image(store, "images/x/rootfs", src, "gen", tmp_path / "work", pins)
+    index = upload_image(store, "images/x/rootfs", src, "gen", pins)
     assert [index.is_zero(i) for i in range(6)] == [False, True, True, False, True, True]
     assert index.stored_bytes == 2 * CHUNK_SIZE
-    assert sorted(store.list("images/x")) == ["images/x/rootfs.idx", "images/x/rootfs.pack"]
+    assert store.list("images/x") == ["images/x/rootfs.idx"]
+    assert sorted(store.list("chunks")) == sorted(index.key(i) for i in (0, 3))
     dest = tmp_path / "out" / "rootfs"
     download_image(store, "images/x/rootfs", dest, PinSet.from_manifest({"pins": pins.to_json()}, "test"))
     assert dest.read_bytes() == src.read_bytes()
@@ -48,10 +50,10 @@ def test_download_refuses_bytes_that_do_not_match_the_index(tmp_path: Path) -> N
     src = tmp_path / "src"
     sparse_image(src, 2, {1: b"payload"})
     pins = PinSet()
-    upload_image(store, "m/memory", src, "gen", tmp_path / "work", pins)
-    pack = bytearray(store.get("m/memory.pack"))
-    pack[200] ^= 0xFF
-    store.put("m/memory.pack", bytes(pack))
+    index = upload_image(store, "m/memory", src, "gen", pins)
+    chunk = bytearray(store.get(index.key(1)))
+    chunk[200] ^= 0xFF
+    store.put(index.key(1), bytes(chunk))
     with pytest.raises(StoreError, match="checksum"):
         download_image(store, "m/memory", tmp_path / "dest", pins)
     assert not (tmp_path / "dest").exists()

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from cryobox.agent.store.chunkcache import ChunkCache, cache_identity
-from cryobox.agent.store.chunkfmt import ChunkIndex
+from cryobox.agent.store.chunkcache import ChunkCache
+from cryobox.agent.store.chunkfmt import ChunkIndex, chunk_key
+from cryobox.agent.store.chunkref import image_identity
 from cryobox.agent.store.fusefs import ImageTable
 from cryobox.agent.store.memmetrics import MemoryMetrics
 from cryobox.agent.store.objstore import open_store
@@ -21,7 +22,7 @@ from cryobox.agent.store.resolver import ChunkResolver, ImageRef, ResolverConfig
 from cryobox.errors import ChunkFetchFailed, InvalidArgument, ObjectNotFound, StoreError, StoreThrottled
 
 CS = 64  # tiny chunks keep the tests fast; the resolver does not care about the size
-KEY = "templates/py/g1/memory.pack"
+KEY = "templates/py/g1/memory.idx"
 JOIN_S = 10.0
 
 
@@ -51,14 +52,20 @@ class FakeClock:
 
 
 class FakeStore:
-    """In-memory range reader that counts GETs and can hold, fail or corrupt them."""
+    """In-memory range reader of chunk objects that counts GETs and can hold, fail or corrupt them. A GET is
+    told apart by its chunk's position in ``image`` (``idx * CS`` of the first chunk holding it): ``starts()``."""
 
     url = "memory://test"
 
-    def __init__(self, objects: dict[str, bytes]) -> None:
+    def __init__(self, objects: dict[str, bytes], image: ImageRef | None = None) -> None:
         self.objects = dict(objects)
+        self.where: dict[str, int] = {}
+        if image is not None:
+            for i in reversed(range(image.index.chunk_count)):
+                if not image.index.is_zero(i):
+                    self.where[image.index.key(i)] = i * CS
         self.calls: list[tuple[str, int, int]] = []
-        self.hold: dict[int, threading.Event] = {}  # start offset -> GETs of it block until set
+        self.hold: dict[int, threading.Event] = {}  # chunk position -> GETs of it block until set
         self.gate: threading.Event | None = None  # every GET blocks until set
         self.fail: Callable[[int, int], BaseException | None] | None = None  # (call number, start) -> error
         self.on_get: Callable[[], None] | None = None
@@ -71,8 +78,9 @@ class FakeStore:
             return len(self.calls)
 
     def starts(self) -> list[int]:
+        """The position (``idx * CS``) of the chunk every GET asked for, in order."""
         with self._lock:
-            return [start for _, start, _ in self.calls]
+            return [self.where.get(key, -1) for key, _, _ in self.calls]
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         with self._lock:
@@ -80,10 +88,11 @@ class FakeStore:
             n = len(self.calls)
         if self.on_get is not None:
             self.on_get()
-        for event in (self.gate, self.hold.get(start)):
+        position = self.where.get(key, -1)
+        for event in (self.gate, self.hold.get(position)):
             if event is not None and not event.wait(JOIN_S):
                 raise StoreError("test gate never opened")
-        err = self.fail(n, start) if self.fail is not None else None
+        err = self.fail(n, position) if self.fail is not None else None
         if err is not None:
             raise err
         if key not in self.objects:
@@ -93,34 +102,34 @@ class FakeStore:
 
 
 class FakeCache:
-    """Dict-backed chunk cache that verifies sha256 on get, like the real one."""
+    """Dict-backed chunk cache by sha256 that verifies on get, like the real one."""
 
     def __init__(self) -> None:
-        self.data: dict[tuple[str, int], bytes] = {}
+        self.data: dict[str, bytes] = {}
         self.gets = 0
         self.puts = 0
         self.fail_puts = False
         self._lock = threading.Lock()
 
-    def get(self, identity: str, idx: int, sha256: str) -> bytes | None:
+    def get(self, sha256: str) -> bytes | None:
         with self._lock:
             self.gets += 1
-            data = self.data.get((identity, idx))
+            data = self.data.get(sha256)
             if data is not None and hashlib.sha256(data).hexdigest() != sha256:
-                del self.data[(identity, idx)]
+                del self.data[sha256]
                 return None
             return data
 
-    def put(self, identity: str, idx: int, data: bytes) -> None:
+    def put(self, sha256: str, data: bytes) -> None:
         if self.fail_puts:
             raise OSError(28, "No space left on device")
         with self._lock:
             self.puts += 1
-            self.data[(identity, idx)] = data
+            self.data[sha256] = data
 
-    def contains(self, identity: str, idx: int) -> bool:
+    def contains(self, sha256: str) -> bool:
         with self._lock:
-            return (identity, idx) in self.data
+            return sha256 in self.data
 
     @property
     def used_bytes(self) -> int:
@@ -131,23 +140,20 @@ class FakeCache:
 # -- helpers --------------------------------------------------------------------------------------------------------
 
 
-def build(chunks: Sequence[bytes], *, key: str = KEY, generation: str = "g1") -> tuple[ImageRef, bytes]:
-    """An image of ``chunks`` (all-zero ones become zero chunks) and its memory.pack bytes."""
+def build(chunks: Sequence[bytes], *, key: str = KEY, generation: str = "g1") -> tuple[ImageRef, dict[str, bytes]]:
+    """An image of ``chunks`` (all-zero ones become zero chunks) and its chunk objects (key -> bytes)."""
     zero = bytearray((len(chunks) + 7) // 8)
     sha: list[str] = []
-    offsets: list[int] = []
-    pack = bytearray()
+    objects: dict[str, bytes] = {}
     for i, chunk in enumerate(chunks):
         if not any(chunk):
             zero[i >> 3] |= 1 << (i & 7)
             sha.append("")
-            offsets.append(-1)
         else:
             sha.append(hashlib.sha256(chunk).hexdigest())
-            offsets.append(len(pack))
-            pack += chunk
-    index = ChunkIndex(sum(map(len, chunks)), CS, generation, bytes(zero), tuple(sha), tuple(offsets))
-    return ImageRef(key=key, index=index, identity=f"id-{generation}"), bytes(pack)
+            objects[chunk_key(sha[-1])] = chunk
+    index = ChunkIndex(sum(map(len, chunks)), CS, generation, bytes(zero), tuple(sha))
+    return ImageRef(key=key, index=index, identity=f"id-{generation}"), objects
 
 
 def data_chunk(seed: int, size: int = CS) -> bytes:
@@ -157,8 +163,8 @@ def data_chunk(seed: int, size: int = CS) -> bytes:
 def setup(
     chunks: Sequence[bytes], config: ResolverConfig | None = None, cache: FakeCache | None = None
 ) -> tuple[ChunkResolver, ImageRef, FakeStore, FakeClock, MemoryMetrics]:
-    image, pack = build(chunks)
-    store, clock, metrics = FakeStore({KEY: pack}), FakeClock(), MemoryMetrics()
+    image, objects = build(chunks)
+    store, clock, metrics = FakeStore(objects, image), FakeClock(), MemoryMetrics()
     resolver = ChunkResolver(
         store, cache, config or ResolverConfig(), metrics, clock=clock, sleep=clock.sleep, rng=random.Random(7)
     )
@@ -214,7 +220,7 @@ def test_sixteen_readers_of_one_missing_chunk_cause_one_get(with_cache: bool) ->
     store.gate = threading.Event()
 
     threads, results = run_threads(16, lambda: resolver.read(image, CS + 8, 16))
-    wait_until(lambda: store.gets == 1 and resolver.in_flight() == {(image.identity, 1): 15})
+    wait_until(lambda: store.gets == 1 and resolver.in_flight() == {image.index.sha256[1]: 15})
     store.gate.set()
     join_all(threads)
 
@@ -230,6 +236,52 @@ def test_sixteen_readers_of_one_missing_chunk_cause_one_get(with_cache: bool) ->
         assert store.gets == 1
         assert snap(metrics)["cache_hits"] == 1
         assert snap(metrics)["cache_bytes"] == CS
+
+
+def test_readers_of_two_images_sharing_a_chunk_cause_one_get() -> None:
+    """A template and its snapshot hold the same bytes in chunk 1: one flight, one GET, one cached chunk."""
+    shared = data_chunk(1)
+    template, objects = build([data_chunk(0), shared], generation="g1")
+    snapshot, more = build([data_chunk(9), shared, data_chunk(2)], key="snapshots/s1/memory.idx", generation="s1")
+    cache = FakeCache()
+    store, metrics = FakeStore({**objects, **more}, template), MemoryMetrics()
+    resolver = ChunkResolver(store, cache, ResolverConfig(), metrics)
+    store.gate = threading.Event()
+
+    readers = [template, snapshot] * 8
+    threads, results = run_threads(16, lambda: resolver.read(readers.pop(), CS + 8, 16))
+    wait_until(lambda: store.gets == 1 and resolver.in_flight() == {template.index.sha256[1]: 15})
+    store.gate.set()
+    join_all(threads)
+
+    assert results == [shared[8:24]] * 16 and store.gets == 1 and cache.puts == 1
+    assert resolver.touched(template.identity) == {1} == resolver.touched(snapshot.identity)
+    assert resolver.read(snapshot, CS, CS) == shared and store.gets == 1  # a cache hit for the other image
+
+
+def test_a_failed_shared_fetch_is_recorded_for_the_waiting_image_too() -> None:
+    """The leader read the template; a snapshot's reader waited on it: each image's VM is explained by it."""
+    shared = data_chunk(1)
+    template, objects = build([shared], generation="g1")
+    snapshot, _ = build([shared], key="snapshots/s1/memory.idx", generation="s1")
+    store, clock = FakeStore(objects, template), FakeClock()
+    resolver = ChunkResolver(
+        store, FakeCache(), ResolverConfig(retries=0), MemoryMetrics(), clock=clock, sleep=clock.sleep
+    )
+    store.gate = threading.Event()
+    store.fail = lambda _n, _start: StoreError("boom")
+    leader, _ = run_threads(1, lambda: resolver.read(template, 0, 8))
+    wait_until(lambda: store.gets == 1)
+    waiter, _ = run_threads(1, lambda: resolver.read(snapshot, 0, 8))
+    wait_until(lambda: resolver.in_flight() == {shared_sha(shared): 1})
+    store.gate.set()
+    join_all([*leader, *waiter])
+    assert isinstance(resolver.last_failure(template.identity), ChunkFetchFailed)
+    assert isinstance(resolver.last_failure(snapshot.identity), ChunkFetchFailed)
+
+
+def shared_sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def test_naive_mode_every_reader_fetches() -> None:
@@ -254,11 +306,11 @@ def test_naive_mode_every_reader_fetches() -> None:
 
 
 def image_bytes(image: ImageRef, store: FakeStore) -> bytes:
-    """The raw image rebuilt from the store's pack (zero chunks as zeros)."""
-    pack, out = store.objects[image.key], bytearray()
+    """The raw image rebuilt from the store's chunk objects (zero chunks as zeros)."""
+    out = bytearray()
     for i in range(image.index.chunk_count):
         n = image.index.chunk_len(i)
-        out += bytes(n) if image.index.is_zero(i) else pack[image.index.offsets[i] : image.index.offsets[i] + n]
+        out += bytes(n) if image.index.is_zero(i) else store.objects[image.index.key(i)]
     return bytes(out)
 
 
@@ -285,7 +337,7 @@ def test_cache_hit_does_not_touch_the_store() -> None:
     chunks = [data_chunk(0), data_chunk(1)]
     cache = FakeCache()
     resolver, image, store, _, metrics = setup(chunks, cache=cache)
-    cache.put(image.identity, 1, chunks[1])
+    cache.put(image.index.sha256[1], chunks[1])
 
     assert resolver.read(image, CS, CS) == chunks[1]
     assert resolver.chunk(image, 1) == chunks[1]
@@ -298,11 +350,11 @@ def test_corrupt_cache_entry_is_refetched() -> None:
     chunks = [data_chunk(0)]
     cache = FakeCache()
     resolver, image, store, _, _ = setup(chunks, cache=cache)
-    cache.data[(image.identity, 0)] = b"x" * CS  # wrong bytes: the cache's sha256 check rejects them
+    cache.data[image.index.sha256[0]] = b"x" * CS  # wrong bytes: the cache's sha256 check rejects them
 
     assert resolver.read(image, 0, CS) == chunks[0]
     assert store.gets == 1
-    assert cache.data[(image.identity, 0)] == chunks[0]
+    assert cache.data[image.index.sha256[0]] == chunks[0]
 
 
 def test_read_spanning_two_chunks() -> None:
@@ -322,7 +374,7 @@ def test_read_clamps_at_end_of_image() -> None:
     size = image.index.image_size
 
     assert resolver.read(image, size - 10, 4096) == chunks[1][-10:]
-    assert store.calls == [(KEY, CS, CS // 4)]  # the range GET asks for exactly the short chunk
+    assert store.calls == [(image.index.key(1), 0, CS // 4)]  # the GET asks for exactly the short chunk
     assert resolver.read(image, size, 10) == b""
     assert resolver.read(image, size + 100, 10) == b""
     assert resolver.read(image, 0, 0) == b""
@@ -380,7 +432,7 @@ def test_throttled_store_fails_every_waiter_after_bounded_backoff() -> None:
     store.fail = lambda _n, _start: StoreThrottled("503 SlowDown")
 
     threads, results = run_threads(16, lambda: resolver.read(image, 0, 8))
-    wait_until(lambda: resolver.in_flight() == {(image.identity, 0): 15})
+    wait_until(lambda: resolver.in_flight() == {image.index.sha256[0]: 15})
     store.gate.set()
     join_all(threads)
 
@@ -433,7 +485,7 @@ def test_waiters_give_up_at_their_deadline_when_the_leader_hangs() -> None:
     leader_threads, leader_results = run_threads(1, lambda: resolver.read(image, 0, CS))
     wait_until(lambda: store.gets == 1)
     waiter_threads, waiter_results = run_threads(1, lambda: resolver.read(image, 0, CS))
-    wait_until(lambda: resolver.in_flight() == {(image.identity, 0): 1})
+    wait_until(lambda: resolver.in_flight() == {image.index.sha256[0]: 1})
 
     clock.advance(16.0)  # the injected clock passes the waiter's deadline; the leader is still in its GET
     join_all(waiter_threads)
@@ -449,7 +501,7 @@ def test_waiters_give_up_at_their_deadline_when_the_leader_hangs() -> None:
 
 def test_missing_object_is_not_retried() -> None:
     resolver, image, store, clock, _ = setup([data_chunk(0)])
-    del store.objects[KEY]
+    del store.objects[image.index.key(0)]
 
     with pytest.raises(ChunkFetchFailed, match="object not found") as info:
         resolver.read(image, 0, 1)
@@ -471,13 +523,13 @@ def test_cache_put_failure_still_serves_the_chunk() -> None:
 def test_prefetch_fetches_in_order_and_a_concurrent_read_waits_for_it() -> None:
     chunks = [data_chunk(i) if i != 2 else bytes(CS) for i in range(6)]
     resolver, image, store, _, metrics = setup(chunks, cache=FakeCache())
-    start_of = {i: image.index.offsets[i] for i in range(6) if i != 2}
+    start_of = {i: i * CS for i in range(6) if i != 2}
     store.hold[start_of[3]] = held = threading.Event()
 
     thread = resolver.prefetch(image, [4, 2, 0, 3, 5, 1], workers=1)
-    wait_until(lambda: (image.identity, 3) in resolver.in_flight())
+    wait_until(lambda: image.index.sha256[3] in resolver.in_flight())
     readers, results = run_threads(1, lambda: resolver.read(image, 3 * CS + 1, 2))
-    wait_until(lambda: resolver.in_flight() == {(image.identity, 3): 1})
+    wait_until(lambda: resolver.in_flight() == {image.index.sha256[3]: 1})
     held.set()
     join_all([thread, *readers])
 
@@ -496,7 +548,7 @@ def test_prefetch_skips_cached_chunks_without_reading_them() -> None:
     chunks = [data_chunk(0), data_chunk(1), data_chunk(2)]
     cache = FakeCache()
     resolver, image, store, _, _ = setup(chunks, cache=cache)
-    cache.put(image.identity, 1, chunks[1])
+    cache.put(image.index.sha256[1], chunks[1])
 
     join_all([resolver.prefetch(image, [1, 0, 2], workers=2)])
     assert sorted(store.starts()) == [0, 2 * CS]
@@ -601,10 +653,10 @@ def test_metrics_names_and_private_registries() -> None:
 
 def test_with_the_real_chunk_cache(tmp_path: Path) -> None:
     chunks = [data_chunk(0), bytes(CS), data_chunk(2)]
-    built, pack = build(chunks)
-    store = FakeStore({KEY: pack})
+    built, objects = build(chunks)
+    store = FakeStore(objects, built)
     image = ImageRef.for_store(store, KEY, built.index)
-    assert image.identity == cache_identity(store.url, KEY, "g1")
+    assert image.identity == image_identity(store.url, KEY, "g1")
     cache = ChunkCache(tmp_path / "cache", budget_bytes=1 << 20)
     cache.open()
     metrics = MemoryMetrics()
@@ -622,7 +674,7 @@ def test_with_the_real_chunk_cache(tmp_path: Path) -> None:
     assert store.gets == 2
 
     # a corrupted cached chunk is detected by the cache and refetched from the store
-    path = tmp_path / "cache" / image.identity / f"{2:08d}"
+    path = tmp_path / "cache" / image.index.sha256[2][:2] / image.index.sha256[2]
     raw = bytearray(path.read_bytes())
     raw[5] ^= 0xFF
     path.write_bytes(bytes(raw))
@@ -632,9 +684,10 @@ def test_with_the_real_chunk_cache(tmp_path: Path) -> None:
 
 def test_with_a_real_memory_store() -> None:
     chunks = [data_chunk(0), bytes(CS), data_chunk(2), data_chunk(3, size=CS // 2)]
-    built, pack = build(chunks)
+    built, objects = build(chunks)
     store = open_store("memory://")
-    store.put(KEY, pack)
+    for key, data in objects.items():
+        store.put(key, data)
     image = ImageRef.for_store(store, KEY, built.index)
     metrics = MemoryMetrics()
     resolver = ChunkResolver(store, FakeCache(), ResolverConfig(), metrics)
@@ -650,8 +703,8 @@ def test_with_a_real_memory_store() -> None:
 
 def test_a_failure_is_dated_and_cleared_by_a_later_successful_fetch_of_the_image() -> None:
     chunks = [data_chunk(0), data_chunk(1)]
-    image, pack = build(chunks)
-    store, clock, stamp = FakeStore({KEY: pack}), FakeClock(), FakeClock()
+    image, objects = build(chunks)
+    store, clock, stamp = FakeStore(objects, image), FakeClock(), FakeClock()
     resolver = ChunkResolver(
         store, FakeCache(), ResolverConfig(retries=0), MemoryMetrics(), clock=clock, sleep=clock.sleep, stamp=stamp
     )
@@ -673,14 +726,14 @@ def test_a_failure_is_dated_and_cleared_by_a_later_successful_fetch_of_the_image
 
 def test_a_success_already_under_way_when_the_failure_happened_does_not_clear_it() -> None:
     chunks = [data_chunk(0), data_chunk(1)]
-    image, pack = build(chunks)
-    store, clock = FakeStore({KEY: pack}), FakeClock()
+    image, objects = build(chunks)
+    store, clock = FakeStore(objects, image), FakeClock()
     resolver = ChunkResolver(
         store, FakeCache(), ResolverConfig(retries=0), MemoryMetrics(), clock=clock, sleep=clock.sleep, stamp=clock
     )
     store.hold[CS] = held = threading.Event()  # the GET of chunk 1 is slow
     slow, slow_results = run_threads(1, lambda: resolver.read(image, CS, 8))
-    wait_until(lambda: (image.identity, 1) in resolver.in_flight())
+    wait_until(lambda: image.index.sha256[1] in resolver.in_flight())
     store.fail = lambda _n, start: StoreError("boom") if start == 0 else None
     with pytest.raises(ChunkFetchFailed) as info:
         resolver.read(image, 0, 8)

@@ -39,6 +39,8 @@ SNAP: dict[str, Any] = {
     "sandbox_id": "sbx_0123",
     "template": "code-interpreter",
     "size_bytes": 123456,
+    "unique_bytes": 23456,
+    "shared_bytes": 100000,
     "created_at": "2024-05-01T12:30:00Z",
     "labels": {"step": "3"},
     "retain": True,
@@ -52,6 +54,8 @@ SNAPSHOT = Snapshot(
     sandbox_id="sbx_0123",
     template="code-interpreter",
     size_bytes=123456,
+    unique_bytes=23456,
+    shared_bytes=100000,
     created_at=datetime(2024, 5, 1, 12, 30, tzinfo=UTC),
     labels={"step": "3"},
     retain=True,
@@ -200,6 +204,16 @@ async def test_snapshot_posts_options_and_parses(api: Api) -> None:
     assert _json(request) == {"labels": {"step": "3"}, "retain": True, "quiesce": True}
 
 
+async def test_snapshot_parses_unique_and_shared_bytes(api: Api) -> None:
+    sizes = {"size_bytes": 5 << 30, "unique_bytes": 1 << 30, "shared_bytes": 4 << 30}
+    sbx, _ = api.sandbox(lambda request: httpx.Response(201, json={**SNAP, **sizes}))
+    snap = await resolve(sbx.snapshot())
+    assert (snap.size_bytes, snap.unique_bytes, snap.shared_bytes) == (5 << 30, 1 << 30, 4 << 30)
+    sbx, _ = api.sandbox(lambda request: httpx.Response(201, json={**SNAP, "shared_bytes": "lots"}))
+    with pytest.raises(CryoboxError):
+        await resolve(sbx.snapshot())
+
+
 async def test_snapshot_defaults(api: Api) -> None:
     sbx, rec = api.sandbox(lambda request: httpx.Response(201, json=SNAP))
     await resolve(sbx.snapshot())
@@ -248,6 +262,7 @@ async def test_list_without_filters_and_minimal_snapshots(api: Api) -> None:
     snapshots, rec = api.snapshots(lambda request: httpx.Response(200, json={"snapshots": [minimal]}))
     (snap,) = await resolve(snapshots.list())
     assert (snap.labels, snap.retain, snap.parent_id, snap.pause_ms) == ({}, False, None, None)
+    assert (snap.unique_bytes, snap.shared_bytes) == (0, 0)  # a server from before them
     assert rec.requests[0].url.query == b""
 
 

@@ -466,3 +466,28 @@ def test_rec_helper_matches_qemu_layout() -> None:
     encoded = Rec(b"pc.bios", 3 * PAGE_SIZE, None, fill=7).encode(False)
     assert encoded == be64(3 * PAGE_SIZE | FLAG_ZERO) + b"\x07pc.bios" + b"\x07"
     assert replace(Rec(b"ram", 0), fill=1).encode(True) == be64(FLAG_ZERO | FLAG_CONTINUE) + b"\x01"
+
+
+def test_a_sink_hears_of_every_refill_before_the_records_it_brought(tmp_path: Path) -> None:
+    """A page sink that caches facts about the source's memory (the page map) must drop them whenever more of
+    the stream is read: every record it sees was sent before the last ``refilled`` call before it."""
+    sections = [[Rec(b"ram", n * PAGE_SIZE, page(n)) for n in range(16)] + [Rec(b"ram", 20 * PAGE_SIZE)]]
+    data = stream(sections)
+    events: list[tuple[str, int]] = []
+
+    class Sink:
+        def page(self, addr: int, data: memoryview) -> None:
+            events.append(("page", addr))
+
+        def zero(self, addr: int) -> None:
+            events.append(("zero", addr))
+
+        def refilled(self) -> None:
+            events.append(("refill", -1))
+
+    out = io.BytesIO()
+    stats = split_stream(Dribble(data, 3 * PAGE_SIZE), out, Sink())
+    assert stats.pages == 16 and stats.zero_pages == 1
+    assert [addr for kind, addr in events if kind != "refill"] == [n * PAGE_SIZE for n in range(16)] + [20 * PAGE_SIZE]
+    assert events[0] == ("refill", -1)
+    assert sum(1 for kind, _ in events if kind == "refill") >= len(data) // (3 * PAGE_SIZE)

@@ -219,6 +219,7 @@ class VmFactory:
             memory_path=str(vm.memory.path),
             memory_share=vm.memory.share,
             write_trackable=vm.memory.write_trackable,
+            memory_origin=str(vm.memory.origin) if vm.memory.origin is not None else None,
             machine=vm.config.to_json(),
             netns=vm.net.netns if vm.net is not None else None,
             tap=vm.net.tap if vm.net is not None else "tap0",
@@ -230,7 +231,8 @@ class VmFactory:
     async def adopt(self, record: VmRecord) -> MicroVM:
         """Take over the recorded QEMU (started by an earlier agent) and its network slot."""
         net = NetAttach(record.netns, record.tap) if record.netns is not None else None
-        memory = MemoryBacking(Path(record.memory_path), record.memory_share, record.write_trackable)
+        origin = Path(record.memory_origin) if record.memory_origin is not None else None
+        memory = MemoryBacking(Path(record.memory_path), record.memory_share, record.write_trackable, origin)
         vm = await MicroVM.adopt(
             record.vm_id,
             MachineConfig.from_json(record.machine),

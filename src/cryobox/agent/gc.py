@@ -31,10 +31,10 @@ from pathlib import Path
 
 from .net.slots import LINK_PREFIX, NETNS_PREFIX, link_prefix, netns_prefix
 from .ownership import OwnerRecord
+from .vm.qemu import is_qemu_argv0
 
 log = logging.getLogger(__name__)
 
-QEMU = "qemu-system-x86_64"
 MEMSERVER = "cryobox.agent.store.memserver"
 BAKE_NETNS = re.compile(r"^cryobox-bake-(?P<pid>\d+)-")
 SHM_DIR = re.compile(r"^cryobox-(?P<digest>[0-9a-f]{12})$")
@@ -121,7 +121,7 @@ def _flag(argv: tuple[str, ...], name: str) -> str | None:
 
 
 def _is_qemu(p: ProcInfo) -> bool:
-    return bool(p.argv) and p.argv[0].endswith(QEMU)
+    return bool(p.argv) and is_qemu_argv0(p.argv[0])
 
 
 def _is_memserver(p: ProcInfo) -> bool:

@@ -13,10 +13,11 @@ from pathlib import Path
 
 from ..config import DEFAULT_DATA_DIR, Paths
 from ..util import procfs
-from .gc import MEMSERVER, QEMU, DirState, Effects, HostState, ProcInfo
+from .gc import MEMSERVER, DirState, Effects, HostState, ProcInfo
 from .ownership import LOCK_NAME, OWNERS_DIR, OwnerRecord, held_by_other, read_owners
 from .store.mounts import unmount
 from .vm.cgroups import PREFIX as CGROUP_PREFIX
+from .vm.qemu import is_qemu_argv0
 
 Nft = Callable[[list[str]], str]
 _OCTAL = re.compile(r"\\([0-7]{3})")
@@ -92,7 +93,7 @@ def processes(roots: Roots, owner_pids: Iterable[int], deep: bool) -> tuple[Proc
         argv = procfs.cmdline(pid, roots.proc)
         if not argv or not procfs.alive(pid, roots.proc):
             continue
-        relevant = argv[0].endswith(QEMU) or any("cryobox" in a for a in argv) or pid in owners
+        relevant = is_qemu_argv0(argv[0]) or any("cryobox" in a for a in argv) or pid in owners
         if not relevant and not deep:
             continue
         locks = frozenset(f for f in _links_of(pid, roots.proc) if f.endswith("/" + LOCK_NAME)) if relevant else None

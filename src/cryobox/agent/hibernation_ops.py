@@ -63,6 +63,8 @@ class HibernationOps:
             key=published.key,
             generation=template.generation,
             size_bytes=image.size_bytes,
+            unique_bytes=image.unique_bytes,
+            shared_bytes=image.shared_bytes,
             manifest_sha256=published.manifest_sha256,
         )
 

@@ -110,7 +110,8 @@ class MemorySource:
             # (a snapshot still being made durable has only its hot copy: fork_tree children restore from it)
             raise VmmError(f"{source.path} has no memory image here and none in the object store")
         try:
-            return MemoryBacking(await self.hot.ensure(source.hot_key, source.memory), share=False)
+            hot = await self.hot.ensure(source.hot_key, source.memory)
+            return MemoryBacking(hot, share=False, origin=source.memory)
         except HotBudgetExceeded as full:
             if self.memserver is None or not isinstance(source, Template):
                 raise

@@ -333,6 +333,10 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
             log.warning("could not record the prefetch trace of %s: %s", template.name, err)
     for template in templates.values():
         service.add_template(template)
+    # copies of older generations' memory on the volume: snapshots cloned from them keep their blocks
+    stale = await asyncio.to_thread(snapshots.bases.prune, {t.hot_key for t in templates.values()})
+    if stale:
+        log.info("removed %d volume copies of older template images", len(stale))
     localizer = Localizer(memserver)
     if config.storage.memory_mode is MemoryMode.HOT and localizer.start(templates.values()):
         progress("bringing fetched templates' memory home in the background")

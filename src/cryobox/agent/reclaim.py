@@ -15,6 +15,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from .vm.qemu import is_qemu_argv0
+
 log = logging.getLogger(__name__)
 
 
@@ -28,7 +30,7 @@ def find_own_qemus(run_dir: Path, proc: Path = Path("/proc")) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if not argv or not argv[0].decode(errors="replace").endswith("qemu-system-x86_64"):
+        if not argv or not is_qemu_argv0(argv[0].decode(errors="replace")):
             continue
         args = [a.decode(errors="replace") for a in argv]
         for flag, value in zip(args, args[1:], strict=False):

@@ -65,7 +65,8 @@ class VmRecord:
     slot_cidr: str | None = None
     uid: int | None = None
     """The jail uid QEMU runs as (``None``: not jailed)."""
-    """The slot plan's CIDR when the VM started (a restarted agent must carve the same slots)."""
+    memory_origin: str | None = None
+    """The durable file the VM's RAM image is a copy of (``MemoryBacking.origin``)."""
 
     def alive(self, proc: Path = Path("/proc")) -> bool:
         """The recorded QEMU still runs (same pid, same start time)."""

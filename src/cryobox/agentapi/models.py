@@ -155,6 +155,12 @@ class SnapshotInfo(_Model):
     sandbox_id: str | None = None
     parent_id: str | None = None
     size_bytes: int = 0
+    """The allocated size of all its files."""
+    unique_bytes: int = 0
+    """Bytes only this snapshot holds: the memory pages it changed from its parent image, its device state and its
+    disk overlay (not sent by an agent that predates layering: the control plane then records ``size_bytes``)."""
+    shared_bytes: int = 0
+    """Memory bytes it shares with its parent image (a template generation or another snapshot)."""
     pause_ms: float | None = None
     created_at: float = 0.0
     labels: dict[str, str] = Field(default_factory=dict)
@@ -179,6 +185,10 @@ class StoredHibernation(_Model):
     generation: str
     """The template generation the image's disk and memory sit on."""
     size_bytes: int = 0
+    unique_bytes: int = 0
+    """Bytes only this image holds (as :attr:`SnapshotInfo.unique_bytes`)."""
+    shared_bytes: int = 0
+    """Memory bytes it shares with its template generation (as :attr:`SnapshotInfo.shared_bytes`)."""
     manifest_sha256: ManifestSha256 | None = None
     """The sha256 of the manifest bytes the agent uploaded (``None`` from an agent that predates pinning)."""
 

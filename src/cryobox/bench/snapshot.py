@@ -8,14 +8,27 @@ measured against a real ``cryobox serve`` (no pre-spawn pool, so the only QEMUs 
 3. Restore: ``POST /v1/sandboxes {"from_snapshot"}`` until it returns and the first ``exec true`` is answered.
 4. Fork tree: ``POST .../fork-tree {"count": 16}`` until every child has answered ``exec true``.
 5. Memory: Pss of the 16 fork-tree children's QEMUs against 16 private copies of the guest's touched memory.
+6. Dirty sweep: a 2 GiB sandbox writes 16 / 64 / 256 MiB of fresh random data into its tmpfs, then is
+   snapshotted; what the snapshot holds of its own (``unique_bytes``) and shares with its parent
+   (``shared_bytes``, from the manifest; 0 where the agent does not record it), and the snapshot call's time.
+7. Hot dir: bytes allocated in the agent's hot dir (tmpfs) after 10 snapshots of ``base`` sandboxes.
+8. Lazy pause: a second server with ``--memory lazy`` (RAM paged from the memory server's FUSE file, which
+   cannot be write-protected): the pause of its sandboxes' snapshots.
+
+``--qemu PATH`` (repeatable) runs all of it again for each other QEMU binary (``CRYOBOX_QEMU`` of its servers):
+the top-level keys describe the default binary (``CRYOBOX_QEMU`` or the system's), ``by_qemu`` holds every
+binary's result under its version (``"7.2.22"``, ``"10.0.2"``) and ``qemu_comparison`` the headline numbers side
+by side.
 
 Everything goes through the HTTP API with plain ``httpx``; everything created is deleted in ``finally``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -30,7 +43,9 @@ from rich.console import Console
 from rich.table import Table
 
 from ..agent.reclaim import find_own_qemus
+from ..agent.vm import qemu as qemu_binary
 from ..config import DEFAULT_CACHE_DIR, Paths
+from ..errors import CryoboxError
 from .pss import allocated_bytes, parse_rollup, smaps_mapping_kib, sum_mib
 from .report import write_result
 from .server import ServeProcess
@@ -41,12 +56,18 @@ TARGETS: dict[str, float] = {
     "pause_ratio_max": 1.5,
     "fork_tree_over_restore_max": 8,
     "pss_ratio_max": 0.25,
+    "pause_ms_issue18_max": 30,
+    "pause_ratio_issue18_max": 1.2,
 }
 BIG_TEMPLATE = "bench-2g"
 BIG_MEMORY_MB = 2048
 DIRTY_MIB = 64
 DIRTY_CMD = f"dd if=/dev/urandom of=/dev/shm/dirty bs=1M count={DIRTY_MIB} status=none"
 TREE_COUNT = 16
+SWEEP_MIB = (16, 64, 256)
+SHM_SNAPSHOTS = 10
+HOT_ARGS = ["--templates", "base"]  # bench-2g is derived from it; nothing here uses another template
+LAZY_ARGS = ["--memory", "lazy", "--no-prefetch", "--templates", "base", "--net-pool", "2"]
 MIN_RESTORES = 10
 PRIVATE_COPY_BASIS = (
     "allocated bytes (st_blocks * 512) of the fork-tree snapshot's sparse memory image "
@@ -122,9 +143,10 @@ class Api:
             raise BenchError(f"exec {cmd!r} in {sandbox_id} exited {out['exit_code']}: {tail}")
         return out
 
-    def snapshot(self, sandbox_id: str) -> dict[str, Any]:
+    def snapshot(self, sandbox_id: str, *, retain: bool = False) -> dict[str, Any]:
+        """``retain``: the snapshot outlives its sandbox (otherwise deleting the sandbox deletes it)."""
         snap: dict[str, Any] = self.call(
-            "POST", f"/v1/sandboxes/{sandbox_id}/snapshots", 201, {"labels": {}, "retain": False}
+            "POST", f"/v1/sandboxes/{sandbox_id}/snapshots", 201, {"labels": {}, "retain": retain}
         )
         self.snapshots.append(snap["id"])
         return snap
@@ -226,6 +248,13 @@ class Samples:
     snapshot_memory_bytes: int = 0
     hot_copy_bytes: int | None = None
     guest_used_mib: float = 0.0
+    lazy_pause: list[float] = field(default_factory=list)
+    lazy_capture: list[dict[str, float]] = field(default_factory=list)
+    dirty_sweep: list[dict[str, float]] = field(default_factory=list)
+    shm_before_bytes: int | None = None
+    shm_after_bytes: int | None = None
+    capture_modes: dict[str, list[str]] = field(default_factory=dict)
+    """Per step (``512``, ``2048``, ``lazy``), the ``mode`` of each capture (background, precopy, stopped)."""
 
 
 @dataclass
@@ -245,12 +274,21 @@ def capture_breakdown(manifest: dict[str, Any]) -> dict[str, float]:
     return {k: float(capture[k]) for k in CAPTURE_FIELDS if isinstance(capture.get(k), int | float)}
 
 
-def _read_capture(paths: Paths, snapshot_id: str) -> dict[str, float]:
+def _read_manifest(paths: Paths, snapshot_id: str) -> dict[str, Any]:
     manifest = paths.snapshots_dir / snapshot_id / "manifest.json"
     try:
-        return capture_breakdown(json.loads(manifest.read_text()))
+        found: dict[str, Any] = json.loads(manifest.read_text())
     except (OSError, ValueError) as err:
         raise BenchError(f"cannot read {manifest}: {err}") from err
+    return found
+
+
+def _read_capture(paths: Paths, snapshot_id: str, modes: list[str] | None = None) -> dict[str, float]:
+    """The capture's timing; its ``mode`` (background, precopy, stopped) is appended to ``modes``."""
+    manifest = _read_manifest(paths, snapshot_id)
+    if modes is not None:
+        modes.append(str((manifest.get("capture") or {}).get("mode", "unknown")))
+    return capture_breakdown(manifest)
 
 
 def _pause_runs(
@@ -263,6 +301,7 @@ def _pause_runs(
     captures: list[dict[str, float]],
     sizes: list[float] | None,
     keep: bool,
+    modes: list[str] | None = None,
 ) -> Kept | None:
     kept = None
     for i in range(n):
@@ -274,7 +313,7 @@ def _pause_runs(
         if snap.get("pause_ms") is None:
             raise BenchError(f"snapshot {snap['id']} of {sbx['id']} has no pause_ms: {snap}")
         pauses.append(float(snap["pause_ms"]))
-        captures.append(_read_capture(paths, snap["id"]))
+        captures.append(_read_capture(paths, snap["id"], modes))
         if sizes is not None:
             sizes.append(float(snap["size_bytes"]))
         if keep and i == n - 1:
@@ -342,9 +381,84 @@ def _in_parallel(fn: Callable[[str], None], items: list[str]) -> None:
         list(pool.map(fn, items))
 
 
-def qemu_version() -> str:
-    out = subprocess.run(["qemu-system-x86_64", "--version"], capture_output=True, text=True, check=True).stdout
-    return out.splitlines()[0].strip() if out else "unknown"
+def qemu_version(binary: str | None = None) -> str:
+    """The first line of ``--version`` of ``binary`` (default: the one this process's agent would run)."""
+    try:
+        return qemu_binary.version_line_of(binary or qemu_binary.binary())
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown"
+
+
+def version_key(version_line: str) -> str:
+    """``"10.0.2"`` for ``QEMU emulator version 10.0.2 (Debian ...)`` (the whole line if it has no number)."""
+    found = re.search(r"version (\d+(?:\.\d+)*)", version_line)
+    return found.group(1) if found else version_line
+
+
+def hot_dir_bytes(hot_dir: Path) -> int:
+    """Bytes allocated by every file under the hot dir (0 when it does not exist)."""
+    total = 0
+    for path in hot_dir.rglob("*") if hot_dir.is_dir() else ():
+        with contextlib.suppress(OSError):
+            if path.is_file() and not path.is_symlink():
+                total += allocated_bytes(path)
+    return total
+
+
+def _sweep_cmd(mib: int) -> str:
+    return f"dd if=/dev/urandom of=/dev/shm/sweep bs=1M count={mib} status=none"
+
+
+def _dirty_sweep(api: Api, paths: Paths, s: Samples, console: Console) -> None:
+    """A 2 GiB sandbox per size: write ``mib`` of fresh random data (kept resident in the guest's tmpfs), snapshot."""
+    for mib in SWEEP_MIB:
+        sbx = api.create({"template": BIG_TEMPLATE})
+        api.exec(sbx["id"], _sweep_cmd(mib))
+        started = time.monotonic()
+        snap = api.snapshot(sbx["id"])
+        wall = _ms_since(started)
+        manifest = _read_manifest(paths, snap["id"])
+        s.dirty_sweep.append(
+            {
+                "dirtied_mib": float(mib),
+                "unique_mib": round(float(manifest.get("unique_bytes", 0) or 0) / _MIB, 1),
+                "shared_mib": round(float(manifest.get("shared_bytes", 0) or 0) / _MIB, 1),
+                "snapshot_ms": round(wall, 1),
+            }
+        )
+        console.print(f"  dirtied {mib} MiB: {s.dirty_sweep[-1]}")
+        api.delete_snapshot(snap["id"])
+        api.delete_sandbox(sbx["id"])
+
+
+def _shm_after_snapshots(api: Api, paths: Paths, s: Samples) -> None:
+    """Hot-dir bytes before and after :data:`SHM_SNAPSHOTS` snapshots of ``base`` sandboxes (retained, kept until
+    measured; each sandbox is deleted after its snapshot, so only the images remain)."""
+    s.shm_before_bytes = hot_dir_bytes(paths.hot_dir)
+    snaps = []
+    for _ in range(SHM_SNAPSHOTS):
+        sbx = api.create({"template": "base"})
+        api.exec(sbx["id"], DIRTY_CMD)
+        snaps.append(api.snapshot(sbx["id"], retain=True)["id"])
+        api.delete_sandbox(sbx["id"])
+    s.shm_after_bytes = hot_dir_bytes(paths.hot_dir)
+    for snap in snaps:
+        api.delete_snapshot(snap)
+
+
+def measure_lazy(api: Api, n: int, paths: Paths, console: Console, s: Samples) -> None:
+    """Snapshots of sandboxes whose RAM is paged lazily (the server runs with ``--memory lazy``)."""
+    for _ in range(n):
+        sbx = api.create({"template": "base"})
+        api.exec(sbx["id"], DIRTY_CMD)
+        snap = api.snapshot(sbx["id"])
+        if snap.get("pause_ms") is None:
+            raise BenchError(f"snapshot {snap['id']} of lazily paged {sbx['id']} has no pause_ms: {snap}")
+        s.lazy_pause.append(float(snap["pause_ms"]))
+        s.lazy_capture.append(_read_capture(paths, snap["id"], s.capture_modes.setdefault("lazy", [])))
+        api.delete_snapshot(snap["id"])
+        api.delete_sandbox(sbx["id"])
+    console.print(f"  lazy pause p50 {stats(s.lazy_pause)['p50']} ms")
 
 
 def measure(api: Api, n: int, paths: Paths, console: Console) -> Samples:
@@ -354,14 +468,34 @@ def measure(api: Api, n: int, paths: Paths, console: Console) -> Samples:
 
     console.print(f"pause window, base (512 MiB), {n} sandboxes dirtying {DIRTY_MIB} MiB each")
     kept = _pause_runs(
-        api, paths, "base", n, s.pause_512, s.snapshot_wall_512, s.capture_512, s.snapshot_size_512, keep=True
+        api,
+        paths,
+        "base",
+        n,
+        s.pause_512,
+        s.snapshot_wall_512,
+        s.capture_512,
+        s.snapshot_size_512,
+        keep=True,
+        modes=s.capture_modes.setdefault("512", []),
     )
     assert kept is not None
     console.print(
         f"  pause p50 {stats(s.pause_512)['p50']} ms, snapshot call p50 {stats(s.snapshot_wall_512)['p50']} ms"
     )
     console.print(f"pause window, {BIG_TEMPLATE} ({BIG_MEMORY_MB} MiB), {n} sandboxes")
-    _pause_runs(api, paths, BIG_TEMPLATE, n, s.pause_2048, s.snapshot_wall_2048, s.capture_2048, None, keep=False)
+    _pause_runs(
+        api,
+        paths,
+        BIG_TEMPLATE,
+        n,
+        s.pause_2048,
+        s.snapshot_wall_2048,
+        s.capture_2048,
+        None,
+        keep=False,
+        modes=s.capture_modes.setdefault("2048", []),
+    )
     console.print(
         f"  pause p50 {stats(s.pause_2048)['p50']} ms, snapshot call p50 {stats(s.snapshot_wall_2048)['p50']} ms"
     )
@@ -382,6 +516,13 @@ def measure(api: Api, n: int, paths: Paths, console: Console) -> Samples:
     _in_parallel(api.delete_sandbox, children)
     api.delete_snapshot(kept.snapshot_id)
     api.delete_sandbox(kept.sandbox_id)
+
+    console.print(f"dirty sweep, {BIG_TEMPLATE}: {', '.join(map(str, SWEEP_MIB))} MiB")
+    _dirty_sweep(api, paths, s, console)
+    console.print(f"hot dir after {SHM_SNAPSHOTS} snapshots of base sandboxes")
+    _shm_after_snapshots(api, paths, s)
+    assert s.shm_before_bytes is not None and s.shm_after_bytes is not None
+    console.print(f"  {s.shm_before_bytes / _MIB:.0f} -> {s.shm_after_bytes / _MIB:.0f} MiB")
     return s
 
 
@@ -400,8 +541,20 @@ def _capture_stats(captures: list[dict[str, float]]) -> dict[str, dict[str, floa
     return {k: stats_n([c[k] for c in captures if k in c]) for k in keys}
 
 
+def _mib(value: int | None) -> float | None:
+    return None if value is None else round(value / _MIB, 1)
+
+
 def build_result(
-    s: Samples, *, n: int, cores: int, accelerator: str, qemu: str, server_version: str, measured_at: str
+    s: Samples,
+    *,
+    n: int,
+    cores: int,
+    accelerator: str,
+    qemu: str,
+    server_version: str,
+    measured_at: str,
+    qemu_path: str = qemu_binary.QEMU_BINARY,
 ) -> dict[str, Any]:
     pause_512, pause_2048, restore = stats_n(s.pause_512), stats_n(s.pause_2048), stats_n(s.restore_total)
     pss_16 = sum(s.pss_children_mib)
@@ -445,6 +598,13 @@ def build_result(
         "guest_used_mib": round(s.guest_used_mib, 1),
         "capture_512": _capture_stats(s.capture_512),
         "capture_2048": _capture_stats(s.capture_2048),
+        "qemu_binary": qemu_path,
+        "capture_modes": {step: sorted(set(modes)) for step, modes in s.capture_modes.items()},
+        "lazy_pause_ms": stats_n(s.lazy_pause) if s.lazy_pause else None,
+        "lazy_capture": _capture_stats(s.lazy_capture),
+        "dirty_sweep": list(s.dirty_sweep),
+        "shm_mib_before_snapshots": _mib(s.shm_before_bytes),
+        "shm_mib_after_10_snapshots": _mib(s.shm_after_bytes),
         "samples": {
             "pause_ms_512": s.pause_512,
             "pause_ms_2048": s.pause_2048,
@@ -452,6 +612,7 @@ def build_result(
             "snapshot_ms_2048": [round(v, 1) for v in s.snapshot_wall_2048],
             "restore_ms": [round(v, 1) for v in s.restore_total],
             "restore_first_exec_ms": [round(v, 1) for v in s.restore_first_exec],
+            "lazy_pause_ms": s.lazy_pause,
         },
         "targets": dict(TARGETS),
         "measured_at": measured_at,
@@ -461,8 +622,48 @@ def build_result(
         "pause_ratio": result["pause_ratio"] <= TARGETS["pause_ratio_max"],
         "fork_tree_over_restore": result["fork_tree_over_restore"] <= TARGETS["fork_tree_over_restore_max"],
         "pss_ratio": result["pss_ratio"] <= TARGETS["pss_ratio_max"],
+        "pause_ms_issue18": max(pause_512["p50"], pause_2048["p50"]) <= TARGETS["pause_ms_issue18_max"],
+        "pause_ratio_issue18": result["pause_ratio"] <= TARGETS["pause_ratio_issue18_max"],
     }
     return result
+
+
+COMPARED = (
+    ("pause_ms_512_p50", ("pause_ms_512", "p50")),
+    ("pause_ms_2048_p50", ("pause_ms_2048", "p50")),
+    ("pause_ratio", ("pause_ratio",)),
+    ("qemu_downtime_ms_512_p50", ("capture_512", "qemu_downtime_ms", "p50")),
+    ("qemu_downtime_ms_2048_p50", ("capture_2048", "qemu_downtime_ms", "p50")),
+    ("snapshot_ms_p50", ("snapshot_ms", "p50")),
+    ("snapshot_ms_2048_p50", ("snapshot_ms_2048", "p50")),
+    ("restore_ms_p50", ("restore_ms", "p50")),
+    ("lazy_pause_ms_p50", ("lazy_pause_ms", "p50")),
+    ("shm_mib_after_10_snapshots", ("shm_mib_after_10_snapshots",)),
+)
+
+
+def _dig(result: dict[str, Any], path: tuple[str, ...]) -> Any:
+    value: Any = result
+    for key in path:
+        if not isinstance(value, dict) or value.get(key) is None:
+            return None
+        value = value[key]
+    return value
+
+
+def combine_results(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One JSON for several binaries: the first (default) binary's result at the top level, every binary's under
+    ``by_qemu[<version>]`` and the headline numbers side by side in ``qemu_comparison``."""
+    if not results:
+        raise BenchError("no results")
+    by_qemu: dict[str, dict[str, Any]] = {}
+    for result in results:
+        key = version_key(str(result["qemu"]))
+        if key in by_qemu:
+            key = f"{key} ({result['qemu_binary']})"
+        by_qemu[key] = result
+    comparison = {name: {key: _dig(r, path) for key, r in by_qemu.items()} for name, path in COMPARED}
+    return {**results[0], "by_qemu": by_qemu, "qemu_comparison": comparison}
 
 
 def _fmt(value: float) -> str:
@@ -525,40 +726,106 @@ def result_table(result: dict[str, Any]) -> Table:
     single("16 private copies MiB", result["private_copies_16_mib"])
     single("Pss ratio", result["pss_ratio"], verdict(checks["pss_ratio"], targets["pss_ratio_max"]), ratio=True)
     single("  guest RAM map only", result["pss_ratio_guest_ram"], ratio=True)
+    if result.get("lazy_pause_ms"):
+        row("lazy pause ms (512M)", result["lazy_pause_ms"])
+    for point in result.get("dirty_sweep", []):
+        single(f"2048M, {point['dirtied_mib']:.0f}M dirtied: snap ms", point["snapshot_ms"])
+        single("  unique MiB", point["unique_mib"])
+        single("  shared MiB", point["shared_mib"])
+    if result.get("shm_mib_after_10_snapshots") is not None:
+        single(f"hot dir MiB after {SHM_SNAPSHOTS} snaps", result["shm_mib_after_10_snapshots"])
     return table
 
 
-def run_snapshot_bench(*, n: int, out_dir: Path, cache_dir: Path | None, console: Console) -> dict[str, Any]:
-    if n < 1:
-        raise BenchError("--n must be at least 1")
-    qemu = qemu_version()
-    with tempfile.TemporaryDirectory(prefix="cryobox-bench-snap-") as tmp:
-        data_dir = Path(tmp) / "data"
-        console.print("starting cryobox serve (prespawn 0)")
-        with ServeProcess(data_dir, cache_dir=cache_dir, prespawn=0) as server:
-            paths = Paths(data_dir.resolve(), (cache_dir or DEFAULT_CACHE_DIR).resolve())
-            api = Api(server.url, server.api_key)
-            try:
-                info = api.call("GET", "/v1/info", 200)
-                samples = measure(api, n, paths, console)
-            finally:
-                failures = api.cleanup()
-                api.close()
-                for failure in failures:
-                    console.print(f"[red]cleanup: {failure}[/]")
-            if failures:
-                raise BenchError("cleanup failed: " + "; ".join(failures))
+def comparison_table(result: dict[str, Any]) -> Table:
+    """The headline numbers of every binary measured, side by side."""
+    versions = list(result["by_qemu"])
+    table = Table(title="QEMU binaries compared")
+    table.add_column("metric")
+    for version in versions:
+        table.add_column(version, justify="right")
+    for name, values in result["qemu_comparison"].items():
+        table.add_row(name, *("" if values[v] is None else _fmt(float(values[v])) for v in versions))
+    return table
 
-    result = build_result(
+
+def _run_one(binary: str, *, n: int, cache_dir: Path | None, console: Console, tmp: Path, label: str) -> dict[str, Any]:
+    """Everything measured with ``binary``: a hot server (pause, restore, fork-tree, sweep, hot dir), then a
+    lazy one (lazy pause). Both get ``CRYOBOX_QEMU=binary`` (empty: the system's)."""
+    version = qemu_version(binary)
+    env = {qemu_binary.ENV_QEMU: "" if binary == qemu_binary.QEMU_BINARY else binary}
+    cache = (cache_dir or DEFAULT_CACHE_DIR).resolve()
+    data_dir = tmp / f"data-{label}"
+    console.print(f"[bold]{version}[/] ({binary}): starting cryobox serve (prespawn 0)")
+    with ServeProcess(data_dir, cache_dir=cache_dir, prespawn=0, extra_env=env, extra_args=HOT_ARGS) as server:
+        paths = Paths(data_dir.resolve(), cache)
+        api = Api(server.url, server.api_key)
+        try:
+            info = api.call("GET", "/v1/info", 200)
+            samples = measure(api, n, paths, console)
+        finally:
+            failures = api.cleanup()
+            api.close()
+            for failure in failures:
+                console.print(f"[red]cleanup: {failure}[/]")
+        if failures:
+            raise BenchError("cleanup failed: " + "; ".join(failures))
+
+    lazy_dir = tmp / f"lazy-{label}"
+    console.print(f"{version}: lazy server (--memory lazy), {n} snapshots of lazily paged base sandboxes")
+    with ServeProcess(lazy_dir, cache_dir=cache_dir, prespawn=0, extra_env=env, extra_args=LAZY_ARGS) as server:
+        paths = Paths(lazy_dir.resolve(), cache)
+        api = Api(server.url, server.api_key)
+        try:
+            measure_lazy(api, n, paths, console, samples)
+        finally:
+            failures = api.cleanup()
+            api.close()
+        if failures:
+            raise BenchError("cleanup failed: " + "; ".join(failures))
+
+    return build_result(
         samples,
         n=n,
         cores=os.cpu_count() or 0,
         accelerator=str(info["accelerator"]),
-        qemu=qemu,
+        qemu=version,
         server_version=str(info["version"]),
         measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        qemu_path=binary,
     )
+
+
+def binaries_to_run(extra: list[str], default: str | None = None) -> list[str]:
+    """The default binary (``CRYOBOX_QEMU`` or the system's) first, then each ``--qemu`` not already listed.
+
+    :raises BenchError: a ``--qemu`` path is no usable QEMU binary.
+    """
+    out = [default or qemu_binary.binary()]
+    for path in extra:
+        try:
+            resolved = qemu_binary.resolve_binary(path)
+        except CryoboxError as err:
+            raise BenchError(f"--qemu {path}: {err.message}") from err
+        if resolved not in out:
+            out.append(resolved)
+    return out
+
+
+def run_snapshot_bench(
+    *, n: int, out_dir: Path, cache_dir: Path | None, console: Console, qemus: list[str] | None = None
+) -> dict[str, Any]:
+    if n < 1:
+        raise BenchError("--n must be at least 1")
+    binaries = binaries_to_run(list(qemus or []))
+    results = []
+    with tempfile.TemporaryDirectory(prefix="cryobox-bench-snap-") as tmp:
+        for index, binary in enumerate(binaries):
+            results.append(_run_one(binary, n=n, cache_dir=cache_dir, console=console, tmp=Path(tmp), label=str(index)))
+            console.print(result_table(results[-1]))
+    result = combine_results(results)
     out = write_result(out_dir, "snapshot", result)
-    console.print(result_table(result))
+    if len(binaries) > 1:
+        console.print(comparison_table(result))
     console.print(f"written to {out}")
     return result

@@ -73,13 +73,15 @@ def _size(size_bytes: int) -> str:
 
 
 def snapshot_table(items: list[models.Snapshot]) -> Table:
-    table = Table("id", "sandbox", "template", "size", "created", "retain", "labels")
+    table = Table("id", "sandbox", "template", "size", "unique", "shared", "created", "retain", "labels")
     for s in items:
         table.add_row(
             s.id,
             s.sandbox_id,
             s.template,
             _size(s.size_bytes),
+            _size(s.unique_bytes),
+            _size(s.shared_bytes),
             s.created_at.isoformat(timespec="seconds"),
             "yes" if s.retain else "",
             format_pairs(s.labels),

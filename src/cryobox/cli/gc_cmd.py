@@ -1,4 +1,5 @@
-"""``cryobox gc``: reclaim the host resources of data dirs that will never start again (see :mod:`cryobox.agent.gc`)."""
+"""``cryobox gc``: reclaim the host resources of data dirs that will never start again (see :mod:`cryobox.agent.gc`);
+``cryobox gc --store``: delete what no live image needs from the object store (:mod:`.storegc_cmd`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from rich.console import Console
 from ..agent.gc import Outcome, Plan, apply, plan, summary
 from ..agent.gcscan import Roots, host_effects, scan
 from ..agent.ownership import owners_dir_from_env
+from ..config import Paths
+from .storegc_cmd import run_store_gc
 
 out = Console()
 
@@ -28,9 +31,34 @@ def gc(
     ] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="only print what would be reclaimed")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    store: Annotated[
+        bool,
+        typer.Option("--store", help="collect the object store instead: old generations, leftovers, unused chunks"),
+    ] = False,
+    store_url: Annotated[
+        str | None,
+        typer.Option(
+            "--store-url", envvar="CRYOBOX_STORE_URL", help="with --store: the store (default: the local one)"
+        ),
+    ] = None,
+    cache_dir: Annotated[
+        Path | None, typer.Option("--cache-dir", help="with --store: whose local store (default /var/cache/cryobox)")
+    ] = None,
+    grace: Annotated[
+        str, typer.Option("--grace", help="with --store: keep what is younger than this (publishes in flight)")
+    ] = "1h",
+    keep_generations: Annotated[
+        int, typer.Option("--keep-generations", help="with --store: newest generations kept per template")
+    ] = 2,
 ) -> None:
     """Reclaim QEMUs, memory servers, mounts, network namespaces and links, nft tables and hot dirs of data dirs
-    that are gone (their owner record remains, their agent.lock does not) or, with --data-dir, not locked."""
+    that are gone (their owner record remains, their agent.lock does not) or, with --data-dir, not locked.
+    With --store: delete template generations nothing needs, leftovers of images without a manifest and chunk
+    objects no live image names, once older than --grace."""
+    if store:
+        url = store_url or Paths.from_env(cache_dir=cache_dir).default_store_url
+        run_store_gc(url, grace=grace, keep_generations=keep_generations, dry_run=dry_run, as_json=as_json)
+        return
     roots = Roots(owners=owners_dir_from_env())
     run(roots, data_dir, all_unowned=all_unowned, dry_run=dry_run, as_json=as_json)
 

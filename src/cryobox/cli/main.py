@@ -243,14 +243,23 @@ def bench_create(
 @bench_app.command("snapshot")
 def bench_snapshot(
     n: Annotated[int, typer.Option("--n", help="samples per pause-window measurement (restores: at least 10)")] = 5,
+    qemu: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--qemu",
+            help="another qemu-system-x86_64 to measure too, side by side (repeatable; the top-level keys "
+            "describe the default binary: CRYOBOX_QEMU or the system's)",
+        ),
+    ] = None,
     as_json: AsJson = False,
     out_dir: OutDir = RESULTS_DIR,
     cache_dir: CacheDir = None,
 ) -> None:
-    """Snapshot pause window (512 MiB vs 2 GiB), restore, fork-tree of 16 and their Pss, in one run."""
+    """Snapshot pause window (512 MiB vs 2 GiB), restore, fork-tree of 16 and their Pss, dirty sweep, hot-dir
+    bytes, lazy pause; for each QEMU binary, in one run."""
     from ..bench.snapshot import run_snapshot_bench
 
-    result = run_snapshot_bench(n=n, out_dir=out_dir, cache_dir=cache_dir, console=console)
+    result = run_snapshot_bench(n=n, out_dir=out_dir, cache_dir=cache_dir, console=console, qemus=qemu or [])
     _print_result(result, as_json)
 
 

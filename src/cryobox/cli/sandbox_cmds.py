@@ -237,7 +237,7 @@ def snapshot(
         return
     out.print(snap.id)
     paused = "" if snap.pause_ms is None else f", paused {snap.pause_ms:.0f} ms"
-    err.print(f"{snap.size_bytes} bytes{paused}")
+    err.print(f"{snap.size_bytes} bytes ({snap.unique_bytes} unique, {snap.shared_bytes} shared){paused}")
 
 
 @sandbox_app.command("fork")

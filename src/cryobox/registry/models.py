@@ -125,6 +125,10 @@ class Snapshot(Base):
     parent_id: Mapped[str | None] = mapped_column(ID)
     path: Mapped[str] = mapped_column(Text)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
+    # revision 0008: what only it holds (changed memory pages, device state, disk overlay) and the memory it
+    # shares with its parent image (a template generation or another snapshot)
+    unique_bytes: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    shared_bytes: Mapped[int] = mapped_column(BigInteger, server_default="0")
     pause_ms: Mapped[float | None] = mapped_column(Double)
     labels: Mapped[dict[str, str]] = mapped_column(JSON)
     retain: Mapped[bool] = mapped_column(Boolean)

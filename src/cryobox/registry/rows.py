@@ -94,6 +94,12 @@ class SnapshotRow:
     sandbox_id: str | None = None
     parent_id: str | None = None
     size_bytes: int = 0
+    """The allocated size of all its files (what the snapshot-bytes quota counts)."""
+    unique_bytes: int = 0
+    """Bytes only it holds: the memory pages it changed from its parent image, device state, disk overlay
+    (revision 0008; rows from before hold their ``size_bytes`` here)."""
+    shared_bytes: int = 0
+    """Memory bytes it shares with its parent image: a template generation or another snapshot (revision 0008)."""
     pause_ms: float | None = None
     labels: dict[str, str] = field(default_factory=dict)
     retain: bool = False

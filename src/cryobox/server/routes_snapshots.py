@@ -21,6 +21,8 @@ def snapshot_view(row: SnapshotRow) -> wire.Snapshot:
         sandbox_id=row.sandbox_id,
         template=row.template,
         size_bytes=row.size_bytes,
+        unique_bytes=row.unique_bytes,
+        shared_bytes=row.shared_bytes,
         created_at=rfc3339(row.created_at),
         labels=row.labels,
         retain=row.retain,

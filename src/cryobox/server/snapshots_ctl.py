@@ -86,6 +86,9 @@ def snapshot_row(
         sandbox_id=info.sandbox_id,
         parent_id=info.parent_id,
         size_bytes=info.size_bytes,
+        # an agent from before layering does not send it: all of the snapshot is its own, as its manifest says
+        unique_bytes=info.unique_bytes if "unique_bytes" in info.model_fields_set else info.size_bytes,
+        shared_bytes=info.shared_bytes,
         pause_ms=info.pause_ms,
         labels=dict(labels),
         retain=retain,
@@ -231,8 +234,9 @@ class SnapshotControl:
         if existing is not None:
             raise StateError(f"snapshot {snapshot_id} is already registered", state="exists", required="absent")
         manifest = json.loads(data)
+        size_bytes = int(manifest.get("size_bytes") or 0)
         if self.quotas is not None:
-            await self.quotas.admit_snapshot(workspace_id, int(manifest.get("size_bytes") or 0))
+            await self.quotas.admit_snapshot(workspace_id, size_bytes)
         row = SnapshotRow(
             id=snapshot_id,
             workspace_id=workspace_id,
@@ -240,7 +244,10 @@ class SnapshotControl:
             path="",
             sandbox_id=None,
             parent_id=manifest.get("parent"),
-            size_bytes=int(manifest.get("size_bytes") or 0),
+            size_bytes=size_bytes,
+            # a manifest from before layering has neither: all of it is the snapshot's own
+            unique_bytes=int(manifest.get("unique_bytes", size_bytes) or 0),
+            shared_bytes=int(manifest.get("shared_bytes") or 0),
             pause_ms=float((manifest.get("capture") or {}).get("pause_ms") or 0.0),
             labels={**(manifest.get("labels") or {}), **labels},
             retain=retain,

@@ -47,6 +47,12 @@ class Snapshot(BaseModel):
     sandbox_id: str | None
     template: str
     size_bytes: int
+    """The allocated size of all its files (what the snapshot-bytes quota counts)."""
+    unique_bytes: int = 0
+    """Bytes only this snapshot holds: the memory pages it changed from its parent image, its device state and its
+    disk overlay (deleting it frees about this much)."""
+    shared_bytes: int = 0
+    """Memory bytes it shares with its parent image (a template generation or another snapshot)."""
     created_at: str
     labels: dict[str, str] = Field(default_factory=dict)
     retain: bool = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import hashlib
 import json
@@ -72,3 +73,16 @@ def data_extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
         end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
         yield start, end
         offset = end
+
+
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+
+
+def punch_hole(fd: int, offset: int, length: int) -> None:
+    """Deallocate ``[offset, offset + length)`` of the file ``fd`` (it reads as zeros; the size is kept)."""
+    fallocate = ctypes.CDLL(None, use_errno=True).fallocate  # the process's own libc (dlopen(NULL) is cheap)
+    fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    if fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"fallocate(PUNCH_HOLE) failed: {os.strerror(err)}")

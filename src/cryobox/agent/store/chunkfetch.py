@@ -1,5 +1,6 @@
-"""One chunk fetch: a range GET of ``memory.pack`` verified against the index, retried with exponential backoff
-and full jitter (``sleep(uniform(0, min(max, base * 2**retry)))``) for throttling, store errors, short reads and
+"""One chunk fetch: a GET of the chunk's object (``chunks/<sha[:2]>/<sha>``, through the store's range reader:
+``[0, chunk length)``, the whole object) verified against the index, retried with exponential backoff and full
+jitter (``sleep(uniform(0, min(max, base * 2**retry)))``) for throttling, store errors, short reads and
 sha256 mismatches, bounded by ``retries`` and by the per-fetch deadline. A missing object is final. Failure is a
 :class:`~cryobox.errors.ChunkFetchFailed` naming the key, the chunk, the attempts and the last error.
 """
@@ -41,9 +42,9 @@ def fetch_chunk(
     prefetch: bool,
     progress: Progress,
 ) -> bytes:
-    """Range-GET and verify chunk ``idx`` with retries, backoff + full jitter and a deadline."""
+    """GET and verify chunk ``idx`` with retries, backoff + full jitter and a deadline."""
     cfg, index = config, image.index
-    start, length, expected = index.offsets[idx], index.chunk_len(idx), index.sha256[idx]
+    key, length, expected = index.key(idx), index.chunk_len(idx), index.sha256[idx]
     began = timing.clock()
     deadline = began + cfg.fetch_deadline_s
     attempts, why = 0, "retries exhausted"
@@ -60,14 +61,14 @@ def fetch_chunk(
         attempts += 1
         metrics.store_gets.inc()
         try:
-            data = store.get_range(image.key, start, length)
+            data = store.get_range(key, 0, length)
         except ObjectNotFound as err:
             last, why = err, "object not found"
             break
         except StoreError as err:
             last = err
         except Exception as err:  # the store should translate everything; do not retry the unknown
-            log.exception("unexpected error fetching %s chunk %d", image.key, idx)
+            log.exception("unexpected error fetching %s chunk %d (%s)", image.key, idx, key)
             last, why = err, "unexpected error"
             break
         else:
@@ -87,7 +88,7 @@ def fetch_chunk(
             break
     elapsed = timing.clock() - began
     failure = ChunkFetchFailed(
-        f"chunk {idx} of {image.key!r} (generation {index.generation}) not fetched: {attempts} attempt(s) in "
+        f"chunk {idx} ({key}) of {image.key!r} (generation {index.generation}) not fetched: {attempts} attempt(s) in "
         f"{elapsed:.3f}s, gave up ({why}); last error: {describe(last)}",
         details=failure_details(image, idx, attempts, describe(last), why),
     )
@@ -113,6 +114,7 @@ def wait_failure(image: ImageRef, idx: int, waited_s: float, attempts: int, last
 def failure_details(image: ImageRef, idx: int, attempts: int, last_error: str, reason: str) -> dict[str, object]:
     return {
         "key": image.key,
+        "object": image.index.key(idx),
         "generation": image.index.generation,
         "identity": image.identity,
         "chunk": idx,

@@ -1,14 +1,21 @@
-"""The chunked memory image format: an index plus a pack of the non-zero chunks.
+"""The chunked image format: content-addressed chunk objects plus one small index per image.
 
-A memory image is cut into fixed-size chunks (4 MiB; the last one may be short) and uploaded as two objects
-under a prefix named by generation::
+A memory image (or a sparse rootfs) is cut into fixed-size chunks (4 MiB; the last one may be short). Every
+non-zero chunk is an object of its own, named by the sha256 of its bytes, shared by every image that holds it::
 
-    <prefix>/memory.idx    ChunkIndex.to_bytes(): b"CRYOIDX1" + JSON (sizes, zero bitmap, sha256 and pack
-                           offset of every chunk)
-    <prefix>/memory.pack   the non-zero chunks, concatenated in chunk order (zero chunks are never stored)
+    chunks/<first 2 hex digits of the sha256>/<sha256, 64 hex digits>    the chunk's bytes, nothing else
+    <prefix>/memory.idx    ChunkIndex.to_bytes(): b"CRYOIDX2" + JSON (sizes, zero bitmap, sha256 of every chunk)
+
+The two-digit fan-out keeps a ``file://`` store's directories small (256 of them, ~40 chunks each per 10,000) and
+spreads S3 key prefixes; the full digest is the name, so a chunk is verified by hashing what a GET returned. An
+image refers to its chunks only through its index; zero chunks are never stored (a bit in the bitmap).
 
 Zero bitmap: bit ``i`` lives in byte ``i // 8`` at bit position ``i % 8`` (least significant bit first); a set
 bit means chunk ``i`` is all zeros. A restore serves such a chunk as zeros without fetching anything.
+
+Format 1 (``CRYOIDX1``: every image's non-zero chunks concatenated in one ``memory.pack``, the index giving pack
+offsets) is no longer read: :meth:`ChunkIndex.from_bytes` refuses it with a :class:`StoreError` saying so, and a
+host that bakes a template republishes it in this format (``publish.publish_template``).
 
 ``PrefetchTrace`` is the chunk order recorded while the image was first read (first-read order, no duplicates);
 a restore replays it to warm the cache ahead of the guest.
@@ -33,28 +40,50 @@ from ...errors import InvalidArgument, StoreError
 from ...util.files import data_extents
 
 CHUNK_SIZE = 4 << 20
-INDEX_MAGIC = b"CRYOIDX1"
-INDEX_VERSION = 1
-READ_BLOCK = 4 << 20  # pack_image reads (and zero-checks) in blocks of at most this size
-_WINDOW = 2  # chunks in flight per worker, ahead of the writer
+INDEX_MAGIC = b"CRYOIDX2"
+INDEX_VERSION = 2
+LEGACY_MAGIC = b"CRYOIDX1"  # format 1: one memory.pack per image, refused
+CHUNKS_PREFIX = "chunks"
+READ_BLOCK = 4 << 20  # scan_image reads (and zero-checks) in blocks of at most this size
+_WINDOW = 2  # chunks in flight per worker, ahead of the consumer
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+_CHUNK_KEY = re.compile(rf"{CHUNKS_PREFIX}/([0-9a-f]{{2}})/([0-9a-f]{{64}})")
 
 
 def chunk_digest(data: bytes) -> str:
-    """The sha256 hex digest the index records for a chunk's bytes."""
+    """The sha256 hex digest the index records for a chunk's bytes (and the chunk object is named by)."""
     return hashlib.sha256(data).hexdigest()
+
+
+def chunk_key(sha256: str) -> str:
+    """The store key of the chunk whose bytes hash to ``sha256``: ``chunks/<sha256[:2]>/<sha256>``."""
+    if not _SHA256_HEX.fullmatch(sha256):
+        raise InvalidArgument(f"invalid chunk digest {sha256!r}: expected 64 lowercase hex digits")
+    return f"{CHUNKS_PREFIX}/{sha256[:2]}/{sha256}"
+
+
+def digest_of_key(key: str) -> str | None:
+    """The sha256 a chunk key names, or ``None`` when ``key`` is not a well-formed chunk key."""
+    match = _CHUNK_KEY.fullmatch(key)
+    return match[2] if match and match[2].startswith(match[1]) else None
+
+
+def index_format(blob: bytes) -> int | None:
+    """The format an index's bytes are in (1: legacy, refused; 2: current), or ``None`` for neither."""
+    if blob.startswith(INDEX_MAGIC):
+        return INDEX_VERSION
+    return 1 if blob.startswith(LEGACY_MAGIC) else None
 
 
 @dataclass(frozen=True)
 class ChunkIndex:
-    """Where every chunk of one memory image is, and what it must hash to."""
+    """What every chunk of one image must hash to (and so which chunk objects hold it)."""
 
     image_size: int
     chunk_size: int
     generation: str
     zero: bytes  # bitmap, bit i set = chunk i is all zeros (never stored, never fetched)
     sha256: tuple[str, ...]  # hex per chunk ("" for zero chunks)
-    offsets: tuple[int, ...]  # byte offset of chunk i inside memory.pack (-1 for zero chunks)
 
     def __post_init__(self) -> None:
         problem = self._problem()
@@ -83,11 +112,11 @@ class ChunkIndex:
             return range(0)
         return range(offset // self.chunk_size, (end - 1) // self.chunk_size + 1)
 
-    def pack_range(self, i: int) -> tuple[int, int]:
-        """``(offset, length)`` of non-zero chunk ``i`` inside memory.pack (what a range GET asks for)."""
+    def key(self, i: int) -> str:
+        """The store key of non-zero chunk ``i`` (what a GET fetches)."""
         if self.is_zero(i):
             raise InvalidArgument(f"chunk {i} is a zero chunk: it is not stored")
-        return self.offsets[i], self.chunk_len(i)
+        return chunk_key(self.sha256[i])
 
     def verify(self, i: int, data: bytes) -> bool:
         """True if ``data`` is exactly chunk ``i`` (length and sha256)."""
@@ -95,9 +124,17 @@ class ChunkIndex:
             return data == bytes(self.chunk_len(i))
         return len(data) == self.chunk_len(i) and chunk_digest(data) == self.sha256[i]
 
+    def digests(self) -> dict[str, list[int]]:
+        """Every distinct stored chunk: its sha256 -> the chunks of this image that hold it (ascending)."""
+        found: dict[str, list[int]] = {}
+        for i, sha in enumerate(self.sha256):
+            if sha:
+                found.setdefault(sha, []).append(i)
+        return found
+
     @property
     def stored_bytes(self) -> int:
-        """Size of memory.pack: the bytes of every non-zero chunk."""
+        """The bytes of every non-zero chunk (what the image occupies in the store before sharing)."""
         return sum(self.chunk_len(i) for i in range(self.chunk_count) if not self.is_zero(i))
 
     @property
@@ -112,31 +149,33 @@ class ChunkIndex:
             "generation": self.generation,
             "zero": base64.b64encode(self.zero).decode(),
             "sha256": list(self.sha256),
-            "offsets": list(self.offsets),
         }
         return INDEX_MAGIC + json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, b: bytes) -> ChunkIndex:
-        """Parse an index; anything malformed or inconsistent raises StoreError."""
+        """Parse an index; a format-1 one, or anything malformed or inconsistent, raises StoreError."""
+        if b.startswith(LEGACY_MAGIC):
+            raise StoreError(
+                "chunk index in format 1 (one memory.pack per image) is no longer read: the image must be "
+                "published again by this version (a host that bakes a template republishes it when it starts)"
+            )
         if not b.startswith(INDEX_MAGIC):
-            raise StoreError("corrupt chunk index: bad magic (expected b'CRYOIDX1')")
+            raise StoreError(f"corrupt chunk index: bad magic (expected {INDEX_MAGIC!r})")
         try:
             body = json.loads(b[len(INDEX_MAGIC) :])
             if not isinstance(body, dict) or body.get("version") != INDEX_VERSION:
                 raise ValueError(f"unsupported version {body.get('version') if isinstance(body, dict) else None!r}")
             zero = base64.b64decode(_typed(body, "zero", str), validate=True)
             sha = _typed(body, "sha256", list)
-            offsets = _typed(body, "offsets", list)
-            if not all(isinstance(s, str) for s in sha) or not all(_is_int(o) for o in offsets):
-                raise ValueError("sha256 must be strings and offsets integers")
+            if not all(isinstance(s, str) for s in sha):
+                raise ValueError("sha256 must be strings")
             return cls(
                 image_size=_typed(body, "image_size", int),
                 chunk_size=_typed(body, "chunk_size", int),
                 generation=_typed(body, "generation", str),
                 zero=zero,
                 sha256=tuple(sha),
-                offsets=tuple(offsets),
             )
         except StoreError as err:
             raise StoreError(f"corrupt chunk index: {err.message}") from err
@@ -153,22 +192,20 @@ class ChunkIndex:
         if not _is_int(self.chunk_size) or self.chunk_size <= 0:
             return f"bad chunk_size {self.chunk_size!r}"
         count = self.chunk_count
-        if len(self.zero) != (count + 7) // 8 or len(self.sha256) != count or len(self.offsets) != count:
-            sizes = f"{len(self.zero)} bitmap bytes, {len(self.sha256)} digests, {len(self.offsets)} offsets"
-            return f"{count} chunks but {sizes}"
+        if len(self.zero) != (count + 7) // 8 or len(self.sha256) != count:
+            return f"{count} chunks but {len(self.zero)} bitmap bytes and {len(self.sha256)} digests"
         if count % 8 and self.zero[-1] >> (count % 8):
             return "zero bitmap has bits set past the last chunk"
-        expect = 0
+        lengths: dict[str, int] = {}
         for i in range(count):
             if self.is_zero(i):
-                if self.sha256[i] != "" or self.offsets[i] != -1:
-                    return f"zero chunk {i} has a digest or an offset"
+                if self.sha256[i] != "":
+                    return f"zero chunk {i} has a digest"
                 continue
             if not _SHA256_HEX.fullmatch(self.sha256[i]):
                 return f"chunk {i} has a malformed sha256 {self.sha256[i]!r}"
-            if self.offsets[i] != expect:
-                return f"chunk {i} is at pack offset {self.offsets[i]}, expected {expect}"
-            expect += self.chunk_len(i)
+            if lengths.setdefault(self.sha256[i], self.chunk_len(i)) != self.chunk_len(i):
+                return f"chunk {i} shares its sha256 with a chunk of another length"
         return ""
 
 
@@ -201,53 +238,36 @@ class PrefetchTrace:
             raise StoreError(f"corrupt prefetch trace: {err}") from err
 
 
-def pack_image(src: Path, pack: Path, generation: str, chunk_size: int = CHUNK_SIZE, *, workers: int = 2) -> ChunkIndex:
-    """Cut the raw image ``src`` into chunks, write the non-zero ones to ``pack`` and return the index.
+def scan_image(src: Path, generation: str, chunk_size: int = CHUNK_SIZE, *, workers: int = 2) -> ChunkIndex:
+    """The index of the raw image ``src``: which chunks are zero, and the sha256 of every other one.
 
     Holes (found with ``SEEK_DATA``/``SEEK_HOLE``) are zeros and never read; a chunk whose data reads as all
     zero bytes is a zero chunk too. Chunks are read in blocks of at most 4 MiB and hashed on ``workers``
-    threads (hashlib and pread release the GIL), a bounded window ahead of the writer. ``pack`` is a staging
-    file for the upload: it is overwritten and not fsynced. I/O errors raise StoreError.
+    threads (hashlib and pread release the GIL), a bounded window ahead. I/O errors raise StoreError.
     """
     if chunk_size <= 0 or workers <= 0:
         raise InvalidArgument(f"invalid chunk_size {chunk_size} / workers {workers}")
     try:
-        with open(src, "rb") as fin, open(pack, "wb") as fout:
+        with open(src, "rb") as fin:
             fd = fin.fileno()
             size = os.fstat(fd).st_size
             count = -(-size // chunk_size)
             zero = bytearray(b"\xff" * (count // 8) + (bytes([(1 << (count % 8)) - 1]) if count % 8 else b""))
             sha = [""] * count
-            offsets = [-1] * count
-            written = 0
-            for i, blocks, digest in _scan_chunks(fd, _data_chunks(fd, size, chunk_size), size, chunk_size, workers):
-                for block in blocks:
-                    fout.write(block)
+            for i, digest in _scan_chunks(fd, _data_chunks(fd, size, chunk_size), size, chunk_size, workers):
                 zero[i >> 3] &= ~(1 << (i & 7)) & 0xFF
-                sha[i], offsets[i] = digest, written
-                written += min(chunk_size, size - i * chunk_size)
+                sha[i] = digest
     except OSError as err:
-        raise StoreError(f"cannot pack memory image {src} into {pack}: {err}") from err
-    return ChunkIndex(size, chunk_size, generation, bytes(zero), tuple(sha), tuple(offsets))
+        raise StoreError(f"cannot scan image {src}: {err}") from err
+    return ChunkIndex(size, chunk_size, generation, bytes(zero), tuple(sha))
 
 
-def unpack_image(index: ChunkIndex, pack: Path, dest: Path) -> None:
-    """Rebuild the raw (sparse) image from a local memory.pack; every chunk is verified."""
-    try:
-        with open(pack, "rb") as fin, open(dest, "wb") as fout:
-            fout.truncate(index.image_size)
-            for i in range(index.chunk_count):
-                if index.is_zero(i):
-                    continue
-                offset, length = index.pack_range(i)
-                data = os.pread(fin.fileno(), length, offset)
-                if not index.verify(i, data):
-                    raise StoreError(
-                        f"chunk {i} of generation {index.generation!r} does not match its checksum (sha256)"
-                    )
-                os.pwrite(fout.fileno(), data, i * index.chunk_size)
-    except OSError as err:
-        raise StoreError(f"cannot unpack {pack} into {dest}: {err}") from err
+def read_chunk(fd: int, index: ChunkIndex, i: int) -> bytes:
+    """Chunk ``i`` of the local image open as ``fd``, only if it still hashes to what ``index`` says."""
+    data = os.pread(fd, index.chunk_len(i), i * index.chunk_size)
+    if not index.verify(i, data):
+        raise StoreError(f"chunk {i} of image {index.generation!r} changed since it was indexed (sha256)")
+    return data
 
 
 def _data_chunks(fd: int, size: int, chunk_size: int) -> Iterator[int]:
@@ -259,27 +279,24 @@ def _data_chunks(fd: int, size: int, chunk_size: int) -> Iterator[int]:
             last = i
 
 
-def _scan_chunks(
-    fd: int, chunks: Iterator[int], size: int, chunk_size: int, workers: int
-) -> Iterator[tuple[int, list[bytes], str]]:
-    """``(index, blocks, sha256)`` of every non-zero chunk among ``chunks``, in order."""
+def _scan_chunks(fd: int, chunks: Iterator[int], size: int, chunk_size: int, workers: int) -> Iterator[tuple[int, str]]:
+    """``(index, sha256)`` of every non-zero chunk among ``chunks``, in order."""
     zero_block = bytes(min(READ_BLOCK, chunk_size))
 
-    def read(i: int) -> tuple[int, list[bytes], str]:
+    def read(i: int) -> tuple[int, str]:
         start, end = i * chunk_size, min((i + 1) * chunk_size, size)
-        digest, blocks, nonzero = hashlib.sha256(), [], False
+        digest, nonzero = hashlib.sha256(), False
         for pos in range(start, end, READ_BLOCK):
             want = min(READ_BLOCK, end - pos)
             block = os.pread(fd, want, pos)
             if len(block) != want:
-                raise OSError(errno.EIO, f"short read at {pos}: the image changed while being packed")
+                raise OSError(errno.EIO, f"short read at {pos}: the image changed while being scanned")
             nonzero = nonzero or block != (zero_block if want == len(zero_block) else bytes(want))
             digest.update(block)
-            blocks.append(block)
-        return i, (blocks if nonzero else []), digest.hexdigest() if nonzero else ""
+        return i, digest.hexdigest() if nonzero else ""
 
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pack") as pool:
-        window: deque[Future[tuple[int, list[bytes], str]]] = deque()
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scan") as pool:
+        window: deque[Future[tuple[int, str]]] = deque()
         for i in chunks:
             window.append(pool.submit(read, i))
             if len(window) > _WINDOW * workers:
@@ -288,7 +305,7 @@ def _scan_chunks(
             yield from _nonzero(window.popleft().result())
 
 
-def _nonzero(result: tuple[int, list[bytes], str]) -> Iterator[tuple[int, list[bytes], str]]:
+def _nonzero(result: tuple[int, str]) -> Iterator[tuple[int, str]]:
     if result[1]:
         yield result
 

@@ -3,12 +3,19 @@ and a cache (protocols, so fakes and the real classes both fit)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Protocol
 
 from ...errors import InvalidArgument
-from .chunkcache import cache_identity
 from .chunkfmt import ChunkIndex
+
+
+def image_identity(store_url: str, key: str, generation: str) -> str:
+    """sha256 hex[:32] of one image generation in one store (store URL, index key, generation): what the
+    resolver's per-image bookkeeping (reads, prefetch, failures) is keyed by. Chunks are keyed by their sha256."""
+    return hashlib.sha256(json.dumps([store_url, key, generation]).encode()).hexdigest()[:32]
 
 
 class RangeReader(Protocol):
@@ -23,11 +30,11 @@ class RangeReader(Protocol):
 class ChunkCacheLike(Protocol):
     """What the resolver needs of a chunk cache (:class:`~cryobox.agent.store.chunkcache.ChunkCache` fits)."""
 
-    def get(self, identity: str, idx: int, sha256: str) -> bytes | None: ...
+    def get(self, sha256: str) -> bytes | None: ...
 
-    def put(self, identity: str, idx: int, data: bytes) -> None: ...
+    def put(self, sha256: str, data: bytes) -> None: ...
 
-    def contains(self, identity: str, idx: int) -> bool: ...
+    def contains(self, sha256: str) -> bool: ...
 
     @property
     def used_bytes(self) -> int: ...
@@ -35,16 +42,16 @@ class ChunkCacheLike(Protocol):
 
 @dataclass(frozen=True)
 class ImageRef:
-    """One memory image in the store."""
+    """One image in the store: its index (which names its chunk objects) and its identity."""
 
-    key: str  # store key of memory.pack
+    key: str  # store key of the image's index (memory.idx): what errors name
     index: ChunkIndex
-    identity: str  # cache_identity(store.url, key, index.generation)
+    identity: str  # image_identity(store.url, key, index.generation)
 
     @classmethod
     def for_store(cls, store: RangeReader, key: str, index: ChunkIndex) -> ImageRef:
-        """The image ``key`` of ``store`` described by ``index``, with its cache identity computed."""
-        return cls(key=key, index=index, identity=cache_identity(store.url, key, index.generation))
+        """The image indexed by ``key`` in ``store`` (``index``), with its identity computed."""
+        return cls(key=key, index=index, identity=image_identity(store.url, key, index.generation))
 
 
 @dataclass(frozen=True)

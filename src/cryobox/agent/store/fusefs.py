@@ -3,13 +3,15 @@
 A file's name is its image's store prefix with ``/`` written as ``+``, then ``@`` and the sha256 of its chunk index
 as the manifest that named the image pins it (:mod:`.pins`)::
 
-    <mount>/templates+base+<generation>@<sha256>   the image whose objects are templates/base/<generation>/memory.*
+    <mount>/templates+base+<generation>@<sha256>   the image indexed by templates/base/<generation>/memory.idx
 
 so the filesystem needs no registration: the first ``getattr`` of a name fetches that image's index (once, however
 many callers ask), checks it against the name's sha256 *before* parsing it, and the file's size is the image's size.
-The pack needs no pin of its own: every chunk is verified against its sha256 in the (pinned) index. An index that
-does not match, or a name without a pin (an agent older than this server), fails the lookup with ``EIO`` and an
-:class:`~cryobox.errors.IntegrityError` (``store_integrity``) recorded as the image's failure; nothing is kept.
+The chunk objects need no pins of their own: each is named by, and verified against, its sha256 in the (pinned)
+index. An index that does not match, or a name without a pin (an agent older than this server), fails the lookup
+with ``EIO`` and an :class:`~cryobox.errors.IntegrityError` (``store_integrity``) recorded as the image's failure;
+nothing is kept. An index in the earlier format (one ``memory.pack`` per image) fails it with a ``StoreError``
+saying so.
 The name is as stable as the manifest it comes from, so a restarted agent finds the files its VMs map.
 
 QEMU maps the file with ``share=off``; every page fault the kernel page cache cannot serve becomes a ``read``
@@ -37,8 +39,8 @@ import mfusepy as fuse
 
 from ...errors import CryoboxError, IntegrityError, ObjectNotFound, StoreError
 from ...util.files import write_atomic
-from .chunkcache import cache_identity
 from .chunkfmt import ChunkIndex
+from .chunkref import image_identity
 from .failures import FailureLog, boot_clock
 from .objstore import ObjectStore
 from .pins import is_sha256, verify_sha256
@@ -47,7 +49,6 @@ from .resolver import ChunkResolver, ImageRef
 log = logging.getLogger(__name__)
 
 INDEX_NAME = "memory.idx"
-PACK_NAME = "memory.pack"
 TRACE_NAME = "memory.trace"
 INDEX_ATTEMPTS = 4
 
@@ -159,9 +160,9 @@ class ImageTable:
                 "page it unverified",
                 details={"name": name, "key": f"{prefix}/{INDEX_NAME}"},
             )
-        index = ChunkIndex.from_bytes(self.small_object(f"{prefix}/{INDEX_NAME}", pin))
-        key = f"{prefix}/{PACK_NAME}"
-        return ImageRef(key=key, index=index, identity=cache_identity(self.store.url, key, index.generation))
+        key = f"{prefix}/{INDEX_NAME}"
+        index = ChunkIndex.from_bytes(self.small_object(key, pin))
+        return ImageRef(key=key, index=index, identity=image_identity(self.store.url, key, index.generation))
 
     def loaded(self) -> dict[str, ImageRef]:
         with self._lock:

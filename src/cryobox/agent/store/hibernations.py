@@ -2,8 +2,9 @@
 
 Same chunked format as a snapshot (:func:`.publish.publish_snapshot`), under the sandbox's id::
 
-    hibernations/<sandbox id>/memory.{idx,pack}, vmstate, disk.qcow2   (the overlay over its template's disk)
-    hibernations/<sandbox id>/manifest.json                             written last; pins every object above
+    hibernations/<sandbox id>/memory.idx, vmstate, disk.qcow2   (the overlay over its template's disk; the
+                                                                memory's chunks are shared ``chunks/`` objects)
+    hibernations/<sandbox id>/manifest.json                      written last; pins every object above
 
 One image per sandbox: a later hibernation (another image id) replaces the stored one. An import brings the
 whole image home, memory included (downloaded and verified chunk by chunk), so the woken VM maps a local copy
@@ -26,17 +27,19 @@ from typing import Any
 from ...errors import ObjectNotFound, StateError
 from ...util.files import fsync_dir, write_json_atomic
 from ..templates import Template
+from .imagestore import download_image
+from .leases import DEFAULT_TIMING, LeaseTiming
 from .manifests import Published, fetch_manifest, put_manifest, still_published
 from .objstore import ObjectStore
 from .pins import PINS_FIELD, PinSet
 from .publish import (
+    LAYOUT_VERSION,
     _backing_file,
     _rebase,
-    download_image,
     fetch_image_files,
-    publish_image_files,
+    memory_summary,
     template_prefix,
-    upload_image,
+    upload_captured,
 )
 from .snapshots import SnapshotImage
 
@@ -54,11 +57,18 @@ def stored_manifest(store: ObjectStore, sandbox_id: str) -> dict[str, Any] | Non
 
 
 def publish_hibernation(
-    store: ObjectStore, sandbox_id: str, image: SnapshotImage, template: Template, work_dir: Path
+    store: ObjectStore,
+    sandbox_id: str,
+    image: SnapshotImage,
+    template: Template,
+    work_dir: Path,
+    *,
+    timing: LeaseTiming = DEFAULT_TIMING,
 ) -> Published:
     """Upload ``sandbox_id``'s hibernation ``image`` (over ``template``'s disk); the manifest goes last, and the
     sha256 of its bytes is returned (the registry pins it). Idempotent: nothing is uploaded while the store holds
-    the manifest this image was published with; another image of the sandbox is replaced."""
+    the manifest this image was published with; another image of the sandbox is replaced (its chunks stay until
+    ``cryobox gc --store`` finds them unreferenced). ``work_dir`` is no longer used."""
     if Path(_backing_file(image.disk)) != template.disk:
         raise StateError(
             f"the hibernation of {sandbox_id} is not over the current generation of template {template.name} "
@@ -72,15 +82,14 @@ def publish_hibernation(
     found = stored_manifest(store, sandbox_id)
     if found is not None and found.get("id") != image.id:
         delete_hibernation(store, sandbox_id)  # an earlier hibernation of the same sandbox
-    pins = PinSet()
-    index = upload_image(store, f"{prefix}/memory", image.memory, image.id, work_dir, pins)
-    publish_image_files(store, prefix, image, pins)
+    index, pins = upload_captured(store, prefix, image, template, timing)
     manifest = dict(image.manifest)
     manifest.update(
         id=image.id,
+        layout=LAYOUT_VERSION,
         template_generation=template.generation,
         template_prefix=template_prefix(template.name, template.generation),
-        memory_chunks={"image_size": index.image_size, "stored_bytes": index.stored_bytes},
+        memory_chunks=memory_summary(index),
         published_at=time.time(),
     )
     manifest[PINS_FIELD] = pins.to_json()

@@ -11,6 +11,13 @@ first copied, sparsely, into a per-host directory on tmpfs::
 The root is wiped when the agent starts (except what adopted VMs map) and when it stops with ``--on-stop kill``;
 VMs still mapping an unlinked file keep their pages.
 
+**Holes stay holes**: a read through a ``MAP_PRIVATE`` mapping of a tmpfs hole allocates a page of zeros in
+the file, and a capture reads all of RAM (our pre-populate pass, QEMU's background-snapshot setup and its
+stream), so after one snapshot a copy would occupy its whole RAM size. Captures are counted per copy
+(:meth:`capturing`); when the last one ends, the ranges that are holes in the durable source are punched back
+out (:meth:`punch_zeros`: the copy's holes as it was made; their bytes are zeros either way, and the private
+copies a VM made of pages are not touched).
+
 **Bounded**: copies together may take at most ``budget_bytes`` (``CRYOBOX_HOT_BUDGET_MIB``; default 75 % of
 the tmpfs). A copy that does not fit first evicts, least recently ensured first, copies that are durable
 elsewhere (made by :meth:`ensure` from a file that still exists), that no VM maps (``in_use``) and that were
@@ -26,10 +33,12 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from ...errors import HostUnavailable, InvalidArgument
+from ...util.files import data_extents, punch_hole
 from .volume import allocated_bytes, copy_sparse
 
 _KEY = re.compile(r"[A-Za-z0-9._-]{1,200}")
@@ -83,6 +92,11 @@ class HotImages:
         """Copies this process made from a durable file, and that file."""
         self._ensured: dict[str, float] = {}
         """When each key was last handed out (least recently ensured are evicted first)."""
+        self._capturing: dict[str, int] = {}
+        self._extents: dict[str, list[tuple[int, int]]] = {}
+        """The data extents of each copy this process made, as made (everything else was a hole)."""
+        self.punched_bytes = 0
+        """Bytes given back to tmpfs by :meth:`punch_zeros` (all copies, since start)."""
 
     def wipe(self, keep: Collection[str] = ()) -> None:
         """Remove everything in ``root`` but the hot copies named in ``keep`` (adopted VMs map them), creating
@@ -124,7 +138,7 @@ class HotImages:
             async with lock:
                 if not hot.exists():
                     await asyncio.to_thread(self._make_room, key, allocated_bytes(src))
-                    await asyncio.to_thread(_copy_in, src, hot)
+                    self._extents[key] = await asyncio.to_thread(_copy_in, src, hot)
                     self._sources[key] = src
         finally:
             self._waiting[key] -= 1
@@ -132,6 +146,42 @@ class HotImages:
                 del self._waiting[key], self._locks[key]
         self._ensured[key] = self.clock()
         return hot
+
+    @asynccontextmanager
+    async def capturing(self, key: str | None) -> AsyncIterator[None]:
+        """Held around a capture of a VM that maps the copy ``key``; when the last capture of that copy ends,
+        its zero ranges are given back (:meth:`punch_zeros`)."""
+        if key is None:
+            yield
+            return
+        self._capturing[key] = self._capturing.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            self._capturing[key] -= 1
+            if not self._capturing[key]:
+                del self._capturing[key]
+                await asyncio.to_thread(self.punch_zeros, key)
+
+    def punch_zeros(self, key: str) -> int:
+        """Punch the copy ``key`` wherever it had a hole when it was made; returns the bytes freed. Only while no
+        capture of a VM mapping it runs (a write-protected range must stay mapped); a copy this process did not
+        make (an earlier agent's, a fresh-RAM file) is left alone."""
+        extents = self._extents.get(key)
+        hot = self.path(key)
+        if key in self._capturing or extents is None or not hot.exists():
+            return 0
+        before = allocated_bytes(hot)
+        with open(hot, "rb+") as fout:
+            size = os.fstat(fout.fileno()).st_size
+            offset = 0
+            for start, end in [*extents, (size, size)]:
+                if start > offset:
+                    punch_hole(fout.fileno(), offset, start - offset)
+                offset = end
+        freed = max(0, before - allocated_bytes(hot))
+        self.punched_bytes += freed
+        return freed
 
     def used_bytes(self) -> int:
         if not self.root.is_dir():
@@ -167,6 +217,7 @@ class HotImages:
         """Remove the hot copy for ``key`` (nothing happens if there is none)."""
         shutil.rmtree(self.path(key).parent, ignore_errors=True)
         self._sources.pop(key, None)
+        self._extents.pop(key, None)
         self._ensured.pop(key, None)
 
     def close(self) -> None:
@@ -175,7 +226,10 @@ class HotImages:
         self.root.rmdir()
 
 
-def _copy_in(src: Path, hot: Path) -> None:
+def _copy_in(src: Path, hot: Path) -> list[tuple[int, int]]:
+    """Copy ``src`` to ``hot`` sparsely; returns the copy's data extents."""
     hot.parent.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     hot.parent.mkdir(exist_ok=True)
     copy_sparse(src, hot)
+    with open(hot, "rb") as fh:
+        return list(data_extents(fh.fileno(), os.fstat(fh.fileno()).st_size))

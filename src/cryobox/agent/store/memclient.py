@@ -92,7 +92,7 @@ class MemServerConfig:
             argv += ["--retries", str(self.retries)]
         if self.image_gid is not None:
             argv += ["--image-gid", str(self.image_gid)]
-        return [*argv, "--pinned-names"]
+        return [*argv, "--pinned-names", "--content-chunks"]
 
 
 def running_server(config: MemServerConfig) -> tuple[int, list[str]] | None:

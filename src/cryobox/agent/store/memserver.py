@@ -17,7 +17,8 @@ Besides the mount it answers HTTP on a unix socket (``--control``)::
 
 ``<name>`` is the image's file name under the mount, its index pin included (``<prefix>@<sha256>``, see
 :mod:`.fusefs`). ``--pinned-names`` is required: it marks that naming in the argv the agent compares before
-reattaching, so an agent never reattaches to a server of the earlier, unpinned naming (it replaces it).
+reattaching, so an agent never reattaches to a server of the earlier, unpinned naming (it replaces it);
+``--content-chunks`` does the same for servers that still range-GET ``memory.pack`` and key their cache by image.
 """
 
 from __future__ import annotations
@@ -81,8 +82,11 @@ class MemoryServer:
             name: {
                 "touched": len(touched := self.resolver.touched(ref.identity)),
                 "touched_stored": sum(1 for i in touched if not ref.index.is_zero(i)),
+                # chunk objects behind them: chunks of equal bytes are one object, fetched and cached once
+                "touched_distinct": len({ref.index.sha256[i] for i in touched if not ref.index.is_zero(i)}),
                 "chunks": ref.index.chunk_count,
                 "stored_chunks": sum(1 for i in range(ref.index.chunk_count) if not ref.index.is_zero(i)),
+                "distinct_chunks": len(ref.index.digests()),
             }
             for name, ref in self.table.loaded().items()
         }
@@ -202,6 +206,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         required=True,
         help="file names carry their chunk index's sha256 (<prefix>@<sha256>); names without one are refused",
+    )
+    parser.add_argument(
+        "--content-chunks",
+        action="store_true",
+        required=True,
+        help="chunks are objects named by their sha256 (chunks/<sha[:2]>/<sha>), cached by sha256",
     )
     return parser.parse_args(argv)
 

@@ -10,9 +10,9 @@ Every call that reaches the store goes through one boundary (``_boundary``) that
 OS's exceptions into cryobox's tree: a missing key (or bucket) is ``ObjectNotFound``, HTTP 503 / 429 ("SlowDown")
 is ``StoreThrottled``, anything else is ``StoreError``; the original is kept as ``__cause__``.
 
-Retries: the chunk resolver owns the retry policy of the demand-paging path, so a range GET (``get_range``) is
-sent exactly once. Every other operation keeps a small obstore retry budget (``OTHER_RETRIES``) because nobody
-above retries it.
+Retries: the chunk resolver owns the retry policy of the demand-paging path, so a range GET (``get_range``, which
+is also how it GETs a whole chunk object) is sent exactly once. Every other operation keeps a small obstore retry
+budget (``OTHER_RETRIES``) because nobody above retries it.
 
 Note: obstore's S3 builder also reads ``AWS_*`` variables from the process environment for anything not set
 here explicitly (e.g. ``AWS_ENDPOINT_URL``); ``open_store`` sets region, credentials, endpoint and path style.
@@ -20,6 +20,7 @@ here explicitly (e.g. ``AWS_ENDPOINT_URL``); ``open_store`` sets region, credent
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import os
 import re
@@ -41,6 +42,7 @@ from ...util.files import fsync_dir
 from .storestats import StoreStats as StoreStats
 
 if TYPE_CHECKING:
+    from obstore import ObjectMeta as ObstoreMeta
     from obstore.store import ClientConfig, RetryConfig, S3Config
 
 Backend: TypeAlias = "LocalStore | MemoryStore | S3Store"
@@ -68,6 +70,7 @@ class ObjectMeta:
     key: str
     size: int
     etag: str | None
+    last_modified: float | None = None  # seconds since the epoch, by the store's clock
 
 
 @runtime_checkable
@@ -88,6 +91,8 @@ class ObjectStore(Protocol):
 
     def exists(self, key: str) -> bool: ...
 
+    def probe(self, key: str) -> ObjectMeta | None: ...  # a HEAD whose "no such object" is None, not an error
+
     def put(self, key: str, data: bytes) -> None: ...
 
     def put_file(self, key: str, path: Path) -> None: ...
@@ -95,6 +100,8 @@ class ObjectStore(Protocol):
     def download(self, key: str, dest: Path, verify: Verify | None = None) -> None: ...
 
     def list(self, prefix: str) -> list[str]: ...
+
+    def list_meta(self, prefix: str) -> builtins.list[ObjectMeta]: ...  # like list, with sizes and last-modified times
 
     def delete(self, key: str) -> None: ...
 
@@ -184,17 +191,19 @@ class ObstoreStore:
         return self._head(key, probing=False)
 
     def exists(self, key: str) -> bool:
+        return self.probe(key) is not None
+
+    def probe(self, key: str) -> ObjectMeta | None:
         try:
-            self._head(key, probing=True)
+            return self._head(key, probing=True)
         except ObjectNotFound:
-            return False
-        return True
+            return None
 
     def _head(self, key: str, *, probing: bool) -> ObjectMeta:
         check_key(key)
         with self._boundary("head", key, reading=True, probing=probing):
             meta = obstore.head(self._backend, key)
-        return ObjectMeta(key=key, size=meta["size"], etag=meta["e_tag"])
+        return _meta(meta, key)
 
     def put(self, key: str, data: bytes) -> None:
         check_key(key)
@@ -266,6 +275,15 @@ class ObstoreStore:
             found = obstore.list(self._backend, prefix or None).collect()
         return sorted(meta["path"] for meta in found)
 
+    def list_meta(self, prefix: str) -> builtins.list[ObjectMeta]:
+        """:meth:`list` with every object's size and last-modified time (one listing, no HEAD per object)."""
+        prefix = prefix.strip("/")
+        if prefix:
+            check_key(prefix)
+        with self._boundary("list", prefix, reading=False):
+            found = obstore.list(self._backend, prefix or None).collect()
+        return sorted((_meta(meta) for meta in found), key=lambda m: m.key)
+
     def delete(self, key: str) -> None:
         """Delete ``key``; a missing key is not an error."""
         check_key(key)
@@ -274,6 +292,15 @@ class ObstoreStore:
                 obstore.delete(self._backend, key)
             except FileNotFoundError:
                 pass
+
+
+def _meta(meta: ObstoreMeta, key: str | None = None) -> ObjectMeta:
+    return ObjectMeta(
+        key=meta["path"] if key is None else key,
+        size=meta["size"],
+        etag=meta["e_tag"],
+        last_modified=meta["last_modified"].timestamp(),
+    )
 
 
 def _range_retry() -> RetryConfig:

@@ -3,20 +3,27 @@
 Store layout (every name carries the generation, so a re-bake is a new name and never overwrites)::
 
     templates/<name>/<generation>/memory.idx     chunk index: size, 4 MiB chunks, zero bitmap, sha256 per chunk
-    templates/<name>/<generation>/memory.pack    the non-zero chunks (range GETs fetch one chunk each)
     templates/<name>/<generation>/memory.trace   chunks in the order a restore first read them (prefetch)
     templates/<name>/<generation>/vmstate        device state
     templates/<name>/<generation>/disk.qcow2     root-disk overlay (its backing file is rebased on fetch)
     templates/<name>/<generation>/manifest.json  written last: the template is published once it exists; it pins
                                                  the size and sha256 of every object above (``pins.py``)
     templates/<name>/latest                      {"generation": ...} of the newest publish
-    images/<kind>/<cache key>/<file>[.idx|.pack] kernel, initrd, rootfs base (sparse images chunked like memory)
+    images/<kind>/<cache key>/<file>[.idx]       kernel, initrd, rootfs base (sparse images chunked like memory)
+    chunks/<sha256[:2]>/<sha256>                 every distinct non-zero chunk of every image, stored once
+                                                 (``chunkfmt.py``, ``imagestore.py``), before the indexes naming it
 
 Snapshots (``publish_snapshot``, on request)::
 
-    snapshots/<id>/memory.{idx,pack}, vmstate, disk.qcow2   (the overlay over its template's disk)
-    snapshots/<id>/manifest.json                             written last; names the template generation; the
-                                                             registry row pins its sha256 (``manifests.py``)
+    snapshots/<id>/memory.idx, vmstate, disk.qcow2   (the overlay over its template's disk; the memory's chunks
+                                                     are shared with the template's and its siblings' when equal)
+    snapshots/<id>/manifest.json                     written last; names the template generation; the registry
+                                                     row pins its sha256 (``manifests.py``)
+
+Every publish holds a lease naming its prefixes and chunks (``leases.py``) so that ``cryobox gc --store``
+(``storegc.py``) keeps what it relies on. ``LAYOUT_VERSION`` 2 is this layout; a template published in layout 1
+(one ``memory.pack`` per image) is published again by the next :func:`publish_template` of its generation, and a
+fetch of one is refused with a :class:`StoreError` saying so.
 
 Every object a fetch downloads (vmstate, disk overlay, kernel, initrd, the chunk indexes) must match the pin
 its manifest records before it is renamed into place or parsed; a manifest without pins is refused.
@@ -33,81 +40,33 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import shutil
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-from ...errors import CryoboxError, IntegrityError, ObjectNotFound, StateError
+from ...errors import CryoboxError, ObjectNotFound, StateError, StoreError
 from ...util.files import fsync_dir, write_json_atomic
 from ...util.proc import Progress
 from ..templates import Template
 from ..vm import MachineConfig
-from .chunkfmt import ChunkIndex, pack_image, unpack_image
+from .chunkfmt import ChunkIndex, scan_image
+from .imagestore import download_image as download_image  # chunked images: .imagestore (importable here too)
+from .imagestore import pin_index, stored_index_matches
+from .imagestore import upload_image as upload_image
+from .leases import DEFAULT_TIMING, LeaseTiming, PublishLease
 from .manifests import Published, fetch_manifest, put_manifest, record_manifest, still_published
 from .objstore import ObjectStore
 from .pins import PINS_FIELD, Pin, PinSet, pinned_sha256
 from .snapshots import SnapshotImage
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
+"""Store layout of what a publish writes: 2 = content-addressed chunk objects (1: one memory.pack per image)."""
 
 
 def template_prefix(name: str, generation: str) -> str:
     return f"templates/{name}/{generation}"
-
-
-def upload_image(
-    store: ObjectStore, base: str, path: Path, generation: str, work_dir: Path, pins: PinSet
-) -> ChunkIndex:
-    """Upload a sparse raw image as ``<base>.pack`` (non-zero chunks) and then ``<base>.idx`` (pinned: it holds
-    the sha256 of every chunk of the pack)."""
-    work_dir.mkdir(parents=True, exist_ok=True)
-    pack = work_dir / f".pack-{secrets.token_hex(6)}"
-    try:
-        index = pack_image(path, pack, generation)
-        store.put_file(f"{base}.pack", pack)
-    finally:
-        pack.unlink(missing_ok=True)
-    pins.put(store, f"{base}.idx", index.to_bytes())
-    return index
-
-
-def pin_stored_image(store: ObjectStore, base: str, path: Path, generation: str, pins: PinSet) -> None:
-    """Pin the index of an image already in the store (uploaded by an earlier publish) once it is found to
-    describe the local ``path`` exactly (the local image is hashed; no pack is written).
-
-    :raises IntegrityError: the stored index is not the one ``path`` would get.
-    """
-    key = f"{base}.idx"
-    stored = store.get(key)
-    if stored != pack_image(path, Path(os.devnull), generation).to_bytes():
-        raise IntegrityError(
-            f"the stored chunk index {key!r} does not describe the local image {path}: refusing to pin it",
-            details={"key": key, "path": str(path)},
-        )
-    pins.add(key, Pin.of_bytes(stored))
-
-
-def download_image(store: ObjectStore, base: str, dest: Path, pins: PinSet) -> ChunkIndex:
-    """Rebuild the sparse image stored as ``<base>.{idx,pack}`` at ``dest``: the index must match its pin before
-    it is parsed, and every chunk of the pack its sha256 in the index. Atomic: nothing is left on failure."""
-    index = ChunkIndex.from_bytes(pins.fetch_bytes(store, f"{base}.idx"))
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{secrets.token_hex(6)}")
-    pack = tmp.with_name(f"{tmp.name}.pack")
-    try:
-        store.download(f"{base}.pack", pack)
-        unpack_image(index, pack, tmp)
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, dest)
-        fsync_dir(dest.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
-        pack.unlink(missing_ok=True)
-    return index
 
 
 def _image_key(images_dir: Path, path: Path) -> str:
@@ -119,62 +78,91 @@ def _image_key(images_dir: Path, path: Path) -> str:
     return f"images/{rel.as_posix()}"
 
 
-def local_pins(template: Template) -> PinSet:
-    """The pins a local bake keeps in its manifest (recorded after publishing it), else the pin of its memory
-    index computed from its local memory (a bake recorded before pins were kept, published earlier): what this
-    host's vmstate belongs with, so a stored index that differs is refused when paged, not trusted."""
+def local_pins(template: Template, published_sha256: str | None = None) -> PinSet:
+    """The pins a local bake keeps in its manifest (recorded after publishing it), if they pin the memory index the
+    store has (``published_sha256``, when known); else the pin of the index computed from its local memory (a bake
+    recorded before pins were kept, or published again since): what this host's vmstate belongs with, so a stored
+    index that differs is refused when paged, not trusted."""
     key = f"{template_prefix(template.name, template.generation)}/memory.idx"
-    if pinned_sha256(template.manifest, key) is not None:
+    recorded = pinned_sha256(template.manifest, key)
+    if recorded is not None and published_sha256 in (None, recorded):
         return PinSet.from_manifest(template.manifest, f"the local manifest of template {template.name}")
     pins = PinSet()
-    pins.add(key, Pin.of_bytes(pack_image(template.memory, Path(os.devnull), template.generation).to_bytes()))
+    pins.add(key, Pin.of_bytes(scan_image(template.memory, template.generation).to_bytes()))
     return pins
 
 
+def _stored_manifest(store: ObjectStore, key: str) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] = json.loads(store.get(key))
+    except ObjectNotFound:
+        return None
+    return found
+
+
 def publish_template(
-    store: ObjectStore, template: Template, images_dir: Path, work_dir: Path, progress: Progress
+    store: ObjectStore,
+    template: Template,
+    images_dir: Path,
+    work_dir: Path,
+    progress: Progress,
+    *,
+    timing: LeaseTiming = DEFAULT_TIMING,
 ) -> PinSet:
-    """Upload ``template`` (skipping objects already there); the manifest goes last. Returns the pins its
-    manifest records (:func:`local_pins` when it is published already), for the local manifest to keep
-    (``templates.record_pins``): lazy restores of the template name its memory index by its pin."""
+    """Upload ``template`` (skipping chunks and base images already there); the manifest goes last. Returns the
+    pins its manifest records (:func:`local_pins` when it is published already), for the local manifest to keep
+    (``templates.record_pins``): lazy restores of the template name its memory index by its pin. A generation
+    published in an earlier layout is published again, over it. ``work_dir`` is no longer used (chunks go up
+    straight from the image files)."""
     prefix = template_prefix(template.name, template.generation)
-    if store.exists(f"{prefix}/manifest.json"):
-        return local_pins(template)
+    stored = _stored_manifest(store, f"{prefix}/manifest.json")
+    if stored is not None and stored.get("layout") == LAYOUT_VERSION:
+        return local_pins(template, pinned_sha256(stored, f"{prefix}/memory.idx"))
     started = time.monotonic()
-    progress(f"publishing template {template.name} ({template.generation}) to {store.url}")
+    again = f" again (layout {stored.get('layout')} -> {LAYOUT_VERSION})" if stored is not None else ""
+    progress(f"publishing template {template.name} ({template.generation}){again} to {store.url}")
+    memory = scan_image(template.memory, template.generation)
+    rootfs_path = Path(template.manifest["rootfs"])
+    rootfs_key = _image_key(images_dir, rootfs_path)
+    rootfs = scan_image(rootfs_path, rootfs_key)
+    rootfs_stored = stored_index_matches(store, rootfs_key, rootfs)  # base images are never collected
+    chunks = [*memory.digests(), *([] if rootfs_stored else rootfs.digests())]
+    lease = PublishLease.begin(store, [prefix], chunks, timing)
     pins = PinSet()
-    index = upload_image(store, f"{prefix}/memory", template.memory, template.generation, work_dir, pins)
+    upload_image(store, f"{prefix}/memory", template.memory, template.generation, pins, lease=lease, index=memory)
     pins.put_file(store, f"{prefix}/vmstate", template.vmstate)
     pins.put_file(store, f"{prefix}/disk.qcow2", template.disk)
     files: dict[str, str] = {}
-    for role, path in (
-        ("kernel", template.machine.kernel),
-        ("initrd", template.machine.initrd),
-        ("rootfs", Path(template.manifest["rootfs"])),
-    ):
+    for role, path in (("kernel", template.machine.kernel), ("initrd", template.machine.initrd)):
         key = _image_key(images_dir, path)
         files[role] = key
-        if role == "rootfs":
-            if store.exists(f"{key}.idx"):
-                pin_stored_image(store, key, path, key, pins)
-            else:
-                upload_image(store, key, path, key, work_dir, pins)
-        elif store.exists(key):
+        if store.exists(key):
             pins.add(key, Pin.of_file(path))  # content-addressed: a fetch refuses a stored copy that differs
         else:
             pins.put_file(store, key, path)
+    files["rootfs"] = rootfs_key
+    if rootfs_stored:
+        pin_index(pins, rootfs_key, rootfs)
+    else:
+        upload_image(store, rootfs_key, rootfs_path, rootfs_key, pins, lease=lease, index=rootfs)
     manifest = dict(template.manifest)
     manifest.update(
         layout=LAYOUT_VERSION,
         machine_config=template.machine.to_json(),
         files=files,
-        memory={"image_size": index.image_size, "stored_bytes": index.stored_bytes, "chunks": index.chunk_count},
+        memory={
+            "image_size": memory.image_size,
+            "stored_bytes": memory.stored_bytes,
+            "chunks": memory.chunk_count,
+            "distinct_chunks": len(memory.digests()),
+        },
         published_at=time.time(),
     )
     manifest[PINS_FIELD] = pins.to_json()
     store.put(f"{prefix}/manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode())
     store.put(f"templates/{template.name}/latest", json.dumps({"generation": template.generation}).encode())
-    progress(f"  published in {time.monotonic() - started:.1f}s ({index.stored_bytes >> 20} MiB of memory chunks)")
+    elapsed = time.monotonic() - started
+    progress(f"  published in {elapsed:.1f}s ({memory.stored_bytes >> 20} MiB of memory chunks)")
     return pins
 
 
@@ -193,10 +181,13 @@ def fetch_template(
     generation = latest_generation(store, name)
     final = templates_dir / f"{name}-{generation}"
     prefix = template_prefix(name, generation)
+    found: dict[str, Any] = {}
     if (final / "manifest.json").exists():
-        found: dict[str, Any] = json.loads((final / "manifest.json").read_text())
-        if "machine_config" in found:  # fetched before
+        found = json.loads((final / "manifest.json").read_text())
+        if "machine_config" in found and found.get("layout") == LAYOUT_VERSION:  # fetched before
             return _load(final)
+        # fetched in an earlier layout: fetched again below (its memory must be paged in the current one)
+    if found and "machine_config" not in found:
         # baked here (a cache dir shared with a building host): the same generation, files all local
         published: dict[str, Any] = json.loads(store.get(f"{prefix}/manifest.json"))
         machine = dict(published["machine_config"], kernel=found["kernel"], initrd=found["initrd"])
@@ -206,6 +197,13 @@ def fetch_template(
             found = {**found, PINS_FIELD: published[PINS_FIELD]}
         return Template(name, generation, final, MachineConfig.from_json(machine), found)
     manifest: dict[str, Any] = json.loads(store.get(f"{prefix}/manifest.json"))
+    if manifest.get("layout") != LAYOUT_VERSION:
+        raise StoreError(
+            f"template {name} ({generation}) in {store.url} is in store layout {manifest.get('layout')!r} (one "
+            f"memory.pack per image); this host reads layout {LAYOUT_VERSION} only: publish it again (a host that "
+            "bakes it does so when it starts)",
+            details={"template": name, "generation": generation, "layout": manifest.get("layout")},
+        )
     if manifest.get("qemu") != qemu:
         raise CryoboxError(
             f"template {name} ({generation}) was baked with {manifest.get('qemu')!r}; this host runs {qemu!r}"
@@ -299,10 +297,43 @@ def publish_image_files(store: ObjectStore, prefix: str, image: SnapshotImage, p
     pins.put_file(store, f"{prefix}/disk.qcow2", image.disk)
 
 
-def publish_snapshot(store: ObjectStore, image: SnapshotImage, template: Template, work_dir: Path) -> Published:
+def upload_captured(
+    store: ObjectStore, prefix: str, image: SnapshotImage, template: Template, timing: LeaseTiming
+) -> tuple[ChunkIndex, PinSet]:
+    """Upload a captured image (a snapshot or a hibernation) under ``prefix``, all but its manifest: the memory's
+    chunks the store lacks, its index, vmstate and disk overlay, under a lease that names ``prefix`` and the
+    template generation it sits on (kept by ``cryobox gc --store`` meanwhile). Returns the index and the pins."""
+    index = scan_image(image.memory, image.id)
+    lease = PublishLease.begin(
+        store, [prefix, template_prefix(template.name, template.generation)], index.digests(), timing
+    )
+    pins = PinSet()
+    upload_image(store, f"{prefix}/memory", image.memory, image.id, pins, lease=lease, index=index)
+    publish_image_files(store, prefix, image, pins)
+    return index, pins
+
+
+def memory_summary(index: ChunkIndex) -> dict[str, int]:
+    """What a manifest records of a memory image's chunks."""
+    return {
+        "image_size": index.image_size,
+        "stored_bytes": index.stored_bytes,
+        "distinct_chunks": len(index.digests()),
+    }
+
+
+def publish_snapshot(
+    store: ObjectStore,
+    image: SnapshotImage,
+    template: Template,
+    work_dir: Path,
+    *,
+    timing: LeaseTiming = DEFAULT_TIMING,
+) -> Published:
     """Upload a snapshot of ``template`` (memory chunked, vmstate, disk overlay); the manifest goes last, and the
     sha256 of its bytes is returned (the registry pins it). Idempotent: nothing is uploaded while the store holds
-    the manifest this host uploaded; otherwise (none, or another one) the snapshot is uploaded again."""
+    the manifest this host uploaded; otherwise (none, or another one) the snapshot is uploaded again. Chunks the
+    store has (its template's, its siblings') are not uploaded again. ``work_dir`` is no longer used."""
     if Path(_backing_file(image.disk)) != template.disk:
         raise StateError(
             f"snapshot {image.id} is not over the current generation of template {template.name} "
@@ -313,14 +344,13 @@ def publish_snapshot(store: ObjectStore, image: SnapshotImage, template: Templat
     done = still_published(store, f"{prefix}/manifest.json", image.path)
     if done is not None:
         return Published(prefix, done)
-    pins = PinSet()
-    index = upload_image(store, f"{prefix}/memory", image.memory, image.id, work_dir, pins)
-    publish_image_files(store, prefix, image, pins)
+    index, pins = upload_captured(store, prefix, image, template, timing)
     manifest = dict(image.manifest)
     manifest.update(
+        layout=LAYOUT_VERSION,
         template_generation=template.generation,
         template_prefix=template_prefix(template.name, template.generation),
-        memory_chunks={"image_size": index.image_size, "stored_bytes": index.stored_bytes},
+        memory_chunks=memory_summary(index),
         published_at=time.time(),
     )
     manifest[PINS_FIELD] = pins.to_json()
@@ -348,6 +378,8 @@ def import_snapshot(
     final = snapshots_dir / snapshot_id
     if (final / "manifest.json").exists():
         raise StateError(f"snapshot {snapshot_id} is already on this host", details={"id": snapshot_id})
+    # its memory will be paged from the store: an index in an earlier format is refused now, not at the restore
+    ChunkIndex.from_bytes(pins.fetch_bytes(store, f"{prefix}/memory.idx"))
     machine = dict(manifest["machine"], kernel=str(template.machine.kernel), initrd=str(template.machine.initrd))
     manifest.update(machine=machine, memory_prefix=prefix, imported_from=store.url, imported_at=time.time())
     _materialize(store, prefix, final, (template.disk, "qcow2"), manifest, pins, fetched)

@@ -4,11 +4,12 @@ A read of ``[offset, offset + size)`` is split into the chunks it covers; each o
 applies:
 
 1. a **zero chunk** (bit set in the index's bitmap) is served as zeros, never fetched;
-2. a **cache hit** (the optional in-memory hot set, then the host's durable :class:`ChunkCache`) is served locally;
-3. otherwise a **single-flight fetch**: the first caller for ``(identity, idx)`` becomes the leader and range-GETs
-   ``[offsets[idx], +chunk_len(idx))`` from ``memory.pack``, verifies its sha256, puts it in the cache and hands the
-   bytes to every caller that joined meanwhile. However many readers and prefetchers ask, the store sees one GET
-   (plus retries).
+2. a **cache hit** (the optional in-memory hot set, then the host's durable :class:`ChunkCache`, both keyed by the
+   chunk's sha256, so a chunk any image brought in serves every image that shares it) is served locally;
+3. otherwise a **single-flight fetch**: the first caller for the chunk's sha256 (from any image) becomes the leader
+   and GETs its object ``chunks/<sha[:2]>/<sha>``, verifies its sha256, puts it in the cache and hands the bytes to
+   every caller that joined meanwhile. However many readers and prefetchers ask, the store sees one GET (plus
+   retries).
 
 Retries: :class:`StoreThrottled` / :class:`StoreError` answers, short reads and sha256 mismatches are retried with
 exponential backoff and full jitter (``sleep(uniform(0, min(max, base * 2**retry)))``), bounded by
@@ -45,7 +46,7 @@ _WAIT_SLICE_S: Final = 0.05  # waiters re-check the (injectable) clock this ofte
 
 
 class _Flight:
-    """One in-flight fetch of ``(identity, idx)``: the leader fills ``future``; waiters block on it."""
+    """One in-flight fetch of a chunk (by sha256): the leader fills ``future``; waiters block on it."""
 
     __slots__ = ("future", "waiters", "prefetch", "attempts", "last_error")
 
@@ -78,8 +79,8 @@ class ChunkResolver:
         self._clock = clock
         self._timing = Timing(clock, sleep, rng if rng is not None else random.Random())
         self._lock = threading.Lock()
-        self._inflight: dict[tuple[str, int], _Flight] = {}
-        self._hot: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self._inflight: dict[str, _Flight] = {}  # by sha256
+        self._hot: OrderedDict[str, bytes] = OrderedDict()  # by sha256
         self._touched: dict[str, dict[int, None]] = {}  # per image, in first-read order
         self._prefetched: dict[str, set[int]] = {}
         self._failures = FailureLog[ChunkFetchFailed](stamp)
@@ -176,7 +177,7 @@ class ChunkResolver:
                     idx = next(todo, None)
                 if idx is None:
                     return
-                if self._is_cached(image.identity, idx):
+                if self._is_cached(image.index.sha256[idx]):
                     continue
                 try:
                     self.chunk(image, idx, prefetch=True)
@@ -228,19 +229,18 @@ class ChunkResolver:
         with self._lock:
             self._touched.pop(identity, None)
 
-    def in_flight(self) -> dict[tuple[str, int], int]:
-        """Fetches in progress: ``(identity, idx) -> number of callers waiting on the leader``."""
+    def in_flight(self) -> dict[str, int]:
+        """Fetches in progress: ``chunk sha256 -> number of callers waiting on the leader``."""
         with self._lock:
             return {key: flight.waiters for key, flight in self._inflight.items()}
 
     def forget(self, identity: str) -> None:
-        """Drop the bookkeeping (touched, prefetched, last failure, hot chunks) kept for ``identity``."""
+        """Drop the bookkeeping (touched, prefetched, last failure) kept for ``identity`` (hot chunks are shared by
+        every image holding them; they age out of the hot set)."""
         with self._lock:
             self._touched.pop(identity, None)
             self._prefetched.pop(identity, None)
             self._failures.forget(identity)
-            for key in [k for k in self._hot if k[0] == identity]:
-                del self._hot[key]
 
     # -- resolution ---------------------------------------------------------------------------------------------
 
@@ -253,7 +253,7 @@ class ChunkResolver:
         if not self._config.single_flight:
             return self._fetch_and_keep(image, idx, prefetch, None), False
 
-        key = (image.identity, idx)
+        key = image.index.sha256[idx]
         with self._lock:
             flight = self._inflight.get(key)
             leader = flight is None
@@ -296,7 +296,9 @@ class ChunkResolver:
                 except TimeoutError:
                     continue
                 except ChunkFetchFailed as err:  # the leader only fails this way; a fresh instance per waiter
-                    raise ChunkFetchFailed(err.message, details=dict(err.details)) from err
+                    failure = ChunkFetchFailed(err.message, details=dict(err.details))
+                    self._failures.record(image.identity, failure)  # the leader may have read another image
+                    raise failure from err
         finally:
             with self._lock:
                 flight.waiters -= 1
@@ -304,10 +306,10 @@ class ChunkResolver:
     def _fetch_and_keep(self, image: ImageRef, idx: int, prefetch: bool, flight: _Flight | None) -> bytes:
         data = self._fetch(image, idx, prefetch, flight)
         if self._config.use_cache:
-            self._keep_hot(image.identity, idx, data)
+            self._keep_hot(image.index.sha256[idx], data)
             if self._cache is not None:
                 try:
-                    self._cache.put(image.identity, idx, data)
+                    self._cache.put(image.index.sha256[idx], data)
                 except Exception:  # the cache is an optimisation: serve the verified bytes anyway
                     log.exception("chunk cache put failed for %s chunk %d; serving uncached", image.key, idx)
                 self._update_cache_gauge()
@@ -317,7 +319,7 @@ class ChunkResolver:
         return data
 
     def _fetch(self, image: ImageRef, idx: int, prefetch: bool, flight: _Flight | None) -> bytes:
-        """Range-GET and verify chunk ``idx`` (:func:`fetch_chunk`); a failure is kept for :meth:`last_failure`."""
+        """GET and verify chunk ``idx`` (:func:`fetch_chunk`); a failure is kept for :meth:`last_failure`."""
 
         def progress(attempts: int, last_error: str) -> None:
             if flight is not None:
@@ -336,7 +338,7 @@ class ChunkResolver:
 
     def _lookup(self, image: ImageRef, idx: int) -> bytes | None:
         """The chunk from the hot set or the cache (counted as a cache hit), else ``None``."""
-        key = (image.identity, idx)
+        key = image.index.sha256[idx]
         if self._config.hot_chunks:
             with self._lock:
                 data = self._hot.get(key)
@@ -348,38 +350,38 @@ class ChunkResolver:
         if self._cache is None:
             return None
         try:
-            data = self._cache.get(image.identity, idx, image.index.sha256[idx])
+            data = self._cache.get(key)
         except Exception:  # a broken cache read is a miss: the store still has the chunk
             log.exception("chunk cache get failed for %s chunk %d; treating as a miss", image.key, idx)
             return None
         if data is None:
             return None
         self._metrics.cache_hits.inc()
-        self._keep_hot(image.identity, idx, data)
+        self._keep_hot(key, data)
         return data
 
-    def _keep_hot(self, identity: str, idx: int, data: bytes) -> None:
+    def _keep_hot(self, sha256: str, data: bytes) -> None:
         limit = self._config.hot_chunks
         if not limit:
             return
         with self._lock:
-            self._hot[(identity, idx)] = data
-            self._hot.move_to_end((identity, idx))
+            self._hot[sha256] = data
+            self._hot.move_to_end(sha256)
             while len(self._hot) > limit:
                 self._hot.popitem(last=False)
 
-    def _is_cached(self, identity: str, idx: int) -> bool:
+    def _is_cached(self, sha256: str) -> bool:
         if not self._config.use_cache:
             return False
         with self._lock:
-            if (identity, idx) in self._hot:
+            if sha256 in self._hot:
                 return True
         if self._cache is None:
             return False
         try:
-            return self._cache.contains(identity, idx)
+            return self._cache.contains(sha256)
         except Exception:
-            log.exception("chunk cache contains failed for %s chunk %d", identity, idx)
+            log.exception("chunk cache contains failed for chunk %s", sha256)
             return False
 
     def _update_cache_gauge(self) -> None:

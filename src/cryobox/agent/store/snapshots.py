@@ -2,23 +2,26 @@
 
 A snapshot directory ``<volume>/snapshots/<id>/`` has the same shape as a baked template::
 
-    memory        raw guest RAM, sparse (zero pages are holes); restores map it MAP_PRIVATE
-    vmstate       device state only (the RAM records were split out into ``memory``)
+    memory        raw guest RAM, sparse (zero pages are holes); restores map it MAP_PRIVATE. Written as a layer
+                  over the parent image (:mod:`.memlayer`): a reflink clone of the parent's file with only the
+                  pages the guest changed written over it, so it holds on the volume just those pages
+    vmstate       device state only (the RAM records were split out of the stream)
     disk.qcow2    the root-disk overlay at the same instant (a reflink clone taken inside the pause)
     manifest.json written last; a directory without it is an unfinished capture and is never used
 
 A capture has two phases. :meth:`SnapshotStore.begin` streams the VM's state, splitting it as it arrives
-into the hot copy of ``memory`` (tmpfs, see :mod:`.hot`: what restores map) and ``vmstate``, next to the
-disk clone; the snapshot can already be restored from (fork_tree starts its children here).
-:meth:`SnapshotStore.finish` makes it durable: ``memory`` copied out of tmpfs, every file fsynced, the manifest
-written last. A directory without a manifest is unfinished and is removed at start (and on any failure), so a
-crash at any step leaves either nothing or a complete snapshot.
+into ``memory`` (on the volume, never on tmpfs: a restore copies it into the hot directory when it first
+needs it) and ``vmstate``, next to the disk clone; the snapshot can already be restored from (fork_tree starts
+its children here). :meth:`SnapshotStore.finish` makes it durable: every file fsynced, the manifest written
+last. A directory without a manifest is unfinished and is removed at start (and on any failure), so a crash
+at any step leaves either nothing or a complete snapshot.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import time
@@ -29,15 +32,19 @@ from typing import Any, BinaryIO
 from ...errors import NotFound, VmmError
 from ...util.files import fsync_dir, write_json_atomic
 from ..vm import MachineConfig, MicroVM
-from ..vm.capture import CaptureReport, capture
+from ..vm.capture import CaptureReport, capture, ram_mapping
+from ..vm.pagemap import WrittenPages
 from . import evidence
 from .hot import HotImages
 from .layout import ImageFiles
+from .memlayer import BaseImages, FullImage, LayerImage, ParentImage, clone_parent
 from .vmstream import SplitStats, split_stream
-from .volume import allocated_bytes, clone_file, copy_sparse
+from .volume import allocated_bytes, clone_file
 
 FORMAT_VERSION = 1
 FILES = ("memory", "vmstate", "disk.qcow2")
+PAGE_SIZE = 4096
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,17 @@ class SnapshotImage(ImageFiles):
     def size_bytes(self) -> int:
         return int(self.manifest["size_bytes"])
 
+    @property
+    def unique_bytes(self) -> int:
+        """Bytes only this snapshot holds: the memory pages it changed from its parent image, its device state
+        and its disk overlay (manifests older than layering count everything as unique)."""
+        return int(self.manifest.get("unique_bytes", self.manifest["size_bytes"]))
+
+    @property
+    def shared_bytes(self) -> int:
+        """Memory bytes it shares with its parent image (a template generation or another snapshot)."""
+        return int(self.manifest.get("shared_bytes", 0))
+
 
 @dataclass(frozen=True)
 class CaptureInfo:
@@ -82,11 +100,25 @@ def _fsync(path: Path) -> None:
         os.fsync(fh.fileno())
 
 
+@dataclass(frozen=True)
+class _Split:
+    stats: SplitStats
+    memory: dict[str, Any]
+    """The manifest's ``memory`` facts about the layer (see :meth:`SnapshotStore._split`)."""
+
+
 class SnapshotStore:
-    def __init__(self, root: Path, hot: HotImages, qemu_version: str) -> None:
+    def __init__(
+        self,
+        root: Path,
+        hot: HotImages,
+        qemu_version: str,
+        bases: BaseImages | None = None,
+    ) -> None:
         self.root = root
         self.hot = hot
         self.qemu_version = qemu_version
+        self.bases = bases if bases is not None else BaseImages(root.parent / "bases")
 
     def sweep_partials(self) -> list[str]:
         """Remove unfinished captures and deletions (a crash mid-way); run at start before any capture."""
@@ -147,28 +179,48 @@ class SnapshotStore:
         self.root.mkdir(parents=True, exist_ok=True)
         work = self.root / snapshot_id
         work.mkdir()
-        hot_dir = self.hot.path(snapshot_id).parent
         started = time.monotonic()
+        written: WrittenPages | None = None
         try:
-            hot_dir.mkdir(parents=True, exist_ok=True)
             ram_bytes = vm.config.memory_mib << 20
+            parent = await self._parent(vm)
+            if parent is not None and vm.pid is not None:
+                lo, hi = ram_mapping(vm.pid, vm.memory.path)
+                written = WrittenPages(vm.pid, lo, hi)
+            pages = written
 
             async def capture_disk() -> None:
                 await asyncio.to_thread(clone_file, vm.disk, work / "disk.qcow2")
 
-            report = await capture(
-                vm,
-                lambda stream: self._split(stream, hot_dir, work, ram_bytes),
-                capture_disk,
-                keep_running=keep_running,
-            )
+            async with self.hot.capturing(self.hot.key_of(vm.memory.path)):
+                report = await capture(
+                    vm,
+                    lambda stream: self._split(stream, work, ram_bytes, parent, pages),
+                    capture_disk,
+                    keep_running=keep_running,
+                )
             logs = {"console.log": vm.paths.console_log, "qemu.log": vm.paths.qemu_log}
             await asyncio.to_thread(evidence.collect_logs, work, logs)
         except BaseException:
             self._discard(snapshot_id)
             raise
+        finally:
+            if written is not None:
+                written.close()
         manifest = self._manifest(snapshot_id, vm, info, report, (time.monotonic() - started) * 1000)
         return SnapshotImage(snapshot_id, work, vm.config, manifest)
+
+    async def _parent(self, vm: MicroVM) -> ParentImage | None:
+        """The image ``vm`` maps a copy of, as a file on the volume to clone (``None``: write a full image)."""
+        origin = vm.memory.origin
+        if origin is None or vm.memory.share or not origin.is_file():
+            return None
+        key = self.hot.key_of(vm.memory.path) or origin.parent.name
+        try:
+            return await self.bases.parent(key, origin, _recorded_digest(origin.parent))
+        except OSError as err:
+            log.warning("snapshot of %s written whole: no copy of its parent %s on the volume: %s", vm.vm_id, key, err)
+            return None
 
     async def finish(self, image: SnapshotImage) -> SnapshotImage:
         """Make a captured snapshot durable; the manifest is written last.
@@ -177,9 +229,9 @@ class SnapshotStore:
         """
         started = time.monotonic()
         try:
-            await asyncio.to_thread(self._persist, self.hot.path(image.id), image.path)
+            await asyncio.to_thread(self._persist, image.path)
             manifest = dict(image.manifest)
-            manifest["size_bytes"] = sum(allocated_bytes(image.path / name) for name in FILES)
+            manifest.update(self._sizes(image.path, manifest["memory"]))
             capture_info = dict(manifest["capture"])
             capture_info["total_ms"] = round(capture_info["total_ms"] + (time.monotonic() - started) * 1000, 1)
             manifest["capture"] = capture_info
@@ -195,36 +247,75 @@ class SnapshotStore:
         self.hot.drop(snapshot_id)
 
     @staticmethod
-    def _split(stream: BinaryIO, hot_dir: Path, work: Path, ram_bytes: int) -> SplitStats:
-        tmp = hot_dir / ".memory.tmp"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
+    def _split(
+        stream: BinaryIO, work: Path, ram_bytes: int, parent: ParentImage | None, written: WrittenPages | None
+    ) -> _Split:
+        """Split the stream into ``work``: ``memory`` as a layer over ``parent`` (pages ``written`` tells were
+        changed) or, without one, whole; ``vmstate``."""
+        tmp = work / ".memory.tmp"
+        if parent is not None and written is not None:
+            try:
+                clone_parent(parent, tmp, ram_bytes)
+            except VmmError as err:
+                log.warning("snapshot memory written whole: %s", err.message)
+                parent = None
+        parent_fd = -1
+        if parent is None or written is None:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             os.ftruncate(fd, ram_bytes)
+            sink: FullImage | LayerImage = FullImage(fd)
+        else:
+            fd = os.open(tmp, os.O_RDWR)
+            parent_fd = os.open(parent.path, os.O_RDONLY)
+            sink = LayerImage(fd, parent_fd, written, parent.digest)
+        try:
             with open(work / "vmstate", "wb") as vmstate:
-                stats = split_stream(stream, vmstate, fd)
+                stats = split_stream(stream, vmstate, sink)
         finally:
             os.close(fd)
+            if parent_fd >= 0:
+                os.close(parent_fd)
         if stats.blocks.get("ram") != ram_bytes:
             raise VmmError(f"snapshot stream RAM block is {stats.blocks.get('ram')} bytes, expected {ram_bytes}")
-        os.replace(tmp, hot_dir / "memory")
-        return stats
+        os.replace(tmp, work / "memory")
+        layered = parent is not None and isinstance(sink, LayerImage)
+        memory: dict[str, Any] = {
+            "layered": layered,
+            "parent": {"key": parent.key, "digest": parent.digest} if parent is not None and layered else None,
+            "digest": sink.digest(),
+            "own_pages": sink.own_pages,
+            "unchanged_written_pages": sink.same_pages if isinstance(sink, LayerImage) else 0,
+        }
+        return _Split(stats, memory)
 
     @staticmethod
-    def _persist(hot_memory: Path, work: Path) -> None:
-        copy_sparse(hot_memory, work / "memory")
+    def _persist(work: Path) -> None:
         for name in FILES:
             _fsync(work / name)
             (work / name).chmod(0o444)
+
+    @staticmethod
+    def _sizes(work: Path, memory: dict[str, Any]) -> dict[str, int]:
+        """``size_bytes`` (allocated, all files), ``unique_bytes`` (what only this snapshot holds: its own
+        memory pages, device state, disk overlay) and ``shared_bytes`` (memory blocks shared with its parent)."""
+        allocated = {name: allocated_bytes(work / name) for name in FILES}
+        own_memory = memory["own_pages"] * PAGE_SIZE if memory.get("layered") else allocated["memory"]
+        own_memory = min(own_memory, allocated["memory"])
+        return {
+            "size_bytes": sum(allocated.values()),
+            "unique_bytes": own_memory + allocated["vmstate"] + allocated["disk.qcow2"],
+            "shared_bytes": allocated["memory"] - own_memory,
+        }
 
     def _manifest(
         self,
         snapshot_id: str,
         vm: MicroVM,
         info: CaptureInfo,
-        report: CaptureReport[SplitStats],
+        report: CaptureReport[_Split],
         total_ms: float,
     ) -> dict[str, Any]:
-        stats = report.result
+        stats = report.result.stats
         return {
             "format": FORMAT_VERSION,
             "id": snapshot_id,
@@ -237,7 +328,12 @@ class SnapshotStore:
             "qemu": self.qemu_version,
             "created_at": time.time(),
             "size_bytes": 0,  # counted by finish()
-            "memory": {"bytes": vm.config.memory_mib << 20, "pages": stats.pages, "zero_pages": stats.zero_pages},
+            "memory": {
+                "bytes": vm.config.memory_mib << 20,
+                "pages": stats.pages,
+                "zero_pages": stats.zero_pages,
+                **report.result.memory,
+            },
             "capture": {
                 "mode": report.mode,
                 "pause_ms": report.pause_ms,
@@ -248,3 +344,13 @@ class SnapshotStore:
                 "total_ms": round(total_ms, 1),
             },
         }
+
+
+def _recorded_digest(image_dir: Path) -> str | None:
+    """The memory digest a snapshot's (or hibernation's) manifest records, if ``image_dir`` is one."""
+    try:
+        manifest = json.loads((image_dir / "manifest.json").read_text())
+        digest = manifest.get("memory", {}).get("digest") if manifest.get("format") == FORMAT_VERSION else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return digest if isinstance(digest, str) else None

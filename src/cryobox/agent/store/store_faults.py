@@ -11,6 +11,7 @@ same time (processor sharing, see ``SharedLink``). The platform reads the spec f
 
 from __future__ import annotations
 
+import builtins
 import math
 import random
 import threading
@@ -277,6 +278,9 @@ class FaultyStore:
     def exists(self, key: str) -> bool:
         return self.inner.exists(key)
 
+    def probe(self, key: str) -> ObjectMeta | None:
+        return self.inner.probe(key)
+
     def put(self, key: str, data: bytes) -> None:
         self.stats.add(puts=1)
         self.inner.put(key, data)
@@ -287,6 +291,9 @@ class FaultyStore:
 
     def list(self, prefix: str) -> list[str]:
         return self.inner.list(prefix)
+
+    def list_meta(self, prefix: str) -> builtins.list[ObjectMeta]:
+        return self.inner.list_meta(prefix)
 
     def delete(self, key: str) -> None:
         self.inner.delete(key)

@@ -20,8 +20,9 @@ from __future__ import annotations
 import os
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from ...errors import VmmError
 
@@ -54,11 +55,40 @@ class SplitStats:
     blocks: dict[str, int] = field(default_factory=dict)
 
 
+class PageSink(Protocol):
+    """Receives the RAM block's pages: ``page`` for data, ``zero`` for a zero page (both at byte ``addr``)."""
+
+    def page(self, addr: int, data: memoryview) -> None: ...
+
+    def zero(self, addr: int) -> None: ...
+
+    def refilled(self) -> None:
+        """More of the stream was read: every record buffered now was sent before this call (a sink that
+        caches facts about the source's memory must not use ones older than this for them)."""
+
+
+class _FileSink:
+    """Pages written at their offsets into a file already sized to the RAM (zero pages stay holes)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def page(self, addr: int, data: memoryview) -> None:
+        os.pwrite(self.fd, data, addr)
+
+    def zero(self, addr: int) -> None:
+        pass
+
+    def refilled(self) -> None:
+        pass
+
+
 class _Reader:
     """Buffered big-endian reads over a binary stream; EOF in the middle of a field is a corrupt stream."""
 
-    def __init__(self, src: BinaryIO, chunk: int = 8 << 20) -> None:
+    def __init__(self, src: BinaryIO, chunk: int = 8 << 20, on_fill: Callable[[], None] | None = None) -> None:
         self.src = src
+        self.on_fill = on_fill
         self.chunk = chunk
         self.buf = b""
         self.pos = 0
@@ -76,6 +106,8 @@ class _Reader:
             self.buf = self.buf[self.pos :] + more
             self.consumed += self.pos
             self.pos = 0
+            if self.on_fill is not None:
+                self.on_fill()
 
     def read(self, n: int) -> bytes:
         self._fill(n)
@@ -118,7 +150,7 @@ def _footer(r: _Reader, section_id: int, out: bytearray) -> None:
     out += struct.pack(">BI", SECTION_FOOTER, section_id)
 
 
-def _ram_records(r: _Reader, main: bytes, memory_fd: int, stats: SplitStats, out: bytearray, block: bytes) -> bytes:
+def _ram_records(r: _Reader, main: bytes, sink: PageSink, stats: SplitStats, out: bytearray, block: bytes) -> bytes:
     """Copy one RAM section's records up to EOS: ``main`` pages to the image, the rest to ``out``.
 
     ``block`` is the last block named in the stream (a CONTINUE record refers to it, across sections too);
@@ -139,6 +171,7 @@ def _ram_records(r: _Reader, main: bytes, memory_fd: int, stats: SplitStats, out
             fill = r.u8()
             if block == main and fill == 0:
                 stats.zero_pages += 1
+                sink.zero(addr)
                 continue
             payload = bytes([fill])
         else:
@@ -146,7 +179,7 @@ def _ram_records(r: _Reader, main: bytes, memory_fd: int, stats: SplitStats, out
                 page = r.view(PAGE_SIZE)
                 if addr + PAGE_SIZE > stats.blocks.get(main.decode(), 0):
                     raise VmmError(f"migration stream: page at {addr:#x} is outside the RAM block")
-                os.pwrite(memory_fd, page, addr)
+                sink.page(addr, page)
                 stats.pages += 1
                 continue
             payload = r.read(PAGE_SIZE)
@@ -175,15 +208,16 @@ def _ram_setup(r: _Reader, out: bytearray, stats: SplitStats) -> None:
     out += struct.pack(">Q", FLAG_EOS)
 
 
-def split_stream(src: BinaryIO, vmstate: BinaryIO, memory_fd: int, main_block: str = "ram") -> SplitStats:
-    """Read a migration stream from ``src``; write RAM pages of ``main_block`` into ``memory_fd`` (a file
+def split_stream(src: BinaryIO, vmstate: BinaryIO, memory: int | PageSink, main_block: str = "ram") -> SplitStats:
+    """Read a migration stream from ``src``; hand RAM pages of ``main_block`` to ``memory`` (a sink, or a file
     already truncated to the RAM size, so zero pages stay holes) and everything else to ``vmstate``.
 
     :raises VmmError: the stream is not a QEMU 7.x precopy/background-snapshot stream we understand.
     """
     stats = SplitStats()
+    sink = _FileSink(memory) if isinstance(memory, int) else memory
     main = main_block.encode()
-    r = _Reader(src)
+    r = _Reader(src, on_fill=sink.refilled)
     head = r.read(4)
     if head != b"QEVM":
         raise VmmError("migration stream: bad magic")
@@ -209,7 +243,7 @@ def split_stream(src: BinaryIO, vmstate: BinaryIO, memory_fd: int, main_block: s
         if section_id != ram_id:
             raise VmmError(f"migration stream: iterable section {section_id} is not RAM; not supported")
         out += struct.pack(">BI", kind, section_id)
-        block = _ram_records(r, main, memory_fd, stats, out, block)
+        block = _ram_records(r, main, sink, stats, out, block)
         _footer(r, ram_id, out)
         if len(out) > 1 << 20:
             vmstate.write(out)

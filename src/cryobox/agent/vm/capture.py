@@ -9,7 +9,9 @@ Instead (measured in docs/ARCHITECTURE.md, "Snapshots"):
 2. ``stop``; capture the disk (a reflink clone of the qcow2 overlay: ``stop`` drained and flushed it);
 3. ``migrate`` with the ``background-snapshot`` capability to a file descriptor: QEMU saves the device state,
    write-protects RAM with userfaultfd and continues the guest; pages are streamed while it runs (a page the
-   guest writes is saved first). The pause is steps 2–3, which does not grow with RAM size.
+   guest writes is saved first). QEMU 7.2 continues it itself (``RESUME``); 9.0+ restores the run state the
+   migration started in, paused, so we ``cont`` it once the snapshot thread saves its first page
+   (:func:`.qemu.background_snapshot_resumes`). The pause is steps 2–3.
 
 A VM that is already paused (or about to be hibernated) is captured with a plain migration instead: it is not
 running, so there is no pause to keep short, and it must stay stopped afterwards.
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Generic, TypeVar
 
 from ...errors import VmmError
+from . import qemu
 from .microvm import MicroVM
 from .states import VmState
 
@@ -100,6 +103,37 @@ async def _open_stream(vm: MicroVM) -> BinaryIO:
     return os.fdopen(read_fd, "rb", buffering=0)
 
 
+SAVED_POLL_S = 0.0005
+
+
+async def _continue_when_saved(vm: MicroVM, timeout: float) -> None:
+    """A QEMU whose background snapshot leaves a VM we stopped stopped (:func:`.qemu.background_snapshot_resumes`
+    is false): ``cont`` it as soon as its device state is saved and its RAM write-protected, which is when the
+    snapshot thread starts saving pages (``ram.normal``/``ram.duplicate`` leave 0: the thread schedules QEMU's own
+    resume, a no-op for a paused VM, just before its first page). A migration that fails or completes first ends
+    the wait too (:func:`_wait` reports it)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            info = await vm.execute("query-migrate")
+            ram = info.get("ram") or {}
+            if info.get("status") in ("completed", "failed", "cancelled"):
+                break
+            if int(ram.get("normal", 0)) + int(ram.get("duplicate", 0)) > 0:
+                break
+            await asyncio.sleep(SAVED_POLL_S)
+    if info.get("status") in ("failed", "cancelled"):
+        return
+    await vm.execute("cont")
+
+
+async def _ensure_running(vm: MicroVM) -> None:
+    """After our ``cont``: should QEMU's own deferred resume (which restores the run state the migration started
+    in) have run after it, the run state says paused while the vCPUs run; ``cont`` again makes both agree."""
+    status = await vm.execute("query-status")
+    if not status.get("running"):
+        await vm.execute("cont")
+
+
 async def _wait(listener: Any, background: bool, started: float, timeout: float) -> tuple[float, float]:
     """Wait for completion (and, in background mode, the guest's RESUME); returns (pause_ms, total_ms)."""
     resumed: float | None = None
@@ -154,6 +188,7 @@ async def capture(
     stream = await _open_stream(vm)
     consumer: asyncio.Future[T] | None = None
     was_running = vm.state is VmState.RUNNING
+    self_resuming = qemu.background_snapshot_resumes()
     try:
         with vm.qmp.listener(("MIGRATION", "RESUME")) as listener:
             started = time.monotonic()
@@ -163,8 +198,12 @@ async def capture(
             await capture_disk()
             await vm.execute("migrate", {"uri": f"fd:{FD_NAME}"})
             consumer = asyncio.ensure_future(asyncio.to_thread(consume, stream))
+            if background and not self_resuming:
+                await _continue_when_saved(vm, timeout)
             pause_ms, total_ms = await _wait(listener, background, started, timeout)
         if background:
+            if not self_resuming:
+                await _ensure_running(vm)
             vm.state = VmState.RUNNING
         info = await vm.execute("query-migrate")
         result = await consumer

@@ -6,7 +6,8 @@ Each VM's QEMU runs
   gone, the bounding set empty, ``no_new_privs``), from a range per data dir: a sandbox's uid is
   ``uid_base + slot index`` and its tap is handed to that uid (``TUNSETOWNER``) as QEMU starts;
 - in new mount, PID and IPC namespaces: its root is a 1 MiB tmpfs holding bind mounts of exactly its own
-  files at their own paths — ``/usr`` and the loader cache (read-only, for the binary and its libraries),
+  files at their own paths — ``/usr`` and the loader cache (read-only, for the binary and its libraries; a
+  private QEMU's prefix too, ``CRYOBOX_QEMU``),
   the kernel and initrd, its disk's backing chain and its memory image (read-only: QEMU opens a private
   image ``readonly=on,rom=off``, so it cannot write a hot copy other VMs map), its run directory (sockets,
   logs, its overlay) and the device nodes it needs (``null``, ``urandom``, ``net/tun``, ``kvm``, and a
@@ -191,6 +192,7 @@ class VmJail:
         binds: list[tuple[Path, str]] = [
             (Path("/usr"), "ro"),
             (Path("/etc/ld.so.cache"), "ro"),
+            *([(prefix, "ro")] if (prefix := qemu.install_prefix()) is not None else []),
             (config.kernel, "ro"),
             (config.initrd, "ro"),
             (memory.path, "rw" if memory.share or not qemu.private_readonly() else "ro"),
@@ -234,12 +236,13 @@ class VmJail:
         os.chown(paths.root, self.uid, self.uid)
         for path in (disk, *data_disks, *([memory.path] if memory.share else [])):
             os.chown(path, self.uid, self.uid)
-        if not memory.share and not qemu.private_readonly():
-            # QEMU < 8.2 opens even a private RAM file read-write: the shared image goes to the image group
-            # (a FUSE file of the memory server refuses chown; its server already admits every uid)
+        if not memory.share:
+            # the shared image goes to the image group: QEMU < 8.2 opens even a private RAM file read-write
+            # (0660), 8.2+ read-only (0640); a FUSE file of the memory server refuses chown (its server already
+            # admits every uid)
             with contextlib.suppress(OSError):
                 os.chown(memory.path, -1, self.settings.image_gid)
-                os.chmod(memory.path, 0o660)
+                os.chmod(memory.path, 0o640 if qemu.private_readonly() else 0o660)
 
     async def launch(
         self,

@@ -12,7 +12,6 @@ from typing import Any
 
 from . import qemu
 from .accel import Accel
-from .qemu import QEMU_BINARY
 
 GUEST_MAC = "02:cb:00:00:00:02"
 
@@ -117,6 +116,9 @@ class MemoryBacking:
     write_trackable: bool = True
     """userfaultfd can write-protect the mapping (tmpfs: yes; a FUSE file of the memory server: no), so a
     running VM can be snapshotted with ``background-snapshot``; otherwise it is paused for a plain migration."""
+    origin: Path | None = None
+    """The durable file ``path`` is a copy of (a template's or snapshot's ``memory``), if there is one: a
+    snapshot of the VM is then written as the pages that differ from it (``store/memlayer.py``)."""
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,8 @@ def qemu_argv(
         backing += ",share=off"
     argv = [
         *(net.wrapper() if net is not None and wrap else []),
-        QEMU_BINARY,
+        qemu.binary(),
+        *qemu.firmware_args(),
         "-name",
         name,
         "-M",

@@ -1,0 +1,242 @@
+"""A snapshot's memory written as a layer over its parent image: only the pages the guest changed cost bytes.
+
+A restored VM maps its parent image (a template generation, a snapshot, a hibernation) ``MAP_PRIVATE``; the
+pages it wrote are named by ``/proc/<qemu>/pagemap`` (:mod:`..vm.pagemap`). QEMU's migration stream still
+carries every non-zero page, so the capture filters it:
+
+- the snapshot's ``memory`` starts as a **reflink clone** of the parent's file on the snapshot volume (~1 ms,
+  whatever the size: the extents are shared, copy-on-write);
+- a page the guest never wrote is the parent's: skipped (it stays shared);
+- a written page whose bytes equal the parent's is skipped too; any other is written over the clone, which
+  unshares just that 4 KiB block; a written page that is now zero becomes a hole.
+
+So the snapshot is *flat* for every reader (QEMU maps it like any image; the store uploads it like any image)
+while the volume holds only its own pages: the filesystem's extent reference counts are the layer's
+reference counts — deleting the parent (or any generation in between) keeps every block a child still uses,
+and no chain ever has to be composed at restore (depth is always 1). Where the parent is not on the volume (a
+template's image lives in the cache directory), a copy of it is made there once per image and key
+(``<volume>/bases/<key>/memory``, :class:`BaseImages`), and every snapshot of that image clones it.
+
+Where there is no parent file (a lazily paged VM whose image is only in the object store, a cold-booted fork)
+the whole image is written (:class:`FullImage`), as before.
+
+Every image gets a **content digest**: sha256 over the parent's digest and, in address order, each changed
+page's address and sha256 (a full image has the empty parent). Two captures with the same bytes over the same
+parent have the same digest; a child names its parent by that digest, never by a name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from ...errors import VmmError
+from ...util.files import data_extents, punch_hole
+from .volume import FICLONE, copy_sparse
+
+PAGE_SIZE = 4096
+_ZERO_PAGE = bytes(PAGE_SIZE)
+_ZERO_MARK = b"\0" * 32
+EMPTY_DIGEST = hashlib.sha256(b"cryobox memory image").hexdigest()
+
+
+class PageSink(Protocol):
+    """Where a migration stream's RAM pages go (see :func:`.vmstream.split_stream`)."""
+
+    def page(self, addr: int, data: memoryview) -> None: ...
+
+    def zero(self, addr: int) -> None: ...
+
+    def refilled(self) -> None: ...
+
+
+class WrittenTest(Protocol):
+    """:class:`..vm.pagemap.WrittenPages`: has the guest written the page at ``offset``?"""
+
+    def written(self, offset: int) -> bool: ...
+
+    def invalidate(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ParentImage:
+    """The image a VM maps, as a file on the snapshot volume that a capture can clone."""
+
+    key: str
+    """Its hot key (a template generation's or a snapshot's): provenance only."""
+    path: Path
+    digest: str
+
+
+@dataclass
+class _Changes:
+    pages: dict[int, bytes] = field(default_factory=dict)
+    """address → sha256 of each page this image has of its own (``_ZERO_MARK`` for a page now zero)."""
+
+    def digest(self, parent: str) -> str:
+        h = hashlib.sha256(parent.encode())
+        for addr in sorted(self.pages):
+            h.update(addr.to_bytes(8, "big") + self.pages[addr])
+        return h.hexdigest()
+
+
+class FullImage:
+    """Every non-zero page written into ``fd`` (a file already sized to the RAM: zero pages stay holes)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.changes = _Changes()
+
+    def page(self, addr: int, data: memoryview) -> None:
+        os.pwrite(self.fd, data, addr)
+        self.changes.pages[addr] = hashlib.sha256(data).digest()
+
+    def zero(self, addr: int) -> None:
+        # (a pre-copy stream may zero a page it sent with data in an earlier round)
+        if self.changes.pages.pop(addr, None) is not None:
+            punch_hole(self.fd, addr, PAGE_SIZE)
+
+    def refilled(self) -> None:
+        pass
+
+    @property
+    def own_pages(self) -> int:
+        return len(self.changes.pages)
+
+    def digest(self) -> str:
+        return self.changes.digest(EMPTY_DIGEST)
+
+
+class LayerImage:
+    """Pages the guest wrote, over ``fd`` (a reflink clone of the parent ``parent_fd``); see the module doc."""
+
+    def __init__(self, fd: int, parent_fd: int, written: WrittenTest, parent_digest: str) -> None:
+        self.fd = fd
+        self.parent_fd = parent_fd
+        self.written = written
+        self.parent_digest = parent_digest
+        self.changes = _Changes()
+        self.same_pages = 0
+        """Written pages whose bytes equal the parent's (left shared)."""
+
+    def refilled(self) -> None:
+        # records read from now on may have been sent after the page map entries cached so far were read
+        self.written.invalidate()
+
+    def page(self, addr: int, data: memoryview) -> None:
+        # (a pre-copy stream may send a page again: a later copy always lands, even one equal to the parent)
+        if not self.written.written(addr):
+            return
+        if addr not in self.changes.pages and os.pread(self.parent_fd, PAGE_SIZE, addr) == data:
+            self.same_pages += 1
+            return
+        os.pwrite(self.fd, data, addr)
+        self.changes.pages[addr] = hashlib.sha256(data).digest()
+
+    def zero(self, addr: int) -> None:
+        if not self.written.written(addr):
+            return
+        if addr not in self.changes.pages and os.pread(self.parent_fd, PAGE_SIZE, addr) == _ZERO_PAGE:
+            self.same_pages += 1
+            return
+        punch_hole(self.fd, addr, PAGE_SIZE)
+        self.changes.pages[addr] = _ZERO_MARK
+
+    @property
+    def own_pages(self) -> int:
+        """Pages whose bytes are this image's own (a zeroed page is a hole: it costs no block)."""
+        return sum(1 for sha in self.changes.pages.values() if sha != _ZERO_MARK)
+
+    def digest(self) -> str:
+        return self.changes.digest(self.parent_digest)
+
+
+def image_digest(path: Path) -> str:
+    """The content digest of a whole image file (:class:`FullImage`'s digest of the same bytes)."""
+    changes = _Changes()
+    with open(path, "rb") as fh:
+        fd = fh.fileno()
+        for start, end in data_extents(fd, os.fstat(fd).st_size):
+            pos = start - start % PAGE_SIZE
+            while pos < end:
+                block = os.pread(fd, 1 << 20, pos)
+                if not block:
+                    break
+                for i in range(0, min(len(block), end - pos), PAGE_SIZE):
+                    page = block[i : i + PAGE_SIZE]
+                    if page.count(0) != len(page):
+                        changes.pages[pos + i] = hashlib.sha256(page).digest()
+                pos += 1 << 20
+    return changes.digest(EMPTY_DIGEST)
+
+
+class BaseImages:
+    """Copies, on the snapshot volume, of parent images that live elsewhere (a template's ``memory`` in the
+    cache directory): ``<root>/<key>/memory`` + ``digest``, made once and cloned by every capture of it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def parent(self, key: str, origin: Path, digest: str | None) -> ParentImage:
+        """``origin`` (the file a VM maps a copy of) as something a capture on the volume can clone."""
+        if _same_fs(origin, self.root.parent) and digest is not None:
+            return ParentImage(key, origin, digest)
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            return await asyncio.to_thread(self._ensure, key, origin, digest)
+
+    def _ensure(self, key: str, origin: Path, digest: str | None) -> ParentImage:
+        here = _same_fs(origin, self.root.parent)
+        base = self.root / key
+        memory = origin if here else base / "memory"
+        recorded = base / "digest"
+        if recorded.is_file() and (here or memory.is_file()):
+            return ParentImage(key, memory, recorded.read_text().strip())
+        base.mkdir(parents=True, exist_ok=True)
+        if not here:
+            copy_sparse(origin, memory)
+            memory.chmod(0o444)
+        value = digest or image_digest(memory)
+        tmp = base / ".digest.tmp"
+        tmp.write_text(value + "\n")
+        os.replace(tmp, recorded)
+        return ParentImage(key, memory, value)
+
+    def prune(self, keep: set[str]) -> list[str]:
+        """Remove the copies of images not in ``keep`` (snapshots cloned from one keep their blocks)."""
+        if not self.root.is_dir():
+            return []
+        gone = [entry.name for entry in self.root.iterdir() if entry.name not in keep]
+        for name in gone:
+            shutil.rmtree(self.root / name, ignore_errors=True)
+        return gone
+
+
+def clone_parent(parent: ParentImage, dest: Path, size: int) -> None:
+    """``dest`` = a reflink clone of ``parent.path`` (raises VmmError if it cannot be cloned or is not
+    ``size`` bytes: then the capture writes a full image instead)."""
+    with open(parent.path, "rb") as src:
+        if os.fstat(src.fileno()).st_size != size:
+            raise VmmError(f"parent image {parent.path} is not {size} bytes")
+        fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            fcntl.ioctl(fd, FICLONE, src.fileno())
+        except OSError as err:
+            os.close(fd)
+            dest.unlink(missing_ok=True)
+            raise VmmError(f"cannot clone {parent.path}: {err}") from err
+        os.close(fd)
+
+
+def _same_fs(a: Path, b: Path) -> bool:
+    try:
+        return os.stat(a).st_dev == os.stat(b).st_dev
+    except OSError:
+        return False

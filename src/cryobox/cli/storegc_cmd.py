@@ -1,0 +1,71 @@
+"""``cryobox gc --store``: collect the object store's garbage (see :mod:`cryobox.agent.store.storegc`)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import typer
+from rich.console import Console
+
+from ..agent.store.leases import REFRESH_S
+from ..agent.store.objstore import open_store
+from ..agent.store.storegc import KINDS, GcPolicy, GcReport, collect
+
+out = Console()
+MIN_GRACE_S = 5 * REFRESH_S  # leases are re-put every REFRESH_S: a shorter grace could expire a live one
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """``"3600"``, ``"90m"``, ``"1h"``, ``"2d"`` -> seconds."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise typer.BadParameter(f"not a duration: {text!r} (e.g. 3600, 90m, 1h, 2d)")
+    return float(match[1]) * _UNITS[match[2]]
+
+
+def run_store_gc(url: str, *, grace: str, keep_generations: int, dry_run: bool, as_json: bool) -> GcReport:
+    grace_s = parse_duration(grace)
+    if grace_s < MIN_GRACE_S:
+        raise typer.BadParameter(f"--grace must be at least {MIN_GRACE_S:g}s (publishes re-put their leases)")
+    policy = GcPolicy(grace_s=grace_s, keep_generations=keep_generations, dry_run=dry_run)
+    report = collect(open_store(url), policy)
+    if as_json:
+        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+    else:
+        print_report(report)
+    return report
+
+
+def print_report(report: GcReport) -> None:
+    verb = "would remove" if report.dry_run else "removed"
+    if report.dry_run:
+        for removal in report.removed:
+            out.print(
+                f"would remove {removal.kind:10} {removal.key}  [dim]({_size(removal.size)})[/dim]", soft_wrap=True
+            )
+    for note in report.notes:
+        out.print(f"[yellow]note[/yellow] {note}")
+    for skipped in report.skipped:
+        out.print(f"[yellow]kept[/yellow] {skipped}")
+    if report.chunks_missing:
+        out.print(f"[red]{len(report.chunks_missing)} chunk(s) named by live images are missing from the store[/red]")
+    by_kind = report.by_kind()
+    parts = [f"{n} {kind} ({_size(b)})" for kind in KINDS if (n := by_kind[kind][0]) for b in [by_kind[kind][1]]]
+    out.print(f"{report.store}: {verb} {report.removed_objects} objects ({_size(report.removed_bytes)})")
+    if parts:
+        out.print("  " + ", ".join(parts))
+    out.print(
+        f"  kept {report.kept_objects} objects ({_size(report.kept_bytes)}), "
+        f"{report.chunks_referenced} chunks referenced" + ("" if report.complete else "; [yellow]incomplete[/yellow]")
+    )
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"

@@ -19,6 +19,7 @@ from cryobox.agent.store.memlayer import (
     FullImage,
     LayerImage,
     ParentImage,
+    _Changes,
     clone_parent,
     image_digest,
 )
@@ -120,19 +121,25 @@ def test_the_digest_names_the_content_over_the_parent(tmp_path: Path) -> None:
     assert a != digest("a" * 64, [(0, b"x" * PAGE), (PAGE, b"z" * PAGE)])
 
 
-def test_a_full_image_has_the_digest_of_its_file(tmp_path: Path) -> None:
+def test_a_full_image_writes_every_page_and_its_file_has_a_digest(tmp_path: Path) -> None:
     path = tmp_path / "full"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     os.ftruncate(fd, 64 * PAGE)
     full = FullImage(fd)
     full.page(3 * PAGE, memoryview(b"a" * PAGE))
     full.page(9 * PAGE, memoryview(b"b" * PAGE))
+    full.page(11 * PAGE, memoryview(b"c" * PAGE))
+    full.zero(11 * PAGE)  # sent again as zero (a stream that resends pages): a hole again
     full.zero(4 * PAGE)
     os.close(fd)
     assert full.own_pages == 2
-    assert full.digest() == image_digest(path)
-    assert image_digest(_image(tmp_path / "empty", {})) == FullImage(-1).digest()
-    assert FullImage(-1).digest() == FullImage(-1).changes.digest(EMPTY_DIGEST)
+    data = path.read_bytes()
+    assert data[3 * PAGE : 4 * PAGE] == b"a" * PAGE and data[11 * PAGE : 12 * PAGE] == bytes(PAGE)
+    assert allocated_bytes(path) <= 2 * PAGE + 4096 * 2
+    same = _image(tmp_path / "same", {3: ord("a"), 9: ord("b")})
+    assert image_digest(path) == image_digest(same)
+    assert image_digest(path) != image_digest(_image(tmp_path / "other", {3: ord("a")}))
+    assert image_digest(_image(tmp_path / "empty", {})) == _Changes().digest(EMPTY_DIGEST)
 
 
 def test_clone_parent_refuses_a_parent_of_another_size(tmp_path: Path) -> None:

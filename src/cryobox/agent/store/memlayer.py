@@ -87,19 +87,23 @@ class _Changes:
 
 
 class FullImage:
-    """Every non-zero page written into ``fd`` (a file already sized to the RAM: zero pages stay holes)."""
+    """Every non-zero page written into ``fd`` (a file already sized to the RAM: zero pages stay holes).
+
+    Nothing is hashed here: a stopped capture's consumer runs inside the pause; :func:`image_digest` names the
+    file afterwards."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self.changes = _Changes()
+        self.written: set[int] = set()
 
     def page(self, addr: int, data: memoryview) -> None:
         os.pwrite(self.fd, data, addr)
-        self.changes.pages[addr] = hashlib.sha256(data).digest()
+        self.written.add(addr)
 
     def zero(self, addr: int) -> None:
         # (a pre-copy stream may zero a page it sent with data in an earlier round)
-        if self.changes.pages.pop(addr, None) is not None:
+        if addr in self.written:
+            self.written.discard(addr)
             punch_hole(self.fd, addr, PAGE_SIZE)
 
     def refilled(self) -> None:
@@ -107,10 +111,7 @@ class FullImage:
 
     @property
     def own_pages(self) -> int:
-        return len(self.changes.pages)
-
-    def digest(self) -> str:
-        return self.changes.digest(EMPTY_DIGEST)
+        return len(self.written)
 
 
 class LayerImage:

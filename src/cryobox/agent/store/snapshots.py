@@ -37,7 +37,7 @@ from ..vm.pagemap import WrittenPages
 from . import evidence
 from .hot import HotImages
 from .layout import ImageFiles
-from .memlayer import BaseImages, FullImage, LayerImage, ParentImage, clone_parent
+from .memlayer import BaseImages, FullImage, LayerImage, ParentImage, clone_parent, image_digest
 from .vmstream import SplitStats, split_stream
 from .volume import allocated_bytes, clone_file
 
@@ -231,6 +231,9 @@ class SnapshotStore:
         try:
             await asyncio.to_thread(self._persist, image.path)
             manifest = dict(image.manifest)
+            if manifest["memory"].get("digest") is None:
+                digest = await asyncio.to_thread(image_digest, image.path / "memory")
+                manifest["memory"] = {**manifest["memory"], "digest": digest}
             manifest.update(self._sizes(image.path, manifest["memory"]))
             capture_info = dict(manifest["capture"])
             capture_info["total_ms"] = round(capture_info["total_ms"] + (time.monotonic() - started) * 1000, 1)
@@ -282,7 +285,7 @@ class SnapshotStore:
         memory: dict[str, Any] = {
             "layered": layered,
             "parent": {"key": parent.key, "digest": parent.digest} if parent is not None and layered else None,
-            "digest": sink.digest(),
+            "digest": sink.digest() if isinstance(sink, LayerImage) else None,  # a full image's: by finish()
             "own_pages": sink.own_pages,
             "unchanged_written_pages": sink.same_pages if isinstance(sink, LayerImage) else 0,
         }

@@ -20,7 +20,7 @@ from cryobox.bench.net import (
     result_table,
     window_offset_ns,
 )
-from cryobox.bench.snapshot import BenchError
+from cryobox.bench.snapshot_report import BenchError
 
 STATS_KEYS = {"p50", "p90", "p99", "max", "n"}
 

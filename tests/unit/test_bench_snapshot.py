@@ -13,18 +13,14 @@ from cryobox.bench.snapshot import (
     PRIVATE_COPY_BASIS,
     TARGETS,
     TREE_COUNT,
-    BenchError,
     Samples,
     binaries_to_run,
     build_result,
     capture_breakdown,
-    combine_results,
-    comparison_table,
     guest_used_mib,
-    result_table,
     stats_n,
-    version_key,
 )
+from cryobox.bench.snapshot_report import BenchError, combine_results, comparison_table, result_table, version_key
 
 ROLLUP = """\
 55d4c8a3e000-7ffd1f5fe000 ---p 00000000 00:00 0                          [rollup]

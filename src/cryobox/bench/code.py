@@ -26,7 +26,8 @@ from rich.console import Console
 from ..sdk import Sandbox
 from .report import write_result
 from .server import ServeProcess
-from .snapshot import BenchError, qemu_version
+from .snapshot import qemu_version
+from .snapshot_report import BenchError
 from .stats import stats
 
 TEMPLATE = "code-interpreter"

@@ -36,7 +36,9 @@ from rich.table import Table
 from ..config import DEFAULT_CACHE_DIR, Paths
 from .report import write_result
 from .server import ServeProcess
-from .snapshot import Api, BenchError, capture_breakdown, qemu_version, stats_n
+from .snapshot import capture_breakdown, qemu_version, stats_n
+from .snapshot_api import Api
+from .snapshot_report import BenchError
 
 SLOT_N = 8  # acquires timed per pool kind
 SLOT_POOL_SIZE = 8

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import subprocess
 import tempfile
 import time
@@ -38,9 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 from rich.console import Console
-from rich.table import Table
 
 from ..agent.reclaim import find_own_qemus
 from ..agent.vm import qemu as qemu_binary
@@ -49,6 +46,8 @@ from ..errors import CryoboxError
 from .pss import allocated_bytes, parse_rollup, smaps_mapping_kib, sum_mib
 from .report import write_result
 from .server import ServeProcess
+from .snapshot_api import Api, ms_since
+from .snapshot_report import SHM_SNAPSHOTS, BenchError, combine_results, comparison_table, result_table
 from .stats import stats
 
 TARGETS: dict[str, float] = {
@@ -65,7 +64,6 @@ DIRTY_MIB = 64
 DIRTY_CMD = f"dd if=/dev/urandom of=/dev/shm/dirty bs=1M count={DIRTY_MIB} status=none"
 TREE_COUNT = 16
 SWEEP_MIB = (16, 64, 256)
-SHM_SNAPSHOTS = 10
 HOT_ARGS = ["--templates", "base"]  # bench-2g is derived from it; nothing here uses another template
 LAZY_ARGS = ["--memory", "lazy", "--no-prefetch", "--templates", "base", "--net-pool", "2"]
 MIN_RESTORES = 10
@@ -84,10 +82,6 @@ PSS_BASIS = (
 _MIB = 1 << 20
 
 
-class BenchError(RuntimeError):
-    """A step of the benchmark failed; no figures are produced."""
-
-
 def stats_n(samples: list[float]) -> dict[str, float]:
     """:func:`.stats.stats` plus the sample count."""
     if not samples:
@@ -104,118 +98,6 @@ def guest_used_mib(meminfo: str) -> float:
 
 
 # --- the HTTP API --------------------------------------------------------------------------------------------------
-
-
-class Api:
-    """A plain ``httpx`` client for ``/v1`` that remembers what it created so :meth:`cleanup` can delete it."""
-
-    def __init__(self, url: str, api_key: str) -> None:
-        self.http = httpx.Client(
-            base_url=url,
-            headers={"Authorization": f"Bearer {api_key}"},
-            timeout=httpx.Timeout(600.0, connect=10.0),
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
-        )
-        self.sandboxes: list[str] = []
-        self.snapshots: list[str] = []
-        self.templates: list[str] = []
-
-    def call(self, method: str, path: str, expect: int, body: dict[str, Any] | None = None) -> Any:
-        try:
-            resp = self.http.request(method, path, json=body)
-        except httpx.HTTPError as err:
-            raise BenchError(f"{method} {path} failed: {err!r}") from err
-        if resp.status_code != expect:
-            raise BenchError(f"{method} {path} -> HTTP {resp.status_code} (expected {expect}): {resp.text[:2000]}")
-        return resp.json() if resp.content else None
-
-    def create(self, body: dict[str, Any]) -> dict[str, Any]:
-        sbx: dict[str, Any] = self.call("POST", "/v1/sandboxes", 201, body)
-        self.sandboxes.append(sbx["id"])
-        return sbx
-
-    def exec(self, sandbox_id: str, cmd: str, timeout_s: float = 300.0) -> dict[str, Any]:
-        out: dict[str, Any] = self.call(
-            "POST", f"/v1/sandboxes/{sandbox_id}/exec", 200, {"cmd": cmd, "timeout_seconds": timeout_s}
-        )
-        if out["exit_code"] != 0:
-            tail = out["stderr"][-2000:] or out["stdout"][-2000:]
-            raise BenchError(f"exec {cmd!r} in {sandbox_id} exited {out['exit_code']}: {tail}")
-        return out
-
-    def snapshot(self, sandbox_id: str, *, retain: bool = False) -> dict[str, Any]:
-        """``retain``: the snapshot outlives its sandbox (otherwise deleting the sandbox deletes it)."""
-        snap: dict[str, Any] = self.call(
-            "POST", f"/v1/sandboxes/{sandbox_id}/snapshots", 201, {"labels": {}, "retain": retain}
-        )
-        self.snapshots.append(snap["id"])
-        return snap
-
-    def fork_tree(self, sandbox_id: str, count: int) -> dict[str, Any]:
-        tree: dict[str, Any] = self.call("POST", f"/v1/sandboxes/{sandbox_id}/fork-tree", 201, {"count": count})
-        self.snapshots.append(tree["snapshot_id"])
-        self.sandboxes.extend(child["id"] for child in tree["children"])
-        return tree
-
-    def delete_sandbox(self, sandbox_id: str) -> None:
-        self.call("DELETE", f"/v1/sandboxes/{sandbox_id}", 204)
-        self.sandboxes.remove(sandbox_id)
-
-    def delete_snapshot(self, snapshot_id: str) -> None:
-        self.call("DELETE", f"/v1/snapshots/{snapshot_id}", 204)
-        self.snapshots.remove(snapshot_id)
-
-    def build_template(self, name: str, memory_mb: int, console: Console, timeout_s: float = 1800.0) -> dict[str, Any]:
-        """``base`` with ``memory_mb`` of RAM, built (or found in the cache) and ready."""
-        self.call("POST", "/v1/templates", 202, {"name": name, "base": "base", "memory_mb": memory_mb})
-        self.templates.append(name)
-        deadline = time.monotonic() + timeout_s
-        last = ""
-        while time.monotonic() < deadline:
-            row: dict[str, Any] = self.call("GET", f"/v1/templates/{name}", 200)
-            if row["status"] == "ready":
-                if row["memory_mb"] != memory_mb:
-                    raise BenchError(f"template {name} is ready with {row['memory_mb']} MiB, asked for {memory_mb}")
-                return row
-            if row["status"] == "error":
-                raise BenchError(f"template {name} failed to build: {row.get('error')}")
-            progress = str(row.get("progress") or "")
-            if progress and progress != last:
-                console.print(f"  {name}: {progress}")
-                last = progress
-            time.sleep(1.0)
-        raise BenchError(f"template {name} was not ready within {timeout_s:.0f}s")
-
-    def cleanup(self) -> list[str]:
-        """Delete every sandbox, snapshot and template still recorded (404 is fine: a sandbox's delete takes its
-        snapshots along). Returns what could not be deleted."""
-        failures: list[str] = []
-
-        def delete(path: str) -> None:
-            try:
-                resp = self.http.delete(path)
-                if resp.status_code not in (204, 404):
-                    failures.append(f"DELETE {path} -> HTTP {resp.status_code}: {resp.text[:500]}")
-            except httpx.HTTPError as err:
-                failures.append(f"DELETE {path}: {err!r}")
-
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            list(pool.map(delete, [f"/v1/sandboxes/{s}" for s in reversed(self.sandboxes)]))
-        for snap in self.snapshots:
-            delete(f"/v1/snapshots/{snap}")
-        for name in self.templates:
-            delete(f"/v1/templates/{name}")
-        self.sandboxes.clear()
-        self.snapshots.clear()
-        self.templates.clear()
-        return failures
-
-    def close(self) -> None:
-        self.http.close()
-
-
-def _ms_since(started: float) -> float:
-    return (time.monotonic() - started) * 1000
 
 
 # --- the measurements ----------------------------------------------------------------------------------------------
@@ -309,7 +191,7 @@ def _pause_runs(
         api.exec(sbx["id"], DIRTY_CMD)
         started = time.monotonic()
         snap = api.snapshot(sbx["id"])
-        walls.append(_ms_since(started))
+        walls.append(ms_since(started))
         if snap.get("pause_ms") is None:
             raise BenchError(f"snapshot {snap['id']} of {sbx['id']} has no pause_ms: {snap}")
         pauses.append(float(snap["pause_ms"]))
@@ -330,9 +212,9 @@ def _restore_runs(api: Api, snapshot_id: str, n: int, s: Samples) -> None:
         sbx = api.create({"from_snapshot": snapshot_id})
         created = time.monotonic()
         api.exec(sbx["id"], "true")
-        s.restore_total.append(_ms_since(started))
+        s.restore_total.append(ms_since(started))
         s.restore_call.append((created - started) * 1000)
-        s.restore_first_exec.append(_ms_since(created))
+        s.restore_first_exec.append(ms_since(created))
         s.restore_boot.append(float(sbx["boot_ms"]))
         api.delete_sandbox(sbx["id"])
 
@@ -341,13 +223,13 @@ def _fork_tree(api: Api, parent_id: str, run_dir: Path, paths: Paths, s: Samples
     before = set(find_own_qemus(run_dir))
     started = time.monotonic()
     tree = api.fork_tree(parent_id, TREE_COUNT)
-    s.tree_call_ms = _ms_since(started)
+    s.tree_call_ms = ms_since(started)
     if tree["errors"] or len(tree["children"]) != TREE_COUNT:
         raise BenchError(f"fork-tree made {len(tree['children'])} of {TREE_COUNT} children; errors: {tree['errors']}")
 
     def first_exec(child_id: str) -> float:
         api.exec(child_id, "true")
-        return _ms_since(started)
+        return ms_since(started)
 
     with ThreadPoolExecutor(max_workers=TREE_COUNT) as pool:
         s.tree_child_ready_ms = list(pool.map(first_exec, [c["id"] for c in tree["children"]]))
@@ -389,12 +271,6 @@ def qemu_version(binary: str | None = None) -> str:
         return "unknown"
 
 
-def version_key(version_line: str) -> str:
-    """``"10.0.2"`` for ``QEMU emulator version 10.0.2 (Debian ...)`` (the whole line if it has no number)."""
-    found = re.search(r"version (\d+(?:\.\d+)*)", version_line)
-    return found.group(1) if found else version_line
-
-
 def hot_dir_bytes(hot_dir: Path) -> int:
     """Bytes allocated by every file under the hot dir (0 when it does not exist)."""
     total = 0
@@ -416,7 +292,7 @@ def _dirty_sweep(api: Api, paths: Paths, s: Samples, console: Console) -> None:
         api.exec(sbx["id"], _sweep_cmd(mib))
         started = time.monotonic()
         snap = api.snapshot(sbx["id"])
-        wall = _ms_since(started)
+        wall = ms_since(started)
         manifest = _read_manifest(paths, snap["id"])
         s.dirty_sweep.append(
             {
@@ -626,127 +502,6 @@ def build_result(
         "pause_ratio_issue18": result["pause_ratio"] <= TARGETS["pause_ratio_issue18_max"],
     }
     return result
-
-
-COMPARED = (
-    ("pause_ms_512_p50", ("pause_ms_512", "p50")),
-    ("pause_ms_2048_p50", ("pause_ms_2048", "p50")),
-    ("pause_ratio", ("pause_ratio",)),
-    ("qemu_downtime_ms_512_p50", ("capture_512", "qemu_downtime_ms", "p50")),
-    ("qemu_downtime_ms_2048_p50", ("capture_2048", "qemu_downtime_ms", "p50")),
-    ("snapshot_ms_p50", ("snapshot_ms", "p50")),
-    ("snapshot_ms_2048_p50", ("snapshot_ms_2048", "p50")),
-    ("restore_ms_p50", ("restore_ms", "p50")),
-    ("lazy_pause_ms_p50", ("lazy_pause_ms", "p50")),
-    ("shm_mib_after_10_snapshots", ("shm_mib_after_10_snapshots",)),
-)
-
-
-def _dig(result: dict[str, Any], path: tuple[str, ...]) -> Any:
-    value: Any = result
-    for key in path:
-        if not isinstance(value, dict) or value.get(key) is None:
-            return None
-        value = value[key]
-    return value
-
-
-def combine_results(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """One JSON for several binaries: the first (default) binary's result at the top level, every binary's under
-    ``by_qemu[<version>]`` and the headline numbers side by side in ``qemu_comparison``."""
-    if not results:
-        raise BenchError("no results")
-    by_qemu: dict[str, dict[str, Any]] = {}
-    for result in results:
-        key = version_key(str(result["qemu"]))
-        if key in by_qemu:
-            key = f"{key} ({result['qemu_binary']})"
-        by_qemu[key] = result
-    comparison = {name: {key: _dig(r, path) for key, r in by_qemu.items()} for name, path in COMPARED}
-    return {**results[0], "by_qemu": by_qemu, "qemu_comparison": comparison}
-
-
-def _fmt(value: float) -> str:
-    return f"{value:,.1f}" if abs(value) < 100 else f"{value:,.0f}"
-
-
-def result_table(result: dict[str, Any]) -> Table:
-    """The result as a table that fits 80 columns (targets are checked on p50s)."""
-    machine = result["machine"]
-    table = Table(title=f"cryobox bench snapshot ({machine['accelerator']}, {machine['cores']} cores, n={result['n']})")
-    for col in ("metric", "p50", "p90", "max", "n", "target"):
-        table.add_column(col, justify="left" if col == "metric" else "right")
-    targets, checks = result["targets"], result["checks"]
-
-    def verdict(ok: bool, limit: float) -> str:
-        return f"[green]≤ {limit} ok[/]" if ok else f"[red]≤ {limit} MISS[/]"
-
-    def row(label: str, st: dict[str, float], target: str = "") -> None:
-        table.add_row(label, _fmt(st["p50"]), _fmt(st["p90"]), _fmt(st["max"]), str(st["n"]), target)
-
-    def single(label: str, value: float, target: str = "", ratio: bool = False) -> None:
-        table.add_row(label, f"{value:.2f}" if ratio else _fmt(value), "", "", "", target)
-
-    row(
-        f"pause ms 512M ({result['dirty_mib']}M dirty)",
-        result["pause_ms_512"],
-        verdict(checks["pause_ms_512_p50"], targets["pause_ms_512_max"]),
-    )
-    row("pause ms 2048M", result["pause_ms_2048"])
-    for mib in (512, 2048):
-        if "qemu_downtime_ms" in result[f"capture_{mib}"]:
-            row(f"  QEMU downtime ms {mib}M", result[f"capture_{mib}"]["qemu_downtime_ms"])
-    single(
-        "pause ratio 2048M/512M",
-        result["pause_ratio"],
-        verdict(checks["pause_ratio"], targets["pause_ratio_max"]),
-        ratio=True,
-    )
-    row("snapshot call ms 512M", result["snapshot_ms"])
-    row("snapshot call ms 2048M", result["snapshot_ms_2048"])
-    row("restore ms (+first exec)", result["restore_ms"])
-    row("  create call ms", result["restore_call_ms"])
-    row("  first exec ms", result["restore_first_exec_ms"])
-    row("  server boot_ms", result["restore_boot_ms"])
-    single("fork-tree 16 ms (all exec)", result["fork_tree16_ms"])
-    single("  fork-tree call ms", result["fork_tree16_call_ms"])
-    row("  child boot_ms", result["fork_tree16_child_boot_ms"])
-    single(
-        "fork-tree / restore p50",
-        result["fork_tree_over_restore"],
-        verdict(checks["fork_tree_over_restore"], targets["fork_tree_over_restore_max"]),
-        ratio=True,
-    )
-    single("Pss 16 restores MiB", result["pss_16_restores_mib"])
-    row("  Pss per restore MiB", result["pss_per_restore_mib"])
-    single("  guest RAM map MiB", result["pss_guest_ram_16_restores_mib"])
-    single("  rest of QEMU MiB", result["pss_qemu_other_16_restores_mib"])
-    single("  Rss 16 restores MiB", result["rss_16_restores_mib"])
-    single("private copy MiB", result["private_copy_mib"])
-    single("16 private copies MiB", result["private_copies_16_mib"])
-    single("Pss ratio", result["pss_ratio"], verdict(checks["pss_ratio"], targets["pss_ratio_max"]), ratio=True)
-    single("  guest RAM map only", result["pss_ratio_guest_ram"], ratio=True)
-    if result.get("lazy_pause_ms"):
-        row("lazy pause ms (512M)", result["lazy_pause_ms"])
-    for point in result.get("dirty_sweep", []):
-        single(f"2048M, {point['dirtied_mib']:.0f}M dirtied: snap ms", point["snapshot_ms"])
-        single("  unique MiB", point["unique_mib"])
-        single("  shared MiB", point["shared_mib"])
-    if result.get("shm_mib_after_10_snapshots") is not None:
-        single(f"hot dir MiB after {SHM_SNAPSHOTS} snaps", result["shm_mib_after_10_snapshots"])
-    return table
-
-
-def comparison_table(result: dict[str, Any]) -> Table:
-    """The headline numbers of every binary measured, side by side."""
-    versions = list(result["by_qemu"])
-    table = Table(title="QEMU binaries compared")
-    table.add_column("metric")
-    for version in versions:
-        table.add_column(version, justify="right")
-    for name, values in result["qemu_comparison"].items():
-        table.add_row(name, *("" if values[v] is None else _fmt(float(values[v])) for v in versions))
-    return table
 
 
 def _run_one(binary: str, *, n: int, cache_dir: Path | None, console: Console, tmp: Path, label: str) -> dict[str, Any]:

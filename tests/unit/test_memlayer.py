@@ -236,3 +236,17 @@ async def test_a_hot_copy_gets_its_holes_back_when_the_last_capture_ends(tmp_pat
             pass  # a VM that maps no hot copy
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_a_hot_copy_that_went_away_mid_capture_does_not_fail_the_capture(tmp_path: Path) -> None:
+    root = Path(f"/dev/shm/cryobox-test-hot-gone-{os.getpid()}")
+    try:
+        hot = HotImages(root)
+        hot.wipe()
+        copy = await hot.ensure("tpl-b", _image(tmp_path / "memory", {0: 1}, size_pages=64))
+        async with hot.capturing("tpl-b"):
+            copy.unlink()
+            copy.mkdir()  # something else took its place: punching it fails
+        assert copy.is_dir()  # nothing raised out of the capture
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -43,6 +44,7 @@ from .volume import allocated_bytes, copy_sparse
 
 _KEY = re.compile(r"[A-Za-z0-9._-]{1,200}")
 ENV_BUDGET = "CRYOBOX_HOT_BUDGET_MIB"
+log = logging.getLogger(__name__)
 PIN_S = 60.0
 
 
@@ -161,7 +163,10 @@ class HotImages:
             self._capturing[key] -= 1
             if not self._capturing[key]:
                 del self._capturing[key]
-                await asyncio.to_thread(self.punch_zeros, key)
+                try:
+                    await asyncio.to_thread(self.punch_zeros, key)
+                except OSError as err:  # only bytes given back late; the capture itself is done
+                    log.warning("could not give the zero ranges of hot copy %s back: %s", key, err)
 
     def punch_zeros(self, key: str) -> int:
         """Punch the copy ``key`` wherever it had a hole when it was made; returns the bytes freed. Only while no

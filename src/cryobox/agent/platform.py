@@ -289,7 +289,7 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
     hot = HotImages(paths.hot_dir, default_budget(paths.hot_dir))
     await asyncio.to_thread(hot.wipe, found.hot_keys(hot))
     snapshots = SnapshotStore(paths.snapshots_dir, hot, qemu_version())
-    hibernation = SnapshotStore(paths.hibernate_dir, hot, qemu_version())
+    hibernation = SnapshotStore(paths.hibernate_dir, hot, qemu_version(), bases=snapshots.bases)
     for partial in await asyncio.to_thread(snapshots.sweep_partials):
         log.info("removed unfinished snapshot %s", partial)
     await asyncio.to_thread(sweep_hibernation, hibernation, found.hibernation_dirs())

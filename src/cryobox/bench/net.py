@@ -37,7 +37,7 @@ from ..config import DEFAULT_CACHE_DIR, Paths
 from .report import write_result
 from .server import ServeProcess
 from .snapshot import capture_breakdown, qemu_version, stats_n
-from .snapshot_api import Api
+from .snapshot_api import Api, api_session
 from .snapshot_report import BenchError
 
 SLOT_N = 8  # acquires timed per pool kind
@@ -505,8 +505,7 @@ def run_net_bench(
             data_dir = Path(tmp) / f"data-{prespawn}"
             console.print(f"starting cryobox serve (prespawn {prespawn})")
             with ServeProcess(data_dir, cache_dir=cache_dir, prespawn=prespawn) as server:
-                api = Api(server.url, server.api_key)
-                try:
+                with api_session(server.url, server.api_key, console) as api:
                     info = api.call("GET", "/v1/info", 200)
                     if prespawn == CLOCK_PRESPAWN:
                         console.print(f"clock error at create, snapshot ages {[age_key(a) for a in age_list]} s")
@@ -515,13 +514,6 @@ def run_net_bench(
                     else:
                         console.print(f"create latency, {creates} creates of base from the warm pool")
                         measure_creates(api, prespawn, creates, s, console)
-                finally:
-                    failures = api.cleanup()
-                    api.close()
-                    for failure in failures:
-                        console.print(f"[red]cleanup: {failure}[/]")
-                if failures:
-                    raise BenchError("cleanup failed: " + "; ".join(failures))
             s.leftovers.extend(check_server_net(data_dir))
 
     s.load_avg["end"] = [round(x, 2) for x in os.getloadavg()]

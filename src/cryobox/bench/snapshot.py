@@ -46,7 +46,7 @@ from ..errors import CryoboxError
 from .pss import allocated_bytes, parse_rollup, smaps_mapping_kib, sum_mib
 from .report import write_result
 from .server import ServeProcess
-from .snapshot_api import Api, ms_since
+from .snapshot_api import Api, api_session, ms_since
 from .snapshot_report import SHM_SNAPSHOTS, BenchError, combine_results, comparison_table, result_table
 from .stats import stats
 
@@ -514,30 +514,16 @@ def _run_one(binary: str, *, n: int, cache_dir: Path | None, console: Console, t
     console.print(f"[bold]{version}[/] ({binary}): starting cryobox serve (prespawn 0)")
     with ServeProcess(data_dir, cache_dir=cache_dir, prespawn=0, extra_env=env, extra_args=HOT_ARGS) as server:
         paths = Paths(data_dir.resolve(), cache)
-        api = Api(server.url, server.api_key)
-        try:
+        with api_session(server.url, server.api_key, console) as api:
             info = api.call("GET", "/v1/info", 200)
             samples = measure(api, n, paths, console)
-        finally:
-            failures = api.cleanup()
-            api.close()
-            for failure in failures:
-                console.print(f"[red]cleanup: {failure}[/]")
-        if failures:
-            raise BenchError("cleanup failed: " + "; ".join(failures))
 
     lazy_dir = tmp / f"lazy-{label}"
     console.print(f"{version}: lazy server (--memory lazy), {n} snapshots of lazily paged base sandboxes")
     with ServeProcess(lazy_dir, cache_dir=cache_dir, prespawn=0, extra_env=env, extra_args=LAZY_ARGS) as server:
         paths = Paths(lazy_dir.resolve(), cache)
-        api = Api(server.url, server.api_key)
-        try:
+        with api_session(server.url, server.api_key, console) as api:
             measure_lazy(api, n, paths, console, samples)
-        finally:
-            failures = api.cleanup()
-            api.close()
-        if failures:
-            raise BenchError("cleanup failed: " + "; ".join(failures))
 
     return build_result(
         samples,

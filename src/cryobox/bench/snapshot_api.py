@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -122,3 +124,19 @@ class Api:
 
 def ms_since(started: float) -> float:
     return (time.monotonic() - started) * 1000
+
+
+@contextmanager
+def api_session(url: str, api_key: str, console: Console) -> Iterator[Api]:
+    """An :class:`Api` that deletes what it created and closes on the way out; a failed cleanup is printed and,
+    after a body that succeeded, raised (:class:`BenchError`)."""
+    api = Api(url, api_key)
+    try:
+        yield api
+    finally:
+        failures = api.cleanup()
+        api.close()
+        for failure in failures:
+            console.print(f"[red]cleanup: {failure}[/]")
+    if failures:
+        raise BenchError("cleanup failed: " + "; ".join(failures))

@@ -13,7 +13,7 @@ from ..agent.store.leases import REFRESH_S
 from ..agent.store.objstore import open_store
 from ..agent.store.storegc import KINDS, GcPolicy, GcReport, collect
 
-out = Console()
+out = Console(soft_wrap=True)  # a line per object or summary, never broken at the terminal width (scripts grep it)
 MIN_GRACE_S = 5 * REFRESH_S  # leases are re-put every REFRESH_S: a shorter grace could expire a live one
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}

@@ -181,12 +181,14 @@ async def test_a_create_no_agent_can_serve_creates_nothing(cluster: MakeCluster)
         await c.create("gpu")
     with pytest.raises(NotFound):
         await c.create("nope")  # not even a row
-    # a snapshot taken on a template generation no agent serves any more
+    # a snapshot taken on a template generation no agent serves any more: waiting cannot help, so 409, not 503
     c.registry.add_snapshot(
         SnapshotRow(id="snap-old", workspace_id=c.ws, template="base", path="", location="stored", generation="g0")
     )
-    with pytest.raises(HostUnavailable):
+    with pytest.raises(StateError) as refused:
         await c.create(from_snapshot="snap-old")
+    assert refused.value.http_status == 409
+    assert refused.value.details["generation"] == "g0" and refused.value.details["served"] == {"a": "g1", "b": "g1"}
     assert c.total_calls("create") == 0
     assert c.rows() == [] and c.registry.fleet.reservations() == []
     assert c.held("a") == set() and c.held("b") == set()

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from cryobox.errors import HostUnavailable
+from cryobox.errors import HostUnavailable, StateError
 from cryobox.registry import AgentLoad, AgentRow, Registry, ReservationRow, SandboxRow
 from cryobox.server.placement import (
     IN_FLIGHT_PENALTY_MIB,
@@ -22,6 +22,7 @@ from cryobox.server.placement import (
     Placement,
     PlacementRequest,
     choose,
+    require_servable,
 )
 from tests.unit import registry_support
 from tests.unit.registry_support import T0, Clock
@@ -204,6 +205,20 @@ def test_only_agents_serving_the_template_and_generation() -> None:
     assert choose(replace(BASE, template="other"), [a, b, c]) == "c"
     assert choose(replace(BASE, template="gpu"), [a, b, c]) is None
     assert choose(BASE, [load("x", templates={})]) is None
+
+
+def test_a_generation_no_registered_agent_serves_is_a_conflict_not_capacity() -> None:
+    a = load("a", status="down", templates={"base": "g1"}).agent
+    b = load("b", templates={"base": "g2"}).agent
+    require_servable(BASE, [a, b])  # a template create names no generation
+    require_servable(replace(BASE, generation="g1"), [a, b])  # a is down: it may come back, so 503 later
+    require_servable(replace(BASE, generation="g2", only="b"), [a, b])
+    for refused in (replace(BASE, generation="g0"), replace(BASE, generation="g1", only="b")):
+        with pytest.raises(StateError) as error:
+            require_servable(refused, [a, b])
+        assert error.value.http_status == 409 and error.value.details["generation"] == refused.generation
+    with pytest.raises(StateError):
+        require_servable(replace(BASE, generation="g1"), [])
 
 
 def test_only_restricts_to_one_agent() -> None:

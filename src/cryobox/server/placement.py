@@ -26,7 +26,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..registry import AgentLoad, Registry, ReservationRow, SandboxRow
+from ..errors import StateError
+from ..registry import AgentLoad, AgentRow, Registry, ReservationRow, SandboxRow
 
 DEFAULT_RESERVATION_TTL_S = 60.0
 IN_FLIGHT_PENALTY_MIB = 512
@@ -89,6 +90,28 @@ def choose(request: PlacementRequest, loads: list[AgentLoad]) -> str | None:
     return best[1] if best is not None else None
 
 
+def require_servable(request: PlacementRequest, agents: list[AgentRow]) -> None:
+    """Refuse (409, nothing reserved) a restore whose template generation no registered agent serves.
+
+    Waiting cannot help such a create: the snapshot was taken on a generation (template, kernel, QEMU version)
+    that every agent has moved past, so it is not the 503 ``capacity`` of a full or silent fleet. An agent that
+    serves it but is down, draining or full still gets the 503 from :meth:`Placement.reserve`.
+    """
+    if request.generation is None:
+        return
+    candidates = [a for a in agents if request.only is None or a.name == request.only]
+    served = {a.name: (a.capacity.get("templates_ready") or {}).get(request.template) for a in candidates}
+    if request.generation in served.values():
+        return
+    raise StateError(
+        f"no agent serves generation {request.generation} of template {request.template!r} any more (the snapshot "
+        "was taken on another template build or QEMU version); restore it where that generation runs",
+        state=f"generation {request.generation}",
+        required="an agent serving it",
+        details={"generation": request.generation, "template": request.template, "served": served},
+    )
+
+
 class Placement:
     """Reserve / commit / release against the registry (shared by every control-plane replica)."""
 
@@ -107,6 +130,7 @@ class Placement:
 
     async def reserve(self, request: PlacementRequest, sandbox_id: str | None = None) -> ReservationRow:
         now = self.clock()
+        require_servable(request, await asyncio.to_thread(self.registry.fleet.list_agents))
         return await asyncio.to_thread(
             lambda: self.registry.fleet.reserve(
                 memory_mib=request.memory_mib,

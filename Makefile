@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 CRYOBOX := $(VENV)/bin/cryobox
 APT_PACKAGES := qemu-system-x86 qemu-utils debootstrap busybox-static e2fsprogs postgresql xfsprogs nftables fuse3 libfuse3-3 protobuf-compiler libprotobuf-dev
 PYTEST_ARGS ?=
+# two workers (pytest-xdist), a file's tests on one worker; a short base temp dir, because VM sockets live under it
+# and a unix socket path has 107 bytes (pytest's own /tmp/pytest-of-root/pytest-N/popen-gwN/... is too long)
+PYTEST_PARALLEL ?= -n 2 --dist loadfile --basetemp=/tmp/cbx-t
 ARGS ?=
 # QEMU 10 from bookworm-backports, unpacked beside the system's 7.2 (not installed as the system QEMU): measured
 # against 7.2 by `make bench` (docs/ARCHITECTURE.md, "Snapshots"); VMs use it only with CRYOBOX_QEMU=$(QEMU10).
@@ -47,7 +50,7 @@ lint: venv
 	$(VENV)/bin/mypy
 
 test: setup lint
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 unit: venv
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)

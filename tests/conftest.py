@@ -1,8 +1,10 @@
 """Session-wide guard: whatever the suite starts on this host, it must leave nothing behind.
 
 The host's QEMU processes, network namespaces, nft tables, mounts, ``/dev/shm`` entries and VM cgroups are recorded when
-the session starts and compared when it ends (after every other fixture's teardown): anything new that is
-still there is a leak, and fails the run.
+the session starts and compared when it ends (after every fixture's teardown): anything new that is still there is
+a leak, and fails the run. With ``pytest -n`` (pytest-xdist, as ``make test`` runs it) only the controller checks,
+before its workers start and after all of them have finished, so one worker's live VMs are never taken for the
+other's leaks.
 """
 
 from __future__ import annotations
@@ -10,11 +12,13 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+HostState = dict[str, set[str]]
+BEFORE = pytest.StashKey[HostState]()
+LEAKS = pytest.StashKey[dict[str, list[str]]]()
 SETTLE_S = 15.0  # processes killed by a teardown may take a moment to be reaped
 # VMs (and the memory server) outlive a stopped agent by default; every server or agent the suite starts stops
 # with ``kill`` unless a test asks for ``keep`` (and then cleans up itself)
@@ -56,11 +60,30 @@ def leaks(before: dict[str, set[str]], after: dict[str, set[str]]) -> dict[str, 
     return {kind: sorted(after[kind] - before[kind]) for kind in after if after[kind] - before[kind]}
 
 
-@pytest.fixture(scope="session", autouse=True)
-def nothing_left_on_the_host() -> Iterator[None]:
-    before = host_state()
-    yield
+def _checks(config: pytest.Config) -> bool:
+    """The process that owns the run: a plain pytest, or xdist's controller (never one of its workers)."""
+    return not hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if _checks(session.config):
+        session.config.stash[BEFORE] = host_state()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    before = session.config.stash.get(BEFORE, None)
+    if before is None or not _checks(session.config):
+        return
     deadline = time.monotonic() + SETTLE_S
     while (found := leaks(before, host_state())) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not found, f"the test suite left these on the host: {found}"
+    if found:
+        session.config.stash[LEAKS] = found
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    found = config.stash.get(LEAKS, None)
+    if found:
+        terminalreporter.section("left on the host", sep="=", red=True, bold=True)
+        terminalreporter.write_line(f"FAILED: the test suite left these on the host: {found}", red=True)

@@ -14,7 +14,16 @@ from rich.table import Table
 from .. import models
 from ..errors import CryoboxError
 
-out = Console()
+PIPE_WIDTH = 1000
+"""Output that is not a terminal (a pipe, a file, a test's runner) is never cut at 80 columns: scripts read it."""
+
+
+def stdout_console() -> Console:
+    """A console for a command's output: the terminal's width on a terminal, :data:`PIPE_WIDTH` otherwise."""
+    return Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
+
+
+out = stdout_console()
 err = Console(stderr=True)
 
 Json = Annotated[bool, typer.Option("--json", help="machine-readable output")]

@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from ..agent.gc import Outcome, Plan, apply, plan, summary
 from ..agent.gcscan import Roots, host_effects, scan
 from ..agent.ownership import owners_dir_from_env
 from ..config import Paths
+from ._common import stdout_console
 from .storegc_cmd import run_store_gc
 
-out = Console()
+out = stdout_console()
 
 
 def gc(

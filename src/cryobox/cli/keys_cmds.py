@@ -17,6 +17,7 @@ from rich.table import Table
 from ..agent.sandbox import rfc3339
 from ..config import Paths
 from ..errors import CryoboxError, NotFound
+from ._common import stdout_console
 
 if TYPE_CHECKING:  # the registry (SQLAlchemy, Alembic) is imported when a keys command runs, not at CLI start
     from ..registry import Registry, WorkspaceInfo
@@ -24,7 +25,7 @@ if TYPE_CHECKING:  # the registry (SQLAlchemy, Alembic) is imported when a keys 
 keys_app = typer.Typer(
     help="API keys (stored hashed; the plaintext is shown once) and workspace quotas.", no_args_is_help=True
 )
-out = Console()
+out = stdout_console()
 err = Console(stderr=True)
 
 DataDir = Annotated[

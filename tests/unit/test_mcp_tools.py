@@ -149,7 +149,7 @@ async def test_an_api_error_is_a_tool_error_with_the_apis_body(status: int, code
     result = await call_tool(api.binding(), "exec", {"sandbox_id": "sbx_9", "command": "true"})
     assert result.isError
     assert body(result) == wire
-    assert len(api.requests) == 1 and api.requests[0].url.path == "/v1/sandboxes/sbx_9"
+    assert len(api.requests) == 1 and api.requests[0].url.path == "/v1/sandboxes/sbx_9/exec"  # the one request
 
 
 async def test_the_key_never_leaves_in_a_result_or_an_error() -> None:

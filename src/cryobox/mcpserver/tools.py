@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from .. import models
 from ..errors import InvalidArgument, NotFound
-from ..sdk import AsyncSandbox, AsyncSnapshots
+from ..sdk import AsyncSandbox, AsyncSnapshots, ClientConfig
 from . import args as a
 from .results import failure, invalid_arguments, success
 
@@ -41,7 +41,14 @@ class _Call:
     binding: ApiBinding
     http: httpx.AsyncClient
 
-    async def sandbox(self, sandbox_id: str) -> AsyncSandbox:
+    def sandbox(self, sandbox_id: str) -> AsyncSandbox:
+        """A handle on ``sandbox_id`` made without a request: the operation's own request is the one the API
+        checks (``not_found`` for a sandbox the caller cannot see), so a tool costs what the call it makes costs,
+        one request and one rate-limit token."""
+        config = ClientConfig.resolve(self.binding.api_url, self.binding.api_key)
+        return AsyncSandbox(models.Sandbox.model_construct(id=sandbox_id), config, self.http)
+
+    async def connect(self, sandbox_id: str) -> AsyncSandbox:
         """:raises NotFound: no such sandbox in the caller's workspace."""
         return await AsyncSandbox.connect(
             sandbox_id, api_url=self.binding.api_url, api_key=self.binding.api_key, http=self.http
@@ -70,7 +77,7 @@ async def create_sandbox(call: _Call, args: a.CreateSandboxArgs) -> dict[str, An
 
 
 async def exec_(call: _Call, args: a.ExecArgs) -> dict[str, Any]:
-    sbx = await call.sandbox(args.sandbox_id)
+    sbx = call.sandbox(args.sandbox_id)
     result = await sbx.exec(args.command, timeout_seconds=args.timeout_seconds, env=args.env or None, cwd=args.cwd)
     return {
         "exit_code": result.exit_code,
@@ -81,7 +88,7 @@ async def exec_(call: _Call, args: a.ExecArgs) -> dict[str, Any]:
 
 
 async def run_code(call: _Call, args: a.RunCodeArgs) -> dict[str, Any]:
-    sbx = await call.sandbox(args.sandbox_id)
+    sbx = call.sandbox(args.sandbox_id)
     execution = await sbx.run_code(args.code, context=args.context_id, timeout_seconds=args.timeout_seconds)
     return {
         "results": [_plain(r) for r in execution.results],
@@ -94,7 +101,7 @@ async def run_code(call: _Call, args: a.RunCodeArgs) -> dict[str, Any]:
 
 
 async def read_file(call: _Call, args: a.ReadFileArgs) -> dict[str, Any]:
-    sbx = await call.sandbox(args.sandbox_id)
+    sbx = call.sandbox(args.sandbox_id)
     data = await sbx.filesystem.read(args.path)
     if args.encoding == "base64":
         content = base64.b64encode(data).decode("ascii")
@@ -120,13 +127,13 @@ def decode_content(content: str, encoding: str) -> bytes:
 
 async def write_file(call: _Call, args: a.WriteFileArgs) -> dict[str, Any]:
     data = decode_content(args.content, args.encoding)
-    sbx = await call.sandbox(args.sandbox_id)
+    sbx = call.sandbox(args.sandbox_id)
     written = await sbx.filesystem.write(args.path, data)
     return {"path": args.path, "bytes": written}
 
 
 async def list_files(call: _Call, args: a.ListFilesArgs) -> dict[str, Any]:
-    sbx = await call.sandbox(args.sandbox_id)
+    sbx = call.sandbox(args.sandbox_id)
     entries = await sbx.filesystem.list(args.path)
     return {"path": args.path, "entries": [e.model_dump(mode="json") for e in entries]}
 
@@ -136,7 +143,7 @@ def snapshot_labels(args: a.SnapshotArgs) -> dict[str, str]:
 
 
 async def snapshot(call: _Call, args: a.SnapshotArgs) -> dict[str, Any]:
-    sbx = await call.sandbox(args.sandbox_id)
+    sbx = call.sandbox(args.sandbox_id)
     return _plain(await sbx.snapshot(snapshot_labels(args), retain=args.retain))
 
 
@@ -146,7 +153,7 @@ async def restore(call: _Call, args: a.RestoreArgs) -> dict[str, Any]:
 
 
 async def fork_tree(call: _Call, args: a.ForkTreeArgs) -> dict[str, Any]:
-    sbx = await call.sandbox(args.sandbox_id)
+    sbx = call.sandbox(args.sandbox_id)
     tree = await sbx.fork_tree(args.count, metadata=args.metadata or None)
     return {
         "tree_id": tree.tree_id,
@@ -175,7 +182,7 @@ async def list_snapshots(call: _Call, args: a.ListSnapshotsArgs) -> dict[str, An
 
 
 async def kill(call: _Call, args: a.KillArgs) -> dict[str, Any]:
-    sbx = await call.sandbox(args.sandbox_id)  # not_found for a sandbox the caller cannot see
+    sbx = await call.connect(args.sandbox_id)  # not_found for a sandbox the caller cannot see (kill() ignores it)
     await sbx.kill()
     return {"id": args.sandbox_id, "killed": True}
 

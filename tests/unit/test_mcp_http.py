@@ -16,6 +16,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from cryobox.mcpserver.http import McpEndpoint
 from cryobox.registry import Registry
+from cryobox.server.ratelimit import RateLimiter
 from tests.unit.serving import app_of
 from tests.unit.test_quotas import Env, agent, env, limits, quota, registry
 
@@ -140,3 +141,17 @@ async def test_no_key_a_bad_key_or_a_key_in_the_url_is_401_in_the_apis_shape(env
 async def test_outside_the_lifespan_the_endpoint_answers_503(env: Env) -> None:
     response = await env.client.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
     assert response.status_code == 503 and response.json()["code"] == "capacity"
+
+
+async def test_a_tool_call_spends_one_token_of_the_callers_own_rate_limit(env: Env) -> None:
+    app = app_of(env)
+    app.state.ctx.limiter = RateLimiter(rate_per_s=0.001, burst=4, clock=lambda: 1000.0)  # no refill in the test
+    sid = await env.made()  # token 1, through the API
+    async with session(app, key_of(env.registry, "alpha")) as mcp:  # initialize and list_tools spend none
+        assert (await call(mcp, "list_sandboxes"))["sandboxes"][0]["id"] == sid  # token 2
+        await call(mcp, "exec", sandbox_id=sid, command="true")  # token 3: no lookup before the exec
+        assert (await env.client.get(f"/v1/sandboxes/{sid}")).status_code == 200  # token 4, the same bucket
+        limited = await fails(mcp, "exec", sandbox_id=sid, command="true")
+        assert limited["code"] == "rate_limited"
+    async with session(app, key_of(env.registry, "beta")) as other:  # another workspace: its own bucket
+        assert (await call(other, "list_sandboxes"))["sandboxes"] == []

@@ -18,6 +18,7 @@ from cryobox.mcpserver.http import McpEndpoint
 from cryobox.registry import Registry
 from cryobox.server.ratelimit import RateLimiter
 from tests.unit.serving import app_of
+from tests.unit.test_metrics import requests_total
 from tests.unit.test_quotas import Env, agent, env, limits, quota, registry
 
 __all__ = ["agent", "env", "quota", "registry"]
@@ -100,6 +101,9 @@ async def test_the_tools_over_http_act_as_the_caller(env: Env) -> None:
         assert (await call(mcp, "list_sandboxes"))["sandboxes"] == []
         again = await fails(mcp, "kill", sandbox_id=sid)
         assert again["code"] == "not_found"
+    # the MCP requests and the API requests their tools made are both counted, each under its own route
+    assert requests_total(env.control.metrics, "/mcp", "POST", "200") >= 10
+    assert requests_total(env.control.metrics, "/v1/sandboxes/{sandbox_id}/exec", "POST", "404") == 1
 
 
 async def test_another_workspace_cannot_see_or_kill_the_sandbox(env: Env) -> None:

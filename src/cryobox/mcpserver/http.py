@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.requests import Request
+from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import CryoboxError, HostUnavailable, Unauthorized
@@ -87,6 +88,20 @@ class McpEndpoint:
             await _refuse(send, HostUnavailable("the MCP endpoint is not running (the app is starting or stopping)"))
             return
         await manager.handle_request(scope, receive, send)
+
+
+class McpRoute(Route):
+    """The route of ``/mcp``. FastAPI's router sets ``scope["route"]`` (the metrics' route label) only for its own
+    routes; this plain ASGI route sets it too, so ``/mcp`` is counted as ``/mcp``, not ``unmatched``."""
+
+    def __init__(self, endpoint: McpEndpoint) -> None:
+        super().__init__(PATH, endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        match, child = super().matches(scope)
+        if match is not Match.NONE:
+            child["route"] = self
+        return match, child
 
 
 async def _refuse(send: Send, err: CryoboxError) -> None:

@@ -9,15 +9,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from fastapi import FastAPI
-from starlette.routing import Route
 
 from .. import __version__
 from ..agent.vm import Accel
 from ..agentapi import Agent
 from ..agentapi import models as am
 from ..agentapi.heartbeat import heartbeat_of
-from ..mcpserver.http import PATH as MCP_PATH
-from ..mcpserver.http import McpEndpoint
+from ..mcpserver.http import McpEndpoint, McpRoute
 from .control import ControlPlane
 from .deps import AppContext
 from .e2b.access import SandboxAccess
@@ -165,7 +163,7 @@ def create_app(
     app.include_router(code_router)
     app.include_router(repl_router)
     mcp = app.state.mcp = McpEndpoint(app)  # its tools call this app in process, with the caller's key
-    app.router.routes.append(Route(MCP_PATH, mcp, methods=["GET", "POST", "DELETE"], include_in_schema=False))
+    app.router.routes.append(McpRoute(mcp))
     # the sandbox URL first: the E2B API's catch-all 404 would otherwise answer for it
     app.state.envd = mount_sandbox_url(app, sandbox_access, app.state.ctx.proxy)
     app.include_router(e2b_router)

@@ -94,6 +94,17 @@ async def test_the_tools_over_http_act_as_the_caller(env: Env) -> None:
         assert text["code"] == "invalid_argument"  # not UTF-8
         listed = await call(mcp, "list_sandboxes", metadata={"job": "mcp"})
         assert [s["id"] for s in listed["sandboxes"]] == [sid]
+        snap = await call(mcp, "snapshot", sandbox_id=sid, label="one", retain=True)
+        assert snap["sandbox_id"] == sid and snap["labels"] == {"label": "one"} and snap["retain"] is True
+        labelled = await call(mcp, "list_snapshots", labels={"label": "one"})
+        assert [s["id"] for s in labelled["snapshots"]] == [snap["id"]]
+        restored = await call(mcp, "restore", snapshot_id=snap["id"], metadata={"job": "restored"})
+        assert restored["from_snapshot"] == snap["id"] and restored["id"] != sid
+        tree = await call(mcp, "fork_tree", sandbox_id=sid, count=2)
+        assert tree["parent_id"] == sid and len(tree["children"]) == 2 and tree["errors"] == []
+        assert env.rows() == 4
+        for child in [restored, *tree["children"]]:
+            await call(mcp, "kill", sandbox_id=child["id"])
         missing = await fails(mcp, "exec", sandbox_id="sbx_nope", command="true")
         assert missing["code"] == "not_found" and missing["error"]
         gone = await call(mcp, "kill", sandbox_id=sid)

@@ -17,6 +17,7 @@ from .fleet_cmds import control as control_cmd
 from .gc_cmd import gc
 from .inspect_cmds import inspect_app
 from .keys_cmds import keys_app
+from .mcp_cmd import mcp
 from .sandbox_cmds import sandbox_app, template_app
 from .snapshot_cmds import snapshot_app
 
@@ -36,6 +37,7 @@ app.command("bisect")(bisect)
 app.add_typer(agent_app, name="agent")
 app.command("control")(control_cmd)
 app.command("gc")(gc)
+app.command("mcp")(mcp)
 console = Console(stderr=True)
 
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="platform state (default /var/lib/cryobox)")]

@@ -15,6 +15,7 @@ from ..agent.vm import Accel
 from ..agentapi import Agent
 from ..agentapi import models as am
 from ..agentapi.heartbeat import heartbeat_of
+from ..mcpserver.http import McpEndpoint, McpRoute
 from .control import ControlPlane
 from .deps import AppContext
 from .e2b.access import SandboxAccess
@@ -112,7 +113,8 @@ def create_app(
         if local:
             tasks.append(asyncio.create_task(every(every_s.heartbeat_s, "local heartbeat", beat)))
         try:
-            yield
+            async with mcp.run():  # the MCP SDK's session manager: its task group lives as long as the app
+                yield
         finally:
             for task in tasks:
                 task.cancel()
@@ -160,6 +162,8 @@ def create_app(
     app.include_router(procs_router)
     app.include_router(code_router)
     app.include_router(repl_router)
+    mcp = app.state.mcp = McpEndpoint(app)  # its tools call this app in process, with the caller's key
+    app.router.routes.append(McpRoute(mcp))
     # the sandbox URL first: the E2B API's catch-all 404 would otherwise answer for it
     app.state.envd = mount_sandbox_url(app, sandbox_access, app.state.ctx.proxy)
     app.include_router(e2b_router)

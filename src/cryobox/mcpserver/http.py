@@ -1,0 +1,113 @@
+"""``/mcp``: the MCP server over streamable HTTP on the control plane app (stateless, JSON responses).
+
+The API's gate (:class:`~cryobox.server.gate.AuthGateMiddleware`) has authenticated the request before it gets
+here: no key or a bad one is its 401 in the API's error body, and the MCP body is under its 1 MiB JSON cap. A key
+in the query string is refused here too (401), as the terminal websocket refuses one. A tool call then makes
+ordinary API requests to the same app, in process (``httpx.ASGITransport``), with the caller's key and client
+address: they pass the gate, the metrics, the body limits, the route's own authentication, workspace scoping,
+quotas and the per-workspace rate limit exactly as the caller's own requests would.
+
+The SDK's session manager runs a task group that must live inside the app's lifespan: :meth:`McpEndpoint.run`
+is entered there (a fresh manager per lifespan); outside of it the endpoint answers 503.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from starlette.requests import Request
+from starlette.routing import Match, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ..errors import CryoboxError, HostUnavailable, Unauthorized
+from ..sdk._base import CONNECT_TIMEOUT_S
+from ..server.gate import bearer
+from .server import build_server
+from .tools import ApiBinding
+
+PATH = "/mcp"
+URL_KEY_PARAMS = frozenset({"api_key", "apikey", "key", "token", "access_token"})
+TOOL_TIMEOUT_S = 300.0
+
+
+def _client_address(request: Request) -> tuple[str, int]:
+    return (request.client.host, request.client.port) if request.client else ("127.0.0.1", 0)
+
+
+class McpEndpoint:
+    """The ASGI app mounted at ``/mcp``; ``target`` is the control plane app its tools call."""
+
+    def __init__(self, target: ASGIApp) -> None:
+        self.target = target
+        self.server = build_server(self.binding)
+        self._manager: StreamableHTTPSessionManager | None = None
+
+    @contextlib.asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        manager = StreamableHTTPSessionManager(self.server, json_response=True, stateless=True)
+        async with manager.run():
+            self._manager = manager
+            try:
+                yield
+            finally:
+                self._manager = None
+
+    def binding(self, request: Any) -> ApiBinding:
+        """The API as the caller of ``request`` (the HTTP request an MCP message came in) sees it."""
+        if not isinstance(request, Request):
+            raise Unauthorized("no HTTP request to take the API key from")
+        key = bearer(request.scope.get("headers", []))
+        if key is None:  # the gate lets nothing without a key through; never call the API without one
+            raise Unauthorized("missing bearer API key (Authorization: Bearer <key>)")
+        base = f"{request.url.scheme}://{request.url.netloc}"
+        address = _client_address(request)
+
+        def open_client() -> httpx.AsyncClient:
+            transport = httpx.ASGITransport(app=self.target, client=address, raise_app_exceptions=False)
+            return httpx.AsyncClient(
+                transport=transport,
+                base_url=base,
+                headers={"Authorization": f"Bearer {key}", "User-Agent": "cryobox-mcp"},
+                timeout=httpx.Timeout(TOOL_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+            )
+
+        return ApiBinding(api_url=base, api_key=key, open_client=open_client)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope)
+        if URL_KEY_PARAMS & {name.lower() for name in request.query_params}:
+            await _refuse(send, Unauthorized("API keys in the URL are refused; send Authorization: Bearer <key>"))
+            return
+        manager = self._manager
+        if manager is None:
+            await _refuse(send, HostUnavailable("the MCP endpoint is not running (the app is starting or stopping)"))
+            return
+        await manager.handle_request(scope, receive, send)
+
+
+class McpRoute(Route):
+    """The route of ``/mcp``. FastAPI's router sets ``scope["route"]`` (the metrics' route label) only for its own
+    routes; this plain ASGI route sets it too, so ``/mcp`` is counted as ``/mcp``, not ``unmatched``."""
+
+    def __init__(self, endpoint: McpEndpoint) -> None:
+        super().__init__(PATH, endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        match, child = super().matches(scope)
+        if match is not Match.NONE:
+            child["route"] = self
+        return match, child
+
+
+async def _refuse(send: Send, err: CryoboxError) -> None:
+    body = json.dumps(err.to_wire()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if err.http_status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": err.http_status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

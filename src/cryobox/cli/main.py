@@ -204,15 +204,18 @@ def image_build(data_dir: DataDir = None, cache_dir: CacheDir = None) -> None:
     from ..agent.platform import HostConfig, prepare_templates
     from ..config import Paths
 
+    from ..util.progress import RoutedReporter, open_reporter
+
     config = HostConfig(paths=Paths.from_env(data_dir, cache_dir))
-    with console.status("building") as status:
+    with open_reporter(console) as reporter, reporter.phase("building images and templates") as building:
 
         def progress(line: str) -> None:
-            status.update(line[:100])
-            if not line.startswith("debootstrap: "):
-                console.print(line)
+            if line.startswith("debootstrap: "):
+                building.update(line[:100])
+            else:
+                reporter(line)
 
-        templates = asyncio.run(prepare_templates(config, progress))
+        templates = asyncio.run(prepare_templates(config, RoutedReporter(reporter, progress)))
     for name, template in templates.items():
         console.print(f"{name}: {template.generation} {template.path}")
 

@@ -19,6 +19,7 @@ from .inspect_cmds import inspect_app
 from .keys_cmds import keys_app
 from .sandbox_cmds import sandbox_app, template_app
 from .snapshot_cmds import snapshot_app
+from .template_cmds import template_create
 
 app = typer.Typer(help="cryobox: microVM sandboxes where every create is a snapshot restore.", no_args_is_help=True)
 image_app = typer.Typer(help="Guest images and templates.", no_args_is_help=True)
@@ -27,6 +28,7 @@ app.add_typer(image_app, name="image")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(template_app, name="template")
+template_app.command("create")(template_create)
 app.add_typer(keys_app, name="keys")
 app.add_typer(inspect_app, name="inspect")
 app.add_typer(bench_app, name="bench")
@@ -203,7 +205,6 @@ def image_build(data_dir: DataDir = None, cache_dir: CacheDir = None) -> None:
     """Build the guest images and bake the default templates (cached: a second run rebuilds nothing)."""
     from ..agent.platform import HostConfig, prepare_templates
     from ..config import Paths
-
     from ..util.progress import RoutedReporter, open_reporter
 
     config = HostConfig(paths=Paths.from_env(data_dir, cache_dir))

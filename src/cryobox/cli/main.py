@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from ..util.progress import open_reporter
 from .agent_cmds import agent_app
 from .capture_cmds import capture
 from .debug_cmds import bisect, debug
@@ -238,9 +239,12 @@ def bench_create(
     """Cold boot vs bare restore vs API create, each to the first exec answered, in one run."""
     from ..bench.create import run_create_bench
 
-    result = asyncio.run(
-        run_create_bench(n=n, template=template, out_dir=out_dir, cache_dir=cache_dir, console=console)
-    )
+    with open_reporter(console, as_json=as_json) as progress:
+        result = asyncio.run(
+            run_create_bench(
+                n=n, template=template, out_dir=out_dir, cache_dir=cache_dir, console=console, progress=progress
+            )
+        )
     _print_result(result, as_json)
 
 
@@ -263,7 +267,10 @@ def bench_snapshot(
     bytes, lazy pause; for each QEMU binary, in one run."""
     from ..bench.snapshot import run_snapshot_bench
 
-    result = run_snapshot_bench(n=n, out_dir=out_dir, cache_dir=cache_dir, console=console, qemus=qemu or [])
+    with open_reporter(console, as_json=as_json) as progress:
+        result = run_snapshot_bench(
+            n=n, out_dir=out_dir, cache_dir=cache_dir, console=console, progress=progress, qemus=qemu or []
+        )
     _print_result(result, as_json)
 
 
@@ -277,7 +284,8 @@ def bench_code(
     """First run_code and first DataFrame after a create vs `python3 -c "import pandas"`, and steady run_code."""
     from ..bench.code import run_code_bench
 
-    result = run_code_bench(n=n, out_dir=out_dir, cache_dir=cache_dir, console=console)
+    with open_reporter(console, as_json=as_json) as progress:
+        result = run_code_bench(n=n, out_dir=out_dir, cache_dir=cache_dir, console=console, progress=progress)
     _print_result(result, as_json)
 
 
@@ -292,7 +300,8 @@ def bench_net(
     """Network slot acquire (warm vs cold pool), guest clock error right after create, create latency, in one run."""
     from ..bench.net import run_net_bench
 
-    result = run_net_bench(n=n, ages=ages, out_dir=out_dir, cache_dir=cache_dir, console=console)
+    with open_reporter(console, as_json=as_json) as progress:
+        result = run_net_bench(n=n, ages=ages, out_dir=out_dir, cache_dir=cache_dir, console=console, progress=progress)
     _print_result(result, as_json)
 
 
@@ -312,16 +321,18 @@ def bench_burst(
     """N simultaneous creates with memory only in the object store: cold cache, warm cache, naive; one run."""
     from ..bench.burst import run_burst_bench
 
-    result = run_burst_bench(
-        n=n,
-        template=template,
-        faults=faults,
-        concurrency=concurrency,
-        out_dir=out_dir,
-        cache_dir=cache_dir,
-        plot=plot,
-        console=console,
-    )
+    with open_reporter(console, as_json=as_json) as progress:
+        result = run_burst_bench(
+            n=n,
+            template=template,
+            faults=faults,
+            concurrency=concurrency,
+            out_dir=out_dir,
+            cache_dir=cache_dir,
+            plot=plot,
+            console=console,
+            progress=progress,
+        )
     _print_result(result, as_json)
 
 
@@ -343,18 +354,20 @@ def bench_fleet(
 
     if isolation not in ("netns", "loopback"):
         raise typer.BadParameter(f"--isolation must be 'netns' or 'loopback', not {isolation!r}")
-    result = run_fleet_bench(
-        n=n,
-        agents=agents,
-        k=k,
-        restores=restores,
-        template=template,
-        isolation="netns" if isolation == "netns" else "loopback",
-        out_dir=out_dir,
-        cache_dir=cache_dir,
-        plot=plot,
-        console=console,
-    )
+    with open_reporter(console, as_json=as_json) as progress:
+        result = run_fleet_bench(
+            n=n,
+            agents=agents,
+            k=k,
+            restores=restores,
+            template=template,
+            isolation="netns" if isolation == "netns" else "loopback",
+            out_dir=out_dir,
+            cache_dir=cache_dir,
+            plot=plot,
+            console=console,
+            progress=progress,
+        )
     _print_result(result, as_json)
 
 
@@ -375,19 +388,21 @@ def bench_restart(
     """Agent restarts: sandboxes surviving SIGKILL/SIGTERM, the exec window, SIGTERM-to-exit with many VMs, drain."""
     from ..bench.restart import run_restart_bench
 
-    result = run_restart_bench(
-        n=n,
-        rounds=rounds,
-        clients=clients,
-        vms=vms,
-        memory_mib=memory_mib,
-        drain=drain,
-        drain_n=drain_n,
-        template=template,
-        out_dir=out_dir,
-        cache_dir=cache_dir,
-        console=console,
-    )
+    with open_reporter(console, as_json=as_json) as progress:
+        result = run_restart_bench(
+            n=n,
+            rounds=rounds,
+            clients=clients,
+            vms=vms,
+            memory_mib=memory_mib,
+            drain=drain,
+            drain_n=drain_n,
+            template=template,
+            out_dir=out_dir,
+            cache_dir=cache_dir,
+            console=console,
+            progress=progress,
+        )
     _print_result(result, as_json)
     if result["errors"]:
         raise typer.Exit(1)

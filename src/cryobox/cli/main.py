@@ -21,6 +21,7 @@ from .keys_cmds import keys_app
 from .sandbox_cmds import sandbox_app, template_app
 from .snapshot_cmds import snapshot_app
 from .template_cmds import template_create
+from .top_cmd import top
 
 app = typer.Typer(help="cryobox: microVM sandboxes where every create is a snapshot restore.", no_args_is_help=True)
 image_app = typer.Typer(help="Guest images and templates.", no_args_is_help=True)
@@ -39,6 +40,7 @@ app.command("bisect")(bisect)
 app.add_typer(agent_app, name="agent")
 app.command("control")(control_cmd)
 app.command("gc")(gc)
+app.command("top")(top)
 console = Console(stderr=True)
 
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="platform state (default /var/lib/cryobox)")]

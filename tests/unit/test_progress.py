@@ -128,6 +128,15 @@ def test_rich_reporter_draws_a_bar_and_prints_lines_above_it() -> None:
     assert "\x1b" in text  # drawn, not plain
 
 
+def test_a_phase_left_by_an_exception_says_it_failed() -> None:
+    lines: list[str] = []
+    clock = FakeClock()
+    with pytest.raises(RuntimeError), PlainReporter(lines.append, clock).phase("importing snp_1"):
+        clock.now += 1.5
+        raise RuntimeError("not published")
+    assert lines[-1] == "importing snp_1: failed after 1.5s"
+
+
 def test_null_reporter_says_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     reporter = NullReporter()
     reporter("x")

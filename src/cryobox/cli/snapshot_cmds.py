@@ -105,7 +105,7 @@ def import_(
 
 @snapshot_app.command("rm")
 def rm(snapshot_ids: list[str], as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
-    """Delete snapshots from this server (files and registry row; a copy published to the object store stays)."""
+    """Delete snapshots: files, registry row and the copy in this server's object store."""
     deleted: list[str] = []
     with _snapshots(api_url, api_key) as snapshots:
         for snapshot_id in snapshot_ids:

@@ -52,16 +52,19 @@ class Reporter(Protocol):
 
 
 class _PhaseBase:
-    """``with reporter.phase(...) as p:`` finishes the phase however the block ends."""
+    """``with reporter.phase(...) as p:`` ends the phase however the block ends (as failed on an exception)."""
+
+    def end(self, failed: bool) -> None:
+        raise NotImplementedError
 
     def finish(self) -> None:
-        raise NotImplementedError
+        self.end(failed=False)
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self.finish()
+        self.end(failed=kind is not None)
 
 
 def _count(value: float) -> str:
@@ -99,14 +102,14 @@ class _PlainPhase(_PhaseBase):
                 return
         self.owner.write(f"{self.name}: {note}")
 
-    def finish(self) -> None:
+    def end(self, failed: bool) -> None:
         with self.owner.lock:
             if self.finished:
                 return
             self.finished = True
             elapsed = self.owner.clock() - self.started
             count = f" ({self._count()})" if self.done or self.total is not None else ""
-        self.owner.write(f"{self.name}: done in {elapsed:.1f}s{count}")
+        self.owner.write(f"{self.name}: {'failed after' if failed else 'done in'} {elapsed:.1f}s{count}")
 
 
 class PlainReporter:
@@ -141,13 +144,13 @@ class _RichPhase(_PhaseBase):
             if not self.finished:
                 self.owner.bars.update(self.task, description=f"{escape(self.name)} [dim]{escape(note[:80])}")
 
-    def finish(self) -> None:
+    def end(self, failed: bool) -> None:
         with self.owner.lock:
             if self.finished:
                 return
             self.finished = True
             self.owner.bars.remove_task(self.task)
-        self.owner(f"{self.name}: done in {time.monotonic() - self.started:.1f}s")
+        self.owner(f"{self.name}: {'failed after' if failed else 'done in'} {time.monotonic() - self.started:.1f}s")
 
 
 class RichReporter:
@@ -189,7 +192,7 @@ class _NullPhase(_PhaseBase):
     def update(self, note: str) -> None:
         pass
 
-    def finish(self) -> None:
+    def end(self, failed: bool) -> None:
         pass
 
 

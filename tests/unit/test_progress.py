@@ -183,7 +183,7 @@ def test_snapshot_publish_json_stdout_is_only_json(routes: dict[tuple[str, str],
 
 
 def test_snapshot_import_reports_its_phase_on_stderr(routes: dict[tuple[str, str], Any]) -> None:
-    routes[("POST", "/v1/snapshots/import")] = SNAP
+    routes[("POST", "/v1/snapshots/import")] = {**SNAP, "sandbox_id": None}  # imported: its sandbox ran elsewhere
     result = run("snapshot", "import", "snp_0001")
     assert result.exit_code == 0, result.stderr
     assert "snp_0001" in result.stdout and "importing" not in result.stdout

@@ -198,7 +198,8 @@ class Snapshot:
     """
 
     id: str
-    sandbox_id: str
+    sandbox_id: str | None
+    """``None`` for an imported snapshot (its sandbox ran on another installation)."""
     template: str
     size_bytes: int
     created_at: datetime

@@ -215,6 +215,7 @@ def plugin_run(api: Api, template: str, project: Path, cleanup: Cleanup) -> None
         cleanup.snapshots.append(found.group(1))
         with Snapshots(**api) as snapshots:
             snap = snapshots.get(found.group(1))
+        assert snap.sandbox_id is not None  # a captured run's snapshot names the sandbox it ran in
         cleanup.sandboxes.append(snap.sandbox_id)
         assert snap.retain and snap.labels["cryobox.capture"] == "failure"
     assert done.returncode == 1, done.stdout + done.stderr

@@ -15,6 +15,7 @@ from ..config import Paths
 from ..image.builder import ImageSet
 from ..image.specs import DEFAULT_TEMPLATES, TemplateSpec
 from ..util.proc import Progress
+from ..util.progress import as_reporter
 from .adopt import adopt, survey, sweep_hibernation
 from .bakereclaim import reclaim_bakes_dirs
 from .buildvm import BuildQueue, BuildVmHost, images_for
@@ -130,8 +131,16 @@ async def obtain_templates(config: HostConfig, store: ObjectStore, progress: Pro
 async def prepare_templates(config: HostConfig, progress: Progress) -> dict[str, Template]:
     """Every template of ``config``, built and baked side by side (their debootstraps and cold boots overlap;
     a part they share, like the kernel, is built once: the image cache makes the others wait for it)."""
+    phase = as_reporter(progress).phase("templates", total=len(config.templates))
+
+    async def one(spec: TemplateSpec) -> Template:
+        template = await prepare_template(config, spec, progress)
+        phase.advance()
+        return template
+
     try:
-        built = await asyncio.gather(*(prepare_template(config, spec, progress) for spec in config.templates))
+        with phase:
+            built = await asyncio.gather(*(one(spec) for spec in config.templates))
     finally:
         jail = JailSettings.for_tag(tag_for(config.paths.data_dir))
         if jail is not None and jail.cgroups is not None:

@@ -34,6 +34,7 @@ from ..image.builder import ImageSet
 from ..image.specs import TemplateSpec
 from ..util.files import fsync_dir, stable_hash, write_json_atomic
 from ..util.proc import Progress
+from ..util.progress import as_reporter
 from .exec import run_exec
 from .guest_client import b64
 from .quiesce import require_quiesced
@@ -160,23 +161,29 @@ class TemplateBaker:
             uid = stack.enter_context(one_off_uid(self.jail, self.run_dir))
             jail = VmJail(self.jail, uid) if self.jail is not None and uid is not None else None
             vm = MicroVM(f"bake-{spec.name}", machine, vm_paths, MemoryBacking(memory, share=True), disk, net, jail)
+            phase = stack.enter_context(as_reporter(self.progress).phase(f"bake {spec.name}", 3 + len(spec.warmup)))
             self.progress(f"baking template {spec.name} ({generation}): cold boot")
             started = time.monotonic()
             await vm.start(incoming=False)
             await vm.wait_guest_ready(COLD_BOOT_TIMEOUT_S)
             boot_s = time.monotonic() - started
+            phase.advance()
             self.progress(f"  guest agent answered after {boot_s:.1f}s; warming up")
             guest = await vm.connect_guest()
             for path, content in spec.files.items():
                 await guest.call("write_file", {"path": path, "content": b64(content.encode())})
+            phase.advance()
             for command in spec.warmup:
+                phase.update(command[:60])
                 result = await run_exec(guest, command, timeout_s=300)
                 if result.exit_code != 0:
                     raise CryoboxError(f"warm-up command failed ({result.exit_code}): {command}\n{result.stderr}")
+                phase.advance()
             await run_exec(guest, "sync", timeout_s=60)
             await require_quiesced(guest, "bake")
             self.progress("  snapshotting")
             await vm.save_state(work / "vmstate")
+            phase.advance()
             await vm.kill()
             shutil.copy2(vm_paths.console_log, work / "console.log")
             for name in ("memory", "vmstate", "disk.qcow2"):

@@ -28,6 +28,7 @@ from rich.table import Table
 
 from ..config import DEFAULT_CACHE_DIR, Paths
 from ..errors import CryoboxError
+from ..util.progress import Phase, Reporter
 from .report import write_result
 from .server import ServeProcess
 from .stats import percentile
@@ -59,7 +60,7 @@ async def _stats(data_dir: Path, cache_dir: Path | None) -> dict[str, Any]:
         return result
 
 
-async def _burst(serve: ServeProcess, template: str, n: int) -> tuple[list[float], list[str]]:
+async def _burst(serve: ServeProcess, template: str, n: int, phase: Phase) -> tuple[list[float], list[str]]:
     """Fire ``n`` creates at once; returns each one's latency (ms) and the sandbox ids; kills them after."""
     headers = {"Authorization": f"Bearer {serve.api_key}"}
     limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
@@ -71,6 +72,7 @@ async def _burst(serve: ServeProcess, template: str, n: int) -> tuple[list[float
             t0 = time.monotonic()
             response = await client.post("/v1/sandboxes", json={"template": template, "ttl_seconds": 600})
             elapsed = (time.monotonic() - t0) * 1000
+            phase.advance()
             if response.status_code >= 300:
                 raise RuntimeError(f"create failed: {response.status_code} {response.text}")
             return elapsed, str(response.json()["id"])
@@ -119,11 +121,13 @@ def _run_one(
     concurrency: int,
     n: int,
     console: Console,
+    progress: Reporter,
 ) -> dict[str, Any]:
     serve = _serve(data_dir, cache_dir, template, faults, concurrency, name == "naive", n)
     with serve:
         console.print(f"[bold]{name}[/bold]: {n} creates at once (serve pid {serve.pid})")
-        latencies, _ = asyncio.run(_burst(serve, template, n))
+        with progress.phase(f"{name}: creates answered", n) as phase:
+            latencies, _ = asyncio.run(_burst(serve, template, n, phase))
         stats = asyncio.run(_stats(data_dir, cache_dir))
     run = summarize(latencies, stats)
     console.print(f"  p50 {run['p50_ms']} ms, p99 {run['p99_ms']} ms, GETs {run['store_gets']}, faults {run['faults']}")
@@ -140,15 +144,21 @@ def run_burst_bench(
     cache_dir: Path | None,
     plot: Path | None,
     console: Console,
+    progress: Reporter,
 ) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="cryobox-burst-", dir="/var/tmp"))
     try:
         console.print("preparing: template published with its prefetch trace")
-        with _serve(root / "prepare", cache_dir, template, "", concurrency, False, n):
+        with progress.phase("preparing"), _serve(root / "prepare", cache_dir, template, "", concurrency, False, n):
             pass
-        cold = _run_one("cold", root / "host", cache_dir, template, faults, concurrency, n, console)
-        warm = _run_one("warm", root / "host", cache_dir, template, faults, concurrency, n, console)
-        naive = _run_one("naive", root / "naive", cache_dir, template, faults, concurrency, n, console)
+        runs = progress.phase("runs: cold, warm, naive", 3)
+        cold = _run_one("cold", root / "host", cache_dir, template, faults, concurrency, n, console, progress)
+        runs.advance()
+        warm = _run_one("warm", root / "host", cache_dir, template, faults, concurrency, n, console, progress)
+        runs.advance()
+        naive = _run_one("naive", root / "naive", cache_dir, template, faults, concurrency, n, console, progress)
+        runs.advance()
+        runs.finish()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     result: dict[str, Any] = {

@@ -24,6 +24,7 @@ from typing import Any
 from rich.console import Console
 
 from ..sdk import Sandbox
+from ..util.progress import Reporter
 from .report import write_result
 from .server import ServeProcess
 from .snapshot import qemu_version
@@ -46,7 +47,7 @@ def _timed(fn: Any) -> tuple[float, Any]:
     return (time.monotonic() - started) * 1000, value
 
 
-def measure(url: str, key: str, n: int, console: Console) -> dict[str, list[float]]:
+def measure(url: str, key: str, n: int, console: Console, progress: Reporter) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {
         "first_wall": [],
         "first_server": [],
@@ -57,6 +58,7 @@ def measure(url: str, key: str, n: int, console: Console) -> dict[str, list[floa
         "steady_wall": [],
         "steady_server": [],
     }
+    rounds = progress.phase("first-call rounds", n)
     for round_ in range(n):
         for kind in ("first", "frame", "pandas"):
             sbx = Sandbox.create(template=TEMPLATE, api_url=url, api_key=key)
@@ -85,13 +87,17 @@ def measure(url: str, key: str, n: int, console: Console) -> dict[str, list[floa
         console.print(
             f"round {round_ + 1}/{n}: first 1+1 {first:.0f} ms, DataFrame {frame:.0f} ms, import pandas {pandas:.0f} ms"
         )
+        rounds.advance()
+    rounds.finish()
     sbx = Sandbox.create(template=TEMPLATE, api_url=url, api_key=key)
     try:
         sbx.run_code("1+1")
-        for _ in range(n * 10):
-            wall, execution = _timed(lambda: sbx.run_code("1+1"))
-            samples["steady_wall"].append(wall)
-            samples["steady_server"].append(execution.duration_ms)
+        with progress.phase("steady run_code", n * 10) as steady:
+            for _ in range(n * 10):
+                wall, execution = _timed(lambda: sbx.run_code("1+1"))
+                samples["steady_wall"].append(wall)
+                samples["steady_server"].append(execution.duration_ms)
+                steady.advance()
     finally:
         sbx.kill()
     return samples
@@ -118,13 +124,15 @@ def build_result(samples: dict[str, list[float]], *, n: int, qemu: str) -> dict[
     }
 
 
-def run_code_bench(*, n: int, out_dir: Path, cache_dir: Path | None, console: Console) -> dict[str, Any]:
+def run_code_bench(
+    *, n: int, out_dir: Path, cache_dir: Path | None, console: Console, progress: Reporter
+) -> dict[str, Any]:
     if n < 1:
         raise BenchError("--n must be at least 1")
     with tempfile.TemporaryDirectory(prefix="cryobox-bench-code-") as tmp:
         console.print("starting cryobox serve (prespawn 0)")
         with ServeProcess(Path(tmp) / "data", cache_dir=cache_dir, prespawn=0) as server:
-            samples = measure(server.url, server.api_key, n, console)
+            samples = measure(server.url, server.api_key, n, console, progress)
     result = build_result(samples, n=n, qemu=qemu_version())
     result["path"] = str(write_result(out_dir, "code", result))
     return result

@@ -29,6 +29,7 @@ from ..agent.vm import MemoryBacking, MicroVM, VmPaths
 from ..config import Paths
 from ..image.specs import DEFAULT_TEMPLATES
 from ..sdk.sandbox import Sandbox
+from ..util.progress import Reporter
 from .report import write_result
 from .server import ServeProcess
 from .stats import stats
@@ -92,28 +93,42 @@ def _api_create(server: ServeProcess, template: str) -> tuple[float, float, floa
 
 
 async def run_create_bench(
-    *, n: int, template: str, out_dir: Path, cache_dir: Path | None, console: Console, cold_n: int = 5
+    *,
+    n: int,
+    template: str,
+    out_dir: Path,
+    cache_dir: Path | None,
+    console: Console,
+    progress: Reporter,
+    cold_n: int = 5,
 ) -> dict[str, Any]:
     specs = tuple(s for s in DEFAULT_TEMPLATES if s.name == template)
     with tempfile.TemporaryDirectory(prefix="cryobox-bench-") as tmp:
         work = Path(tmp)
         paths = Paths.from_env(work / "data", cache_dir)
         config = HostConfig(paths=paths, templates=specs)
-        tmpl = (await prepare_templates(config, console.print))[template]
+        tmpl = (await prepare_templates(config, progress))[template]
 
         cold: list[float] = []
-        for i in range(cold_n):
-            cold.append(await _cold_boot(tmpl, work, i))
-            console.print(f"cold boot {i + 1}/{cold_n}: {cold[-1]:.0f} ms")
+        with progress.phase("cold boots", cold_n) as phase:
+            for i in range(cold_n):
+                cold.append(await _cold_boot(tmpl, work, i))
+                console.print(f"cold boot {i + 1}/{cold_n}: {cold[-1]:.0f} ms")
+                phase.advance()
         bare: list[float] = []
-        for i in range(n):
-            bare.append(await _bare_restore(tmpl, work, i))
+        with progress.phase("bare restores", n) as phase:
+            for i in range(n):
+                bare.append(await _bare_restore(tmpl, work, i))
+                phase.advance()
         console.print(f"bare restore p50 {stats(bare)['p50']:.0f} ms")
         runs: dict[str, dict[str, list[float]]] = {}
         for label, prespawn, mode in POOL_VARIANTS:
             samples: dict[str, list[float]] = {"total": [], "call": [], "boot": [], "first_exec": []}
             serve_dir = work / f"serve-{label}"
-            with ServeProcess(serve_dir, cache_dir=cache_dir, prespawn=prespawn, pool_mode=mode) as server:
+            with (
+                ServeProcess(serve_dir, cache_dir=cache_dir, prespawn=prespawn, pool_mode=mode) as server,
+                progress.phase(f"creates ({label})", n) as phase,
+            ):
                 await asyncio.sleep(3.0)  # let the pool fill before the first sample
                 for _ in range(n):
                     total, call, boot_ms = await asyncio.to_thread(_api_create, server, template)
@@ -121,6 +136,7 @@ async def run_create_bench(
                     samples["call"].append(call)
                     samples["boot"].append(boot_ms)
                     samples["first_exec"].append(total - call)
+                    phase.advance()
                     await asyncio.sleep(REFILL_PAUSE_S)
             runs[label] = samples
             console.print(

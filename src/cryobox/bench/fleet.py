@@ -41,6 +41,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import CryoboxError
+from ..util.progress import Reporter
 from .fleetproc import AgentProcess, Fleet
 from .report import write_result
 from .server import ServeProcess
@@ -424,13 +425,16 @@ def run_fleet_bench(
     cache_dir: Path | None,
     plot: Path | None,
     console: Console,
+    progress: Reporter,
 ) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="cryobox-fleet-", dir="/var/tmp"))
+    stages = progress.phase("stages: hop (serve), hop (fleet), burst, restores", 4)
     try:
         console.print(f"[bold]hop[/bold]: {k} creates and {k} execs against cryobox serve (in-process agent)")
         serve_args = ["--templates", template, "--memory", "hot", "--net-pool", "4"]
         with ServeProcess(root / "serve", cache_dir=cache_dir, prespawn=prespawn, extra_args=serve_args) as serve:
             inproc = measure_hop(serve.url, serve.api_key, template, k, settle_s)
+        stages.advance()
         console.print(f"[bold]hop[/bold]: the same against a fleet of one agent ({isolation})")
         one = Fleet(
             root / "hop",
@@ -445,6 +449,7 @@ def run_fleet_bench(
         )
         with one:
             http = measure_hop(one.url, one.api_key, template, k, settle_s)
+        stages.advance()
         hop = hop_summary(inproc, http)
         per_agent = math.ceil(n / agents)
         admission = {"CRYOBOX_ADMISSION_QUEUE": str(max(64, n)), "CRYOBOX_ADMISSION_TIMEOUT_S": "900"}
@@ -464,8 +469,11 @@ def run_fleet_bench(
         )
         with fleet:
             burst = measure_burst(fleet, template, n)
+            stages.advance()
             console.print(f"[bold]restore[/bold]: snapshot on one agent, {restores} restores, then its host killed")
             restore = measure_restores(fleet, template, restores, kill_source, store_timeout_s=600)
+            stages.advance()
+        stages.finish()
     except BaseException:
         console.print(f"[red]fleet bench failed[/red]; logs kept in {keep_logs(root)}")
         raise

@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..config import DEFAULT_CACHE_DIR, Paths
+from ..util.progress import Reporter
 from .report import write_result
 from .server import ServeProcess
 from .snapshot import capture_breakdown, qemu_version, stats_n
@@ -182,7 +183,7 @@ def _us_since(started_ns: int) -> float:
     return (time.perf_counter_ns() - started_ns) / 1e3
 
 
-async def measure_slots(s: Samples, console: Console) -> None:
+async def measure_slots(s: Samples, console: Console, progress: Reporter) -> None:
     """Part 1: warm vs cold slot acquires on a pool of our own (random tag, free CIDR); leaves nothing behind."""
     from ..agent.net import Firewall, SlotPlan, SlotPool
     from ..agent.net.netlink import host_networks, list_tagged, reclaim
@@ -199,14 +200,17 @@ async def measure_slots(s: Samples, console: Console) -> None:
         try:
             await warm.wait_warm(timeout=300)
             slots = []
-            for _ in range(SLOT_N):
-                started = time.perf_counter_ns()
-                slots.append(await warm.acquire())
-                s.acquire_warm_us.append(_us_since(started))
-            for slot in slots:
-                started = time.perf_counter_ns()
-                await warm.release(slot)
-                s.release_warm_ms.append(_us_since(started) / 1e3)
+            with progress.phase("warm slots: acquire, release", 2 * SLOT_N) as phase:
+                for _ in range(SLOT_N):
+                    started = time.perf_counter_ns()
+                    slots.append(await warm.acquire())
+                    s.acquire_warm_us.append(_us_since(started))
+                    phase.advance()
+                for slot in slots:
+                    started = time.perf_counter_ns()
+                    await warm.release(slot)
+                    s.release_warm_ms.append(_us_since(started) / 1e3)
+                    phase.advance()
             st = warm.stats()
             if (st.warm_acquires, st.cold_acquires) != (SLOT_N, 0):
                 raise BenchError(f"warm pool: {st.warm_acquires} warm and {st.cold_acquires} cold acquires")
@@ -217,14 +221,17 @@ async def measure_slots(s: Samples, console: Console) -> None:
         cold = SlotPool(plan, size=0, egress=firewall)
         try:
             slots = []
-            for _ in range(SLOT_N):
-                started = time.perf_counter_ns()
-                slots.append(await cold.acquire())
-                s.acquire_cold_ms.append(_us_since(started) / 1e3)
-            for slot in slots:
-                started = time.perf_counter_ns()
-                await cold.release(slot)  # size 0: nothing may stay idle, so this destroys the slot
-                s.destroy_ms.append(_us_since(started) / 1e3)
+            with progress.phase("cold slots: acquire, destroy", 2 * SLOT_N) as phase:
+                for _ in range(SLOT_N):
+                    started = time.perf_counter_ns()
+                    slots.append(await cold.acquire())
+                    s.acquire_cold_ms.append(_us_since(started) / 1e3)
+                    phase.advance()
+                for slot in slots:
+                    started = time.perf_counter_ns()
+                    await cold.release(slot)  # size 0: nothing may stay idle, so this destroys the slot
+                    s.destroy_ms.append(_us_since(started) / 1e3)
+                    phase.advance()
             st = cold.stats()
             if (st.warm_acquires, st.cold_acquires, st.destroyed) != (0, SLOT_N, SLOT_N):
                 raise BenchError(
@@ -293,7 +300,14 @@ def _read_guest_clock(api: Api, sandbox_id: str) -> tuple[int, int, int]:
 
 
 def measure_clock(
-    api: Api, paths: Paths, log_path: Path, ages: list[float], n: int, s: Samples, console: Console
+    api: Api,
+    paths: Paths,
+    log_path: Path,
+    ages: list[float],
+    n: int,
+    s: Samples,
+    console: Console,
+    progress: Reporter,
 ) -> None:
     """Part 2: create from a snapshot once it is ``age`` old, and read the guest clock right after."""
     source = api.create({"template": "base"})
@@ -309,6 +323,7 @@ def measure_clock(
             time.sleep(wait)
         samples = s.clock.setdefault(age_key(age), [])
         seconds = s.clock_second.setdefault(age_key(age), [])
+        phase = progress.phase(f"creates from a snapshot {age_key(age)} s old", n)
         for _ in range(n):
             sbx = api.create({"from_snapshot": snap["id"]})
             age_ms = (time.monotonic() - frozen) * 1000
@@ -318,6 +333,8 @@ def measure_clock(
             samples.append(clock_sample(*first, age_ms, step))
             seconds.append(clock_sample(*second, age_ms, step))
             api.delete_sandbox(sbx["id"])
+            phase.advance()
+        phase.finish()
         last = samples[-1]
         console.print(
             f"  age {age_key(age)} s: error p50 {stats_n([c.error_ms for c in samples])['p50']} ms "
@@ -346,9 +363,10 @@ def _wait_pool_full(api: Api, expected: int, timeout_s: float = POOL_WAIT_S) -> 
         time.sleep(0.2)
 
 
-def measure_creates(api: Api, prespawn: int, creates: int, s: Samples, console: Console) -> None:
+def measure_creates(api: Api, prespawn: int, creates: int, s: Samples, console: Console, progress: Reporter) -> None:
     """Part 3: creates of ``base`` from a full warm pool, to the first ``exec true`` answered."""
     expected = _expected_pool(api, prespawn)
+    phase = progress.phase("creates from the warm pool", creates)
     for _ in range(creates):
         _wait_pool_full(api, expected)
         started = time.monotonic()
@@ -361,6 +379,8 @@ def measure_creates(api: Api, prespawn: int, creates: int, s: Samples, console: 
         s.first_exec_after_create.append((done - created) * 1000)
         s.boot.append(float(sbx["boot_ms"]))
         api.delete_sandbox(sbx["id"])
+        phase.advance()
+    phase.finish()
     console.print(
         f"  create p50 {stats_n(s.create_call)['p50']} ms, to first exec p50 "
         f"{stats_n(s.create_first_exec)['p50']} ms, boot_ms p50 {stats_n(s.boot)['p50']} ms"
@@ -488,6 +508,7 @@ def run_net_bench(
     out_dir: Path,
     cache_dir: Path | None,
     console: Console,
+    progress: Reporter,
     creates: int = CREATES,
 ) -> dict[str, Any]:
     if n < 1 or creates < 1:
@@ -498,7 +519,7 @@ def run_net_bench(
     s.load_avg["start"] = [round(x, 2) for x in os.getloadavg()]
     info: dict[str, Any] = {}
     console.print(f"slot acquire: {SLOT_N} warm (pool of {SLOT_POOL_SIZE}), {SLOT_N} cold (pool of 0)")
-    asyncio.run(measure_slots(s, console))
+    asyncio.run(measure_slots(s, console, progress))
 
     with tempfile.TemporaryDirectory(prefix="cryobox-bench-net-") as tmp:
         for prespawn in (CLOCK_PRESPAWN, CREATE_PRESPAWN):
@@ -510,10 +531,10 @@ def run_net_bench(
                     if prespawn == CLOCK_PRESPAWN:
                         console.print(f"clock error at create, snapshot ages {[age_key(a) for a in age_list]} s")
                         paths = Paths(data_dir.resolve(), (cache_dir or DEFAULT_CACHE_DIR).resolve())
-                        measure_clock(api, paths, server.log_path, age_list, n, s, console)
+                        measure_clock(api, paths, server.log_path, age_list, n, s, console, progress)
                     else:
                         console.print(f"create latency, {creates} creates of base from the warm pool")
-                        measure_creates(api, prespawn, creates, s, console)
+                        measure_creates(api, prespawn, creates, s, console, progress)
             s.leftovers.extend(check_server_net(data_dir))
 
     s.load_avg["end"] = [round(x, 2) for x in os.getloadavg()]

@@ -43,6 +43,7 @@ from ..agent.reclaim import find_own_qemus
 from ..agent.vm import qemu as qemu_binary
 from ..config import DEFAULT_CACHE_DIR, Paths
 from ..errors import CryoboxError
+from ..util.progress import Reporter
 from .pss import allocated_bytes, parse_rollup, smaps_mapping_kib, sum_mib
 from .report import write_result
 from .server import ServeProcess
@@ -322,8 +323,9 @@ def _shm_after_snapshots(api: Api, paths: Paths, s: Samples) -> None:
         api.delete_snapshot(snap)
 
 
-def measure_lazy(api: Api, n: int, paths: Paths, console: Console, s: Samples) -> None:
+def measure_lazy(api: Api, n: int, paths: Paths, console: Console, s: Samples, progress: Reporter) -> None:
     """Snapshots of sandboxes whose RAM is paged lazily (the server runs with ``--memory lazy``)."""
+    phase = progress.phase("lazy snapshots", n)
     for _ in range(n):
         sbx = api.create({"template": "base"})
         api.exec(sbx["id"], DIRTY_CMD)
@@ -334,13 +336,17 @@ def measure_lazy(api: Api, n: int, paths: Paths, console: Console, s: Samples) -
         s.lazy_capture.append(_read_capture(paths, snap["id"], s.capture_modes.setdefault("lazy", [])))
         api.delete_snapshot(snap["id"])
         api.delete_sandbox(sbx["id"])
+        phase.advance()
+    phase.finish()
     console.print(f"  lazy pause p50 {stats(s.lazy_pause)['p50']} ms")
 
 
-def measure(api: Api, n: int, paths: Paths, console: Console) -> Samples:
+def measure(api: Api, n: int, paths: Paths, console: Console, progress: Reporter) -> Samples:
     s = Samples()
+    stages = progress.phase("stages: template, pause 512, pause 2048, restore, fork-tree, sweep, hot dir", 7)
     console.print(f"building/locating template {BIG_TEMPLATE} ({BIG_MEMORY_MB} MiB)")
     api.build_template(BIG_TEMPLATE, BIG_MEMORY_MB, console)
+    stages.advance()
 
     console.print(f"pause window, base (512 MiB), {n} sandboxes dirtying {DIRTY_MIB} MiB each")
     kept = _pause_runs(
@@ -359,6 +365,7 @@ def measure(api: Api, n: int, paths: Paths, console: Console) -> Samples:
     console.print(
         f"  pause p50 {stats(s.pause_512)['p50']} ms, snapshot call p50 {stats(s.snapshot_wall_512)['p50']} ms"
     )
+    stages.advance()
     console.print(f"pause window, {BIG_TEMPLATE} ({BIG_MEMORY_MB} MiB), {n} sandboxes")
     _pause_runs(
         api,
@@ -375,6 +382,7 @@ def measure(api: Api, n: int, paths: Paths, console: Console) -> Samples:
     console.print(
         f"  pause p50 {stats(s.pause_2048)['p50']} ms, snapshot call p50 {stats(s.snapshot_wall_2048)['p50']} ms"
     )
+    stages.advance()
 
     n_restore = max(n, MIN_RESTORES)
     console.print(f"restore from {kept.snapshot_id}, {n_restore} times")
@@ -383,6 +391,7 @@ def measure(api: Api, n: int, paths: Paths, console: Console) -> Samples:
         f"  restore+exec p50 {stats(s.restore_total)['p50']} ms "
         f"(create call {stats(s.restore_call)['p50']} ms, first exec {stats(s.restore_first_exec)['p50']} ms)"
     )
+    stages.advance()
 
     s.guest_used_mib = guest_used_mib(api.exec(kept.sandbox_id, "cat /proc/meminfo")["stdout"])
     console.print(f"fork-tree of {kept.sandbox_id}, {TREE_COUNT} children")
@@ -392,13 +401,17 @@ def measure(api: Api, n: int, paths: Paths, console: Console) -> Samples:
     _in_parallel(api.delete_sandbox, children)
     api.delete_snapshot(kept.snapshot_id)
     api.delete_sandbox(kept.sandbox_id)
+    stages.advance()
 
     console.print(f"dirty sweep, {BIG_TEMPLATE}: {', '.join(map(str, SWEEP_MIB))} MiB")
     _dirty_sweep(api, paths, s, console)
+    stages.advance()
     console.print(f"hot dir after {SHM_SNAPSHOTS} snapshots of base sandboxes")
     _shm_after_snapshots(api, paths, s)
     assert s.shm_before_bytes is not None and s.shm_after_bytes is not None
     console.print(f"  {s.shm_before_bytes / _MIB:.0f} -> {s.shm_after_bytes / _MIB:.0f} MiB")
+    stages.advance()
+    stages.finish()
     return s
 
 
@@ -504,7 +517,9 @@ def build_result(
     return result
 
 
-def _run_one(binary: str, *, n: int, cache_dir: Path | None, console: Console, tmp: Path, label: str) -> dict[str, Any]:
+def _run_one(
+    binary: str, *, n: int, cache_dir: Path | None, console: Console, progress: Reporter, tmp: Path, label: str
+) -> dict[str, Any]:
     """Everything measured with ``binary``: a hot server (pause, restore, fork-tree, sweep, hot dir), then a
     lazy one (lazy pause). Both get ``CRYOBOX_QEMU=binary`` (empty: the system's)."""
     version = qemu_version(binary)
@@ -516,14 +531,14 @@ def _run_one(binary: str, *, n: int, cache_dir: Path | None, console: Console, t
         paths = Paths(data_dir.resolve(), cache)
         with api_session(server.url, server.api_key, console) as api:
             info = api.call("GET", "/v1/info", 200)
-            samples = measure(api, n, paths, console)
+            samples = measure(api, n, paths, console, progress)
 
     lazy_dir = tmp / f"lazy-{label}"
     console.print(f"{version}: lazy server (--memory lazy), {n} snapshots of lazily paged base sandboxes")
     with ServeProcess(lazy_dir, cache_dir=cache_dir, prespawn=0, extra_env=env, extra_args=LAZY_ARGS) as server:
         paths = Paths(lazy_dir.resolve(), cache)
         with api_session(server.url, server.api_key, console) as api:
-            measure_lazy(api, n, paths, console, samples)
+            measure_lazy(api, n, paths, console, samples, progress)
 
     return build_result(
         samples,
@@ -554,7 +569,13 @@ def binaries_to_run(extra: list[str], default: str | None = None) -> list[str]:
 
 
 def run_snapshot_bench(
-    *, n: int, out_dir: Path, cache_dir: Path | None, console: Console, qemus: list[str] | None = None
+    *,
+    n: int,
+    out_dir: Path,
+    cache_dir: Path | None,
+    console: Console,
+    progress: Reporter,
+    qemus: list[str] | None = None,
 ) -> dict[str, Any]:
     if n < 1:
         raise BenchError("--n must be at least 1")
@@ -562,7 +583,10 @@ def run_snapshot_bench(
     results = []
     with tempfile.TemporaryDirectory(prefix="cryobox-bench-snap-") as tmp:
         for index, binary in enumerate(binaries):
-            results.append(_run_one(binary, n=n, cache_dir=cache_dir, console=console, tmp=Path(tmp), label=str(index)))
+            one = _run_one(
+                binary, n=n, cache_dir=cache_dir, console=console, progress=progress, tmp=Path(tmp), label=str(index)
+            )
+            results.append(one)
             console.print(result_table(results[-1]))
     result = combine_results(results)
     out = write_result(out_dir, "snapshot", result)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -27,6 +28,7 @@ out = stdout_console()
 err = Console(stderr=True)
 
 Json = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+CacheDir = Annotated[Path | None, typer.Option("--cache-dir", help="image cache (default /var/cache/cryobox)")]
 ApiUrl = Annotated[str | None, typer.Option("--api-url", envvar="CRYOBOX_API_URL", help="API base URL")]
 ApiKey = Annotated[str | None, typer.Option("--api-key", envvar="CRYOBOX_API_KEY", help="API key")]
 

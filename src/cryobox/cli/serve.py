@@ -26,6 +26,7 @@ from ..server.auth import load_or_create_key
 from ..server.metrics import Metrics
 from ..server.ratelimit import RateLimitConfig, RateLimiter
 from ..server.snapshots_ctl import RetentionPolicy
+from ..util.progress import RoutedReporter, open_reporter
 from .compose import GRACEFUL_STOP_S, AgentOptions, boot_agent, build_control, fleet_config, on_stop_mode
 
 DEFAULT_WORKSPACE = "default"
@@ -87,14 +88,16 @@ def serve(options: ServeOptions, console: Console) -> None:
         workspace = await asyncio.to_thread(registry.ensure_workspace, DEFAULT_WORKSPACE)
         key, generated = load_or_create_key(paths.data_dir)
         await asyncio.to_thread(registry.import_key, workspace.id, key, "bootstrap")
-        with console.status("preparing images and templates") as status:
+        with open_reporter(console) as reporter, reporter.phase("preparing images and templates") as preparing:
 
-            def progress(line: str) -> None:
+            def lines(line: str) -> None:
                 if line.startswith("debootstrap: "):
-                    status.update(f"[dim]{line[:100]}")
+                    preparing.update(line[:100])
                 else:
-                    console.print(line)
-                    status.update(line[:100])
+                    reporter(line)
+                    preparing.update(line[:100])
+
+            progress = RoutedReporter(reporter, lines)
 
             metrics = Metrics()
             host, agent = await boot_agent(

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from ..errors import CryoboxError
 from ..sdk import Snapshots
+from ..util.progress import open_reporter
 from ._common import ApiKey, ApiUrl, Json, err, fail, out, parse_pairs, print_json, snapshot_json, snapshot_table
 
 snapshot_app = typer.Typer(help="Snapshots: list, inspect, label and delete.", no_args_is_help=True)
@@ -76,8 +77,9 @@ def get(snapshot_id: str, as_json: Json = False, api_url: ApiUrl = None, api_key
 @snapshot_app.command("publish")
 def publish(snapshot_id: str, as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
     """Upload a snapshot to the server's object store, for another host to import."""
-    with _snapshots(api_url, api_key) as snapshots:
-        published = snapshots.publish(snapshot_id)
+    with _snapshots(api_url, api_key) as snapshots, open_reporter(err, as_json=as_json) as reporter:
+        with reporter.phase(f"publishing {snapshot_id}"):  # one request: the server says nothing until it is done
+            published = snapshots.publish(snapshot_id)
     if as_json:
         print_json(published)
     else:
@@ -92,8 +94,9 @@ def import_(
     api_key: ApiKey = None,
 ) -> None:
     """Register a snapshot another host published (its memory stays in the store, paged in on restore)."""
-    with _snapshots(api_url, api_key) as snapshots:
-        snap = snapshots.import_published(snapshot_id)
+    with _snapshots(api_url, api_key) as snapshots, open_reporter(err, as_json=as_json) as reporter:
+        with reporter.phase(f"importing {snapshot_id}"):
+            snap = snapshots.import_published(snapshot_id)
     if as_json:
         print_json(snapshot_json(snap))
     else:
@@ -102,7 +105,7 @@ def import_(
 
 @snapshot_app.command("rm")
 def rm(snapshot_ids: list[str], as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
-    """Delete snapshots from this server (files and registry row; a copy published to the object store stays)."""
+    """Delete snapshots: files, registry row and the copy in this server's object store."""
     deleted: list[str] = []
     with _snapshots(api_url, api_key) as snapshots:
         for snapshot_id in snapshot_ids:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..errors import ImageBuildError
 from ..util.proc import Progress, Runner, run
+from ..util.progress import as_reporter
 from .cache import ContentCache
 from .initramfs import Initramfs, build_initramfs
 from .kernel import Kernel, build_kernel
@@ -39,7 +40,11 @@ def build_images(images_dir: Path, spec: TemplateSpec, progress: Progress, runne
     if spec.added_packages or spec.added_pip:
         raise ImageBuildError(f"template {spec.name!r} adds packages: its image is built in a build VM")
     cache = ContentCache(images_dir)
-    kernel = build_kernel(cache, progress, runner)
-    initramfs = build_initramfs(cache, kernel, progress)
-    rootfs = build_rootfs(cache, spec.packages, progress, runner)
+    with as_reporter(progress).phase(f"images {spec.name}", total=3) as phase:
+        kernel = build_kernel(cache, progress, runner)
+        phase.advance()
+        initramfs = build_initramfs(cache, kernel, progress)
+        phase.advance()
+        rootfs = build_rootfs(cache, spec.packages, progress, runner)
+        phase.advance()
     return ImageSet(kernel=kernel, initramfs=initramfs, rootfs=rootfs)

@@ -49,6 +49,7 @@ from typing import Any
 from ...errors import CryoboxError, ObjectNotFound, StateError, StoreError
 from ...util.files import fsync_dir, write_json_atomic
 from ...util.proc import Progress
+from ...util.progress import as_reporter
 from ..templates import Template
 from ..vm import MachineConfig
 from .chunkfmt import ChunkIndex, scan_image
@@ -121,6 +122,7 @@ def publish_template(
     started = time.monotonic()
     again = f" again (layout {stored.get('layout')} -> {LAYOUT_VERSION})" if stored is not None else ""
     progress(f"publishing template {template.name} ({template.generation}){again} to {store.url}")
+    phase = as_reporter(progress).phase(f"publish {template.name}", total=4)  # memory, files, rootfs, manifest
     memory = scan_image(template.memory, template.generation)
     rootfs_path = Path(template.manifest["rootfs"])
     rootfs_key = _image_key(images_dir, rootfs_path)
@@ -130,6 +132,7 @@ def publish_template(
     lease = PublishLease.begin(store, [prefix], chunks, timing)
     pins = PinSet()
     upload_image(store, f"{prefix}/memory", template.memory, template.generation, pins, lease=lease, index=memory)
+    phase.advance()
     pins.put_file(store, f"{prefix}/vmstate", template.vmstate)
     pins.put_file(store, f"{prefix}/disk.qcow2", template.disk)
     files: dict[str, str] = {}
@@ -140,11 +143,13 @@ def publish_template(
             pins.add(key, Pin.of_file(path))  # content-addressed: a fetch refuses a stored copy that differs
         else:
             pins.put_file(store, key, path)
+    phase.advance()
     files["rootfs"] = rootfs_key
     if rootfs_stored:
         pin_index(pins, rootfs_key, rootfs)
     else:
         upload_image(store, rootfs_key, rootfs_path, rootfs_key, pins, lease=lease, index=rootfs)
+    phase.advance()
     manifest = dict(template.manifest)
     manifest.update(
         layout=LAYOUT_VERSION,
@@ -161,6 +166,8 @@ def publish_template(
     manifest[PINS_FIELD] = pins.to_json()
     store.put(f"{prefix}/manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode())
     store.put(f"templates/{template.name}/latest", json.dumps({"generation": template.generation}).encode())
+    phase.advance()
+    phase.finish()
     elapsed = time.monotonic() - started
     progress(f"  published in {elapsed:.1f}s ({memory.stored_bytes >> 20} MiB of memory chunks)")
     return pins

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 from rich.table import Table
 
+from ...util.progress import Reporter
 from ..fleet import keep_logs
 from ..report import write_result
 from .analysis import KINDS, chaos_block, targets
@@ -28,9 +29,10 @@ from .survival import run_survival
 T = TypeVar("T")
 
 
-def _phase(name: str, errors: list[str], console: Console, fn: Callable[[], T], failed: T) -> T:
+def _phase(name: str, errors: list[str], console: Console, progress: Reporter, fn: Callable[[], T], failed: T) -> T:
     try:
-        return fn()
+        with progress.phase(name):
+            return fn()
     except Exception as err:
         console.print(f"[red]{name} failed[/red]: {err!r}")
         console.print(traceback.format_exc(limit=6))
@@ -51,6 +53,7 @@ def run_restart_bench(
     out_dir: Path,
     cache_dir: Path | None,
     console: Console,
+    progress: Reporter,
 ) -> dict[str, Any]:
     started = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix="cryobox-restart-", dir="/var/tmp"))
@@ -67,11 +70,14 @@ def run_restart_bench(
 
         failed: dict[str, Any] = {"error": "see errors"}
         nothing: dict[str, Any] = {}
-        survival, window, extra = _phase("survival/window", errors, console, phases_1_2, (failed, failed, nothing))
+        survival, window, extra = _phase(
+            "survival/window", errors, console, progress, phases_1_2, (failed, failed, nothing)
+        )
         stop = _phase(
             "stop",
             errors,
             console,
+            progress,
             lambda: run_many(
                 root, vms=vms, memory_mib=memory_mib, template=template, cache_dir=cache_dir, console=console
             ),
@@ -83,6 +89,7 @@ def run_restart_bench(
                 "drain",
                 errors,
                 console,
+                progress,
                 lambda: run_drain(root, n=drain_n, template=template, cache_dir=cache_dir, console=console),
                 failed,
             )

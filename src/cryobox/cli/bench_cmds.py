@@ -1,0 +1,210 @@
+"""``cryobox bench ...``: each benchmark prints its figures on stderr, reports its phases there (bars on a
+terminal, plain lines otherwise or with ``--json``), writes its JSON under ``--out-dir`` and, with ``--json``,
+prints it on stdout."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from ..util.progress import open_reporter
+from ._common import CacheDir
+
+bench_app = typer.Typer(help="Benchmarks (print figures, write JSON under bench/results/).", no_args_is_help=True)
+console = Console(stderr=True)
+
+# the options every benchmark takes
+AsJson = Annotated[bool, typer.Option("--json", help="print the JSON result")]
+OutDir = Annotated[Path, typer.Option(help="where to write the JSON")]
+RESULTS_DIR = Path("bench/results")
+
+
+def _print_result(result: object, as_json: bool) -> None:
+    """A benchmark's result on stdout, with ``--json`` (it is written under ``--out-dir`` either way)."""
+    if as_json:
+        print(json.dumps(result, indent=2))
+
+
+@bench_app.command("create")
+def bench_create(
+    n: Annotated[int, typer.Option("--n", help="samples per measurement")] = 20,
+    template: Annotated[str, typer.Option(help="template to measure")] = "base",
+    as_json: AsJson = False,
+    out_dir: OutDir = RESULTS_DIR,
+    cache_dir: CacheDir = None,
+) -> None:
+    """Cold boot vs bare restore vs API create, each to the first exec answered, in one run."""
+    from ..bench.create import run_create_bench
+
+    with open_reporter(console, as_json=as_json) as progress:
+        result = asyncio.run(
+            run_create_bench(
+                n=n, template=template, out_dir=out_dir, cache_dir=cache_dir, console=console, progress=progress
+            )
+        )
+    _print_result(result, as_json)
+
+
+@bench_app.command("snapshot")
+def bench_snapshot(
+    n: Annotated[int, typer.Option("--n", help="samples per pause-window measurement (restores: at least 10)")] = 5,
+    qemu: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--qemu",
+            help="another qemu-system-x86_64 to measure too, side by side (repeatable; the top-level keys "
+            "describe the default binary: CRYOBOX_QEMU or the system's)",
+        ),
+    ] = None,
+    as_json: AsJson = False,
+    out_dir: OutDir = RESULTS_DIR,
+    cache_dir: CacheDir = None,
+) -> None:
+    """Snapshot pause window (512 MiB vs 2 GiB), restore, fork-tree of 16 and their Pss, dirty sweep, hot-dir
+    bytes, lazy pause; for each QEMU binary, in one run."""
+    from ..bench.snapshot import run_snapshot_bench
+
+    with open_reporter(console, as_json=as_json) as progress:
+        result = run_snapshot_bench(
+            n=n, out_dir=out_dir, cache_dir=cache_dir, console=console, progress=progress, qemus=qemu or []
+        )
+    _print_result(result, as_json)
+
+
+@bench_app.command("code")
+def bench_code(
+    n: Annotated[int, typer.Option("--n", help="fresh sandboxes per first-call measurement")] = 5,
+    as_json: AsJson = False,
+    out_dir: OutDir = RESULTS_DIR,
+    cache_dir: CacheDir = None,
+) -> None:
+    """First run_code and first DataFrame after a create vs `python3 -c "import pandas"`, and steady run_code."""
+    from ..bench.code import run_code_bench
+
+    with open_reporter(console, as_json=as_json) as progress:
+        result = run_code_bench(n=n, out_dir=out_dir, cache_dir=cache_dir, console=console, progress=progress)
+    _print_result(result, as_json)
+
+
+@bench_app.command("net")
+def bench_net(
+    n: Annotated[int, typer.Option("--n", help="creates per snapshot age for the clock error")] = 5,
+    ages: Annotated[str, typer.Option("--ages", help="snapshot ages in seconds, comma-separated")] = "10,60",
+    as_json: AsJson = False,
+    out_dir: OutDir = RESULTS_DIR,
+    cache_dir: CacheDir = None,
+) -> None:
+    """Network slot acquire (warm vs cold pool), guest clock error right after create, create latency, in one run."""
+    from ..bench.net import run_net_bench
+
+    with open_reporter(console, as_json=as_json) as progress:
+        result = run_net_bench(n=n, ages=ages, out_dir=out_dir, cache_dir=cache_dir, console=console, progress=progress)
+    _print_result(result, as_json)
+
+
+@bench_app.command("burst")
+def bench_burst(
+    n: Annotated[int, typer.Option("--n", help="creates fired at once")] = 32,
+    template: Annotated[str, typer.Option(help="template to create")] = "base",
+    faults: Annotated[
+        str, typer.Option(help="store-side latency/bandwidth/throttle injection ('' for none)")
+    ] = "latency_ms=30,bandwidth_mbps=800",
+    concurrency: Annotated[int, typer.Option(help="--max-concurrent-restores of the measured servers")] = 4,
+    as_json: AsJson = False,
+    plot: Annotated[Path | None, typer.Option(help="write a PNG: latency CDFs, GETs vs chunks")] = None,
+    out_dir: OutDir = RESULTS_DIR,
+    cache_dir: CacheDir = None,
+) -> None:
+    """N simultaneous creates with memory only in the object store: cold cache, warm cache, naive; one run."""
+    from ..bench.burst import run_burst_bench
+
+    with open_reporter(console, as_json=as_json) as progress:
+        result = run_burst_bench(
+            n=n,
+            template=template,
+            faults=faults,
+            concurrency=concurrency,
+            out_dir=out_dir,
+            cache_dir=cache_dir,
+            plot=plot,
+            console=console,
+            progress=progress,
+        )
+    _print_result(result, as_json)
+
+
+@bench_app.command("fleet")
+def bench_fleet(
+    n: Annotated[int, typer.Option("--n", help="creates fired at once in the burst")] = 48,
+    agents: Annotated[int, typer.Option(help="agents of the burst/restore fleet")] = 3,
+    k: Annotated[int, typer.Option("--k", help="sequential creates and execs per side of the hop comparison")] = 10,
+    restores: Annotated[int, typer.Option(help="snapshot restores per phase (all agents up; source killed)")] = 3,
+    template: Annotated[str, typer.Option(help="template to create")] = "base",
+    isolation: Annotated[str, typer.Option(help="'netns' (an agent per network namespace) or 'loopback'")] = "netns",
+    as_json: AsJson = False,
+    plot: Annotated[Path | None, typer.Option(help="write a PNG: hop, burst CDF, per-agent load, restores")] = None,
+    out_dir: OutDir = RESULTS_DIR,
+    cache_dir: CacheDir = None,
+) -> None:
+    """Control plane + host agents: the HTTP hop's cost, a burst over N agents, same- vs cross-host restores."""
+    from ..bench.fleet import run_fleet_bench
+
+    if isolation not in ("netns", "loopback"):
+        raise typer.BadParameter(f"--isolation must be 'netns' or 'loopback', not {isolation!r}")
+    with open_reporter(console, as_json=as_json) as progress:
+        result = run_fleet_bench(
+            n=n,
+            agents=agents,
+            k=k,
+            restores=restores,
+            template=template,
+            isolation="netns" if isolation == "netns" else "loopback",
+            out_dir=out_dir,
+            cache_dir=cache_dir,
+            plot=plot,
+            console=console,
+            progress=progress,
+        )
+    _print_result(result, as_json)
+
+
+@bench_app.command("restart")
+def bench_restart(
+    n: Annotated[int, typer.Option("--n", min=1, help="sandboxes that must survive every restart")] = 8,
+    rounds: Annotated[int, typer.Option(min=1, help="restarts of each kind (SIGKILL, SIGTERM) for the window")] = 5,
+    clients: Annotated[int, typer.Option(min=1, help="threads exec'ing `true` in a tight loop meanwhile")] = 2,
+    vms: Annotated[int, typer.Option(min=1, help="running sandboxes for the SIGTERM-to-exit time")] = 50,
+    memory_mib: Annotated[int, typer.Option(help="--memory-mib of that server (placement's host memory)")] = 65536,
+    drain: Annotated[bool, typer.Option("--drain/--no-drain", help="the drain phase (a fleet of 2 agents)")] = True,
+    drain_n: Annotated[int, typer.Option(min=1, help="sandboxes on the drained agent")] = 6,
+    template: Annotated[str, typer.Option(help="template to create")] = "base",
+    as_json: AsJson = False,
+    out_dir: OutDir = RESULTS_DIR,
+    cache_dir: CacheDir = None,
+) -> None:
+    """Agent restarts: sandboxes surviving SIGKILL/SIGTERM, the exec window, SIGTERM-to-exit with many VMs, drain."""
+    from ..bench.restart import run_restart_bench
+
+    with open_reporter(console, as_json=as_json) as progress:
+        result = run_restart_bench(
+            n=n,
+            rounds=rounds,
+            clients=clients,
+            vms=vms,
+            memory_mib=memory_mib,
+            drain=drain,
+            drain_n=drain_n,
+            template=template,
+            out_dir=out_dir,
+            cache_dir=cache_dir,
+            console=console,
+            progress=progress,
+        )
+    _print_result(result, as_json)
+    if result["errors"]:
+        raise typer.Exit(1)

@@ -187,3 +187,9 @@ def test_sessions_are_cached_like_keys_and_slide(registry: Registry, clock: regi
     assert sessions.authenticate(live.token) is None
     sessions2 = ConsoleSessions(SessionRecords(registry.database), clock=clock)  # another replica
     assert sessions2.authenticate(live.token) is None
+
+    fresh = sessions.login(other)
+    assert fresh is not None
+    assert sessions.purge(older_than_s=0.5) == 2  # the two expired ones, not the live one
+    clock.now += 10
+    assert sessions2.authenticate(fresh.token) is not None

@@ -33,6 +33,7 @@ from typing import Any, Literal, Protocol, TypeVar
 from ..agentapi import models as am
 from ..capture.bisect import BisectApi, BisectReport, Parent, bisect
 from ..errors import CryoboxError, NotFound, QuotaExceeded, SandboxTimeout
+from ..errors import JobCancelled as Cancelled
 from ..server.control import ControlPlane, CreateRequest
 from ..server.forks_ctl import ForkControl
 
@@ -44,11 +45,6 @@ KEEP_FINISHED = 20
 TEMP_TTL_MARGIN_S = 600
 T = TypeVar("T")
 State = Literal["running", "done", "failed"]
-
-
-class Cancelled(CryoboxError):
-    code = "cancelled"
-    http_status = 409
 
 
 class Platform(Protocol):

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from cryobox.agentapi import models as am
-from cryobox.console.bisect_jobs import JOB_LABEL, BisectJobs
+from cryobox.console.bisect_jobs import BisectJobs
+from cryobox.console.bisect_platform import JOB_LABEL
 from cryobox.errors import CryoboxError, GuestError, HostUnavailable, NotFound, QuotaExceeded
 from tests.unit import registry_support
 from tests.unit.console_support import ConsoleEnv, console_env

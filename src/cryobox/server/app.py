@@ -15,7 +15,8 @@ from ..agent.vm import Accel
 from ..agentapi import Agent
 from ..agentapi import models as am
 from ..agentapi.heartbeat import heartbeat_of
-from ..console.bisect_jobs import BisectJobs, ControlPlatform
+from ..console.bisect_jobs import BisectJobs
+from ..console.bisect_platform import ControlPlatform
 from ..console.execs import ExecHistory
 from ..console.routes_api import router as console_api_router
 from ..console.routes_session import router as console_session_router

@@ -7,6 +7,9 @@
      ├── Unauthorized        unauthorized       401
      ├── NotFound            not_found          404
      ├── StateError          wrong_state        409
+     ├── JobCancelled        cancelled          409  (a server-side job ended because the server is stopping)
+     ├── Forbidden           forbidden          403
+     │    └── CsrfRefused    csrf               403  (a console session's write without its X-CSRF-Token)
      ├── PayloadTooLarge     payload_too_large  413
      ├── QuotaExceeded       rate_limited       429  (the request rate: retry after ``Retry-After``)
      ├── WorkspaceQuotaExceeded quota_exceeded  429  (a workspace limit: no ``Retry-After``, nothing created)
@@ -78,12 +81,26 @@ class StateError(CryoboxError):
         self.required = required
 
 
+class JobCancelled(CryoboxError):
+    """A server-side job (a bisect) was cancelled, or could not start, because the server is stopping."""
+
+    code = "cancelled"
+    http_status = 409
+
+
 class Forbidden(CryoboxError):
     """The key is valid but this host's operator does not allow what it asked (e.g. a package outside the
     template build allowlist); nothing was changed."""
 
     code = "forbidden"
     http_status = 403
+
+
+class CsrfRefused(Forbidden):
+    """A request authenticated by the console's session cookie changes something without the session's
+    ``X-CSRF-Token`` header (or with another value); nothing was changed."""
+
+    code = "csrf"
 
 
 class PayloadTooLarge(CryoboxError):
@@ -210,7 +227,9 @@ ERRORS_BY_CODE: dict[str, type[CryoboxError]] = {
         InvalidArgument,
         Unauthorized,
         NotFound,
+        JobCancelled,  # before StateError: a bare 409 (no code) still maps to StateError
         StateError,
+        CsrfRefused,  # before Forbidden: a bare 403 still maps to Forbidden
         Forbidden,
         PayloadTooLarge,
         WorkspaceQuotaExceeded,  # before QuotaExceeded: a bare 429 (no code) still maps to QuotaExceeded

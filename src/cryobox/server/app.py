@@ -15,7 +15,17 @@ from ..agent.vm import Accel
 from ..agentapi import Agent
 from ..agentapi import models as am
 from ..agentapi.heartbeat import heartbeat_of
+from ..console.bisect_jobs import BisectJobs
+from ..console.bisect_platform import ControlPlatform
+from ..console.execs import ExecHistory
+from ..console.routes_api import router as console_api_router
+from ..console.routes_session import router as console_session_router
+from ..console.sampler import MetricsSampler, exposition_source
+from ..console.sessions import PURGE_EVERY_S, ConsoleSessions
+from ..console.state import ConsoleState
+from ..console.static import mount_console
 from ..mcpserver.http import McpEndpoint, McpRoute
+from ..registry.sessions import SessionRecords
 from .control import ControlPlane
 from .deps import AppContext
 from .e2b.access import SandboxAccess
@@ -24,7 +34,7 @@ from .e2b.sandbox_url import mount_sandbox_url
 from .errors import install_error_handlers
 from .fleet import DEFAULT_HEARTBEAT_INTERVAL_S
 from .forks_ctl import ForkControl
-from .gate import AuthGateMiddleware
+from .gate import AuthGateMiddleware, FailedAuth
 from .keycache import KeyCache
 from .limits import BodyLimitMiddleware
 from .metrics import MetricsMiddleware
@@ -51,6 +61,10 @@ class Intervals:
     heartbeat_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
     """How often the in-process agent reports in (HTTP agents have their own setting)."""
     key_cache_s: float = 5.0
+    session_ttl_s: float = 12 * 3600.0
+    """A console session's sliding lifetime."""
+    metrics_sample_s: float = 2.0
+    """The console's metrics sampler."""
 
 
 def wire_registration(control: ControlPlane) -> None:
@@ -110,12 +124,19 @@ def create_app(
                 every(max(0.2, control.fleet.config.deadline_s / 4), "agent liveness", control.fleet.check_stale)
             ),
         ]
+        tasks.append(asyncio.create_task(console.sampler.run(), name="console metrics sampler"))
+        tasks.append(
+            asyncio.create_task(
+                every(PURGE_EVERY_S, "console session purge", lambda: asyncio.to_thread(sessions.purge))
+            )
+        )
         if local:
             tasks.append(asyncio.create_task(every(every_s.heartbeat_s, "local heartbeat", beat)))
         try:
             async with mcp.run():  # the MCP SDK's session manager: its task group lives as long as the app
                 yield
         finally:
+            await console.bisects.close()  # cancelled, children killed, before the rest closes
             for task in tasks:
                 task.cancel()
             for task in tasks:
@@ -135,20 +156,39 @@ def create_app(
         description="Self-hosted microVM sandboxes where every create is a snapshot restore.",
     )
     keys = KeyCache(control.registry.authenticate, ttl_s=every_s.key_cache_s)
+    sessions = ConsoleSessions(
+        SessionRecords(control.registry.database), ttl_s=every_s.session_ttl_s, cache_s=every_s.key_cache_s
+    )
+    failures = FailedAuth()
+    forks = ForkControl(control)
+    console = ConsoleState(
+        sampler=MetricsSampler(exposition_source(control.metrics.render_all), interval_s=every_s.metrics_sample_s),
+        bisects=BisectJobs(ControlPlatform(control, forks)),
+        execs=ExecHistory(),
+    )
     app.state.ctx = AppContext(
         control=control,
-        forks=ForkControl(control),
+        forks=forks,
         limiter=limiter,
         accel=accel,
         host=host,
         version=__version__,
         keys=keys,
+        sessions=sessions,
+        failures=failures,
+        console=console,
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware)
     # outside the body limit: a request's key is checked before anything reads its body
     sandbox_access = SandboxAccess(control, limiter)
-    app.add_middleware(AuthGateMiddleware, authenticate=keys.authenticate, sandbox_token=sandbox_access.verify)
+    app.add_middleware(
+        AuthGateMiddleware,
+        authenticate=keys.authenticate,
+        sandbox_token=sandbox_access.verify,
+        sessions=sessions,
+        failures=failures,
+    )
     app.add_middleware(MetricsMiddleware, metrics=control.metrics)
     app.include_router(sandboxes_router)
     app.include_router(files_router)
@@ -164,6 +204,9 @@ def create_app(
     app.include_router(repl_router)
     mcp = app.state.mcp = McpEndpoint(app)  # its tools call this app in process, with the caller's key
     app.router.routes.append(McpRoute(mcp))
+    app.include_router(console_session_router)
+    app.include_router(console_api_router)
+    mount_console(app)  # after the console's API routes (they take precedence over its files)
     # the sandbox URL first: the E2B API's catch-all 404 would otherwise answer for it
     app.state.envd = mount_sandbox_url(app, sandbox_access, app.state.ctx.proxy)
     app.include_router(e2b_router)

@@ -7,6 +7,8 @@
      ├── Unauthorized        unauthorized       401
      ├── NotFound            not_found          404
      ├── StateError          wrong_state        409
+     ├── Forbidden           forbidden          403
+     │    └── CsrfRefused    csrf               403  (a console session's write without its X-CSRF-Token)
      ├── PayloadTooLarge     payload_too_large  413
      ├── QuotaExceeded       rate_limited       429  (the request rate: retry after ``Retry-After``)
      ├── WorkspaceQuotaExceeded quota_exceeded  429  (a workspace limit: no ``Retry-After``, nothing created)
@@ -84,6 +86,13 @@ class Forbidden(CryoboxError):
 
     code = "forbidden"
     http_status = 403
+
+
+class CsrfRefused(Forbidden):
+    """A request authenticated by the console's session cookie changes something without the session's
+    ``X-CSRF-Token`` header (or with another value); nothing was changed."""
+
+    code = "csrf"
 
 
 class PayloadTooLarge(CryoboxError):

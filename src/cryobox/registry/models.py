@@ -64,6 +64,20 @@ class ApiKey(Base):
     revoked_at: Mapped[float | None] = mapped_column(Double)
 
 
+class ConsoleSession(Base):
+    """A web console login (revision 0009): the cookie's token only as its SHA-256, bound to the API key that
+    logged in (a revoked key ends its sessions); ``ended_at`` is set by logout."""
+
+    __tablename__ = "console_sessions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key_id: Mapped[str] = mapped_column(ID, ForeignKey("api_keys.id"), index=True)
+    workspace_id: Mapped[str] = mapped_column(ID, ForeignKey("workspaces.id"))
+    created_at: Mapped[float] = mapped_column(Double)
+    expires_at: Mapped[float] = mapped_column(Double)
+    ended_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+
+
 class Template(Base):
     __tablename__ = "templates"
 

@@ -15,6 +15,10 @@ from ..agent.vm import Accel
 from ..agentapi import Agent
 from ..agentapi import models as am
 from ..agentapi.heartbeat import heartbeat_of
+from ..console.routes_session import router as console_session_router
+from ..console.sessions import ConsoleSessions
+from ..console.static import mount_console
+from ..registry.sessions import SessionRecords
 from .control import ControlPlane
 from .deps import AppContext
 from .e2b.access import SandboxAccess
@@ -23,7 +27,7 @@ from .e2b.sandbox_url import mount_sandbox_url
 from .errors import install_error_handlers
 from .fleet import DEFAULT_HEARTBEAT_INTERVAL_S
 from .forks_ctl import ForkControl
-from .gate import AuthGateMiddleware
+from .gate import AuthGateMiddleware, FailedAuth
 from .keycache import KeyCache
 from .limits import BodyLimitMiddleware
 from .metrics import MetricsMiddleware
@@ -50,6 +54,8 @@ class Intervals:
     heartbeat_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
     """How often the in-process agent reports in (HTTP agents have their own setting)."""
     key_cache_s: float = 5.0
+    session_ttl_s: float = 12 * 3600.0
+    """A console session's sliding lifetime."""
 
 
 def wire_registration(control: ControlPlane) -> None:
@@ -133,6 +139,10 @@ def create_app(
         description="Self-hosted microVM sandboxes where every create is a snapshot restore.",
     )
     keys = KeyCache(control.registry.authenticate, ttl_s=every_s.key_cache_s)
+    sessions = ConsoleSessions(
+        SessionRecords(control.registry.database), ttl_s=every_s.session_ttl_s, cache_s=every_s.key_cache_s
+    )
+    failures = FailedAuth()
     app.state.ctx = AppContext(
         control=control,
         forks=ForkControl(control),
@@ -141,12 +151,20 @@ def create_app(
         host=host,
         version=__version__,
         keys=keys,
+        sessions=sessions,
+        failures=failures,
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware)
     # outside the body limit: a request's key is checked before anything reads its body
     sandbox_access = SandboxAccess(control, limiter)
-    app.add_middleware(AuthGateMiddleware, authenticate=keys.authenticate, sandbox_token=sandbox_access.verify)
+    app.add_middleware(
+        AuthGateMiddleware,
+        authenticate=keys.authenticate,
+        sandbox_token=sandbox_access.verify,
+        sessions=sessions,
+        failures=failures,
+    )
     app.add_middleware(MetricsMiddleware, metrics=control.metrics)
     app.include_router(sandboxes_router)
     app.include_router(files_router)
@@ -160,6 +178,8 @@ def create_app(
     app.include_router(procs_router)
     app.include_router(code_router)
     app.include_router(repl_router)
+    app.include_router(console_session_router)
+    mount_console(app)  # after the console's API routes (they take precedence over its files)
     # the sandbox URL first: the E2B API's catch-all 404 would otherwise answer for it
     app.state.envd = mount_sandbox_url(app, sandbox_access, app.state.ctx.proxy)
     app.include_router(e2b_router)

@@ -9,12 +9,14 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from ..agent.vm import Accel
+from ..console import auth as console_auth
+from ..console.sessions import CSRF_HEADER, ConsoleSessions
 from ..errors import Unauthorized
 from ..proxy import PortProxy
 from ..registry import Registry, WorkspaceInfo
 from .control import ControlPlane
 from .forks_ctl import ForkControl
-from .gate import bearer_key
+from .gate import FailedAuth, bearer_key
 from .keycache import KeyCache
 from .metrics import Metrics
 from .ratelimit import RateLimiter
@@ -30,6 +32,9 @@ class AppContext:
     host: str
     version: str
     keys: KeyCache
+    sessions: ConsoleSessions
+    failures: FailedAuth = field(default_factory=FailedAuth)
+    """Bad keys per client address, shared by the front gate and ``POST /ui/login``."""
     tickets: PtyTickets = field(default_factory=PtyTickets)
     proxy: PortProxy = field(default_factory=PortProxy)
 
@@ -65,11 +70,18 @@ def context(request: Request) -> AppContext:
 
 async def authenticated(request: Request, ctx: Annotated[AppContext, Depends(context)]) -> Caller:
     key = bearer_key(request.headers.get("authorization"))
-    if key is None:
-        raise Unauthorized("missing bearer API key (Authorization: Bearer <key>)")
-    workspace = await asyncio.to_thread(ctx.keys.authenticate, key)
-    if workspace is None:
-        raise Unauthorized("invalid or revoked API key")
+    token = console_auth.session_token(request.headers.get("cookie"))
+    if key is None and token is not None and console_auth.cookie_allowed(request.url.path):
+        csrf = request.headers.get(CSRF_HEADER)
+        session = await asyncio.to_thread(console_auth.check_session, ctx.sessions, token, request.method, csrf)
+        workspace = session.workspace
+    else:
+        if key is None:
+            raise Unauthorized("missing bearer API key (Authorization: Bearer <key>)")
+        found = await asyncio.to_thread(ctx.keys.authenticate, key)
+        if found is None:
+            raise Unauthorized("invalid or revoked API key")
+        workspace = found
     ctx.limiter.check(workspace.id)
     return Caller(app=ctx, workspace=workspace)
 

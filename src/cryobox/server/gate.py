@@ -19,6 +19,10 @@ from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..console import auth as console_auth
+from ..console.sessions import ConsoleSessions
+from ..errors import CryoboxError
+
 MAX_JSON_BYTES = 1 << 20
 PUBLIC_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/redoc", "/docs/oauth2-redirect"})
 NODE_PREFIXES = ("/internal/",)
@@ -84,16 +88,21 @@ class AuthGateMiddleware:
         failures: FailedAuth | None = None,
         max_json_bytes: int = MAX_JSON_BYTES,
         sandbox_token: Callable[..., bool] | None = None,
+        sessions: ConsoleSessions | None = None,
     ) -> None:
         self.app = app
         self.authenticate = authenticate
         self.sandbox_token = sandbox_token
+        self.sessions = sessions
         self.failures = failures if failures is not None else FailedAuth()
         self.max_json_bytes = max_json_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = str(scope.get("path", ""))
         if scope["type"] != "http" or path in PUBLIC_PATHS or path.startswith(NODE_PREFIXES):
+            await self.app(scope, receive, send)
+            return
+        if console_auth.is_console_asset(path):  # the console's static files: no data in them
             await self.app(scope, receive, send)
             return
         client = scope["client"][0] if scope.get("client") else "-"
@@ -105,12 +114,38 @@ class AuthGateMiddleware:
         if path == SANDBOX_PREFIX or path.startswith(SANDBOX_PREFIX + "/"):
             await self._sandbox(scope, receive, send, client)
             return
+        if path in (console_auth.LOGIN_PATH, console_auth.LOGOUT_PATH):  # they check the key or cookie themselves
+            await self._capped(scope, receive, send)
+            return
         key = bearer(scope.get("headers", []))
+        if key is None and self.sessions is not None and console_auth.cookie_allowed(path):
+            headers = scope.get("headers", [])
+            token = console_auth.session_token(console_auth.header(headers, b"cookie"))
+            if token is not None:
+                await self._cookie(scope, receive, send, token)
+                return
         if key is None or await asyncio.to_thread(self.authenticate, key) is None:
             self.failures.failed(client)
             missing = "missing bearer API key (Authorization: Bearer <key>)"
             message = missing if key is None else "invalid or revoked API key"
             await _reply(send, 401, "unauthorized", message, path=path)
+            return
+        if UPLOAD.match(path):
+            await self.app(scope, receive, send)
+            return
+        await self._capped(scope, receive, send)
+
+    async def _cookie(self, scope: Scope, receive: Receive, send: Send, token: str) -> None:
+        """A console session instead of a key (not counted as a bad key when stale: a cookie's token is random,
+        not guessable, and a browser holding an old one must not lock its address out)."""
+        assert self.sessions is not None
+        path = str(scope.get("path", ""))
+        csrf = console_auth.header(scope.get("headers", []), b"x-csrf-token")
+        method = str(scope.get("method", "GET"))
+        try:
+            await asyncio.to_thread(console_auth.check_session, self.sessions, token, method, csrf)
+        except CryoboxError as err:
+            await _reply(send, err.http_status, err.code, err.message, path=path)
             return
         if UPLOAD.match(path):
             await self.app(scope, receive, send)

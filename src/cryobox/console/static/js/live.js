@@ -7,6 +7,7 @@ export class Live {
     this.source = null;
     this.subscribers = new Map();
     this.last = new Map();
+    this.retry = null;
   }
 
   start() {
@@ -15,7 +16,18 @@ export class Live {
     this.source = source;
     this.setStatus("connecting");
     source.onopen = () => this.setStatus("live");
-    source.onerror = () => this.setStatus(source.readyState === EventSource.CLOSED ? "offline" : "reconnecting");
+    source.onerror = () => {
+      if (source.readyState !== EventSource.CLOSED) {
+        this.setStatus("reconnecting");
+        return;
+      }
+      // the browser gave up (an HTTP error such as a restart's 502): try again later, unless stopped
+      this.setStatus("offline");
+      if (this.source === source) {
+        this.source = null;
+        this.retry = setTimeout(() => this.start(), 5000);
+      }
+    };
     for (const type of ["sandboxes", "metrics", "agents"]) {
       source.addEventListener(type, (event) => {
         let data;
@@ -31,6 +43,7 @@ export class Live {
   }
 
   stop() {
+    clearTimeout(this.retry);
     if (this.source) this.source.close();
     this.source = null;
     this.last.clear();

@@ -2,8 +2,8 @@
 // (POST /v1/sandboxes/{id}/pty/tickets with the session cookie + CSRF header). Frames (server/routes_pty.py):
 // server->client binary = output, text = JSON {session}|{exit_code}|{error, code}; client->server binary =
 // input, text {"resize": [cols, rows]}.
-import { Terminal } from "../vendor/xterm/xterm.mjs";
-import { FitAddon } from "../vendor/addon-fit/addon-fit.mjs";
+import { Terminal } from "../vendor/xterm/xterm.js";
+import { FitAddon } from "../vendor/addon-fit/addon-fit.js";
 import { sbxPath, errorText } from "./api.js";
 import { h } from "./dom.js";
 

@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 CRYOBOX := $(VENV)/bin/cryobox
-APT_PACKAGES := qemu-system-x86 qemu-utils debootstrap busybox-static e2fsprogs postgresql xfsprogs nftables fuse3 libfuse3-3 protobuf-compiler chromium fonts-dejavu-core
+APT_PACKAGES := qemu-system-x86 qemu-utils debootstrap busybox-static e2fsprogs postgresql xfsprogs nftables fuse3 libfuse3-3 protobuf-compiler chromium firefox-esr fonts-dejavu-core
 PYTEST_ARGS ?=
 ARGS ?=
 # QEMU 10 from bookworm-backports, unpacked beside the system's 7.2 (not installed as the system QEMU): measured

@@ -244,10 +244,12 @@ def test_captured_failure_evidence_and_bisect(console: Console, tmp_path: Path) 
     viewer = page.get_by_test_id("evidence-viewer")
     expect(viewer).to_contain_text("console-capture: about to fail")
     expect(viewer).to_contain_text(HOSTILE_LOG)  # shown as text
-    page.locator("[data-testid=evidence-file][data-name='console.log']").click()
-    expect(page.get_by_test_id("evidence-name")).to_have_text("console.log")
-    expect(page.get_by_test_id("evidence-status")).to_have_attribute("data-done", "1")
-    assert viewer.inner_text().strip(), "console.log is empty"
+    sizes = {f["name"]: f["size"] for f in console.http.get(f"/v1/snapshots/{snapshot_id}/evidence").json()["files"]}
+    for name in ("console.log", "qemu.log"):  # streamed to the end (they may be short or empty)
+        page.locator(f"[data-testid=evidence-file][data-name='{name}']").click()
+        expect(page.get_by_test_id("evidence-name")).to_have_text(name)
+        expect(page.get_by_test_id("evidence-status")).to_have_attribute("data-done", "1")
+        expect(page.get_by_test_id("evidence-status")).to_have_attribute("data-bytes", str(sizes[name]))
 
     expect(page.get_by_test_id("bisect-command")).to_have_value("cd /work && python3 test_fails.py")
     started = time.monotonic()
@@ -318,7 +320,14 @@ def test_templates_page(console: Console) -> None:
     console.shot("templates")
 
     console.go("sandboxes", "page-sandboxes")
-    expect(page.get_by_test_id("sandbox-row").first).to_be_visible()
+    row = page.locator(f"[data-testid=sandbox-row][data-id='{console.facts['sandbox']}']")
+    expect(row.get_by_test_id("sandbox-metadata")).to_contain_text(HOSTILE_META)
+    assert page.locator("[data-testid=sandbox-list] img").count() == 0
+    page.get_by_test_id("sandbox-filter").fill("suite=console")
+    expect(page.get_by_test_id("sandbox-row")).to_have_count(1)
+    page.get_by_test_id("sandbox-filter").fill("suite=nothing-has-this")
+    expect(page.get_by_test_id("sandbox-empty")).to_be_visible()
+    page.get_by_test_id("sandbox-filter").fill("")
     console.shot("sandboxes")
     no_dialogs(console)
 

@@ -1,6 +1,6 @@
 // The exec box (POST /v1/sandboxes/{id}/exec) and the exec history (GET /ui/api/sandboxes/{id}/execs).
 import { errorText, sbxPath } from "./api.js";
-import { fmtTime, h, replace, table } from "./dom.js";
+import { fmtTime, h, replace, table, toEpoch } from "./dom.js";
 
 export class ExecPanel {
   constructor(api, sandboxId) {
@@ -56,7 +56,7 @@ export class ExecPanel {
   async loadHistory() {
     try {
       const body = await this.api.get(`/ui/api/sandboxes/${encodeURIComponent(this.sandboxId)}/execs`);
-      const execs = [...body.execs].reverse();
+      const execs = [...body.execs].sort((a, b) => (toEpoch(b.started_at) || 0) - (toEpoch(a.started_at) || 0));
       if (!execs.length) {
         replace(this.history, h("p", { class: "muted" }, "No commands run through the API yet."));
         return;

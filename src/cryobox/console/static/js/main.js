@@ -35,6 +35,8 @@ class App {
   }
 
   async start() {
+    // on #/login the form shows at once, while the session check runs (a live session then moves on)
+    if (location.hash === "#/login") this.route();
     try {
       const session = await this.api.get("/ui/session", { noRedirect: true });
       this.loggedInAs(session);

@@ -72,6 +72,7 @@ async function streamInto(pre, status, url, signal) {
     status.textContent = `${fmtBytes(total)} received…`;
   }
   status.textContent = shown >= EVIDENCE_VIEW_LIMIT ? `${fmtBytes(total)} (shown truncated; download for all)` : fmtBytes(total);
+  status.dataset.bytes = String(total);
   status.dataset.done = "1";
 }
 
@@ -154,6 +155,7 @@ export function snapshotPage(app, root, id) {
     viewing = controller;
     viewerName.textContent = name;
     delete viewerStatus.dataset.done;
+    delete viewerStatus.dataset.bytes;
     for (const b of evidenceList.querySelectorAll("button")) b.classList.toggle("active", b.dataset.name === name);
     try {
       await streamInto(viewer, viewerStatus, `${path}/evidence/${encodeURIComponent(name)}`, controller.signal);

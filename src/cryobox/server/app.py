@@ -15,8 +15,13 @@ from ..agent.vm import Accel
 from ..agentapi import Agent
 from ..agentapi import models as am
 from ..agentapi.heartbeat import heartbeat_of
+from ..console.bisect_jobs import BisectJobs, ControlPlatform
+from ..console.execs import ExecHistory
+from ..console.routes_api import router as console_api_router
 from ..console.routes_session import router as console_session_router
+from ..console.sampler import MetricsSampler, exposition_source
 from ..console.sessions import ConsoleSessions
+from ..console.state import ConsoleState
 from ..console.static import mount_console
 from ..registry.sessions import SessionRecords
 from .control import ControlPlane
@@ -56,6 +61,8 @@ class Intervals:
     key_cache_s: float = 5.0
     session_ttl_s: float = 12 * 3600.0
     """A console session's sliding lifetime."""
+    metrics_sample_s: float = 2.0
+    """The console's metrics sampler."""
 
 
 def wire_registration(control: ControlPlane) -> None:
@@ -115,11 +122,13 @@ def create_app(
                 every(max(0.2, control.fleet.config.deadline_s / 4), "agent liveness", control.fleet.check_stale)
             ),
         ]
+        tasks.append(asyncio.create_task(console.sampler.run(), name="console metrics sampler"))
         if local:
             tasks.append(asyncio.create_task(every(every_s.heartbeat_s, "local heartbeat", beat)))
         try:
             yield
         finally:
+            await console.bisects.close()  # cancelled, children killed, before the rest closes
             for task in tasks:
                 task.cancel()
             for task in tasks:
@@ -143,9 +152,15 @@ def create_app(
         SessionRecords(control.registry.database), ttl_s=every_s.session_ttl_s, cache_s=every_s.key_cache_s
     )
     failures = FailedAuth()
+    forks = ForkControl(control)
+    console = ConsoleState(
+        sampler=MetricsSampler(exposition_source(control.metrics.render_all), interval_s=every_s.metrics_sample_s),
+        bisects=BisectJobs(ControlPlatform(control, forks)),
+        execs=ExecHistory(),
+    )
     app.state.ctx = AppContext(
         control=control,
-        forks=ForkControl(control),
+        forks=forks,
         limiter=limiter,
         accel=accel,
         host=host,
@@ -153,6 +168,7 @@ def create_app(
         keys=keys,
         sessions=sessions,
         failures=failures,
+        console=console,
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware)
@@ -179,6 +195,7 @@ def create_app(
     app.include_router(code_router)
     app.include_router(repl_router)
     app.include_router(console_session_router)
+    app.include_router(console_api_router)
     mount_console(app)  # after the console's API routes (they take precedence over its files)
     # the sandbox URL first: the E2B API's catch-all 404 would otherwise answer for it
     app.state.envd = mount_sandbox_url(app, sandbox_access, app.state.ctx.proxy)

@@ -11,6 +11,7 @@ from fastapi import Depends, Request
 from ..agent.vm import Accel
 from ..console import auth as console_auth
 from ..console.sessions import CSRF_HEADER, ConsoleSessions
+from ..console.state import ConsoleState
 from ..errors import Unauthorized
 from ..proxy import PortProxy
 from ..registry import Registry, WorkspaceInfo
@@ -33,6 +34,7 @@ class AppContext:
     version: str
     keys: KeyCache
     sessions: ConsoleSessions
+    console: ConsoleState
     failures: FailedAuth = field(default_factory=FailedAuth)
     """Bad keys per client address, shared by the front gate and ``POST /ui/login``."""
     tickets: PtyTickets = field(default_factory=PtyTickets)

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from ..agentapi import models as am
 from ..errors import InvalidArgument, Unauthorized
 from . import wire
+from .control import ControlPlane
 from .deps import Ctx, PublicCtx
 from .errors import ERROR_RESPONSES
 from .hibernations import DrainReport
@@ -37,23 +38,26 @@ async def heartbeat(request: Request, ctx: PublicCtx) -> am.HeartbeatReply:
     return await ctx.control.fleet.heartbeat(body)
 
 
+async def agent_views(control: ControlPlane) -> list[dict[str, Any]]:
+    """The objects of ``GET /v1/agents`` (also the console's ``agents`` event)."""
+    rows = await control.fleet.agents()
+    return [
+        {
+            "name": row.name,
+            "url": row.url,
+            "status": row.status if control.fleet.is_alive(row) or row.status != "up" else "silent",
+            "heartbeat_at": row.heartbeat_at,
+            "registered_at": row.registered_at,
+            "capacity": row.capacity,
+        }
+        for row in rows
+    ]
+
+
 @router.get("/v1/agents")
 async def list_agents(ctx: Ctx) -> dict[str, Any]:
     """ext: the host agents, their state, last heartbeat and capacity."""
-    rows = await ctx.control.fleet.agents()
-    return {
-        "agents": [
-            {
-                "name": row.name,
-                "url": row.url,
-                "status": row.status if ctx.control.fleet.is_alive(row) or row.status != "up" else "silent",
-                "heartbeat_at": row.heartbeat_at,
-                "registered_at": row.registered_at,
-                "capacity": row.capacity,
-            }
-            for row in rows
-        ]
-    }
+    return {"agents": await agent_views(ctx.control)}
 
 
 def drain_response(report: DrainReport) -> wire.DrainResponse:

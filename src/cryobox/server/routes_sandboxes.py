@@ -15,6 +15,7 @@ from .. import models
 from ..agent.net.firewall import parse_cidrs
 from ..agent.sandbox import rfc3339
 from ..agentapi import models as am
+from ..console.execs import ExecRecord
 from ..errors import CryoboxError, SandboxTimeout
 from .control import UNSET, CreateRequest
 from .deps import Ctx
@@ -117,6 +118,7 @@ def _timeout_message(body: models.ExecRequest) -> str:
 @router.post("/{sandbox_id}/exec", response_model=models.ExecResponse)
 async def exec_command(sandbox_id: str, body: models.ExecRequest, ctx: Ctx) -> models.ExecResponse:
     started = time.monotonic()
+    started_at = time.time()
     try:
         agent = await ctx.control.agent_for(sandbox_id, ctx.workspace_id)
         result = await agent.exec(sandbox_id, exec_spec(body))
@@ -124,6 +126,18 @@ async def exec_command(sandbox_id: str, body: models.ExecRequest, ctx: Ctx) -> m
         ctx.app.metrics.observe_exec("error", time.monotonic() - started)
         raise
     ctx.app.metrics.observe_exec("timeout" if result.timed_out else "ok", time.monotonic() - started)
+    ctx.app.console.execs.record(
+        sandbox_id,
+        ExecRecord(
+            command=body.cmd,
+            exit_code=None if result.timed_out else result.exit_code,
+            started_at=started_at,
+            duration_ms=result.duration_ms,
+            stdout_tail=result.stdout,
+            stderr_tail=result.stderr,
+            timed_out=result.timed_out,
+        ),
+    )
     if result.timed_out:
         raise SandboxTimeout(
             _timeout_message(body),

@@ -66,7 +66,7 @@ export class ExecPanel {
         cells: [
           fmtTime(e.started_at),
           h("code", null, e.command),
-          String(e.exit_code ?? "–"),
+          e.timed_out ? "timed out" : String(e.exit_code ?? "–"),
           `${e.duration_ms ?? "–"} ms`,
           h("pre", { class: "tail" }, e.stdout_tail || "", e.stderr_tail ? h("span", { class: "stderr" }, e.stderr_tail) : null),
         ],

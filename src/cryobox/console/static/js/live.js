@@ -8,6 +8,7 @@ export class Live {
     this.subscribers = new Map();
     this.last = new Map();
     this.retry = null;
+    this.onUnauthorized = null;
   }
 
   start() {
@@ -16,7 +17,13 @@ export class Live {
     this.source = source;
     this.setStatus("connecting");
     source.onopen = () => this.setStatus("live");
-    source.onerror = () => {
+    source.onerror = (event) => {
+      if (event.data) {
+        // the server's own `error` event: the session ended or the key was revoked
+        this.stop();
+        if (this.onUnauthorized) this.onUnauthorized();
+        return;
+      }
       if (source.readyState !== EventSource.CLOSED) {
         this.setStatus("reconnecting");
         return;

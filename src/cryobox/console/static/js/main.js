@@ -30,6 +30,7 @@ class App {
     this.cleanup = null;
     this.loggedIn = false;
     this.api.onUnauthorized = () => this.sessionEnded();
+    this.live.onUnauthorized = () => this.sessionEnded();
     document.querySelector("[data-testid=logout]").addEventListener("click", () => this.logout());
     window.addEventListener("hashchange", () => this.route());
   }

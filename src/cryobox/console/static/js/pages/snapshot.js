@@ -219,7 +219,8 @@ export function snapshotPage(app, root, id) {
     replace(
       bisectResult,
       h("strong", { testid: "bisect-ratio" }, `${job.reproduced}/${job.count}`),
-      ` reproduced (${job.passed} passed${errors ? `, ${errors} errors` : ""})`,
+      ` reproduced (${job.passed} passed${errors ? `, ${errors} not counted` : ""})`,
+      job.verdict ? h("span", { class: "muted", testid: "bisect-verdict" }, ` — ${job.verdict}`) : null,
     );
   }
 

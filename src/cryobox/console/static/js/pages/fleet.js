@@ -50,7 +50,7 @@ function capacityTable(info) {
     [
       [
         info.version,
-        info.accelerator,
+        h("span", { testid: "fleet-accelerator" }, info.accelerator),
         String(c.agents ?? "–"),
         String(c.sandboxes_running ?? c.sandboxes ?? "–"),
         `${c.memory_committed_mib ?? "–"} / ${c.memory_total_mib ?? "–"} MiB`,

@@ -7,6 +7,7 @@
      ├── Unauthorized        unauthorized       401
      ├── NotFound            not_found          404
      ├── StateError          wrong_state        409
+     ├── JobCancelled        cancelled          409  (a server-side job ended because the server is stopping)
      ├── Forbidden           forbidden          403
      │    └── CsrfRefused    csrf               403  (a console session's write without its X-CSRF-Token)
      ├── PayloadTooLarge     payload_too_large  413
@@ -78,6 +79,13 @@ class StateError(CryoboxError):
         super().__init__(message, details=details)
         self.state = state
         self.required = required
+
+
+class JobCancelled(CryoboxError):
+    """A server-side job (a bisect) was cancelled, or could not start, because the server is stopping."""
+
+    code = "cancelled"
+    http_status = 409
 
 
 class Forbidden(CryoboxError):
@@ -219,7 +227,9 @@ ERRORS_BY_CODE: dict[str, type[CryoboxError]] = {
         InvalidArgument,
         Unauthorized,
         NotFound,
+        JobCancelled,  # before StateError: a bare 409 (no code) still maps to StateError
         StateError,
+        CsrfRefused,  # before Forbidden: a bare 403 still maps to Forbidden
         Forbidden,
         PayloadTooLarge,
         WorkspaceQuotaExceeded,  # before QuotaExceeded: a bare 429 (no code) still maps to QuotaExceeded

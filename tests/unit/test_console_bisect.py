@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from cryobox.agentapi import models as am
-from cryobox.console.bisect_jobs import JOB_LABEL, BisectJobs
+from cryobox.console.bisect_jobs import BisectJobs
+from cryobox.console.bisect_platform import JOB_LABEL
 from cryobox.errors import CryoboxError, GuestError, HostUnavailable, NotFound, QuotaExceeded
 from tests.unit import registry_support
 from tests.unit.console_support import ConsoleEnv, console_env
@@ -194,3 +195,16 @@ async def test_the_bisect_routes_over_the_control_plane(console_env: ConsoleEnv)
     foreign = await client.get(f"/v1/bisects/{job_id}", headers={"Authorization": f"Bearer {key}"})
     assert foreign.status_code == 404
     await console_env.ctx.console.bisects.close()
+
+
+async def test_stopping_the_app_cancels_running_jobs_and_kills_their_children(console_env: ConsoleEnv) -> None:
+    platform = FakePlatform(hang=True)
+    console_env.ctx.console.bisects = BisectJobs(platform)
+    async with console_env.app.router.lifespan_context(console_env.app):
+        job = console_env.ctx.console.bisects.start(console_env.workspace_id, "snap-a", "sleep 1000", 3, 3000.0)
+        await asyncio.wait_for(platform.started.wait(), 10)
+        assert job.state == "running"
+        assert console_env.ctx.console.sampler.history()  # the sampler runs in the app's lifespan too
+    view = job.to_json()  # (read afresh: the job changed underneath)
+    assert view["state"] == "failed" and "cancelled" in str(view["error"])
+    assert platform.live == {} and platform.calls[-1] == "delete parent"

@@ -187,3 +187,15 @@ def test_sessions_are_cached_like_keys_and_slide(registry: Registry, clock: regi
     assert sessions.authenticate(live.token) is None
     sessions2 = ConsoleSessions(SessionRecords(registry.database), clock=clock)  # another replica
     assert sessions2.authenticate(live.token) is None
+
+    fresh = sessions.login(other)
+    assert fresh is not None
+    assert sessions.purge(older_than_s=0.5) == 2  # the two expired ones, not the live one
+    clock.now += 10
+    assert sessions2.authenticate(fresh.token) is not None
+
+
+async def test_the_openapi_document_has_the_bisect_api_but_not_the_console_internals(console_env: ConsoleEnv) -> None:
+    paths = (await console_env.client.get("/openapi.json")).json()["paths"]
+    assert "/v1/snapshots/{snapshot_id}/bisect" in paths and "/v1/bisects/{bisect_id}" in paths
+    assert not {"/ui/login", "/ui/logout", "/ui/session", "/ui/api/events", "/ui", "/ui/"} & set(paths)

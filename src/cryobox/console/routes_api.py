@@ -44,11 +44,7 @@ def _still_allowed(request: Request, caller: Caller) -> Any:
     return check
 
 
-@router.get(
-    "/ui/api/events",
-    response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {}}, "description": "server-sent events"}},
-)
+@router.get("/ui/api/events", response_class=StreamingResponse, include_in_schema=False)  # endless: not fuzzable
 async def events(request: Request, ctx: Ctx) -> StreamingResponse:
     """Live ``sandboxes``, ``metrics`` and ``agents`` events for the caller's workspace."""
 

@@ -13,7 +13,8 @@ from ..server.errors import ERROR_RESPONSES
 from . import auth
 from .sessions import COOKIE_NAME, CSRF_HEADER, csrf_for
 
-router = APIRouter(prefix="/ui", tags=["console"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/ui", tags=["console"], responses=ERROR_RESPONSES, include_in_schema=False)
+"""Console-internal (not in the OpenAPI document: a fuzzer must not log in with made-up keys)."""
 
 
 class LoginRequest(BaseModel):

@@ -32,6 +32,8 @@ EXTEND_AFTER_S = 300.0
 """A session's expiry slides forward at most this often (one registry write per 5 minutes of use, not per
 request)."""
 MAX_CACHED = 4096
+PURGE_AFTER_S = 86400.0
+PURGE_EVERY_S = 3600.0
 
 
 def token_hash(token: str) -> str:
@@ -105,6 +107,10 @@ class ConsoleSessions:
         with self._lock:
             self._cache.pop(digest, None)
         self._records.end(digest, self._clock())
+
+    def purge(self, older_than_s: float = PURGE_AFTER_S) -> int:
+        """Forget sessions that expired or ended more than ``older_than_s`` ago (blocking: call from a thread)."""
+        return self._records.purge(self._clock() - older_than_s)
 
     @staticmethod
     def csrf_ok(token: str, presented: str | None) -> bool:

@@ -15,12 +15,13 @@ from ..agent.vm import Accel
 from ..agentapi import Agent
 from ..agentapi import models as am
 from ..agentapi.heartbeat import heartbeat_of
-from ..console.bisect_jobs import BisectJobs, ControlPlatform
+from ..console.bisect_jobs import BisectJobs
+from ..console.bisect_platform import ControlPlatform
 from ..console.execs import ExecHistory
 from ..console.routes_api import router as console_api_router
 from ..console.routes_session import router as console_session_router
 from ..console.sampler import MetricsSampler, exposition_source
-from ..console.sessions import ConsoleSessions
+from ..console.sessions import PURGE_EVERY_S, ConsoleSessions
 from ..console.state import ConsoleState
 from ..console.static import mount_console
 from ..registry.sessions import SessionRecords
@@ -123,6 +124,11 @@ def create_app(
             ),
         ]
         tasks.append(asyncio.create_task(console.sampler.run(), name="console metrics sampler"))
+        tasks.append(
+            asyncio.create_task(
+                every(PURGE_EVERY_S, "console session purge", lambda: asyncio.to_thread(sessions.purge))
+            )
+        )
         if local:
             tasks.append(asyncio.create_task(every(every_s.heartbeat_s, "local heartbeat", beat)))
         try:

@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 
 _DESCRIPTIONS = {
     400: "invalid input; nothing changed",
-    401: "missing or invalid API key",
+    401: "missing or invalid API key (or console session)",
+    403: ("not allowed (forbidden; nothing changed), or a console-session write without its X-CSRF-Token (csrf)"),
     404: "unknown id (or another workspace's)",
     409: "wrong state for this operation",
     413: "request too large",

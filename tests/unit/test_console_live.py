@@ -155,6 +155,55 @@ async def test_the_event_stream_sends_changes_heartbeats_and_ends_when_access_en
     assert tail[-1] == ("error", {"error": "the session ended or the API key was revoked", "code": "unauthorized"})
 
 
+async def test_snapshots_and_templates_are_live_events_too() -> None:
+    now = [0.0]
+    snapshots: list[dict[str, Any]] = []
+    templates = [{"name": "base", "status": "ready"}]
+
+    async def source() -> str:
+        return herd_text(0, 0, 0, 0)
+
+    async def fixed() -> list[dict[str, Any]]:
+        return []
+
+    async def list_snapshots() -> list[dict[str, Any]]:
+        return list(snapshots)
+
+    async def list_templates() -> list[dict[str, Any]]:
+        return [dict(t) for t in templates]
+
+    async def yes() -> bool:
+        return True
+
+    async def no() -> bool:
+        return False
+
+    stream: AsyncIterator[bytes] = event_stream(
+        sandboxes=fixed,
+        agents=fixed,
+        snapshots=list_snapshots,
+        templates=list_templates,
+        sampler=MetricsSampler(source),
+        still_allowed=yes,
+        disconnected=no,
+        cadence=Cadence(poll_s=0.001),
+        clock=lambda: now[0],
+    )
+    assert await anext(stream) == b"retry: 3000\n\n"
+    first = parse_events([await anext(stream) for _ in range(4)])
+    assert [name for name, _ in first] == ["sandboxes", "agents", "snapshots", "templates"]
+    assert first[2][1] == {"snapshots": []} and first[3][1] == {"templates": templates}
+
+    snapshots.append({"id": "snap-1"})
+    templates[0]["status"] = "building"
+    now[0] += 2.0  # their next poll: both changes are sent
+    changed = parse_events([await anext(stream), await anext(stream)])
+    assert changed == [
+        ("snapshots", {"snapshots": [{"id": "snap-1"}]}),
+        ("templates", {"templates": [{"name": "base", "status": "building"}]}),
+    ]
+
+
 def test_exec_history_is_a_ring_of_50_with_tails() -> None:
     history = ExecHistory(max_sandboxes=2)
     for i in range(60):

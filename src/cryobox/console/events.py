@@ -5,6 +5,8 @@
 - ``metrics``: every sample of :class:`~.sampler.MetricsSampler` (every 2 s), the latest one at the start;
 - ``agents`` ``{"agents": [...]}`` (the objects of ``GET /v1/agents``): at the start, on change (polled every
   2 s) and at least every 10 s;
+- ``snapshots`` ``{"snapshots": [...]}`` (``GET /v1/snapshots``) and ``templates`` ``{"templates": [...]}`` (the
+  items of ``GET /v1/templates``, with a building template's progress): like ``agents``, polled every 2 s;
 - ``error`` ``{"error", "code"}``, then the stream ends: the caller's key was revoked or its session ended
   (re-checked every 5 s, so a long-lived stream does not outlive its credentials).
 
@@ -42,6 +44,8 @@ async def event_stream(
     sandboxes: Fetch,
     agents: Fetch,
     sampler: MetricsSampler,
+    snapshots: Fetch | None = None,
+    templates: Fetch | None = None,
     still_allowed: Callable[[], Awaitable[bool]],
     disconnected: Callable[[], Awaitable[bool]],
     cadence: Cadence = Cadence(),
@@ -69,11 +73,17 @@ async def event_stream(
         last[name] = (now, text)
         return sse(name, {name: items})
 
+    feeds = [
+        ("sandboxes", sandboxes, cadence.poll_s, cadence.sandboxes_every_s),
+        ("agents", agents, cadence.agents_poll_s, cadence.agents_every_s),
+    ]
+    feeds += [
+        (name, fetch, cadence.agents_poll_s, cadence.agents_every_s)
+        for name, fetch in (("snapshots", snapshots), ("templates", templates))
+        if fetch is not None
+    ]
     while True:
-        for name, fetch, poll_s, every_s in (
-            ("sandboxes", sandboxes, cadence.poll_s, cadence.sandboxes_every_s),
-            ("agents", agents, cadence.agents_poll_s, cadence.agents_every_s),
-        ):
+        for name, fetch, poll_s, every_s in feeds:
             event = await changed(name, fetch, poll_s, every_s)
             if event is not None:
                 yield event

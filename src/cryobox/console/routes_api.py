@@ -16,7 +16,8 @@ from ..server.errors import ERROR_RESPONSES
 from ..server.forks_ctl import MAX_TREE
 from ..server.gate import bearer_key
 from ..server.routes_fleet import agent_views
-from ..server.views import sandbox_view
+from ..server.routes_snapshots import snapshot_view
+from ..server.views import sandbox_view, template_view
 from . import auth
 from .events import event_stream
 
@@ -46,7 +47,8 @@ def _still_allowed(request: Request, caller: Caller) -> Any:
 
 @router.get("/ui/api/events", response_class=StreamingResponse, include_in_schema=False)  # endless: not fuzzable
 async def events(request: Request, ctx: Ctx) -> StreamingResponse:
-    """Live ``sandboxes``, ``metrics`` and ``agents`` events for the caller's workspace."""
+    """Live ``sandboxes``, ``metrics``, ``agents``, ``snapshots`` and ``templates`` events for the caller's
+    workspace."""
 
     async def sandboxes() -> list[dict[str, Any]]:
         rows = await ctx.control.list_rows(ctx.workspace_id, None, {})
@@ -55,9 +57,20 @@ async def events(request: Request, ctx: Ctx) -> StreamingResponse:
     async def agents() -> list[dict[str, Any]]:
         return await agent_views(ctx.control)
 
+    async def snapshots() -> list[dict[str, Any]]:
+        rows = await ctx.control.snapshots.list_rows(ctx.workspace_id, None, {})
+        return [snapshot_view(r).model_dump(mode="json") for r in rows]
+
+    async def templates() -> list[dict[str, Any]]:
+        jobs = ctx.control.templates
+        rows = await jobs.list(ctx.workspace_id)
+        return [template_view(r, jobs.progress.get(r.name)).model_dump(mode="json") for r in rows]
+
     stream = event_stream(
         sandboxes=sandboxes,
         agents=agents,
+        snapshots=snapshots,
+        templates=templates,
         sampler=ctx.app.console.sampler,
         still_allowed=_still_allowed(request, ctx),
         disconnected=request.is_disconnected,

@@ -1,5 +1,5 @@
 // One EventSource per logged-in page on GET /ui/api/events (cookie-authenticated). Pages subscribe to event
-// types ("sandboxes", "metrics", "agents"); the last payload of each type is replayed to a new subscriber.
+// types ("sandboxes", "metrics", "agents", "snapshots", "templates"); the last payload of each type is replayed to a new subscriber.
 
 export class Live {
   constructor(statusEl) {
@@ -35,7 +35,7 @@ export class Live {
         this.retry = setTimeout(() => this.start(), 5000);
       }
     };
-    for (const type of ["sandboxes", "metrics", "agents"]) {
+    for (const type of ["sandboxes", "metrics", "agents", "snapshots", "templates"]) {
       source.addEventListener(type, (event) => {
         let data;
         try {

@@ -66,14 +66,16 @@ export function snapshotsPage(app, root) {
   }
 
   let lastText = "";
+  function apply(fresh) {
+    const text = JSON.stringify(fresh);
+    if (text === lastText) return; // unchanged: keep the DOM (and the user's focus) as it is
+    lastText = text;
+    snapshots = fresh;
+    render();
+  }
   async function load() {
     try {
-      const fresh = (await app.api.get("/v1/snapshots")).snapshots;
-      const text = JSON.stringify(fresh);
-      if (text === lastText) return; // unchanged: keep the DOM (and the user's focus) as it is
-      lastText = text;
-      snapshots = fresh;
-      render();
+      apply((await app.api.get("/v1/snapshots")).snapshots);
     } catch (err) {
       replace(list, h("p", { class: "error" }, errorText(err)));
     }
@@ -92,6 +94,6 @@ export function snapshotsPage(app, root) {
     ),
   );
   load();
-  const timer = setInterval(load, 5000);
-  return () => clearInterval(timer);
+  // then live: the server's `snapshots` event (sent on every change, polled every 2 s, at least every 10 s)
+  return app.live.on("snapshots", (data) => apply(data.snapshots));
 }

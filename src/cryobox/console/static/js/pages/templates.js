@@ -66,14 +66,16 @@ export function templatesPage(app, root) {
     );
   }
 
+  function apply(items) {
+    const text = JSON.stringify(items);
+    if (text !== lastText) {
+      lastText = text;
+      render(items);
+    }
+  }
   async function load() {
     try {
-      const items = (await app.api.get("/v1/templates")).items;
-      const text = JSON.stringify(items);
-      if (text !== lastText) {
-        lastText = text;
-        render(items);
-      }
+      apply((await app.api.get("/v1/templates")).items);
     } catch (err) {
       replace(list, h("p", { class: "error" }, errorText(err)));
     }
@@ -116,6 +118,6 @@ export function templatesPage(app, root) {
 
   root.append(h("section", { testid: "page-templates" }, h("h2", null, "Templates"), list, form));
   load();
-  const timer = setInterval(load, 2000); // build progress
-  return () => clearInterval(timer);
+  // then live, build progress included: the server's `templates` event (on every change, polled every 2 s)
+  return app.live.on("templates", (data) => apply(data.templates));
 }

@@ -231,6 +231,7 @@ def control(
         )
         console.print(f"control plane on http://{host}:{port}, registry {registry.url}, store {objects.url}")
         console.print(f"export CRYOBOX_API_URL=http://{host}:{port} CRYOBOX_API_KEY={key}", soft_wrap=True)
+        console.print(f"web console: http://{host}:{port}/ui", soft_wrap=True)
         await _serve(app, host, port).serve()
 
     try:

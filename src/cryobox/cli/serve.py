@@ -137,6 +137,7 @@ def serve(options: ServeOptions, console: Console) -> None:
         console.print(  # the E2B SDK, unchanged: every sandbox call goes to one URL (no wildcard DNS or TLS)
             f"export E2B_API_URL={base}/e2b E2B_SANDBOX_URL={base}/e2b/sandbox E2B_API_KEY={key}", soft_wrap=True
         )
+        console.print(f"web console: {base}/ui (log in with the API key)", soft_wrap=True)
         server = uvicorn.Server(
             uvicorn.Config(
                 app,

@@ -37,6 +37,9 @@ def test_a_snapshot_of_a_1_gib_guest_that_dirtied_64_mib_stores_about_64_mib(
     snap = client.snapshot(sandbox["id"])
     manifest = _manifest(server, snap["id"])
     assert manifest["machine"]["memory_mib"] == 1024
+    # the short-pause capture: device state + the pages it wrote, nothing streamed (agent/vm/devcapture.py)
+    assert manifest["capture"]["mode"] == "devices"
+    assert manifest["capture"]["stream_bytes"] == 0 and manifest["capture"]["pause_ms"] > 0
     memory = manifest["memory"]
     assert memory["layered"] is True
     assert memory["parent"]["key"].startswith("tpl-code-interpreter-")
@@ -71,6 +74,7 @@ def test_three_generations_restore_byte_exact_and_survive_deleting_the_middle_on
     client.call("DELETE", f"/v1/sandboxes/{source['id']}", status=204)
 
     manifests = [_manifest(server, g["id"]) for g in generations]
+    assert [m["capture"]["mode"] for m in manifests] == ["devices"] * 3
     for previous, manifest in zip(manifests, manifests[1:], strict=False):
         assert manifest["memory"]["parent"] == {"key": previous["id"], "digest": previous["memory"]["digest"]}
         # a generation that changed a line of a file and nothing else holds a few MiB, not the 64 MiB again

@@ -241,3 +241,37 @@ def _same_fs(a: Path, b: Path) -> bool:
         return os.stat(a).st_dev == os.stat(b).st_dev
     except OSError:
         return False
+
+
+class AllWritten:
+    """A :class:`WrittenTest` for pages known to be written (the runs a device-state capture copied)."""
+
+    def written(self, offset: int) -> bool:
+        return True
+
+    def invalidate(self) -> None:
+        pass
+
+
+def account_runs(sink: LayerImage, runs: list[tuple[int, int]], chunk: int = 4 << 20) -> tuple[int, int]:
+    """Feed the pages of ``runs`` (byte ranges already copied into ``sink.fd``) to ``sink``, so a written page
+    that equals its parent stays shared, a zeroed one becomes a hole and the rest are the layer's own pages
+    with their digests; returns ``(pages, zero_pages)``. Runs after the pause, while the guest goes on."""
+    pages = zeros = 0
+    for offset, length in runs:
+        done = 0
+        while done < length:
+            data = os.pread(sink.fd, min(chunk, length - done), offset + done)
+            view = memoryview(data)
+            for i in range(0, len(data), PAGE_SIZE):
+                page = view[i : i + PAGE_SIZE]
+                if page == _ZERO_PAGE:
+                    sink.zero(offset + done + i)
+                    zeros += 1
+                else:
+                    sink.page(offset + done + i, page)
+                    pages += 1
+            if not data:
+                raise VmmError(f"the layer ends before byte {offset + done:#x}")
+            done += len(data)
+    return pages, zeros

@@ -36,9 +36,11 @@ from ..vm.capture import CaptureReport, capture, ram_mapping
 from ..vm.pagemap import WrittenPages
 from . import evidence
 from .hot import HotImages
+from .layercapture import Split as _Split
+from .layercapture import capture_layer, saves_written
 from .layout import ImageFiles
 from .memlayer import BaseImages, FullImage, LayerImage, ParentImage, clone_parent, image_digest
-from .vmstream import SplitStats, split_stream
+from .vmstream import split_stream
 from .volume import allocated_bytes, clone_file
 
 FORMAT_VERSION = 1
@@ -98,13 +100,6 @@ class CaptureInfo:
 def _fsync(path: Path) -> None:
     with open(path, "rb+") as fh:
         os.fsync(fh.fileno())
-
-
-@dataclass(frozen=True)
-class _Split:
-    stats: SplitStats
-    memory: dict[str, Any]
-    """The manifest's ``memory`` facts about the layer (see :meth:`SnapshotStore._split`)."""
 
 
 class SnapshotStore:
@@ -193,12 +188,16 @@ class SnapshotStore:
                 await asyncio.to_thread(clone_file, vm.disk, work / "disk.qcow2")
 
             async with self.hot.capturing(self.hot.key_of(vm.memory.path)):
-                report = await capture(
-                    vm,
-                    lambda stream: self._split(stream, work, ram_bytes, parent, pages),
-                    capture_disk,
-                    keep_running=keep_running,
-                )
+                report = None
+                if keep_running and parent is not None and await saves_written(vm):
+                    report = await capture_layer(vm, work, ram_bytes, parent, capture_disk)
+                if report is None:
+                    report = await capture(
+                        vm,
+                        lambda stream: self._split(stream, work, ram_bytes, parent, pages),
+                        capture_disk,
+                        keep_running=keep_running,
+                    )
             logs = {"console.log": vm.paths.console_log, "qemu.log": vm.paths.qemu_log}
             await asyncio.to_thread(evidence.collect_logs, work, logs)
         except BaseException:

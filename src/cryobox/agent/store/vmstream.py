@@ -32,6 +32,7 @@ PAGE_MASK = ~(PAGE_SIZE - 1) & 0xFFFFFFFFFFFFFFFF
 SECTION_START = 0x01
 SECTION_PART = 0x02
 SECTION_END = 0x03
+SECTION_FULL = 0x04
 SECTION_FOOTER = 0x7E
 
 FLAG_ZERO = 0x02
@@ -260,3 +261,67 @@ def split_stream(src: BinaryIO, vmstate: BinaryIO, memory: int | PageSink, main_
     stats.vmstate_bytes += len(out)
     stats.stream_bytes = r.consumed + tail
     return stats
+
+
+QEMU_VM_FILE_HEADER = b"QEVM\x00\x00\x00\x03"
+SECTION_CONFIGURATION = 0x07
+SECTION_SUBSECTION = 0x05
+CAPABILITIES_SUBSECTION = b"configuration/capabilities"
+
+
+def config_prefix(head: bytes) -> bytes:
+    """The file header and configuration section at the start of a migration stream (``head``: its first bytes).
+
+    The configuration (``migration/savevm.c``, ``vmstate_configuration``): the machine type, then a
+    ``configuration/capabilities`` subsection listing the capabilities both ends must agree on
+    (``x-ignore-shared``). A device-state file (``xen-save-devices-state``) has neither; prepending this prefix of
+    a stream the same QEMU wrote for the same machine makes it loadable (:func:`devices_vmstate`).
+
+    :raises VmmError: ``head`` does not start like a QEMU 7+ migration stream with a configuration section.
+    """
+    r = _Cursor(head)
+    try:
+        if r.take(8) != QEMU_VM_FILE_HEADER or r.byte() != SECTION_CONFIGURATION:
+            raise VmmError("the stream has no configuration section")
+        r.take(r.be32())  # machine type
+        while r.peek() == SECTION_SUBSECTION:
+            r.byte()
+            name = r.take(r.byte())
+            if name != CAPABILITIES_SUBSECTION:
+                raise VmmError(f"unknown configuration subsection {name!r}")
+            r.be32()  # version
+            for _ in range(r.be32()):
+                r.take(r.byte())
+        if r.peek() not in (SECTION_START, SECTION_FULL):
+            raise VmmError("the configuration section is not followed by a section")
+    except IndexError as err:
+        raise VmmError("the stream ends inside its configuration section") from err
+    return head[: r.pos]
+
+
+def devices_vmstate(prefix: bytes, devices: bytes) -> bytes:
+    """A loadable vmstate from a device-state file: ``prefix`` (:func:`config_prefix`) + its sections."""
+    if not devices.startswith(QEMU_VM_FILE_HEADER) or len(devices) < 9 or devices[8] != SECTION_FULL:
+        raise VmmError("the device state file does not start with a device section")
+    return prefix + devices[len(QEMU_VM_FILE_HEADER) :]
+
+
+class _Cursor:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def take(self, n: int) -> bytes:
+        if self.pos + n > len(self.data):
+            raise IndexError(n)
+        self.pos += n
+        return self.data[self.pos - n : self.pos]
+
+    def byte(self) -> int:
+        return self.take(1)[0]
+
+    def peek(self) -> int:
+        return self.data[self.pos]
+
+    def be32(self) -> int:
+        return int(struct.unpack(">I", self.take(4))[0])

@@ -31,11 +31,13 @@ from ...errors import GuestError, StateError, VmmError
 from ...util.system import scrubbed_env
 from ..guest_client import GuestClient
 from ..records import process_start_ticks
+from ..store.vmstream import config_prefix
 from .jail import VmJail
 from .machine import MachineConfig, MemoryBacking, NetAttach, VmPaths, qemu_argv
 from .states import VmState, require
 
 log = logging.getLogger(__name__)
+PREFIX_READ = 4096  # the file header and configuration section of a vmstate are ~80 bytes
 MAX_UNIX_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
 
 
@@ -78,6 +80,9 @@ class MicroVM:
         self.start_ticks: int | None = None
         """The QEMU process's start time (``/proc/<pid>/stat``): with the pid, what names it across restarts."""
         self._qmp: QMPClient | None = None
+        self.state_prefix: bytes | None = None
+        """The configuration section of the vmstate this VM was restored from (:func:`.vmstream.config_prefix`):
+        what a device-state capture needs to be loadable (``None``: not restored by this process)."""
         self.guest: GuestClient | None = None
         self.violation: str | None = None
         """Why the VM was killed for breaking the guest protocol, if it was."""
@@ -279,8 +284,14 @@ class MicroVM:
         """Load device state; RAM comes from the ``share=off`` memory image. Ends RUNNING."""
         await self._set_capabilities()
         with open(vmstate, "rb") as state:
+            head = state.read(PREFIX_READ)
+            state.seek(0)
             uri = await self._pass_fd(state.fileno(), "cryobox-state")
             await self._migration(self.execute("migrate-incoming", {"uri": uri}), timeout)
+        try:
+            self.state_prefix = config_prefix(head)
+        except VmmError as err:
+            self.log.warning("no configuration section in %s (%s): snapshots stream all RAM", vmstate, err.message)
         await self.execute("cont")
         self.state = VmState.RUNNING
 

@@ -20,6 +20,7 @@ an entry read after a record arrived tells the truth about the bytes that record
 from __future__ import annotations
 
 import os
+import re
 import struct
 
 from ...errors import VmmError
@@ -95,3 +96,32 @@ class WrittenPages:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# the top byte of a pagemap entry holds bits 56-63: 0x80 present, 0x40 swapped, 0x20 file page / shared anon
+_WRITTEN_TOP = bytes(1 if (b & 0x40) or (b & 0xA0) == 0x80 else 0 for b in range(256))
+_RUN = re.compile(rb"\x01+")
+
+
+def written_runs(pid: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """Every run of written pages of the mapping ``[lo, hi)`` as ``(offset, length)`` in bytes, in order.
+
+    One ``pagemap`` read for the whole range (8 bytes per page: 4 MiB for 2 GiB of RAM) and C-speed byte
+    operations (a slice of each entry's top byte, ``bytes.translate``, a regex over the result): a few ms for
+    2 GiB, where asking :class:`WrittenPages` page by page from Python takes a hundred.
+    """
+    if lo % PAGE_SIZE or hi % PAGE_SIZE or hi <= lo:
+        raise VmmError(f"bad RAM mapping range {lo:#x}-{hi:#x}")
+    pages = (hi - lo) // PAGE_SIZE
+    try:
+        fd = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as err:
+        raise VmmError(f"cannot read the page map of QEMU {pid}: {err}") from err
+    try:
+        raw = os.pread(fd, pages * 8, lo // PAGE_SIZE * 8)
+    finally:
+        os.close(fd)
+    if len(raw) != pages * 8:
+        raise VmmError(f"short page map read for QEMU {pid}: {len(raw)} of {pages * 8} bytes")
+    mask = raw[7::8].translate(_WRITTEN_TOP)
+    return [(m.start() * PAGE_SIZE, (m.end() - m.start()) * PAGE_SIZE) for m in _RUN.finditer(mask)]

@@ -14,7 +14,7 @@ import pytest
 
 from cryobox.agent.store.memlayer import AllWritten, LayerImage, account_runs
 from cryobox.agent.store.vmstream import config_prefix, devices_vmstate
-from cryobox.agent.vm.devcapture import copy_written
+from cryobox.agent.vm.devcapture import copy_written, write_pending
 from cryobox.agent.vm.pagemap import written_runs
 from cryobox.errors import VmmError
 
@@ -48,7 +48,13 @@ def test_written_runs_and_their_copy_are_exactly_the_pages_a_process_wrote(tmp_p
             shutil.copyfile(parent, layer)  # what the reflink clone of the parent gives
             fd = os.open(layer, os.O_RDWR)
             try:
-                assert copy_written(os.getpid(), lo, lo + PAGES * PAGE, fd) == runs
+                staging = bytearray(3 * PAGE)
+                copied, pending = copy_written(os.getpid(), lo, lo + PAGES * PAGE, fd, staging)
+                assert copied == runs
+                # the first run fits the in-memory budget: held for after the pause; the rest went to the file at once
+                assert pending == [(2 * PAGE, 0, 3 * PAGE)]
+                assert os.pread(fd, PAGE, 2 * PAGE) == bytes([1]) * PAGE and os.pread(fd, 1, 9 * PAGE + 7) == b"U"
+                write_pending(fd, staging, pending)
             finally:
                 os.close(fd)
             assert layer.read_bytes() == bytes(m)  # the parent's pages plus exactly what was written

@@ -88,4 +88,5 @@ async def capture_layer(
         qemu_downtime_ms=report.qemu_downtime_ms,
         prepopulate_ms=report.prepopulate_ms,
         result=Split(stats, memory),
+        phases_ms=report.phases_ms,
     )

@@ -338,6 +338,7 @@ class SnapshotStore:
             },
             "capture": {
                 "mode": report.mode,
+                "phases_ms": report.phases_ms,
                 "pause_ms": report.pause_ms,
                 "migrate_ms": report.total_ms,
                 "qemu_downtime_ms": report.qemu_downtime_ms,

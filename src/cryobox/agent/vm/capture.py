@@ -25,7 +25,7 @@ import fcntl
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Generic, TypeVar
 
@@ -51,6 +51,8 @@ class CaptureReport(Generic[T]):
     prepopulate_ms: float
     result: T
     """What the stream consumer returned."""
+    phases_ms: dict[str, float] = field(default_factory=dict)
+    """Where the pause went, for captures that time their steps (``stop``, ``disk``, ``devices``, ``pages``)."""
 
 
 def ram_mapping(pid: int, memory_path: Path) -> tuple[int, int]:

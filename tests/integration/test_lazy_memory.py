@@ -7,6 +7,7 @@ cache and breaks the store.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -121,14 +122,19 @@ def test_lazy_restores_fetch_each_touched_chunk_once_and_cache_survives_restart(
             assert client.sh(second["id"], "echo two") == "two\n"
             assert memstats(lazy_host, cache_dir)["metrics"]["store_gets"] == gets_before
 
-            # a lazily paged sandbox cannot be write-protected: it is snapshotted with a plain migration, keeps
-            # running, and its snapshot restores like any other
-            client.sh(second["id"], "echo from-lazy > /root/mark; sync")
+            # a lazily paged sandbox has no parent file on the volume: the short pause copies what it wrote, the
+            # rest of its image is read from its mapping after the pause, and the whole image restores like any other
+            client.sh(second["id"], "echo from-lazy > /root/mark; sync; head -c 8M /dev/urandom > /dev/shm/r")
+            digest = client.sh(second["id"], "sha256sum < /dev/shm/r")
             snap = client.snapshot(second["id"])
             assert snap["pause_ms"] > 0
+            manifest = json.loads((lazy_host / "vol" / "snapshots" / snap["id"] / "manifest.json").read_text())
+            assert manifest["capture"]["mode"] == "devices" and manifest["memory"]["layered"] is False
+            assert manifest["memory"]["own_pages"] * 4096 > 8 << 20  # the whole image: its parent's pages too
             assert client.sh(second["id"], "cat /root/mark") == "from-lazy\n"
             restored = client.create(from_snapshot=snap["id"])
             assert client.sh(restored["id"], "cat /root/mark") == "from-lazy\n"
+            assert client.sh(restored["id"], "sha256sum < /dev/shm/r") == digest
         finally:
             client.close()
 

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from cryobox.agent.store.layercapture import fill_unwritten
 from cryobox.agent.store.memlayer import AllWritten, LayerImage, account_runs
 from cryobox.agent.store.vmstream import config_prefix, devices_vmstate
 from cryobox.agent.vm.devcapture import copy_written, write_pending
 from cryobox.agent.vm.pagemap import written_runs
 from cryobox.errors import VmmError
+from cryobox.util.files import allocated_bytes
 
 PAGE = 4096
 PAGES = 4096
@@ -112,3 +114,21 @@ def test_a_device_state_file_gets_the_configuration_of_the_stream_the_vm_came_fr
         config_prefix(config.replace(b"configuration/capabilities", b"configuration/somethingelse") + b"\x01")
     with pytest.raises(VmmError, match="device section"):
         devices_vmstate(config, template)
+
+
+def test_a_whole_image_takes_the_written_runs_and_the_rest_from_the_mapped_file(tmp_path: Path) -> None:
+    source = _image(tmp_path / "parent", {0: 1, 1: 2, 5: 6, 7: 8}, size_pages=8)
+    out = tmp_path / "whole"
+    fd = os.open(out, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.ftruncate(fd, 8 * PAGE)
+        os.pwrite(fd, bytes([9]) * PAGE + bytes(PAGE), 1 * PAGE)  # written: page 1 changed, page 2 zeroed
+        pages, zeros = fill_unwritten(fd, source, [(1 * PAGE, 2 * PAGE)], 8 * PAGE)
+    finally:
+        os.close(fd)
+    assert (pages, zeros) == (4, 4)  # pages 0, 1, 5, 7 hold data; 2, 3, 4, 6 are zero
+    data = out.read_bytes()
+    expected = {0: 1, 1: 9, 5: 6, 7: 8}
+    for n in range(8):
+        assert data[n * PAGE : (n + 1) * PAGE] == bytes([expected.get(n, 0)]) * PAGE, n
+    assert allocated_bytes(out) <= 4 * PAGE  # zero pages are holes

@@ -18,12 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import VmmError
+from ...util.files import punch_hole
 from ..vm import MicroVM
 from ..vm.capture import CaptureReport
-from ..vm.devcapture import capture_written, saves_devices
+from ..vm.devcapture import WrittenPagesCopy, capture_written, saves_devices
 from ..vm.states import VmState
 from .memlayer import AllWritten, LayerImage, ParentImage, account_runs, clone_parent
 from .vmstream import SplitStats, devices_vmstate
+
+PAGE_SIZE = 4096
+ZERO_PAGE = bytes(PAGE_SIZE)
+COPY_CHUNK = 4 << 20
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +74,6 @@ async def capture_layer(
     finally:
         os.close(fd)
         os.close(parent_fd)
-    vmstate = devices_vmstate(vm.state_prefix, await asyncio.to_thread(devices.read_bytes))
-    await asyncio.to_thread((work / "vmstate").write_bytes, vmstate)
-    devices.unlink()
-    os.replace(tmp, work / "memory")
-    stats = SplitStats(pages=pages, zero_pages=zeros, vmstate_bytes=len(vmstate), blocks={"ram": ram_bytes})
     memory: dict[str, Any] = {
         "layered": True,
         "parent": {"key": parent.key, "digest": parent.digest},
@@ -81,6 +81,51 @@ async def capture_layer(
         "own_pages": sink.own_pages,
         "unchanged_written_pages": sink.same_pages,
     }
+    return await _settle(vm, work, tmp, report, (pages, zeros, ram_bytes), memory)
+
+
+async def capture_whole(
+    vm: MicroVM, work: Path, ram_bytes: int, capture_disk: Callable[[], Awaitable[None]]
+) -> CaptureReport[Split]:
+    """The same short pause for a VM whose parent is only behind its mapping (lazily paged from the memory
+    server): the pages it wrote are copied in the pause; after it, every page it never wrote is read from the
+    mapping's file (the parent's bytes: they never change) into a whole image (its digest comes in ``finish``)."""
+    assert vm.state_prefix is not None
+    tmp = work / ".memory.tmp"
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.ftruncate(fd, ram_bytes)
+        report = await capture_written(vm, fd, work / ".devices", capture_disk)
+        pages, zeros = await asyncio.to_thread(fill_unwritten, fd, vm.memory.path, report.result.runs, ram_bytes)
+    finally:
+        os.close(fd)
+    memory: dict[str, Any] = {
+        "layered": False,
+        "parent": None,
+        "digest": None,
+        "own_pages": pages,
+        "unchanged_written_pages": 0,
+    }
+    return await _settle(vm, work, tmp, report, (pages, zeros, ram_bytes), memory)
+
+
+async def _settle(
+    vm: MicroVM,
+    work: Path,
+    tmp: Path,
+    report: CaptureReport[WrittenPagesCopy],
+    counts: tuple[int, int, int],
+    memory: dict[str, Any],
+) -> CaptureReport[Split]:
+    """The vmstate (device state behind the VM's configuration section) and ``memory`` in place."""
+    assert vm.state_prefix is not None
+    devices = work / ".devices"
+    vmstate = devices_vmstate(vm.state_prefix, await asyncio.to_thread(devices.read_bytes))
+    await asyncio.to_thread((work / "vmstate").write_bytes, vmstate)
+    devices.unlink()
+    os.replace(tmp, work / "memory")
+    pages, zeros, ram_bytes = counts
+    stats = SplitStats(pages=pages, zero_pages=zeros, vmstate_bytes=len(vmstate), blocks={"ram": ram_bytes})
     return CaptureReport(
         mode=report.mode,
         pause_ms=report.pause_ms,
@@ -90,3 +135,48 @@ async def capture_layer(
         result=Split(stats, memory),
         phases_ms=report.phases_ms,
     )
+
+
+def fill_unwritten(fd: int, source: Path, runs: list[tuple[int, int]], size: int) -> tuple[int, int]:
+    """Make ``fd`` (sparse, ``size`` bytes, the written ``runs`` already in it) a whole image: every other range
+    read from ``source``; zero pages stay (or become) holes. Returns ``(data pages, zero pages)``."""
+    pages = zeros = 0
+    edges = [0]
+    for offset, length in runs:
+        edges += [offset, offset + length]
+    edges.append(size)
+    with open(source, "rb", buffering=0) as src:
+        for i in range(0, len(edges), 2):  # the gaps between written runs: from the parent
+            p, z = _copy_sparse(src.fileno(), fd, edges[i], edges[i + 1])
+            pages, zeros = pages + p, zeros + z
+        for offset, length in runs:  # the written runs: already there; zero pages become holes
+            p, z = _copy_sparse(fd, fd, offset, offset + length)
+            pages, zeros = pages + p, zeros + z
+    return pages, zeros
+
+
+def _copy_sparse(src: int, dst: int, start: int, end: int, chunk: int = COPY_CHUNK) -> tuple[int, int]:
+    pages = zeros = 0
+    pos = start
+    while pos < end:
+        block = os.pread(src, min(chunk, end - pos), pos)
+        if not block:
+            raise VmmError(f"the memory image ends at {pos:#x}, before {end:#x}")
+        if block.count(0) == len(block):
+            zeros += len(block) // PAGE_SIZE
+            if src == dst:
+                punch_hole(dst, pos, len(block))
+        else:
+            view = memoryview(block)
+            for i in range(0, len(block), PAGE_SIZE):
+                page = view[i : i + PAGE_SIZE]
+                if page == ZERO_PAGE:
+                    zeros += 1
+                    if src == dst:
+                        punch_hole(dst, pos + i, PAGE_SIZE)
+                else:
+                    pages += 1
+                    if src != dst:
+                        os.pwrite(dst, page, pos + i)
+        pos += len(block)
+    return pages, zeros

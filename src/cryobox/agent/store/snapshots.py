@@ -37,7 +37,7 @@ from ..vm.pagemap import WrittenPages
 from . import evidence
 from .hot import HotImages
 from .layercapture import Split as _Split
-from .layercapture import capture_layer, saves_written
+from .layercapture import capture_layer, capture_whole, saves_written
 from .layout import ImageFiles
 from .memlayer import BaseImages, FullImage, LayerImage, ParentImage, clone_parent, image_digest
 from .vmstream import split_stream
@@ -100,6 +100,12 @@ class CaptureInfo:
 def _fsync(path: Path) -> None:
     with open(path, "rb+") as fh:
         os.fsync(fh.fileno())
+
+
+def _readable_private(vm: MicroVM) -> bool:
+    """A private mapping of a file we can still read (the memory server's, or a local one without a copy to
+    clone): the pages the guest never wrote can be read from it after the pause."""
+    return not vm.memory.share and vm.memory.path.is_file()
 
 
 class SnapshotStore:
@@ -189,8 +195,11 @@ class SnapshotStore:
 
             async with self.hot.capturing(self.hot.key_of(vm.memory.path)):
                 report = None
-                if keep_running and parent is not None and await saves_written(vm):
-                    report = await capture_layer(vm, work, ram_bytes, parent, capture_disk)
+                if keep_running and (parent is not None or _readable_private(vm)) and await saves_written(vm):
+                    if parent is not None:
+                        report = await capture_layer(vm, work, ram_bytes, parent, capture_disk)
+                    else:  # lazily paged: its parent is only behind its mapping
+                        report = await capture_whole(vm, work, ram_bytes, capture_disk)
                 if report is None:
                     report = await capture(
                         vm,

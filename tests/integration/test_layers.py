@@ -116,8 +116,9 @@ def test_a_sandbox_that_keeps_writing_memory_is_snapshotted_and_the_snapshot_is_
         "while True:\n"
         "    n += 1; b[(n * 4096) % len(b)] = n & 255\n"
         '    if n % 256 == 0: open("/dev/shm/n.tmp", "w").write(str(n)); os.rename("/dev/shm/n.tmp", "/dev/shm/n")\n'
-        "' >/dev/null 2>&1 & sleep 1",
+        "' >/dev/null 2>&1 & for i in $(seq 300); do [ -f /dev/shm/n ] && break; sleep 0.1; done; sleep 0.5",
     )
+    assert int(client.sh(source["id"], "cat /dev/shm/n")) > 0  # writing when the snapshot is taken
     snap = client.snapshot(source["id"])
     assert snap["pause_ms"] is not None and snap["pause_ms"] > 0
     restored = client.create(from_snapshot=snap["id"])

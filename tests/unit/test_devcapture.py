@@ -104,7 +104,7 @@ def test_a_device_state_file_gets_the_configuration_of_the_stream_the_vm_came_fr
     assert config_prefix(template) == config
     devices = b"QEVM\x00\x00\x00\x03" + b"\x04\x00\x00\x00\x00\x05timer" + bytes(32)
     vmstate = devices_vmstate(config, devices)
-    assert vmstate == config + devices[8:]
+    assert vmstate == config + devices[8:] + b"\x06\x00\x00\x00\x02{}"  # and an empty vmdesc after EOF
     assert config_prefix(vmstate) == config  # a snapshot of a restore of it finds the same configuration
 
     for bad in (b"QEVM\x00\x00\x00\x03\x04", config[:20], b"QEVM\x00\x00\x00\x02" + config[8:] + b"\x01"):
@@ -114,6 +114,8 @@ def test_a_device_state_file_gets_the_configuration_of_the_stream_the_vm_came_fr
         config_prefix(config.replace(b"configuration/capabilities", b"configuration/somethingelse") + b"\x01")
     with pytest.raises(VmmError, match="device section"):
         devices_vmstate(config, template)
+    with pytest.raises(VmmError, match="EOF"):
+        devices_vmstate(config, devices + b"\x01")
 
 
 def test_a_whole_image_takes_the_written_runs_and_the_rest_from_the_mapped_file(tmp_path: Path) -> None:

@@ -266,6 +266,7 @@ def split_stream(src: BinaryIO, vmstate: BinaryIO, memory: int | PageSink, main_
 QEMU_VM_FILE_HEADER = b"QEVM\x00\x00\x00\x03"
 SECTION_CONFIGURATION = 0x07
 SECTION_SUBSECTION = 0x05
+EMPTY_VMDESC = b"\x06" + struct.pack(">I", 2) + b"{}"  # QEMU_VM_VMDESCRIPTION, be32 length, JSON
 CAPABILITIES_SUBSECTION = b"configuration/capabilities"
 
 
@@ -303,7 +304,11 @@ def devices_vmstate(prefix: bytes, devices: bytes) -> bytes:
     """A loadable vmstate from a device-state file: ``prefix`` (:func:`config_prefix`) + its sections."""
     if not devices.startswith(QEMU_VM_FILE_HEADER) or len(devices) < 9 or devices[8] != SECTION_FULL:
         raise VmmError("the device state file does not start with a device section")
-    return prefix + devices[len(QEMU_VM_FILE_HEADER) :]
+    if devices[-1] != 0:  # QEMU_VM_EOF
+        raise VmmError("the device state file does not end with QEMU's EOF marker")
+    # after the file's EOF byte, an empty vmdesc (what a migration sends last): the loader reads it and stays
+    # quiet instead of logging "Expected vmdescription section" into every restored sandbox's qemu.log
+    return prefix + devices[len(QEMU_VM_FILE_HEADER) :] + EMPTY_VMDESC
 
 
 class _Cursor:

@@ -6,10 +6,10 @@ still the parent's. So a snapshot over that parent needs only
 1. the device state: QEMU's ``xen-save-devices-state`` (``live=false``: it must not inactivate the disks)
    writes every section but RAM, ~20 KiB in ~1.5 ms under TCG; it has no configuration section, which
    :func:`~cryobox.agent.store.vmstream.devices_vmstate` prepends from the vmstate the VM was restored from, so
-   ``migrate-incoming`` loads it over the layer's mapping like any template (QEMU then logs "Expected
-   vmdescription section": not an error);
+   ``migrate-incoming`` loads it over the layer's mapping like any template;
 2. the pages it wrote, named by ``pagemap`` (:func:`.pagemap.written_runs`) and copied from
-   ``/proc/<qemu>/mem`` straight into the layer (a reflink clone of the parent), run by run.
+   ``/proc/<qemu>/mem`` into a staging buffer faulted in before the pause, written into the layer (a reflink
+   clone of the parent) after it.
 
 The pause is ``stop`` + the disk clone + both of these + ``cont``: it grows with what the guest wrote, not with
 its RAM, and nothing is streamed afterwards. A VM without a parent file to clone (lazily paged, a cold fork),

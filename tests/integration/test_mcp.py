@@ -20,23 +20,10 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from cryobox.bench.server import ServeProcess
+from tests.unit.test_mcp_tools import TOOLS  # the full tool set, asserted once in one place
 
 from .support import new_key
 
-TOOLS = {
-    "create_sandbox",
-    "exec",
-    "run_code",
-    "read_file",
-    "write_file",
-    "list_files",
-    "snapshot",
-    "restore",
-    "fork_tree",
-    "list_sandboxes",
-    "list_snapshots",
-    "kill",
-}
 PAYLOAD = bytes(range(256)) + b"\xff\xfe not utf-8 \x00"
 
 

@@ -60,6 +60,8 @@ def test_volume_lifecycle(data_dir: Path) -> None:
     assert vol.root == data_dir / "vol" and vol.image == data_dir / "volume.xfs" and vol.reflink
     assert fstype_at(vol.root) == "xfs"
     assert loop_devices_of(vol.image) != ""
+    dio = subprocess.run(["losetup", "-n", "-O", "DIO", "-j", str(vol.image)], capture_output=True, text=True)
+    assert dio.stdout.split() == ["1"]  # the loop device reads and writes its image with direct I/O
     assert vol.image.stat().st_size == 1 << 30
     assert allocated_bytes(vol.image) < 200 * MiB  # sparse: only XFS metadata is allocated
     assert supports_reflink(vol.root)

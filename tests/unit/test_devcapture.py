@@ -51,10 +51,12 @@ def test_written_runs_and_their_copy_are_exactly_the_pages_a_process_wrote(tmp_p
             fd = os.open(layer, os.O_RDWR)
             try:
                 staging = bytearray(3 * PAGE)
-                copied, pending = copy_written(os.getpid(), lo, lo + PAGES * PAGE, fd, staging)
-                assert copied == runs
+                staged = copy_written(os.getpid(), lo, lo + PAGES * PAGE, fd, staging)
+                assert staged.runs == runs
                 # the first run fits the in-memory budget: held for after the pause; the rest went to the file at once
-                assert pending == [(2 * PAGE, 0, 3 * PAGE)]
+                assert staged.pending == [(2 * PAGE, 0, 3 * PAGE)]
+                assert staged.direct == [(9 * PAGE, PAGE), (4095 * PAGE, PAGE)]
+                pending = staged.pending
                 assert os.pread(fd, PAGE, 2 * PAGE) == bytes([1]) * PAGE and os.pread(fd, 1, 9 * PAGE + 7) == b"U"
                 write_pending(fd, staging, pending)
             finally:

@@ -19,7 +19,7 @@ from cryobox.agent.store.memlayer import (
     FullImage,
     LayerImage,
     ParentImage,
-    _Changes,
+    chain_digest,
     clone_parent,
     image_digest,
 )
@@ -111,9 +111,11 @@ def test_the_digest_names_the_content_over_the_parent(tmp_path: Path) -> None:
         layer = LayerImage(fd, pfd, _Written(), parent)
         for addr, data in pages:
             layer.page(addr, memoryview(data))
-        os.close(fd)
-        os.close(pfd)
-        return layer.digest()
+        try:
+            return layer.digest()
+        finally:
+            os.close(fd)
+            os.close(pfd)
 
     a = digest("a" * 64, [(0, b"x" * PAGE), (PAGE, b"y" * PAGE)])
     assert a == digest("a" * 64, [(PAGE, b"y" * PAGE), (0, b"x" * PAGE)])  # stream order does not matter
@@ -139,7 +141,7 @@ def test_a_full_image_writes_every_page_and_its_file_has_a_digest(tmp_path: Path
     same = _image(tmp_path / "same", {3: ord("a"), 9: ord("b")})
     assert image_digest(path) == image_digest(same)
     assert image_digest(path) != image_digest(_image(tmp_path / "other", {3: ord("a")}))
-    assert image_digest(_image(tmp_path / "empty", {})) == _Changes().digest(EMPTY_DIGEST)
+    assert image_digest(_image(tmp_path / "empty", {})) == chain_digest(EMPTY_DIGEST, [])
 
 
 def test_clone_parent_refuses_a_parent_of_another_size(tmp_path: Path) -> None:

@@ -99,3 +99,22 @@ async def test_builds_past_the_per_agent_bound_are_429_and_write_nothing(
     await asyncio.sleep(0.05)  # the finished jobs leave the table
     assert (await templates.start_build(ws, request("b3"))).status == "building"  # room again
     assert agent.most == 2
+
+
+async def test_a_built_template_is_servable_before_the_agents_next_heartbeat(
+    jobs: tuple[TemplateJobs, HeldAgent], registry: Registry
+) -> None:
+    """Placement reads what an agent serves from its row; a create right after "ready" must not wait for the
+    next heartbeat (it got 503 ``capacity`` until then)."""
+    templates, agent = jobs
+    ws = registry.ensure_workspace("alpha").id
+    await templates.start_build(ws, request("fresh"))
+    assert "fresh" not in registry.fleet.get_agent("a").capacity["templates_ready"]
+    agent.release.set()
+    for _ in range(500):
+        if templates.progress.get("fresh") == "ready":
+            break
+        await asyncio.sleep(0.01)
+    assert registry.get_template("fresh").status == "ready"
+    served = registry.fleet.get_agent("a").capacity["templates_ready"]
+    assert served["fresh"] == agent.template_infos["fresh"].generation  # no heartbeat was sent since the first

@@ -194,6 +194,7 @@ class Host:
             on_stop = OnStop.KEEP if failed else OnStop.HIBERNATE
         keep = on_stop is not OnStop.KILL
         await self.service.close(keep=keep)
+        self.snapshots.staging.close()
         await self.localizer.close()
         if on_stop is OnStop.KEEP:
             await self.memserver.aclose(keep=True)

@@ -117,6 +117,15 @@ class FleetRecords:
                 continue  # registered by a concurrent caller in between: update it
         raise AssertionError("unreachable: agent neither inserted nor updated")  # pragma: no cover
 
+    def update_capacity(self, name: str, capacity: Mapping[str, Any]) -> None:
+        """Record an agent's capacity between heartbeats (a template it has just built is servable at once).
+
+        :raises NotFound: no such agent."""
+        values = _check_fields(AgentRow, {"capacity": dict(capacity)})
+        with self._db.session(what=f"agent {name!r}") as s:
+            obj = _agent(s, name)
+            obj.capacity = values["capacity"]
+
     def list_agents(self) -> list[AgentRow]:
         with self._db.session(write=False) as s:
             return [_from_orm(obj, AgentRow) for obj in s.scalars(select(m.Agent).order_by(m.Agent.name))]

@@ -136,6 +136,12 @@ class Fleet:
                 out.append((row, self.local.get(row.name) or self._client(row)))
         return out
 
+    async def refresh_capacity(self, name: str, agent: Agent) -> None:
+        """Record what ``agent`` reports it can serve now, without waiting for its next heartbeat."""
+        capacity = (await agent.capacity()).model_dump()
+        await asyncio.to_thread(self.registry.fleet.update_capacity, name, capacity)
+        self._rows.pop(name, None)
+
     async def heartbeat(self, hb: am.Heartbeat) -> am.HeartbeatReply:
         name = hb.agent.name
         outcome = await asyncio.to_thread(

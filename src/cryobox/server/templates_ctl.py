@@ -192,12 +192,14 @@ class TemplateJobs:
         if not keep_status:
             self.progress[name] = "queued"
         task = asyncio.get_running_loop().create_task(
-            self._build(agent, spec, workspace_id, keep_status), name=f"template-{name}@{agent_name}"
+            self._build(agent_name, agent, spec, workspace_id, keep_status), name=f"template-{name}@{agent_name}"
         )
         self._jobs[key] = task
         task.add_done_callback(lambda _: self._jobs.pop(key, None))
 
-    async def _build(self, agent: Agent, spec: dict[str, Any], workspace_id: str, keep_status: bool) -> None:
+    async def _build(
+        self, agent_name: str, agent: Agent, spec: dict[str, Any], workspace_id: str, keep_status: bool
+    ) -> None:
         name = str(spec["name"])
         error: str | None = None
         built: am.TemplateInfo | None = None
@@ -220,6 +222,12 @@ class TemplateJobs:
                     )
             self._forget(name)
             return
+        # placement reads what agents serve from their rows: record it now, or a create right after "ready"
+        # would be refused until the agent's next heartbeat
+        try:
+            await self.fleet.refresh_capacity(agent_name, agent)
+        except CryoboxError as err:
+            log.warning("template %s: could not refresh %s's capacity: %s", name, agent_name, err.message)
         with contextlib.suppress(NotFound):
             current = await asyncio.to_thread(self.registry.get_template, name)
             await asyncio.to_thread(self.registry.upsert_template, row_for_template(built, workspace_id, current.spec))

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import mmap
 import os
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +23,11 @@ from ...errors import VmmError
 from ...util.files import punch_hole
 from ..vm import MicroVM
 from ..vm.capture import CaptureReport
-from ..vm.devcapture import WrittenPagesCopy, capture_written, saves_devices
+from ..vm.devcapture import Staged, WrittenPagesCopy, capture_written, ms_since, saves_devices
+from ..vm.staging import StagingPool
 from ..vm.states import VmState
-from .memlayer import AllWritten, LayerImage, ParentImage, account_runs, clone_parent
+from .layersettle import settle_staged
+from .memlayer import AllWritten, LayerImage, ParentImage, Run, account_runs, chain_digest, clone_parent
 from .vmstream import SplitStats, devices_vmstate
 
 PAGE_SIZE = 4096
@@ -54,6 +58,7 @@ async def capture_layer(
     ram_bytes: int,
     parent: ParentImage,
     capture_disk: Callable[[], Awaitable[None]],
+    pool: StagingPool | None = None,
 ) -> CaptureReport[Split] | None:
     """The short-pause capture (:mod:`..vm.devcapture`): the device state and the pages ``vm`` wrote, into a
     clone of ``parent``; ``None`` when the parent cannot be cloned (the caller streams instead)."""
@@ -67,25 +72,58 @@ async def capture_layer(
     devices = work / ".devices"
     fd = os.open(tmp, os.O_RDWR | os.O_CLOEXEC)
     parent_fd = os.open(parent.path, os.O_RDONLY | os.O_CLOEXEC)
+    counts: list[tuple[int, int]] = []
+    settled: dict[str, float] = {}
+    hashed: list[Run] = []
     try:
-        report = await capture_written(vm, fd, devices, capture_disk)
         sink = LayerImage(fd, parent_fd, AllWritten(), parent.digest)
-        pages, zeros = await asyncio.to_thread(account_runs, sink, report.result.runs)
+
+        def settle(buffer: mmap.mmap, staged: Staged) -> None:
+            with open(_compare_source(vm, parent, ram_bytes), "rb", buffering=0) as old:
+                pages, zeros, runs = settle_staged(sink, tmp, buffer, staged.pending, old.fileno(), settled)
+            counts.append((pages, zeros))
+            hashed.extend(runs)
+            if staged.direct:  # pages past the staging buffer, already in the file: accounted from there
+                counts.append(account_runs(sink, staged.direct))
+
+        report = await capture_written(vm, fd, devices, capture_disk, settle, pool)
+        started = time.monotonic()
+        # every changed page came through the buffer: its runs are hashed; else read them back from the file
+        single = not report.result.direct
+        digest = chain_digest(parent.digest, hashed) if single else await asyncio.to_thread(sink.digest)
+        report.steps_ms["digest"] = ms_since(started)
     finally:
         os.close(fd)
         os.close(parent_fd)
+    pages, zeros = sum(p for p, _ in counts), sum(z for _, z in counts)
+    report.steps_ms.update({f"settle.{name}": ms for name, ms in settled.items()})
     memory: dict[str, Any] = {
         "layered": True,
         "parent": {"key": parent.key, "digest": parent.digest},
-        "digest": sink.digest(),
+        "digest": digest,
         "own_pages": sink.own_pages,
         "unchanged_written_pages": sink.same_pages,
     }
     return await _settle(vm, work, tmp, report, (pages, zeros, ram_bytes), memory)
 
 
+def _compare_source(vm: MicroVM, parent: ParentImage, size: int) -> Path:
+    """The parent's bytes to compare written pages with: the tmpfs copy the VM maps (resident, the same bytes)
+    where it is whole, else the parent image on the volume."""
+    try:
+        if vm.memory.path.stat().st_size == size:
+            return vm.memory.path
+    except OSError:
+        pass
+    return parent.path
+
+
 async def capture_whole(
-    vm: MicroVM, work: Path, ram_bytes: int, capture_disk: Callable[[], Awaitable[None]]
+    vm: MicroVM,
+    work: Path,
+    ram_bytes: int,
+    capture_disk: Callable[[], Awaitable[None]],
+    pool: StagingPool | None = None,
 ) -> CaptureReport[Split]:
     """The same short pause for a VM whose parent is only behind its mapping (lazily paged from the memory
     server): the pages it wrote are copied in the pause; after it, every page it never wrote is read from the
@@ -95,7 +133,7 @@ async def capture_whole(
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         os.ftruncate(fd, ram_bytes)
-        report = await capture_written(vm, fd, work / ".devices", capture_disk)
+        report = await capture_written(vm, fd, work / ".devices", capture_disk, pool=pool)
         pages, zeros = await asyncio.to_thread(fill_unwritten, fd, vm.memory.path, report.result.runs, ram_bytes)
     finally:
         os.close(fd)
@@ -134,6 +172,7 @@ async def _settle(
         prepopulate_ms=report.prepopulate_ms,
         result=Split(stats, memory),
         phases_ms=report.phases_ms,
+        steps_ms=report.steps_ms,
     )
 
 

@@ -20,9 +20,12 @@ template's image lives in the cache directory), a copy of it is made there once 
 Where there is no parent file (a lazily paged VM whose image is only in the object store, a cold-booted fork)
 the whole image is written (:class:`FullImage`), as before.
 
-Every image gets a **content digest**: sha256 over the parent's digest and, in address order, each changed
-page's address and sha256 (a full image has the empty parent). Two captures with the same bytes over the same
-parent have the same digest; a child names its parent by that digest, never by a name.
+Every image gets a **content digest**: sha256 over the parent's digest and, in address order, each maximal run
+of changed pages (pages whose bytes differ from the parent's; a page now zero is changed and hashes as zeros):
+its address, its length and the sha256 of its bytes (:func:`chain_digest`; a full image has the empty parent,
+so its runs are its non-zero pages). Two captures with the same bytes over the same parent have the same
+digest; a child names its parent by that digest, never by a name. Runs, not pages: a run hashes in one call
+that releases the GIL for all of it, so two threads hash 256 MiB in 76 ms where page by page took 146 ms.
 """
 
 from __future__ import annotations
@@ -32,9 +35,13 @@ import fcntl
 import hashlib
 import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
 
 from ...errors import VmmError
 from ...util.files import data_extents, punch_hole
@@ -42,7 +49,10 @@ from .volume import FICLONE, copy_sparse
 
 PAGE_SIZE = 4096
 _ZERO_PAGE = bytes(PAGE_SIZE)
-_ZERO_MARK = b"\0" * 32
+OWN_MARK = b"\1"
+"""What a layer records for a page that is its own."""
+ZERO_MARK = b"\0" * 32
+"""What a layer records, in place of a sha256, for a page that is zero where its parent's is not."""
 EMPTY_DIGEST = hashlib.sha256(b"cryobox memory image").hexdigest()
 
 
@@ -74,16 +84,50 @@ class ParentImage:
     digest: str
 
 
+Run = tuple[int, int, bytes]
+"""``(address, length, sha256 of its bytes)`` of a run of changed pages."""
+
+
+def chain_digest(parent: str, runs: Iterable[Run]) -> str:
+    """The content digest of an image whose changed runs over the image digested ``parent`` are ``runs``."""
+    h = hashlib.sha256(parent.encode())
+    for addr, length, sha in sorted(runs):
+        h.update(addr.to_bytes(8, "big") + length.to_bytes(8, "big") + sha)
+    return h.hexdigest()
+
+
+def page_runs(addrs: Iterable[int]) -> list[tuple[int, int]]:
+    """``(address, length)`` of the maximal runs of the pages at ``addrs`` (ascending)."""
+    runs: list[tuple[int, int]] = []
+    for addr in addrs:
+        if runs and runs[-1][0] + runs[-1][1] == addr:
+            runs[-1] = (runs[-1][0], runs[-1][1] + PAGE_SIZE)
+        else:
+            runs.append((addr, PAGE_SIZE))
+    return runs
+
+
+def hash_range(fd: int, addr: int, length: int, chunk: int = 4 << 20) -> bytes:
+    """sha256 of ``length`` bytes of ``fd`` at ``addr`` (a hole reads as zeros)."""
+    h = hashlib.sha256()
+    for done in range(0, length, chunk):
+        n = min(chunk, length - done)
+        data = os.pread(fd, n, addr + done)
+        if len(data) != n:
+            raise VmmError(f"the image ends before byte {addr + done + n:#x}")
+        h.update(data)
+    return h.digest()
+
+
 @dataclass
 class _Changes:
     pages: dict[int, bytes] = field(default_factory=dict)
-    """address → sha256 of each page this image has of its own (``_ZERO_MARK`` for a page now zero)."""
+    """address → ``OWN_MARK`` of each page this image has of its own, ``ZERO_MARK`` for a page now zero."""
 
-    def digest(self, parent: str) -> str:
-        h = hashlib.sha256(parent.encode())
-        for addr in sorted(self.pages):
-            h.update(addr.to_bytes(8, "big") + self.pages[addr])
-        return h.hexdigest()
+    def digest(self, parent: str, fd: int) -> str:
+        """The digest, reading the changed runs' bytes from ``fd`` (the image)."""
+        runs = page_runs(sorted(self.pages))
+        return chain_digest(parent, [(addr, n, hash_range(fd, addr, n)) for addr, n in runs])
 
 
 class FullImage:
@@ -138,7 +182,7 @@ class LayerImage:
             self.same_pages += 1
             return
         os.pwrite(self.fd, data, addr)
-        self.changes.pages[addr] = hashlib.sha256(data).digest()
+        self.changes.pages[addr] = OWN_MARK
 
     def zero(self, addr: int) -> None:
         if not self.written.written(addr):
@@ -147,34 +191,57 @@ class LayerImage:
             self.same_pages += 1
             return
         punch_hole(self.fd, addr, PAGE_SIZE)
-        self.changes.pages[addr] = _ZERO_MARK
+        self.changes.pages[addr] = ZERO_MARK
 
     @property
     def own_pages(self) -> int:
         """Pages whose bytes are this image's own (a zeroed page is a hole: it costs no block)."""
-        return sum(1 for sha in self.changes.pages.values() if sha != _ZERO_MARK)
+        return sum(1 for sha in self.changes.pages.values() if sha != ZERO_MARK)
 
     def digest(self) -> str:
-        return self.changes.digest(self.parent_digest)
+        """The layer's content digest (reads its changed runs back from ``fd``: call it before closing that)."""
+        return self.changes.digest(self.parent_digest, self.fd)
 
 
-def image_digest(path: Path) -> str:
-    """The content digest of a whole image file (:class:`FullImage`'s digest of the same bytes)."""
-    changes = _Changes()
+def image_digest(path: Path, chunk: int = 4 << 20) -> str:
+    """The content digest of a whole image file (:func:`chain_digest` over the empty parent: its runs of non-zero
+    pages). Holes are never read."""
+    runs: list[Run] = []
+    current: list[Any] = []  # [address, length, sha256 object] of the run being hashed
     with open(path, "rb") as fh:
         fd = fh.fileno()
         for start, end in data_extents(fd, os.fstat(fd).st_size):
             pos = start - start % PAGE_SIZE
+            end += -end % PAGE_SIZE
             while pos < end:
-                block = os.pread(fd, 1 << 20, pos)
+                block = os.pread(fd, min(chunk, end - pos), pos)
+                block = block[: len(block) - len(block) % PAGE_SIZE]
                 if not block:
                     break
-                for i in range(0, min(len(block), end - pos), PAGE_SIZE):
-                    page = block[i : i + PAGE_SIZE]
-                    if page.count(0) != len(page):
-                        changes.pages[pos + i] = hashlib.sha256(page).digest()
-                pos += 1 << 20
-    return changes.digest(EMPTY_DIGEST)
+                pages = np.asarray(
+                    np.frombuffer(block, dtype=np.uint64).reshape(-1, PAGE_SIZE // 8).any(axis=1), dtype=bool
+                )
+                for first, last in true_runs(pages):
+                    addr = pos + first * PAGE_SIZE
+                    piece = memoryview(block)[first * PAGE_SIZE : last * PAGE_SIZE]
+                    if current and current[0] + current[1] == addr:
+                        current[1] += len(piece)
+                    else:
+                        if current:
+                            runs.append((current[0], current[1], current[2].digest()))
+                        current = [addr, 0, hashlib.sha256()]
+                        current[1] = len(piece)
+                    current[2].update(piece)
+                pos += len(block)
+    if current:
+        runs.append((current[0], current[1], current[2].digest()))
+    return chain_digest(EMPTY_DIGEST, runs)
+
+
+def true_runs(mask: npt.NDArray[np.bool_]) -> list[tuple[int, int]]:
+    """``[first, last)`` of every run of ``True`` in ``mask``."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([False], mask, [False])).astype(np.int8)))
+    return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True)]
 
 
 class BaseImages:

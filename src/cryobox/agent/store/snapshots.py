@@ -34,6 +34,7 @@ from ...util.files import fsync_dir, write_json_atomic
 from ..vm import MachineConfig, MicroVM
 from ..vm.capture import CaptureReport, capture, ram_mapping
 from ..vm.pagemap import WrittenPages
+from ..vm.staging import StagingPool
 from . import evidence
 from .hot import HotImages
 from .layercapture import Split as _Split
@@ -115,11 +116,14 @@ class SnapshotStore:
         hot: HotImages,
         qemu_version: str,
         bases: BaseImages | None = None,
+        staging: StagingPool | None = None,
     ) -> None:
         self.root = root
         self.hot = hot
         self.qemu_version = qemu_version
         self.bases = bases if bases is not None else BaseImages(root.parent / "bases")
+        self.staging = staging if staging is not None else StagingPool()
+        """Warm buffers for the short-pause capture (:mod:`..vm.staging`)."""
 
     def sweep_partials(self) -> list[str]:
         """Remove unfinished captures and deletions (a crash mid-way); run at start before any capture."""
@@ -197,9 +201,9 @@ class SnapshotStore:
                 report = None
                 if keep_running and (parent is not None or _readable_private(vm)) and await saves_written(vm):
                     if parent is not None:
-                        report = await capture_layer(vm, work, ram_bytes, parent, capture_disk)
+                        report = await capture_layer(vm, work, ram_bytes, parent, capture_disk, self.staging)
                     else:  # lazily paged: its parent is only behind its mapping
-                        report = await capture_whole(vm, work, ram_bytes, capture_disk)
+                        report = await capture_whole(vm, work, ram_bytes, capture_disk, self.staging)
                 if report is None:
                     report = await capture(
                         vm,
@@ -239,11 +243,13 @@ class SnapshotStore:
         try:
             await asyncio.to_thread(self._persist, image.path)
             manifest = dict(image.manifest)
+            persisted = round((time.monotonic() - started) * 1000, 2)
             if manifest["memory"].get("digest") is None:
                 digest = await asyncio.to_thread(image_digest, image.path / "memory")
                 manifest["memory"] = {**manifest["memory"], "digest": digest}
             manifest.update(self._sizes(image.path, manifest["memory"]))
             capture_info = dict(manifest["capture"])
+            capture_info["steps_ms"] = {**capture_info.get("steps_ms", {}), "persist": persisted}
             capture_info["total_ms"] = round(capture_info["total_ms"] + (time.monotonic() - started) * 1000, 1)
             manifest["capture"] = capture_info
             write_json_atomic(image.path / "manifest.json", manifest)
@@ -282,6 +288,7 @@ class SnapshotStore:
         try:
             with open(work / "vmstate", "wb") as vmstate:
                 stats = split_stream(stream, vmstate, sink)
+            digest = sink.digest() if isinstance(sink, LayerImage) else None  # a full image's: by finish()
         finally:
             os.close(fd)
             if parent_fd >= 0:
@@ -293,7 +300,7 @@ class SnapshotStore:
         memory: dict[str, Any] = {
             "layered": layered,
             "parent": {"key": parent.key, "digest": parent.digest} if parent is not None and layered else None,
-            "digest": sink.digest() if isinstance(sink, LayerImage) else None,  # a full image's: by finish()
+            "digest": digest,
             "own_pages": sink.own_pages,
             "unchanged_written_pages": sink.same_pages if isinstance(sink, LayerImage) else 0,
         }
@@ -348,6 +355,7 @@ class SnapshotStore:
             "capture": {
                 "mode": report.mode,
                 "phases_ms": report.phases_ms,
+                "steps_ms": report.steps_ms,
                 "pause_ms": report.pause_ms,
                 "migrate_ms": report.total_ms,
                 "qemu_downtime_ms": report.qemu_downtime_ms,

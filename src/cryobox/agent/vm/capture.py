@@ -53,6 +53,8 @@ class CaptureReport(Generic[T]):
     """What the stream consumer returned."""
     phases_ms: dict[str, float] = field(default_factory=dict)
     """Where the pause went, for captures that time their steps (``stop``, ``disk``, ``devices``, ``pages``)."""
+    steps_ms: dict[str, float] = field(default_factory=dict)
+    """Where the rest of the capture went (before and after the pause: ``buffer``, ``settle``, ...)."""
 
 
 def ram_mapping(pid: int, memory_path: Path) -> tuple[int, int]:

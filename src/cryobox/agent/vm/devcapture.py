@@ -7,9 +7,9 @@ still the parent's. So a snapshot over that parent needs only
    writes every section but RAM, ~20 KiB in ~1.5 ms under TCG; it has no configuration section, which
    :func:`~cryobox.agent.store.vmstream.devices_vmstate` prepends from the vmstate the VM was restored from, so
    ``migrate-incoming`` loads it over the layer's mapping like any template;
-2. the pages it wrote, named by ``pagemap`` (:func:`.pagemap.written_runs`) and copied from
-   ``/proc/<qemu>/mem`` into a staging buffer faulted in before the pause, written into the layer (a reflink
-   clone of the parent) after it.
+2. the pages it wrote, named by ``pagemap`` (:func:`.pagemap.written_runs`) and copied out of QEMU
+   (``process_vm_readv``, :mod:`.procmem`) into a staging buffer faulted in before the pause, settled into the
+   layer (a reflink clone of the parent) after it.
 
 The pause is ``stop`` + the disk clone + both of these + ``cont``: it grows with what the guest wrote, not with
 its RAM, and nothing is streamed afterwards. A VM without a parent file to clone (lazily paged, a cold fork),
@@ -23,13 +23,15 @@ import mmap
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import VmmError
 from .capture import CaptureReport, ram_mapping
 from .microvm import MicroVM
 from .pagemap import written_runs
+from .procmem import RemoteMemory
+from .staging import StagingPool, allocate
 from .states import VmState
 
 SAVE_DEVICES = "xen-save-devices-state"
@@ -42,6 +44,8 @@ BUFFER_MARGIN = 16 << 20  # for pages written between sizing the buffer and the 
 class WrittenPagesCopy:
     runs: list[tuple[int, int]]
     """``(offset, length)`` in bytes of every run of written pages copied into the layer."""
+    direct: list[tuple[int, int]] = field(default_factory=list)
+    """The part of ``runs`` that did not fit the staging buffer: written into the file inside the pause."""
 
     @property
     def bytes(self) -> int:
@@ -54,49 +58,67 @@ async def saves_devices(vm: MicroVM) -> bool:
     return any(c.get("name") == SAVE_DEVICES for c in commands)
 
 
-def staging_buffer(pid: int, lo: int, hi: int) -> mmap.mmap:
-    """Memory for the written pages, allocated and faulted in *before* the pause (``MAP_POPULATE``): sized from
-    what the guest has written so far plus a margin, at most :data:`BUFFER_BYTES`."""
+def staging_size(pid: int, lo: int, hi: int) -> tuple[int, int]:
+    """``(need, want)``: room for what the guest has written so far plus what it may write before the pause
+    (a kept buffer that large will do), and the size to allocate when none is kept (a margin more, so that the
+    next capture of a guest that went on writing still fits); both at most :data:`BUFFER_BYTES`."""
     written = sum(length for _, length in written_runs(pid, lo, hi))
-    size = min(BUFFER_BYTES, written + written // 4 + BUFFER_MARGIN)
-    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)
+    need = min(BUFFER_BYTES, written + BUFFER_MARGIN)
+    return need, min(BUFFER_BYTES, max(need, written + written // 4 + 4 * BUFFER_MARGIN))
 
 
 Pending = list[tuple[int, int, int]]
 """``(offset in the image, position in the buffer, length)`` of what waits in the staging buffer."""
 
 
-def copy_written(
-    pid: int, lo: int, hi: int, fd: int, buffer: mmap.mmap | bytearray
-) -> tuple[list[tuple[int, int]], Pending]:
-    """Copy every written page of the mapping ``[lo, hi)`` of ``pid``: into ``buffer`` while it has room (for
-    :func:`write_pending` to put at their offsets of ``fd`` after the pause: a write into a reflinked file
+@dataclass(frozen=True)
+class Staged:
+    """What :func:`copy_written` copied: every written run, the pieces held in the buffer, the runs that went
+    straight to the file."""
+
+    runs: list[tuple[int, int]]
+    pending: Pending
+    direct: list[tuple[int, int]]
+
+
+def copy_written(pid: int, lo: int, hi: int, fd: int, buffer: mmap.mmap | bytearray) -> Staged:
+    """Copy every written page of the mapping ``[lo, hi)`` of ``pid`` (:class:`.procmem.RemoteMemory`): into
+    ``buffer`` while it has room (for a consumer to settle after the pause: a write into a reflinked file
     unshares its blocks, several times slower than the copy), the rest straight to ``fd``."""
     runs = written_runs(pid, lo, hi)
     pending: Pending = []
-    staged = memoryview(buffer)
+    direct: list[tuple[int, int]] = []
     pos = 0
-    mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        for offset, length in runs:
-            done = 0
-            while done < length:
-                n = min(COPY_BYTES, length - done)
-                if pos + n <= len(staged):
-                    got = os.preadv(mem, [staged[pos : pos + n]], lo + offset + done)
-                    pending.append((offset + done, pos, n))
-                    pos += n
-                else:
-                    data = os.pread(mem, n, lo + offset + done)
-                    got = len(data)
-                    os.pwrite(fd, data, offset + done)
-                if got != n:
-                    raise VmmError(f"short read of QEMU {pid}'s RAM at {offset + done:#x}")
-                done += n
-    finally:
-        os.close(mem)
-        staged.release()
-    return runs, pending
+    for offset, length in runs:
+        done = 0
+        while done < length:
+            n = min(COPY_BYTES, length - done)
+            if pos + n > len(buffer):
+                direct.append((offset + done, length - done))
+                break
+            pending.append((offset + done, pos, n))
+            pos += n
+            done += n
+    with RemoteMemory(pid) as remote, memoryview(buffer) as staged:
+        remote.read(staged, [(lo + offset, at, n) for offset, at, n in pending])
+        if direct:
+            with memoryview(bytearray(COPY_BYTES)) as bounce:
+                for offset, length in direct:
+                    for done in range(0, length, COPY_BYTES):
+                        n = min(COPY_BYTES, length - done)
+                        remote.read(bounce, [(lo + offset + done, 0, n)])
+                        os.pwrite(fd, bounce[:n], offset + done)
+    return Staged(runs, pending, _merge(direct))
+
+
+def _merge(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for offset, length in runs:
+        if merged and merged[-1][0] + merged[-1][1] == offset:
+            merged[-1] = (merged[-1][0], merged[-1][1] + length)
+        else:
+            merged.append((offset, length))
+    return merged
 
 
 def write_pending(fd: int, buffer: mmap.mmap | bytearray, pending: Pending) -> None:
@@ -105,14 +127,21 @@ def write_pending(fd: int, buffer: mmap.mmap | bytearray, pending: Pending) -> N
             os.pwrite(fd, staged[pos : pos + n], offset)
 
 
+Settle = Callable[[mmap.mmap, Staged], None]
+"""What happens to the staged pages after the pause (in a thread, while the guest runs)."""
+
+
 async def capture_written(
     vm: MicroVM,
     memory_fd: int,
     devices: Path,
     capture_disk: Callable[[], Awaitable[None]],
+    settle: Settle | None = None,
+    pool: StagingPool | None = None,
 ) -> CaptureReport[WrittenPagesCopy]:
     """Pause running ``vm``, save its disk (``capture_disk``), its device state (to ``devices``) and the pages it
-    wrote (into ``memory_fd``, a clone of the image it maps), and continue it.
+    wrote (into a staging buffer; what does not fit, into ``memory_fd``, a clone of the image it maps), continue
+    it, and hand the staged pages to ``settle`` (default: written at their offsets of ``memory_fd``).
 
     :raises VmmError: QEMU refused or a read failed; the VM is running again and nothing was kept.
     """
@@ -127,14 +156,40 @@ async def capture_written(
     finally:
         os.close(out)  # QEMU holds its own copy in the fd set
     try:
-        buffer = await asyncio.to_thread(staging_buffer, pid, lo, hi)
+        started = time.monotonic()
+        staging = pool if pool is not None else StagingPool(max_bytes=0)
+        need, want = await asyncio.to_thread(staging_size, pid, lo, hi)
+        kept = staging.take(need)
+        buffer = kept if kept is not None else await asyncio.to_thread(allocate, want)
+        steps = {"buffer": ms_since(started)}
         try:
-            return await _capture(vm, pid, (lo, hi), memory_fd, fdset, capture_disk, buffer)
+            report = await _capture(vm, pid, (lo, hi), memory_fd, fdset, capture_disk, buffer)
+            staged = report.result
+            started = time.monotonic()
+            if settle is None:
+                await asyncio.to_thread(write_pending, memory_fd, buffer, staged.pending)
+            else:
+                await asyncio.to_thread(settle, buffer, staged)
+            steps["settle"] = ms_since(started)
+            return CaptureReport(
+                mode=report.mode,
+                pause_ms=report.pause_ms,
+                total_ms=report.total_ms,
+                qemu_downtime_ms=None,
+                prepopulate_ms=0.0,
+                result=WrittenPagesCopy(staged.runs, staged.direct),
+                phases_ms=report.phases_ms,
+                steps_ms=steps,
+            )
         finally:
-            buffer.close()
+            staging.release(buffer)
     finally:
         if vm.state.alive:
             await vm.execute("remove-fd", {"fdset-id": fdset})
+
+
+def ms_since(started: float) -> float:
+    return round((time.monotonic() - started) * 1000, 2)
 
 
 async def _capture(
@@ -145,7 +200,7 @@ async def _capture(
     fdset: int,
     capture_disk: Callable[[], Awaitable[None]],
     buffer: mmap.mmap,
-) -> CaptureReport[WrittenPagesCopy]:
+) -> CaptureReport[Staged]:
     lo, hi = mapping
     started = time.monotonic()
     phases: dict[str, float] = {}
@@ -166,7 +221,7 @@ async def _capture(
         await vm.execute(SAVE_DEVICES, {"filename": f"/dev/fdset/{fdset}", "live": False})
         lap("devices")
         # inside the pause, on purpose (the bytes of this instant), in a thread (other VMs' requests go on)
-        runs, pending = await asyncio.to_thread(copy_written, pid, lo, hi, memory_fd, buffer)
+        staged = await asyncio.to_thread(copy_written, pid, lo, hi, memory_fd, buffer)
         lap("pages")
     finally:
         if vm.state.alive:
@@ -174,13 +229,12 @@ async def _capture(
             vm.state = VmState.RUNNING
             lap("cont")
     pause_ms = (time.monotonic() - started) * 1000
-    await asyncio.to_thread(write_pending, memory_fd, buffer, pending)
     return CaptureReport(
         mode="devices",
         pause_ms=round(pause_ms, 1),
         total_ms=round(pause_ms, 1),
         qemu_downtime_ms=None,
         prepopulate_ms=0.0,
-        result=WrittenPagesCopy(runs),
+        result=staged,
         phases_ms=phases,
     )

@@ -1,0 +1,162 @@
+"""The fast path of a short-pause capture without a VM: process memory read with ``process_vm_readv``, warm
+staging buffers, and staged pages settled into a layer (classified, written, hashed by runs) exactly as the
+page-by-page accounting would."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import mmap
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cryobox.agent.store import layersettle
+from cryobox.agent.store.layersettle import changed_runs, classify, settle_staged
+from cryobox.agent.store.memlayer import (
+    EMPTY_DIGEST,
+    AllWritten,
+    LayerImage,
+    account_runs,
+    chain_digest,
+    image_digest,
+)
+from cryobox.agent.vm.procmem import RemoteMemory
+from cryobox.agent.vm.staging import StagingPool
+from cryobox.errors import VmmError
+from cryobox.util.files import allocated_bytes
+
+PAGE = 4096
+
+
+def _image(path: Path, pages: dict[int, int], size_pages: int) -> Path:
+    with open(path, "wb") as fh:
+        fh.truncate(size_pages * PAGE)
+        for n, byte in pages.items():
+            os.pwrite(fh.fileno(), bytes([byte]) * PAGE, n * PAGE)
+    return path
+
+
+def test_remote_memory_copies_ranges_of_a_process_and_refuses_a_short_one() -> None:
+    source = mmap.mmap(-1, 16 * PAGE)
+    source[:] = bytes(range(256)) * (16 * PAGE // 256)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(source))
+    target = bytearray(4 * PAGE)
+    with RemoteMemory(os.getpid()) as remote, memoryview(target) as view:
+        remote.read(view, [(base + 5 * PAGE, 0, PAGE), (base, PAGE, 3 * PAGE)])
+        assert bytes(target[:PAGE]) == source[5 * PAGE : 6 * PAGE]
+        assert bytes(target[PAGE:]) == source[: 3 * PAGE]
+        remote._call = None  # where process_vm_readv is refused: the same through /proc/<pid>/mem
+        target[:] = bytes(len(target))
+        remote.read(view, [(base + 2 * PAGE, 0, 4 * PAGE)])
+        assert bytes(target) == source[2 * PAGE : 6 * PAGE]
+    with RemoteMemory(os.getpid()) as remote, memoryview(target) as view, pytest.raises(VmmError):
+        remote.read(view, [(8, 0, PAGE)])  # nothing is mapped at address 8
+    source.close()
+
+
+def test_the_staging_pool_reuses_warm_buffers_and_unmaps_idle_ones() -> None:
+    now = [100.0]
+    pool = StagingPool(keep_s=60.0, max_bytes=8 << 20, clock=lambda: now[0])
+    assert pool.take(1 << 20) is None and pool.allocated == 1
+    first = layersettle_alloc(4 << 20)
+    pool.release(first)
+    assert pool.kept_bytes == 4 << 20
+    assert pool.take(5 << 20) is None  # too small for it: allocate (and keep the small one)
+    again = pool.take(3 << 20)
+    assert again is first and pool.kept_bytes == 0
+    pool.release(again)
+    big = layersettle_alloc(6 << 20)
+    pool.release(big)  # 4 + 6 MiB > 8 MiB kept at most: the smaller goes
+    assert pool.kept_bytes == 6 << 20 and first.closed
+    now[0] += 59.0
+    pool.trim()
+    assert pool.kept_bytes == 6 << 20
+    now[0] += 1.0
+    pool.trim()
+    assert pool.kept_bytes == 0 and big.closed
+    pool.close()
+
+
+def layersettle_alloc(size: int) -> mmap.mmap:
+    from cryobox.agent.vm.staging import allocate
+
+    buffer = allocate(size)
+    assert len(buffer) >= size and len(buffer) % (2 << 20) == 0
+    return buffer
+
+
+def _stage(pages: dict[int, bytes], pieces: list[tuple[int, int]]) -> tuple[mmap.mmap, list[tuple[int, int, int]]]:
+    """A buffer holding the given written pieces ``(first page, count)``, and their pending entries."""
+    buffer = mmap.mmap(-1, 64 * PAGE)
+    pending = []
+    pos = 0
+    for first, count in pieces:
+        for n in range(first, first + count):
+            buffer[pos + (n - first) * PAGE : pos + (n - first + 1) * PAGE] = pages.get(n, bytes(PAGE))
+        pending.append((first * PAGE, pos, count * PAGE))
+        pos += count * PAGE
+    return buffer, pending
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "buffered"])
+def test_settled_pages_equal_the_page_by_page_accounting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool
+) -> None:
+    if not direct:
+        monkeypatch.setattr(layersettle, "_open_direct", lambda path: -1)
+    size = 32
+    parent = _image(tmp_path / "parent", {0: 1, 1: 2, 2: 3, 3: 4, 9: 5, 20: 6}, size)
+    # written: 0 changed, 1 same as the parent, 2 zeroed (a hole), 3 changed, 9 zeroed next to 10 new,
+    # 11-12 new, 15 zero over a zero parent (same), 20-21 changed / new (another piece)
+    now = {0: b"\x09" * PAGE, 1: b"\x02" * PAGE, 3: b"\x08" * PAGE, 10: b"\x0a" * PAGE}
+    now |= {11: b"\x0b" * PAGE, 12: b"\x0c" * PAGE, 20: b"\x0d" * PAGE, 21: b"\x0e" * PAGE}
+    buffer, pending = _stage(now, [(0, 4), (9, 4), (15, 1), (20, 2)])
+
+    fast, slow = tmp_path / "fast", tmp_path / "slow"
+    shutil.copyfile(parent, fast)  # (what the reflink clone gives)
+    shutil.copyfile(parent, slow)
+    with open(parent, "rb") as p:
+        fd = os.open(fast, os.O_RDWR)
+        sink = LayerImage(fd, p.fileno(), AllWritten(), "p" * 64)
+        with memoryview(buffer) as staged:
+            found = classify(staged, pending, p.fileno())
+            assert found.same == 2 and found.zero_pages == 3
+            assert found.holes == [(2 * PAGE, PAGE), (9 * PAGE, PAGE)]
+            # maximal runs of changed pages: page 1 (same) splits 0 from 2-3; 9 (zeroed) joins 10-12
+            assert [run[0][0] // PAGE for run in changed_runs(found)] == [0, 2, 9, 20]
+        steps: dict[str, float] = {}
+        pages, zeros, runs = settle_staged(sink, fast, buffer, pending, p.fileno(), steps)
+        assert set(steps) == {"classify", "hash", "write"}
+        fast_digest = chain_digest("p" * 64, runs)
+        assert fast_digest == sink.digest()  # the runs hashed from the buffer name the file's bytes
+        os.close(fd)
+
+        fd = os.open(slow, os.O_RDWR)
+        for offset, pos, n in pending:  # the old way: written into the clone, then accounted page by page
+            os.pwrite(fd, buffer[pos : pos + n], offset)
+        ref = LayerImage(fd, p.fileno(), AllWritten(), "p" * 64)
+        assert account_runs(ref, [(o, n) for o, _, n in pending]) == (pages, zeros) == (8, 3)
+        assert ref.digest() == fast_digest
+        os.close(fd)
+    assert fast.read_bytes() == slow.read_bytes()
+    assert (sink.own_pages, sink.same_pages) == (ref.own_pages, ref.same_pages) == (7, 2)
+    assert allocated_bytes(fast) <= allocated_bytes(slow)  # the zeroed pages are holes in both
+    assert fast_digest != chain_digest("q" * 64, runs)  # another parent, another image
+    buffer.close()
+
+
+def test_a_full_images_digest_hashes_its_runs_of_non_zero_pages(tmp_path: Path) -> None:
+    image = _image(tmp_path / "img", {1: 7, 2: 8, 6: 9}, 12)
+    expected = chain_digest(
+        EMPTY_DIGEST,
+        [
+            (PAGE, 2 * PAGE, hashlib.sha256(b"\x07" * PAGE + b"\x08" * PAGE).digest()),
+            (6 * PAGE, PAGE, hashlib.sha256(b"\x09" * PAGE).digest()),
+        ],
+    )
+    assert image_digest(image) == expected
+    assert image_digest(image, chunk=PAGE) == expected  # a run crossing read blocks is one run
+    assert image_digest(_image(tmp_path / "other", {1: 7, 2: 8, 7: 9}, 12)) != expected

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from ..agentapi import models as am
 from ..errors import CryoboxError, NotFound, ObjectNotFound
+from ..util.background import Background
 from .forking import SlotFactory
 from .platform import Host
 from .sandbox import Sandbox
@@ -57,6 +58,8 @@ class SnapshotOps:
         self.clock = clock
         self._imports: dict[str, asyncio.Lock] = {}
         self._storing: dict[str, asyncio.Lock] = {}
+        self.background = Background(name="snapshot-store")
+        """Copies to the object store run at a lower CPU priority than captures (:mod:`..util.background`)."""
 
     def _load(self, snapshot_id: str) -> SnapshotImage:
         return self.host.snapshots.load(snapshot_id)
@@ -94,8 +97,8 @@ class SnapshotOps:
             return am.StoredSnapshot(id=snapshot_id, store=self.host.store.url, key=prefix, manifest_sha256=sha)
         template = self.host.service.template(image.template)
         work = self.host.snapshots.root / ".publish"
-        published = await asyncio.to_thread(publish_snapshot, self.host.store, image, template, work)
-        await asyncio.to_thread(self._store_evidence, image, prefix)
+        published = await self.background.run(publish_snapshot, self.host.store, image, template, work)
+        await self.background.run(self._store_evidence, image, prefix)
         return am.StoredSnapshot(
             id=snapshot_id, store=self.host.store.url, key=published.key, manifest_sha256=published.manifest_sha256
         )

@@ -173,9 +173,31 @@ def samples() -> Samples:
 
 
 def test_build_result_shape_and_ratios() -> None:
-    result = build_result(
-        samples(), n=3, cores=2, accelerator="tcg", qemu="QEMU 7.2", server_version="0.1", measured_at="now"
-    )
+    s = samples()
+    s.dirty_sweep = [
+        {
+            "dirtied_mib": 16.0,
+            "snapshot_ms": 200.0,
+            "snapshot_ms_again": 150.0,
+            "unique_mib": 17.0,
+            "shared_mib": 1.0,
+        },
+        {
+            "dirtied_mib": 64.0,
+            "snapshot_ms": 300.0,
+            "snapshot_ms_again": 180.0,
+            "unique_mib": 65.0,
+            "shared_mib": 1.0,
+        },
+        {
+            "dirtied_mib": 272.0,
+            "snapshot_ms": 600.0,
+            "snapshot_ms_again": 250.0,
+            "unique_mib": 273.0,
+            "shared_mib": 1.0,
+        },
+    ]
+    result = build_result(s, n=3, cores=2, accelerator="tcg", qemu="QEMU 7.2", server_version="0.1", measured_at="now")
     json.dumps(result)  # serialisable as is
     for key in ("pause_ms_512", "pause_ms_2048", "snapshot_ms", "restore_ms", "restore_boot_ms"):
         assert set(result[key]) == {"p50", "p90", "p99", "max", "n"}
@@ -198,6 +220,7 @@ def test_build_result_shape_and_ratios() -> None:
     assert result["targets"] == TARGETS
     assert result["machine"] == {"cores": 2, "accelerator": "tcg"}
     assert result["qemu"] == "QEMU 7.2"
+    assert (result["dirty_sweep_s_per_gib"], result["dirty_sweep_s_per_gib_again"]) == (1.6, 0.4)
     assert result["checks"] == {
         "pause_ms_512_p50": True,
         "pause_ratio": True,
@@ -205,6 +228,9 @@ def test_build_result_shape_and_ratios() -> None:
         "pss_ratio": True,
         "pause_ms_issue18": False,  # p50s 50 and 60 ms > 30
         "pause_ratio_issue18": True,  # 1.2
+        "lazy_pause_ms": False,  # none measured
+        "dirty_sweep_s_per_gib": False,  # (600 - 200) ms over 256 MiB: 1.6 s/GiB
+        "dirty_sweep_s_per_gib_again": True,  # (250 - 150) ms over 256 MiB: 0.4 s/GiB
     }
 
 

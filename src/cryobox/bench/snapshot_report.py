@@ -32,6 +32,8 @@ COMPARED = (
     ("restore_ms_p50", ("restore_ms", "p50")),
     ("lazy_pause_ms_p50", ("lazy_pause_ms", "p50")),
     ("shm_mib_after_10_snapshots", ("shm_mib_after_10_snapshots",)),
+    ("dirty_sweep_s_per_gib", ("dirty_sweep_s_per_gib",)),
+    ("dirty_sweep_s_per_gib_again", ("dirty_sweep_s_per_gib_again",)),
 )
 
 
@@ -123,8 +125,14 @@ def result_table(result: dict[str, Any]) -> Table:
         row("lazy pause ms (512M)", result["lazy_pause_ms"])
     for point in result.get("dirty_sweep", []):
         single(f"2048M, {point['dirtied_mib']:.0f}M dirtied: snap ms", point["snapshot_ms"])
+        if point.get("snapshot_ms_again") is not None:
+            single("  again (warm buffer) ms", point["snapshot_ms_again"])
         single("  unique MiB", point["unique_mib"])
         single("  shared MiB", point["shared_mib"])
+    for key, label in (("dirty_sweep_s_per_gib", "sweep s/GiB dirtied"), ("dirty_sweep_s_per_gib_again", "  again")):
+        if result.get(key) is not None:
+            limit = targets.get("dirty_sweep_s_per_gib_max", 0.5)
+            single(label, result[key], verdict(checks.get(key, False), limit), ratio=True)
     if result.get("shm_mib_after_10_snapshots") is not None:
         single(f"hot dir MiB after {SHM_SNAPSHOTS} snaps", result["shm_mib_after_10_snapshots"])
     return table

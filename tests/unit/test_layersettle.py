@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.store import layersettle
+from cryobox.agent.store import layersettle, memlayer
 from cryobox.agent.store.layersettle import changed_runs, classify, settle_staged
 from cryobox.agent.store.memlayer import (
     EMPTY_DIGEST,
@@ -101,12 +101,17 @@ def _stage(pages: dict[int, bytes], pieces: list[tuple[int, int]]) -> tuple[mmap
     return buffer, pending
 
 
-@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "buffered"])
+@pytest.mark.parametrize(
+    ("direct", "segment"), [(True, 4 << 20), (False, 4 << 20), (True, 4 * PAGE)], ids=["o_direct", "buffered", "cut"]
+)
 def test_settled_pages_equal_the_page_by_page_accounting(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool, segment: int
 ) -> None:
     if not direct:
         monkeypatch.setattr(layersettle, "_open_direct", lambda path: -1)
+    # runs are cut at segment boundaries (4 pages here: 9-12 hashes as 9-11 and 12, 20-21 stays whole)
+    monkeypatch.setattr(layersettle, "SEGMENT", segment)
+    monkeypatch.setattr(memlayer, "SEGMENT", segment)
     size = 32
     parent = _image(tmp_path / "parent", {0: 1, 1: 2, 2: 3, 3: 4, 9: 5, 20: 6}, size)
     # written: 0 changed, 1 same as the parent, 2 zeroed (a hole), 3 changed, 9 zeroed next to 10 new,
@@ -126,11 +131,13 @@ def test_settled_pages_equal_the_page_by_page_accounting(
             assert found.same == 2 and found.zero_pages == 3
             assert found.holes == [(2 * PAGE, PAGE), (9 * PAGE, PAGE)]
             # maximal runs of changed pages: page 1 (same) splits 0 from 2-3; 9 (zeroed) joins 10-12
-            assert [run[0][0] // PAGE for run in changed_runs(found)] == [0, 2, 9, 20]
+            cut = [12] if segment == 4 * PAGE else []
+            assert [run[0][0] // PAGE for run in changed_runs(found)] == [0, 2, 9, *cut, 20]
         steps: dict[str, float] = {}
         pages, zeros, runs = settle_staged(sink, fast, buffer, pending, p.fileno(), steps)
         assert set(steps) == {"classify", "hash", "write"}
         fast_digest = chain_digest("p" * 64, runs)
+        assert len(runs) == (5 if segment == 4 * PAGE else 4)
         assert fast_digest == sink.digest()  # the runs hashed from the buffer name the file's bytes
         os.close(fd)
 
@@ -160,3 +167,15 @@ def test_a_full_images_digest_hashes_its_runs_of_non_zero_pages(tmp_path: Path) 
     assert image_digest(image) == expected
     assert image_digest(image, chunk=PAGE) == expected  # a run crossing read blocks is one run
     assert image_digest(_image(tmp_path / "other", {1: 7, 2: 8, 7: 9}, 12)) != expected
+
+
+def test_a_run_is_cut_at_each_segment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memlayer, "SEGMENT", 4 * PAGE)
+    image = _image(tmp_path / "img", {3: 7, 4: 8, 5: 9}, 12)  # pages 3 | 4-5: two runs
+    parts = [(3 * PAGE, PAGE, b"\x07"), (4 * PAGE, 2 * PAGE, b"\x08\x09")]
+    expected = chain_digest(
+        EMPTY_DIGEST,
+        [(a, n, hashlib.sha256(b"".join(bytes([c]) * PAGE for c in cs)).digest()) for a, n, cs in parts],
+    )
+    assert image_digest(image) == expected
+    assert memlayer.page_runs([3 * PAGE, 4 * PAGE, 5 * PAGE]) == [(3 * PAGE, PAGE), (4 * PAGE, 2 * PAGE)]

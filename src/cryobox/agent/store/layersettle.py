@@ -16,6 +16,7 @@ GIL while it hashes a run).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import mmap
 import os
@@ -27,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ...util.files import punch_hole
 from ..vm.devcapture import Pending
-from .memlayer import OWN_MARK, ZERO_MARK, LayerImage, Run, true_runs
+from .memlayer import OWN_MARK, SEGMENT, ZERO_MARK, LayerImage, Run, segments, true_runs
 
 PAGE_SIZE = 4096
 WORDS = PAGE_SIZE // 8
@@ -63,12 +65,15 @@ def classify(staged: memoryview, pending: Pending, parent_fd: int) -> Classified
     for offset, pos, n in pending:
         pages = n // PAGE_SIZE
         new = np.frombuffer(staged, dtype=np.uint64, count=pages * WORDS, offset=pos).reshape(pages, WORDS)
-        got = os.preadv(parent_fd, [scratch.data.cast("B")[:n]], offset)
-        if got < n:
-            scratch.view(np.uint8)[got:n] = 0  # past the parent's end: zeros
-        old = scratch[: pages * WORDS].reshape(pages, WORDS)
-        changed = (new != old).any(axis=1)
-        zero = ~new.any(axis=1)
+        zero: npt.NDArray[np.bool_] = np.asarray(~new.any(axis=1), dtype=bool)
+        if _hole(parent_fd, offset, n):  # the parent's pages here are zeros: what is not zero changed
+            changed: npt.NDArray[np.bool_] = ~zero
+        else:
+            got = os.preadv(parent_fd, [scratch.data.cast("B")[:n]], offset)
+            if got < n:
+                scratch.view(np.uint8)[got:n] = 0  # past the parent's end: zeros
+            old = scratch[: pages * WORDS].reshape(pages, WORDS)
+            changed = np.asarray((new != old).any(axis=1), dtype=bool)
         out.same += pages - int(changed.sum())
         out.zero_pages += int(zero.sum())
         for first, last in true_runs(changed & zero):
@@ -77,6 +82,15 @@ def classify(staged: memoryview, pending: Pending, parent_fd: int) -> Classified
             out.own.append((offset + first * PAGE_SIZE, pos + first * PAGE_SIZE, (last - first) * PAGE_SIZE))
     out.own = _coalesce(out.own)
     return out
+
+
+def _hole(fd: int, offset: int, n: int) -> bool:
+    """Whether ``[offset, offset + n)`` of the file lies in a hole (guest memory a parent never used mostly does:
+    its bytes need not be read to know they are zeros)."""
+    try:
+        return os.lseek(fd, offset, os.SEEK_DATA) >= offset + n
+    except OSError as err:
+        return err.errno == errno.ENXIO  # no data after offset at all
 
 
 def _coalesce(runs: Runs) -> Runs:
@@ -94,14 +108,19 @@ Segment = tuple[int, int, int]
 
 
 def changed_runs(found: Classified) -> list[list[Segment]]:
-    """The maximal runs of changed pages (own and now-zero ones, which may adjoin), as their segments."""
-    segments = sorted([(a, n, pos) for a, pos, n in found.own] + [(a, n, -1) for a, n in found.holes])
+    """The maximal runs of changed pages (own and now-zero ones, which may adjoin) within each 4 MiB segment
+    (:data:`.memlayer.SEGMENT`), as their pieces."""
+    pieces: list[Segment] = []
+    for a, pos, n in found.own:
+        pieces += [(at, k, pos + at - a) for at, k in segments(a, n)]
+    for a, n in found.holes:
+        pieces += [(at, k, -1) for at, k in segments(a, n)]
     runs: list[list[Segment]] = []
-    for seg in segments:
-        if runs and runs[-1][-1][0] + runs[-1][-1][1] == seg[0]:
-            runs[-1].append(seg)
+    for piece in sorted(pieces):
+        if runs and runs[-1][-1][0] + runs[-1][-1][1] == piece[0] and piece[0] % SEGMENT:
+            runs[-1].append(piece)
         else:
-            runs.append([seg])
+            runs.append([piece])
     return runs
 
 

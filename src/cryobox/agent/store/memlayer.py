@@ -21,7 +21,8 @@ Where there is no parent file (a lazily paged VM whose image is only in the obje
 the whole image is written (:class:`FullImage`), as before.
 
 Every image gets a **content digest**: sha256 over the parent's digest and, in address order, each maximal run
-of changed pages (pages whose bytes differ from the parent's; a page now zero is changed and hashes as zeros):
+of changed pages within a 4 MiB segment (pages whose bytes differ from the parent's; a page now zero is
+changed and hashes as zeros):
 its address, its length and the sha256 of its bytes (:func:`chain_digest`; a full image has the empty parent,
 so its runs are its non-zero pages). Two captures with the same bytes over the same parent have the same
 digest; a child names its parent by that digest, never by a name. Runs, not pages: a run hashes in one call
@@ -35,7 +36,7 @@ import fcntl
 import hashlib
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -86,6 +87,17 @@ class ParentImage:
 
 Run = tuple[int, int, bytes]
 """``(address, length, sha256 of its bytes)`` of a run of changed pages."""
+SEGMENT = 4 << 20
+"""Runs never cross a multiple of this (a 256 MiB run is 64 runs, hashed on as many threads as there are)."""
+
+
+def segments(addr: int, length: int) -> Iterator[tuple[int, int]]:
+    """``[addr, addr + length)`` cut at multiples of :data:`SEGMENT`."""
+    end = addr + length
+    while addr < end:
+        cut = min(end, addr - addr % SEGMENT + SEGMENT)
+        yield addr, cut - addr
+        addr = cut
 
 
 def chain_digest(parent: str, runs: Iterable[Run]) -> str:
@@ -97,10 +109,10 @@ def chain_digest(parent: str, runs: Iterable[Run]) -> str:
 
 
 def page_runs(addrs: Iterable[int]) -> list[tuple[int, int]]:
-    """``(address, length)`` of the maximal runs of the pages at ``addrs`` (ascending)."""
+    """``(address, length)`` of the maximal runs of the pages at ``addrs`` (ascending), cut at segments."""
     runs: list[tuple[int, int]] = []
     for addr in addrs:
-        if runs and runs[-1][0] + runs[-1][1] == addr:
+        if runs and runs[-1][0] + runs[-1][1] == addr and addr % SEGMENT:
             runs[-1] = (runs[-1][0], runs[-1][1] + PAGE_SIZE)
         else:
             runs.append((addr, PAGE_SIZE))
@@ -224,14 +236,15 @@ def image_digest(path: Path, chunk: int = 4 << 20) -> str:
                 for first, last in true_runs(pages):
                     addr = pos + first * PAGE_SIZE
                     piece = memoryview(block)[first * PAGE_SIZE : last * PAGE_SIZE]
-                    if current and current[0] + current[1] == addr:
-                        current[1] += len(piece)
-                    else:
-                        if current:
-                            runs.append((current[0], current[1], current[2].digest()))
-                        current = [addr, 0, hashlib.sha256()]
-                        current[1] = len(piece)
-                    current[2].update(piece)
+                    for at, n in segments(addr, len(piece)):
+                        part = piece[at - addr : at - addr + n]
+                        if current and current[0] + current[1] == at and at % SEGMENT:
+                            current[1] += n
+                        else:
+                            if current:
+                                runs.append((current[0], current[1], current[2].digest()))
+                            current = [at, n, hashlib.sha256()]
+                        current[2].update(part)
                 pos += len(block)
     if current:
         runs.append((current[0], current[1], current[2].digest()))

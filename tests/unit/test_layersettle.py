@@ -179,3 +179,18 @@ def test_a_run_is_cut_at_each_segment(tmp_path: Path, monkeypatch: pytest.Monkey
     )
     assert image_digest(image) == expected
     assert memlayer.page_runs([3 * PAGE, 4 * PAGE, 5 * PAGE]) == [(3 * PAGE, PAGE), (4 * PAGE, 2 * PAGE)]
+
+
+async def test_a_kept_buffer_is_unmapped_by_the_loop_when_idle() -> None:
+    import asyncio
+
+    pool = StagingPool(keep_s=0.05)
+    buffer = layersettle_alloc(2 << 20)
+    pool.release(buffer)  # on a running loop: a timer unmaps it
+    assert not buffer.closed
+    for _ in range(100):
+        if buffer.closed:
+            break
+        await asyncio.sleep(0.01)
+    assert buffer.closed and pool.kept_bytes == 0
+    pool.close()

@@ -24,7 +24,7 @@ NICE = 10
 def _lower_priority(nice: int) -> None:
     # Linux: the "process" priority of thread id 0 is the calling thread's own (threads it starts inherit it)
     with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
+        os.setpriority(os.PRIO_PROCESS, 0, max(nice, os.getpriority(os.PRIO_PROCESS, 0)))  # never raised
 
 
 class Background:

@@ -5,13 +5,13 @@ page-by-page accounting would."""
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import mmap
 import os
 import shutil
 from pathlib import Path
 
 import pytest
+from blake3 import blake3
 
 from cryobox.agent.store import layersettle, memlayer
 from cryobox.agent.store.layersettle import changed_runs, classify, settle_staged
@@ -160,8 +160,8 @@ def test_a_full_images_digest_hashes_its_runs_of_non_zero_pages(tmp_path: Path) 
     expected = chain_digest(
         EMPTY_DIGEST,
         [
-            (PAGE, 2 * PAGE, hashlib.sha256(b"\x07" * PAGE + b"\x08" * PAGE).digest()),
-            (6 * PAGE, PAGE, hashlib.sha256(b"\x09" * PAGE).digest()),
+            (PAGE, 2 * PAGE, blake3(b"\x07" * PAGE + b"\x08" * PAGE).digest()),
+            (6 * PAGE, PAGE, blake3(b"\x09" * PAGE).digest()),
         ],
     )
     assert image_digest(image) == expected
@@ -175,7 +175,7 @@ def test_a_run_is_cut_at_each_segment(tmp_path: Path, monkeypatch: pytest.Monkey
     parts = [(3 * PAGE, PAGE, b"\x07"), (4 * PAGE, 2 * PAGE, b"\x08\x09")]
     expected = chain_digest(
         EMPTY_DIGEST,
-        [(a, n, hashlib.sha256(b"".join(bytes([c]) * PAGE for c in cs)).digest()) for a, n, cs in parts],
+        [(a, n, blake3(b"".join(bytes([c]) * PAGE for c in cs)).digest()) for a, n, cs in parts],
     )
     assert image_digest(image) == expected
     assert memlayer.page_runs([3 * PAGE, 4 * PAGE, 5 * PAGE]) == [(3 * PAGE, PAGE), (4 * PAGE, 2 * PAGE)]

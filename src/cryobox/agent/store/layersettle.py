@@ -9,15 +9,14 @@
 The comparison runs on whole pieces of the buffer at once (:mod:`numpy`, 512 64-bit words a page: a pass
 over 256 MiB takes tens of ms where a Python loop over its 65,536 pages takes seconds). The own pages go to
 the file in runs with ``O_DIRECT`` where the volume takes it: straight from the buffer to the disk, without
-first faulting in as many page-cache pages (which cost 1.3 µs each on these machines). Their sha256s are
-computed run by run (:func:`.memlayer.chain_digest`) by two threads while it writes (``hashlib`` releases the
-GIL while it hashes a run).
+first faulting in as many page-cache pages (which cost 1.3 µs each on these machines). The changed runs are
+hashed for the digest (:func:`.memlayer.chain_digest`, BLAKE3, which releases the GIL while it hashes) by two
+threads while it writes.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import mmap
 import os
 import time
@@ -32,7 +31,7 @@ import numpy.typing as npt
 
 from ...util.files import punch_hole
 from ..vm.devcapture import Pending
-from .memlayer import OWN_MARK, SEGMENT, ZERO_MARK, LayerImage, Run, segments, true_runs
+from .memlayer import OWN_MARK, SEGMENT, ZERO_MARK, LayerImage, Run, run_hasher, segments, true_runs
 
 PAGE_SIZE = 4096
 WORDS = PAGE_SIZE // 8
@@ -128,7 +127,7 @@ def _hash_runs(staged: memoryview, runs: list[list[Segment]]) -> list[Run]:
     zeros = bytes(ZERO_CHUNK)
     out: list[Run] = []
     for run in runs:
-        h = hashlib.sha256()
+        h = run_hasher()
         for _, n, pos in run:
             if pos >= 0:
                 h.update(staged[pos : pos + n])

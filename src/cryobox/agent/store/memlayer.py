@@ -20,13 +20,14 @@ template's image lives in the cache directory), a copy of it is made there once 
 Where there is no parent file (a lazily paged VM whose image is only in the object store, a cold-booted fork)
 the whole image is written (:class:`FullImage`), as before.
 
-Every image gets a **content digest**: sha256 over the parent's digest and, in address order, each maximal run
+Every image gets a **content digest**: BLAKE3 over the parent's digest and, in address order, each maximal run
 of changed pages within a 4 MiB segment (pages whose bytes differ from the parent's; a page now zero is
 changed and hashes as zeros):
-its address, its length and the sha256 of its bytes (:func:`chain_digest`; a full image has the empty parent,
+its address, its length and the BLAKE3 of its bytes (:func:`chain_digest`; a full image has the empty parent,
 so its runs are its non-zero pages). Two captures with the same bytes over the same parent have the same
 digest; a child names its parent by that digest, never by a name. Runs, not pages: a run hashes in one call
-that releases the GIL for all of it, so two threads hash 256 MiB in 76 ms where page by page took 146 ms.
+that releases the GIL for all of it, so two threads hash 256 MiB in 22 ms (BLAKE3; sha256 took 75, and page by
+page 146).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+from blake3 import blake3
 
 from ...errors import VmmError
 from ...util.files import data_extents, punch_hole
@@ -86,7 +88,15 @@ class ParentImage:
 
 
 Run = tuple[int, int, bytes]
-"""``(address, length, sha256 of its bytes)`` of a run of changed pages."""
+"""``(address, length, BLAKE3 of its bytes)`` of a run of changed pages."""
+
+
+def run_hasher() -> blake3:
+    """What hashes a run's bytes: BLAKE3 (256 MiB in 43 ms on one thread, 22 on two, where sha256 took 158 and
+    75 here; it releases the GIL while it hashes)."""
+    return blake3()
+
+
 SEGMENT = 4 << 20
 """Runs never cross a multiple of this (a 256 MiB run is 64 runs, hashed on as many threads as there are)."""
 
@@ -102,7 +112,7 @@ def segments(addr: int, length: int) -> Iterator[tuple[int, int]]:
 
 def chain_digest(parent: str, runs: Iterable[Run]) -> str:
     """The content digest of an image whose changed runs over the image digested ``parent`` are ``runs``."""
-    h = hashlib.sha256(parent.encode())
+    h = blake3(parent.encode())
     for addr, length, sha in sorted(runs):
         h.update(addr.to_bytes(8, "big") + length.to_bytes(8, "big") + sha)
     return h.hexdigest()
@@ -120,8 +130,8 @@ def page_runs(addrs: Iterable[int]) -> list[tuple[int, int]]:
 
 
 def hash_range(fd: int, addr: int, length: int, chunk: int = 4 << 20) -> bytes:
-    """sha256 of ``length`` bytes of ``fd`` at ``addr`` (a hole reads as zeros)."""
-    h = hashlib.sha256()
+    """The run hash of ``length`` bytes of ``fd`` at ``addr`` (a hole reads as zeros)."""
+    h = run_hasher()
     for done in range(0, length, chunk):
         n = min(chunk, length - done)
         data = os.pread(fd, n, addr + done)
@@ -219,7 +229,7 @@ def image_digest(path: Path, chunk: int = 4 << 20) -> str:
     """The content digest of a whole image file (:func:`chain_digest` over the empty parent: its runs of non-zero
     pages). Holes are never read."""
     runs: list[Run] = []
-    current: list[Any] = []  # [address, length, sha256 object] of the run being hashed
+    current: list[Any] = []  # [address, length, hasher] of the run being hashed
     with open(path, "rb") as fh:
         fd = fh.fileno()
         for start, end in data_extents(fd, os.fstat(fd).st_size):
@@ -243,7 +253,7 @@ def image_digest(path: Path, chunk: int = 4 << 20) -> str:
                         else:
                             if current:
                                 runs.append((current[0], current[1], current[2].digest()))
-                            current = [at, n, hashlib.sha256()]
+                            current = [at, n, run_hasher()]
                         current[2].update(part)
                 pos += len(block)
     if current:

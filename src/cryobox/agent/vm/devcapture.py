@@ -57,8 +57,9 @@ class WrittenPagesCopy:
 
 async def saves_devices(vm: MicroVM) -> bool:
     """Whether ``vm``'s QEMU has ``xen-save-devices-state`` (built into every x86 system emulator we saw)."""
-    commands = await vm.execute("query-commands")
-    return any(c.get("name") == SAVE_DEVICES for c in commands)
+    if vm.commands is None:
+        vm.commands = frozenset(str(c.get("name")) for c in await vm.execute("query-commands"))
+    return SAVE_DEVICES in vm.commands
 
 
 def staging_size(pid: int, lo: int, hi: int) -> tuple[int, int]:

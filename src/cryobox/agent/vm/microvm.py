@@ -83,6 +83,8 @@ class MicroVM:
         self.state_prefix: bytes | None = None
         """The configuration section of the vmstate this VM was restored from (:func:`.vmstream.config_prefix`):
         what a device-state capture needs to be loadable (``None``: not restored by this process)."""
+        self.commands: frozenset[str] | None = None
+        """QMP commands this QEMU has (``query-commands``, asked once: :func:`.devcapture.saves_devices`)."""
         self.guest: GuestClient | None = None
         self.violation: str | None = None
         """Why the VM was killed for breaking the guest protocol, if it was."""

@@ -1,9 +1,10 @@
 """Staging buffers for the short-pause capture, kept warm between captures.
 
 :func:`.devcapture.copy_written` copies the pages a guest wrote into a buffer inside its pause; the buffer must
-be faulted in before the pause. Faulting in fresh memory is what costs here: 336 MiB took 113–446 ms in 4 KiB
-pages and 19–1372 ms in transparent huge pages, while memory this process has touched before and kept costs
-nothing (measured on these machines, whose RAM is itself backed lazily by their host). So a buffer is kept for
+be faulted in before the pause. Faulting in fresh memory is what costs here: 400 MiB took 167–231 ms in 4 KiB
+pages and 253–1,180 ms in transparent huge pages (which need whole 2 MiB blocks, so they come from memory the
+machine never touched, which its host backs only then), while memory this process has kept costs nothing
+(measured on these machines). So 4 KiB pages, and a buffer is kept for
 ``keep_s`` after the capture that used it and handed to the next one that fits: a sandbox snapshotted again
 and again, or a burst of snapshots, pays for its staging memory once. At most ``max_bytes`` are kept; a
 buffer idle for ``keep_s`` is unmapped (a timer on the running loop, or the next :meth:`take`).
@@ -12,7 +13,6 @@ buffer idle for ``keep_s`` is unmapped (a timer on the running loop, or the next
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import mmap
 import time
 from collections.abc import Callable
@@ -25,11 +25,9 @@ MAX_KEPT = 512 << 20
 
 
 def allocate(size: int) -> mmap.mmap:
-    """``size`` bytes (rounded up to 2 MiB) of anonymous memory, faulted in now (huge pages where possible)."""
+    """``size`` bytes (rounded up to 2 MiB) of anonymous memory, faulted in now."""
     size += -size % HUGE_PAGE
     buffer = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    with contextlib.suppress(OSError):
-        buffer.madvise(mmap.MADV_HUGEPAGE)
     try:
         buffer.madvise(MADV_POPULATE_WRITE)
     except OSError:  # an older kernel: touch every page

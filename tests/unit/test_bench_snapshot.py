@@ -9,18 +9,9 @@ import pytest
 from rich.console import Console
 
 from cryobox.bench.pss import allocated_bytes, mapping_kib, parse_rollup, rollup_kib, smaps_mapping_kib, sum_mib
-from cryobox.bench.snapshot import (
-    PRIVATE_COPY_BASIS,
-    TARGETS,
-    TREE_COUNT,
-    Samples,
-    binaries_to_run,
-    build_result,
-    capture_breakdown,
-    guest_used_mib,
-    stats_n,
-)
+from cryobox.bench.snapshot import binaries_to_run, capture_breakdown, guest_used_mib
 from cryobox.bench.snapshot_report import BenchError, combine_results, comparison_table, result_table, version_key
+from cryobox.bench.snapshot_result import PRIVATE_COPY_BASIS, TARGETS, TREE_COUNT, Samples, build_result, stats_n
 
 ROLLUP = """\
 55d4c8a3e000-7ffd1f5fe000 ---p 00000000 00:00 0                          [rollup]

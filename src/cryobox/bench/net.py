@@ -37,9 +37,10 @@ from ..config import DEFAULT_CACHE_DIR, Paths
 from ..util.progress import Reporter
 from .report import write_result
 from .server import ServeProcess
-from .snapshot import capture_breakdown, qemu_version, stats_n
+from .snapshot import capture_breakdown, qemu_version
 from .snapshot_api import Api, api_session
 from .snapshot_report import BenchError
+from .snapshot_result import stats_n
 
 SLOT_N = 8  # acquires timed per pool kind
 SLOT_POOL_SIZE = 8

@@ -112,6 +112,8 @@ def test_settled_pages_equal_the_page_by_page_accounting(
     # runs are cut at segment boundaries (4 pages here: 9-12 hashes as 9-11 and 12, 20-21 stays whole)
     monkeypatch.setattr(layersettle, "SEGMENT", segment)
     monkeypatch.setattr(memlayer, "SEGMENT", segment)
+    if segment == 4 * PAGE:  # and settled in batches of one segment each (written while the next is classified)
+        monkeypatch.setattr(layersettle, "BATCH_BYTES", PAGE)
     size = 32
     parent = _image(tmp_path / "parent", {0: 1, 1: 2, 2: 3, 3: 4, 9: 5, 20: 6}, size)
     # written: 0 changed, 1 same as the parent, 2 zeroed (a hole), 3 changed, 9 zeroed next to 10 new,
@@ -153,6 +155,21 @@ def test_settled_pages_equal_the_page_by_page_accounting(
     assert allocated_bytes(fast) <= allocated_bytes(slow)  # the zeroed pages are holes in both
     assert fast_digest != chain_digest("q" * 64, runs)  # another parent, another image
     buffer.close()
+
+
+def test_batches_hold_whole_segments(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memlayer, "SEGMENT", 4 * PAGE)
+    monkeypatch.setattr(layersettle, "SEGMENT", 4 * PAGE)
+    pending = [(2 * PAGE, 0, 5 * PAGE), (9 * PAGE, 5 * PAGE, 2 * PAGE)]  # pages 2-6 (crossing 4) and 9-10
+    cut = list(layersettle.batches(pending, size=PAGE))
+    assert cut == [
+        [(2 * PAGE, 0, 2 * PAGE)],
+        [(4 * PAGE, 2 * PAGE, 3 * PAGE)],
+        [(9 * PAGE, 5 * PAGE, 2 * PAGE)],
+    ]
+    assert list(layersettle.batches(pending, size=64 * PAGE)) == [
+        [(2 * PAGE, 0, 2 * PAGE), (4 * PAGE, 2 * PAGE, 3 * PAGE), (9 * PAGE, 5 * PAGE, 2 * PAGE)]
+    ]
 
 
 def test_a_full_images_digest_hashes_its_runs_of_non_zero_pages(tmp_path: Path) -> None:

@@ -20,11 +20,10 @@ import errno
 import mmap
 import os
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -39,6 +38,7 @@ HASH_THREADS = 2
 ZERO_CHUNK = 1 << 20
 WRITERS = 4
 WRITE_PIECE = 4 << 20
+BATCH_BYTES = 16 << 20
 
 Runs = list[tuple[int, int, int]]
 """``(offset in the image, position in the buffer, length)``."""
@@ -153,30 +153,6 @@ def _split(runs: list[list[Segment]], parts: int) -> list[list[list[Segment]]]:
     return [part for part in out if part]
 
 
-def write_runs(path: Path, fd: int, staged: memoryview, runs: Runs) -> None:
-    """Each run of ``staged`` at its offset of the file: ``O_DIRECT`` where the file system takes it, by
-    :data:`WRITERS` threads (a direct write waits for the device; a volume on a loop device takes ~0.1 ms for
-    each of the hundreds of short runs a guest leaves), else buffered."""
-    pieces = [
-        (offset + done, pos + done, min(WRITE_PIECE, n - done))
-        for offset, pos, n in runs
-        for done in range(0, n, WRITE_PIECE)
-    ]
-    direct = _open_direct(path)
-    if direct < 0:
-        for offset, pos, n in pieces:
-            os.pwrite(fd, staged[pos : pos + n], offset)
-        return
-    try:
-        with ThreadPoolExecutor(WRITERS, thread_name_prefix="layer-write") as pool:
-            done = list(pool.map(lambda piece: _write_direct(direct, staged, piece), pieces))
-        refused = [piece for piece, ok in zip(pieces, done, strict=True) if not ok]
-        for offset, pos, n in refused:  # (the file system took the open but not the write)
-            os.pwrite(fd, staged[pos : pos + n], offset)
-    finally:
-        os.close(direct)
-
-
 def _write_direct(direct: int, staged: memoryview, piece: tuple[int, int, int]) -> bool:
     offset, pos, n = piece
     try:
@@ -206,41 +182,83 @@ def settle_staged(
     """Put the staged ``pending`` pieces of ``buffer`` into the layer ``sink`` (the clone at ``path``), comparing
     them with the parent image's bytes (read from ``parent_fd``); returns ``(pages, zero pages)`` as
     :func:`.memlayer.account_runs` does, and the hashed runs of changed pages (:func:`.memlayer.chain_digest`
-    names the layer by them when these were all its pages)."""
-    laps = Laps(steps if steps is not None else {})
+    names the layer by them when these were all its pages).
+
+    Pipelined by batches (:func:`batches`): a batch's pages are written and hashed while the next one is
+    classified. ``steps`` gets ``classify`` (the time spent classifying) and, from the start, when the last hash
+    and the last write finished (``hash``, ``write``)."""
+    timing = steps if steps is not None else {}
+    started_at = time.monotonic()
     runs: list[Run] = []
-    with memoryview(buffer) as staged:
-        found = classify(staged, pending, parent_fd)
-        laps.lap("classify")
-        with ThreadPoolExecutor(HASH_THREADS + 1, thread_name_prefix="layer-settle") as pool:
-            writing = pool.submit(_timed, write_runs, path, sink.fd, staged, found.own)
-            hashing = [pool.submit(_hash_runs, staged, part) for part in _split(changed_runs(found), HASH_THREADS)]
-            for offset, n in found.holes:
-                punch_hole(sink.fd, offset, n)
-                sink.changes.pages.update(dict.fromkeys(range(offset, offset + n, PAGE_SIZE), ZERO_MARK))
-            for offset, _, n in found.own:
-                sink.changes.pages.update(dict.fromkeys(range(offset, offset + n, PAGE_SIZE), OWN_MARK))
-            for job in hashing:
+    same = zero_pages = 0
+    classifying = 0.0
+    direct = _open_direct(path)
+    writes: list[Future[bool]] = []
+    hashes: list[Future[list[Run]]] = []
+    try:
+        with (
+            memoryview(buffer) as staged,
+            ThreadPoolExecutor(WRITERS, thread_name_prefix="layer-write") as writers,
+            ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="layer-hash") as hashers,
+        ):
+            for batch in batches(pending):
+                started = time.monotonic()
+                found = classify(staged, batch, parent_fd)
+                classifying += time.monotonic() - started
+                same, zero_pages = same + found.same, zero_pages + found.zero_pages
+                for piece in _pieces(found.own):
+                    writes.append(writers.submit(_write_piece, direct, sink.fd, staged, piece))
+                hashes += [hashers.submit(_hash_runs, staged, part) for part in _split(changed_runs(found), 2)]
+                for offset, n in found.holes:
+                    punch_hole(sink.fd, offset, n)
+                    sink.changes.pages.update(dict.fromkeys(range(offset, offset + n, PAGE_SIZE), ZERO_MARK))
+                for offset, _, n in found.own:
+                    sink.changes.pages.update(dict.fromkeys(range(offset, offset + n, PAGE_SIZE), OWN_MARK))
+            for job in hashes:
                 runs.extend(job.result())
-            laps.lap("hash")
-            laps.steps["write"] = writing.result()
-    sink.same_pages += found.same
+            timing["hash"] = _ms_since(started_at)
+            for write in writes:
+                write.result()
+            timing["write"] = _ms_since(started_at)
+    finally:
+        if direct >= 0:
+            os.close(direct)
+    timing["classify"] = round(classifying * 1000, 2)
+    sink.same_pages += same
     pages = sum(n for _, _, n in pending) // PAGE_SIZE
-    return pages - found.zero_pages, found.zero_pages, runs
+    return pages - zero_pages, zero_pages, runs
 
 
-class Laps:
-    def __init__(self, steps: dict[str, float]) -> None:
-        self.steps = steps
-        self.mark = time.monotonic()
+def batches(pending: Pending, size: int | None = None) -> Iterator[Pending]:
+    """``pending`` cut at every segment boundary and grouped into batches, about ``size`` (:data:`BATCH_BYTES`)
+    bytes each, that no run of changed pages crosses."""
+    size = BATCH_BYTES if size is None else size
+    batch: Pending = []
+    held = end = 0
+    for offset, pos, n in pending:
+        for at, k in segments(offset, n):
+            # a run of changed pages ends at a segment boundary and at a gap between written pages
+            if held >= size and (at % SEGMENT == 0 or at != end):
+                yield batch
+                batch, held = [], 0
+            batch.append((at, pos + at - offset, k))
+            held, end = held + k, at + k
+    if batch:
+        yield batch
 
-    def lap(self, name: str) -> None:
-        now = time.monotonic()
-        self.steps[name] = round((now - self.mark) * 1000, 2)
-        self.mark = now
+
+def _pieces(runs: Runs) -> list[tuple[int, int, int]]:
+    return [(o + d, p + d, min(WRITE_PIECE, n - d)) for o, p, n in runs for d in range(0, n, WRITE_PIECE)]
 
 
-def _timed(fn: Callable[..., None], *args: Any) -> float:
-    started = time.monotonic()
-    fn(*args)
+def _write_piece(direct: int, fd: int, staged: memoryview, piece: tuple[int, int, int]) -> bool:
+    """One piece at its offset: ``O_DIRECT`` where the file took it, else (or where it refuses) buffered."""
+    offset, pos, n = piece
+    if direct >= 0 and _write_direct(direct, staged, piece):
+        return True
+    os.pwrite(fd, staged[pos : pos + n], offset)
+    return False
+
+
+def _ms_since(started: float) -> float:
     return round((time.monotonic() - started) * 1000, 2)

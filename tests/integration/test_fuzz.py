@@ -7,6 +7,7 @@ sandbox-scoped cases target a real sandbox so the fuzzer reaches the guest, not 
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -23,6 +24,7 @@ from schemathesis.specs.openapi.checks import (
 
 from cryobox import Sandbox
 from cryobox.bench.server import ServeProcess
+from cryobox.errors import QuotaExceeded
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
@@ -73,6 +75,14 @@ def test_no_5xx_and_responses_match_the_document(server: ServeProcess, fuzz_sand
     assert any(200 <= code < 300 for code in statuses), "the fuzzer must reach working paths, not only errors"
     survivor = Sandbox.connect(fuzz_sandbox, api_url=server.url, api_key=server.api_key)
     try:
-        assert survivor.exec("true").exit_code == 0
+        # the fuzzer may have spent the key's request budget (429 is what it should get then): wait it out
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert survivor.exec("true").exit_code == 0
+                break
+            except QuotaExceeded:
+                assert time.monotonic() < deadline, "the rate limit never let the survivor through"
+                time.sleep(0.5)
     finally:
         survivor.close()

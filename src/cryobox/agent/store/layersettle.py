@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ...util.files import punch_hole
-from ..vm.devcapture import Pending
+from ..vm.devcapture import Pending, ms_since
 from .memlayer import OWN_MARK, SEGMENT, ZERO_MARK, LayerImage, Run, run_hasher, segments, true_runs
 
 PAGE_SIZE = 4096
@@ -216,10 +216,10 @@ def settle_staged(
                     sink.changes.pages.update(dict.fromkeys(range(offset, offset + n, PAGE_SIZE), OWN_MARK))
             for job in hashes:
                 runs.extend(job.result())
-            timing["hash"] = _ms_since(started_at)
+            timing["hash"] = ms_since(started_at)
             for write in writes:
                 write.result()
-            timing["write"] = _ms_since(started_at)
+            timing["write"] = ms_since(started_at)
     finally:
         if direct >= 0:
             os.close(direct)
@@ -258,7 +258,3 @@ def _write_piece(direct: int, fd: int, staged: memoryview, piece: tuple[int, int
         return True
     os.pwrite(fd, staged[pos : pos + n], offset)
     return False
-
-
-def _ms_since(started: float) -> float:
-    return round((time.monotonic() - started) * 1000, 2)

@@ -109,11 +109,16 @@ def test_settled_pages_equal_the_page_by_page_accounting(
 ) -> None:
     if not direct:
         monkeypatch.setattr(layersettle, "_open_direct", lambda path: -1)
+        # and every piece is first asked whether it lies in a hole of the parent (page 15 does: not read)
+        monkeypatch.setattr(layersettle, "HOLE_CHECK", PAGE)
+    else:  # these runs are a few pages each: written with O_DIRECT only when that floor is lowered
+        monkeypatch.setattr(layersettle, "DIRECT_MIN", PAGE)
     # runs are cut at segment boundaries (4 pages here: 9-12 hashes as 9-11 and 12, 20-21 stays whole)
     monkeypatch.setattr(layersettle, "SEGMENT", segment)
     monkeypatch.setattr(memlayer, "SEGMENT", segment)
     if segment == 4 * PAGE:  # and settled in batches of one segment each (written while the next is classified)
         monkeypatch.setattr(layersettle, "BATCH_BYTES", PAGE)
+        monkeypatch.setattr(layersettle, "HOLE_CHECK", PAGE)  # (a batch of page 15 alone: all over a hole)
     size = 32
     parent = _image(tmp_path / "parent", {0: 1, 1: 2, 2: 3, 3: 4, 9: 5, 20: 6}, size)
     # written: 0 changed, 1 same as the parent, 2 zeroed (a hole), 3 changed, 9 zeroed next to 10 new,
@@ -211,3 +216,28 @@ async def test_a_kept_buffer_is_unmapped_by_the_loop_when_idle() -> None:
         await asyncio.sleep(0.01)
     assert buffer.closed and pool.kept_bytes == 0
     pool.close()
+
+
+def test_classify_finds_the_same_runs_wherever_the_pages_lie_in_the_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pieces staged out of order (not end to end in the buffer) are compared row by row all the same, and a
+    run of own pages never joins two pages that are apart in the buffer. A piece over a hole of the parent is
+    not read: whatever the scratch held there does not count."""
+    monkeypatch.setattr(layersettle, "HOLE_CHECK", 2 * PAGE)
+    parent = _image(tmp_path / "parent", {0: 1, 1: 2, 5: 3}, 16)
+    buffer = mmap.mmap(-1, 16 * PAGE)
+    # image pages 0-1 at buffer pages 4-5, image pages 2-5 at buffer pages 0-3: 4 zero over zero, 5 zero over a 3
+    for buffer_page, byte in [(4, 1), (5, 8), (0, 7), (1, 7), (2, 0), (3, 0)]:
+        buffer[buffer_page * PAGE : (buffer_page + 1) * PAGE] = bytes([byte]) * PAGE
+    # image pages 8-9 (a hole of the parent) at buffer pages 6-7: 8 stays zero (same), 9 is new
+    buffer[7 * PAGE : 8 * PAGE] = b"\x05" * PAGE
+    pending = [(0, 4 * PAGE, 2 * PAGE), (2 * PAGE, 0, 4 * PAGE), (8 * PAGE, 6 * PAGE, 2 * PAGE)]
+    scratch = bytearray(b"\xff" * (8 * PAGE))  # left over from another batch
+    with open(parent, "rb") as p, memoryview(buffer) as staged:
+        found = classify(staged, pending, p.fileno(), memoryview(scratch))
+    assert found.same == 3 and found.zero_pages == 3  # 0 equals the parent's; 4 and 8 are zero over zero
+    assert found.holes == [(5 * PAGE, PAGE)]
+    # pages 1-3 are own and follow each other in the image, but 1 lies apart in the buffer: two runs
+    assert found.own == [(PAGE, 5 * PAGE, PAGE), (2 * PAGE, 0, 2 * PAGE), (9 * PAGE, 7 * PAGE, PAGE)]
+    buffer.close()

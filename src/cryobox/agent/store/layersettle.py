@@ -30,7 +30,7 @@ import numpy.typing as npt
 
 from ...util.files import punch_hole
 from ..vm.devcapture import Pending, ms_since
-from .memlayer import OWN_MARK, SEGMENT, ZERO_MARK, LayerImage, Run, run_hasher, segments, true_runs
+from .memlayer import OWN_MARK, SEGMENT, ZERO_MARK, LayerImage, Run, run_hasher, segments
 
 PAGE_SIZE = 4096
 WORDS = PAGE_SIZE // 8
@@ -39,6 +39,13 @@ ZERO_CHUNK = 1 << 20
 WRITERS = 4
 WRITE_PIECE = 4 << 20
 BATCH_BYTES = 16 << 20
+COMPARE_PAGES = 256
+HOLE_CHECK = 256 << 10
+"""A piece at least this big is first asked whether it lies in a hole of the parent (``SEEK_DATA``)."""
+DIRECT_MIN = 256 << 10
+"""Runs at least this big go with ``O_DIRECT``; shorter ones are written through the page cache, all of a batch
+in one job: measured on the volume, 2,000 scattered 4–16 KiB runs took ~230 ms with ``O_DIRECT`` (one
+copy-on-write remap waited for per write) and ~120 ms buffered, ``fsync`` included."""
 
 Runs = list[tuple[int, int, int]]
 """``(offset in the image, position in the buffer, length)``."""
@@ -56,31 +63,76 @@ class Classified:
     """Pages now zero (holes or not)."""
 
 
-def classify(staged: memoryview, pending: Pending, parent_fd: int) -> Classified:
+def classify(staged: memoryview, pending: Pending, parent_fd: int, scratch: memoryview | None = None) -> Classified:
     """Sort the staged pages (see the module doc), reading the parent's bytes from ``parent_fd`` (``pread``: a
-    read fault on a tmpfs file's hole through a shared mapping would allocate the page)."""
+    read fault on a tmpfs file's hole through a shared mapping would allocate the page).
+
+    The whole of ``pending`` is compared at once, page by page as rows of numpy arrays: a guest leaves
+    thousands of short runs (a ``code-interpreter`` sandbox ~1,200 in 10 MiB), and a numpy call per run cost
+    ~80 µs of Python each. ``scratch`` (at least as many bytes as ``pending``) is where the parent's bytes go;
+    reusing one spares faulting in a fresh buffer per batch."""
     out = Classified()
-    scratch = np.zeros(max((n for _, _, n in pending), default=0) // 8, dtype=np.uint64)
-    for offset, pos, n in pending:
-        pages = n // PAGE_SIZE
-        new = np.frombuffer(staged, dtype=np.uint64, count=pages * WORDS, offset=pos).reshape(pages, WORDS)
-        zero: npt.NDArray[np.bool_] = np.asarray(~new.any(axis=1), dtype=bool)
-        if _hole(parent_fd, offset, n):  # the parent's pages here are zeros: what is not zero changed
-            changed: npt.NDArray[np.bool_] = ~zero
-        else:
-            got = os.preadv(parent_fd, [scratch.data.cast("B")[:n]], offset)
-            if got < n:
-                scratch.view(np.uint8)[got:n] = 0  # past the parent's end: zeros
-            old = scratch[: pages * WORDS].reshape(pages, WORDS)
-            changed = np.asarray((new != old).any(axis=1), dtype=bool)
-        out.same += pages - int(changed.sum())
-        out.zero_pages += int(zero.sum())
-        for first, last in true_runs(changed & zero):
-            out.holes.append((offset + first * PAGE_SIZE, (last - first) * PAGE_SIZE))
-        for first, last in true_runs(changed & ~zero):
-            out.own.append((offset + first * PAGE_SIZE, pos + first * PAGE_SIZE, (last - first) * PAGE_SIZE))
-    out.own = _coalesce(out.own)
+    counts = np.array([n // PAGE_SIZE for _, _, n in pending], dtype=np.int64)
+    total = int(counts.sum())
+    if not total:
+        return out
+    within = (np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)) * PAGE_SIZE
+    offs = np.repeat(np.array([o for o, _, _ in pending], dtype=np.int64), counts) + within
+    poss = np.repeat(np.array([p for _, p, _ in pending], dtype=np.int64), counts) + within
+    new = _staged_pages(staged, pending, poss, total)
+    need = total * PAGE_SIZE
+    old_bytes = scratch if scratch is not None and len(scratch) >= need else memoryview(bytearray(need))
+    old_u8 = np.frombuffer(old_bytes, dtype=np.uint8, count=need)
+    in_hole = np.zeros(total, dtype=bool)  # rows whose parent page is known to be zero (its bytes not read)
+    at = 0
+    for offset, _, n in pending:
+        if n >= HOLE_CHECK and _hole(parent_fd, offset, n):
+            in_hole[at // PAGE_SIZE : (at + n) // PAGE_SIZE] = True
+        elif (got := os.preadv(parent_fd, [old_bytes[at : at + n]], offset)) < n:  # past the parent's end: zeros
+            old_u8[at + got : at + n] = 0
+        at += n
+    old = old_u8.view(np.uint64).reshape(total, WORDS)
+    zero = np.empty(total, dtype=bool)
+    changed = np.empty(total, dtype=bool)
+    for a in range(0, total, COMPARE_PAGES):  # a MiB at a time: the second pass finds the rows in cache
+        b = min(total, a + COMPARE_PAGES)
+        np.logical_not(new[a:b].any(axis=1), out=zero[a:b])
+        holes = in_hole[a:b]
+        if holes.all():  # over zeros, what is not zero changed
+            np.logical_not(zero[a:b], out=changed[a:b])
+            continue
+        np.not_equal(new[a:b], old[a:b]).any(axis=1, out=changed[a:b])
+        if holes.any():
+            changed[a:b][holes] = ~zero[a:b][holes]
+    out.same = total - int(changed.sum())
+    out.zero_pages = int(zero.sum())
+    apart = np.ones(total, dtype=bool)  # a page that does not continue the one before it, in the image or buffer
+    apart[1:] = (offs[1:] != offs[:-1] + PAGE_SIZE) | (poss[1:] != poss[:-1] + PAGE_SIZE)
+    for first, last in _mask_runs(changed & zero, apart):
+        out.holes.append((int(offs[first]), (last - first) * PAGE_SIZE))
+    for first, last in _mask_runs(changed & ~zero, apart):
+        out.own.append((int(offs[first]), int(poss[first]), (last - first) * PAGE_SIZE))
     return out
+
+
+def _staged_pages(
+    staged: memoryview, pending: Pending, poss: npt.NDArray[np.int64], total: int
+) -> npt.NDArray[np.uint64]:
+    """The pending pages as rows: a view where they lie end to end in the buffer (as a capture stages them)."""
+    first = int(poss[0])
+    if int(poss[-1]) - first == (total - 1) * PAGE_SIZE and bool(np.all(np.diff(poss) == PAGE_SIZE)):
+        return np.frombuffer(staged, dtype=np.uint64, count=total * WORDS, offset=first).reshape(total, WORDS)
+    parts = [np.frombuffer(staged, dtype=np.uint64, count=n // 8, offset=pos) for _, pos, n in pending]
+    return np.concatenate(parts).reshape(total, WORDS)
+
+
+def _mask_runs(mask: npt.NDArray[np.bool_], apart: npt.NDArray[np.bool_]) -> list[tuple[int, int]]:
+    """``[first, last)`` of every run of ``True`` in ``mask`` that no ``apart`` page breaks."""
+    starts = mask.copy()
+    starts[1:] &= apart[1:] | ~mask[:-1]
+    ends = mask.copy()
+    ends[:-1] &= apart[1:] | ~mask[1:]
+    return [(int(a), int(b) + 1) for a, b in zip(np.flatnonzero(starts), np.flatnonzero(ends), strict=True)]
 
 
 def _hole(fd: int, offset: int, n: int) -> bool:
@@ -90,16 +142,6 @@ def _hole(fd: int, offset: int, n: int) -> bool:
         return os.lseek(fd, offset, os.SEEK_DATA) >= offset + n
     except OSError as err:
         return err.errno == errno.ENXIO  # no data after offset at all
-
-
-def _coalesce(runs: Runs) -> Runs:
-    merged: Runs = []
-    for offset, pos, n in runs:
-        if merged and merged[-1][0] + merged[-1][2] == offset and merged[-1][1] + merged[-1][2] == pos:
-            merged[-1] = (merged[-1][0], merged[-1][1], merged[-1][2] + n)
-        else:
-            merged.append((offset, pos, n))
-    return merged
 
 
 Segment = tuple[int, int, int]
@@ -195,19 +237,26 @@ def settle_staged(
     direct = _open_direct(path)
     writes: list[Future[bool]] = []
     hashes: list[Future[list[Run]]] = []
+    work = list(batches(pending))
+    scratch = mmap.mmap(-1, max((sum(n for _, _, n in batch) for batch in work), default=0) or PAGE_SIZE)
     try:
         with (
+            memoryview(scratch) as scratch_view,
             memoryview(buffer) as staged,
             ThreadPoolExecutor(WRITERS, thread_name_prefix="layer-write") as writers,
             ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="layer-hash") as hashers,
         ):
-            for batch in batches(pending):
+            for batch in work:
                 started = time.monotonic()
-                found = classify(staged, batch, parent_fd)
+                found = classify(staged, batch, parent_fd, scratch_view)
                 classifying += time.monotonic() - started
                 same, zero_pages = same + found.same, zero_pages + found.zero_pages
-                for piece in _pieces(found.own):
+                big = [run for run in found.own if run[2] >= DIRECT_MIN]
+                for piece in _pieces(big):
                     writes.append(writers.submit(_write_piece, direct, sink.fd, staged, piece))
+                small = [run for run in found.own if run[2] < DIRECT_MIN]
+                if small:
+                    writes.append(writers.submit(_write_buffered, sink.fd, staged, small))
                 hashes += [hashers.submit(_hash_runs, staged, part) for part in _split(changed_runs(found), 2)]
                 for offset, n in found.holes:
                     punch_hole(sink.fd, offset, n)
@@ -223,6 +272,7 @@ def settle_staged(
     finally:
         if direct >= 0:
             os.close(direct)
+        scratch.close()
     timing["classify"] = round(classifying * 1000, 2)
     sink.same_pages += same
     pages = sum(n for _, _, n in pending) // PAGE_SIZE
@@ -249,6 +299,12 @@ def batches(pending: Pending, size: int | None = None) -> Iterator[Pending]:
 
 def _pieces(runs: Runs) -> list[tuple[int, int, int]]:
     return [(o + d, p + d, min(WRITE_PIECE, n - d)) for o, p, n in runs for d in range(0, n, WRITE_PIECE)]
+
+
+def _write_buffered(fd: int, staged: memoryview, runs: Runs) -> bool:
+    for offset, pos, n in runs:
+        os.pwrite(fd, staged[pos : pos + n], offset)
+    return False
 
 
 def _write_piece(direct: int, fd: int, staged: memoryview, piece: tuple[int, int, int]) -> bool:

@@ -113,6 +113,7 @@ def test_settled_pages_equal_the_page_by_page_accounting(
         monkeypatch.setattr(layersettle, "HOLE_CHECK", PAGE)
     else:  # these runs are a few pages each: written with O_DIRECT only when that floor is lowered
         monkeypatch.setattr(layersettle, "DIRECT_MIN", PAGE)
+        monkeypatch.setattr(layersettle, "HOLE_CHECK", 1 << 30)  # and every parent page read, holes too
     # runs are cut at segment boundaries (4 pages here: 9-12 hashes as 9-11 and 12, 20-21 stays whole)
     monkeypatch.setattr(layersettle, "SEGMENT", segment)
     monkeypatch.setattr(memlayer, "SEGMENT", segment)

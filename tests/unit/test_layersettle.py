@@ -109,17 +109,13 @@ def test_settled_pages_equal_the_page_by_page_accounting(
 ) -> None:
     if not direct:
         monkeypatch.setattr(layersettle, "_open_direct", lambda path: -1)
-        # and every piece is first asked whether it lies in a hole of the parent (page 15 does: not read)
-        monkeypatch.setattr(layersettle, "HOLE_CHECK", PAGE)
     else:  # these runs are a few pages each: written with O_DIRECT only when that floor is lowered
         monkeypatch.setattr(layersettle, "DIRECT_MIN", PAGE)
-        monkeypatch.setattr(layersettle, "HOLE_CHECK", 1 << 30)  # and every parent page read, holes too
     # runs are cut at segment boundaries (4 pages here: 9-12 hashes as 9-11 and 12, 20-21 stays whole)
     monkeypatch.setattr(layersettle, "SEGMENT", segment)
     monkeypatch.setattr(memlayer, "SEGMENT", segment)
     if segment == 4 * PAGE:  # and settled in batches of one segment each (written while the next is classified)
         monkeypatch.setattr(layersettle, "BATCH_BYTES", PAGE)
-        monkeypatch.setattr(layersettle, "HOLE_CHECK", PAGE)  # (a batch of page 15 alone: all over a hole)
     size = 32
     parent = _image(tmp_path / "parent", {0: 1, 1: 2, 2: 3, 3: 4, 9: 5, 20: 6}, size)
     # written: 0 changed, 1 same as the parent, 2 zeroed (a hole), 3 changed, 9 zeroed next to 10 new,
@@ -219,13 +215,10 @@ async def test_a_kept_buffer_is_unmapped_by_the_loop_when_idle() -> None:
     pool.close()
 
 
-def test_classify_finds_the_same_runs_wherever_the_pages_lie_in_the_buffer(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_classify_finds_the_same_runs_wherever_the_pages_lie_in_the_buffer(tmp_path: Path) -> None:
     """Pieces staged out of order (not end to end in the buffer) are compared row by row all the same, and a
     run of own pages never joins two pages that are apart in the buffer. A piece over a hole of the parent is
     not read: whatever the scratch held there does not count."""
-    monkeypatch.setattr(layersettle, "HOLE_CHECK", 2 * PAGE)
     parent = _image(tmp_path / "parent", {0: 1, 1: 2, 5: 3}, 16)
     buffer = mmap.mmap(-1, 16 * PAGE)
     # image pages 0-1 at buffer pages 4-5, image pages 2-5 at buffer pages 0-3: 4 zero over zero, 5 zero over a 3

@@ -6,10 +6,12 @@
 - **zero** where the parent's is not: a hole is punched (it costs no block);
 - **its own**: written into the clone (which unshares just that block) and hashed for the layer's digest.
 
-The comparison runs on whole pieces of the buffer at once (:mod:`numpy`, 512 64-bit words a page: a pass
-over 256 MiB takes tens of ms where a Python loop over its 65,536 pages takes seconds). The own pages go to
-the file in runs with ``O_DIRECT`` where the volume takes it: straight from the buffer to the disk, without
-first faulting in as many page-cache pages (which cost 1.3 µs each on these machines). The changed runs are
+The comparison runs on a whole batch of pages at once, as rows of :mod:`numpy` arrays (512 64-bit words a
+page: a pass over 256 MiB takes tens of ms where a Python loop over its 65,536 pages takes seconds, and a
+numpy call per run of a real guest's thousands of short runs ~80 µs each). Runs of 256 KiB or more go to the
+file with ``O_DIRECT`` where the volume takes it: straight from the buffer to the disk, without first faulting
+in as many page-cache pages (which cost 1.3 µs each on these machines); shorter runs go through the page cache
+(an ``O_DIRECT`` write waits for its own copy-on-write remap, ~0.1 ms each). The changed runs are
 hashed for the digest (:func:`.memlayer.chain_digest`, BLAKE3, which releases the GIL while it hashes) by two
 threads while it writes.
 """
@@ -40,10 +42,6 @@ WRITERS = 4
 WRITE_PIECE = 4 << 20
 BATCH_BYTES = 16 << 20
 COMPARE_PAGES = 256
-HOLE_CHECK = 0
-"""A piece at least this big is first asked whether it lies in a hole of the parent (``SEEK_DATA``, one cheap
-``lseek``): every one. A guest's fresh pages mostly land where its parent has holes, in short pieces; reading
-and comparing those zeros made the bench's 256 MiB classify 2x slower when only pieces of 256 KiB were asked."""
 DIRECT_MIN = 256 << 10
 """Runs at least this big go with ``O_DIRECT``; shorter ones are written through the page cache, all of a batch
 in one job: measured on the volume, 2,000 scattered 4–16 KiB runs took ~230 ms with ``O_DIRECT`` (one
@@ -88,7 +86,7 @@ def classify(staged: memoryview, pending: Pending, parent_fd: int, scratch: memo
     in_hole = np.zeros(total, dtype=bool)  # rows whose parent page is known to be zero (its bytes not read)
     at = 0
     for offset, _, n in pending:
-        if n >= HOLE_CHECK and _hole(parent_fd, offset, n):
+        if _hole(parent_fd, offset, n):  # one lseek: a guest's fresh pages mostly land in the parent's holes
             in_hole[at // PAGE_SIZE : (at + n) // PAGE_SIZE] = True
         elif (got := os.preadv(parent_fd, [old_bytes[at : at + n]], offset)) < n:  # past the parent's end: zeros
             old_u8[at + got : at + n] = 0
@@ -121,9 +119,8 @@ def _staged_pages(
     staged: memoryview, pending: Pending, poss: npt.NDArray[np.int64], total: int
 ) -> npt.NDArray[np.uint64]:
     """The pending pages as rows: a view where they lie end to end in the buffer (as a capture stages them)."""
-    first = int(poss[0])
-    if int(poss[-1]) - first == (total - 1) * PAGE_SIZE and bool(np.all(np.diff(poss) == PAGE_SIZE)):
-        return np.frombuffer(staged, dtype=np.uint64, count=total * WORDS, offset=first).reshape(total, WORDS)
+    if bool(np.all(np.diff(poss) == PAGE_SIZE)):
+        return np.frombuffer(staged, dtype=np.uint64, count=total * WORDS, offset=int(poss[0])).reshape(total, WORDS)
     parts = [np.frombuffer(staged, dtype=np.uint64, count=n // 8, offset=pos) for _, pos, n in pending]
     return np.concatenate(parts).reshape(total, WORDS)
 

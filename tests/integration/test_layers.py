@@ -45,6 +45,12 @@ def test_a_snapshot_of_a_1_gib_guest_that_dirtied_64_mib_stores_about_64_mib(
     assert memory["parent"]["key"].startswith("tpl-code-interpreter-")
     own = memory["own_pages"] * 4096
     assert 64 * MIB <= own <= 1.2 * 64 * MIB, f"the snapshot holds {own / MIB:.1f} MiB of its own memory"
+    # every page it wrote went through the staging buffer, and the fresh ones were found over the parent's holes
+    # (asked of the parent's file on the volume: the tmpfs copy the VM maps has those pages allocated as zeros)
+    counts = manifest["capture"]["counts"]
+    assert counts["direct_pages"] == 0
+    assert counts["staged_pages"] >= memory["own_pages"] + counts["same"]
+    assert counts["over_holes"] * 4096 >= 32 * MIB, counts
     device_and_disk = manifest["unique_bytes"] - own
     vmstate = allocated_bytes(server.data_dir / "vol" / "snapshots" / snap["id"] / "vmstate")
     assert vmstate <= device_and_disk < vmstate + 16 * MIB

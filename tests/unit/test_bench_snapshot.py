@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from rich.console import Console
 
+from cryobox.bench import snapshot_sweep
 from cryobox.bench.pss import allocated_bytes, mapping_kib, parse_rollup, rollup_kib, smaps_mapping_kib, sum_mib
 from cryobox.bench.snapshot import binaries_to_run, capture_breakdown, guest_used_mib
+from cryobox.bench.snapshot_api import Api
 from cryobox.bench.snapshot_report import BenchError, combine_results, comparison_table, result_table, version_key
 from cryobox.bench.snapshot_result import PRIVATE_COPY_BASIS, TARGETS, TREE_COUNT, Samples, build_result, stats_n
+from cryobox.config import Paths
 
 ROLLUP = """\
 55d4c8a3e000-7ffd1f5fe000 ---p 00000000 00:00 0                          [rollup]
@@ -333,3 +338,55 @@ def test_binaries_to_run_dedupes_and_checks(tmp_path: Path) -> None:
     assert binaries_to_run([str(fake), str(fake)], default="qemu-system-x86_64") == ["qemu-system-x86_64", str(fake)]
     with pytest.raises(BenchError, match="--qemu"):
         binaries_to_run([str(tmp_path / "nope" / "qemu-system-x86_64")], default="qemu-system-x86_64")
+
+
+def test_the_dirty_sweep_takes_the_p50_of_several_sandboxes_and_deletes_them(tmp_path: Path) -> None:
+    paths = Paths(tmp_path / "data", tmp_path / "cache")
+    walls = iter([0.05, 0.02, 0.01, 0.03, 0.04, 0.02] * len(snapshot_sweep.SWEEP_MIB))
+
+    class FakeApi:
+        def __init__(self) -> None:
+            self.sandboxes: set[str] = set()
+            self.snapshots: set[str] = set()
+            self.made = 0
+            self.taken = 0
+            self.commands: list[str] = []
+
+        def create(self, body: dict[str, Any]) -> dict[str, Any]:
+            assert body == {"template": "bench-2g"}
+            self.made += 1
+            self.sandboxes.add(f"sbx{self.made}")
+            return {"id": f"sbx{self.made}"}
+
+        def exec(self, sandbox_id: str, cmd: str) -> dict[str, Any]:
+            self.commands.append(cmd)
+            return {"exit_code": 0}
+
+        def snapshot(self, sandbox_id: str) -> dict[str, Any]:
+            time.sleep(next(walls))
+            self.taken += 1
+            sid = f"snap{self.taken}"
+            self.snapshots.add(sid)
+            (paths.snapshots_dir / sid).mkdir(parents=True)
+            manifest = {"unique_bytes": 20 << 20, "shared_bytes": 180 << 20, "capture": {"pause_ms": 20.0}}
+            (paths.snapshots_dir / sid / "manifest.json").write_text(json.dumps(manifest))
+            return {"id": sid}
+
+        def delete_snapshot(self, snapshot_id: str) -> None:
+            self.snapshots.remove(snapshot_id)
+
+        def delete_sandbox(self, sandbox_id: str) -> None:
+            self.sandboxes.remove(sandbox_id)
+
+    fake = FakeApi()
+    s = Samples()
+    snapshot_sweep.dirty_sweep(cast(Api, fake), paths, s, Console(quiet=True), reps=3)
+    assert fake.made == 3 * len(snapshot_sweep.SWEEP_MIB) and not fake.sandboxes and not fake.snapshots
+    assert fake.commands[0] == "dd if=/dev/urandom of=/dev/shm/sweep bs=1M count=16 status=none"
+    assert [p["dirtied_mib"] for p in s.dirty_sweep] == [16.0, 64.0, 256.0]
+    for point in s.dirty_sweep:
+        first, again = point["snapshot_ms_samples"], point["snapshot_ms_again_samples"]
+        assert len(first) == len(again) == 3 and len(point["pause_ms"]) == 6
+        assert point["snapshot_ms"] == sorted(first)[1] and point["snapshot_ms_again"] == sorted(again)[1]
+        assert 40 <= point["snapshot_ms"] < 48 and 20 <= point["snapshot_ms_again"] < 28  # 50/10/40, 20/30/20
+        assert (point["unique_mib"], point["shared_mib"]) == (20.0, 180.0)

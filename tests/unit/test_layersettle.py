@@ -10,10 +10,11 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from blake3 import blake3
 
-from cryobox.agent.store import layersettle, memlayer
+from cryobox.agent.store import layersettle, layerwrite, memlayer
 from cryobox.agent.store.layersettle import changed_runs, classify, settle_staged
 from cryobox.agent.store.memlayer import (
     EMPTY_DIGEST,
@@ -108,9 +109,9 @@ def test_settled_pages_equal_the_page_by_page_accounting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool, segment: int
 ) -> None:
     if not direct:
-        monkeypatch.setattr(layersettle, "_open_direct", lambda path: -1)
+        monkeypatch.setattr(layerwrite, "open_direct", lambda path: -1)
     else:  # these runs are a few pages each: written with O_DIRECT only when that floor is lowered
-        monkeypatch.setattr(layersettle, "DIRECT_MIN", PAGE)
+        monkeypatch.setattr(layerwrite, "DIRECT_MIN", PAGE)
     # runs are cut at segment boundaries (4 pages here: 9-12 hashes as 9-11 and 12, 20-21 stays whole)
     monkeypatch.setattr(layersettle, "SEGMENT", segment)
     monkeypatch.setattr(memlayer, "SEGMENT", segment)
@@ -234,4 +235,37 @@ def test_classify_finds_the_same_runs_wherever_the_pages_lie_in_the_buffer(tmp_p
     assert found.holes == [(5 * PAGE, PAGE)]
     # pages 1-3 are own and follow each other in the image, but 1 lies apart in the buffer: two runs
     assert found.own == [(PAGE, 5 * PAGE, PAGE), (2 * PAGE, 0, 2 * PAGE), (9 * PAGE, 7 * PAGE, PAGE)]
+    buffer.close()
+
+
+def test_classify_looks_past_the_sampled_words(tmp_path: Path) -> None:
+    """Pages are first decided by a few words each; one that differs from its parent's, or from zeros, only in
+    a word the sample skips is still found, over the parent's data and over its holes, scattered or in a row."""
+    sampled = {w * 8 for w in layersettle.SAMPLED}
+    skipped = next(b for b in range(8, PAGE, 8) if b not in sampled and b + 8 not in sampled)
+    rng = np.random.default_rng(7)
+    size = 40
+    parent_pages = {n: rng.integers(0, 256, PAGE, dtype=np.uint8).tobytes() for n in range(16)}
+    parent = tmp_path / "parent"
+    with open(parent, "wb") as fh:
+        fh.truncate(size * PAGE)
+        for n, data in parent_pages.items():
+            os.pwrite(fh.fileno(), data, n * PAGE)
+
+    def poke(data: bytes) -> bytes:
+        return data[:skipped] + bytes([data[skipped] ^ 0x40]) + data[skipped + 1 :]
+
+    now: dict[int, bytes] = {}
+    for n in range(16):  # over data: even pages equal the parent's, odd ones differ in one skipped byte
+        now[n] = parent_pages[n] if n % 2 == 0 else poke(parent_pages[n])
+    for n in range(16, 40):  # over holes: zero but for one skipped byte on every third page
+        now[n] = poke(bytes(PAGE)) if n % 3 == 0 else bytes(PAGE)
+    buffer = mmap.mmap(-1, size * PAGE)
+    for n, data in now.items():
+        buffer[n * PAGE : (n + 1) * PAGE] = data
+    with open(parent, "rb") as p, memoryview(buffer) as staged:
+        found = classify(staged, [(0, 0, size * PAGE)], p.fileno())
+    own = {o // PAGE + k for o, _, n in found.own for k in range(n // PAGE)}
+    assert own == {n for n in range(16) if n % 2} | {n for n in range(16, 40) if n % 3 == 0}
+    assert found.holes == [] and found.same == 8 + 16 and found.zero_pages == 16
     buffer.close()

@@ -48,6 +48,7 @@ from .templates import Template, TemplateBaker, qemu_version, record_pins
 from .vm import Accel, MachineConfig, detect_accel, host_tsc_khz
 from .vm.consolelog import LogCapper
 from .vm.jail import JailSettings, prepare_host
+from .vm.staging import StagingPool, reserve_from_env, start_warming
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +172,8 @@ class Host:
     jail_weakened: list[str] = field(default_factory=list)
     logs: LogCapper | None = None
     """What the host gave up so jailed QEMUs work (see :func:`.vm.jail.prepare_host`)."""
+    warming: asyncio.Task[None] | None = None
+    """Faulting in the snapshot staging reserve (:meth:`.vm.staging.StagingPool.warm`), in the background."""
     _closed: bool = False
 
     async def close(self, on_stop: OnStop = OnStop.KILL, release: bool = True) -> None:
@@ -194,6 +197,10 @@ class Host:
             on_stop = OnStop.KEEP if failed else OnStop.HIBERNATE
         keep = on_stop is not OnStop.KILL
         await self.service.close(keep=keep)
+        if self.warming is not None:
+            self.warming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.warming
         self.snapshots.staging.close()
         await self.localizer.close()
         if on_stop is OnStop.KEEP:
@@ -298,7 +305,9 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
     progress(f"network slots from {plan.cidr} (tag {plan.tag}, {config.net_pool} pre-built)")
     hot = HotImages(paths.hot_dir, default_budget(paths.hot_dir))
     await asyncio.to_thread(hot.wipe, found.hot_keys(hot))
-    snapshots = SnapshotStore(paths.snapshots_dir, hot, qemu_version())
+    snapshots = SnapshotStore(
+        paths.snapshots_dir, hot, qemu_version(), staging=StagingPool(reserve_bytes=reserve_from_env())
+    )
     hibernation = SnapshotStore(paths.hibernate_dir, hot, qemu_version(), bases=snapshots.bases)
     for partial in await asyncio.to_thread(snapshots.sweep_partials):
         log.info("removed unfinished snapshot %s", partial)
@@ -381,4 +390,5 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
         jail,
         weakened,
         logs,
+        start_warming(snapshots.staging),
     )

@@ -287,7 +287,8 @@ class Capacity(_Model):
     prespawned: int = 0
     """Warm QEMUs waiting in the template pools."""
     memory_pooled_mib: int = 0
-    """Guest memory of the pools' QEMUs (ready or being prepared): placement counts it as used."""
+    """Memory held ready: the guest memory of the pools' QEMUs (ready or being prepared) and the snapshot staging
+    reserve (``CRYOBOX_STAGING_RESERVE_MIB``); placement counts it as used."""
     templates_ready: dict[str, str] = Field(default_factory=dict)
     """Template name -> the generation this agent serves."""
     hot_images: list[str] = Field(default_factory=list)

@@ -26,7 +26,6 @@ Everything goes through the HTTP API with plain ``httpx``; everything created is
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import tempfile
@@ -50,12 +49,12 @@ from .server import ServeProcess
 from .snapshot_api import Api, api_session, ms_since
 from .snapshot_report import SHM_SNAPSHOTS, BenchError, combine_results, comparison_table, result_table
 from .snapshot_result import _MIB, CAPTURE_FIELDS, DIRTY_MIB, TREE_COUNT, Samples, build_result
+from .snapshot_sweep import SWEEP_MIB, SWEEP_REPS, SWEEP_TEMPLATE, dirty_sweep, read_manifest
 from .stats import stats
 
-BIG_TEMPLATE = "bench-2g"
+BIG_TEMPLATE = SWEEP_TEMPLATE
 BIG_MEMORY_MB = 2048
 DIRTY_CMD = f"dd if=/dev/urandom of=/dev/shm/dirty bs=1M count={DIRTY_MIB} status=none"
-SWEEP_MIB = (16, 64, 256)
 HOT_ARGS = ["--templates", "base"]  # bench-2g is derived from it; nothing here uses another template
 LAZY_ARGS = ["--memory", "lazy", "--no-prefetch", "--templates", "base", "--net-pool", "2"]
 MIN_RESTORES = 10
@@ -89,18 +88,9 @@ def capture_breakdown(manifest: dict[str, Any]) -> dict[str, float]:
     return {k: float(capture[k]) for k in CAPTURE_FIELDS if isinstance(capture.get(k), int | float)}
 
 
-def _read_manifest(paths: Paths, snapshot_id: str) -> dict[str, Any]:
-    manifest = paths.snapshots_dir / snapshot_id / "manifest.json"
-    try:
-        found: dict[str, Any] = json.loads(manifest.read_text())
-    except (OSError, ValueError) as err:
-        raise BenchError(f"cannot read {manifest}: {err}") from err
-    return found
-
-
 def _read_capture(paths: Paths, snapshot_id: str, modes: list[str] | None = None) -> dict[str, float]:
     """The capture's timing; its ``mode`` (background, precopy, stopped) is appended to ``modes``."""
-    manifest = _read_manifest(paths, snapshot_id)
+    manifest = read_manifest(paths, snapshot_id)
     if modes is not None:
         modes.append(str((manifest.get("capture") or {}).get("mode", "unknown")))
     return capture_breakdown(manifest)
@@ -214,40 +204,6 @@ def hot_dir_bytes(hot_dir: Path) -> int:
     return total
 
 
-def _sweep_cmd(mib: int) -> str:
-    return f"dd if=/dev/urandom of=/dev/shm/sweep bs=1M count={mib} status=none"
-
-
-def _dirty_sweep(api: Api, paths: Paths, s: Samples, console: Console) -> None:
-    """A 2 GiB sandbox per size: write ``mib`` of fresh random data (kept resident in the guest's tmpfs), snapshot
-    it twice (the first one may fault in a staging buffer; the second finds it warm, as a sandbox snapshotted
-    again and again does)."""
-    for mib in SWEEP_MIB:
-        sbx = api.create({"template": BIG_TEMPLATE})
-        api.exec(sbx["id"], _sweep_cmd(mib))
-        walls, manifests = [], []
-        for _ in range(2):
-            started = time.monotonic()
-            snap = api.snapshot(sbx["id"])
-            walls.append(ms_since(started))
-            manifests.append(_read_manifest(paths, snap["id"]))
-            api.delete_snapshot(snap["id"])
-        manifest = manifests[0]
-        s.dirty_sweep.append(
-            {
-                "dirtied_mib": float(mib),
-                "unique_mib": round(float(manifest.get("unique_bytes", 0) or 0) / _MIB, 1),
-                "shared_mib": round(float(manifest.get("shared_bytes", 0) or 0) / _MIB, 1),
-                "snapshot_ms": round(walls[0], 1),
-                "snapshot_ms_again": round(walls[1], 1),
-                "pause_ms": [m["capture"].get("pause_ms") for m in manifests],
-                "steps_ms": [m["capture"].get("steps_ms", {}) for m in manifests],
-            }
-        )
-        console.print(f"  dirtied {mib} MiB: {s.dirty_sweep[-1]}")
-        api.delete_sandbox(sbx["id"])
-
-
 def _shm_after_snapshots(api: Api, paths: Paths, s: Samples) -> None:
     """Hot-dir bytes before and after :data:`SHM_SNAPSHOTS` snapshots of ``base`` sandboxes (retained, kept until
     measured; each sandbox is deleted after its snapshot, so only the images remain)."""
@@ -343,8 +299,8 @@ def measure(api: Api, n: int, paths: Paths, console: Console, progress: Reporter
     api.delete_sandbox(kept.sandbox_id)
     stages.advance()
 
-    console.print(f"dirty sweep, {BIG_TEMPLATE}: {', '.join(map(str, SWEEP_MIB))} MiB")
-    _dirty_sweep(api, paths, s, console)
+    console.print(f"dirty sweep, {BIG_TEMPLATE}: {', '.join(map(str, SWEEP_MIB))} MiB, {SWEEP_REPS} sandboxes each")
+    dirty_sweep(api, paths, s, console)
     stages.advance()
     console.print(f"hot dir after {SHM_SNAPSHOTS} snapshots of base sandboxes")
     _shm_after_snapshots(api, paths, s)

@@ -74,13 +74,14 @@ async def capture_layer(
     parent_fd = os.open(parent.path, os.O_RDONLY | os.O_CLOEXEC)
     counts: list[tuple[int, int]] = []
     settled: dict[str, float] = {}
+    found: dict[str, int] = {}
     hashed: list[Run] = []
     try:
         sink = LayerImage(fd, parent_fd, AllWritten(), parent.digest)
 
         def settle(buffer: mmap.mmap, staged: Staged) -> None:
             with open(_compare_source(vm, parent, ram_bytes), "rb", buffering=0) as old:
-                pages, zeros, runs = settle_staged(sink, tmp, buffer, staged.pending, old.fileno(), settled)
+                pages, zeros, runs = settle_staged(sink, tmp, buffer, staged.pending, old.fileno(), settled, found)
             counts.append((pages, zeros))
             hashed.extend(runs)
             if staged.direct:  # pages past the staging buffer, already in the file: accounted from there
@@ -97,6 +98,7 @@ async def capture_layer(
         os.close(parent_fd)
     pages, zeros = sum(p for p, _ in counts), sum(z for _, z in counts)
     report.steps_ms.update({f"settle.{name}": ms for name, ms in settled.items()})
+    report.counts.update(found)
     memory: dict[str, Any] = {
         "layered": True,
         "parent": {"key": parent.key, "digest": parent.digest},
@@ -173,6 +175,7 @@ async def _settle(
         result=Split(stats, memory),
         phases_ms=report.phases_ms,
         steps_ms=report.steps_ms,
+        counts=report.counts,
     )
 
 

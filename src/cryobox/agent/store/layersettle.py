@@ -7,13 +7,11 @@
 - **its own**: written into the clone (which unshares just that block) and hashed for the layer's digest.
 
 The comparison runs on a whole batch of pages at once, as rows of :mod:`numpy` arrays (512 64-bit words a
-page: a pass over 256 MiB takes tens of ms where a Python loop over its 65,536 pages takes seconds, and a
-numpy call per run of a real guest's thousands of short runs ~80 µs each). Runs of 256 KiB or more go to the
-file with ``O_DIRECT`` where the volume takes it: straight from the buffer to the disk, without first faulting
-in as many page-cache pages (which cost 1.3 µs each on these machines); shorter runs go through the page cache
-(an ``O_DIRECT`` write waits for its own copy-on-write remap, ~0.1 ms each). The changed runs are
-hashed for the digest (:func:`.memlayer.chain_digest`, BLAKE3, which releases the GIL while it hashes) by two
-threads while it writes.
+page: a Python loop over 256 MiB's 65,536 pages takes seconds, and a numpy call per run of a real guest's
+thousands of short runs ~80 µs each), and looks at three words of each page first (:data:`SAMPLED`). The
+writes are :class:`.layerwrite.LayerWriter`'s (long runs ``O_DIRECT``, short ones buffered, ordered so XFS does
+not serialise them). The changed runs are hashed for the digest (:func:`.memlayer.chain_digest`, BLAKE3, which
+releases the GIL while it hashes) by two threads while it writes.
 """
 
 from __future__ import annotations
@@ -22,33 +20,25 @@ import errno
 import mmap
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ...util.files import punch_hole
 from ..vm.devcapture import Pending, ms_since
+from .layerwrite import WRITERS, LayerWriter, Runs, runs_reach
 from .memlayer import OWN_MARK, SEGMENT, ZERO_MARK, LayerImage, Run, run_hasher, segments
 
 PAGE_SIZE = 4096
 WORDS = PAGE_SIZE // 8
 HASH_THREADS = 2
 ZERO_CHUNK = 1 << 20
-WRITERS = 4
-WRITE_PIECE = 4 << 20
 BATCH_BYTES = 16 << 20
 COMPARE_PAGES = 256
-DIRECT_MIN = 256 << 10
-"""Runs at least this big go with ``O_DIRECT``; shorter ones are written through the page cache, all of a batch
-in one job: measured on the volume, 2,000 scattered 4–16 KiB runs took ~230 ms with ``O_DIRECT`` (one
-copy-on-write remap waited for per write) and ~120 ms buffered, ``fsync`` included."""
-
-Runs = list[tuple[int, int, int]]
-"""``(offset in the image, position in the buffer, length)``."""
 
 
 @dataclass
@@ -61,11 +51,23 @@ class Classified:
     """Pages equal to the parent's."""
     zero_pages: int = 0
     """Pages now zero (holes or not)."""
+    over_holes: int = 0
+    """Pages that lie in a hole of the parent (their parent bytes were not read)."""
 
 
-def classify(staged: memoryview, pending: Pending, parent_fd: int, scratch: memoryview | None = None) -> Classified:
+def classify(
+    staged: memoryview,
+    pending: Pending,
+    parent_fd: int,
+    scratch: memoryview | None = None,
+    holes_fd: int | None = None,
+) -> Classified:
     """Sort the staged pages (see the module doc), reading the parent's bytes from ``parent_fd`` (``pread``: a
-    read fault on a tmpfs file's hole through a shared mapping would allocate the page).
+    read fault on a tmpfs file's hole through a shared mapping would allocate the page) where ``holes_fd`` (the
+    same image: default ``parent_fd``) has data. The parent's file on the volume is the one to ask: the tmpfs copy
+    a VM maps gets a zero page allocated wherever the guest first wrote (its write fault reads the page in, and
+    a read of a tmpfs hole through a mapping allocates it), so the first capture of a template's sandbox found
+    no hole there and read and compared every page.
 
     The whole of ``pending`` is compared at once, page by page as rows of numpy arrays: a guest leaves
     thousands of short runs (a ``code-interpreter`` sandbox ~1,200 in 10 MiB), and a numpy call per run cost
@@ -86,26 +88,23 @@ def classify(staged: memoryview, pending: Pending, parent_fd: int, scratch: memo
     in_hole = np.zeros(total, dtype=bool)  # rows whose parent page is known to be zero (its bytes not read)
     at = 0
     for offset, _, n in pending:
-        if _hole(parent_fd, offset, n):  # one lseek: a guest's fresh pages mostly land in the parent's holes
+        if _hole(parent_fd if holes_fd is None else holes_fd, offset, n):  # one lseek: fresh pages mostly are
             in_hole[at // PAGE_SIZE : (at + n) // PAGE_SIZE] = True
         elif (got := os.preadv(parent_fd, [old_bytes[at : at + n]], offset)) < n:  # past the parent's end: zeros
             old_u8[at + got : at + n] = 0
         at += n
     old = old_u8.view(np.uint64).reshape(total, WORDS)
-    zero = np.empty(total, dtype=bool)
-    changed = np.empty(total, dtype=bool)
-    for a in range(0, total, COMPARE_PAGES):  # a MiB at a time: the second pass finds the rows in cache
-        b = min(total, a + COMPARE_PAGES)
-        np.logical_not(new[a:b].any(axis=1), out=zero[a:b])
-        holes = in_hole[a:b]
-        if holes.all():  # over zeros, what is not zero changed
-            np.logical_not(zero[a:b], out=changed[a:b])
-            continue
-        np.not_equal(new[a:b], old[a:b]).any(axis=1, out=changed[a:b])
-        if holes.any():
-            changed[a:b][holes] = ~zero[a:b][holes]
+    zero = ~_nonzero_rows(new)
+    if in_hole.all():  # over zeros, what is not zero changed
+        changed = ~zero
+    else:  # by the sampled words first; rows over a hole were not read (whatever the scratch holds there)
+        changed = ~zero  # right for the rows over a hole
+        read = np.flatnonzero(~in_hole)
+        changed[read] = _differing_rows(new, old, read)
+        _decide(changed, np.flatnonzero(~(changed | in_hole)), lambda rows: (new[rows] != old[rows]).any(axis=1))
     out.same = total - int(changed.sum())
     out.zero_pages = int(zero.sum())
+    out.over_holes = int(in_hole.sum())
     apart = np.ones(total, dtype=bool)  # a page that does not continue the one before it, in the image or buffer
     apart[1:] = (offs[1:] != offs[:-1] + PAGE_SIZE) | (poss[1:] != poss[:-1] + PAGE_SIZE)
     for first, last in _mask_runs(changed & zero, apart):
@@ -113,6 +112,49 @@ def classify(staged: memoryview, pending: Pending, parent_fd: int, scratch: memo
     for first, last in _mask_runs(changed & ~zero, apart):
         out.own.append((int(offs[first]), int(poss[first]), (last - first) * PAGE_SIZE))
     return out
+
+
+SAMPLED = (0, WORDS // 2, WORDS - 1)
+"""The words of a page looked at first: a page with any of them non-zero (or differing from the parent's) is
+decided by them alone; only the others are compared word by word. A pass over every word of 256 MiB of rows
+took 70–145 ms (``any(axis=1)`` at 2–4 GB/s); three words a row, a few ms."""
+
+
+def _sampled(rows: npt.NDArray[np.uint64]) -> list[npt.NDArray[np.uint64]]:
+    return [rows[:, w] for w in SAMPLED]
+
+
+def _nonzero_rows(rows: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
+    """Per row: any word non-zero."""
+    out = np.zeros(len(rows), dtype=bool)
+    for words in _sampled(rows):
+        out |= words != 0
+    _decide(out, np.flatnonzero(~out), lambda pick: rows[pick].any(axis=1))
+    return out
+
+
+def _differing_rows(
+    new: npt.NDArray[np.uint64], old: npt.NDArray[np.uint64], rows: npt.NDArray[np.intp]
+) -> npt.NDArray[np.bool_]:
+    """For each of ``rows``: a sampled word differs (rows equal in those still have to be compared whole). Only
+    those rows are looked at: in a batch mostly over the parent's holes, a pass over all of them took ~11 ms per
+    256 MiB."""
+    out = np.zeros(len(rows), dtype=bool)
+    for w in SAMPLED:
+        out |= new[rows, w] != old[rows, w]
+    return out
+
+
+Pick = slice | npt.NDArray[np.intp]
+
+
+def _decide(out: npt.NDArray[np.bool_], doubt: npt.NDArray[np.intp], test: Callable[[Pick], Any]) -> None:
+    """``out[doubt] = test(doubt)``, a MiB of rows at a time: over the whole span of a block where at least half
+    of it is in doubt (a slice is a view), else over the rows picked out (each one a copy)."""
+    for at in range(0, len(doubt), COMPARE_PAGES):
+        block = doubt[at : at + COMPARE_PAGES]
+        lo, hi = int(block[0]), int(block[-1]) + 1
+        out[block] = test(slice(lo, hi))[block - lo] if 2 * len(block) >= hi - lo else test(block)
 
 
 def _staged_pages(
@@ -194,24 +236,6 @@ def _split(runs: list[list[Segment]], parts: int) -> list[list[list[Segment]]]:
     return [part for part in out if part]
 
 
-def _write_direct(direct: int, staged: memoryview, piece: tuple[int, int, int]) -> bool:
-    offset, pos, n = piece
-    try:
-        return os.pwritev(direct, [staged[pos : pos + n]], offset) == n
-    except OSError:
-        return False
-
-
-def _open_direct(path: Path) -> int:
-    flag = getattr(os, "O_DIRECT", 0)
-    if not flag:
-        return -1
-    try:
-        return os.open(path, os.O_WRONLY | os.O_CLOEXEC | flag)
-    except OSError:
-        return -1
-
-
 def settle_staged(
     sink: LayerImage,
     path: Path,
@@ -219,6 +243,7 @@ def settle_staged(
     pending: Pending,
     parent_fd: int,
     steps: dict[str, float] | None = None,
+    counts: dict[str, int] | None = None,
 ) -> tuple[int, int, list[Run]]:
     """Put the staged ``pending`` pieces of ``buffer`` into the layer ``sink`` (the clone at ``path``), comparing
     them with the parent image's bytes (read from ``parent_fd``); returns ``(pages, zero pages)`` as
@@ -226,56 +251,66 @@ def settle_staged(
     names the layer by them when these were all its pages).
 
     Pipelined by batches (:func:`batches`): a batch's pages are written and hashed while the next one is
-    classified. ``steps`` gets ``classify`` (the time spent classifying) and, from the start, when the last hash
-    and the last write finished (``hash``, ``write``)."""
+    classified; batches that can only hold short runs go first, so their writes are done before any long one
+    starts (:mod:`.layerwrite`). ``steps`` gets ``classify`` (the time spent classifying) and, from the start,
+    when the last write and the last hash finished (``write``, ``hash``); ``counts`` what it found
+    (:func:`count`)."""
     timing = steps if steps is not None else {}
+    tally = counts if counts is not None else {}
     started_at = time.monotonic()
     runs: list[Run] = []
     same = zero_pages = 0
     classifying = 0.0
-    direct = _open_direct(path)
-    writes: list[Future[bool]] = []
     hashes: list[Future[list[Run]]] = []
-    work = list(batches(pending))
+    work = sorted(batches(pending), key=runs_reach)
     scratch = mmap.mmap(-1, max((sum(n for _, _, n in batch) for batch in work), default=0) or PAGE_SIZE)
     try:
         with (
             memoryview(scratch) as scratch_view,
-            memoryview(buffer) as staged,
+            memoryview(buffer) as view,
             ThreadPoolExecutor(WRITERS, thread_name_prefix="layer-write") as writers,
             ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="layer-hash") as hashers,
         ):
-            for batch in work:
-                started = time.monotonic()
-                found = classify(staged, batch, parent_fd, scratch_view)
-                classifying += time.monotonic() - started
-                same, zero_pages = same + found.same, zero_pages + found.zero_pages
-                big = [run for run in found.own if run[2] >= DIRECT_MIN]
-                for piece in _pieces(big):
-                    writes.append(writers.submit(_write_piece, direct, sink.fd, staged, piece))
-                small = [run for run in found.own if run[2] < DIRECT_MIN]
-                if small:
-                    writes.append(writers.submit(_write_buffered, sink.fd, staged, small))
-                hashes += [hashers.submit(_hash_runs, staged, part) for part in _split(changed_runs(found), 2)]
-                for offset, n in found.holes:
-                    punch_hole(sink.fd, offset, n)
-                    sink.changes.pages.update(dict.fromkeys(range(offset, offset + n, PAGE_SIZE), ZERO_MARK))
-                for offset, _, n in found.own:
-                    sink.changes.pages.update(dict.fromkeys(range(offset, offset + n, PAGE_SIZE), OWN_MARK))
-            for job in hashes:
-                runs.extend(job.result())
-            timing["hash"] = ms_since(started_at)
-            for write in writes:
-                write.result()
-            timing["write"] = ms_since(started_at)
+            writer = LayerWriter(path, sink.fd, view, writers)
+            try:
+                for batch in work:
+                    started = time.monotonic()
+                    found = classify(view, batch, parent_fd, scratch_view, sink.parent_fd)
+                    classifying += time.monotonic() - started
+                    count(tally, found)
+                    same, zero_pages = same + found.same, zero_pages + found.zero_pages
+                    writer.add(found.own, found.holes)
+                    parts = _split(changed_runs(found), 2)
+                    hashes += [hashers.submit(_hash_runs, view, part) for part in parts]
+                    sink.changes.runs += [(offset, n, ZERO_MARK) for offset, n in found.holes]
+                    sink.changes.runs += [(offset, n, OWN_MARK) for offset, _, n in found.own]
+                writer.finish()
+                timing["write"] = ms_since(started_at)
+                for job in hashes:
+                    runs.extend(job.result())
+                timing["hash"] = ms_since(started_at)
+            finally:
+                writer.close()
     finally:
-        if direct >= 0:
-            os.close(direct)
         scratch.close()
     timing["classify"] = round(classifying * 1000, 2)
     sink.same_pages += same
     pages = sum(n for _, _, n in pending) // PAGE_SIZE
     return pages - zero_pages, zero_pages, runs
+
+
+def count(tally: dict[str, int], found: Classified) -> None:
+    """Add what ``found`` holds to ``tally``: pages equal to the parent's (``same``), now zero (``zero``), over a
+    hole of the parent (``over_holes``), and the runs of own pages and of new holes (``own_runs``,
+    ``hole_runs``: a real guest leaves thousands of short ones, and each costs a write or a punch)."""
+    for key, value in (
+        ("same", found.same),
+        ("zero", found.zero_pages),
+        ("over_holes", found.over_holes),
+        ("own_runs", len(found.own)),
+        ("hole_runs", len(found.holes)),
+    ):
+        tally[key] = tally.get(key, 0) + value
 
 
 def batches(pending: Pending, size: int | None = None) -> Iterator[Pending]:
@@ -294,22 +329,3 @@ def batches(pending: Pending, size: int | None = None) -> Iterator[Pending]:
             held, end = held + k, at + k
     if batch:
         yield batch
-
-
-def _pieces(runs: Runs) -> list[tuple[int, int, int]]:
-    return [(o + d, p + d, min(WRITE_PIECE, n - d)) for o, p, n in runs for d in range(0, n, WRITE_PIECE)]
-
-
-def _write_buffered(fd: int, staged: memoryview, runs: Runs) -> bool:
-    for offset, pos, n in runs:
-        os.pwrite(fd, staged[pos : pos + n], offset)
-    return False
-
-
-def _write_piece(direct: int, fd: int, staged: memoryview, piece: tuple[int, int, int]) -> bool:
-    """One piece at its offset: ``O_DIRECT`` where the file took it, else (or where it refuses) buffered."""
-    offset, pos, n = piece
-    if direct >= 0 and _write_direct(direct, staged, piece):
-        return True
-    os.pwrite(fd, staged[pos : pos + n], offset)
-    return False

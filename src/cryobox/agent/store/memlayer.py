@@ -145,10 +145,24 @@ def hash_range(fd: int, addr: int, length: int, chunk: int = 4 << 20) -> bytes:
 class _Changes:
     pages: dict[int, bytes] = field(default_factory=dict)
     """address → ``OWN_MARK`` of each page this image has of its own, ``ZERO_MARK`` for a page now zero."""
+    runs: list[tuple[int, int, bytes]] = field(default_factory=list)
+    """The same, a run at a time (``address, length, mark``: a settle records 65,536 pages of 256 MiB as a few
+    runs, where a dict entry each took ~10 ms); never a page that is also in :attr:`pages`."""
+
+    def marks(self) -> dict[int, bytes]:
+        """Every changed page's mark."""
+        out = dict(self.pages)
+        for addr, length, mark in self.runs:
+            out.update(dict.fromkeys(range(addr, addr + length, PAGE_SIZE), mark))
+        return out
+
+    def own_pages(self) -> int:
+        own = sum(1 for mark in self.pages.values() if mark != ZERO_MARK)
+        return own + sum(length // PAGE_SIZE for _, length, mark in self.runs if mark != ZERO_MARK)
 
     def digest(self, parent: str, fd: int) -> str:
         """The digest, reading the changed runs' bytes from ``fd`` (the image)."""
-        runs = page_runs(sorted(self.pages))
+        runs = page_runs(sorted(self.marks()))
         return chain_digest(parent, [(addr, n, hash_range(fd, addr, n)) for addr, n in runs])
 
 
@@ -218,7 +232,7 @@ class LayerImage:
     @property
     def own_pages(self) -> int:
         """Pages whose bytes are this image's own (a zeroed page is a hole: it costs no block)."""
-        return sum(1 for sha in self.changes.pages.values() if sha != ZERO_MARK)
+        return self.changes.own_pages()
 
     def digest(self) -> str:
         """The layer's content digest (reads its changed runs back from ``fd``: call it before closing that)."""

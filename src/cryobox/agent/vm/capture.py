@@ -55,6 +55,8 @@ class CaptureReport(Generic[T]):
     """Where the pause went, for captures that time their steps (``stop``, ``disk``, ``devices``, ``pages``)."""
     steps_ms: dict[str, float] = field(default_factory=dict)
     """Where the rest of the capture went (before and after the pause: ``buffer``, ``settle``, ...)."""
+    counts: dict[str, int] = field(default_factory=dict)
+    """What the capture found, for captures that count it (pages staged, runs written, ...)."""
 
 
 def ram_mapping(pid: int, memory_path: Path) -> tuple[int, int]:

@@ -37,6 +37,7 @@ from .states import VmState
 
 SAVE_DEVICES = "xen-save-devices-state"
 COPY_BYTES = 1 << 20
+PAGE_SIZE = 4096
 READERS = 2
 PARALLEL_BYTES = 8 << 20
 BUFFER_BYTES = 512 << 20  # written pages held in memory during a pause; past that they go to the file at once
@@ -209,6 +210,11 @@ async def capture_written(
                 result=WrittenPagesCopy(staged.runs, staged.direct),
                 phases_ms=report.phases_ms,
                 steps_ms=steps,
+                counts={
+                    "written_runs": len(staged.runs),
+                    "staged_pages": sum(n for _, _, n in staged.pending) // PAGE_SIZE,
+                    "direct_pages": sum(n for _, n in staged.direct) // PAGE_SIZE,
+                },
             )
         finally:
             staging.release(buffer)

@@ -25,6 +25,7 @@ import struct
 from concurrent.futures import ThreadPoolExecutor
 
 from ...errors import VmmError
+from .pagescan import Unsupported, anonymous_runs
 
 PAGE_SIZE = 4096
 PRESENT = 1 << 63
@@ -109,20 +110,25 @@ _RUN = re.compile(rb"\x01+")
 def written_runs(pid: int, lo: int, hi: int) -> list[tuple[int, int]]:
     """Every run of written pages of the mapping ``[lo, hi)`` as ``(offset, length)`` in bytes, in order.
 
-    One ``pagemap`` read for the whole range (8 bytes per page: 4 MiB for 2 GiB of RAM) and C-speed byte
-    operations (a slice of each entry's top byte, ``bytes.translate``, a regex over the result): 4–7 ms for a
-    512 MiB QEMU, where asking :class:`WrittenPages` page by page from Python takes a hundred. (The kernel's
-    ``PAGEMAP_SCAN``, Linux 6.7, took 6–9 ms for the same QEMU: it still looks at every present page.)
+    Asked of the kernel's ``PAGEMAP_SCAN`` (:mod:`.pagescan`: only the matching ranges come back, and what is
+    not mapped costs nothing, so the pause no longer grows with RAM the guest never touched), else read from
+    ``pagemap`` (:func:`pagemap_runs`).
     """
     if lo % PAGE_SIZE or hi % PAGE_SIZE or hi <= lo:
         raise VmmError(f"bad RAM mapping range {lo:#x}-{hi:#x}")
-    return pagemap_runs(pid, lo, hi)
+    try:
+        return anonymous_runs(pid, lo, hi)
+    except Unsupported:
+        return pagemap_runs(pid, lo, hi)
 
 
 def pagemap_runs(pid: int, lo: int, hi: int) -> list[tuple[int, int]]:
-    """:func:`written_runs` without the argument checks. A large range is read in :data:`READERS` parts at
-    once: the kernel's cost is per present page (it looks at each one's ``struct page``), 13–17 ms for a
-    2 GiB QEMU on one thread, and the parts walk the page tables side by side."""
+    """:func:`written_runs` from a ``pagemap`` read of the whole range (8 bytes per page: 4 MiB for 2 GiB of RAM)
+    and C-speed byte operations (a slice of each entry's top byte, ``bytes.translate``, a regex over the
+    result), without the argument checks: 4–7 ms for a 512 MiB QEMU, where asking :class:`WrittenPages` page by
+    page from Python takes a hundred. A large range is read in :data:`READERS` parts at once: the kernel
+    fills an entry for every page, mapped or not, and looks at each present one's ``struct page`` (13–17 ms
+    for a 2 GiB QEMU on one thread); the parts walk the page tables side by side."""
     pages = (hi - lo) // PAGE_SIZE
     try:
         fd = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY | os.O_CLOEXEC)

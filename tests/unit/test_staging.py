@@ -19,6 +19,7 @@ def test_the_reserve_is_warmed_once_and_never_trimmed() -> None:
     now = [0.0]
     pool = StagingPool(keep_s=60.0, max_bytes=4 * MIB, reserve_bytes=8 * MIB, clock=lambda: now[0])
     assert pool.take(MIB) is None  # nothing warm yet: the capture allocates its own
+    assert pool.reserved_bytes == 0  # what the agent reports as held: nothing yet
 
     calls: list[int] = []
 
@@ -28,7 +29,7 @@ def test_the_reserve_is_warmed_once_and_never_trimmed() -> None:
 
     asyncio.run(pool.warm(run))
     asyncio.run(pool.warm(run))  # once
-    assert calls == [8 * MIB] and pool.kept_bytes == 8 * MIB
+    assert calls == [8 * MIB] and pool.kept_bytes == 8 * MIB and pool.reserved_bytes == 8 * MIB
     reserve = pool.take(6 * MIB)
     assert reserve is not None and len(reserve) == 8 * MIB
     small = staging.allocate(2 * MIB)
@@ -44,7 +45,7 @@ def test_the_reserve_is_warmed_once_and_never_trimmed() -> None:
         pool.release(staging.allocate(size))
     assert pool.kept_bytes == 12 * MIB and not reserve.closed
     pool.close()
-    assert reserve.closed and pool.kept_bytes == 0
+    assert reserve.closed and pool.kept_bytes == 0 and pool.reserved_bytes == 0
     asyncio.run(pool.warm(run))
     assert calls == [8 * MIB]  # a closed pool warms nothing
 

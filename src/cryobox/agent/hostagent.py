@@ -119,7 +119,7 @@ class HostAgent(HibernationEndpoints, ProcEndpoints):
             memory_pooled_mib=sum(
                 pool.held_count * pool.template.machine.memory_mib for pool in self.service.pools.values()
             )
-            + (self.host.snapshots.staging.reserve_bytes >> 20),
+            + (self.host.snapshots.staging.reserved_bytes >> 20),
             templates_ready={name: t.generation for name, t in self.service.templates.items()},
             hot_images=sorted(await asyncio.to_thread(self._hot_keys)),
             local_snapshots=await asyncio.to_thread(self.host.snapshots.ids),

@@ -95,11 +95,9 @@ def classify(
         at += n
     old = old_u8.view(np.uint64).reshape(total, WORDS)
     zero = ~_nonzero_rows(new)
-    if in_hole.all():  # over zeros, what is not zero changed
-        changed = ~zero
-    else:  # by the sampled words first; rows over a hole were not read (whatever the scratch holds there)
-        changed = ~zero  # right for the rows over a hole
-        read = np.flatnonzero(~in_hole)
+    changed = ~zero  # over a hole (its bytes not read: whatever the scratch holds there), what is not zero changed
+    read = np.flatnonzero(~in_hole)
+    if read.size:  # the others by their sampled words first, then word by word where those agree
         changed[read] = _differing_rows(new, old, read)
         _decide(changed, np.flatnonzero(~(changed | in_hole)), lambda rows: (new[rows] != old[rows]).any(axis=1))
     out.same = total - int(changed.sum())
@@ -120,15 +118,11 @@ decided by them alone; only the others are compared word by word. A pass over ev
 took 70–145 ms (``any(axis=1)`` at 2–4 GB/s); three words a row, a few ms."""
 
 
-def _sampled(rows: npt.NDArray[np.uint64]) -> list[npt.NDArray[np.uint64]]:
-    return [rows[:, w] for w in SAMPLED]
-
-
 def _nonzero_rows(rows: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
     """Per row: any word non-zero."""
     out = np.zeros(len(rows), dtype=bool)
-    for words in _sampled(rows):
-        out |= words != 0
+    for w in SAMPLED:
+        out |= rows[:, w] != 0
     _decide(out, np.flatnonzero(~out), lambda pick: rows[pick].any(axis=1))
     return out
 

@@ -48,10 +48,6 @@ class LayerWriter:
         self._late: tuple[Runs, Holes] = ([], [])
         self._synced: Future[None] | None = None
 
-    @property
-    def started_long(self) -> bool:
-        return bool(self._long)
-
     def add(self, own: Runs, holes: Holes) -> None:
         """Write ``own`` runs and punch ``holes`` (now or later: see the module doc)."""
         long = [run for run in own if run[2] >= DIRECT_MIN]

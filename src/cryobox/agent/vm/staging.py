@@ -101,6 +101,11 @@ class StagingPool:
         self.release(buffer)
 
     @property
+    def reserved_bytes(self) -> int:
+        """Bytes the reserve holds now (0 before :meth:`warm` has faulted it in, or after :meth:`close`)."""
+        return len(self._reserve) if self._reserve is not None and not self._closed else 0
+
+    @property
     def kept_bytes(self) -> int:
         """Bytes of the buffers kept now, the reserve (when idle) included."""
         return sum(len(buffer) for _, buffer in self._idle)
@@ -169,7 +174,7 @@ def start_warming(pool: StagingPool) -> asyncio.Task[None]:
     async def warm() -> None:
         background = Background(workers=1, name="staging-warm")
         try:
-            await pool.warm(lambda allocate, size: background.run(allocate, size))
+            await pool.warm(background.run)
         except OSError as err:  # no memory for it: captures allocate their buffers as before
             log.warning("no snapshot staging reserve: %s", err)
         finally:

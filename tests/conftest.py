@@ -35,7 +35,7 @@ def _lines(argv: list[str]) -> set[str]:
 
 def host_state() -> dict[str, set[str]]:
     qemus = {line.split(maxsplit=1)[0] for line in _lines(["pgrep", "-a", "qemu-system"])}
-    memservers = {line.split(maxsplit=1)[0] for line in _lines(["pgrep", "-f", "cryobox.agent.store.memserver"])}
+    memservers = {line.split(maxsplit=1)[0] for line in _lines(["pgrep", "-f", "cryobox.agent.memory.server.main"])}
     return {
         "qemu processes": qemus,
         "memory servers": memservers,

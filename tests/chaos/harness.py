@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from cryobox.agent.reclaim import find_own_qemus
+from cryobox.agent.host.reclaim import find_own_qemus
 from cryobox.bench.server import ServeProcess
 from tests.integration.support import Client
 from tests.integration.teardown import reclaim_data_dir

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from cryobox.agent.crashpoints import STEPS
-from cryobox.agent.templates import Template
+from cryobox.agent.templates.bake import Template
 
 from .harness import Chaos
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from cryobox import Sandbox
-from cryobox.agent.platform import HostConfig, prepare_templates
-from cryobox.agent.reclaim import find_own_qemus
-from cryobox.agent.templates import Template
+from cryobox.agent.host.reclaim import find_own_qemus
+from cryobox.agent.host.startup import HostConfig, prepare_templates
+from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
 from cryobox.config import Paths
 

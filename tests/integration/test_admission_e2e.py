@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cryobox.agent.reclaim import find_own_qemus
-from cryobox.agent.templates import Template
+from cryobox.agent.host.reclaim import find_own_qemus
+from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
 from cryobox.bench.stats import stats
 

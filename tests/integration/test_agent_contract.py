@@ -23,14 +23,14 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from cryobox.agent.admission import AdmissionConfig
-from cryobox.agent.platform import HostConfig
-from cryobox.agent.reclaim import find_own_qemus
-from cryobox.agent.templates import Template
+from cryobox.agent.host.reclaim import find_own_qemus
+from cryobox.agent.host.startup import HostConfig
+from cryobox.agent.sandbox.admission import AdmissionConfig
+from cryobox.agent.templates.bake import Template
 from cryobox.agentapi import Agent, HttpAgent, InProcessAgent
 from cryobox.agentapi import models as am
 from cryobox.bench.server import ServeProcess, free_port
-from cryobox.cli.compose import AgentOptions, boot_agent
+from cryobox.compose.parts import AgentOptions, boot_agent
 from cryobox.config import Paths
 from cryobox.errors import InvalidArgument, NotFound, StateError
 from cryobox.image.specs import by_name

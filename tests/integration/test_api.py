@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from cryobox import InvalidArgument, NotFound, Sandbox, Unauthorized
-from cryobox.agent.templates import Template
+from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
 from tests.integration.support import Api
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from cryobox.agent.host.reclaim import find_own_qemus
+from cryobox.agent.host.startup import machine_for
 from cryobox.agent.net.bakenet import bake_network
-from cryobox.agent.platform import machine_for
-from cryobox.agent.reclaim import find_own_qemus
-from cryobox.agent.templates import Template, TemplateBaker
+from cryobox.agent.templates.bake import Template, TemplateBaker
 from cryobox.agent.vm import detect_accel, host_tsc_khz
 from cryobox.config import Paths
 from cryobox.errors import StateError

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from cryobox import Sandbox
-from cryobox.agent.store.objstore import open_store
 from cryobox.bench.server import ServeProcess
+from cryobox.objstore.client import open_store
 
 from .support import Client, cli
 

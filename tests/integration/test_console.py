@@ -24,8 +24,8 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
-from cryobox.agent.reclaim import find_own_qemus
-from cryobox.agent.templates import Template
+from cryobox.agent.host.reclaim import find_own_qemus
+from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
 
 from .browser import Chromium, check_screenshot

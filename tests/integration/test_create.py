@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from cryobox import Sandbox
-from cryobox.agent.templates import Template
+from cryobox.agent.templates.bake import Template
 from cryobox.agent.vm import detect_accel
 from cryobox.bench.server import ServeProcess
 from tests.integration.support import Api

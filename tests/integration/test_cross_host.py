@@ -8,8 +8,8 @@ import json
 import time
 from pathlib import Path
 
-from cryobox.agent.reclaim import find_own_qemus
-from cryobox.agent.templates import Template
+from cryobox.agent.host.reclaim import find_own_qemus
+from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
 
 from ..support_s3 import CREDENTIALS, moto_server

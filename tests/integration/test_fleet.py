@@ -27,9 +27,9 @@ from typing import Any
 import httpx
 import pytest
 
-from cryobox.agent.store.objstore import open_store
-from cryobox.agent.templates import Template
+from cryobox.agent.templates.bake import Template
 from cryobox.bench.fleetproc import S3_CREDENTIALS, ControlProcess, Fleet
+from cryobox.objstore.client import open_store
 from cryobox.registry import Registry
 from cryobox.util.sealing import Sealer
 

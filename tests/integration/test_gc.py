@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from pyroute2 import IPRoute, netns
 
+from cryobox.agent.host.ownership import Ownership, read_owners
 from cryobox.agent.net.slots import tag_for
-from cryobox.agent.ownership import Ownership, read_owners
 from cryobox.config import Paths
 
 SLEEP = "import time; time.sleep(120)"
@@ -137,7 +137,7 @@ def test_gc_reclaims_a_deleted_data_dir_and_spares_a_live_one(made: Fixture, tmp
     Ownership(gone, owners).claim().release()  # an agent ran on it, then stopped (or crashed)
     made.resources(gone, gone_tag)
     memserver = made.spawn(
-        [sys.executable, "-c", SLEEP, "cryobox.agent.store.memserver", "--mount", str(gone.memserver_dir / "mnt")]
+        [sys.executable, "-c", SLEEP, "cryobox.agent.memory.server.main", "--mount", str(gone.memserver_dir / "mnt")]
     )
     volume = gone.volume_dir
     volume.mkdir()

@@ -37,7 +37,7 @@ def test_a_snapshot_of_a_1_gib_guest_that_dirtied_64_mib_stores_about_64_mib(
     snap = client.snapshot(sandbox["id"])
     manifest = _manifest(server, snap["id"])
     assert manifest["machine"]["memory_mib"] == 1024
-    # the short-pause capture: device state + the pages it wrote, nothing streamed (agent/vm/devcapture.py)
+    # the short-pause capture: device state + the pages it wrote, nothing streamed (agent/snapshot/devstate.py)
     assert manifest["capture"]["mode"] == "devices"
     assert manifest["capture"]["stream_bytes"] == 0 and manifest["capture"]["pause_ms"] > 0
     memory = manifest["memory"]

@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from cryobox.agent.reclaim import find_own_qemus
-from cryobox.agent.store.chunkcache import ChunkCache
-from cryobox.agent.templates import Template
+from cryobox.agent.host.reclaim import find_own_qemus
+from cryobox.agent.memory.server.chunkcache import ChunkCache
+from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
 from cryobox.config import Paths
 

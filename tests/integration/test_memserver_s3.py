@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from cryobox.agent.store.chunkfmt import CHUNK_SIZE
-from cryobox.agent.store.fusefs import file_name
-from cryobox.agent.store.memclient import MemoryServerProcess, MemServerConfig
-from cryobox.agent.store.objstore import ObjectStore
-from cryobox.agent.store.pins import PinSet
-from cryobox.agent.store.publish import upload_image
+from cryobox.agent.memory.client import MemoryServerProcess, MemServerConfig
+from cryobox.agent.memory.server.fusefs import file_name
+from cryobox.agent.publish.templates import upload_image
+from cryobox.objstore.chunkfmt import CHUNK_SIZE
+from cryobox.objstore.client import ObjectStore
+from cryobox.objstore.pins import PinSet
 
 from ..support_s3 import CREDENTIALS, MotoServer, moto_server
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.exec import run_exec
-from cryobox.agent.templates import Template
+from cryobox.agent.guest.exec import run_exec
+from cryobox.agent.templates.bake import Template
 from cryobox.agent.vm import MemoryBacking, MicroVM, VmPaths, VmState
 from cryobox.errors import StateError
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from cryobox.agent.templates import Template
+from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
 
 from .netutil import Listener, outside_network, probe

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.store.objstore import OTHER_RETRIES, PART_SIZE, ObjectStore, open_store
-from cryobox.agent.store.store_faults import FaultyStore, StoreFaults
-from cryobox.agent.store.storegc import GcPolicy, collect
 from cryobox.errors import InvalidArgument, ObjectNotFound, StoreError, StoreThrottled
+from cryobox.objstore.client import OTHER_RETRIES, PART_SIZE, ObjectStore, open_store
+from cryobox.objstore.faults import FaultyStore, StoreFaults
+from cryobox.objstore.gc import GcPolicy, collect
 
 from ..support_s3 import CREDENTIALS, MotoServer, ThrottlePolicy, ThrottlingProxy, moto_server, throttling_proxy
 from ..unit.storegc_support import hours_later, live_problems, put_generation, put_image, put_orphan, referenced

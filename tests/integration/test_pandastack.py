@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.templates import Template
+from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
 
 APP = Path(__file__).parent / "apps" / "pandastack_app.py"

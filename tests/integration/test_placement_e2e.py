@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from cryobox.agent.templates import Template
+from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
 
 from .support import Client

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.reclaim import find_own_qemus
-from cryobox.agent.templates import Template
+from cryobox.agent.host.reclaim import find_own_qemus
+from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
 
 from .support import Client
@@ -99,11 +99,11 @@ def test_sandboxes_survive_sigkill_and_sigterm(tmp_path: Path, cache_dir: Path, 
 async def test_a_failed_start_leaves_nothing(tmp_path: Path, cache_dir: Path) -> None:
     """A start that fails late (here: fetching templates from an empty store, after the volume, the firewall
     table, the network slots, the hot dir and the memory server were set up) undoes every step before it."""
+    from cryobox.agent.host.ownership import held_by_other
+    from cryobox.agent.host.startup import HostConfig, start_host
+    from cryobox.agent.memory.settings import StorageConfig, TemplateSource
     from cryobox.agent.net.netlink import list_tagged
     from cryobox.agent.net.slots import tag_for
-    from cryobox.agent.ownership import held_by_other
-    from cryobox.agent.platform import HostConfig, start_host
-    from cryobox.agent.storage import StorageConfig, TemplateSource
     from cryobox.config import Paths
     from cryobox.errors import ObjectNotFound
 

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cryobox.agent.templates import Template
+from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
 
 from .support import Client, new_key

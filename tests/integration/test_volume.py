@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.store.volume import (
+from cryobox.agent.disk.volume import (
     _OCTAL_ESCAPE,
     allocated_bytes,
     clone_file,

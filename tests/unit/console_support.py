@@ -13,17 +13,17 @@ from fastapi import FastAPI
 
 from cryobox.agent.vm import Accel
 from cryobox.agentapi.heartbeat import heartbeat_of
+from cryobox.compose.app import Intervals, create_app
 from cryobox.registry import QuotaRecords, Registry
-from cryobox.server.app import Intervals, create_app
-from cryobox.server.control import ControlPlane
-from cryobox.server.deps import AppContext
-from cryobox.server.fleet import Fleet, FleetConfig
+from cryobox.server.access.ratelimit import RateLimitConfig, RateLimiter
+from cryobox.server.control.fleet import Fleet, FleetConfig
+from cryobox.server.control.placement import Placement
+from cryobox.server.control.quotas import Quota, QuotaGuard
+from cryobox.server.control.sandboxes import ControlPlane
+from cryobox.server.control.snapshots import RetentionPolicy, SnapshotControl
+from cryobox.server.control.templates import TemplateJobs
 from cryobox.server.metrics import Metrics
-from cryobox.server.placement import Placement
-from cryobox.server.quotas import Quota, QuotaGuard
-from cryobox.server.ratelimit import RateLimitConfig, RateLimiter
-from cryobox.server.snapshots_ctl import RetentionPolicy, SnapshotControl
-from cryobox.server.templates_ctl import TemplateJobs
+from cryobox.server.routes.deps import AppContext
 from tests.unit.fake_agent import FakeAgent
 
 BASE = "http://ctl"

@@ -27,7 +27,6 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from cryobox.agent.store.objstore import ObjectStore, open_store
 from cryobox.agentapi import models as m
 from cryobox.agentapi.interface import FILE_OPS
 from cryobox.errors import (
@@ -40,6 +39,7 @@ from cryobox.errors import (
     PayloadTooLarge,
     StateError,
 )
+from cryobox.objstore.client import ObjectStore, open_store
 
 from .fake_procs import FakeProcs
 

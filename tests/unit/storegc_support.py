@@ -8,13 +8,13 @@ import os
 import time
 from pathlib import Path
 
-from cryobox.agent.store.chunkfmt import CHUNK_SIZE, ChunkIndex, chunk_key
-from cryobox.agent.store.leases import LeaseTiming
-from cryobox.agent.store.objstore import ObjectStore
-from cryobox.agent.store.pins import PinSet
-from cryobox.agent.store.publish import upload_image
-from cryobox.agent.store.storegc import GcClock
+from cryobox.agent.publish.templates import upload_image
 from cryobox.errors import StoreError
+from cryobox.objstore.chunkfmt import CHUNK_SIZE, ChunkIndex, chunk_key
+from cryobox.objstore.client import ObjectStore
+from cryobox.objstore.gc import GcClock
+from cryobox.objstore.leases import LeaseTiming
+from cryobox.objstore.pins import PinSet
 
 HOUR = 3600.0
 NO_WAIT = LeaseTiming(settle_s=0.0)  # these publishes never wait for a GC (one may have been killed)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from cryobox.agent.admission import AdmissionConfig, AdmissionController, AdmissionObserver
+from cryobox.agent.sandbox.admission import AdmissionConfig, AdmissionController, AdmissionObserver
 from cryobox.errors import HostUnavailable, InvalidArgument
 
 

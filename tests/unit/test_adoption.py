@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.adopt import survey
 from cryobox.agent.crashpoints import CrashPoints
+from cryobox.agent.host.adopt import survey
+from cryobox.agent.host.reclaim import reclaim
+from cryobox.agent.memory.hot import HotImages
 from cryobox.agent.net.pool import IndexAllocator, SlotPool
 from cryobox.agent.net.slots import SlotPlan
-from cryobox.agent.reclaim import reclaim
-from cryobox.agent.records import SandboxRecord, SandboxRecords, VmRecord, process_start_ticks
-from cryobox.agent.store.hot import HotImages
+from cryobox.agent.sandbox.records import SandboxRecord, SandboxRecords, VmRecord, process_start_ticks
 from cryobox.errors import InvalidArgument, StateError
 
 from .test_net_slots import FakeBuilder, FakeEgress, FakeNft

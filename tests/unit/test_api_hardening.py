@@ -8,11 +8,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cryobox.agent.store.objstore import open_store
-from cryobox.agent.store.publish import snapshot_prefix
+from cryobox.agent.publish.templates import snapshot_prefix
 from cryobox.errors import NotFound
+from cryobox.objstore.client import open_store
 from cryobox.registry.rows import SnapshotRow
-from cryobox.server.tickets import PtyTickets
+from cryobox.server.access.tickets import PtyTickets
 from tests.unit.test_quotas import Env, agent, env, quota, registry
 
 __all__ = ["agent", "env", "quota", "registry"]  # fixtures

@@ -6,7 +6,7 @@ import os
 import stat
 from pathlib import Path
 
-from cryobox.server.auth import load_or_create_key
+from cryobox.server.access.apikey import load_or_create_key
 
 
 def test_generates_once_with_mode_0600(tmp_path: Path) -> None:

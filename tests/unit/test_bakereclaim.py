@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.bakereclaim import baker_of, reclaim_bakes_dirs
+from cryobox.agent.host.bakereclaim import baker_of, reclaim_bakes_dirs
 
 GEN = "abc123def4567890"
 GEN2 = "fedcba9876543210"

@@ -68,9 +68,9 @@ def test_age_key() -> None:
 
 
 LOG = """\
-2026-11-30 05:00:01,000 INFO cryobox.agent.service: sandbox sb-aaa restored from base in 31 ms (vm vm-1, clock stepped +0.002 s)
-2026-11-30 05:00:12,000 INFO cryobox.agent.service: sandbox sb-bbb restored from sn-123 in 180 ms (vm vm-2, clock stepped +10.412 s)
-2026-11-30 05:00:13,000 INFO cryobox.agent.service: sandbox sb-bbbb restored from sn-123 in 180 ms (vm vm-3, clock stepped -0.250 s)
+2026-11-30 05:00:01,000 INFO cryobox.agent.sandbox.service: sandbox sb-aaa restored from base in 31 ms (vm vm-1, clock stepped +0.002 s)
+2026-11-30 05:00:12,000 INFO cryobox.agent.sandbox.service: sandbox sb-bbb restored from sn-123 in 180 ms (vm vm-2, clock stepped +10.412 s)
+2026-11-30 05:00:13,000 INFO cryobox.agent.sandbox.service: sandbox sb-bbbb restored from sn-123 in 180 ms (vm vm-3, clock stepped -0.250 s)
 """  # noqa: E501
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.buildvm import BUILD_DIR, BUILD_LABEL, BuildQueue, _prepare_image
+from cryobox.agent.templates.buildvm import BUILD_DIR, BUILD_LABEL, BuildQueue, _prepare_image
 from cryobox.errors import BuildQueueFull, Forbidden, ImageBuildError
 from cryobox.image.builder import build_images
 from cryobox.image.buildpolicy import BuildAllowlist, BuildLimits, project_of

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.vm.capture import _continue_when_saved, _ensure_running, prepopulate, ram_mapping
+from cryobox.agent.vm.migration import _continue_when_saved, _ensure_running, prepopulate, ram_mapping
 from cryobox.errors import VmmError
 
 SIZE = 64 * mmap.PAGESIZE

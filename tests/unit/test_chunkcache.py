@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.store.chunkcache import ChunkCache
+from cryobox.agent.memory.server.chunkcache import ChunkCache
 from cryobox.errors import InvalidArgument, StateError
 from cryobox.util.files import allocated_bytes
 
@@ -252,7 +252,7 @@ def test_concurrent_puts_and_gets_keep_exact_accounting(tmp_path: Path) -> None:
 ZYGOTE = """
 import os, random, sys, threading, hashlib
 from pathlib import Path
-from cryobox.agent.store.chunkcache import ChunkCache
+from cryobox.agent.memory.server.chunkcache import ChunkCache
 
 {chunk_data}
 

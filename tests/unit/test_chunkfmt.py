@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.store import chunkfmt
-from cryobox.agent.store.chunkfmt import (
+from cryobox.errors import InvalidArgument, StoreError
+from cryobox.objstore import chunkfmt
+from cryobox.objstore.chunkfmt import (
     CHUNK_SIZE,
     INDEX_MAGIC,
     ChunkIndex,
@@ -25,7 +26,6 @@ from cryobox.agent.store.chunkfmt import (
     read_chunk,
     scan_image,
 )
-from cryobox.errors import InvalidArgument, StoreError
 
 KiB = 1 << 10
 MiB = 1 << 20

@@ -27,8 +27,8 @@ import pytest
 from cryobox.agentapi import models as am
 from cryobox.errors import GuestError, HostUnavailable, InvalidArgument, NotFound, StateError
 from cryobox.sdk._sse import SSEDecoder
-from cryobox.server import code_client
-from cryobox.server.code_client import CodeClient, collect, primed
+from cryobox.server.routes import code_client
+from cryobox.server.routes.code_client import CodeClient, collect, primed
 from tests.unit.fake_agent import DEFAULT_TEMPLATE, FakeAgent
 from tests.unit.serving import app_of, serving
 from tests.unit.test_quotas import Env, env, quota, registry

@@ -6,10 +6,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from cryobox.console.sessions import COOKIE_NAME, ConsoleSessions, csrf_for
 from cryobox.console.static import CSP
 from cryobox.registry import Registry
 from cryobox.registry.sessions import SessionRecords
+from cryobox.server.access.sessions import COOKIE_NAME, ConsoleSessions, csrf_for
 from tests.unit import registry_support
 from tests.unit.console_support import ConsoleEnv, console_env
 

@@ -8,16 +8,16 @@ import json
 import shutil
 from pathlib import Path
 
-from cryobox.agent.store.chunkcache import ChunkCache
-from cryobox.agent.store.chunkfmt import CHUNK_SIZE, ChunkIndex, chunk_key, scan_image
-from cryobox.agent.store.fusefs import file_name
-from cryobox.agent.store.memserver import MemoryServer
-from cryobox.agent.store.objstore import ObjectStore
-from cryobox.agent.store.pins import PinSet
-from cryobox.agent.store.publish import publish_snapshot, publish_template, upload_image
-from cryobox.agent.store.resolver import ResolverConfig
-from cryobox.agent.store.snapshots import SnapshotImage
-from cryobox.agent.templates import Template
+from cryobox.agent.memory.server.chunkcache import ChunkCache
+from cryobox.agent.memory.server.fusefs import file_name
+from cryobox.agent.memory.server.main import MemoryServer
+from cryobox.agent.memory.server.resolver import ResolverConfig
+from cryobox.agent.publish.templates import publish_snapshot, publish_template, upload_image
+from cryobox.agent.snapshot.store import SnapshotImage
+from cryobox.agent.templates.bake import Template
+from cryobox.objstore.chunkfmt import CHUNK_SIZE, ChunkIndex, chunk_key, scan_image
+from cryobox.objstore.client import ObjectStore
+from cryobox.objstore.pins import PinSet
 from tests.unit.test_fetch_integrity import ROOTFS, _baked, _store
 from tests.unit.test_publish import _qcow2, sparse_image
 

@@ -18,17 +18,17 @@ import pytest
 from cryobox.agentapi import Agent
 from cryobox.agentapi import models as am
 from cryobox.agentapi.heartbeat import heartbeat_of
-from cryobox.cli.compose import build_control
+from cryobox.compose.app import wire_registration
+from cryobox.compose.parts import build_control
 from cryobox.errors import GuestError, HostUnavailable, NotFound, StateError
 from cryobox.registry import Registry, SandboxRow, SnapshotRow, TemplateRow
-from cryobox.server.app import wire_registration
-from cryobox.server.control import ControlPlane, CreateRequest
-from cryobox.server.fleet import Fleet, FleetConfig
-from cryobox.server.forks_ctl import ForkControl
+from cryobox.server.control.fleet import Fleet, FleetConfig
+from cryobox.server.control.forks import ForkControl
+from cryobox.server.control.placement import Placement
+from cryobox.server.control.sandboxes import ControlPlane, CreateRequest
+from cryobox.server.control.snapshots import RetentionPolicy, SnapshotControl
+from cryobox.server.control.templates import TemplateJobs
 from cryobox.server.metrics import Metrics
-from cryobox.server.placement import Placement
-from cryobox.server.snapshots_ctl import RetentionPolicy, SnapshotControl
-from cryobox.server.templates_ctl import TemplateJobs
 from tests.unit import registry_support
 from tests.unit.fake_agent import FakeAgent
 from tests.unit.registry_support import T0, Clock

@@ -1,4 +1,4 @@
-"""The pieces of the short-pause capture (agent/vm/devcapture.py) without a VM: the written runs of a real private
+"""The pieces of the short-pause capture (agent/snapshot/devstate.py) without a VM: the written runs of a real private
 mapping of this process, their copy out of ``/proc/self/mem``, the layer accounting, and the vmstate framing."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.store.layercapture import fill_unwritten
-from cryobox.agent.store.memlayer import AllWritten, LayerImage, account_runs
-from cryobox.agent.store.vmstream import config_prefix, devices_vmstate
-from cryobox.agent.vm.devcapture import copy_written, write_pending
-from cryobox.agent.vm.pagemap import written_runs
+from cryobox.agent.snapshot.devstate import copy_written, write_pending
+from cryobox.agent.snapshot.memlayer import AllWritten, LayerImage, account_runs
+from cryobox.agent.snapshot.pagemap import written_runs
+from cryobox.agent.snapshot.shortpause import fill_unwritten
+from cryobox.agent.vm.vmstream import config_prefix, devices_vmstate
 from cryobox.errors import VmmError
 from cryobox.util.files import allocated_bytes
 

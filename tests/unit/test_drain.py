@@ -15,21 +15,21 @@ from typing import Any
 import httpx
 import pytest
 
-from cryobox.agent.store.objstore import ObjectStore, open_store
 from cryobox.agent.vm import Accel
 from cryobox.agentapi import Agent
 from cryobox.agentapi import models as am
 from cryobox.agentapi.heartbeat import heartbeat_of
+from cryobox.compose.app import create_app, wire_registration
 from cryobox.errors import HostUnavailable, NotFound, StoreError
+from cryobox.objstore.client import ObjectStore, open_store
 from cryobox.registry import Registry, SandboxRow
-from cryobox.server.app import create_app, wire_registration
-from cryobox.server.control import ControlPlane, CreateRequest
-from cryobox.server.fleet import Fleet, FleetConfig
+from cryobox.server.access.ratelimit import RateLimitConfig, RateLimiter
+from cryobox.server.control.fleet import Fleet, FleetConfig
+from cryobox.server.control.placement import Placement
+from cryobox.server.control.sandboxes import ControlPlane, CreateRequest
+from cryobox.server.control.snapshots import RetentionPolicy, SnapshotControl
+from cryobox.server.control.templates import TemplateJobs
 from cryobox.server.metrics import Metrics
-from cryobox.server.placement import Placement
-from cryobox.server.ratelimit import RateLimitConfig, RateLimiter
-from cryobox.server.snapshots_ctl import RetentionPolicy, SnapshotControl
-from cryobox.server.templates_ctl import TemplateJobs
 from tests.unit import registry_support
 from tests.unit.fake_agent import FakeAgent
 from tests.unit.registry_support import T0, Clock

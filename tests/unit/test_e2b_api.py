@@ -7,8 +7,8 @@ import urllib.parse
 
 import httpx
 
-from cryobox.server.e2b.access import PURPOSE
-from cryobox.server.e2b.metrics import parse_sample
+from cryobox.compat.e2b.access import PURPOSE
+from cryobox.compat.e2b.metrics import parse_sample
 from tests.unit.test_quotas import Env, agent, env, quota, registry
 
 __all__ = ["agent", "env", "quota", "registry"]  # fixtures

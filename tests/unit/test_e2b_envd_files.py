@@ -13,8 +13,8 @@ import pytest
 from starlette.types import Receive, Scope, Send
 
 from cryobox.agentapi.interface import Agent
-from cryobox.server.e2b.envd import EnvdApp, create_envd_app
-from cryobox.server.e2b.envd.multipart import parse
+from cryobox.compat.e2b.envd import EnvdApp, create_envd_app
+from cryobox.compat.e2b.envd.multipart import parse
 
 from .test_e2b_envd_fakes import HEADERS, SANDBOX, FakeAccess, FakeEnvdAgent, Node, mounted, serve
 

@@ -13,11 +13,11 @@ from connectrpc.codec import proto_json_codec
 from connectrpc.errors import ConnectError
 
 from cryobox.agentapi import models_procs as mp
-from cryobox.server.e2b.envd import create_envd_app
-from cryobox.server.e2b.envd.entries import entry_info, permissions
-from cryobox.server.e2b.envd.filesystem import WatcherRef
-from cryobox.server.e2b.envd.gen.filesystem import filesystem_pb as pb
-from cryobox.server.e2b.envd.gen.filesystem.filesystem_connect import FilesystemClient
+from cryobox.compat.e2b.envd import create_envd_app
+from cryobox.compat.e2b.envd.entries import entry_info, permissions
+from cryobox.compat.e2b.envd.filesystem import WatcherRef
+from cryobox.compat.e2b.envd.gen.filesystem import filesystem_pb as pb
+from cryobox.compat.e2b.envd.gen.filesystem.filesystem_connect import FilesystemClient
 
 from .test_e2b_envd_fakes import HEADERS, FakeAccess, FakeEnvdAgent, Node, mounted, no_forward, serve, until
 

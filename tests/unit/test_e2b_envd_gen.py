@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import cryobox.server.e2b.envd as envd
+import cryobox.compat.e2b.envd as envd
 
 ENVD = Path(envd.__file__).parent
 PROTOS = ["process/process.proto", "filesystem/filesystem.proto"]

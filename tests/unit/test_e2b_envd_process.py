@@ -15,9 +15,9 @@ from connectrpc.codec import proto_json_codec
 from connectrpc.errors import ConnectError
 from protobuf import Oneof
 
-from cryobox.server.e2b.envd import EnvdApp, create_envd_app
-from cryobox.server.e2b.envd.gen.process import process_pb as pb
-from cryobox.server.e2b.envd.gen.process.process_connect import ProcessClient
+from cryobox.compat.e2b.envd import EnvdApp, create_envd_app
+from cryobox.compat.e2b.envd.gen.process import process_pb as pb
+from cryobox.compat.e2b.envd.gen.process.process_connect import ProcessClient
 
 from .test_e2b_envd_fakes import HEADERS, SANDBOX, FakeAccess, FakeEnvdAgent, mounted, no_forward, serve, until
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.store import evidence
+from cryobox.agent.snapshot import evidence
 from cryobox.errors import InvalidArgument, NotFound, PayloadTooLarge
 
 

@@ -13,20 +13,20 @@ from typing import Any
 
 import pytest
 
-from cryobox.agent.store.chunkfmt import ChunkIndex
-from cryobox.agent.store.hibernations import import_hibernation, publish_hibernation
-from cryobox.agent.store.objstore import ObjectStore, open_store
-from cryobox.agent.store.pins import PinSet
-from cryobox.agent.store.publish import (
+from cryobox.agent.publish.hibernations import import_hibernation, publish_hibernation
+from cryobox.agent.publish.templates import (
     fetch_template,
     import_snapshot,
     publish_snapshot,
     publish_template,
     upload_image,
 )
-from cryobox.agent.templates import Template
+from cryobox.agent.templates.bake import Template
 from cryobox.agent.vm import Accel, MachineConfig
 from cryobox.errors import IntegrityError
+from cryobox.objstore.chunkfmt import ChunkIndex
+from cryobox.objstore.client import ObjectStore, open_store
+from cryobox.objstore.pins import PinSet
 from tests.unit.test_hibernation_store import _hibernation
 from tests.unit.test_publish import _backing, _machine, _qcow2, _snapshot, _template, sparse_image
 

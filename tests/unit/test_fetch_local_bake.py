@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from cryobox.agent.store.objstore import ObjectStore, open_store
-from cryobox.agent.store.publish import fetch_template
+from cryobox.agent.publish.templates import fetch_template
 from cryobox.agent.vm import Accel, MachineConfig
 from cryobox.errors import StoreError
+from cryobox.objstore.client import ObjectStore, open_store
 
 QEMU = "QEMU emulator version 8.2.2"
 

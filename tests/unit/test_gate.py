@@ -8,7 +8,7 @@ import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from cryobox.server.gate import MAX_JSON_BYTES, AuthGateMiddleware, FailedAuth, bearer
+from cryobox.server.access.gate import MAX_JSON_BYTES, AuthGateMiddleware, FailedAuth, bearer
 
 
 class App:

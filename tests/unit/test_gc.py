@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cryobox.agent.gc import Action, DirState, Effects, HostState, Plan, ProcInfo, apply, plan, tag_of
-from cryobox.agent.gcscan import cgroup_tags, remove_cgroups
-from cryobox.agent.ownership import OwnerRecord
+from cryobox.agent.host.gc import Action, DirState, Effects, HostState, Plan, ProcInfo, apply, plan, tag_of
+from cryobox.agent.host.gcscan import cgroup_tags, remove_cgroups
+from cryobox.agent.host.ownership import OwnerRecord
 
 GONE_DIR = "/tmp/t/gone"
 LIVE_DIR = "/tmp/t/live"
@@ -33,10 +33,12 @@ def host(**overrides: object) -> HostState:
             qemu(102, f"{LIVE_DIR}/vol/run/vm-2/qemu.pid"),
             qemu(103, f"{GONE_DIR}x/vol/run/vm-3/qemu.pid"),  # a sibling whose name only starts the same
             ProcInfo(
-                110, ("/usr/bin/python3", "-m", "cryobox.agent.store.memserver", "--mount", f"{GONE_DIR}/memserver/mnt")
+                110,
+                ("/usr/bin/python3", "-m", "cryobox.agent.memory.server.main", "--mount", f"{GONE_DIR}/memserver/mnt"),
             ),
             ProcInfo(
-                111, ("/usr/bin/python3", "-m", "cryobox.agent.store.memserver", "--mount", f"{LIVE_DIR}/memserver/mnt")
+                111,
+                ("/usr/bin/python3", "-m", "cryobox.agent.memory.server.main", "--mount", f"{LIVE_DIR}/memserver/mnt"),
             ),
             ProcInfo(
                 4001, ("cryobox", "agent", "--data-dir", LIVE_DIR), LIVE_DIR, frozenset({f"{LIVE_DIR}/agent.lock"})

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from cryobox.agent.guest_client import READ_BUFFER, GuestClient
+from cryobox.agent.guest.client import READ_BUFFER, GuestClient
 from cryobox.guest import ops_exec
 from cryobox.guest.__main__ import find_port
 from cryobox.guest.agent import GuestAgent

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.guest_client import QUEUE_FRAMES, READ_BUFFER, SMALL_REPLY, STREAM_EVENT, GuestClient
-from cryobox.agent.store import evidence
+from cryobox.agent.guest.client import QUEUE_FRAMES, READ_BUFFER, SMALL_REPLY, STREAM_EVENT, GuestClient
+from cryobox.agent.snapshot import evidence
 from cryobox.agent.vm.consolelog import cap, cap_all, tail_files
 from cryobox.errors import GuestError
 from cryobox.guest import protocol

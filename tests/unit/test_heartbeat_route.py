@@ -8,13 +8,13 @@ import httpx
 
 from cryobox.agent.vm import Accel
 from cryobox.agentapi.heartbeat import HeartbeatSender
-from cryobox.cli.compose import build_control
+from cryobox.compose.app import create_app
+from cryobox.compose.parts import build_control
 from cryobox.registry import Registry
-from cryobox.server.app import create_app
-from cryobox.server.fleet import FleetConfig
+from cryobox.server.access.ratelimit import RateLimitConfig, RateLimiter
+from cryobox.server.control.fleet import FleetConfig
+from cryobox.server.control.snapshots import RetentionPolicy
 from cryobox.server.metrics import Metrics
-from cryobox.server.ratelimit import RateLimitConfig, RateLimiter
-from cryobox.server.snapshots_ctl import RetentionPolicy
 from tests.unit.fake_agent import FakeAgent
 
 TOKEN = "node-secret"

@@ -1,4 +1,4 @@
-"""Hibernation images through the object store (``agent/store/hibernations.py``; memory://, qemu-img, no root):
+"""Hibernation images through the object store (``agent/publish/hibernations.py``; memory://, qemu-img, no root):
 published once per image, replaced by a later one, imported whole (memory included) onto another host's template,
 refused across template generations, deleted manifest first."""
 
@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.store.hibernations import (
+from cryobox.agent.publish.hibernations import (
     delete_hibernation,
     import_hibernation,
     publish_hibernation,
     stored_manifest,
 )
-from cryobox.agent.store.objstore import open_store
-from cryobox.agent.store.snapshots import SnapshotImage
-from cryobox.agent.templates import Template
+from cryobox.agent.snapshot.store import SnapshotImage
+from cryobox.agent.templates.bake import Template
 from cryobox.agent.vm import MachineConfig
 from cryobox.errors import ObjectNotFound, StateError
+from cryobox.objstore.client import open_store
 from tests.unit.test_publish import _backing, _machine, _qcow2, _template, sparse_image
 
 

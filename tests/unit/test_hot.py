@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.store import hot
-from cryobox.agent.store.hot import PIN_S, HotBudgetExceeded, HotImages, default_budget, default_hot_dir
-from cryobox.agent.store.volume import allocated_bytes, copy_sparse
+from cryobox.agent.disk.volume import allocated_bytes, copy_sparse
+from cryobox.agent.memory import hot
+from cryobox.agent.memory.hot import PIN_S, HotBudgetExceeded, HotImages, default_budget, default_hot_dir
 from cryobox.errors import InvalidArgument
 
 MiB = 1 << 20

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cryobox.registry import WorkspaceInfo
-from cryobox.server.keycache import MAX_ENTRIES, KeyCache
+from cryobox.server.access.keycache import MAX_ENTRIES, KeyCache
 
 WS = WorkspaceInfo(id="ws-1", name="default", created_at=0.0)
 

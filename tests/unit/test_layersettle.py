@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from blake3 import blake3
 
-from cryobox.agent.store import layersettle, layerwrite, memlayer
-from cryobox.agent.store.layersettle import changed_runs, classify, settle_staged
-from cryobox.agent.store.memlayer import (
+from cryobox.agent.snapshot import layersettle, layerwrite, memlayer
+from cryobox.agent.snapshot.layersettle import changed_runs, classify, settle_staged
+from cryobox.agent.snapshot.memlayer import (
     EMPTY_DIGEST,
     AllWritten,
     LayerImage,
@@ -24,8 +24,8 @@ from cryobox.agent.store.memlayer import (
     chain_digest,
     image_digest,
 )
-from cryobox.agent.vm.procmem import RemoteMemory
-from cryobox.agent.vm.staging import StagingPool
+from cryobox.agent.snapshot.procmem import RemoteMemory
+from cryobox.agent.snapshot.staging import StagingPool
 from cryobox.errors import VmmError
 from cryobox.util.files import allocated_bytes
 
@@ -82,7 +82,7 @@ def test_the_staging_pool_reuses_warm_buffers_and_unmaps_idle_ones() -> None:
 
 
 def layersettle_alloc(size: int) -> mmap.mmap:
-    from cryobox.agent.vm.staging import allocate
+    from cryobox.agent.snapshot.staging import allocate
 
     buffer = allocate(size)
     assert len(buffer) >= size and len(buffer) % (2 << 20) == 0

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.store import layerwrite
-from cryobox.agent.store.layerwrite import Holes, LayerWriter, Runs, pieces, runs_reach
+from cryobox.agent.snapshot import layerwrite
+from cryobox.agent.snapshot.layerwrite import Holes, LayerWriter, Runs, pieces, runs_reach
 
 PAGE = 4096
 

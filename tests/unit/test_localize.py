@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cryobox.agent.localize import copy_nonzero
+from cryobox.agent.templates.localize import copy_nonzero
 
 
 def test_copy_keeps_the_bytes_and_leaves_zero_blocks_as_holes(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Manifests pinned in the registry (``agent/store/manifests.py``; a file:// store, qemu-img, no VM).
+"""Manifests pinned in the registry (``objstore/manifests.py``; a file:// store, qemu-img, no VM).
 
 An attacker who controls the store can replace a manifest *together with* its pins (an edited object plus a
 manifest pinning the edit): per-object pins alone accept that. The sha256 of the manifest a publish uploaded,
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.store.hibernations import import_hibernation, publish_hibernation
-from cryobox.agent.store.manifests import STORED_MANIFEST, recorded_manifest
-from cryobox.agent.store.objstore import ObjectStore, open_store
-from cryobox.agent.store.pins import Pin
-from cryobox.agent.store.publish import import_snapshot, publish_snapshot
-from cryobox.agent.templates import Template
+from cryobox.agent.publish.hibernations import import_hibernation, publish_hibernation
+from cryobox.agent.publish.templates import import_snapshot, publish_snapshot
+from cryobox.agent.templates.bake import Template
 from cryobox.errors import IntegrityError
+from cryobox.objstore.client import ObjectStore, open_store
+from cryobox.objstore.manifests import STORED_MANIFEST, recorded_manifest
+from cryobox.objstore.pins import Pin
 from tests.unit.test_hibernation_store import _hibernation
 from tests.unit.test_publish import _machine, _snapshot, _template
 
@@ -91,7 +91,7 @@ def test_a_snapshot_manifest_replaced_with_its_pins_is_refused_when_the_row_pins
     assert _empty(tmp_path / "b" / "snapshots"), "nothing installed"
 
     # without the registry's pin the per-object pins are satisfied: this is the attack the pin stops
-    with caplog.at_level(logging.WARNING, logger="cryobox.agent.store.manifests"):
+    with caplog.at_level(logging.WARNING, logger="cryobox.objstore.manifests"):
         local = import_snapshot(store, "snap-1", tmp_path / "c" / "snapshots", template_b)
     assert (local / "vmstate").read_bytes() == b"evil device state"
     assert "no pinned hash in the registry" in caplog.text
@@ -105,7 +105,7 @@ def test_an_unpinned_legacy_snapshot_still_imports_with_a_warning(
     publish_snapshot(
         store, _snapshot(tmp_path / "a" / "snapshots", template_a, template_a.machine), template_a, tmp_path
     )
-    with caplog.at_level(logging.WARNING, logger="cryobox.agent.store.manifests"):
+    with caplog.at_level(logging.WARNING, logger="cryobox.objstore.manifests"):
         local = import_snapshot(store, "snap-1", tmp_path / "b" / "snapshots", template_b, None)
     assert (local / "vmstate").read_bytes() == b"device state"
     assert [r.levelno for r in caplog.records if "snapshot snap-1" in r.getMessage()] == [logging.WARNING]

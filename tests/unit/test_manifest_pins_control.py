@@ -12,7 +12,7 @@ import json
 import pytest
 
 from cryobox.errors import IntegrityError
-from cryobox.server.control import CreateRequest
+from cryobox.server.control.sandboxes import CreateRequest
 from tests.unit import registry_support
 from tests.unit.test_drain import Fleetish, made
 

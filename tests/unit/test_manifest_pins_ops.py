@@ -1,6 +1,7 @@
-"""The agent's side of registry-pinned manifests (``agent/snapshot_ops.py``, ``agent/hibernation_ops.py``) over a
-file:// store and stand-in hosts: storing answers the sha256 of the manifest uploaded; a restore or wake from the
-store with a pin imports only that manifest (``IntegrityError`` and nothing installed otherwise)."""
+"""The agent's side of registry-pinned manifests (``agent/hostagent/snapshots.py``,
+``agent/hostagent/hibernations.py``) over a file:// store and stand-in hosts: storing answers the sha256 of the
+manifest uploaded; a restore or wake from the store with a pin imports only that manifest (``IntegrityError`` and
+nothing installed otherwise)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,16 @@ from typing import Any, cast
 
 import pytest
 
-from cryobox.agent.admission import AdmissionConfig, AdmissionController
-from cryobox.agent.hibernation_ops import HibernationOps
-from cryobox.agent.sandbox import SandboxState
-from cryobox.agent.snapshot_ops import SnapshotOps
-from cryobox.agent.store.objstore import ObjectStore, open_store
-from cryobox.agent.store.pins import Pin
-from cryobox.agent.store.snapshots import SnapshotStore
-from cryobox.agent.templates import Template
+from cryobox.agent.hostagent.hibernations import HibernationOps
+from cryobox.agent.hostagent.snapshots import SnapshotOps
+from cryobox.agent.sandbox.admission import AdmissionConfig, AdmissionController
+from cryobox.agent.sandbox.sandbox import SandboxState
+from cryobox.agent.snapshot.store import SnapshotStore
+from cryobox.agent.templates.bake import Template
 from cryobox.agentapi import models as am
 from cryobox.errors import IntegrityError
+from cryobox.objstore.client import ObjectStore, open_store
+from cryobox.objstore.pins import Pin
 from tests.unit.test_hibernation_store import _hibernation
 from tests.unit.test_publish import _machine, _snapshot, _template
 

@@ -16,7 +16,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from cryobox.mcpserver.http import McpEndpoint
 from cryobox.registry import Registry
-from cryobox.server.ratelimit import RateLimiter
+from cryobox.server.access.ratelimit import RateLimiter
 from tests.unit.serving import app_of
 from tests.unit.test_metrics import requests_total
 from tests.unit.test_quotas import Env, agent, env, limits, quota, registry

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.store.hot import HotImages
-from cryobox.agent.store.memlayer import (
+from cryobox.agent.memory.hot import HotImages
+from cryobox.agent.snapshot.memlayer import (
     EMPTY_DIGEST,
     BaseImages,
     FullImage,
@@ -23,7 +23,7 @@ from cryobox.agent.store.memlayer import (
     clone_parent,
     image_digest,
 )
-from cryobox.agent.vm.pagemap import WrittenPages
+from cryobox.agent.snapshot.pagemap import WrittenPages
 from cryobox.errors import VmmError
 from cryobox.util.files import allocated_bytes
 

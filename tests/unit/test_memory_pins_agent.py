@@ -15,18 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.memsource import MemorySource
-from cryobox.agent.storage import MemoryMode
-from cryobox.agent.store.hot import HotImages
-from cryobox.agent.store.memclient import MemoryServerProcess, MemServerConfig
-from cryobox.agent.store.memserver import MemoryServer
-from cryobox.agent.store.objstore import ObjectStore
-from cryobox.agent.store.pins import PinSet
-from cryobox.agent.store.publish import import_snapshot, publish_snapshot, publish_template, upload_image
-from cryobox.agent.store.resolver import ResolverConfig
-from cryobox.agent.store.snapshots import SnapshotImage
-from cryobox.agent.templates import Template, record_pins
+from cryobox.agent.memory.client import MemoryServerProcess, MemServerConfig
+from cryobox.agent.memory.hot import HotImages
+from cryobox.agent.memory.server.main import MemoryServer
+from cryobox.agent.memory.server.resolver import ResolverConfig
+from cryobox.agent.memory.settings import MemoryMode
+from cryobox.agent.publish.templates import import_snapshot, publish_snapshot, publish_template, upload_image
+from cryobox.agent.sandbox.memsource import MemorySource
+from cryobox.agent.snapshot.store import SnapshotImage
+from cryobox.agent.templates.bake import Template, record_pins
 from cryobox.errors import IntegrityError
+from cryobox.objstore.client import ObjectStore
+from cryobox.objstore.pins import PinSet
 from tests.unit.test_fetch_integrity import _baked, _fetch, _store
 from tests.unit.test_publish import _machine, _snapshot, _template, sparse_image
 

@@ -13,17 +13,17 @@ from typing import Any
 
 import pytest
 
-from cryobox.agent.memsource import MemorySource, vm_started_at
-from cryobox.agent.storage import MemoryMode
-from cryobox.agent.store.chunkfmt import ChunkIndex, chunk_key
-from cryobox.agent.store.fusefs import file_name
-from cryobox.agent.store.hot import HotImages
-from cryobox.agent.store.memclient import MemoryServerProcess, MemServerConfig
-from cryobox.agent.store.memserver import MemoryServer, _handler, _UnixHTTPServer
-from cryobox.agent.store.objstore import ObjectStore, open_store
-from cryobox.agent.store.resolver import ResolverConfig
+from cryobox.agent.memory.client import MemoryServerProcess, MemServerConfig
+from cryobox.agent.memory.hot import HotImages
+from cryobox.agent.memory.server.fusefs import file_name
+from cryobox.agent.memory.server.main import MemoryServer, _handler, _UnixHTTPServer
+from cryobox.agent.memory.server.resolver import ResolverConfig
+from cryobox.agent.memory.settings import MemoryMode
+from cryobox.agent.sandbox.memsource import MemorySource, vm_started_at
 from cryobox.agent.vm import Accel, MachineConfig, MemoryBacking, MicroVM, VmPaths
 from cryobox.errors import ChunkFetchFailed, CryoboxError, IntegrityError
+from cryobox.objstore.chunkfmt import ChunkIndex, chunk_key
+from cryobox.objstore.client import ObjectStore, open_store
 
 CS = 64
 PREFIX = "templates/base/g1"

@@ -16,16 +16,16 @@ from pathlib import Path
 import mfusepy as fuse
 import pytest
 
-from cryobox.agent.store.chunkcache import ChunkCache
-from cryobox.agent.store.chunkfmt import CHUNK_SIZE, ChunkIndex
-from cryobox.agent.store.fusefs import MemoryFS, file_name, parse_name, prefix_of
-from cryobox.agent.store.memclient import MemServerConfig
-from cryobox.agent.store.memserver import MemoryServer, parse_args
-from cryobox.agent.store.objstore import ObjectStore, open_store
-from cryobox.agent.store.pins import PinSet
-from cryobox.agent.store.publish import upload_image
-from cryobox.agent.store.resolver import ResolverConfig
+from cryobox.agent.memory.client import MemServerConfig
+from cryobox.agent.memory.server.chunkcache import ChunkCache
+from cryobox.agent.memory.server.fusefs import MemoryFS, file_name, parse_name, prefix_of
+from cryobox.agent.memory.server.main import MemoryServer, parse_args
+from cryobox.agent.memory.server.resolver import ResolverConfig
+from cryobox.agent.publish.templates import upload_image
 from cryobox.errors import IntegrityError
+from cryobox.objstore.chunkfmt import CHUNK_SIZE, ChunkIndex
+from cryobox.objstore.client import ObjectStore, open_store
+from cryobox.objstore.pins import PinSet
 from tests.unit.test_publish import sparse_image
 
 PREFIX = "templates/base/g1"
@@ -92,7 +92,7 @@ def test_a_swapped_consistent_index_and_pack_are_refused_and_not_kept(
     ChunkIndex.from_bytes(store.get(IDX))  # a well-formed index
 
     fs = _fs(store, tmp_path)
-    with caplog.at_level(logging.ERROR, logger="cryobox.agent.store.fusefs"):
+    with caplog.at_level(logging.ERROR, logger="cryobox.agent.memory.server.fusefs"):
         _eio(fs, name)
     assert "store_integrity" in caplog.text and IDX in caplog.text
     failure = fs.table.failure(name)

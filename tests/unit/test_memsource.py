@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.memsource import MemorySource
-from cryobox.agent.storage import MemoryMode
-from cryobox.agent.store.hot import HotBudgetExceeded, HotImages
-from cryobox.agent.store.memclient import MemoryServerProcess, MemServerConfig
-from cryobox.agent.store.snapshots import SnapshotImage
-from cryobox.agent.templates import Template
+from cryobox.agent.memory.client import MemoryServerProcess, MemServerConfig
+from cryobox.agent.memory.hot import HotBudgetExceeded, HotImages
+from cryobox.agent.memory.settings import MemoryMode
+from cryobox.agent.sandbox.memsource import MemorySource
+from cryobox.agent.snapshot.store import SnapshotImage
+from cryobox.agent.templates.bake import Template
 from cryobox.agent.vm import Accel, MachineConfig
 from cryobox.errors import IntegrityError, VmmError
 

@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.types import Message, Receive, Scope, Send
 
-from cryobox.agent.admission import AdmissionConfig, AdmissionController
+from cryobox.agent.sandbox.admission import AdmissionConfig, AdmissionController
 from cryobox.server.metrics import Metrics, MetricsMiddleware
 
 

@@ -11,16 +11,8 @@ from pathlib import Path
 import pytest
 from obstore.exceptions import GenericError
 
-from cryobox.agent.store.objstore import (
-    PART_SIZE,
-    ObjectMeta,
-    ObjectStore,
-    ObstoreStore,
-    check_key,
-    open_store,
-    translate,
-)
 from cryobox.errors import InvalidArgument, ObjectNotFound, StoreError, StoreThrottled
+from cryobox.objstore.client import PART_SIZE, ObjectMeta, ObjectStore, ObstoreStore, check_key, open_store, translate
 
 MiB = 1 << 20
 CREDS = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.net.slots import tag_for
-from cryobox.agent.ownership import (
+from cryobox.agent.host.ownership import (
     OwnerLock,
     OwnerRecord,
     Ownership,
@@ -22,13 +21,14 @@ from cryobox.agent.ownership import (
     remove_owner,
     write_owner,
 )
+from cryobox.agent.net.slots import tag_for
 from cryobox.config import Paths
 from cryobox.errors import StateError
 
 HOLD = """
 import sys, time
 from pathlib import Path
-from cryobox.agent.ownership import OwnerLock
+from cryobox.agent.host.ownership import OwnerLock
 lock = OwnerLock(Path(sys.argv[1])).acquire()
 print("held", flush=True)
 time.sleep(60)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.vm import pagemap, pagescan
-from cryobox.agent.vm.pagemap import pagemap_runs, written_runs
-from cryobox.agent.vm.pagescan import Unsupported, anonymous_runs
+from cryobox.agent.snapshot import pagemap, pagescan
+from cryobox.agent.snapshot.pagemap import pagemap_runs, written_runs
+from cryobox.agent.snapshot.pagescan import Unsupported, anonymous_runs
 
 PAGE = 4096
 PAGES = 8192  # 32 MiB

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.store.hot import default_hot_dir
+from cryobox.agent.memory.hot import default_hot_dir
 from cryobox.agent.vm.accel import Accel
 from cryobox.agent.vm.machine import MachineConfig
 from cryobox.config import Paths

@@ -1,4 +1,4 @@
-"""Pins (``agent/store/pins.py``) and the verified download of ``ObjectStore.download`` (a file:// store)."""
+"""Pins (``objstore/pins.py``) and the verified download of ``ObjectStore.download`` (a file:// store)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.store.objstore import ObjectStore, open_store
-from cryobox.agent.store.pins import Pin, PinSet
 from cryobox.errors import ERRORS_BY_CODE, IntegrityError, StoreError
+from cryobox.objstore.client import ObjectStore, open_store
+from cryobox.objstore.pins import Pin, PinSet
 
 
 @pytest.fixture

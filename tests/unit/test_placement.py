@@ -16,7 +16,7 @@ import pytest
 
 from cryobox.errors import HostUnavailable, StateError
 from cryobox.registry import AgentLoad, AgentRow, Registry, ReservationRow, SandboxRow
-from cryobox.server.placement import (
+from cryobox.server.control.placement import (
     IN_FLIGHT_PENALTY_MIB,
     LOCALITY_BONUS_MIB,
     Placement,

@@ -24,18 +24,18 @@ from cryobox.agentapi import models as m
 from cryobox.agentapi.heartbeat import heartbeat_of
 from cryobox.agentapi.http_ports import add_port_routes
 from cryobox.agentapi.http_server import AgentGuard
+from cryobox.compose.app import create_app
 from cryobox.errors import InvalidArgument
 from cryobox.proxy import PortProxy
 from cryobox.registry import QuotaRecords, Registry
-from cryobox.server.app import create_app
-from cryobox.server.control import ControlPlane
-from cryobox.server.fleet import Fleet, FleetConfig
+from cryobox.server.access.ratelimit import RateLimitConfig, RateLimiter
+from cryobox.server.control.fleet import Fleet, FleetConfig
+from cryobox.server.control.placement import Placement
+from cryobox.server.control.quotas import Quota, QuotaGuard
+from cryobox.server.control.sandboxes import ControlPlane
+from cryobox.server.control.snapshots import RetentionPolicy, SnapshotControl
+from cryobox.server.control.templates import TemplateJobs
 from cryobox.server.metrics import Metrics
-from cryobox.server.placement import Placement
-from cryobox.server.quotas import Quota, QuotaGuard
-from cryobox.server.ratelimit import RateLimitConfig, RateLimiter
-from cryobox.server.snapshots_ctl import RetentionPolicy, SnapshotControl
-from cryobox.server.templates_ctl import TemplateJobs
 from tests.unit import registry_support
 from tests.unit.fake_agent import FakeAgent
 from tests.unit.test_proxy import Upstream, free_port, pick_subprotocol, proxy_app, serving, ws_gate

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cryobox.agent import platform
+from cryobox.agent.host import startup as platform
 from cryobox.agent.vm import Accel
 from cryobox.agent.vm.jail import JailSettings
 from cryobox.config import Paths

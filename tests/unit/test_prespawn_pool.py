@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from cryobox.agent.factory import PoolMode, PrespawnPool
+from cryobox.agent.sandbox.factory import PoolMode, PrespawnPool
 from cryobox.agent.vm import MachineConfig, MemoryBacking, MicroVM, VmPaths, VmState
 from cryobox.agent.vm.accel import Accel
 

@@ -22,7 +22,7 @@ from cryobox.agentapi import models as am
 from cryobox.errors import GuestError, NotFound
 from cryobox.models import ProcessResult
 from cryobox.sdk._sse import SSEDecoder
-from cryobox.server.routes_procs import aclose, process_view
+from cryobox.server.routes.procs import aclose, process_view
 from tests.unit.fake_agent import FakeAgent
 from tests.unit.serving import app_of, serving
 from tests.unit.test_quotas import Env, env, quota, registry

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.store.chunkfmt import CHUNK_SIZE
-from cryobox.agent.store.objstore import open_store
-from cryobox.agent.store.pins import PinSet
-from cryobox.agent.store.publish import download_image, import_snapshot, publish_snapshot, upload_image
-from cryobox.agent.store.snapshots import SnapshotImage
-from cryobox.agent.templates import Template
+from cryobox.agent.publish.templates import download_image, import_snapshot, publish_snapshot, upload_image
+from cryobox.agent.snapshot.store import SnapshotImage
+from cryobox.agent.templates.bake import Template
 from cryobox.agent.vm import Accel, MachineConfig
 from cryobox.errors import StateError, StoreError
+from cryobox.objstore.chunkfmt import CHUNK_SIZE
+from cryobox.objstore.client import open_store
+from cryobox.objstore.pins import PinSet
 
 
 def sparse_image(path: Path, chunks: int, data: dict[int, bytes]) -> None:

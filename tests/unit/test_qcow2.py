@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.vm.qcow2 import MAGIC, MAX_DEPTH, backing_chain, backing_file
+from cryobox.agent.disk.qcow2 import MAGIC, MAX_DEPTH, backing_chain, backing_file
 from cryobox.errors import VmmError
 
 needs_qemu_img = pytest.mark.skipif(shutil.which("qemu-img") is None, reason="needs qemu-img")

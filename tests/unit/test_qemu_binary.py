@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent import gc
-from cryobox.agent.reclaim import find_own_qemus
+from cryobox.agent.host import gc
+from cryobox.agent.host.reclaim import find_own_qemus
 from cryobox.agent.vm import qemu
 from cryobox.agent.vm.accel import Accel
 from cryobox.agent.vm.machine import MachineConfig, MemoryBacking, VmPaths, qemu_argv

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cryobox.agent.quiesce import TcpConnection, established_connections
+from cryobox.agent.templates.quiesce import TcpConnection, established_connections
 
 TCP = """\
   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode

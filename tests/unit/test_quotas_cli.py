@@ -14,7 +14,7 @@ from typer.testing import CliRunner, Result
 from cryobox.cli.main import app
 from cryobox.errors import InvalidArgument, WorkspaceQuotaExceeded
 from cryobox.registry import QuotaOverrides, QuotaRecords, Registry
-from cryobox.server.quotas import Quota, QuotaGuard
+from cryobox.server.control.quotas import Quota, QuotaGuard
 from tests.unit import registry_support
 from tests.unit.registry_support import sandbox, snapshot
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cryobox.errors import InvalidArgument, QuotaExceeded
-from cryobox.server.ratelimit import RateLimitConfig, RateLimiter, RateLimitExceeded
+from cryobox.server.access.ratelimit import RateLimitConfig, RateLimiter, RateLimitExceeded
 
 
 class FakeClock:

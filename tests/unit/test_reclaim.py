@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.reclaim import find_own_qemus, reclaim
+from cryobox.agent.host.reclaim import find_own_qemus, reclaim
 
 QEMU = "/usr/bin/qemu-system-x86_64"
 

@@ -1,4 +1,4 @@
-"""Sandbox env sealed in the agent's durable records (``agent/records.py``): no env value in the file, the
+"""Sandbox env sealed in the agent's durable records (``agent/sandbox/records.py``): no env value in the file, the
 round trip, the key file beside the records directory (mode 0600, made at first use) or ``CRYOBOX_SECRET_KEY``,
 a wrong key or a tampered record stops the load (and sets nothing aside), and records of older versions (a plain
 ``env``) load and are re-sealed."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.records import SandboxRecord, SandboxRecords
+from cryobox.agent.sandbox.records import SandboxRecord, SandboxRecords
 from cryobox.errors import SecretUnreadable
 from cryobox.util.sealing import SECRET_KEY_ENV, Sealer, generate_key
 

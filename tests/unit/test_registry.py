@@ -11,13 +11,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import select
 
 from cryobox.errors import InvalidArgument, NotFound
-from cryobox.registry import (
-    AlreadyExists,
-    Registry,
-    TemplateRow,
-    normalize_url,
-    url_for_data_dir,
-)
+from cryobox.registry import AlreadyExists, Registry, TemplateRow, normalize_url, url_for_data_dir
 from cryobox.registry.models import Base
 from tests.unit import registry_support
 from tests.unit.registry_support import sandbox, snapshot

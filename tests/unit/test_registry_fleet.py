@@ -17,15 +17,7 @@ from alembic import command
 from sqlalchemy import text
 
 from cryobox.errors import HostUnavailable, InvalidArgument, NotFound
-from cryobox.registry import (
-    AgentLoad,
-    HeartbeatOutcome,
-    MoveRecords,
-    Registry,
-    ReservationRow,
-    SandboxRow,
-    SnapshotRow,
-)
+from cryobox.registry import AgentLoad, HeartbeatOutcome, MoveRecords, Registry, ReservationRow, SandboxRow, SnapshotRow
 from tests.unit import registry_support
 from tests.unit.registry_support import open_registry, sandbox, snapshot
 

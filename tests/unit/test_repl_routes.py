@@ -16,7 +16,7 @@ import pytest
 from pandastack.exceptions import BadRequestError, NotFoundError
 from pandastack.exceptions import SandboxTimeout as PandaTimeout
 
-from cryobox.server.routes_repl import mime_bundle, timed_out
+from cryobox.compat.pandastack.repl import mime_bundle, timed_out
 from tests.unit.test_code_routes import PNG_MAGIC, agent, api, cid, kernels, served
 from tests.unit.test_quotas import Env, env, quota, registry
 

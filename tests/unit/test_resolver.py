@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from cryobox.agent.store.chunkcache import ChunkCache
-from cryobox.agent.store.chunkfmt import ChunkIndex, chunk_key
-from cryobox.agent.store.chunkref import image_identity
-from cryobox.agent.store.fusefs import ImageTable
-from cryobox.agent.store.memmetrics import MemoryMetrics
-from cryobox.agent.store.objstore import open_store
-from cryobox.agent.store.resolver import ChunkResolver, ImageRef, ResolverConfig
+from cryobox.agent.memory.server.chunkcache import ChunkCache
+from cryobox.agent.memory.server.chunkref import image_identity
+from cryobox.agent.memory.server.fusefs import ImageTable
+from cryobox.agent.memory.server.metrics import MemoryMetrics
+from cryobox.agent.memory.server.resolver import ChunkResolver, ImageRef, ResolverConfig
 from cryobox.errors import ChunkFetchFailed, InvalidArgument, ObjectNotFound, StoreError, StoreThrottled
+from cryobox.objstore.chunkfmt import ChunkIndex, chunk_key
+from cryobox.objstore.client import open_store
 
 CS = 64  # tiny chunks keep the tests fast; the resolver does not care about the size
 KEY = "templates/py/g1/memory.idx"

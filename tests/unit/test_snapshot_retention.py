@@ -14,13 +14,8 @@ from cryobox.agentapi import models as am
 from cryobox.agentapi.heartbeat import heartbeat_of
 from cryobox.errors import GuestError, InvalidArgument, NotFound
 from cryobox.registry import Registry, SandboxRow, SnapshotRow
-from cryobox.server.fleet import Fleet, FleetConfig
-from cryobox.server.snapshots_ctl import (
-    DEFAULT_GRACE_S,
-    DEFAULT_SWEEP_INTERVAL_S,
-    RetentionPolicy,
-    SnapshotControl,
-)
+from cryobox.server.control.fleet import Fleet, FleetConfig
+from cryobox.server.control.snapshots import DEFAULT_GRACE_S, DEFAULT_SWEEP_INTERVAL_S, RetentionPolicy, SnapshotControl
 from tests.unit import registry_support
 from tests.unit.fake_agent import FakeAgent
 from tests.unit.registry_support import T0, Clock

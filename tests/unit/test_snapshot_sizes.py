@@ -16,15 +16,15 @@ import pytest
 from alembic import command
 from sqlalchemy import inspect, text
 
-from cryobox.agent import hibernation_ops
-from cryobox.agent.admission import AdmissionConfig, AdmissionController
-from cryobox.agent.sandbox import SandboxState
-from cryobox.agent.snapshot_ops import snapshot_info
-from cryobox.agent.store.snapshots import SnapshotImage
+from cryobox.agent.hostagent import hibernations as hibernation_ops
+from cryobox.agent.hostagent.snapshots import snapshot_info
+from cryobox.agent.sandbox.admission import AdmissionConfig, AdmissionController
+from cryobox.agent.sandbox.sandbox import SandboxState
+from cryobox.agent.snapshot.store import SnapshotImage
 from cryobox.agentapi import models as am
 from cryobox.registry import Registry
-from cryobox.server.routes_snapshots import snapshot_view
-from cryobox.server.snapshots_ctl import snapshot_row
+from cryobox.server.control.snapshots import snapshot_row
+from cryobox.server.routes.snapshots import snapshot_view
 from tests.unit import registry_support
 from tests.unit.registry_support import open_registry, snapshot
 from tests.unit.test_drain import Fleetish, made

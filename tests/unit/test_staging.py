@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from cryobox.agent.vm import staging
-from cryobox.agent.vm.staging import StagingPool, reserve_from_env, start_warming
+from cryobox.agent.snapshot import staging
+from cryobox.agent.snapshot.staging import StagingPool, reserve_from_env, start_warming
 from cryobox.errors import InvalidArgument
 
 MIB = 1 << 20

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.store.objstore import ObjectStore, open_store
-from cryobox.agent.store.store_faults import ENV_VAR, FaultyStore, SharedLink, StoreFaults, with_faults
 from cryobox.errors import InvalidArgument, StoreError, StoreThrottled
+from cryobox.objstore.client import ObjectStore, open_store
+from cryobox.objstore.faults import ENV_VAR, FaultyStore, SharedLink, StoreFaults, with_faults
 
 MB = 1_000_000
 

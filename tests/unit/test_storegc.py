@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cryobox.agent.store.leases import GC_PREFIX, LeaseTiming, PublishLease
-from cryobox.agent.store.objstore import ObjectStore, open_store
-from cryobox.agent.store.storegc import GcClock, GcPolicy, collect
 from cryobox.cli.main import app
+from cryobox.objstore.client import ObjectStore, open_store
+from cryobox.objstore.gc import GcClock, GcPolicy, collect
+from cryobox.objstore.leases import GC_PREFIX, LeaseTiming, PublishLease
 from tests.unit.storegc_support import (
     HOUR,
     age,

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.store.objstore import ObjectStore, open_store
-from cryobox.agent.store.storegc import GcPolicy, collect
-from cryobox.agent.store.storescan import scan
+from cryobox.objstore.client import ObjectStore, open_store
+from cryobox.objstore.gc import GcPolicy, collect
+from cryobox.objstore.gcscan import scan
 from tests.unit.storegc_support import (
     HOUR,
     hours_later,
@@ -35,12 +35,12 @@ DELETE_LATENCY_S = 0.004  # every delete of the killed runs takes this long: a r
 
 ZYGOTE = """
 import os, sys, time
-from cryobox.agent.store.objstore import open_store
-from cryobox.agent.store.storegc import GcClock, GcPolicy, collect
+from cryobox.objstore.client import open_store
+from cryobox.objstore.gc import GcClock, GcPolicy, collect
 
 url, latency, mutant = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "mutant"
 if mutant:  # the classic mistake: delete an image's objects before its manifest
-    from cryobox.agent.store import storegc
+    from cryobox.objstore import gc as storegc
     assert hasattr(storegc, "_manifest_first")
     storegc._manifest_first = lambda group: sorted(group.objects, key=lambda m: m.key.endswith("/manifest.json"))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from cryobox.agentapi import models as am
 from cryobox.registry import Registry
 from cryobox.registry.strays import unknown_sandboxes
-from cryobox.server.strays import delete_strays
+from cryobox.server.control.strays import delete_strays
 from tests.unit import registry_support
 from tests.unit.registry_support import sandbox
 

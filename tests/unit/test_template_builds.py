@@ -14,8 +14,8 @@ from cryobox.agentapi.heartbeat import heartbeat_of
 from cryobox.errors import BuildQueueFull, Forbidden, NotFound
 from cryobox.image.buildpolicy import BuildAllowlist
 from cryobox.registry import Registry
-from cryobox.server.fleet import Fleet, FleetConfig
-from cryobox.server.templates_ctl import TemplateJobs
+from cryobox.server.control.fleet import Fleet, FleetConfig
+from cryobox.server.control.templates import TemplateJobs
 from tests.unit import registry_support
 from tests.unit.fake_agent import FakeAgent
 

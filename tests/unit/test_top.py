@@ -14,7 +14,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from cryobox import models
-from cryobox.agent.store.memmetrics import MemoryMetrics
+from cryobox.agent.memory.server.metrics import MemoryMetrics
 from cryobox.cli.main import app
 from cryobox.cli.top_cmd import TopSource
 from cryobox.cli.top_model import Frame, Scrape, duration, parse_counters, rates, render

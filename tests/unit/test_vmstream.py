@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.store.vmstream import (
+from cryobox.agent.vm.vmstream import (
     FLAG_CONTINUE,
     FLAG_EOS,
     FLAG_MEM_SIZE,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.store.vmstream import PAGE_SIZE, split_stream
+from cryobox.agent.vm.vmstream import PAGE_SIZE, split_stream
 
 DATA = Path(__file__).parent / "data"
 RAM = 16 << 20

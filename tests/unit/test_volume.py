@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.store import volume
-from cryobox.agent.store.volume import (
+from cryobox.agent.disk import volume
+from cryobox.agent.disk.volume import (
     Volume,
     _mount_points,
     allocated_bytes,

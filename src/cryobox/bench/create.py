@@ -22,9 +22,9 @@ from typing import Any
 
 from rich.console import Console
 
-from ..agent.exec import run_exec
-from ..agent.platform import HostConfig, prepare_templates
-from ..agent.templates import Template
+from ..agent.guest.exec import run_exec
+from ..agent.host.startup import HostConfig, prepare_templates
+from ..agent.templates.bake import Template
 from ..agent.vm import MemoryBacking, MicroVM, VmPaths
 from ..config import Paths
 from ..image.specs import DEFAULT_TEMPLATES

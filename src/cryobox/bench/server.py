@@ -11,8 +11,8 @@ from pathlib import Path
 
 import httpx
 
-from ..agent.store.mounts import unmount
-from ..agent.store.volume import release_volume
+from ..agent.disk.volume import release_volume
+from ..agent.memory.mounts import unmount
 from ..config import DEFAULT_CACHE_DIR, Paths
 from .childproc import ChildProcess
 

@@ -38,7 +38,7 @@ from typing import Any
 
 from rich.console import Console
 
-from ..agent.reclaim import find_own_qemus
+from ..agent.host.reclaim import find_own_qemus
 from ..agent.vm import qemu as qemu_binary
 from ..config import DEFAULT_CACHE_DIR, Paths
 from ..errors import CryoboxError

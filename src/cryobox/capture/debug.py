@@ -5,7 +5,7 @@ recorded ``/failure.json``, the process table, the tail of the test log and, for
 recorded process is still alive), the stuck process's kernel stack, wait channel, state and open files.
 Each debug run restores its own copy; nothing done in one is seen by another.
 
-``open_shell`` is the client of ``GET /v1/sandboxes/{id}/pty`` (see ``server/routes_pty.py``).
+``open_shell`` is the client of ``GET /v1/sandboxes/{id}/pty`` (see ``server/routes/pty.py``).
 """
 
 from __future__ import annotations

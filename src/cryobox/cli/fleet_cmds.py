@@ -35,7 +35,7 @@ def _split(listen: str) -> tuple[str, int]:
 
 
 def _token() -> str:
-    from .compose import NODE_TOKEN_ENV
+    from ..compose.parts import NODE_TOKEN_ENV
 
     token = os.environ.get(NODE_TOKEN_ENV, "")
     if not token:
@@ -65,7 +65,7 @@ def _log_to_stderr() -> None:
 
 
 def _serve(app: object, host: str, port: int) -> uvicorn.Server:
-    from .compose import GRACEFUL_STOP_S
+    from ..compose.parts import GRACEFUL_STOP_S
 
     return uvicorn.Server(
         uvicorn.Config(
@@ -116,16 +116,16 @@ def agent(
         return
     if listen is None or control is None or data_dir is None:
         raise typer.BadParameter("--listen, --control and --data-dir are required to run an agent")
-    from ..agent.admission import AdmissionConfig
-    from ..agent.factory import PoolMode
-    from ..agent.platform import HostConfig
-    from ..agent.storage import MemoryMode, StorageConfig, TemplateSource
+    from ..agent.host.startup import HostConfig
+    from ..agent.memory.settings import MemoryMode, StorageConfig, TemplateSource
+    from ..agent.sandbox.admission import AdmissionConfig
+    from ..agent.sandbox.factory import PoolMode
     from ..agentapi import create_agent_app
     from ..agentapi.heartbeat import HeartbeatSender
+    from ..compose.parts import AgentOptions, boot_agent, on_stop_mode
     from ..config import Paths
     from ..errors import CryoboxError
     from ..server.metrics import Metrics
-    from .compose import AgentOptions, boot_agent, on_stop_mode
     from .templates_opt import parse_templates
 
     token = _token()
@@ -195,16 +195,16 @@ def control(
     orphan_sweep_interval: Annotated[float | None, typer.Option(help="seconds between orphan sweeps")] = None,
 ) -> None:
     """Run the control plane alone: the public API, placement and the registry; agents register with it."""
-    from ..agent.store.objstore import open_store
     from ..agent.vm import detect_accel
+    from ..compose.app import Intervals, create_app
+    from ..compose.parts import build_control, fleet_config
     from ..config import Paths
+    from ..objstore.client import open_store
     from ..registry import Registry
-    from ..server.app import Intervals, create_app
-    from ..server.auth import load_or_create_key
+    from ..server.access.apikey import load_or_create_key
+    from ..server.access.ratelimit import RateLimitConfig, RateLimiter
+    from ..server.control.snapshots import RetentionPolicy
     from ..server.metrics import Metrics
-    from ..server.ratelimit import RateLimitConfig, RateLimiter
-    from ..server.snapshots_ctl import RetentionPolicy
-    from .compose import build_control, fleet_config
 
     _token()
     host, port = _split(listen)

@@ -1,5 +1,6 @@
-"""``cryobox gc``: reclaim the host resources of data dirs that will never start again (see :mod:`cryobox.agent.gc`);
-``cryobox gc --store``: delete what no live image needs from the object store (:mod:`.storegc_cmd`)."""
+"""``cryobox gc``: reclaim the host resources of data dirs that will never start again
+(see :mod:`cryobox.agent.host.gc`); ``cryobox gc --store``: delete what no live image needs from the object
+store (:mod:`.storegc_cmd`)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from typing import Annotated
 
 import typer
 
-from ..agent.gc import Outcome, Plan, apply, plan, summary
-from ..agent.gcscan import Roots, host_effects, scan
-from ..agent.ownership import owners_dir_from_env
+from ..agent.host.gc import Outcome, Plan, apply, plan, summary
+from ..agent.host.gcscan import Roots, host_effects, scan
+from ..agent.host.ownership import owners_dir_from_env
 from ..config import Paths
 from ._common import stdout_console
 from .storegc_cmd import run_store_gc

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..agent.sandbox import rfc3339
+from ..agent.sandbox.sandbox import rfc3339
 from ..config import Paths
 from ..errors import CryoboxError, NotFound
 from ._common import stdout_console
@@ -125,7 +125,7 @@ def quota(
     Limits not set for the workspace are the server's defaults (CRYOBOX_QUOTA_* in the environment of this command
     and of the server). Running servers see a change at the next create.
     """
-    from ..server.quotas import Quota, usage_of
+    from ..server.control.quotas import Quota, usage_of
 
     given = {
         "sandboxes": sandboxes,

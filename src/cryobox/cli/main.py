@@ -136,10 +136,10 @@ def serve(
     ] = None,
 ) -> None:
     """Start the platform: build images and templates if needed, then serve the HTTP API."""
-    from ..agent.factory import PoolMode
-    from ..agent.storage import MemoryMode, StorageConfig, TemplateSource
-    from ..agent.store.store_faults import StoreFaults
+    from ..agent.memory.settings import MemoryMode, StorageConfig, TemplateSource
+    from ..agent.sandbox.factory import PoolMode
     from ..errors import CryoboxError
+    from ..objstore.faults import StoreFaults
     from .serve import ServeOptions
     from .serve import serve as run_serve
 
@@ -202,7 +202,7 @@ def serve(
 @image_app.command("build")
 def image_build(data_dir: DataDir = None, cache_dir: CacheDir = None) -> None:
     """Build the guest images and bake the default templates (cached: a second run rebuilds nothing)."""
-    from ..agent.platform import HostConfig, prepare_templates
+    from ..agent.host.startup import HostConfig, prepare_templates
     from ..config import Paths
     from ..util.progress import RoutedReporter, open_reporter
 

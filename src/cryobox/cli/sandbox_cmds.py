@@ -19,18 +19,7 @@ from ..sdk._base import DEFAULT_RETRY
 from ..sdk._sync._http import send
 from ..sdk._transport import ClientConfig, raise_for_error
 from ..sdk.sandbox import Sandbox
-from ._common import (
-    ApiKey,
-    ApiUrl,
-    Json,
-    err,
-    fail,
-    out,
-    parse_pairs,
-    print_json,
-    sandbox_table,
-    snapshot_json,
-)
+from ._common import ApiKey, ApiUrl, Json, err, fail, out, parse_pairs, print_json, sandbox_table, snapshot_json
 
 sandbox_app = typer.Typer(help="Create, inspect, use and delete sandboxes.", no_args_is_help=True)
 template_app = typer.Typer(help="Templates.", no_args_is_help=True)

@@ -13,21 +13,21 @@ from types import FrameType
 import uvicorn
 from rich.console import Console
 
-from ..agent.admission import AdmissionConfig
-from ..agent.factory import PoolMode
-from ..agent.platform import HostConfig
-from ..agent.storage import StorageConfig
+from ..agent.host.startup import HostConfig
+from ..agent.memory.settings import StorageConfig
+from ..agent.sandbox.admission import AdmissionConfig
+from ..agent.sandbox.factory import PoolMode
 from ..agentapi import InProcessAgent
+from ..compose.app import Intervals, create_app
+from ..compose.parts import GRACEFUL_STOP_S, AgentOptions, boot_agent, build_control, fleet_config, on_stop_mode
 from ..config import Paths
 from ..image.specs import DEFAULT_TEMPLATES, TemplateSpec
 from ..registry import Registry
-from ..server.app import Intervals, create_app
-from ..server.auth import load_or_create_key
+from ..server.access.apikey import load_or_create_key
+from ..server.access.ratelimit import RateLimitConfig, RateLimiter
+from ..server.control.snapshots import RetentionPolicy
 from ..server.metrics import Metrics
-from ..server.ratelimit import RateLimitConfig, RateLimiter
-from ..server.snapshots_ctl import RetentionPolicy
 from ..util.progress import RoutedReporter, open_reporter
-from .compose import GRACEFUL_STOP_S, AgentOptions, boot_agent, build_control, fleet_config, on_stop_mode
 
 DEFAULT_WORKSPACE = "default"
 

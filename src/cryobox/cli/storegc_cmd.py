@@ -1,4 +1,4 @@
-"""``cryobox gc --store``: collect the object store's garbage (see :mod:`cryobox.agent.store.storegc`)."""
+"""``cryobox gc --store``: collect the object store's garbage (see :mod:`cryobox.objstore.gc`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import sys
 import typer
 from rich.console import Console
 
-from ..agent.store.leases import REFRESH_S
-from ..agent.store.objstore import open_store
-from ..agent.store.storegc import KINDS, GcPolicy, GcReport, collect
+from ..objstore.client import open_store
+from ..objstore.gc import KINDS, GcPolicy, GcReport, collect
+from ..objstore.leases import REFRESH_S
 
 out = Console(soft_wrap=True)  # a line per object or summary, never broken at the terminal width (scripts grep it)
 MIN_GRACE_S = 5 * REFRESH_S  # leases are re-put every REFRESH_S: a shorter grace could expire a live one

@@ -1,7 +1,7 @@
 """What ``cryobox top`` shows, without I/O: the herd counters read from a ``/metrics`` text exposition, their
 per-second rates between two scrapes, and a frame (sandboxes, agents, counters) as rich tables or as JSON.
 
-Counter names are the exposed ones: the memory server's (:mod:`cryobox.agent.store.memmetrics`, appended to the
+Counter names are the exposed ones: the memory server's (:mod:`cryobox.agent.memory.server.metrics`, appended to the
 control plane's scrape) and the control plane's create counter and latency histogram
 (:mod:`cryobox.server.metrics`).
 """

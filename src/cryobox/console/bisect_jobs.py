@@ -4,8 +4,8 @@
 temporary sandbox, ``fork_tree(count)``, run the command in every child at once, kill the children and the
 temporary sandbox, count. The logic is the CLI's own ``bisect()``; only its :class:`~cryobox.capture.bisect.BisectApi`
 differs: instead of the SDK over HTTP (which would need the caller's plaintext key, which a console session
-deliberately never holds), adapters call :class:`~cryobox.server.control.ControlPlane` and
-:class:`~cryobox.server.forks_ctl.ForkControl` directly with the caller's workspace. ``bisect()`` is
+deliberately never holds), adapters call :class:`~cryobox.server.control.sandboxes.ControlPlane` and
+:class:`~cryobox.server.control.forks.ForkControl` directly with the caller's workspace. ``bisect()`` is
 synchronous (thread pools for the children); it runs in a worker thread and each adapter call hops onto the
 event loop (``run_coroutine_threadsafe``).
 

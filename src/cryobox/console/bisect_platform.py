@@ -7,8 +7,8 @@ import asyncio
 from typing import Protocol
 
 from ..agentapi import models as am
-from ..server.control import ControlPlane, CreateRequest
-from ..server.forks_ctl import ForkControl
+from ..server.control.forks import ForkControl
+from ..server.control.sandboxes import ControlPlane, CreateRequest
 
 JOB_LABEL = "cryobox.bisect_job"
 """Metadata on every sandbox a job makes: what is left with it when the job ends is deleted."""

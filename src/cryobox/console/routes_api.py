@@ -11,14 +11,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..server.deps import Caller, Ctx
-from ..server.errors import ERROR_RESPONSES
-from ..server.forks_ctl import MAX_TREE
-from ..server.gate import bearer_key
-from ..server.routes_fleet import agent_views
-from ..server.routes_snapshots import snapshot_view
-from ..server.views import sandbox_view, template_view
-from . import auth
+from ..server.access import cookies as auth
+from ..server.access.gate import bearer_key
+from ..server.control.forks import MAX_TREE
+from ..server.routes.deps import Caller, Ctx
+from ..server.routes.errors import ERROR_RESPONSES
+from ..server.routes.fleet import agent_views
+from ..server.routes.snapshots import snapshot_view
+from ..server.routes.views import sandbox_view, template_view
 from .events import event_stream
 
 router = APIRouter(tags=["console"], responses=ERROR_RESPONSES)

@@ -8,10 +8,10 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import InvalidArgument, Unauthorized
-from ..server.deps import PublicCtx
-from ..server.errors import ERROR_RESPONSES
-from . import auth
-from .sessions import COOKIE_NAME, CSRF_HEADER, csrf_for
+from ..server.access import cookies as auth
+from ..server.access.sessions import COOKIE_NAME, CSRF_HEADER, csrf_for
+from ..server.routes.deps import PublicCtx
+from ..server.routes.errors import ERROR_RESPONSES
 
 router = APIRouter(prefix="/ui", tags=["console"], responses=ERROR_RESPONSES, include_in_schema=False)
 """Console-internal (not in the OpenAPI document: a fuzzer must not log in with made-up keys)."""

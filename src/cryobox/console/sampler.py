@@ -6,7 +6,7 @@ Series (summed over every source that exports them):
 
 - ``herd.faults`` ← ``faults_total``, ``herd.chunk_fetches`` ← ``chunk_fetches_total``, ``herd.cache_hits`` ←
   ``cache_hits_total``, ``herd.store_gets`` ← ``store_gets_total`` (the memory server's resolver,
-  :mod:`cryobox.agent.store.memmetrics`);
+  :mod:`cryobox.agent.memory.server.metrics`);
 - ``creates.count`` / ``creates.sum_s`` / ``creates.buckets`` ← ``cryobox_create_duration_seconds_count``,
   ``_sum`` and ``_bucket{le}`` (cumulative, ``le`` ascending, ``+Inf`` last as ``null``).
 

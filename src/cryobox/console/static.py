@@ -12,7 +12,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import NotFound
-from .auth import UI_PREFIX
+from ..server.access.cookies import UI_PREFIX
 
 STATIC_DIR = Path(__file__).parent / "static"
 CSP = (

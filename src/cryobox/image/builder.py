@@ -35,7 +35,7 @@ def build_images(images_dir: Path, spec: TemplateSpec, progress: Progress, runne
     """The images of a built-in spec, built on the host from its fixed package set.
 
     :raises ImageBuildError: ``spec`` adds packages to its base: those are installed in a build VM
-        (:mod:`cryobox.agent.buildvm`), never here.
+        (:mod:`cryobox.agent.templates.buildvm`), never here.
     """
     if spec.added_packages or spec.added_pip:
         raise ImageBuildError(f"template {spec.name!r} adds packages: its image is built in a build VM")

@@ -6,7 +6,7 @@ no hook of the tree and no chroot is involved. Wheels: the host's ``pip download
 wheel is unpacked, never executed, by pip; sdists, whose ``setup.py`` would run, are refused), plus pip's own
 wheel, which the build VM runs from the zip (pip's documented bootstrap): the target needs no ``python3-pip``.
 The host's own settings (proxy, CA bundle) apply to both. Installing happens in a build VM
-(:mod:`cryobox.agent.buildvm`).
+(:mod:`cryobox.agent.templates.buildvm`).
 """
 
 from __future__ import annotations

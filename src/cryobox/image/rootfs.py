@@ -34,7 +34,7 @@ class Rootfs:
 
 def build_tree(cache: ContentCache, packages: tuple[str, ...], progress: Progress, runner: Runner = run) -> Path:
     """A debootstrap tree of a built-in template's package set (fixed in code by the operator, never by a
-    tenant: a custom template's extra packages are installed in a build VM, :mod:`cryobox.agent.buildvm`)."""
+    tenant: a custom template's extra packages are installed in a build VM, :mod:`cryobox.agent.templates.buildvm`)."""
     inputs: dict[str, object] = {"suite": DEBIAN_SUITE, "variant": "minbase", "packages": sorted(packages), "layout": 1}
 
     def build(out: Path) -> None:

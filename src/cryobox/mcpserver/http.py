@@ -1,6 +1,6 @@
 """``/mcp``: the MCP server over streamable HTTP on the control plane app (stateless, JSON responses).
 
-The API's gate (:class:`~cryobox.server.gate.AuthGateMiddleware`) has authenticated the request before it gets
+The API's gate (:class:`~cryobox.server.access.gate.AuthGateMiddleware`) has authenticated the request before it gets
 here: no key or a bad one is its 401 in the API's error body, and the MCP body is under its 1 MiB JSON cap. A key
 in the query string is refused here too (401), as the terminal websocket refuses one. A tool call then makes
 ordinary API requests to the same app, in process (``httpx.ASGITransport``), with the caller's key and client
@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import CryoboxError, HostUnavailable, Unauthorized
 from ..sdk._base import CONNECT_TIMEOUT_S
-from ..server.gate import bearer
+from ..server.access.gate import bearer
 from .server import build_server
 from .tools import ApiBinding
 

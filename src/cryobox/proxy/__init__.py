@@ -1,6 +1,6 @@
 """The port proxy: a server a sandbox runs on any TCP port, reachable from outside, HTTP and WebSocket, streamed
 both ways. :func:`forward` is the ASGI-level engine (a scope in, the upstream's answer out); :class:`PortProxy`
-owns the HTTP client it uses. The routes in ``server/routes_ports.py`` (control plane) and
+owns the HTTP client it uses. The routes in ``server/routes/ports.py`` (control plane) and
 ``agentapi/http_ports.py`` (a host agent) resolve the :class:`~cryobox.agentapi.models_procs.PortTarget` and
 call it.
 

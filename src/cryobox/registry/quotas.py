@@ -1,7 +1,7 @@
 """Per-workspace quotas in the registry: a workspace's own limits (``workspace_quotas``, revision 0006) and what
 it uses now (its sandbox, snapshot and custom-template rows), read in one transaction.
 
-The limits themselves, their defaults and the admission logic live in :mod:`cryobox.server.quotas`; this module
+The limits themselves, their defaults and the admission logic live in :mod:`cryobox.server.control.quotas`; this module
 only stores and reads. Every method is synchronous and runs one short transaction, like :class:`~.repo.Registry`.
 """
 

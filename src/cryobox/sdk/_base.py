@@ -22,14 +22,7 @@ import httpx
 from pydantic import BaseModel
 
 from .. import models
-from ..errors import (
-    ERRORS_BY_CODE,
-    CommandFailed,
-    CryoboxError,
-    HostUnavailable,
-    QuotaExceeded,
-    StoreError,
-)
+from ..errors import ERRORS_BY_CODE, CommandFailed, CryoboxError, HostUnavailable, QuotaExceeded, StoreError
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 CONNECT_TIMEOUT_S = 10.0

@@ -19,7 +19,7 @@ from pydantic import RootModel
 
 from .. import models
 from ..errors import GuestError, InvalidArgument
-from ..models_procs import signal_number
+from ..models.procs import signal_number
 from ._base import CONNECT_TIMEOUT_S, ClientConfig, parse_model
 from ._requests import ApiRequest, _sandbox_path, exec_timeout
 from ._sse import SSEDecoder, SSEMessage, stream_error

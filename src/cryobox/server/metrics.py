@@ -15,7 +15,7 @@ from typing import Final, get_args
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..agent.admission import AdmissionObserver
+from ..agent.sandbox.admission import AdmissionObserver
 from ..models import BootMode, SandboxStatus
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ class Metrics:
 
 
 class _AdmissionMetrics:
-    """Feeds admission events into :class:`Metrics` (an :class:`~cryobox.agent.admission.AdmissionObserver`)."""
+    """Feeds admission events into :class:`Metrics` (an :class:`~cryobox.agent.sandbox.admission.AdmissionObserver`)."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics

@@ -14,17 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .pool import EgressControl, IndexAllocator, PoolStats, SlotBuilder, SlotPool
-from .slots import (
-    CIDR_ENV,
-    DEFAULT_CIDR,
-    GATEWAY_IP,
-    GATEWAY_MAC,
-    GUEST_IP,
-    GUEST_MAC,
-    Slot,
-    SlotPlan,
-    tag_for,
-)
+from .slots import CIDR_ENV, DEFAULT_CIDR, GATEWAY_IP, GATEWAY_MAC, GUEST_IP, GUEST_MAC, Slot, SlotPlan, tag_for
 
 if TYPE_CHECKING:
     from .firewall import Firewall

@@ -38,11 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import HostUnavailable, InvalidArgument, VmmError
+from ..disk.qcow2 import backing_chain
 from . import qemu
 from .accel import Accel
 from .cgroups import CgroupHost, Limits
 from .machine import MachineConfig, MemoryBacking, NetAttach, VmPaths
-from .qcow2 import backing_chain
 
 LAUNCHER = Path(__file__).with_name("jailexec.py")
 SANDBOX_ARGS = ["-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"]

@@ -29,12 +29,12 @@ from qemu.qmp import ExecuteError, QMPClient, QMPError
 
 from ...errors import GuestError, StateError, VmmError
 from ...util.system import scrubbed_env
-from ..guest_client import GuestClient
-from ..records import process_start_ticks
-from ..store.vmstream import config_prefix
+from ..guest.client import GuestClient
+from ..sandbox.records import process_start_ticks
 from .jail import VmJail
 from .machine import MachineConfig, MemoryBacking, NetAttach, VmPaths, qemu_argv
 from .states import VmState, require
+from .vmstream import config_prefix
 
 log = logging.getLogger(__name__)
 PREFIX_READ = 4096  # the file header and configuration section of a vmstate are ~80 bytes

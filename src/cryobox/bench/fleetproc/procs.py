@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 import httpx
 
+from ...agent.host.reclaim import find_own_qemus
 from ...agent.net.slots import CIDR_ENV, tag_for
-from ...agent.reclaim import find_own_qemus
 from ...config import DEFAULT_CACHE_DIR, Paths
 from ...util.sealing import SECRET_KEY_ENV
 from ..childproc import ChildProcess
@@ -39,7 +39,7 @@ def _release_host_state(data_dir: Path, cache_dir: Path | None) -> None:
     pidfile = paths.memserver_dir / "memserver.pid"
     with contextlib.suppress(OSError, ValueError):
         pid = int(pidfile.read_text())
-        if b"cryobox.agent.store.memserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
+        if b"cryobox.agent.memory.server.main" in Path(f"/proc/{pid}/cmdline").read_bytes():
             kill_pid(pid)
     release_serve_state(data_dir, cache_dir)
     if data_dir.exists():

@@ -6,7 +6,7 @@ sockets *inside* the agent's namespace on ``127.0.0.1:<the same port>`` (a socke
 thread that created it: a short-lived thread ``setns``-es there, binds, and exits) and forwards each connection to
 ``127.0.0.1:<port>`` of the root namespace. So every agent is given exactly the URLs the root namespace uses
 (``--control http://127.0.0.1:P``, ``--store s3://B?endpoint=http://127.0.0.1:M``): the store's canonical identity
-(its URL, see :mod:`cryobox.agent.store.objstore`) is the same on every host and in the control plane, nothing
+(its URL, see :mod:`cryobox.objstore.client`) is the same on every host and in the control plane, nothing
 listens on a non-loopback address of the machine, and the only non-loopback traffic is control plane ->
 ``10.250.<i>.2`` over the veth pairs.
 """

@@ -20,15 +20,7 @@ from rich.console import Console
 
 from .analysis import KINDS, first_success_after, round_window, survival_summary, window_summary
 from .api import Api, ExecLoop, wait_successes
-from .host import (
-    KEEP_ENV,
-    BenchServe,
-    guest_cpu_cores,
-    import_seconds,
-    reclaim_data_dir,
-    signal_and_wait,
-    timed_start,
-)
+from .host import KEEP_ENV, BenchServe, guest_cpu_cores, import_seconds, reclaim_data_dir, signal_and_wait, timed_start
 
 SIGNALS = {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM}
 RECOVER_TIMEOUT_S = 120.0

@@ -1,0 +1,193 @@
+"""Re-adopting what an earlier agent on this data dir left running (see :mod:`.records`).
+
+At start, before anything is reclaimed, :func:`survey` sorts the records: a running/paused sandbox whose QEMU
+still runs (same pid *and* start time, pidfile in our run directory) is *live*; a hibernated one whose image is
+complete is *hibernated*; anything else is *lost* (its QEMU died with or after the agent; the control plane
+marks it ``lost`` when the agent's report omits it). Reclaim then spares exactly the live VMs' processes, run
+directories, network slots, firewall grants and hot memory. :func:`adopt` reconnects each live VM (QMP, guest
+agent) and rebuilds its :class:`~.sandbox.Sandbox`; a VM that does not answer is killed and counted lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..memory.hot import HotImages
+from ..net.slots import Slot, SlotPlan
+from ..sandbox.fidelity import rejoin
+from ..sandbox.records import SandboxRecord, SandboxRecords
+from ..sandbox.sandbox import Sandbox, SandboxState
+from ..sandbox.service import SandboxService
+from ..snapshot.store import SnapshotStore
+from ..vm import MicroVM, VmState
+
+log = logging.getLogger(__name__)
+ADOPT_GUEST_TIMEOUT_S = 15.0
+ADOPT_CONCURRENCY = 16
+
+
+@dataclass
+class Survey:
+    live: list[SandboxRecord] = field(default_factory=list)
+    hibernated: list[SandboxRecord] = field(default_factory=list)
+    lost: list[SandboxRecord] = field(default_factory=list)
+
+    def keep_vms(self) -> dict[str, int]:
+        """Run directory name → pid of every live VM (what reclaim must spare)."""
+        return {Path(r.vm.root).name: r.vm.pid for r in self.live if r.vm is not None}
+
+    def slot_cidr(self) -> str | None:
+        return next((r.vm.slot_cidr for r in self.live if r.vm is not None and r.vm.slot_cidr), None)
+
+    def slots(self, plan: SlotPlan) -> list[Slot]:
+        return [plan.slot(r.vm.slot_index) for r in self.live if r.vm is not None and r.vm.slot_index is not None]
+
+    def egress(self, plan: SlotPlan) -> dict[Slot, list[str]]:
+        return {
+            plan.slot(r.vm.slot_index): list(r.egress)
+            for r in self.live
+            if r.vm is not None and r.vm.slot_index is not None and r.egress
+        }
+
+    def hot_keys(self, hot: HotImages) -> set[str]:
+        keys = {hot.key_of(Path(r.vm.memory_path)) for r in self.live if r.vm is not None}
+        return {k for k in keys if k is not None}
+
+    def hibernation_dirs(self) -> set[str]:
+        return {Path(r.hibernation).name for r in self.hibernated if r.hibernation}
+
+
+def survey(records: SandboxRecords, run_dir: Path) -> Survey:
+    found = Survey()
+    for record in records.load_all():
+        vm = record.vm
+        if record.state == SandboxState.HIBERNATED.value:
+            complete = record.hibernation is not None and (Path(record.hibernation) / "manifest.json").is_file()
+            (found.hibernated if complete else found.lost).append(record)
+        elif vm is not None and Path(vm.root).parent == run_dir and vm.alive():
+            found.live.append(record)
+        else:
+            found.lost.append(record)
+    return found
+
+
+def _sandbox(record: SandboxRecord, vm: MicroVM, now: float) -> Sandbox:
+    return Sandbox(
+        id=record.id,
+        template=record.template,
+        cpus=record.cpus,
+        memory_mib=record.memory_mib,
+        vm=vm,
+        created_at=record.created_at,
+        boot_mode=record.boot_mode,
+        boot_ms=record.boot_ms,
+        workspace_id=record.workspace_id,
+        metadata=dict(record.metadata),
+        env=dict(record.env),
+        persistent=record.persistent,
+        ttl_s=record.ttl_s,
+        last_active=now,  # a restart grants a fresh idle period
+        from_snapshot=record.from_snapshot,
+        instance_id=record.instance_id,
+        egress=list(record.egress) if record.egress is not None else None,
+        mapped_image=record.mapped_image,
+        adopted=True,
+    )
+
+
+async def _adopt_live(service: SandboxService, record: SandboxRecord) -> Sandbox:
+    assert record.vm is not None
+    vm = await service.factory.adopt(record.vm)
+    try:
+        sandbox = _sandbox(record, vm, service.clock())
+        sandbox.slot = service.factory.slot_of(vm)
+        wanted = SandboxState(record.state)
+        if wanted is SandboxState.RUNNING and vm.state is VmState.PAUSED:
+            # stopped by an operation the dead agent never finished (a snapshot's or fork's pause, a hibernation
+            # whose record was not yet written): continue it, and step its clock over the gap
+            await vm.resume()
+            await vm.wait_guest_ready(ADOPT_GUEST_TIMEOUT_S)
+            await rejoin(await vm.connect_guest(), record.instance_id)
+        elif wanted is SandboxState.PAUSED and vm.state is VmState.RUNNING:
+            await vm.pause()
+        elif wanted is SandboxState.RUNNING:  # a paused guest cannot answer; QMP did
+            # the guest reopens its port when it sees the old agent's connection close; a ping that arrives
+            # while it is closed is dropped, so ping until one is answered
+            await vm.wait_guest_ready(ADOPT_GUEST_TIMEOUT_S)
+        sandbox.state = wanted
+    except BaseException:
+        await service.factory.destroy(vm)
+        raise
+    return sandbox
+
+
+def _kill_recorded(record: SandboxRecord) -> None:
+    if record.vm is not None and record.vm.alive():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(record.vm.pid, signal.SIGKILL)
+    if record.vm is not None:
+        shutil.rmtree(record.vm.root, ignore_errors=True)
+
+
+async def adopt(service: SandboxService, found: Survey, hibernation: SnapshotStore) -> list[str]:
+    """Put every live and hibernated sandbox of ``found`` into ``service``; returns the ids that were lost."""
+    lost = [r.id for r in found.lost]
+    records = service.records
+    for record in found.lost:
+        _kill_recorded(record)
+        if records is not None:
+            await asyncio.to_thread(records.remove, record.id)
+        if record.hibernation:
+            await asyncio.to_thread(hibernation.delete, Path(record.hibernation).name)
+    gate = asyncio.Semaphore(ADOPT_CONCURRENCY)
+
+    async def one(record: SandboxRecord) -> Sandbox | None:
+        async with gate:
+            try:
+                return await _adopt_live(service, record)
+            except Exception as err:
+                log.error("could not adopt sandbox %s (VM %s): %r", record.id, record.vm and record.vm.vm_id, err)
+        await asyncio.to_thread(_kill_recorded, record)
+        if record.vm is not None and record.vm.slot_index is not None:
+            with contextlib.suppress(Exception):
+                await service.factory.slots.release(service.factory.slots.adopt(record.vm.slot_index))
+        if records is not None:
+            await asyncio.to_thread(records.remove, record.id)
+        lost.append(record.id)
+        return None
+
+    for sandbox in await asyncio.gather(*(one(r) for r in found.live)):  # in parallel: QMP and pings
+        if sandbox is None:
+            continue
+        service.sandboxes[sandbox.id] = sandbox
+        await service.persist(sandbox)  # the state may have been mended
+        log.info(
+            "adopted sandbox %s (VM %s, pid %s, %s)", sandbox.id, sandbox.vm.vm_id, sandbox.vm.pid, sandbox.state.value
+        )
+    for record in found.hibernated:
+        assert record.hibernation is not None
+        image = await asyncio.to_thread(hibernation.load, Path(record.hibernation).name)
+        sandbox = _sandbox(record, service.factory.placeholder(record.id, image.machine), service.clock())
+        sandbox.state, sandbox.hibernation, sandbox.mapped_image = SandboxState.HIBERNATED, image, None
+        service.sandboxes[sandbox.id] = sandbox
+        log.info("adopted hibernated sandbox %s (image %s)", sandbox.id, image.id)
+    if lost:
+        log.warning("%d sandbox(es) did not survive the restart: %s", len(lost), ", ".join(lost))
+    return lost
+
+
+def sweep_hibernation(store: SnapshotStore, keep: set[str]) -> list[str]:
+    """Remove hibernation images no record names (a crash between a capture and its record, or a finished wake)."""
+    removed = store.sweep_partials()
+    for name in store.ids():
+        if name not in keep:
+            store.delete(name)
+            removed.append(name)
+    return removed

@@ -1,0 +1,394 @@
+"""Bring a host up: reclaim leftovers, build (or find) images, bake (or find) templates, start the service."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...config import Paths
+from ...image.builder import ImageSet
+from ...image.specs import DEFAULT_TEMPLATES, TemplateSpec
+from ...objstore.client import ObjectStore, open_store
+from ...util.proc import Progress
+from ...util.progress import as_reporter
+from ..crashpoints import CrashPoints
+from ..disk.volume import Volume, ensure_volume, release_volume
+from ..memory.client import MemoryServerProcess, MemServerConfig
+from ..memory.hot import HotImages, default_budget
+from ..memory.settings import MemoryMode, StorageConfig, TemplateSource
+from ..net.bakenet import bake_network, reclaim_bakes
+from ..net.denylist import deny_networks, endpoint_networks, exceptions_from_env
+from ..net.firewall import Firewall
+from ..net.netlink import host_networks
+from ..net.netlink import reclaim as reclaim_net
+from ..net.pool import SlotPool
+from ..net.slots import SlotPlan, tag_for
+from ..publish.prefetch import ensure_trace
+from ..publish.templates import fetch_template, publish_template
+from ..sandbox.factory import PoolMode, VmFactory
+from ..sandbox.forking import Forking
+from ..sandbox.memsource import MemorySource
+from ..sandbox.records import SandboxRecords
+from ..sandbox.service import SandboxService
+from ..snapshot.staging import StagingPool, reserve_from_env, start_warming
+from ..snapshot.store import SnapshotStore
+from ..templates.bake import Template, TemplateBaker, qemu_version, record_pins
+from ..templates.buildvm import BuildQueue, BuildVmHost, images_for
+from ..templates.localize import Localizer
+from ..vm import Accel, MachineConfig, detect_accel, host_tsc_khz
+from ..vm.consolelog import LogCapper
+from ..vm.jail import JailSettings, prepare_host
+from .adopt import adopt, survey, sweep_hibernation
+from .bakereclaim import reclaim_bakes_dirs
+from .ownership import Ownership
+from .reclaim import reclaim
+from .stopmode import OnStop
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    paths: Paths
+    accel: Accel = field(default_factory=detect_accel)
+    prespawn: int = 2
+    pool_mode: PoolMode = PoolMode.WARM
+    net_pool: int = 16
+    """Network slots kept pre-built (``--net-pool``); creating one is never on a warm create path."""
+    templates: tuple[TemplateSpec, ...] = DEFAULT_TEMPLATES
+    storage: StorageConfig = field(default_factory=StorageConfig)
+
+    @property
+    def resolved_store_url(self) -> str:
+        return self.storage.store_url or self.paths.default_store_url
+
+    def memserver_config(self) -> MemServerConfig:
+        return MemServerConfig(
+            root=self.paths.memserver_dir,
+            store_url=self.resolved_store_url,
+            cache_dir=self.paths.chunk_cache_dir,
+            cache_budget_bytes=self.storage.chunk_cache_bytes,
+            faults=self.storage.store_faults,
+            naive=self.storage.naive_memory,
+            fetch_deadline_s=self.storage.fetch_deadline_s,
+        )
+
+
+def machine_for(spec: TemplateSpec, images: ImageSet, accel: Accel, tsc_khz: int) -> MachineConfig:
+    return MachineConfig(
+        memory_mib=spec.memory_mib,
+        cpus=spec.cpus,
+        accel=accel,
+        kernel=images.kernel.vmlinuz,
+        initrd=images.initramfs.image,
+        tsc_khz=tsc_khz,
+        norandmaps=accel.default_norandmaps,
+        nic=True,
+    )
+
+
+async def prepare_template(
+    config: HostConfig, spec: TemplateSpec, progress: Progress, queue: BuildQueue | None = None
+) -> Template:
+    """Build the template's images (what a custom template adds, in a build VM waiting in ``queue``) and bake
+    it unless a finished bake with the same inputs exists; publish it to the object store unless it is there
+    already."""
+    config.paths.ensure()
+    jail = JailSettings.for_tag(tag_for(config.paths.data_dir))
+    if jail is not None:
+        await asyncio.to_thread(prepare_host, jail)
+    baker = TemplateBaker(config.paths.templates_dir, config.paths.bake_dir, progress, bake_network, jail)
+    tsc_khz = host_tsc_khz()
+    build_host = BuildVmHost(
+        config.paths.images_dir, config.paths.bake_dir, config.accel, tsc_khz, jail, queue or BuildQueue.from_env()
+    )
+    images = await images_for(build_host, spec, progress)
+    template = await baker.ensure(spec, images, machine_for(spec, images, config.accel, tsc_khz))
+    store = await asyncio.to_thread(open_store, config.resolved_store_url)
+    work = config.paths.cache_dir / ".publish"
+    pins = await asyncio.to_thread(publish_template, store, template, config.paths.images_dir, work, progress)
+    return await asyncio.to_thread(record_pins, template, pins.to_json())  # lazy restores name the index by it
+
+
+async def obtain_templates(config: HostConfig, store: ObjectStore, progress: Progress) -> dict[str, Template]:
+    """Bake (and publish) the templates here, or fetch the published ones from the store."""
+    if config.storage.template_source is TemplateSource.BUILD:
+        return await prepare_templates(config, progress)
+    paths, qemu = config.paths, qemu_version()
+    return {
+        spec.name: await asyncio.to_thread(
+            fetch_template, store, spec.name, paths.templates_dir, paths.images_dir, qemu, progress
+        )
+        for spec in config.templates
+    }
+
+
+async def prepare_templates(config: HostConfig, progress: Progress) -> dict[str, Template]:
+    """Every template of ``config``, built and baked side by side (their debootstraps and cold boots overlap;
+    a part they share, like the kernel, is built once: the image cache makes the others wait for it)."""
+    phase = as_reporter(progress).phase("templates", total=len(config.templates))
+
+    async def one(spec: TemplateSpec) -> Template:
+        template = await prepare_template(config, spec, progress)
+        phase.advance()
+        return template
+
+    try:
+        with phase:
+            built = await asyncio.gather(*(one(spec) for spec in config.templates))
+    finally:
+        jail = JailSettings.for_tag(tag_for(config.paths.data_dir))
+        if jail is not None and jail.cgroups is not None:
+            # the bakes' VMs are gone: their per-agent cgroup directories too (kept while any VM still uses them)
+            await asyncio.to_thread(jail.cgroups.remove_base)
+    return {template.name: template for template in built}
+
+
+@dataclass
+class Host:
+    """Everything one agent process runs; :meth:`close` stops it (idempotent)."""
+
+    config: HostConfig
+    volume: Volume
+    hot: HotImages
+    service: SandboxService
+    snapshots: SnapshotStore
+    forking: Forking
+    slots: SlotPool
+    firewall: Firewall
+    store: ObjectStore
+    memserver: MemoryServerProcess
+    localizer: Localizer
+    lost: list[str] = field(default_factory=list)
+    """Sandboxes whose records named a VM that did not survive the previous agent."""
+    ownership: Ownership | None = None
+    jail: JailSettings | None = None
+    jail_weakened: list[str] = field(default_factory=list)
+    logs: LogCapper | None = None
+    """What the host gave up so jailed QEMUs work (see :func:`.vm.jail.prepare_host`)."""
+    warming: asyncio.Task[None] | None = None
+    """Faulting in the snapshot staging reserve (:meth:`.vm.staging.StagingPool.warm`), in the background."""
+    _closed: bool = False
+
+    async def close(self, on_stop: OnStop = OnStop.KILL, release: bool = True) -> None:
+        """Stop the agent's host side. ``KEEP`` leaves running sandboxes' QEMUs, slots, firewall grants, hot
+        memory, the memory server and the volume mount in place for the next agent; ``HIBERNATE`` hibernates
+        every sandbox first and then stops everything but their images and records; ``KILL`` removes it all."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._close(on_stop, release)
+        finally:
+            if self.ownership is not None:
+                self.ownership.release()
+
+    async def _close(self, on_stop: OnStop, release: bool) -> None:
+        if self.logs is not None:
+            await self.logs.close()
+        if on_stop is OnStop.HIBERNATE:
+            failed = await self.service.hibernate_all()
+            on_stop = OnStop.KEEP if failed else OnStop.HIBERNATE
+        keep = on_stop is not OnStop.KILL
+        await self.service.close(keep=keep)
+        if self.warming is not None:
+            self.warming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.warming
+        self.snapshots.staging.close()
+        await self.localizer.close()
+        if on_stop is OnStop.KEEP:
+            await self.memserver.aclose(keep=True)
+            await self.slots.detach()
+            return
+        await self.memserver.aclose()  # after every VM mapping its files is gone
+        await self.slots.close()
+        await asyncio.to_thread(self.firewall.remove)
+        await asyncio.to_thread(self.hot.close)
+        if self.jail is not None and self.jail.cgroups is not None:
+            await asyncio.to_thread(self.jail.cgroups.reclaim)
+            await asyncio.to_thread(self.jail.cgroups.remove_base)
+        if release and self.volume.image is not None:
+            await asyncio.to_thread(release_volume, self.config.paths.data_dir)
+
+
+@dataclass
+class _Started:
+    """What start_host has brought up so far (torn down in reverse if a later step fails)."""
+
+    slots: SlotPool | None = None
+    firewall: Firewall | None = None
+    memserver: MemoryServerProcess | None = None
+    volume: Volume | None = None
+    ownership: Ownership | None = None
+    adopted: bool = False
+    """VMs of the previous agent run on: leave their slots, grants, memory server and volume for the next try."""
+
+    async def undo(self, data_dir: Path) -> None:
+        try:
+            await self._undo(data_dir)
+        finally:
+            if self.ownership is not None:
+                self.ownership.release()
+
+    async def _undo(self, data_dir: Path) -> None:
+        if self.adopted:
+            if self.slots is not None:
+                await self.slots.detach()
+            if self.memserver is not None:
+                await self.memserver.aclose(keep=True)
+            return
+        if self.memserver is not None:
+            await self.memserver.aclose()
+        if self.slots is not None:
+            await self.slots.close()
+        if self.firewall is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.firewall.remove)
+        if self.volume is not None and self.volume.image is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(release_volume, data_dir)
+
+
+async def start_host(config: HostConfig, progress: Progress) -> Host:
+    """Mount the data volume, adopt the VMs a previous agent left running, reclaim the rest of what it left
+    behind, make sure templates exist, start. A failure at any step undoes the steps before it."""
+    started = _Started()
+    try:
+        return await _start_host(config, progress, started)
+    except BaseException:
+        await started.undo(config.paths.data_dir)
+        raise
+
+
+async def _start_host(config: HostConfig, progress: Progress, started: _Started) -> Host:
+    paths = config.paths
+    paths.ensure()
+    # one agent per data dir (StateError if another holds it); the owner record lets `cryobox gc` find what
+    # this data dir's agents leave on the host
+    jail = JailSettings.for_tag(tag_for(paths.data_dir))
+    uid_base = jail.uid_base if jail is not None else None
+    ownership = started.ownership = await asyncio.to_thread(Ownership(paths).claim, uid_base)
+    volume = started.volume = await asyncio.to_thread(ensure_volume, paths.data_dir)
+    progress(f"data volume {volume.root} ({'reflink' if volume.reflink else 'copy'}, image {volume.image})")
+    records = SandboxRecords(paths.records_dir)
+    found = await asyncio.to_thread(survey, records, paths.run_dir)
+    started.adopted = bool(found.live)
+    killed = await asyncio.to_thread(functools.partial(reclaim, paths.run_dir, keep=found.keep_vms()))
+    if killed:
+        progress(f"reclaimed {killed} leftover QEMU process(es)")
+    tag = tag_for(paths.data_dir)
+    weakened = await asyncio.to_thread(prepare_host, jail) if jail is not None else []
+    if jail is not None and jail.cgroups is not None:
+        await asyncio.to_thread(jail.cgroups.reclaim, set(found.keep_vms()))
+    cidr = found.slot_cidr()
+    if cidr is not None:
+        plan = SlotPlan(tag, cidr)
+    else:
+        await asyncio.to_thread(reclaim_net, tag)
+        plan = SlotPlan.from_env(tag, taken=await asyncio.to_thread(host_networks))
+    await asyncio.to_thread(reclaim_net, tag, found.slots(plan))
+    await asyncio.to_thread(reclaim_bakes)
+    await asyncio.to_thread(reclaim_bakes_dirs, paths.bake_dir, paths.templates_dir)
+    endpoints = endpoint_networks([config.resolved_store_url, os.environ.get("CRYOBOX_DATABASE_URL")])
+    own = await asyncio.to_thread(host_networks)
+    deny = deny_networks([*own, *endpoints], exceptions_from_env())
+    firewall = started.firewall = Firewall(plan, deny=deny)
+    await asyncio.to_thread(functools.partial(firewall.ensure, fresh=True, egress=found.egress(plan)))
+    slots = started.slots = SlotPool(plan, size=config.net_pool, egress=firewall)
+    progress(f"network slots from {plan.cidr} (tag {plan.tag}, {config.net_pool} pre-built)")
+    hot = HotImages(paths.hot_dir, default_budget(paths.hot_dir))
+    await asyncio.to_thread(hot.wipe, found.hot_keys(hot))
+    snapshots = SnapshotStore(
+        paths.snapshots_dir, hot, qemu_version(), staging=StagingPool(reserve_bytes=reserve_from_env())
+    )
+    hibernation = SnapshotStore(paths.hibernate_dir, hot, qemu_version(), bases=snapshots.bases)
+    for partial in await asyncio.to_thread(snapshots.sweep_partials):
+        log.info("removed unfinished snapshot %s", partial)
+    await asyncio.to_thread(sweep_hibernation, hibernation, found.hibernation_dirs())
+    store = await asyncio.to_thread(open_store, config.resolved_store_url)
+    memserver_config = config.memserver_config()
+    if jail is not None:
+        memserver_config = dataclasses.replace(memserver_config, image_gid=jail.image_gid)
+    memserver = started.memserver = MemoryServerProcess(memserver_config)
+    reattached = await asyncio.to_thread(memserver.start)
+    progress(
+        f"memory server on {memserver.config.mount} ({'reattached, ' if reattached else ''}store {store.url}, "
+        f"memory {config.storage.memory_mode.value})"
+    )
+    factory = VmFactory(
+        paths.run_dir,
+        hot,
+        slots,
+        firewall,
+        MemorySource(hot, memserver, config.storage.memory_mode, config.storage.prefetch),
+        jail,
+    )
+    hot.in_use = factory.mapped_hot_keys
+    service = SandboxService(
+        {},
+        factory,
+        hibernation,
+        prespawn=config.prespawn,
+        pool_mode=config.pool_mode,
+        records=records,
+        crash=CrashPoints.from_env(),
+    )
+    lost = await adopt(service, found, hibernation)
+    if found.live or found.hibernated:
+        progress(f"adopted {len(service.sandboxes)} sandbox(es) from the previous agent ({len(lost)} lost)")
+    slots.start()
+    templates = await obtain_templates(config, store, progress)
+    for template in templates.values():
+        try:
+            await ensure_trace(factory, memserver, store, template)
+        except Exception as err:  # restores still work without a trace, only without prefetch
+            log.warning("could not record the prefetch trace of %s: %s", template.name, err)
+    for template in templates.values():
+        service.add_template(template)
+    # copies of older generations' memory on the volume: snapshots cloned from them keep their blocks
+    stale = await asyncio.to_thread(snapshots.bases.prune, {t.hot_key for t in templates.values()})
+    if stale:
+        log.info("removed %d volume copies of older template images", len(stale))
+    localizer = Localizer(memserver)
+    if config.storage.memory_mode is MemoryMode.HOT and localizer.start(templates.values()):
+        progress("bringing fetched templates' memory home in the background")
+    forking = Forking(service, snapshots)
+    logs = LogCapper([paths.run_dir, paths.bake_dir])
+    logs.start()
+    if jail is None:
+        progress("jail: OFF (CRYOBOX_JAIL=off): QEMU runs as this process's user, unconfined")
+    else:
+        cg = f"cgroup v{jail.cgroups.version}" if jail.cgroups is not None else "no cgroup controllers"
+        progress(
+            f"jail: uids {jail.uid_range.start}-{jail.uid_range.stop - 1}, mount/pid/ipc namespaces, seccomp, {cg}"
+        )
+        for item in weakened:
+            progress(f"jail: host setting weakened: {item}")
+    if config.accel is Accel.TCG:
+        progress("accelerator TCG: QEMU's emulator is not a security boundary upstream; the jail is what confines it")
+    return Host(
+        config,
+        volume,
+        hot,
+        service,
+        snapshots,
+        forking,
+        slots,
+        firewall,
+        store,
+        memserver,
+        localizer,
+        lost,
+        ownership,
+        jail,
+        weakened,
+        logs,
+        start_warming(snapshots.staging),
+    )

@@ -1,0 +1,396 @@
+"""The host agent behind the typed interface (:class:`cryobox.agentapi.Agent`): everything one host does.
+
+The control plane never sees the objects here; it calls these methods with :mod:`cryobox.agentapi.models`
+values (in-process through :class:`~cryobox.agentapi.InProcessAgent`, or over HTTP). Per-host concerns live
+here: admission (bounded concurrent restores with a FIFO queue), the warm pools (in the service), idle tracking
+(every request touches its sandbox; one in flight keeps it alive), snapshots on this host's disk and their copies
+in the object store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from ... import __version__
+from ...agentapi import models as am
+from ...agentapi.interface import FILE_OPS
+from ...errors import CryoboxError, InvalidArgument, NotFound
+from ...image.specs import TemplateSpec
+from ...util.proc import Progress
+from ..guest.client import b64, unb64
+from ..guest.exec import ExecSpec
+from ..host.startup import Host
+from ..sandbox.admission import AdmissionController
+from ..sandbox.sandbox import Sandbox, SandboxState
+from ..templates.bake import Template
+from .hibernations import HibernationEndpoints
+from .info import host_memory_mib, sandbox_info, template_info
+from .procs import ProcEndpoints
+from .snapshots import SnapshotOps
+
+log = logging.getLogger(__name__)
+TemplateBuilder = Callable[[TemplateSpec, Progress], Awaitable[Template]]
+SpecFromRequest = Callable[[dict[str, object]], TemplateSpec]
+PTY_CALL_TIMEOUT_S = 30.0
+
+
+class HostAgent(HibernationEndpoints, ProcEndpoints):
+    """One host's agent (implements :class:`cryobox.agentapi.Agent`; portable hibernation in the base class)."""
+
+    def __init__(
+        self,
+        host: Host,
+        admission: AdmissionController,
+        *,
+        name: str,
+        url: str = "",
+        memory_mib: int | None = None,
+        vcpus: int | None = None,
+        max_sandboxes: int = 256,
+        builder: TemplateBuilder | None = None,
+        spec_from_request: SpecFromRequest | None = None,
+        metrics_sources: list[Callable[[], Awaitable[str]]] | None = None,
+        isolation: str = "",
+    ) -> None:
+        self.host = host
+        self.service = host.service
+        self.admission = admission
+        self.service.restore_gate = admission.slot  # a wake restores like a create: it waits its turn
+        self.name = name
+        self.url = url
+        self.boot_id = uuid.uuid4().hex
+        self.memory_total_mib = memory_mib or host_memory_mib()
+        self.vcpus_total = vcpus or os.cpu_count() or 1
+        self.max_sandboxes = max_sandboxes
+        self.builder = builder
+        self.spec_from_request = spec_from_request
+        self.metrics_sources = list(metrics_sources or [])
+        self.isolation = isolation
+        self.snapshots = SnapshotOps(host, self.service.clock)
+
+    # -- the host ------------------------------------------------------------------------------------------
+
+    async def info(self) -> am.AgentInfo:
+        return am.AgentInfo(
+            name=self.name,
+            version=__version__,
+            accelerator=self.host.config.accel.value,
+            boot_id=self.boot_id,
+            url=self.url,
+            isolation=self.isolation,
+            jail=self.jail_info(),
+        )
+
+    def jail_info(self) -> dict[str, Any]:
+        jail = self.host.jail
+        info: dict[str, Any] = {"enabled": False} if jail is None else jail.describe()
+        info["host_weakened"] = list(self.host.jail_weakened)
+        if self.host.config.accel.value == "tcg":
+            info["boundary"] = (
+                "TCG: QEMU's instruction emulator is not a security boundary upstream (QEMU's security policy "
+                "covers KVM guests); the jail (uid, namespaces, seccomp, cgroup) is what confines an escape"
+            )
+        else:
+            info["boundary"] = "KVM: hardware virtualization, then the jail"
+        return info
+
+    async def capacity(self) -> am.Capacity:
+        held = [s for s in self.service.sandboxes.values() if s.state is not SandboxState.HIBERNATED]
+        return am.Capacity(
+            vcpus_total=self.vcpus_total,
+            memory_total_mib=self.memory_total_mib,
+            max_sandboxes=self.max_sandboxes,
+            vcpus_committed=sum(s.cpus for s in held),
+            memory_committed_mib=sum(s.memory_mib for s in held),
+            sandboxes=len(self.service.sandboxes),
+            sandboxes_running=sum(1 for s in held if s.state is SandboxState.RUNNING),
+            restores_in_flight=self.admission.running + self.admission.queue_depth,
+            restores_peak=self.service.restoring_peak,
+            max_concurrent_restores=self.admission.config.max_concurrent,
+            admission_queue_depth=self.admission.queue_depth,
+            prespawned=sum(pool.ready_count for pool in self.service.pools.values()),
+            memory_pooled_mib=sum(
+                pool.held_count * pool.template.machine.memory_mib for pool in self.service.pools.values()
+            )
+            + (self.host.snapshots.staging.reserved_bytes >> 20),
+            templates_ready={name: t.generation for name, t in self.service.templates.items()},
+            hot_images=sorted(await asyncio.to_thread(self._hot_keys)),
+            local_snapshots=await asyncio.to_thread(self.host.snapshots.ids),
+        )
+
+    def _hot_keys(self) -> list[str]:
+        root = self.host.hot.root
+        if not root.is_dir():
+            return []
+        return [p.name for p in root.iterdir() if not p.name.startswith(".")]
+
+    async def templates(self) -> list[am.TemplateInfo]:
+        return [template_info(t) for t in self.service.templates.values()]
+
+    async def metrics_text(self) -> bytes:
+        parts: list[str] = []
+        for source in [self.host.memserver.metrics_text, *self.metrics_sources]:
+            try:
+                parts.append(await source())
+            except Exception as err:  # a scrape never fails because one source did
+                log.warning("metrics source failed: %s", err)
+        return "".join(parts).encode()
+
+    # -- sandboxes -----------------------------------------------------------------------------------------
+
+    def _info(self, sandbox: Sandbox) -> am.SandboxInfo:
+        return sandbox_info(sandbox, self.service.clock())
+
+    async def list_sandboxes(self) -> list[am.SandboxInfo]:
+        return [self._info(s) for s in self.service.all()]
+
+    async def create(self, spec: am.CreateSpec) -> am.SandboxInfo:
+        image = None
+        if spec.from_snapshot is not None:
+            image = await self.snapshots.restorable(spec.from_snapshot)  # 404 / import before queueing
+        else:
+            self.service.template(spec.template)  # 404 before queueing
+        async with self.admission.slot():
+            sandbox = await self.service.create(
+                spec.template,
+                from_snapshot=image,
+                metadata=dict(spec.metadata),
+                env=dict(spec.env),
+                ttl_s=spec.ttl_s,
+                persistent=spec.persistent,
+                workspace_id=spec.workspace_id,
+                egress=list(spec.egress) if spec.egress is not None else None,
+                sandbox_id=spec.sandbox_id,
+            )
+        return self._info(sandbox)
+
+    async def get(self, sandbox_id: str) -> am.SandboxInfo:
+        return self._info(self.service.get(sandbox_id))
+
+    async def delete(self, sandbox_id: str) -> None:
+        with contextlib.suppress(NotFound):
+            await self.service.delete(sandbox_id)
+
+    async def pause(self, sandbox_id: str) -> am.SandboxInfo:
+        return self._info(await self.service.pause(sandbox_id))
+
+    async def resume(self, sandbox_id: str) -> am.SandboxInfo:
+        return self._info(await self.service.resume(sandbox_id))
+
+    async def hibernate(self, sandbox_id: str) -> am.SandboxInfo:
+        return self._info(await self.service.hibernate(sandbox_id))
+
+    async def wake(self, sandbox_id: str) -> am.SandboxInfo:
+        return self._info(await self.service.wake(sandbox_id))
+
+    async def set_lifecycle(self, sandbox_id: str, patch: am.LifecyclePatch) -> am.SandboxInfo:
+        sandbox = self.service.get(sandbox_id)
+        if patch.set_ttl:
+            sandbox.ttl_s = patch.ttl_s
+        if patch.persistent is not None:
+            sandbox.persistent = patch.persistent
+        sandbox.touch(self.service.clock())
+        return self._info(sandbox)
+
+    async def touch(self, sandbox_id: str) -> am.SandboxInfo:
+        sandbox = self.service.get(sandbox_id)
+        sandbox.touch(self.service.clock())
+        return self._info(sandbox)
+
+    @contextlib.asynccontextmanager
+    async def _busy(self, sandbox_id: str) -> AsyncIterator[Sandbox]:
+        """A request in flight: the sandbox cannot expire until it ends (and its idle clock restarts then)."""
+        sandbox = self.service.get(sandbox_id)
+        sandbox.in_flight += 1
+        sandbox.touch(self.service.clock())
+        try:
+            yield sandbox
+        except CryoboxError as err:
+            if self.service.sandboxes.get(sandbox_id) is not sandbox and not isinstance(err, NotFound):
+                # deleted while the request ran (its VM went away under it): that, not a guest error
+                raise NotFound(f"sandbox {sandbox_id} was deleted", details={"id": sandbox_id}) from err
+            raise
+        finally:
+            sandbox.in_flight -= 1
+            sandbox.touch(self.service.clock())
+
+    # -- commands, files, terminals ------------------------------------------------------------------------
+
+    @staticmethod
+    def _spec(request: am.ExecRequest) -> ExecSpec:
+        stdin = unb64(request.stdin_b64) if request.stdin_b64 is not None else None
+        return ExecSpec(
+            cmd=request.cmd, timeout_s=request.timeout_s, env=dict(request.env), cwd=request.cwd, stdin=stdin
+        )
+
+    async def exec(self, sandbox_id: str, request: am.ExecRequest) -> am.ExecResult:
+        async with self._busy(sandbox_id):
+            result = await self.service.exec(sandbox_id, self._spec(request))
+        return am.ExecResult(
+            exit_code=result.exit_code,
+            stdout=result.stdout,
+            stderr=result.stderr,
+            duration_ms=result.duration_ms,
+            timed_out=result.timed_out,
+        )
+
+    async def exec_stream(self, sandbox_id: str, request: am.ExecRequest) -> AsyncIterator[am.ExecEvent]:
+        async with self._busy(sandbox_id):
+            async for event in self.service.exec_stream(sandbox_id, self._spec(request)):
+                if event.kind == "exit" and event.result is not None:
+                    r = event.result
+                    yield am.ExecEvent(
+                        kind="exit",
+                        result=am.ExecResult(
+                            exit_code=r.exit_code,
+                            stdout=r.stdout,
+                            stderr=r.stderr,
+                            duration_ms=r.duration_ms,
+                            timed_out=r.timed_out,
+                        ),
+                    )
+                    return
+                if event.kind in ("stdout", "stderr"):
+                    yield am.ExecEvent(kind=event.kind, text=event.text)  # type: ignore[arg-type]
+
+    async def read_file(self, sandbox_id: str, path: str) -> bytes:
+        async with self._busy(sandbox_id):
+            return await self.service.read_file(sandbox_id, path)
+
+    async def write_file(self, sandbox_id: str, path: str, data: bytes, *, user: str | None = None) -> am.WriteResult:
+        async with self._busy(sandbox_id):
+            result = await self.service.write_file(sandbox_id, path, data, user=user)
+        return am.WriteResult(path=str(result.get("path", path)), bytes=int(result.get("bytes", len(data))))
+
+    async def file_op(self, sandbox_id: str, op: str, path: str) -> dict[str, object]:
+        if op not in FILE_OPS:
+            raise InvalidArgument(f"unknown file operation {op!r}", details={"op": op})
+        async with self._busy(sandbox_id):
+            return dict(await self.service.file_op(sandbox_id, op, path))
+
+    async def inspect_net(self, sandbox_id: str) -> dict[str, object]:
+        async with self._busy(sandbox_id):
+            return dict(await self.service.inspect_net(sandbox_id))
+
+    async def pty_open(self, sandbox_id: str, request: am.PtyOpen) -> AsyncIterator[am.PtyEvent]:
+        args: dict[str, object] = {"cols": request.cols, "rows": request.rows}
+        if request.cmd:
+            args["cmd"] = request.cmd
+        async with self._busy(sandbox_id):
+            _, guest = await self.service.guest(sandbox_id)
+            async for event in guest.stream("pty_open", args):
+                kind = event.get("event")
+                if kind == "session":
+                    yield am.PtyEvent(kind="session", text=unb64(event.get("data")).decode())
+                elif kind == "output":
+                    yield am.PtyEvent(kind="output", data_b64=str(event.get("data") or ""))
+                elif kind == "result":
+                    yield am.PtyEvent(kind="exit", exit_code=event["result"].get("exit_code"))
+
+    async def _pty_call(self, sandbox_id: str, op: str, args: dict[str, object]) -> None:
+        _, guest = await self.service.guest(sandbox_id)
+        await guest.call(op, args, timeout=PTY_CALL_TIMEOUT_S)
+
+    async def pty_input(self, sandbox_id: str, session: str, data: bytes) -> None:
+        await self._pty_call(sandbox_id, "pty_input", {"session": session, "data": b64(data)})
+
+    async def pty_resize(self, sandbox_id: str, session: str, cols: int, rows: int) -> None:
+        await self._pty_call(sandbox_id, "pty_resize", {"session": session, "cols": cols, "rows": rows})
+
+    async def pty_close(self, sandbox_id: str, session: str) -> None:
+        await self._pty_call(sandbox_id, "pty_close", {"session": session})
+
+    # -- snapshots and forks (agent/hostagent/snapshots.py) -------------------------------------------------------
+
+    async def snapshot(self, sandbox_id: str, request: am.SnapshotRequest) -> am.SnapshotInfo:
+        return await self.snapshots.take(sandbox_id, request)
+
+    async def store_snapshot(self, snapshot_id: str) -> am.StoredSnapshot:
+        return await self.snapshots.store(snapshot_id)
+
+    async def delete_snapshot(self, snapshot_id: str, *, from_store: bool = False) -> None:
+        await self.snapshots.delete(snapshot_id, from_store=from_store)
+
+    async def prune_snapshots(self, keep: list[str]) -> list[str]:
+        return await self.snapshots.prune(set(keep))
+
+    async def fork(self, sandbox_id: str, request: am.ForkRequest) -> am.SandboxInfo:
+        forking, slot = self.host.forking, self.admission.slot  # a child's boot holds a slot like any restore
+        child = await forking.fork(sandbox_id, metadata=dict(request.metadata), child_id=request.child_id, slot=slot)
+        return self._info(child)
+
+    async def fork_tree(self, sandbox_id: str, request: am.TreeRequest) -> am.TreeResult:
+        return await self.snapshots.fork_tree(sandbox_id, request, self._info, slot=self.admission.slot)
+
+    async def evidence_list(self, snapshot_id: str) -> list[am.EvidenceEntry]:
+        return await self.snapshots.evidence_list(snapshot_id)
+
+    async def evidence_read(self, snapshot_id: str, name: str) -> bytes:
+        return await self.snapshots.evidence_read(snapshot_id, name)
+
+    async def evidence_put(self, snapshot_id: str, name: str, data: bytes) -> int:
+        return await self.snapshots.evidence_put(snapshot_id, name, data)
+
+    # -- templates -----------------------------------------------------------------------------------------
+
+    async def build_template(self, build: am.TemplateBuild) -> AsyncIterator[am.BuildEvent]:
+        if self.builder is None or self.spec_from_request is None:
+            raise InvalidArgument("this agent cannot build templates")
+        spec = self.spec_from_request(dict(build.request))
+        lines: asyncio.Queue[str] = asyncio.Queue(maxsize=1000)
+
+        def progress(line: str) -> None:
+            with contextlib.suppress(asyncio.QueueFull):  # progress is advisory: drop lines past the cap
+                lines.put_nowait(line[:200])
+
+        job: asyncio.Future[Template] = asyncio.ensure_future(self.builder(spec, progress))
+        try:
+            while not job.done():
+                getter: asyncio.Future[str] = asyncio.ensure_future(lines.get())
+                waiting: set[asyncio.Future[object]] = {job, getter}  # type: ignore[arg-type]
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield am.BuildEvent(progress=getter.result())
+                else:
+                    getter.cancel()
+            try:
+                template = job.result()
+            except Exception as err:  # a failed build is reported as the stream's last event
+                log.warning("template %s failed to build: %s", spec.name, err)
+                yield am.BuildEvent(error=str(err)[:4000])
+                return
+            self.service.add_template(template)
+            yield am.BuildEvent(template=template_info(template))
+        finally:
+            if not job.done():
+                job.cancel()
+                with contextlib.suppress(BaseException):
+                    await job
+
+    async def remove_template(self, name: str) -> None:
+        template = self.service.templates.get(name)
+        await self.service.remove_template(name)
+        if template is not None and not self.service.uses_template(name):
+            await asyncio.to_thread(self._remove_bake, template)
+
+    def _remove_bake(self, template: Template) -> None:
+        """Delete a removed template's bake from the image cache, unless a snapshot or hibernation here still
+        builds on it (their disks are overlays of its disk)."""
+        paths = self.host.config.paths
+        for root in (paths.snapshots_dir, paths.hibernate_dir):
+            for manifest in root.glob("*/manifest.json"):
+                with contextlib.suppress(OSError):
+                    if template.generation in manifest.read_text():
+                        return
+        shutil.rmtree(template.path, ignore_errors=True)
+        log.info("removed the bake of template %s (%s)", template.name, template.path)
+
+    async def close(self) -> None:
+        """Nothing to release: the agent's owner stops the host (:meth:`Host.close`)."""

@@ -1,0 +1,393 @@
+"""Templates in the object store: publish a baked template, and fetch one onto a host that lacks it.
+
+Store layout (every name carries the generation, so a re-bake is a new name and never overwrites)::
+
+    templates/<name>/<generation>/memory.idx     chunk index: size, 4 MiB chunks, zero bitmap, sha256 per chunk
+    templates/<name>/<generation>/memory.trace   chunks in the order a restore first read them (prefetch)
+    templates/<name>/<generation>/vmstate        device state
+    templates/<name>/<generation>/disk.qcow2     root-disk overlay (its backing file is rebased on fetch)
+    templates/<name>/<generation>/manifest.json  written last: the template is published once it exists; it pins
+                                                 the size and sha256 of every object above (``pins.py``)
+    templates/<name>/latest                      {"generation": ...} of the newest publish
+    images/<kind>/<cache key>/<file>[.idx]       kernel, initrd, rootfs base (sparse images chunked like memory)
+    chunks/<sha256[:2]>/<sha256>                 every distinct non-zero chunk of every image, stored once
+                                                 (``chunkfmt.py``, ``imagestore.py``), before the indexes naming it
+
+Snapshots (``publish_snapshot``, on request)::
+
+    snapshots/<id>/memory.idx, vmstate, disk.qcow2   (the overlay over its template's disk; the memory's chunks
+                                                     are shared with the template's and its siblings' when equal)
+    snapshots/<id>/manifest.json                     written last; names the template generation; the registry
+                                                     row pins its sha256 (``manifests.py``)
+
+Every publish holds a lease naming its prefixes and chunks (``leases.py``) so that ``cryobox gc --store``
+(``storegc.py``) keeps what it relies on. ``LAYOUT_VERSION`` 2 is this layout; a template published in layout 1
+(one ``memory.pack`` per image) is published again by the next :func:`publish_template` of its generation, and a
+fetch of one is refused with a :class:`StoreError` saying so.
+
+Every object a fetch downloads (vmstate, disk overlay, kernel, initrd, the chunk indexes) must match the pin
+its manifest records before it is renamed into place or parsed; a manifest without pins is refused.
+
+A fetched template gets the usual directory (``vmstate``, ``disk.qcow2``, ``manifest.json``) but no ``memory``:
+its restores map the memory server's file for ``templates/<name>/<generation>`` and fault chunks in on demand.
+That file's name carries the sha256 the local manifest pins for ``memory.idx`` (fetched manifests keep their
+pins; a template baked here records the ones :func:`publish_template` returns), and the memory server checks the
+index against it before parsing it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from ...errors import CryoboxError, ObjectNotFound, StateError, StoreError
+from ...objstore.chunkfmt import ChunkIndex, scan_image
+from ...objstore.client import ObjectStore
+from ...objstore.images import download_image as download_image  # chunked images: .imagestore (importable here too)
+from ...objstore.images import pin_index, stored_index_matches
+from ...objstore.images import upload_image as upload_image
+from ...objstore.leases import DEFAULT_TIMING, LeaseTiming, PublishLease
+from ...objstore.manifests import Published, fetch_manifest, put_manifest, record_manifest, still_published
+from ...objstore.pins import PINS_FIELD, Pin, PinSet, pinned_sha256
+from ...util.files import fsync_dir, write_json_atomic
+from ...util.proc import Progress
+from ...util.progress import as_reporter
+from ..snapshot.store import SnapshotImage
+from ..templates.bake import Template
+from ..vm import MachineConfig
+
+LAYOUT_VERSION = 2
+"""Store layout of what a publish writes: 2 = content-addressed chunk objects (1: one memory.pack per image)."""
+
+
+def template_prefix(name: str, generation: str) -> str:
+    return f"templates/{name}/{generation}"
+
+
+def _image_key(images_dir: Path, path: Path) -> str:
+    """``images/<kind>/<cache key>/<file>`` for a file of the content-addressed image cache."""
+    try:
+        rel = path.resolve().relative_to(images_dir.resolve())
+    except ValueError:
+        raise CryoboxError(f"{path} is not in the image cache {images_dir}") from None
+    return f"images/{rel.as_posix()}"
+
+
+def local_pins(template: Template, published_sha256: str | None = None) -> PinSet:
+    """The pins a local bake keeps in its manifest (recorded after publishing it), if they pin the memory index the
+    store has (``published_sha256``, when known); else the pin of the index computed from its local memory (a bake
+    recorded before pins were kept, or published again since): what this host's vmstate belongs with, so a stored
+    index that differs is refused when paged, not trusted."""
+    key = f"{template_prefix(template.name, template.generation)}/memory.idx"
+    recorded = pinned_sha256(template.manifest, key)
+    if recorded is not None and published_sha256 in (None, recorded):
+        return PinSet.from_manifest(template.manifest, f"the local manifest of template {template.name}")
+    pins = PinSet()
+    pins.add(key, Pin.of_bytes(scan_image(template.memory, template.generation).to_bytes()))
+    return pins
+
+
+def _stored_manifest(store: ObjectStore, key: str) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] = json.loads(store.get(key))
+    except ObjectNotFound:
+        return None
+    return found
+
+
+def publish_template(
+    store: ObjectStore,
+    template: Template,
+    images_dir: Path,
+    work_dir: Path,
+    progress: Progress,
+    *,
+    timing: LeaseTiming = DEFAULT_TIMING,
+) -> PinSet:
+    """Upload ``template`` (skipping chunks and base images already there); the manifest goes last. Returns the
+    pins its manifest records (:func:`local_pins` when it is published already), for the local manifest to keep
+    (``templates.record_pins``): lazy restores of the template name its memory index by its pin. A generation
+    published in an earlier layout is published again, over it. ``work_dir`` is no longer used (chunks go up
+    straight from the image files)."""
+    prefix = template_prefix(template.name, template.generation)
+    stored = _stored_manifest(store, f"{prefix}/manifest.json")
+    if stored is not None and stored.get("layout") == LAYOUT_VERSION:
+        return local_pins(template, pinned_sha256(stored, f"{prefix}/memory.idx"))
+    started = time.monotonic()
+    again = f" again (layout {stored.get('layout')} -> {LAYOUT_VERSION})" if stored is not None else ""
+    progress(f"publishing template {template.name} ({template.generation}){again} to {store.url}")
+    phase = as_reporter(progress).phase(f"publish {template.name}", total=4)  # memory, files, rootfs, manifest
+    memory = scan_image(template.memory, template.generation)
+    rootfs_path = Path(template.manifest["rootfs"])
+    rootfs_key = _image_key(images_dir, rootfs_path)
+    rootfs = scan_image(rootfs_path, rootfs_key)
+    rootfs_stored = stored_index_matches(store, rootfs_key, rootfs)  # base images are never collected
+    chunks = [*memory.digests(), *([] if rootfs_stored else rootfs.digests())]
+    lease = PublishLease.begin(store, [prefix], chunks, timing)
+    pins = PinSet()
+    upload_image(store, f"{prefix}/memory", template.memory, template.generation, pins, lease=lease, index=memory)
+    phase.advance()
+    pins.put_file(store, f"{prefix}/vmstate", template.vmstate)
+    pins.put_file(store, f"{prefix}/disk.qcow2", template.disk)
+    files: dict[str, str] = {}
+    for role, path in (("kernel", template.machine.kernel), ("initrd", template.machine.initrd)):
+        key = _image_key(images_dir, path)
+        files[role] = key
+        if store.exists(key):
+            pins.add(key, Pin.of_file(path))  # content-addressed: a fetch refuses a stored copy that differs
+        else:
+            pins.put_file(store, key, path)
+    phase.advance()
+    files["rootfs"] = rootfs_key
+    if rootfs_stored:
+        pin_index(pins, rootfs_key, rootfs)
+    else:
+        upload_image(store, rootfs_key, rootfs_path, rootfs_key, pins, lease=lease, index=rootfs)
+    phase.advance()
+    manifest = dict(template.manifest)
+    manifest.update(
+        layout=LAYOUT_VERSION,
+        machine_config=template.machine.to_json(),
+        files=files,
+        memory={
+            "image_size": memory.image_size,
+            "stored_bytes": memory.stored_bytes,
+            "chunks": memory.chunk_count,
+            "distinct_chunks": len(memory.digests()),
+        },
+        published_at=time.time(),
+    )
+    manifest[PINS_FIELD] = pins.to_json()
+    store.put(f"{prefix}/manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode())
+    store.put(f"templates/{template.name}/latest", json.dumps({"generation": template.generation}).encode())
+    phase.advance()
+    phase.finish()
+    elapsed = time.monotonic() - started
+    progress(f"  published in {elapsed:.1f}s ({memory.stored_bytes >> 20} MiB of memory chunks)")
+    return pins
+
+
+def latest_generation(store: ObjectStore, name: str) -> str:
+    try:
+        return str(json.loads(store.get(f"templates/{name}/latest"))["generation"])
+    except ObjectNotFound:
+        raise ObjectNotFound(f"template {name!r} is not published in {store.url}") from None
+
+
+def fetch_template(
+    store: ObjectStore, name: str, templates_dir: Path, images_dir: Path, qemu: str, progress: Progress
+) -> Template:
+    """Make the newest published ``name`` restorable here: download its small files and base images (once per
+    host; content-addressed) and leave the memory in the store, for the memory server to page in on demand."""
+    generation = latest_generation(store, name)
+    final = templates_dir / f"{name}-{generation}"
+    prefix = template_prefix(name, generation)
+    found: dict[str, Any] = {}
+    if (final / "manifest.json").exists():
+        found = json.loads((final / "manifest.json").read_text())
+        if "machine_config" in found and found.get("layout") == LAYOUT_VERSION:  # fetched before
+            return _load(final)
+        # fetched in an earlier layout: fetched again below (its memory must be paged in the current one)
+    if found and "machine_config" not in found:
+        # baked here (a cache dir shared with a building host): the same generation, files all local
+        published: dict[str, Any] = json.loads(store.get(f"{prefix}/manifest.json"))
+        machine = dict(published["machine_config"], kernel=found["kernel"], initrd=found["initrd"])
+        if PINS_FIELD not in found and PINS_FIELD in published:
+            # not (yet) recorded by the building host: lazy restores name the memory index by its pin, taken from
+            # the published manifest that gives the machine config too
+            found = {**found, PINS_FIELD: published[PINS_FIELD]}
+        return Template(name, generation, final, MachineConfig.from_json(machine), found)
+    manifest: dict[str, Any] = json.loads(store.get(f"{prefix}/manifest.json"))
+    if manifest.get("layout") != LAYOUT_VERSION:
+        raise StoreError(
+            f"template {name} ({generation}) in {store.url} is in store layout {manifest.get('layout')!r} (one "
+            f"memory.pack per image); this host reads layout {LAYOUT_VERSION} only: publish it again (a host that "
+            "bakes it does so when it starts)",
+            details={"template": name, "generation": generation, "layout": manifest.get("layout")},
+        )
+    if manifest.get("qemu") != qemu:
+        raise CryoboxError(
+            f"template {name} ({generation}) was baked with {manifest.get('qemu')!r}; this host runs {qemu!r}"
+        )
+    pins = PinSet.from_manifest(manifest, f"the manifest of template {name} ({generation})")
+    progress(f"fetching template {name} ({generation}) from {store.url}")
+    local: dict[str, Path] = {}
+    for role, key in manifest["files"].items():
+        path = images_dir / key.removeprefix("images/")
+        if not path.exists():
+            if role == "rootfs":
+                download_image(store, key, path, pins)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                pins.fetch_file(store, key, path)
+        local[role] = path
+    machine = dict(manifest["machine_config"], kernel=str(local["kernel"]), initrd=str(local["initrd"]))
+    manifest.update(
+        machine_config=machine,
+        kernel=str(local["kernel"]),
+        initrd=str(local["initrd"]),
+        rootfs=str(local["rootfs"]),
+        memory_prefix=prefix,
+        fetched_from=store.url,
+    )
+    _materialize(store, prefix, final, (local["rootfs"], "raw"), manifest, pins)
+    return _load(final)
+
+
+def _materialize(
+    store: ObjectStore,
+    prefix: str,
+    final: Path,
+    backing: tuple[Path, str],
+    manifest: dict[str, Any],
+    pins: PinSet,
+    fetched_sha256: str | None = None,
+) -> None:
+    """Download ``prefix``'s vmstate and disk overlay (each checked against its pin) into a work directory beside
+    ``final``, point the overlay at this host's ``backing`` (path, format), write ``manifest`` last and rename
+    the directory into place. ``fetched_sha256``: the hash of the manifest fetched, recorded beside it."""
+    work = final.with_name(f".{final.name}.fetch{os.getpid()}")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        fetch_image_files(store, prefix, work, pins)
+        _rebase(work / "disk.qcow2", *backing)
+        if fetched_sha256 is not None:
+            record_manifest(work, f"{prefix}/manifest.json", fetched_sha256)
+        write_json_atomic(work / "manifest.json", manifest)
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(final)
+        os.replace(work, final)
+        fsync_dir(final.parent)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def fetch_image_files(store: ObjectStore, prefix: str, work: Path, pins: PinSet) -> None:
+    """``prefix``'s ``vmstate`` and ``disk.qcow2`` into ``work``, each only once it matches its pin."""
+    for name in ("vmstate", "disk.qcow2"):
+        pins.fetch_file(store, f"{prefix}/{name}", work / name)
+
+
+def _rebase(disk: Path, backing: Path, backing_format: str) -> None:
+    """Point a downloaded overlay at this host's copy of its backing file (metadata only: ``-u``)."""
+    argv = ["qemu-img", "rebase", "-u", "-f", "qcow2", "-F", backing_format, "-b", str(backing), str(disk)]
+    subprocess.run(argv, check=True, capture_output=True)
+
+
+def _load(path: Path) -> Template:
+    manifest: dict[str, Any] = json.loads((path / "manifest.json").read_text())
+    machine = MachineConfig.from_json(manifest["machine_config"])
+    return Template(str(manifest["name"]), str(manifest["generation"]), path, machine, manifest)
+
+
+def snapshot_prefix(snapshot_id: str) -> str:
+    return f"snapshots/{snapshot_id}"
+
+
+def _backing_file(disk: Path) -> str:
+    out = subprocess.run(
+        ["qemu-img", "info", "--output=json", "-U", str(disk)], check=True, capture_output=True, text=True
+    )
+    return str(json.loads(out.stdout).get("backing-filename") or "")
+
+
+def publish_image_files(store: ObjectStore, prefix: str, image: SnapshotImage, pins: PinSet) -> None:
+    """Upload a snapshot's ``vmstate`` and ``disk.qcow2`` under ``prefix``, pinning both."""
+    pins.put_file(store, f"{prefix}/vmstate", image.vmstate)
+    pins.put_file(store, f"{prefix}/disk.qcow2", image.disk)
+
+
+def upload_captured(
+    store: ObjectStore, prefix: str, image: SnapshotImage, template: Template, timing: LeaseTiming
+) -> tuple[ChunkIndex, PinSet]:
+    """Upload a captured image (a snapshot or a hibernation) under ``prefix``, all but its manifest: the memory's
+    chunks the store lacks, its index, vmstate and disk overlay, under a lease that names ``prefix`` and the
+    template generation it sits on (kept by ``cryobox gc --store`` meanwhile). Returns the index and the pins."""
+    index = scan_image(image.memory, image.id)
+    lease = PublishLease.begin(
+        store, [prefix, template_prefix(template.name, template.generation)], index.digests(), timing
+    )
+    pins = PinSet()
+    upload_image(store, f"{prefix}/memory", image.memory, image.id, pins, lease=lease, index=index)
+    publish_image_files(store, prefix, image, pins)
+    return index, pins
+
+
+def memory_summary(index: ChunkIndex) -> dict[str, int]:
+    """What a manifest records of a memory image's chunks."""
+    return {
+        "image_size": index.image_size,
+        "stored_bytes": index.stored_bytes,
+        "distinct_chunks": len(index.digests()),
+    }
+
+
+def publish_snapshot(
+    store: ObjectStore,
+    image: SnapshotImage,
+    template: Template,
+    work_dir: Path,
+    *,
+    timing: LeaseTiming = DEFAULT_TIMING,
+) -> Published:
+    """Upload a snapshot of ``template`` (memory chunked, vmstate, disk overlay); the manifest goes last, and the
+    sha256 of its bytes is returned (the registry pins it). Idempotent: nothing is uploaded while the store holds
+    the manifest this host uploaded; otherwise (none, or another one) the snapshot is uploaded again. Chunks the
+    store has (its template's, its siblings') are not uploaded again. ``work_dir`` is no longer used."""
+    if Path(_backing_file(image.disk)) != template.disk:
+        raise StateError(
+            f"snapshot {image.id} is not over the current generation of template {template.name} "
+            f"({template.generation}); only those can be published",
+            details={"id": image.id, "template": template.name},
+        )
+    prefix = snapshot_prefix(image.id)
+    done = still_published(store, f"{prefix}/manifest.json", image.path)
+    if done is not None:
+        return Published(prefix, done)
+    index, pins = upload_captured(store, prefix, image, template, timing)
+    manifest = dict(image.manifest)
+    manifest.update(
+        layout=LAYOUT_VERSION,
+        template_generation=template.generation,
+        template_prefix=template_prefix(template.name, template.generation),
+        memory_chunks=memory_summary(index),
+        published_at=time.time(),
+    )
+    manifest[PINS_FIELD] = pins.to_json()
+    return Published(prefix, put_manifest(store, f"{prefix}/manifest.json", manifest, image.path))
+
+
+def import_snapshot(
+    store: ObjectStore, snapshot_id: str, snapshots_dir: Path, template: Template, manifest_sha256: str | None = None
+) -> Path:
+    """Make a published snapshot restorable here: its vmstate and disk overlay (rebased onto this host's copy
+    of the template's disk) in ``snapshots_dir/<id>/``; the memory stays in the store, paged in on demand.
+    The manifest must hash to ``manifest_sha256`` (the registry's pin; ``None``: a row from before manifests were
+    pinned, accepted with a warning) before it is parsed (:func:`.manifests.fetch_manifest`)."""
+    prefix = snapshot_prefix(snapshot_id)
+    manifest, fetched = fetch_manifest(
+        store, f"{prefix}/manifest.json", manifest_sha256, f"the manifest of snapshot {snapshot_id}"
+    )
+    if (manifest.get("template"), manifest.get("template_generation")) != (template.name, template.generation):
+        raise StateError(
+            f"snapshot {snapshot_id} is of template {manifest.get('template')} "
+            f"({manifest.get('template_generation')}); this host serves {template.name} ({template.generation})",
+            details={"id": snapshot_id},
+        )
+    pins = PinSet.from_manifest(manifest, f"the manifest of snapshot {snapshot_id}")
+    final = snapshots_dir / snapshot_id
+    if (final / "manifest.json").exists():
+        raise StateError(f"snapshot {snapshot_id} is already on this host", details={"id": snapshot_id})
+    # its memory will be paged from the store: an index in an earlier format is refused now, not at the restore
+    ChunkIndex.from_bytes(pins.fetch_bytes(store, f"{prefix}/memory.idx"))
+    machine = dict(manifest["machine"], kernel=str(template.machine.kernel), initrd=str(template.machine.initrd))
+    manifest.update(machine=machine, memory_prefix=prefix, imported_from=store.url, imported_at=time.time())
+    _materialize(store, prefix, final, (template.disk, "qcow2"), manifest, pins, fetched)
+    return final

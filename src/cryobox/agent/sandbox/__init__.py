@@ -1,0 +1,2 @@
+"""Sandboxes on one host: the service that owns them, the VM factory and warm pools, admission, fork and restore
+fidelity."""

@@ -1,0 +1,60 @@
+"""Who may reach a sandbox through the E2B sandbox URL: the holder of its envd access token.
+
+The token is not stored anywhere: it is an HMAC of the sandbox id under the registry's key
+(:meth:`~cryobox.util.sealing.Sealer.mac`), so every control-plane replica sharing the key recomputes and checks
+it, a restored or forked sandbox (a new id) has a new one, and rotating ``CRYOBOX_SECRET_KEY`` keeps old tokens
+valid while the old key is still listed. The token is checked before the registry is read, so a wrong token
+learns nothing about whether the sandbox exists.
+"""
+
+from __future__ import annotations
+
+from ...agentapi import Agent
+from ...errors import InvalidArgument, Unauthorized
+from ...registry import SandboxRow
+from ...server.access.ratelimit import RateLimiter
+from ...server.control.sandboxes import ControlPlane
+
+PURPOSE = "e2b-envd-access"
+TRAFFIC_PURPOSE = "e2b-traffic-access"
+"""The traffic token (``trafficAccessToken``): a guest port's traffic only (never envd), so it can be handed to
+whoever should reach a server in the sandbox without handing them the sandbox."""
+SANDBOX_HEADER = "e2b-sandbox-id"
+PORT_HEADER = "e2b-sandbox-port"
+TOKEN_HEADER = "x-access-token"
+TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"
+
+
+class SandboxAccess:
+    def __init__(self, control: ControlPlane, limiter: RateLimiter) -> None:
+        self._control = control
+        self._limiter = limiter
+
+    def token(self, sandbox_id: str) -> str:
+        """The sandbox's envd access token (what create, connect and get return as ``envdAccessToken``)."""
+        return self._control.registry.sealer.mac(PURPOSE, sandbox_id)
+
+    def traffic_token(self, sandbox_id: str) -> str:
+        return self._control.registry.sealer.mac(TRAFFIC_PURPOSE, sandbox_id)
+
+    def verify(self, sandbox_id: str, token: str | None, *, traffic: bool = False) -> bool:
+        """Whether ``token`` is the sandbox's access token (or, for a guest port's ``traffic``, its traffic token)."""
+        if not token:
+            return False
+        sealer = self._control.registry.sealer
+        if sealer.verify_mac(PURPOSE, sandbox_id, token):
+            return True
+        return traffic and sealer.verify_mac(TRAFFIC_PURPOSE, sandbox_id, token)
+
+    async def open(
+        self, sandbox_id: str | None, token: str | None, *, wake: bool = True, traffic: bool = False
+    ) -> tuple[SandboxRow, Agent]:
+        """The sandbox's row and agent, once ``token`` is its access token (rate-limited like its workspace's
+        API calls). :raises Unauthorized: no or a wrong token. :raises NotFound: no such sandbox."""
+        if not sandbox_id:
+            raise InvalidArgument("missing the E2b-Sandbox-Id header")
+        if not self.verify(sandbox_id, token, traffic=traffic):
+            raise Unauthorized("missing or invalid sandbox access token (X-Access-Token)")
+        row, agent = await self._control.route(sandbox_id, None, wake=wake)
+        self._limiter.check(row.workspace_id)
+        return row, agent

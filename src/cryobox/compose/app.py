@@ -1,0 +1,213 @@
+"""The FastAPI application factory. Dependencies come in as arguments; nothing is global."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+
+from .. import __version__
+from ..agent.vm import Accel
+from ..agentapi import Agent
+from ..agentapi import models as am
+from ..agentapi.heartbeat import heartbeat_of
+from ..compat.e2b.access import SandboxAccess
+from ..compat.e2b.api import router as e2b_router
+from ..compat.e2b.sandbox_url import mount_sandbox_url
+from ..compat.pandastack.repl import router as repl_router
+from ..console.bisect_jobs import BisectJobs
+from ..console.bisect_platform import ControlPlatform
+from ..console.execs import ExecHistory
+from ..console.routes_api import router as console_api_router
+from ..console.routes_session import router as console_session_router
+from ..console.sampler import MetricsSampler, exposition_source
+from ..console.state import ConsoleState
+from ..console.static import mount_console
+from ..mcpserver.http import McpEndpoint, McpRoute
+from ..registry.sessions import SessionRecords
+from ..server.access.gate import AuthGateMiddleware, FailedAuth
+from ..server.access.keycache import KeyCache
+from ..server.access.limits import BodyLimitMiddleware
+from ..server.access.ratelimit import RateLimiter
+from ..server.access.sessions import PURGE_EVERY_S, ConsoleSessions
+from ..server.control.fleet import DEFAULT_HEARTBEAT_INTERVAL_S
+from ..server.control.forks import ForkControl
+from ..server.control.sandboxes import ControlPlane
+from ..server.metrics import MetricsMiddleware
+from ..server.routes.code import router as code_router
+from ..server.routes.deps import AppContext
+from ..server.routes.errors import install_error_handlers
+from ..server.routes.files import router as files_router
+from ..server.routes.fleet import router as fleet_router
+from ..server.routes.forks import router as forks_router
+from ..server.routes.platform import router as platform_router
+from ..server.routes.ports import router as ports_router
+from ..server.routes.procs import router as procs_router
+from ..server.routes.pty import router as pty_router
+from ..server.routes.quota import router as quota_router
+from ..server.routes.sandboxes import router as sandboxes_router
+from ..server.routes.snapshots import router as snapshots_router
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Intervals:
+    reap_s: float = 5.0
+    heartbeat_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
+    """How often the in-process agent reports in (HTTP agents have their own setting)."""
+    key_cache_s: float = 5.0
+    session_ttl_s: float = 12 * 3600.0
+    """A console session's sliding lifetime."""
+    metrics_sample_s: float = 2.0
+    """The console's metrics sampler."""
+
+
+def wire_registration(control: ControlPlane) -> None:
+    """What happens when an agent registers: template rows, custom template builds, snapshot reconcile, and the
+    copies of sandboxes that moved elsewhere meanwhile are forgotten."""
+
+    async def registered(name: str, hb: am.Heartbeat) -> None:
+        agent = await control.fleet.agent(name)
+        await control.templates.agent_registered(name, agent, dict(hb.capacity.templates_ready))
+        await control.snapshots.reconcile(name, agent, {s.id for s in hb.sandboxes})
+        await control.hibernations.agent_registered(name, hb)
+
+    control.fleet.on_register(registered)
+
+
+def create_app(
+    control: ControlPlane,
+    *,
+    limiter: RateLimiter,
+    accel: Accel,
+    host: str,
+    intervals: Intervals | None = None,
+    local_agents: dict[str, Agent] | None = None,
+) -> FastAPI:
+    """``local_agents`` are in-process agents (``cryobox serve``): registered before the app serves, and
+    heartbeating from here."""
+    every_s = intervals or Intervals()
+    local = dict(local_agents or {})
+    control.fleet.local.update(local)
+    wire_registration(control)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        for agent in local.values():
+            await control.fleet.heartbeat(await heartbeat_of(agent))
+        for row, _agent in await control.fleet.live_agents():  # copies to the store a previous process left unfinished
+            await control.snapshots.store_pending(row.name)
+
+        async def every(interval_s: float, what: str, job: Callable[[], Awaitable[object]]) -> None:
+            while True:
+                await asyncio.sleep(interval_s)
+                try:
+                    await job()
+                except Exception:
+                    log.exception("%s failed", what)
+
+        async def beat() -> None:
+            for agent in local.values():
+                await control.fleet.heartbeat(await heartbeat_of(agent))
+
+        tasks = [
+            asyncio.create_task(every(every_s.reap_s, "ttl reaper", control.reap_expired)),
+            asyncio.create_task(
+                every(control.snapshots.retention.sweep_interval_s, "orphan sweep", control.snapshots.sweep)
+            ),
+            asyncio.create_task(
+                every(max(0.2, control.fleet.config.deadline_s / 4), "agent liveness", control.fleet.check_stale)
+            ),
+        ]
+        tasks.append(asyncio.create_task(console.sampler.run(), name="console metrics sampler"))
+        tasks.append(
+            asyncio.create_task(
+                every(PURGE_EVERY_S, "console session purge", lambda: asyncio.to_thread(sessions.purge))
+            )
+        )
+        if local:
+            tasks.append(asyncio.create_task(every(every_s.heartbeat_s, "local heartbeat", beat)))
+        try:
+            async with mcp.run():  # the MCP SDK's session manager: its task group lives as long as the app
+                yield
+        finally:
+            await console.bisects.close()  # cancelled, children killed, before the rest closes
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await control.templates.close()
+            await control.snapshots.close()
+            await control.hibernations.close()
+            await control.fleet.close()
+            await app.state.ctx.proxy.aclose()
+            await app.state.envd.aclose()
+
+    app = FastAPI(
+        title="cryobox",
+        version=__version__,
+        lifespan=lifespan,
+        description="Self-hosted microVM sandboxes where every create is a snapshot restore.",
+    )
+    keys = KeyCache(control.registry.authenticate, ttl_s=every_s.key_cache_s)
+    sessions = ConsoleSessions(
+        SessionRecords(control.registry.database), ttl_s=every_s.session_ttl_s, cache_s=every_s.key_cache_s
+    )
+    failures = FailedAuth()
+    forks = ForkControl(control)
+    console = ConsoleState(
+        sampler=MetricsSampler(exposition_source(control.metrics.render_all), interval_s=every_s.metrics_sample_s),
+        bisects=BisectJobs(ControlPlatform(control, forks)),
+        execs=ExecHistory(),
+    )
+    app.state.ctx = AppContext(
+        control=control,
+        forks=forks,
+        limiter=limiter,
+        accel=accel,
+        host=host,
+        version=__version__,
+        keys=keys,
+        sessions=sessions,
+        failures=failures,
+        console=console,
+    )
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware)
+    # outside the body limit: a request's key is checked before anything reads its body
+    sandbox_access = SandboxAccess(control, limiter)
+    app.add_middleware(
+        AuthGateMiddleware,
+        authenticate=keys.authenticate,
+        sandbox_token=sandbox_access.verify,
+        sessions=sessions,
+        failures=failures,
+    )
+    app.add_middleware(MetricsMiddleware, metrics=control.metrics)
+    app.include_router(sandboxes_router)
+    app.include_router(files_router)
+    app.include_router(snapshots_router)
+    app.include_router(forks_router)
+    app.include_router(platform_router)
+    app.include_router(pty_router)
+    app.include_router(fleet_router)
+    app.include_router(quota_router)
+    app.include_router(ports_router)
+    app.include_router(procs_router)
+    app.include_router(code_router)
+    app.include_router(repl_router)
+    mcp = app.state.mcp = McpEndpoint(app)  # its tools call this app in process, with the caller's key
+    app.router.routes.append(McpRoute(mcp))
+    app.include_router(console_session_router)
+    app.include_router(console_api_router)
+    mount_console(app)  # after the console's API routes (they take precedence over its files)
+    # the sandbox URL first: the E2B API's catch-all 404 would otherwise answer for it
+    app.state.envd = mount_sandbox_url(app, sandbox_access, app.state.ctx.proxy)
+    app.include_router(e2b_router)
+    return app

@@ -1,0 +1,125 @@
+"""Putting the parts together: a host agent (``serve``, ``agent``) and a control plane (``serve``, ``control``).
+
+The CLI is the one place that knows both sides; each side only sees the other through
+:class:`cryobox.agentapi.Agent`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from dataclasses import dataclass
+
+from ..agent.host.startup import Host, HostConfig, prepare_template, start_host
+from ..agent.host.stopmode import OnStop
+from ..agent.hostagent.agent import HostAgent
+from ..agent.sandbox.admission import AdmissionConfig, AdmissionController
+from ..agent.templates.buildvm import BuildQueue
+from ..agentapi import Agent
+from ..errors import InvalidArgument
+from ..objstore.client import ObjectStore
+from ..registry import Registry
+from ..server.control.fleet import DEFAULT_DEADLINE_S, Fleet, FleetConfig
+from ..server.control.placement import DEFAULT_RESERVATION_TTL_S, Placement
+from ..server.control.sandboxes import ControlPlane
+from ..server.control.snapshots import RetentionPolicy, SnapshotControl
+from ..server.control.templates import TemplateJobs, spec_from_json
+from ..server.metrics import Metrics
+from ..util.proc import Progress
+
+NODE_TOKEN_ENV = "CRYOBOX_NODE_TOKEN"
+DEADLINE_ENV = "CRYOBOX_AGENT_DEADLINE_S"
+ON_STOP_ENV = "CRYOBOX_ON_STOP"
+RESERVATION_TTL_ENV = "CRYOBOX_RESERVATION_TTL_S"
+GRACEFUL_STOP_S = 3
+"""How long a stopping server waits for open requests and streams before it closes them (``keep`` then leaves
+every VM running, so an agent exits within seconds whatever the load)."""
+
+
+def on_stop_mode(value: str | None, env: dict[str, str] | None = None) -> OnStop:
+    """``--on-stop`` (or ``CRYOBOX_ON_STOP``): keep (default), hibernate or kill."""
+    raw = value or (os.environ if env is None else env).get(ON_STOP_ENV, "") or OnStop.KEEP.value
+    try:
+        return OnStop(raw)
+    except ValueError:
+        choices = ", ".join(m.value for m in OnStop)
+        raise InvalidArgument(f"--on-stop must be one of {choices}, not {raw!r}") from None
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    name: str
+    url: str = ""
+    memory_mib: int | None = None
+    vcpus: int | None = None
+    max_sandboxes: int = 256
+
+
+async def boot_agent(
+    config: HostConfig,
+    admission_config: AdmissionConfig,
+    options: AgentOptions,
+    metrics: Metrics,
+    progress: Progress,
+) -> tuple[Host, HostAgent]:
+    """Start the host (reclaim, images, templates, pools, memory server) and its agent."""
+    host = await start_host(config, progress)
+    admission = AdmissionController(admission_config, observer=metrics.admission_observer())
+
+    async def own_metrics() -> str:
+        return metrics.render()[0].decode()
+
+    agent = HostAgent(
+        host,
+        admission,
+        name=options.name,
+        url=options.url,
+        memory_mib=options.memory_mib,
+        vcpus=options.vcpus,
+        max_sandboxes=options.max_sandboxes,
+        builder=functools.partial(prepare_template, config, queue=BuildQueue.from_env()),
+        spec_from_request=spec_from_json,
+        metrics_sources=[own_metrics] if options.url else [],
+        isolation="tcg" if config.accel.value == "tcg" else "kvm",
+    )
+    return host, agent
+
+
+def fleet_config(env: dict[str, str] | None = None, deadline_s: float | None = None) -> FleetConfig:
+    environ = os.environ if env is None else env
+    raw = environ.get(DEADLINE_ENV, "")
+    deadline = deadline_s if deadline_s is not None else float(raw) if raw else DEFAULT_DEADLINE_S
+    return FleetConfig(deadline_s=deadline, node_token=environ.get(NODE_TOKEN_ENV, ""))
+
+
+def reservation_ttl_s(env: dict[str, str] | None = None) -> float:
+    """How long a reservation holds room without its row (``CRYOBOX_RESERVATION_TTL_S``, default 60 s): the
+    longest a create may take from placement to its row, and how long a dead replica's strays live."""
+    raw = (os.environ if env is None else env).get(RESERVATION_TTL_ENV, "")
+    try:
+        ttl = float(raw) if raw else DEFAULT_RESERVATION_TTL_S
+    except ValueError:
+        raise InvalidArgument(f"{RESERVATION_TTL_ENV} must be a number of seconds, not {raw!r}") from None
+    if not ttl > 0:
+        raise InvalidArgument(f"{RESERVATION_TTL_ENV} must be positive, not {raw!r}")
+    return ttl
+
+
+def build_control(
+    registry: Registry,
+    config: FleetConfig,
+    retention: RetentionPolicy,
+    objects: ObjectStore | None,
+    metrics: Metrics,
+    local: dict[str, Agent] | None = None,
+) -> ControlPlane:
+    fleet = Fleet(registry, config, clock=time.time, local=dict(local or {}))
+    return ControlPlane(
+        fleet,
+        registry,
+        Placement(registry, deadline_s=config.deadline_s, ttl_s=reservation_ttl_s()),
+        metrics,
+        SnapshotControl(registry, fleet, time.time, retention, objects=objects),
+        TemplateJobs(registry, fleet),
+    )

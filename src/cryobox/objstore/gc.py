@@ -1,0 +1,360 @@
+"""``cryobox gc --store``: delete what no live image needs from the object store.
+
+An image (a template generation, a snapshot, a stored hibernation) is **live** while its ``manifest.json`` exists.
+A run (:func:`collect`) scans the store (:mod:`.storescan`) and removes, in this order:
+
+1. **old template generations** nothing needs: not among the newest ``keep_generations`` of their template (by
+   ``published_at``), not the one ``templates/<name>/latest`` names, not the one a live snapshot's or
+   hibernation's manifest sits on (an import rebases onto that template's disk), not named by a fresh lease, and
+   out of the newest ``keep_generations`` for at least the grace period. The manifest goes first, so a run killed
+   half-way leaves a manifest-less leftover, never a live image with objects missing;
+2. **leftovers of images without a manifest** (a publish that died, a deletion cut short) whose every object is
+   older than the grace period and that no fresh lease names (a publish in progress has no manifest yet);
+3. **format-1 packs** (``memory.pack``, ``images/**.pack``) beside an index that has been published again in the
+   current format, older than the grace period;
+4. **chunk objects** that no index of a live or base image names and no fresh lease names, older than the grace
+   period. A chunk a live index names is never deleted: the referenced set is taken from every live index
+   before any deletion, and only grows;
+5. expired leases and markers of GCs that died (older than the grace period).
+
+Concurrent publishes are safe by the lease protocol of :mod:`.leases`: this run announces itself under ``gc/``
+before it lists ``leases/``, keeps whatever a fresh lease names, and sends each delete within ``GC_WINDOW_S`` of
+starting the ``leases/`` listing it decided on (it lists again otherwise). It stops deleting once half the grace
+period has passed (the next run carries on). The chunk-age grace is a second guard: a publish uploads its chunks
+before its index, so an unreferenced chunk younger than the grace period may be one whose index is on its way.
+
+Why ``keep_generations`` = 2: a re-bake publishes generation N+1 while hosts still run N (their pooled and
+lazily paged VMs fault N's chunks in, imports of N's snapshots rebase onto N's disk) until they restart onto
+``latest``; keeping the previous generation as well covers one rollout (and one rollback), the grace period
+covers a host that fetched ``latest`` just before it moved. A host still lazily paging an older generation
+loses it; in the default ``--memory hot`` a fetched template's memory is brought home, so only lazy hosts page.
+
+A run killed at any instant (``kill -9``) leaves every live image whole: it deletes only objects of images that
+are not live (their manifest first), legacy packs, unreferenced chunks, and protocol objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..errors import InvalidArgument, ObjectNotFound, StoreError
+from .client import ObjectMeta, ObjectStore
+from .gcscan import MANIFEST, ImageGroup, StoreView, scan
+from .leases import GC_WINDOW_S, GcMarker, Leases, read_leases
+
+log = logging.getLogger(__name__)
+
+KINDS = ("generation", "stray", "legacy", "chunk", "lease", "marker")
+
+
+@dataclass(frozen=True)
+class GcPolicy:
+    grace_s: float = 3600.0
+    keep_generations: int = 2
+    dry_run: bool = False
+    window_s: float = GC_WINDOW_S
+
+    def __post_init__(self) -> None:
+        if self.grace_s < 0 or self.keep_generations < 1 or self.window_s <= 0:
+            raise InvalidArgument("grace must be >= 0, keep_generations >= 1 and the window > 0")
+
+
+@dataclass(frozen=True)
+class GcClock:
+    wall: Callable[[], float] = time.time  # compared with the store's last-modified times
+    mono: Callable[[], float] = time.monotonic  # the lease window and the run's own duration
+
+
+@dataclass(frozen=True)
+class Removal:
+    key: str
+    size: int
+    kind: str  # one of KINDS
+    group: str | None = None  # the image prefix, for generation and stray removals
+
+
+@dataclass
+class GcReport:
+    """What a run removed (or, with ``dry_run``, would remove) and kept."""
+
+    store: str
+    dry_run: bool
+    removed: list[Removal] = field(default_factory=list)
+    kept_objects: int = 0
+    kept_bytes: int = 0
+    chunks_referenced: int = 0
+    chunks_missing: list[str] = field(default_factory=list)  # named by a live index but absent (reported)
+    skipped: list[str] = field(default_factory=list)  # what was kept because a lease appeared, and why
+    notes: list[str] = field(default_factory=list)
+    complete: bool = True
+
+    @property
+    def removed_objects(self) -> int:
+        return len(self.removed)
+
+    @property
+    def removed_bytes(self) -> int:
+        return sum(r.size for r in self.removed)
+
+    def by_kind(self) -> dict[str, tuple[int, int]]:
+        """kind -> (objects, bytes) removed."""
+        found = {kind: (0, 0) for kind in KINDS}
+        for r in self.removed:
+            n, b = found[r.kind]
+            found[r.kind] = (n + 1, b + r.size)
+        return found
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "store": self.store,
+            "dry_run": self.dry_run,
+            "complete": self.complete,
+            "removed": {"objects": self.removed_objects, "bytes": self.removed_bytes},
+            "kept": {"objects": self.kept_objects, "bytes": self.kept_bytes},
+            "by_kind": {k: {"objects": n, "bytes": b} for k, (n, b) in self.by_kind().items()},
+            "chunks_referenced": self.chunks_referenced,
+            "chunks_missing": self.chunks_missing,
+            "skipped": self.skipped,
+            "notes": self.notes,
+            "keys": [r.key for r in self.removed],
+        }
+
+
+@dataclass
+class GcPlan:
+    generations: list[ImageGroup]  # dead template generations, to delete whole (manifest first)
+    strays: list[ImageGroup]
+    legacy: list[ObjectMeta]
+    chunk_candidates: dict[str, ObjectMeta]  # unreferenced (unless a kept generation names them), old enough
+    protected: set[str]  # digests every live image that stays (and every fresh lease) names
+    expired: list[ObjectMeta]  # leases and dead GCs' markers
+    notes: list[str]
+
+
+def plan(view: StoreView, leases: Leases, now: float, policy: GcPolicy, own_marker: str = "") -> GcPlan:
+    """What to remove, from a scan and the fresh leases (pure; ``now`` is the wall clock)."""
+    old = now - policy.grace_s
+    notes = list(view.problems) + [f"lease {key} cannot be read" for key in leases.unreadable]
+    unsafe = bool(notes)
+    live = {p: g for p, g in view.groups.items() if g.has_manifest}
+    dead = [] if unsafe else _dead_generations(view, live, leases, old, policy.keep_generations)
+    dead_prefixes = {g.prefix for g in dead}
+    protected = set(leases.chunks)
+    for group in live.values():
+        if group.prefix not in dead_prefixes:
+            protected |= group.index.digests
+    for refs in view.base_indexes.values():
+        protected |= refs.digests
+    strays = [
+        g
+        for g in view.groups.values()
+        if not g.has_manifest and g.newest <= old and not leases.names_prefix(g.prefix) and not leases.unreadable
+    ]
+    candidates: dict[str, ObjectMeta] = {}
+    if not unsafe:
+        candidates = {sha: m for sha, m in view.chunks.items() if sha not in protected and _modified(m, now) <= old}
+    expired = [m for m in view.leases if m.key in leases.expired]
+    expired += [m for m in view.markers if m.key != own_marker and _modified(m, now) <= old]
+    return GcPlan(
+        generations=dead,
+        strays=strays,
+        legacy=[m for m in view.legacy_packs if _modified(m, now) <= old],
+        chunk_candidates=candidates,
+        protected=protected,
+        expired=expired,
+        notes=notes + ([] if not unsafe else ["no chunk or template generation deleted this run"]),
+    )
+
+
+def _modified(meta: ObjectMeta, now: float) -> float:
+    """When ``meta`` was last modified (an object without a time counts as new)."""
+    return meta.last_modified if meta.last_modified is not None else now
+
+
+def _dead_generations(
+    view: StoreView, live: dict[str, ImageGroup], leases: Leases, old: float, keep: int
+) -> list[ImageGroup]:
+    needed = {g.referenced_template() for g in live.values()}
+    by_name: dict[str, list[ImageGroup]] = {}
+    for group in live.values():
+        if group.kind == "templates":
+            by_name.setdefault(group.prefix.split("/")[1], []).append(group)
+    dead = []
+    for name, generations in by_name.items():
+        if view.latest.get(name) == "*":
+            continue
+        generations.sort(key=_published_at, reverse=True)
+        for position, group in enumerate(generations):
+            if position < keep or group.prefix.split("/")[2] == view.latest.get(name):
+                continue
+            if group.prefix in needed or leases.names_prefix(group.prefix) or "unreadable" in (group.manifest or {}):
+                continue
+            if _published_at(generations[position - keep]) > old:  # left the newest `keep` less than grace ago
+                continue
+            dead.append(group)
+    return dead
+
+
+def _published_at(group: ImageGroup) -> float:
+    value = (group.manifest or {}).get("published_at")
+    manifest = next((m for m in group.objects if m.key.endswith(f"/{MANIFEST}")), None)
+    fallback = manifest.last_modified if manifest is not None and manifest.last_modified else 0.0
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else fallback
+
+
+class _Fence:
+    """Re-reads ``leases/`` whenever its last listing started more than the window ago; ends the run's deleting
+    once half the grace period has passed."""
+
+    def __init__(self, store: ObjectStore, leases: Leases, listed_at: float, policy: GcPolicy, clock: GcClock):
+        self.store, self.leases, self.listed_at, self.policy, self.clock = store, leases, listed_at, policy, clock
+        self.started = listed_at
+
+    def open(self) -> bool:
+        """Whether a delete may be sent now (leases re-read first if needed); ``False``: stop deleting."""
+        now = self.clock.mono()
+        if self.policy.grace_s and now - self.started >= self.policy.grace_s / 2:
+            return False  # a lease put after the first listing could be taken for stale on the next one
+        if now - self.listed_at >= self.policy.window_s:
+            self.listed_at = now
+            read_leases(self.store, self.clock.wall(), self.policy.grace_s, self.leases)
+        return not self.leases.unreadable
+
+
+def collect(store: ObjectStore, policy: GcPolicy | None = None, clock: GcClock | None = None) -> GcReport:
+    """One GC run over ``store`` (see the module doc); with ``policy.dry_run`` nothing is written or deleted."""
+    policy = policy or GcPolicy()
+    clock = clock or GcClock()
+    report = GcReport(store.url, policy.dry_run)
+    if policy.dry_run:
+        leases = read_leases(store, clock.wall(), policy.grace_s)
+        view = scan(store)
+        todo = plan(view, leases, clock.wall(), policy)
+        _would(report, todo)
+        return _summarise(report, view, todo)
+    with GcMarker(store) as marker:
+        listed_at = clock.mono()
+        leases = read_leases(store, clock.wall(), policy.grace_s)
+        view = scan(store)
+        todo = plan(view, leases, clock.wall(), policy, marker.key)
+        _apply(store, todo, _Fence(store, leases, listed_at, policy, clock), report)
+    return _summarise(report, view, todo, marker.key)
+
+
+def _would(report: GcReport, todo: GcPlan) -> None:
+    for group in todo.generations:
+        report.removed += [Removal(m.key, m.size, "generation", group.prefix) for m in _manifest_first(group)]
+    for group in todo.strays:
+        report.removed += [Removal(m.key, m.size, "stray", group.prefix) for m in group.objects]
+    report.removed += [Removal(m.key, m.size, "legacy") for m in todo.legacy]
+    report.removed += [Removal(m.key, m.size, "chunk") for m in todo.chunk_candidates.values()]
+    report.removed += [Removal(m.key, m.size, _protocol_kind(m.key)) for m in todo.expired]
+
+
+def _apply(store: ObjectStore, todo: GcPlan, fence: _Fence, report: GcReport) -> None:
+    kept_generations: list[ImageGroup] = []
+    for group in todo.generations:
+        if not _delete_group(store, group, "generation", fence, report):
+            kept_generations.append(group)
+    for group in todo.strays:
+        _delete_group(store, group, "stray", fence, report)
+    for meta in todo.legacy:
+        if not _delete(store, Removal(meta.key, meta.size, "legacy"), fence, report):
+            break
+    protected = set(todo.protected)
+    for group in kept_generations:  # its manifest is still there: it is live
+        protected |= group.index.digests
+    for sha, meta in todo.chunk_candidates.items():
+        if sha in protected:
+            continue
+        if not fence.open():
+            report.complete = False
+            break
+        if sha in fence.leases.chunks:
+            report.skipped.append(f"chunk {sha}: named by a lease that appeared during the run")
+            continue
+        if not _delete(store, Removal(meta.key, meta.size, "chunk"), fence, report, checked=True):
+            break
+    for meta in todo.expired:
+        if _still_expired(store, meta, fence):
+            _delete(store, Removal(meta.key, meta.size, _protocol_kind(meta.key)), fence, report)
+
+
+def _still_expired(store: ObjectStore, meta: ObjectMeta, fence: _Fence) -> bool:
+    """An expired lease (or dead GC's marker) has not been put again since it was listed."""
+    try:
+        now = store.probe(meta.key)
+    except StoreError:
+        return False
+    return (
+        now is not None
+        and now.last_modified == meta.last_modified
+        and ((now.last_modified or 0.0) <= fence.clock.wall() - fence.policy.grace_s)
+    )
+
+
+def _delete_group(store: ObjectStore, group: ImageGroup, kind: str, fence: _Fence, report: GcReport) -> bool:
+    """Delete every object of ``group``, the manifest first; ``False`` if a lease came to name it (or the run
+    had to stop) before its manifest went."""
+    for n, meta in enumerate(_manifest_first(group)):
+        if not fence.open():
+            report.complete = False
+            return n > 0
+        if fence.leases.names_prefix(group.prefix):
+            report.skipped.append(f"{group.prefix}: named by a lease that appeared during the run")
+            return n > 0
+        if not _delete(store, Removal(meta.key, meta.size, kind, group.prefix), fence, report, checked=True):
+            return n > 0
+    return True
+
+
+def _delete(store: ObjectStore, removal: Removal, fence: _Fence, report: GcReport, *, checked: bool = False) -> bool:
+    if not checked and not fence.open():
+        report.complete = False
+        return False
+    try:
+        store.delete(removal.key)
+    except ObjectNotFound:
+        pass
+    except StoreError as err:
+        report.notes.append(f"could not delete {removal.key}: {err.message}")
+        report.complete = False
+        return False
+    report.removed.append(removal)
+    return True
+
+
+def _manifest_first(group: ImageGroup) -> list[ObjectMeta]:
+    return sorted(group.objects, key=lambda m: not m.key.endswith(f"/{MANIFEST}"))
+
+
+def _protocol_kind(key: str) -> str:
+    return "lease" if key.startswith("leases/") else "marker"
+
+
+def _summarise(report: GcReport, view: StoreView, todo: GcPlan, own_marker: str = "") -> GcReport:
+    gone = {r.key for r in report.removed} | {own_marker}
+    kept = [m for m in view.listed if m.key not in gone]
+    report.kept_objects, report.kept_bytes = len(kept), sum(m.size for m in kept)
+    referenced = set(todo.protected)
+    for group in todo.generations:
+        if not any(r.group == group.prefix for r in report.removed):
+            referenced |= group.index.digests
+    report.chunks_referenced = len(referenced)
+    report.chunks_missing = sorted(referenced - set(view.chunks) - _leased_only(todo, view))
+    report.notes = todo.notes + report.notes
+    return report
+
+
+def _leased_only(todo: GcPlan, view: StoreView) -> set[str]:
+    """Digests only a lease names (a publish still uploading them): not missing."""
+    indexed: set[str] = set()
+    for group in view.groups.values():
+        if group.has_manifest:
+            indexed |= group.index.digests
+    for refs in view.base_indexes.values():
+        indexed |= refs.digests
+    return todo.protected - indexed

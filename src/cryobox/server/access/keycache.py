@@ -1,0 +1,50 @@
+"""A short-lived cache of API key -> workspace, so a request costs no registry round trip for its key.
+
+Keyed by the key's sha256 (the plaintext is never kept). A revoked key stops working within ``ttl_s``
+(default 5 s) on every replica; unknown keys are cached too (briefly), so a flood of bad keys does not become
+a flood of queries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from ...registry import WorkspaceInfo
+
+DEFAULT_TTL_S = 5.0
+MAX_ENTRIES = 4096
+
+
+class KeyCache:
+    def __init__(
+        self,
+        lookup: Callable[[str], WorkspaceInfo | None],
+        *,
+        ttl_s: float = DEFAULT_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._lookup = lookup
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, tuple[float, WorkspaceInfo | None]] = OrderedDict()
+
+    def authenticate(self, key: str) -> WorkspaceInfo | None:
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        now = self._clock()
+        with self._lock:
+            hit = self._entries.get(digest)
+            if hit is not None and hit[0] > now:
+                self._entries.move_to_end(digest)
+                return hit[1]
+        workspace = self._lookup(key)
+        with self._lock:
+            self._entries[digest] = (now + self._ttl_s, workspace)
+            self._entries.move_to_end(digest)
+            while len(self._entries) > MAX_ENTRIES:
+                self._entries.popitem(last=False)
+        return workspace

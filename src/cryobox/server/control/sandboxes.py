@@ -1,0 +1,347 @@
+"""The control plane's sandbox operations: registry, placement and the host agents together.
+
+The control plane decides *where* (placement with reservations) and *whether* (the caller's workspace, the
+template's visibility); the agent holding a sandbox does everything else. It reaches agents only through the
+typed interface (:mod:`cryobox.agentapi`). A sandbox row is written only after its agent answered (in the same
+transaction that settles the reservation) and removed before the agent kills the VM on delete, so a crash
+leaves at worst a row whose VM is gone (the agent's next registration reports that), never a VM no row knows
+about for long. Every sandbox that comes to exist (create, restore, fork, tree child) or wakes asks the workspace's
+quota first (:mod:`.quotas`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+
+from ...agentapi import Agent
+from ...agentapi import models as am
+from ...errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound, WorkspaceQuotaExceeded
+from ...registry import (
+    HIBERNATED,
+    HIBERNATION_LOCAL,
+    HIBERNATION_STORED,
+    QuotaRecords,
+    Registry,
+    ReservationRow,
+    SandboxRow,
+)
+from ..metrics import Metrics
+from .fleet import Fleet
+from .hibernations import HibernationControl
+from .placement import Placement, PlacementRequest
+from .quotas import QuotaGuard, check_ttl
+from .snapshots import SnapshotControl
+from .templates import TemplateJobs
+
+log = logging.getLogger(__name__)
+UNSET = object()  # "not given" in a PATCH, distinct from an explicit null
+LIVE_STATES = ("starting", "running", "paused", "hibernated")
+SNAPSHOT_LOCALITY_BONUS_MIB = 4096  # a local restore maps the hot copy; elsewhere it pages from the store
+
+
+def new_sandbox_id() -> str:
+    return f"sb-{secrets.token_hex(6)}"
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    template: str
+    workspace_id: str
+    metadata: dict[str, str]
+    env: dict[str, str]
+    ttl_s: int | None
+    persistent: bool
+    from_snapshot: str | None = None
+    egress: list[str] | None = None
+
+
+def row_for(info: am.SandboxInfo, host: str) -> SandboxRow:
+    return SandboxRow(
+        id=info.id,
+        workspace_id=info.workspace_id,
+        template=info.template,
+        cpu=info.cpus,
+        memory_mb=info.memory_mib,
+        status=info.state,
+        metadata=dict(info.metadata),
+        env=dict(info.env),
+        boot_ms=info.boot_ms,
+        boot_mode=info.boot_mode,
+        host=host,
+        created_at=info.created_at,
+        persistent=info.persistent,
+        ttl_seconds=info.ttl_s,
+        expires_at=info.expires_at,
+        last_active_at=info.last_active,
+        vm_id=info.vm_id,
+        from_snapshot=info.from_snapshot,
+        guest_ip=info.guest_ip,
+        instance_id=info.instance_id,
+        egress=list(info.egress) if info.egress is not None else None,
+    )
+
+
+def live_row(row: SandboxRow, info: am.SandboxInfo) -> SandboxRow:
+    """``row`` with what the agent knows now (state, TTL clock, address)."""
+    return replace(
+        row,
+        status=info.state,
+        expires_at=info.expires_at,
+        last_active_at=info.last_active,
+        ttl_seconds=info.ttl_s,
+        persistent=info.persistent,
+        guest_ip=info.guest_ip,
+        vm_id=info.vm_id,
+    )
+
+
+class ControlPlane:
+    def __init__(
+        self,
+        fleet: Fleet,
+        registry: Registry,
+        placement: Placement,
+        metrics: Metrics,
+        snapshots: SnapshotControl,
+        templates: TemplateJobs,
+        hibernations: HibernationControl | None = None,
+        quotas: QuotaGuard | None = None,
+    ) -> None:
+        self.fleet = fleet
+        self.registry = registry
+        self.placement = placement
+        self.metrics = metrics
+        self.snapshots = snapshots
+        self.templates = templates
+        self.hibernations = hibernations or HibernationControl(registry, fleet, placement, snapshots.objects)
+        fleet.relocator = self.hibernations.relocate  # a stored hibernation wakes where there is room
+        self.quotas = quotas or QuotaGuard(QuotaRecords(registry.database))  # defaults: CRYOBOX_QUOTA_* (env)
+        # one guard for every path that makes or wakes a sandbox, snapshot or template
+        fleet.waker = self._wake
+        self.hibernations.quotas = snapshots.quotas = templates.quotas = self.quotas
+        self._states: dict[str, int] = {}
+        metrics.set_sandbox_state_provider(lambda: self._states)
+
+    # -- routing -------------------------------------------------------------------------------------------
+
+    async def row(self, sandbox_id: str, workspace_id: str) -> SandboxRow:
+        return await asyncio.to_thread(self.registry.get_sandbox, sandbox_id, workspace_id)
+
+    async def route(self, sandbox_id: str, workspace_id: str | None, *, wake: bool = True) -> tuple[SandboxRow, Agent]:
+        """The sandbox's row and its agent (404 across workspaces; 409 ``lost`` when its agent is gone). With
+        ``wake`` (a request that needs the guest) a hibernated sandbox is woken first, inside its quota."""
+        return await self.fleet.route(sandbox_id, workspace_id, wake=wake)
+
+    async def agent_for(self, sandbox_id: str, workspace_id: str, *, wake: bool = True) -> Agent:
+        return (await self.route(sandbox_id, workspace_id, wake=wake))[1]
+
+    async def _wake(self, row: SandboxRow, agent: Agent) -> SandboxRow:
+        """Wake hibernated ``row`` on ``agent`` (the fleet's ``waker``): its vCPUs and memory count again."""
+        with await self.quotas.admit(row.workspace_id, row.cpu, row.memory_mb, sandbox_ids=[row.id], wake=True):
+            info = await agent.wake(row.id)
+            await self.record_state(row.id, info)
+        woken = live_row(row, info)
+        if info.state != HIBERNATED:
+            woken = replace(woken, hibernation=None, hibernation_generation=None, hibernation_manifest_sha256=None)
+        return woken
+
+    # -- create --------------------------------------------------------------------------------------------
+
+    async def create(self, request: CreateRequest, timing: dict[str, float] | None = None) -> SandboxRow:
+        """Place and restore a sandbox; ``timing`` (when given) receives ``agent_ms``: the agent's share."""
+        started = time.monotonic()
+        ttl_s = await self.quotas.ttl(request.workspace_id, request.ttl_s, request.persistent)  # 400 first
+        ref: am.SnapshotRef | None = None
+        if request.from_snapshot is not None:  # 404 before anything is reserved
+            snap, ref = await self.snapshots.ref(request.from_snapshot, request.workspace_id)
+            template = snap.template
+            cpus, memory = await self.templates.size(template)
+            placement = PlacementRequest(
+                memory_mib=memory,
+                cpus=cpus,
+                template=template,
+                generation=snap.generation,
+                local_keys=frozenset({snap.id}),
+                prefer=snap.host if snap.location == "local" else None,
+                only=snap.host if snap.location == "local" and snap.host else None,  # no other agent has its files
+                locality_bonus_mib=SNAPSHOT_LOCALITY_BONUS_MIB,
+            )
+        else:
+            tpl = await self.templates.require_ready(request.template, request.workspace_id)  # 404/409
+            template = request.template
+            placement = PlacementRequest(
+                memory_mib=tpl.memory_mb,
+                cpus=tpl.cpu,
+                template=template,
+                local_keys=frozenset({f"tpl-{template}-{tpl.generation}"}),
+            )
+        sandbox_id = new_sandbox_id()
+        spec = am.CreateSpec(
+            sandbox_id=sandbox_id,
+            template=template,
+            workspace_id=request.workspace_id,
+            from_snapshot=ref,
+            metadata=request.metadata,
+            env=request.env,
+            ttl_s=ttl_s,
+            persistent=request.persistent,
+            egress=request.egress,
+        )
+        try:
+            with await self.quotas.admit(
+                request.workspace_id, placement.cpus, placement.memory_mib, sandbox_ids=[sandbox_id]
+            ):
+                row = await self.place(placement, spec, timing)
+        except (HostUnavailable, WorkspaceQuotaExceeded):
+            self.metrics.observe_create("refused", "restore")
+            raise
+        except BaseException:
+            self.metrics.observe_create("error", "restore")
+            raise
+        self.metrics.observe_create("ok", row.boot_mode, time.monotonic() - started)
+        return row
+
+    async def place(
+        self, placement: PlacementRequest, spec: am.CreateSpec, timing: dict[str, float] | None = None
+    ) -> SandboxRow:
+        """Reserve an agent, have it restore ``spec``, then commit the row with the reservation."""
+        reservation = await self.placement.reserve(placement, spec.sandbox_id)
+        try:
+            agent = await self.fleet.agent(reservation.agent)
+            called = time.monotonic()
+            info = await agent.create(spec)
+            if timing is not None:
+                timing["agent_ms"] = (time.monotonic() - called) * 1000
+        except BaseException:
+            with contextlib.suppress(CryoboxError):
+                await self.placement.release(reservation)
+            raise
+        return await self.commit(info, reservation.agent, agent, reservation)
+
+    async def commit(
+        self, info: am.SandboxInfo, host: str, agent: Agent, reservation: ReservationRow | None = None
+    ) -> SandboxRow:
+        """Write the row of a sandbox whose agent answered; if that fails the sandbox goes too."""
+        row = row_for(info, host)
+        try:
+            if reservation is not None:
+                await self.placement.commit(reservation, row)
+            else:
+                await asyncio.to_thread(self.registry.add_sandbox, row)
+        except BaseException:
+            with contextlib.suppress(CryoboxError):
+                await agent.delete(info.id)
+            raise
+        return row
+
+    # -- reads ---------------------------------------------------------------------------------------------
+
+    async def get(self, sandbox_id: str, workspace_id: str) -> SandboxRow:
+        row = await self.row(sandbox_id, workspace_id)
+        if row.status not in LIVE_STATES:
+            return row
+        with contextlib.suppress(HostUnavailable, NotFound):
+            return live_row(row, await (await self.fleet.agent(row.host)).get(sandbox_id))
+        return row
+
+    async def list_rows(self, workspace_id: str, status: str | None, metadata: dict[str, str]) -> list[SandboxRow]:
+        rows = await asyncio.to_thread(self.registry.list_sandboxes, workspace_id, None, metadata)
+        live: dict[str, am.SandboxInfo] = {}
+        for host in sorted({r.host for r in rows if r.status in LIVE_STATES}):
+            with contextlib.suppress(HostUnavailable):
+                live.update({s.id: s for s in await (await self.fleet.agent(host)).list_sandboxes()})
+        merged = [live_row(r, live[r.id]) if r.id in live else r for r in rows]
+        return [r for r in merged if status is None or r.status == status]
+
+    async def refresh_state_counts(self) -> None:
+        rows = await asyncio.to_thread(self.registry.list_sandboxes)
+        self._states = dict(Counter(r.status for r in rows))
+
+    # -- changes -------------------------------------------------------------------------------------------
+
+    async def delete(
+        self, sandbox_id: str, workspace_id: str | None, keep_snapshots: bool = False, *, host: str | None = None
+    ) -> None:
+        """Row, then snapshots (deleted, or orphaned when ``retain``/``keep_snapshots``), then the VM (and a stored
+        hibernation). With ``host``, only a sandbox whose row names that host (404 otherwise)."""
+        row = await asyncio.to_thread(self.registry.get_sandbox, sandbox_id, workspace_id)  # 404 across workspaces
+        if host is not None and row.host != host:
+            raise NotFound(f"sandbox {sandbox_id} is not on {host}", details={"sandbox_id": sandbox_id})
+        await asyncio.to_thread(self.registry.delete_sandbox, sandbox_id)
+        await self.snapshots.sandbox_gone(sandbox_id, keep_snapshots=keep_snapshots)
+        if row.hibernation == HIBERNATION_STORED:
+            await self.hibernations.forget_stored(sandbox_id)
+        try:
+            await (await self.fleet.agent(row.host)).delete(sandbox_id)
+        except HostUnavailable as err:  # its agent reports it at its next registration; it has no row then
+            log.warning("sandbox %s deleted while its agent is unreachable: %s", sandbox_id, err.message)
+
+    async def record_state(self, sandbox_id: str, info: am.SandboxInfo) -> None:
+        with contextlib.suppress(NotFound):
+            await asyncio.to_thread(
+                lambda: self.registry.update_sandbox(
+                    sandbox_id,
+                    status=info.state,
+                    vm_id=info.vm_id,
+                    guest_ip=info.guest_ip,
+                    hibernation=HIBERNATION_LOCAL if info.state == "hibernated" else None,
+                    hibernation_generation=None,
+                    hibernation_manifest_sha256=None,
+                )
+            )
+
+    async def lifecycle(self, sandbox_id: str, workspace_id: str) -> am.SandboxInfo:
+        return await (await self.agent_for(sandbox_id, workspace_id, wake=False)).get(sandbox_id)
+
+    async def update_lifecycle(
+        self, sandbox_id: str, workspace_id: str, *, ttl_s: int | None | object, persistent: bool | None
+    ) -> am.SandboxInfo:
+        agent = await self.agent_for(sandbox_id, workspace_id, wake=False)
+        if ttl_s is not UNSET and ttl_s is not None and not isinstance(ttl_s, int):
+            raise InvalidArgument("ttl_seconds must be an integer or null")
+        if isinstance(ttl_s, int):
+            check_ttl(await self.quotas.limits(workspace_id), ttl_s)  # 400 above the workspace's maximum
+        patch = am.LifecyclePatch(
+            set_ttl=ttl_s is not UNSET,
+            ttl_s=ttl_s if isinstance(ttl_s, int) else None,
+            persistent=persistent,
+        )
+        info = await agent.set_lifecycle(sandbox_id, patch)
+        await asyncio.to_thread(
+            lambda: self.registry.update_sandbox(
+                sandbox_id,
+                ttl_seconds=info.ttl_s,
+                persistent=info.persistent,
+                expires_at=info.expires_at,
+                last_active_at=info.last_active,
+            )
+        )
+        return info
+
+    async def reap_expired(self) -> list[str]:
+        """Delete sandboxes their agents say are idle past their TTL (rows first, then VMs)."""
+        expired: list[str] = []
+        for agent_row, agent in await self.fleet.live_agents():
+            try:
+                infos = await agent.list_sandboxes()
+            except CryoboxError as err:
+                log.warning("reaper: listing an agent failed: %s", err.message)
+                continue
+            for info in infos:
+                if not info.expired:
+                    continue
+                try:
+                    await self.delete(info.id, None, host=agent_row.name)  # not a copy left behind by a move
+                    expired.append(info.id)
+                    log.info("sandbox %s expired after %.0fs idle (ttl %ss)", info.id, info.idle_s, info.ttl_s)
+                except NotFound:  # no row (a create being committed) or another host's: not ours to reap here
+                    continue
+                except (CryoboxError, OSError) as err:
+                    log.warning("reaping %s failed: %s", info.id, err)
+        return expired

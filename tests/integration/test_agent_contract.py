@@ -34,7 +34,6 @@ from cryobox.compose.parts import AgentOptions, boot_agent
 from cryobox.config import Paths
 from cryobox.errors import InvalidArgument, NotFound, StateError
 from cryobox.image.specs import by_name
-from cryobox.server.metrics import Metrics
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 TOKEN = "node-" + secrets.token_hex(12)
@@ -96,7 +95,7 @@ async def agent(
     spec = by_name("base")
     assert spec is not None
     config = HostConfig(paths=Paths(data_dir, cache_dir), prespawn=1, net_pool=2, templates=(spec,))
-    host, impl = await boot_agent(config, AdmissionConfig(), AgentOptions(name="contract-inproc"), Metrics(), print)
+    host, impl = await boot_agent(config, AdmissionConfig(), AgentOptions(name="contract-inproc"), print)
     try:
         yield InProcessAgent(impl)
     finally:

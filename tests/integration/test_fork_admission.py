@@ -20,7 +20,6 @@ from cryobox.agentapi import models as am
 from cryobox.compose.parts import AgentOptions, boot_agent
 from cryobox.config import Paths
 from cryobox.image.specs import by_name
-from cryobox.server.metrics import Metrics
 
 CHILDREN = 6
 
@@ -38,7 +37,7 @@ async def test_fork_tree_and_fork_children_take_admission_slots(
     assert spec is not None
     config = HostConfig(paths=Paths(data_dir, cache_dir), prespawn=0, net_pool=CHILDREN + 2, templates=(spec,))
     admission = AdmissionConfig(max_concurrent=2, queue_length=16, timeout_s=120)
-    host, agent = await boot_agent(config, admission, AgentOptions(name="fork-admission"), Metrics(), print)
+    host, agent = await boot_agent(config, admission, AgentOptions(name="fork-admission"), print)
     try:
         parent = await agent.create(am.CreateSpec(sandbox_id=new("sb"), template="base", workspace_id="ws"))
         forking = host.forking

@@ -11,9 +11,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from cryobox.agent.vm import Accel
 from cryobox.agentapi.heartbeat import heartbeat_of
 from cryobox.compose.app import Intervals, create_app
+from cryobox.console.state import ConsoleState
 from cryobox.registry import QuotaRecords, Registry
 from cryobox.server.access.ratelimit import RateLimitConfig, RateLimiter
 from cryobox.server.control.fleet import Fleet, FleetConfig
@@ -46,6 +46,11 @@ class ConsoleEnv:
         ctx: AppContext = self.app.state.ctx
         return ctx
 
+    @property
+    def console(self) -> ConsoleState:
+        state: ConsoleState = self.app.state.console
+        return state
+
     async def login(self, key: str | None = None) -> str:
         """Log in; the CSRF token."""
         response = await self.client.post("/ui/login", json={"api_key": key or self.key})
@@ -66,7 +71,7 @@ async def make_env(registry: Registry, env: dict[str, str] | None = None) -> Asy
         quotas=QuotaGuard(QuotaRecords(registry.database), Quota()),
     )
     limiter = RateLimiter.from_config(RateLimitConfig.from_env(env or {}))
-    app = create_app(control, limiter=limiter, accel=Accel.TCG, host="x", intervals=Intervals(key_cache_s=0.0))
+    app = create_app(control, limiter=limiter, host="x", intervals=Intervals(key_cache_s=0.0))
     await fleet.heartbeat(await heartbeat_of(agent))
     ws = registry.ensure_workspace("alpha").id
     info, key = registry.create_key(ws)

@@ -85,8 +85,8 @@ def registry(db_url: str) -> Iterator[Registry]:
 
 
 def sandbox(sandbox_id: str, workspace_id: str, **kw: Any) -> SandboxRow:
-    kw.setdefault("memory_mb", 512)
-    return SandboxRow(id=sandbox_id, workspace_id=workspace_id, template="code-interpreter", cpu=1, **kw)
+    kw.setdefault("memory_mib", 512)
+    return SandboxRow(id=sandbox_id, workspace_id=workspace_id, template="code-interpreter", cpus=1, **kw)
 
 
 def snapshot(snapshot_id: str, workspace_id: str, path: str = "/nowhere", **kw: Any) -> SnapshotRow:

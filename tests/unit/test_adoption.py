@@ -16,8 +16,9 @@ from cryobox.agent.host.reclaim import reclaim
 from cryobox.agent.memory.hot import HotImages
 from cryobox.agent.net.pool import IndexAllocator, SlotPool
 from cryobox.agent.net.slots import SlotPlan
-from cryobox.agent.sandbox.records import SandboxRecord, SandboxRecords, VmRecord, process_start_ticks
+from cryobox.agent.sandbox.records import SandboxRecord, SandboxRecords, VmRecord
 from cryobox.errors import InvalidArgument, StateError
+from cryobox.util.procfs import process_start_ticks
 
 from .test_net_slots import FakeBuilder, FakeEgress, FakeNft
 from .test_reclaim import QEMU, _fake_proc_entry

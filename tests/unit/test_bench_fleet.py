@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from cryobox.bench import fleet, fleetproc
-from cryobox.bench.fleet import (
+from cryobox.bench import fleet_result as fleet
+from cryobox.bench import fleetproc
+from cryobox.bench.fleet_result import (
     assemble,
     burst_summary,
     figures_delta,

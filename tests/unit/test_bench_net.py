@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from cryobox.bench.net import (
+from cryobox.bench.net_result import (
     NOTES,
     ClockSample,
     Samples,

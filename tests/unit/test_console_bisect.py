@@ -181,7 +181,7 @@ async def test_the_bisect_routes_over_the_control_plane(console_env: ConsoleEnv)
     )
     assert started.status_code == 202, started.text
     job_id = started.json()["id"]
-    await asyncio.wait_for(console_env.ctx.console.bisects.wait(job_id), 20)
+    await asyncio.wait_for(console_env.console.bisects.wait(job_id), 20)
     view = (await client.get(f"/v1/bisects/{job_id}")).json()
     assert view["state"] == "done", view
     assert (view["count"], view["reproduced"], view["passed"], view["errors"]) == (4, 4, 0, 0)
@@ -194,17 +194,17 @@ async def test_the_bisect_routes_over_the_control_plane(console_env: ConsoleEnv)
     _, key = console_env.registry.create_key(other)
     foreign = await client.get(f"/v1/bisects/{job_id}", headers={"Authorization": f"Bearer {key}"})
     assert foreign.status_code == 404
-    await console_env.ctx.console.bisects.close()
+    await console_env.console.bisects.close()
 
 
 async def test_stopping_the_app_cancels_running_jobs_and_kills_their_children(console_env: ConsoleEnv) -> None:
     platform = FakePlatform(hang=True)
-    console_env.ctx.console.bisects = BisectJobs(platform)
+    console_env.console.bisects = BisectJobs(platform)
     async with console_env.app.router.lifespan_context(console_env.app):
-        job = console_env.ctx.console.bisects.start(console_env.workspace_id, "snap-a", "sleep 1000", 3, 3000.0)
+        job = console_env.console.bisects.start(console_env.workspace_id, "snap-a", "sleep 1000", 3, 3000.0)
         await asyncio.wait_for(platform.started.wait(), 10)
         assert job.state == "running"
-        assert console_env.ctx.console.sampler.history()  # the sampler runs in the app's lifespan too
+        assert console_env.console.sampler.history()  # the sampler runs in the app's lifespan too
     view = job.to_json()  # (read afresh: the job changed underneath)
     assert view["state"] == "failed" and "cancelled" in str(view["error"])
     assert platform.live == {} and platform.calls[-1] == "delete parent"

@@ -11,8 +11,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from cryobox.console.events import Cadence, event_stream
-from cryobox.console.execs import ExecHistory, ExecRecord
 from cryobox.console.sampler import MetricsSampler, parse_sample
+from cryobox.server.execlog import ExecHistory, ExecRecord
 from cryobox.server.metrics import Metrics
 from tests.unit import registry_support
 from tests.unit.console_support import ConsoleEnv, console_env
@@ -235,7 +235,7 @@ async def test_execs_through_the_api_are_listed_for_the_console(console_env: Con
 
 
 async def test_metrics_history_over_the_api(console_env: ConsoleEnv) -> None:
-    await console_env.ctx.console.sampler.sample_once()
+    await console_env.console.sampler.sample_once()
     await console_env.login()
     samples = (await console_env.client.get("/ui/api/metrics/history")).json()["samples"]
     assert len(samples) == 1 and set(samples[0]) == {"t", "herd", "creates"}

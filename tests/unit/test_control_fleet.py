@@ -144,7 +144,7 @@ async def test_create_commits_the_row_on_the_chosen_agent_and_leaves_no_reservat
     assert first.host == "a"  # equal agents: the first by name
     row = c.registry.get_sandbox(first.id, c.ws)
     assert row == first
-    assert (row.status, row.template, row.metadata, row.memory_mb) == ("running", "base", {"k": "v"}, 512)
+    assert (row.status, row.template, row.metadata, row.memory_mib) == ("running", "base", {"k": "v"}, 512)
     assert c.held("a") == {first.id} and c.held("b") == set()
     [spec] = c.creates("a")
     assert (spec.sandbox_id, spec.template, spec.workspace_id) == (first.id, "base", c.ws)
@@ -176,7 +176,9 @@ async def test_two_agents_of_three_slots_take_exactly_six_of_eight_concurrent_cr
 async def test_a_create_no_agent_can_serve_creates_nothing(cluster: MakeCluster) -> None:
     c = await cluster(a=fake("a"), b=fake("b"))
     # a template the registry knows and calls ready, but no agent serves
-    c.registry.upsert_template(TemplateRow(name="gpu", generation="g1", cpu=1, memory_mb=512, status="ready", path=""))
+    c.registry.upsert_template(
+        TemplateRow(name="gpu", generation="g1", cpus=1, memory_mib=512, status="ready", path="")
+    )
     with pytest.raises(HostUnavailable):
         await c.create("gpu")
     with pytest.raises(NotFound):

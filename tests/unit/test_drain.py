@@ -15,7 +15,6 @@ from typing import Any
 import httpx
 import pytest
 
-from cryobox.agent.vm import Accel
 from cryobox.agentapi import Agent
 from cryobox.agentapi import models as am
 from cryobox.agentapi.heartbeat import heartbeat_of
@@ -361,9 +360,7 @@ async def test_deleting_a_stored_hibernation_deletes_its_objects(made: Fleetish)
 
 async def test_drain_routes(registry: Registry, clock: Clock, tmp_path: Path) -> None:
     c = Fleetish(registry, clock)
-    app = create_app(
-        c.control, limiter=RateLimiter.from_config(RateLimitConfig.from_env({})), accel=Accel.TCG, host="x"
-    )
+    app = create_app(c.control, limiter=RateLimiter.from_config(RateLimitConfig.from_env({})), host="x")
     await c.beat()
     _, key = registry.create_key(c.ws)
     try:

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import httpx
 
-from cryobox.agent.vm import Accel
 from cryobox.agentapi.heartbeat import HeartbeatSender
 from cryobox.compose.app import create_app
 from cryobox.compose.parts import build_control
@@ -24,9 +23,7 @@ def control_app(tmp_path: Path) -> tuple[Registry, httpx.ASGITransport]:
     registry = Registry(f"sqlite:///{tmp_path / 'r.sqlite'}")
     registry.migrate()
     control = build_control(registry, FleetConfig(node_token=TOKEN), RetentionPolicy(), None, Metrics())
-    app = create_app(
-        control, limiter=RateLimiter.from_config(RateLimitConfig.from_env({})), accel=Accel.TCG, host="ctl"
-    )
+    app = create_app(control, limiter=RateLimiter.from_config(RateLimitConfig.from_env({})), host="ctl")
     return registry, httpx.ASGITransport(app=app)
 
 

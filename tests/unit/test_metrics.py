@@ -12,11 +12,12 @@ from fastapi.responses import StreamingResponse
 from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.types import Message, Receive, Scope, Send
 
+from cryobox.agent.hostagent.metrics import AgentMetrics
 from cryobox.agent.sandbox.admission import AdmissionConfig, AdmissionController
 from cryobox.server.metrics import Metrics, MetricsMiddleware
 
 
-def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
+def sample(metrics: Metrics | AgentMetrics, name: str, **labels: str) -> float | None:
     return metrics.registry.get_sample_value(name, labels)
 
 
@@ -39,8 +40,6 @@ def test_render_lists_metrics_with_labels() -> None:
     assert 'cryobox_create_duration_seconds_bucket{le="30.0"} 1.0' in text
     assert 'cryobox_exec_duration_seconds_count{result="timeout"} 1.0' in text
     assert 'cryobox_exec_duration_seconds_count{result="ok"} 0.0' in text
-    assert "cryobox_admission_queue_depth 0.0" in text
-    assert 'cryobox_admission_wait_seconds_count{admitted="false"} 0.0' in text
     assert 'cryobox_sandboxes{state="running"} 0.0' in text
     assert 'cryobox_http_requests_total{method="GET",route="/v1/health",status="200"} 1.0' in text
     assert 'cryobox_http_request_duration_seconds_count{method="GET",route="/v1/health"} 1.0' in text
@@ -91,17 +90,25 @@ def test_failing_provider_keeps_last_counts(caplog: pytest.LogCaptureFixture) ->
     assert "sandbox state provider failed" in caplog.text
 
 
+async def test_admission_series_are_the_agents() -> None:
+    """The admission series live in the agent's registry (exported from the start), not the control plane's."""
+    text = await AgentMetrics().text()
+    assert "cryobox_admission_queue_depth 0.0" in text
+    assert 'cryobox_admission_wait_seconds_count{admitted="false"} 0.0' in text
+    assert "cryobox_admission" not in Metrics().render()[0].decode()
+
+
 async def test_admission_observer_feeds_metrics() -> None:
-    metrics = Metrics()
+    metrics = AgentMetrics()
     config = AdmissionConfig(max_concurrent=1, queue_length=0, timeout_s=1)
-    ctrl = AdmissionController(config, observer=metrics.admission_observer())
+    ctrl = AdmissionController(config, observer=metrics)
     async with ctrl.slot():
         with pytest.raises(Exception, match="queue full"):
             async with ctrl.slot():
                 pass
     assert sample(metrics, "cryobox_admission_wait_seconds_count", admitted="true") == 1
     assert sample(metrics, "cryobox_admission_wait_seconds_count", admitted="false") == 1
-    metrics.admission_observer().on_queue_depth(7)
+    metrics.on_queue_depth(7)
     assert sample(metrics, "cryobox_admission_queue_depth") == 7
 
 

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from cryobox.agent.net import GUEST_IP, Slot, SlotPlan, SlotPool, tag_for
-from cryobox.agent.net.firewall import Firewall, parse_cidrs, parse_egress_json
+from cryobox.agent.net.firewall import Firewall, parse_egress_json
 from cryobox.agent.net.netlink import in_netns, slot_ruleset
 from cryobox.agent.net.pool import IndexAllocator
 from cryobox.agent.net.slots import IFNAME_MAX, MAX_SLOTS
 from cryobox.errors import HostUnavailable, InvalidArgument, StateError
+from cryobox.netpolicy import parse_cidrs
 
 TAG = "0a1b2c"
 

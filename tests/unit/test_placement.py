@@ -299,7 +299,7 @@ def placement(registry: Registry, clock: Clock, *, ttl_s: float = 60.0) -> Place
 
 def sandbox_row(sandbox_id: str, workspace_id: str, host: str) -> SandboxRow:
     return SandboxRow(
-        id=sandbox_id, workspace_id=workspace_id, template="base", cpu=1, memory_mb=MIB, status="running", host=host
+        id=sandbox_id, workspace_id=workspace_id, template="base", cpus=1, memory_mib=MIB, status="running", host=host
     )
 
 
@@ -390,7 +390,7 @@ async def test_commit_inserts_the_row_and_removes_the_reservation(registry: Regi
     assert r.agent == "a"
     await p.commit(r, sandbox_row("sb-1", ws, r.agent))
     row = registry.get_sandbox("sb-1", ws)
-    assert (row.host, row.status, row.memory_mb) == ("a", "running", MIB)
+    assert (row.host, row.status, row.memory_mib) == ("a", "running", MIB)
     assert registry.fleet.reservations() == []
     # the committed row now counts as a's load (once: not also as a reservation)
     assert (await p.reserve(BASE)).agent == "b"

@@ -19,7 +19,6 @@ from websockets.asyncio.server import serve
 from websockets.exceptions import InvalidStatus
 from websockets.typing import Subprotocol
 
-from cryobox.agent.vm import Accel
 from cryobox.agentapi import models as m
 from cryobox.agentapi.heartbeat import heartbeat_of
 from cryobox.agentapi.http_ports import add_port_routes
@@ -120,7 +119,7 @@ async def api(registry: Registry, upstreams: Upstreams) -> AsyncIterator[Api]:
         TemplateJobs(registry, fleet),
         quotas=QuotaGuard(QuotaRecords(registry.database), Quota()),
     )
-    app = create_app(control, limiter=RateLimiter.from_config(RateLimitConfig.from_env({})), accel=Accel.TCG, host="x")
+    app = create_app(control, limiter=RateLimiter.from_config(RateLimitConfig.from_env({})), host="x")
     await fleet.heartbeat(await heartbeat_of(agent))
     _, key = registry.create_key(registry.ensure_workspace("alpha").id)
     _, other_key = registry.create_key(registry.ensure_workspace("beta").id)

@@ -15,7 +15,6 @@ from typing import Any
 import httpx
 import pytest
 
-from cryobox.agent.vm import Accel
 from cryobox.agentapi import models as am
 from cryobox.agentapi.heartbeat import heartbeat_of
 from cryobox.compose.app import create_app, wire_registration
@@ -106,7 +105,7 @@ async def env(registry: Registry, quota: Quota, agent: FakeAgent) -> AsyncIterat
         TemplateJobs(registry, fleet),
         quotas=QuotaGuard(QuotaRecords(registry.database), quota),
     )
-    app = create_app(control, limiter=RateLimiter.from_config(RateLimitConfig.from_env({})), accel=Accel.TCG, host="x")
+    app = create_app(control, limiter=RateLimiter.from_config(RateLimitConfig.from_env({})), host="x")
     await fleet.heartbeat(await heartbeat_of(agent))
     ws = registry.ensure_workspace("alpha").id
     _, key = registry.create_key(ws)

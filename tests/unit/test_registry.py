@@ -165,12 +165,12 @@ def test_import_key_is_idempotent(registry: Registry) -> None:
 
 
 def test_templates_upsert(registry: Registry) -> None:
-    row = TemplateRow(name="code-interpreter", generation="g1", cpu=1, memory_mb=512, status="building", path="/t/a")
+    row = TemplateRow(name="code-interpreter", generation="g1", cpus=1, memory_mib=512, status="building", path="/t/a")
     registry.upsert_template(row)
     assert registry.get_template("code-interpreter") == row
-    newer = TemplateRow(name="code-interpreter", generation="g2", cpu=2, memory_mb=1024, status="ready", path="/t/b")
+    newer = TemplateRow(name="code-interpreter", generation="g2", cpus=2, memory_mib=1024, status="ready", path="/t/b")
     registry.upsert_template(newer)
-    registry.upsert_template(TemplateRow(name="base", generation="g", cpu=1, memory_mb=256, status="ready", path="/"))
+    registry.upsert_template(TemplateRow(name="base", generation="g", cpus=1, memory_mib=256, status="ready", path="/"))
     assert [t.name for t in registry.list_templates()] == ["base", "code-interpreter"]
     assert registry.get_template("code-interpreter") == newer
     with pytest.raises(NotFound):
@@ -225,7 +225,7 @@ def test_add_update_delete_sandbox(registry: Registry) -> None:
     with pytest.raises(InvalidArgument, match="cannot change"):
         registry.update_sandbox("sbx-1", workspace_id="ws-other")
     with pytest.raises(InvalidArgument, match="must be"):
-        registry.update_sandbox("sbx-1", cpu="two")
+        registry.update_sandbox("sbx-1", cpus="two")
     with pytest.raises(InvalidArgument, match="must be"):
         registry.update_sandbox("sbx-1", metadata={"k": 1})
     with pytest.raises(NotFound):
@@ -250,7 +250,7 @@ def test_json_columns_round_trip(registry: Registry) -> None:
         created_at=1_700_000_000.123456,
         last_active_at=1_700_000_001.654321,
         persistent=True,
-        ttl_seconds=600,
+        ttl_s=600,
         expires_at=1_700_000_601.5,
         from_snapshot="snap-1",
     )
@@ -378,7 +378,7 @@ def test_custom_template_rows_keep_owner_spec_and_error(registry: Registry) -> N
     spec = {"name": "t1", "packages": ["jq"], "files": {"/a": "b"}, "cpu": None, "nested": {"x": [1, 2]}}
     registry.upsert_template(
         TemplateRow(
-            name="t1", generation="", cpu=1, memory_mb=512, status="building", path="", workspace_id=ws.id, spec=spec
+            name="t1", generation="", cpus=1, memory_mib=512, status="building", path="", workspace_id=ws.id, spec=spec
         )
     )
     registry.update_template_status("t1", "error", "warm-up failed")

@@ -448,9 +448,9 @@ def test_reserve_commit_release_and_expiry(registry: Registry) -> None:
     beat(registry, "old", 10.0)  # up, but its heartbeat is older than live_after
     beat(registry, "drain", 100.0)
     fleet.set_agent_status("drain", "draining")
-    registry.add_sandbox(sandbox("sbx-run", ws.id, host="a", status="running", memory_mb=1100))
-    registry.add_sandbox(sandbox("sbx-hib", ws.id, host="a", status="hibernated", memory_mb=3000))  # not counted
-    registry.add_sandbox(sandbox("sbx-stop", ws.id, host="b", status="stopped", memory_mb=2000))  # not counted
+    registry.add_sandbox(sandbox("sbx-run", ws.id, host="a", status="running", memory_mib=1100))
+    registry.add_sandbox(sandbox("sbx-hib", ws.id, host="a", status="hibernated", memory_mib=3000))  # not counted
+    registry.add_sandbox(sandbox("sbx-stop", ws.id, host="b", status="stopped", memory_mib=2000))  # not counted
 
     seen: list[list[AgentLoad]] = []
 
@@ -483,7 +483,7 @@ def test_reserve_commit_release_and_expiry(registry: Registry) -> None:
     assert [r.id for r in fleet.reservations("b")] == [second.id]
 
     # commit: the sandbox row replaces the reservation in the load
-    fleet.commit(first.id, sandbox("sbx-c", ws.id, host="a", status="starting", memory_mb=1024))
+    fleet.commit(first.id, sandbox("sbx-c", ws.id, host="a", status="starting", memory_mib=1024))
     assert registry.get_sandbox("sbx-c").host == "a"
     assert [r.id for r in fleet.reservations()] == [second.id, third.id]
     fleet.reserve(memory_mib=1, cpus=0, now=203.0, ttl_s=30.0, choose=spy(1), live_after=60.0)
@@ -559,8 +559,8 @@ def test_replicas_never_over_book(db_url: str) -> None:
         ws = first.ensure_workspace("default")
         for name, total in AGENTS.items():
             beat(first, name, 100.0, total_mib=total)
-        first.add_sandbox(sandbox("sbx-pre", ws.id, host="a", status="running", memory_mb=1024))
-        first.add_sandbox(sandbox("sbx-old", ws.id, host="b", status="stopped", memory_mb=3072))  # holds nothing
+        first.add_sandbox(sandbox("sbx-pre", ws.id, host="a", status="running", memory_mib=1024))
+        first.add_sandbox(sandbox("sbx-old", ws.id, host="b", status="stopped", memory_mib=3072))  # holds nothing
         supply = (sum(AGENTS.values()) - 1024) // REQUEST_MIB
 
         won: list[ReservationRow] = []
@@ -592,7 +592,7 @@ def test_replicas_never_over_book(db_url: str) -> None:
                         sandbox_id = f"sbx-{id(reg)}-{index}-{attempt}"
                         reg.fleet.commit(
                             row.id,
-                            sandbox(sandbox_id, ws.id, host=row.agent, status="starting", memory_mb=REQUEST_MIB),
+                            sandbox(sandbox_id, ws.id, host=row.agent, status="starting", memory_mib=REQUEST_MIB),
                         )
             except BaseException as err:  # reported below
                 errors.append(err)
@@ -616,7 +616,7 @@ def test_replicas_never_over_book(db_url: str) -> None:
         for name, total in AGENTS.items():
             reserved = sum(r.memory_mib for r in second.fleet.reservations(name))
             committed = sum(
-                s.memory_mb for s in second.list_sandboxes(host=name) if s.status in ("starting", "running", "paused")
+                s.memory_mib for s in second.list_sandboxes(host=name) if s.status in ("starting", "running", "paused")
             )
             assert reserved + committed <= total, f"agent {name} over-booked: {reserved} + {committed} > {total}"
             assert reserved + committed == total  # demand exceeded supply: every agent is exactly full

@@ -362,7 +362,9 @@ async def test_store_later_of_a_snapshot_the_agent_lost_leaves_it_local(env: Env
 async def test_take_records_the_row_on_the_sandboxes_host_and_stores_it(env: Env) -> None:
     await env.agent.create(am.CreateSpec(sandbox_id="sbx-1", template="base", workspace_id=env.ws))
     env.registry.add_sandbox(
-        SandboxRow(id="sbx-1", workspace_id=env.ws, template="base", cpu=1, memory_mb=512, status="running", host=HOST)
+        SandboxRow(
+            id="sbx-1", workspace_id=env.ws, template="base", cpus=1, memory_mib=512, status="running", host=HOST
+        )
     )
     row = await env.control.take("sbx-1", env.ws, labels={"step": "1"}, retain=True, quiesce=False)
     assert (row.host, row.location, row.sandbox_id, row.generation) == (HOST, "local", "sbx-1", "g1")

@@ -125,7 +125,6 @@ def agent(
     from ..compose.parts import AgentOptions, boot_agent, on_stop_mode
     from ..config import Paths
     from ..errors import CryoboxError
-    from ..server.metrics import Metrics
     from .templates_opt import parse_templates
 
     token = _token()
@@ -162,11 +161,10 @@ def agent(
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
     async def main() -> None:
-        metrics = Metrics()
         options = AgentOptions(
             name=agent_name, url=url, memory_mib=memory_mib, vcpus=vcpus, max_sandboxes=max_sandboxes
         )
-        booted, hostagent = await boot_agent(config, admission_config, options, metrics, console.print)
+        booted, hostagent = await boot_agent(config, admission_config, options, console.print)
         sender = HeartbeatSender(hostagent, control, token, interval_s=heartbeat_interval)
         beating = asyncio.create_task(sender.run(), name="heartbeats")
         console.print(f"agent {agent_name} serving {url}, reporting to {control}")
@@ -195,7 +193,6 @@ def control(
     orphan_sweep_interval: Annotated[float | None, typer.Option(help="seconds between orphan sweeps")] = None,
 ) -> None:
     """Run the control plane alone: the public API, placement and the registry; agents register with it."""
-    from ..agent.vm import detect_accel
     from ..compose.app import Intervals, create_app
     from ..compose.parts import build_control, fleet_config
     from ..config import Paths
@@ -225,7 +222,6 @@ def control(
         app = create_app(
             control_plane,
             limiter=limiter,
-            accel=detect_accel(),
             host=socket.gethostname(),
             intervals=Intervals(reap_s=reap_interval),
         )

@@ -14,9 +14,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..agent.sandbox.sandbox import rfc3339
 from ..config import Paths
 from ..errors import CryoboxError, NotFound
+from ..util.times import rfc3339
 from ._common import stdout_console
 
 if TYPE_CHECKING:  # the registry (SQLAlchemy, Alembic) is imported when a keys command runs, not at CLI start

@@ -99,17 +99,16 @@ def serve(options: ServeOptions, console: Console) -> None:
 
             progress = RoutedReporter(reporter, lines)
 
-            metrics = Metrics()
             host, agent = await boot_agent(
                 config,
                 admission_config,
                 AgentOptions(
                     name=socket.gethostname(), max_sandboxes=options.max_sandboxes, memory_mib=options.memory_mib
                 ),
-                metrics,
                 progress,
             )
         local = InProcessAgent(agent)
+        metrics = Metrics()
 
         async def agent_metrics() -> str:
             return (await local.metrics_text()).decode()
@@ -119,7 +118,6 @@ def serve(options: ServeOptions, console: Console) -> None:
         app = create_app(
             control,
             limiter=limiter,
-            accel=config.accel,
             host=agent.name,
             intervals=Intervals(reap_s=options.reap_interval_s),
             local_agents={agent.name: local},

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from fastapi import FastAPI
 
 from .. import __version__
-from ..agent.vm import Accel
 from ..agentapi import Agent
 from ..agentapi import models as am
 from ..agentapi.heartbeat import heartbeat_of
@@ -21,7 +20,6 @@ from ..compat.e2b.sandbox_url import mount_sandbox_url
 from ..compat.pandastack.repl import router as repl_router
 from ..console.bisect_jobs import BisectJobs
 from ..console.bisect_platform import ControlPlatform
-from ..console.execs import ExecHistory
 from ..console.routes_api import router as console_api_router
 from ..console.routes_session import router as console_session_router
 from ..console.sampler import MetricsSampler, exposition_source
@@ -37,6 +35,7 @@ from ..server.access.sessions import PURGE_EVERY_S, ConsoleSessions
 from ..server.control.fleet import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..server.control.forks import ForkControl
 from ..server.control.sandboxes import ControlPlane
+from ..server.execlog import ExecHistory
 from ..server.metrics import MetricsMiddleware
 from ..server.routes.code import router as code_router
 from ..server.routes.deps import AppContext
@@ -84,7 +83,6 @@ def create_app(
     control: ControlPlane,
     *,
     limiter: RateLimiter,
-    accel: Accel,
     host: str,
     intervals: Intervals | None = None,
     local_agents: dict[str, Agent] | None = None,
@@ -164,19 +162,18 @@ def create_app(
     console = ConsoleState(
         sampler=MetricsSampler(exposition_source(control.metrics.render_all), interval_s=every_s.metrics_sample_s),
         bisects=BisectJobs(ControlPlatform(control, forks)),
-        execs=ExecHistory(),
     )
+    app.state.console = console
     app.state.ctx = AppContext(
         control=control,
         forks=forks,
         limiter=limiter,
-        accel=accel,
         host=host,
         version=__version__,
         keys=keys,
         sessions=sessions,
         failures=failures,
-        console=console,
+        execs=ExecHistory(),
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ..agent.host.startup import Host, HostConfig, prepare_template, start_host
 from ..agent.host.stopmode import OnStop
 from ..agent.hostagent.agent import HostAgent
+from ..agent.hostagent.metrics import AgentMetrics
 from ..agent.sandbox.admission import AdmissionConfig, AdmissionController
 from ..agent.templates.buildvm import BuildQueue
 from ..agentapi import Agent
@@ -60,15 +61,12 @@ async def boot_agent(
     config: HostConfig,
     admission_config: AdmissionConfig,
     options: AgentOptions,
-    metrics: Metrics,
     progress: Progress,
 ) -> tuple[Host, HostAgent]:
     """Start the host (reclaim, images, templates, pools, memory server) and its agent."""
     host = await start_host(config, progress)
-    admission = AdmissionController(admission_config, observer=metrics.admission_observer())
-
-    async def own_metrics() -> str:
-        return metrics.render()[0].decode()
+    metrics = AgentMetrics()
+    admission = AdmissionController(admission_config, observer=metrics)
 
     agent = HostAgent(
         host,
@@ -80,7 +78,7 @@ async def boot_agent(
         max_sandboxes=options.max_sandboxes,
         builder=functools.partial(prepare_template, config, queue=BuildQueue.from_env()),
         spec_from_request=spec_from_json,
-        metrics_sources=[own_metrics] if options.url else [],
+        metrics_sources=[metrics.text],
         isolation="tcg" if config.accel.value == "tcg" else "kvm",
     )
     return host, agent

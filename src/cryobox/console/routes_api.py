@@ -5,23 +5,25 @@ and the bisect jobs (``POST /v1/snapshots/{id}/bisect``, ``GET /v1/bisects/{id}`
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..server.access import cookies as auth
 from ..server.access.gate import bearer_key
 from ..server.control.forks import MAX_TREE
+from ..server.mapping import sandbox_view, template_view
 from ..server.routes.deps import Caller, Ctx
 from ..server.routes.errors import ERROR_RESPONSES
 from ..server.routes.fleet import agent_views
 from ..server.routes.snapshots import snapshot_view
-from ..server.routes.views import sandbox_view, template_view
 from .events import event_stream
+from .state import ConsoleState, console_state
 
 router = APIRouter(tags=["console"], responses=ERROR_RESPONSES)
+Console = Annotated[ConsoleState, Depends(console_state)]
 
 
 class BisectRequest(BaseModel):
@@ -46,7 +48,7 @@ def _still_allowed(request: Request, caller: Caller) -> Any:
 
 
 @router.get("/ui/api/events", response_class=StreamingResponse, include_in_schema=False)  # endless: not fuzzable
-async def events(request: Request, ctx: Ctx) -> StreamingResponse:
+async def events(request: Request, ctx: Ctx, console: Console) -> StreamingResponse:
     """Live ``sandboxes``, ``metrics``, ``agents``, ``snapshots`` and ``templates`` events for the caller's
     workspace."""
 
@@ -71,7 +73,7 @@ async def events(request: Request, ctx: Ctx) -> StreamingResponse:
         agents=agents,
         snapshots=snapshots,
         templates=templates,
-        sampler=ctx.app.console.sampler,
+        sampler=console.sampler,
         still_allowed=_still_allowed(request, ctx),
         disconnected=request.is_disconnected,
     )
@@ -80,28 +82,28 @@ async def events(request: Request, ctx: Ctx) -> StreamingResponse:
 
 
 @router.get("/ui/api/metrics/history")
-async def metrics_history(ctx: Ctx) -> dict[str, Any]:
+async def metrics_history(ctx: Ctx, console: Console) -> dict[str, Any]:
     """The sampler's ring: one sample every 2 s for the last 10 minutes, oldest first."""
-    return {"samples": ctx.app.console.sampler.history()}
+    return {"samples": console.sampler.history()}
 
 
 @router.get("/ui/api/sandboxes/{sandbox_id}/execs")
 async def exec_history(sandbox_id: str, ctx: Ctx) -> dict[str, Any]:
     """The last 50 ``exec`` calls run through this replica's API in the sandbox, oldest first."""
     await ctx.control.row(sandbox_id, ctx.workspace_id)  # 404 for another workspace's sandbox
-    return {"execs": [r.to_json() for r in ctx.app.console.execs.list(sandbox_id)]}
+    return {"execs": [r.to_json() for r in ctx.app.execs.list(sandbox_id)]}
 
 
 @router.post("/v1/snapshots/{snapshot_id}/bisect", status_code=202)
-async def start_bisect(snapshot_id: str, body: BisectRequest, ctx: Ctx) -> dict[str, Any]:
+async def start_bisect(snapshot_id: str, body: BisectRequest, ctx: Ctx, console: Console) -> dict[str, Any]:
     """ext: restore the snapshot, fork it ``count`` times, run ``command`` in every child, count the children
     that reproduce (exit non-zero or time out). Answers at once; poll ``GET /v1/bisects/{id}``."""
     await ctx.control.snapshots.get(snapshot_id, ctx.workspace_id)  # 404 before anything starts
-    job = ctx.app.console.bisects.start(ctx.workspace_id, snapshot_id, body.command, body.count, body.timeout_seconds)
+    job = console.bisects.start(ctx.workspace_id, snapshot_id, body.command, body.count, body.timeout_seconds)
     return job.to_json()
 
 
 @router.get("/v1/bisects/{bisect_id}")
-async def get_bisect(bisect_id: str, ctx: Ctx) -> dict[str, Any]:
+async def get_bisect(bisect_id: str, ctx: Ctx, console: Console) -> dict[str, Any]:
     """ext: a bisect job's state and, once ``done``, its counts (``reproduced``/``passed`` of ``count``)."""
-    return ctx.app.console.bisects.get(bisect_id, ctx.workspace_id).to_json()
+    return console.bisects.get(bisect_id, ctx.workspace_id).to_json()

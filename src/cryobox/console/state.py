@@ -1,11 +1,13 @@
-"""The console's parts of one app: the metrics sampler, exec history and bisect jobs."""
+"""The console's parts of one app: the metrics sampler and bisect jobs (the exec history is the control plane's:
+:mod:`cryobox.server.execlog`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fastapi import Request
+
 from .bisect_jobs import BisectJobs
-from .execs import ExecHistory
 from .sampler import MetricsSampler
 
 
@@ -13,4 +15,9 @@ from .sampler import MetricsSampler
 class ConsoleState:
     sampler: MetricsSampler
     bisects: BisectJobs
-    execs: ExecHistory
+
+
+def console_state(request: Request) -> ConsoleState:
+    """The console's parts of the app serving ``request`` (kept on ``app.state.console``)."""
+    state: ConsoleState = request.app.state.console
+    return state

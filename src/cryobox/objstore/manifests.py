@@ -16,6 +16,7 @@ manifest, and every cross-host fetch checks the fetched bytes against it before 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -27,6 +28,7 @@ from typing import Any
 from ..errors import IntegrityError, ObjectNotFound
 from ..util.files import write_json_atomic
 from .client import ObjectStore
+from .keys import MANIFEST
 
 log = logging.getLogger(__name__)
 
@@ -113,3 +115,14 @@ def fetch_manifest(store: ObjectStore, key: str, expected_sha256: str | None, wh
     if not isinstance(manifest, dict):
         raise IntegrityError(f"{what} is not a JSON object", details={"key": key})
     return manifest, digest
+
+
+def delete_published(store: ObjectStore, prefix: str) -> list[str]:
+    """Remove every object of the image under ``prefix``, its manifest first (a half-deleted image never looks
+    whole); idempotent. Returns the keys it found. Chunks are shared and stay: ``cryobox gc --store`` collects
+    the ones no image names any more."""
+    keys = store.list(prefix)
+    for key in sorted(keys, key=lambda k: not k.endswith(f"/{MANIFEST}")):
+        with contextlib.suppress(ObjectNotFound):
+            store.delete(key)
+    return keys

@@ -18,8 +18,8 @@ def agent_loads(s: Session, agents: Sequence[m.Agent], now: float) -> list[Agent
     committed = (
         select(
             m.Sandbox.host.label("host"),
-            func.sum(m.Sandbox.memory_mb).label("memory"),
-            func.sum(m.Sandbox.cpu).label("cpus"),
+            func.sum(m.Sandbox.memory_mib).label("memory"),
+            func.sum(m.Sandbox.cpus).label("cpus"),
             func.count().label("n"),
         )
         .where(m.Sandbox.status.in_(ACTIVE_STATUSES))

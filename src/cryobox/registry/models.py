@@ -83,8 +83,9 @@ class Template(Base):
 
     name: Mapped[str] = mapped_column(NAME, primary_key=True)
     generation: Mapped[str] = mapped_column(NAME)
-    cpu: Mapped[int] = mapped_column(Integer)
-    memory_mb: Mapped[int] = mapped_column(Integer)
+    # attributes in the house's units; the columns keep the names the migrations gave them
+    cpus: Mapped[int] = mapped_column("cpu", Integer)
+    memory_mib: Mapped[int] = mapped_column("memory_mb", Integer)
     status: Mapped[str] = mapped_column(String(32))
     path: Mapped[str] = mapped_column(Text)
     created_at: Mapped[float] = mapped_column(Double)
@@ -100,8 +101,8 @@ class Sandbox(Base):
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     workspace_id: Mapped[str] = mapped_column(ID, ForeignKey("workspaces.id"), index=True)
     template: Mapped[str] = mapped_column(NAME)
-    cpu: Mapped[int] = mapped_column(Integer)
-    memory_mb: Mapped[int] = mapped_column(Integer)
+    cpus: Mapped[int] = mapped_column("cpu", Integer)
+    memory_mib: Mapped[int] = mapped_column("memory_mb", Integer)
     status: Mapped[str] = mapped_column(String(32), index=True)
     # ``metadata`` is reserved on declarative classes: the attribute is ``metadata_``, the column "metadata"
     metadata_: Mapped[dict[str, str]] = mapped_column("metadata", JSON)
@@ -113,7 +114,7 @@ class Sandbox(Base):
     host: Mapped[str] = mapped_column(NAME, index=True)  # indexed since revision 0004 (per-host reconcile)
     created_at: Mapped[float] = mapped_column(Double)
     persistent: Mapped[bool] = mapped_column(Boolean)
-    ttl_seconds: Mapped[int | None] = mapped_column(Integer)
+    ttl_s: Mapped[int | None] = mapped_column("ttl_seconds", Integer)
     expires_at: Mapped[float | None] = mapped_column(Double)
     last_active_at: Mapped[float] = mapped_column(Double)
     vm_id: Mapped[str | None] = mapped_column(ID)

@@ -45,8 +45,8 @@ class QuotaOverrides:
 class SandboxUse:
     id: str
     status: str
-    cpu: int
-    memory_mb: int
+    cpus: int
+    memory_mib: int
 
 
 @dataclass(frozen=True)
@@ -117,9 +117,9 @@ class QuotaRecords:
         with self._db.session(write=False) as s:
             overrides = _overrides(s.get(m.WorkspaceQuota, workspace_id))
             sandboxes = [
-                SandboxUse(id=row.id, status=row.status, cpu=row.cpu, memory_mb=row.memory_mb)
+                SandboxUse(id=row.id, status=row.status, cpus=row.cpus, memory_mib=row.memory_mib)
                 for row in s.execute(
-                    select(m.Sandbox.id, m.Sandbox.status, m.Sandbox.cpu, m.Sandbox.memory_mb).where(
+                    select(m.Sandbox.id, m.Sandbox.status, m.Sandbox.cpus, m.Sandbox.memory_mib).where(
                         m.Sandbox.workspace_id == workspace_id, m.Sandbox.status.in_(COUNTED_STATUSES)
                     )
                 )

@@ -42,8 +42,8 @@ class ApiKeyInfo:
 class TemplateRow:
     name: str
     generation: str
-    cpu: int
-    memory_mb: int
+    cpus: int
+    memory_mib: int
     status: str
     path: str
     created_at: float = field(default_factory=time.time)
@@ -57,8 +57,8 @@ class SandboxRow:
     id: str
     workspace_id: str
     template: str
-    cpu: int
-    memory_mb: int
+    cpus: int
+    memory_mib: int
     status: str = "starting"
     metadata: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
@@ -68,7 +68,7 @@ class SandboxRow:
     host: str = ""
     created_at: float = field(default_factory=time.time)
     persistent: bool = False
-    ttl_seconds: int | None = None
+    ttl_s: int | None = None
     expires_at: float | None = None
     last_active_at: float = field(default_factory=time.time)
     vm_id: str | None = None

@@ -1,4 +1,5 @@
-"""Prometheus metrics for the control plane, kept in a registry of their own (never the global one).
+"""Prometheus metrics for the control plane, kept in a registry of their own (never the global one; the agents'
+series are theirs: :mod:`cryobox.agent.hostagent.metrics`).
 
 :class:`Metrics` owns the collectors; :class:`MetricsMiddleware` is a pure ASGI middleware that counts and
 times HTTP requests labelled by route template, so label cardinality stays bounded and streaming responses
@@ -15,7 +16,6 @@ from typing import Final, get_args
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..agent.sandbox.admission import AdmissionObserver
 from ..models import BootMode, SandboxStatus
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,6 @@ UNMATCHED_ROUTE: Final = "unmatched"
 HTTP_METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 CREATE_BUCKETS: Final = (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 20.0, 30.0)
-ADMISSION_WAIT_BUCKETS: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 EXEC_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 HTTP_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -46,16 +45,6 @@ class Metrics:
         )
         self.create_seconds = Histogram(
             "cryobox_create_duration_seconds", "Time to create a sandbox", buckets=CREATE_BUCKETS, registry=r
-        )
-        self.admission_queue_depth = Gauge(
-            "cryobox_admission_queue_depth", "Create requests waiting for a restore slot", registry=r
-        )
-        self.admission_wait_seconds = Histogram(
-            "cryobox_admission_wait_seconds",
-            "Time spent waiting for a restore slot",
-            ["admitted"],
-            buckets=ADMISSION_WAIT_BUCKETS,
-            registry=r,
         )
         self.sandboxes = Gauge("cryobox_sandboxes", "Sandboxes by state", ["state"], registry=r)
         self.exec_seconds = Histogram(
@@ -80,8 +69,6 @@ class Metrics:
                 self.creates.labels(result=result, boot_mode=boot_mode)
         for result in EXEC_RESULTS:
             self.exec_seconds.labels(result=result)
-        for admitted in ("true", "false"):
-            self.admission_wait_seconds.labels(admitted=admitted)
         self.set_sandbox_states({})
 
     # -- recording helpers ----------------------------------------------------------------------------------
@@ -105,9 +92,6 @@ class Metrics:
     def set_sandbox_state_provider(self, provider: SandboxStateProvider | None) -> None:
         """Have :meth:`render` refresh the sandbox gauge from ``provider()`` before each scrape."""
         self._sandbox_state_provider = provider
-
-    def admission_observer(self) -> AdmissionObserver:
-        return _AdmissionMetrics(self)
 
     # -- exposition -----------------------------------------------------------------------------------------
 
@@ -134,19 +118,6 @@ class Metrics:
             except Exception:
                 log.exception("sandbox state provider failed; exporting the last known counts")
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
-
-
-class _AdmissionMetrics:
-    """Feeds admission events into :class:`Metrics` (an :class:`~cryobox.agent.sandbox.admission.AdmissionObserver`)."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
-
-    def on_wait(self, seconds: float, admitted: bool) -> None:
-        self._metrics.admission_wait_seconds.labels(admitted="true" if admitted else "false").observe(seconds)
-
-    def on_queue_depth(self, depth: int) -> None:
-        self._metrics.admission_queue_depth.set(depth)
 
 
 def route_template(scope: Scope) -> str:

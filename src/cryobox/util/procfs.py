@@ -81,3 +81,18 @@ def is_under(path: str, root: Path) -> bool:
     """``path`` lies inside the directory ``root`` (textually: neither needs to exist)."""
     prefix = str(root).rstrip("/") + "/"
     return path.startswith(prefix)
+
+
+def process_start_ticks(pid: int, proc: Path = PROC) -> int | None:
+    """The process's start time in clock ticks since boot, or ``None`` if it does not exist (or is a zombie)."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    if not fields or fields[0] in ("Z", "X"):  # zombie or dead: gone for our purposes
+        return None
+    try:
+        return int(fields[19])  # field 22 of the whole line; fields here start at field 3
+    except (IndexError, ValueError):
+        return None

@@ -18,7 +18,6 @@ The guest is hostile, so what it can make the host hold is bounded:
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import itertools
 import logging
@@ -230,11 +229,3 @@ class GuestClient:
         self._writer.close()
         with contextlib.suppress(Exception):
             await self._writer.wait_closed()
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def unb64(data: str | None) -> bytes:
-    return base64.b64decode(data) if data else b""

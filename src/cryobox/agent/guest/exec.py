@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import InvalidArgument
-from .client import EXEC_REPLY, GuestClient, b64, unb64
+from ...util.encoding import b64, unb64
+from .client import EXEC_REPLY, GuestClient
 
 MAX_TIMEOUT_S = 24 * 3600
 

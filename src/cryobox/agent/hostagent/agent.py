@@ -23,8 +23,8 @@ from ...agentapi import models as am
 from ...agentapi.interface import FILE_OPS
 from ...errors import CryoboxError, InvalidArgument, NotFound
 from ...image.specs import TemplateSpec
+from ...util.encoding import b64, unb64
 from ...util.proc import Progress
-from ..guest.client import b64, unb64
 from ..guest.exec import ExecSpec
 from ..host.startup import Host
 from ..sandbox.admission import AdmissionController

@@ -17,7 +17,8 @@ from typing import Any
 
 from ...agentapi import models as am
 from ...errors import InvalidArgument, StateError
-from ..guest.client import LISTING_REPLY, GuestClient, unb64
+from ...util.encoding import unb64
+from ..guest.client import LISTING_REPLY, GuestClient
 from ..sandbox.sandbox import Sandbox
 from ..sandbox.service import SandboxService
 

@@ -17,10 +17,11 @@ from collections.abc import Callable
 
 from ...agentapi import models as am
 from ...errors import CryoboxError, NotFound, ObjectNotFound
-from ...objstore.manifests import recorded_manifest
+from ...objstore.keys import evidence_key, evidence_prefix, manifest_key, snapshot_prefix
+from ...objstore.manifests import delete_published, recorded_manifest
 from ...util.background import Background
 from ..host.startup import Host
-from ..publish.templates import import_snapshot, publish_snapshot, snapshot_prefix
+from ..publish.templates import import_snapshot, publish_snapshot
 from ..sandbox.forking import SlotFactory
 from ..sandbox.sandbox import Sandbox
 from ..snapshot import evidence
@@ -98,15 +99,15 @@ class SnapshotOps:
         template = self.host.service.template(image.template)
         work = self.host.snapshots.root / ".publish"
         published = await self.background.run(publish_snapshot, self.host.store, image, template, work)
-        await self.background.run(self._store_evidence, image, prefix)
+        await self.background.run(self._store_evidence, image)
         return am.StoredSnapshot(
             id=snapshot_id, store=self.host.store.url, key=published.key, manifest_sha256=published.manifest_sha256
         )
 
-    def _store_evidence(self, image: SnapshotImage, prefix: str) -> None:
+    def _store_evidence(self, image: SnapshotImage) -> None:
         for entry in evidence.listing(image.path):
             name = str(entry["name"])
-            self.host.store.put(f"{prefix}/evidence/{name}", evidence.read(image.path, name))
+            self.host.store.put(evidence_key(image.id, name), evidence.read(image.path, name))
 
     async def restorable(self, ref: am.SnapshotRef) -> SnapshotImage:
         """The local files of a snapshot, imported from the object store first when this host has none."""
@@ -141,7 +142,7 @@ class SnapshotOps:
                 log.info("snapshot %s imported from %s (memory paged from the store)", ref.id, self.host.store.url)
 
     def _import_evidence(self, snapshot_id: str) -> None:
-        prefix = f"{snapshot_prefix(snapshot_id)}/evidence/"
+        prefix = evidence_prefix(snapshot_id)
         path = self.host.snapshots.root / snapshot_id
         for key in self.host.store.list(prefix.rstrip("/")):  # listing matches whole segments
             with contextlib.suppress(CryoboxError):
@@ -150,15 +151,7 @@ class SnapshotOps:
     async def delete(self, snapshot_id: str, *, from_store: bool) -> None:
         await asyncio.to_thread(self.host.snapshots.delete, snapshot_id)
         if from_store:
-            await asyncio.to_thread(self._delete_stored, snapshot_id)
-
-    def _delete_stored(self, snapshot_id: str) -> None:
-        prefix = snapshot_prefix(snapshot_id)
-        keys = self.host.store.list(prefix)
-        # the manifest first: a half-deleted snapshot is never taken for a whole one
-        for key in sorted(keys, key=lambda k: not k.endswith("/manifest.json")):
-            with contextlib.suppress(ObjectNotFound):
-                self.host.store.delete(key)
+            await asyncio.to_thread(delete_published, self.host.store, snapshot_prefix(snapshot_id))
 
     async def prune(self, keep: set[str]) -> list[str]:
         gone = [i for i in await asyncio.to_thread(self.host.snapshots.ids) if i not in keep]
@@ -213,7 +206,7 @@ class SnapshotOps:
     async def evidence_put(self, snapshot_id: str, name: str, data: bytes) -> int:
         image = await asyncio.to_thread(self._dir, snapshot_id)
         size = await asyncio.to_thread(evidence.put, image.path, name, data)
-        if await asyncio.to_thread(self.host.store.exists, f"{snapshot_prefix(snapshot_id)}/manifest.json"):
-            key = f"{snapshot_prefix(snapshot_id)}/evidence/{evidence.check_name(name)}"
+        if await asyncio.to_thread(self.host.store.exists, manifest_key(snapshot_prefix(snapshot_id))):
+            key = evidence_key(snapshot_id, name)
             await asyncio.to_thread(self.host.store.put, key, data)  # keep the stored copy complete
         return size

@@ -16,7 +16,7 @@ import socket
 from collections.abc import Iterable, Mapping
 from urllib.parse import urlsplit
 
-from .firewall import parse_cidrs
+from ...netpolicy import parse_cidrs
 
 ENV_EXCEPTIONS = "CRYOBOX_EGRESS_ALLOW_PRIVATE"
 DEFAULT_DENY = tuple(

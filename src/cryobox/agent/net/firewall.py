@@ -28,12 +28,14 @@ from __future__ import annotations
 import ipaddress
 import json
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from cryobox.errors import InvalidArgument
 
+from ...netpolicy import parse_cidrs
+from .denylist import deny_networks
 from .netlink import NetworkSetupError, Runner, run_command
 from .slots import LINK_PREFIX, Slot, SlotPlan, link_prefix
 
@@ -42,24 +44,6 @@ EGRESS_SET = "egress"
 DENY_SET = "denied"
 CONN_LIMIT = 512
 """Open connections one slot may have through the host at a time (a guest cannot fill the host's conntrack)."""
-
-
-def parse_cidrs(cidrs: Iterable[object]) -> list[ipaddress.IPv4Network]:
-    """Validate egress destinations: IPv4 networks without host bits (``10.0.0.1/24`` is refused as ambiguous)."""
-    if isinstance(cidrs, str | bytes):
-        raise InvalidArgument("cidrs must be a list of strings, not a single string", details={"cidrs": cidrs})
-    nets: list[ipaddress.IPv4Network] = []
-    for cidr in cidrs:
-        if not isinstance(cidr, str):
-            raise InvalidArgument(f"egress cidr must be a string, got {cidr!r}", details={"cidr": repr(cidr)})
-        try:
-            net = ipaddress.ip_network(cidr.strip(), strict=True)
-        except ValueError as exc:
-            raise InvalidArgument(f"bad egress cidr {cidr!r}: {exc}", details={"cidr": cidr}) from exc
-        if not isinstance(net, ipaddress.IPv4Network):
-            raise InvalidArgument(f"egress cidr must be IPv4, got {cidr!r}", details={"cidr": cidr})
-        nets.append(net)
-    return nets
 
 
 def _elem_network(value: Any) -> list[ipaddress.IPv4Network]:
@@ -103,8 +87,6 @@ class Firewall:
         deny: Sequence[ipaddress.IPv4Network] | None = None,
         conn_limit: int = CONN_LIMIT,
     ) -> None:
-        from .denylist import deny_networks  # the deny list validates with this module's parse_cidrs
-
         self.plan = plan
         self.deny = list(deny) if deny is not None else deny_networks()
         self.conn_limit = conn_limit

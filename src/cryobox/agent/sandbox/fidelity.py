@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import GuestError, ResumeHookFailed
-from ..guest.client import GuestClient, b64
+from ...util.encoding import b64
+from ..guest.client import GuestClient
 
 ENTROPY_BYTES = 64
 RESUME_TIMEOUT_S = 180.0

@@ -20,12 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...errors import CryoboxError, IntegrityError, VmmError
+from ...objstore.keys import template_prefix
 from ...util import procfs
 from ..memory.client import MemoryServerProcess, image_name
 from ..memory.hot import HotBudgetExceeded, HotImages
 from ..memory.server.fusefs import prefix_of
 from ..memory.settings import MemoryMode
-from ..publish.templates import template_prefix
 from ..snapshot.store import SnapshotImage
 from ..templates.bake import Template
 from ..vm import MemoryBacking, MicroVM

@@ -24,27 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from ...util.files import fsync_dir, write_json_atomic
+from ...util.procfs import process_start_ticks
 from ...util.sealing import Sealer
 
 log = logging.getLogger(__name__)
 VERSION = 1
 KEY_FILE = Path("secrets") / "records.key"
 """The records' key file, relative to the parent of the records directory (``<data>/vol``)."""
-
-
-def process_start_ticks(pid: int, proc: Path = Path("/proc")) -> int | None:
-    """The process's start time in clock ticks since boot, or ``None`` if it does not exist (or is a zombie)."""
-    try:
-        stat = (proc / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()
-    if not fields or fields[0] in ("Z", "X"):  # zombie or dead: gone for our purposes
-        return None
-    try:
-        return int(fields[19])  # field 22 of the whole line; fields here start at field 3
-    except (IndexError, ValueError):
-        return None
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ import asyncio
 import enum
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from ...errors import StateError
 from ..net.slots import Slot
@@ -25,10 +24,6 @@ class SandboxState(enum.Enum):
     @property
     def accepts_requests(self) -> bool:
         return self is SandboxState.RUNNING
-
-
-def rfc3339(epoch_s: float) -> str:
-    return datetime.fromtimestamp(epoch_s, UTC).isoformat().replace("+00:00", "Z")
 
 
 @dataclass

@@ -26,8 +26,9 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from ...errors import NotFound, PayloadTooLarge, StateError
+from ...util.encoding import b64, unb64
 from ..crashpoints import CrashPoints
-from ..guest.client import FILE_REPLY, LISTING_REPLY, GuestClient, b64, unb64
+from ..guest.client import FILE_REPLY, LISTING_REPLY, GuestClient
 from ..guest.exec import ExecEvent, ExecResult, ExecSpec, run_exec, stream_exec
 from ..snapshot.store import CaptureInfo, SnapshotImage, SnapshotStore
 from ..templates.bake import Template

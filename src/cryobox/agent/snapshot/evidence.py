@@ -9,25 +9,15 @@ and renamed, so a reader never sees half a file.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from pathlib import Path
 
-from ...errors import InvalidArgument, NotFound, PayloadTooLarge
+from ...errors import NotFound, PayloadTooLarge
+from ...objstore.keys import check_evidence_name
 from ..vm.consolelog import tail_files
 
 DIR = "evidence"
 MAX_BYTES = 64 << 20
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-def check_name(name: str) -> str:
-    if not NAME.fullmatch(name):
-        raise InvalidArgument(
-            "evidence names are 1-128 characters of letters, digits, '.', '_' and '-' (no leading dot)",
-            details={"name": name},
-        )
-    return name
 
 
 def collect(snapshot_dir: Path, files: dict[str, Path]) -> None:
@@ -36,7 +26,7 @@ def collect(snapshot_dir: Path, files: dict[str, Path]) -> None:
     target.mkdir(exist_ok=True)
     for name, source in files.items():
         try:
-            shutil.copyfile(source, target / check_name(name))
+            shutil.copyfile(source, target / check_evidence_name(name))
         except FileNotFoundError:
             continue
 
@@ -52,7 +42,7 @@ def collect_logs(snapshot_dir: Path, logs: dict[str, Path]) -> None:
             continue
         total = sum(p.stat().st_size for p in parts)
         skip = max(0, total - MAX_BYTES)
-        with open(target / check_name(name), "wb") as out:
+        with open(target / check_evidence_name(name), "wb") as out:
             for part in parts:
                 with open(part, "rb") as src:
                     size = part.stat().st_size
@@ -69,7 +59,7 @@ def put(snapshot_dir: Path, name: str, data: bytes) -> int:
         raise PayloadTooLarge(f"evidence file of {len(data)} bytes exceeds {MAX_BYTES}")
     target = snapshot_dir / DIR
     target.mkdir(exist_ok=True)
-    tmp = target / f".{check_name(name)}.tmp"
+    tmp = target / f".{check_evidence_name(name)}.tmp"
     tmp.write_bytes(data)
     os.replace(tmp, target / name)
     return len(data)
@@ -87,7 +77,7 @@ def listing(snapshot_dir: Path) -> list[dict[str, object]]:
 
 
 def read(snapshot_dir: Path, name: str) -> bytes:
-    path = snapshot_dir / DIR / check_name(name)
+    path = snapshot_dir / DIR / check_evidence_name(name)
     try:
         return path.read_bytes()
     except FileNotFoundError:

@@ -33,10 +33,10 @@ from ...errors import CryoboxError
 from ...image.builder import ImageSet
 from ...image.specs import TemplateSpec
 from ...objstore.pins import PINS_FIELD
+from ...util.encoding import b64
 from ...util.files import fsync_dir, stable_hash, write_json_atomic
 from ...util.proc import Progress
 from ...util.progress import as_reporter
-from ..guest.client import b64
 from ..guest.exec import run_exec
 from ..snapshot.layout import ImageFiles
 from ..vm import MachineConfig, MemoryBacking, MicroVM, NetAttach, VmPaths, qemu

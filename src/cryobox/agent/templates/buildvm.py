@@ -29,8 +29,8 @@ from ...image.cache import ContentCache
 from ...image.downloads import download_debs, download_wheels
 from ...image.rootfs import Rootfs, build_tree, guest_inputs, make_ext4, mirror, stage
 from ...image.specs import TemplateSpec
+from ...util.encoding import b64
 from ...util.proc import Progress, Runner, run
-from ..guest.client import b64
 from ..guest.exec import run_exec
 from ..vm import Accel, MachineConfig, MemoryBacking, MicroVM, VmPaths
 from ..vm.jail import JailSettings, VmJail, one_off_uid

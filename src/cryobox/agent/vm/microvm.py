@@ -28,9 +28,9 @@ from typing import Any, cast
 from qemu.qmp import ExecuteError, QMPClient, QMPError
 
 from ...errors import GuestError, StateError, VmmError
+from ...util.procfs import process_start_ticks
 from ...util.system import scrubbed_env
 from ..guest.client import GuestClient
-from ..sandbox.records import process_start_ticks
 from .jail import VmJail
 from .machine import MachineConfig, MemoryBacking, NetAttach, VmPaths, qemu_argv
 from .states import VmState, require

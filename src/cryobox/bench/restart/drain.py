@@ -18,7 +18,7 @@ import httpx
 from rich.console import Console
 
 from ...errors import CryoboxError
-from ..fleet import host_to_agent
+from ..fleet_result import host_to_agent
 from ..fleetproc import Fleet
 from .analysis import drain_summary
 from .api import Api, check_background_cmd

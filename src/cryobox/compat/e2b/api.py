@@ -328,7 +328,7 @@ async def metrics(sandbox_id: str, ctx: E2BCtx) -> list[dict[str, Any]]:
     agent = await ctx.control.agent_for(sandbox_id, ctx.workspace_id, wake=False)
     if row.status != "running":
         return []
-    return [await sample(agent, sandbox_id, row.cpu)]
+    return [await sample(agent, sandbox_id, row.cpus)]
 
 
 @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])

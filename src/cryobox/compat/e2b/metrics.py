@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ...agent.sandbox.sandbox import rfc3339
 from ...agentapi import models as am
 from ...agentapi.interface import Agent
 from ...errors import GuestError
+from ...util.times import rfc3339
 
 SAMPLE = (
     "head -1 /proc/stat; grep -E '^(MemTotal|MemAvailable|Cached):' /proc/meminfo; "

@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ...agent.sandbox.sandbox import rfc3339
 from ...registry import SandboxRow, SnapshotRow
+from ...util.times import rfc3339
 
 ENVD_VERSION = "0.6.4"
 """What every sandbox reports as its envd version: the highest the pinned SDK gates a feature on (watching network
@@ -82,9 +82,9 @@ def sandbox(row: SandboxRow, token: str, traffic_token: str | None = None) -> di
 def _end_at(row: SandboxRow) -> str:
     if row.expires_at is not None:
         return rfc3339(row.expires_at)
-    if row.persistent or row.ttl_seconds is None:
+    if row.persistent or row.ttl_s is None:
         return rfc3339(max(time.time(), row.created_at) + 10 * 365 * 86400)  # never expires
-    return rfc3339(row.last_active_at + row.ttl_seconds)
+    return rfc3339(row.last_active_at + row.ttl_s)
 
 
 def listed(row: SandboxRow) -> dict[str, Any]:
@@ -96,8 +96,8 @@ def listed(row: SandboxRow) -> dict[str, Any]:
         "clientID": row.host or "cryobox",
         "startedAt": rfc3339(row.created_at),
         "endAt": _end_at(row),
-        "cpuCount": row.cpu,
-        "memoryMB": row.memory_mb,
+        "cpuCount": row.cpus,
+        "memoryMB": row.memory_mib,
         "diskSizeMB": 0,
         "state": e2b_state(row),
         "envdVersion": ENVD_VERSION,

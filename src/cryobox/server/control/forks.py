@@ -50,8 +50,8 @@ class ForkControl:
             agent = await asyncio.to_thread(self.control.registry.fleet.get_agent, parent.host)
             generation = (agent.capacity.get("templates_ready") or {}).get(parent.template)
         return PlacementRequest(
-            memory_mib=parent.memory_mb,
-            cpus=parent.cpu,
+            memory_mib=parent.memory_mib,
+            cpus=parent.cpus,
             template=parent.template,
             generation=generation,
             prefer=parent.host,
@@ -62,7 +62,7 @@ class ForkControl:
     async def fork(self, sandbox_id: str, workspace_id: str, *, metadata: dict[str, str]) -> SandboxRow:
         parent, agent = await self.control.route(sandbox_id, workspace_id)
         child_id = new_sandbox_id()
-        with await self.control.quotas.admit(workspace_id, parent.cpu, parent.memory_mb, sandbox_ids=[child_id]):
+        with await self.control.quotas.admit(workspace_id, parent.cpus, parent.memory_mib, sandbox_ids=[child_id]):
             request = await self._request(parent, only=parent.host)
             reservation = await self.control.placement.reserve(request, child_id)
             try:
@@ -80,7 +80,7 @@ class ForkControl:
         child_ids = [new_sandbox_id() for _ in range(count)]
         quotas = self.control.quotas
         await quotas.admit_snapshot(workspace_id)  # the tree's capture is a snapshot of the workspace
-        with await quotas.admit(workspace_id, parent.cpu, parent.memory_mb, count, sandbox_ids=child_ids):
+        with await quotas.admit(workspace_id, parent.cpus, parent.memory_mib, count, sandbox_ids=child_ids):
             return await self._tree(parent, agent, workspace_id, child_ids, metadata)
 
     async def _tree(

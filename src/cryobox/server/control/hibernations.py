@@ -30,11 +30,12 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from ...agent.publish.hibernations import delete_hibernation
 from ...agentapi import Agent
 from ...agentapi import models as am
 from ...errors import CryoboxError, HostUnavailable, NotFound, StateError
 from ...objstore.client import ObjectStore
+from ...objstore.keys import hibernation_prefix
+from ...objstore.manifests import delete_published
 from ...registry import (
     AGENT_DRAINING,
     AGENT_UP,
@@ -67,7 +68,7 @@ def wake_spec(row: SandboxRow) -> am.WakeSpec:
         instance_id=row.instance_id or "",
         metadata=dict(row.metadata),
         env=dict(row.env),
-        ttl_s=row.ttl_seconds,
+        ttl_s=row.ttl_s,
         persistent=row.persistent,
         egress=list(row.egress) if row.egress is not None else None,
         from_snapshot=row.from_snapshot,
@@ -235,12 +236,12 @@ class HibernationControl:
     async def _wake_elsewhere(self, row: SandboxRow) -> SandboxRow:
         if self.quotas is None:
             return await self._place_and_wake(row)
-        with await self.quotas.admit(row.workspace_id, row.cpu, row.memory_mb, sandbox_ids=[row.id], wake=True):
+        with await self.quotas.admit(row.workspace_id, row.cpus, row.memory_mib, sandbox_ids=[row.id], wake=True):
             return await self._place_and_wake(row)
 
     async def _place_and_wake(self, row: SandboxRow) -> SandboxRow:
         request = PlacementRequest(
-            memory_mib=row.memory_mb, cpus=row.cpu, template=row.template, generation=row.hibernation_generation
+            memory_mib=row.memory_mib, cpus=row.cpus, template=row.template, generation=row.hibernation_generation
         )
         reservation = await self.placement.reserve(request, row.id)
         target = reservation.agent
@@ -313,7 +314,7 @@ class HibernationControl:
         if self.objects is None:
             return
         try:
-            await asyncio.to_thread(delete_hibernation, self.objects, sandbox_id)
+            await asyncio.to_thread(delete_published, self.objects, hibernation_prefix(sandbox_id))
         except CryoboxError as err:
             log.warning("deleting the stored hibernation of %s failed: %s", sandbox_id, err.message)
 

@@ -118,8 +118,8 @@ def usage_of(use: WorkspaceUse, claims: Sequence[_Claim] = ()) -> Usage:
     counted = {s.id for s in use.sandboxes}
     holding = {s.id for s in use.sandboxes if s.status in HOLDING_STATUSES}
     sandboxes = len(counted)
-    vcpus = sum(s.cpu for s in use.sandboxes if s.id in holding)
-    memory = sum(s.memory_mb for s in use.sandboxes if s.id in holding)
+    vcpus = sum(s.cpus for s in use.sandboxes if s.id in holding)
+    memory = sum(s.memory_mib for s in use.sandboxes if s.id in holding)
     templates = set(use.templates)
     for claim in claims:
         for sandbox_id in claim.sandbox_ids:

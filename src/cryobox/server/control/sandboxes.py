@@ -31,6 +31,7 @@ from ...registry import (
     ReservationRow,
     SandboxRow,
 )
+from ..mapping import live_row, row_for
 from ..metrics import Metrics
 from .fleet import Fleet
 from .hibernations import HibernationControl
@@ -59,46 +60,6 @@ class CreateRequest:
     persistent: bool
     from_snapshot: str | None = None
     egress: list[str] | None = None
-
-
-def row_for(info: am.SandboxInfo, host: str) -> SandboxRow:
-    return SandboxRow(
-        id=info.id,
-        workspace_id=info.workspace_id,
-        template=info.template,
-        cpu=info.cpus,
-        memory_mb=info.memory_mib,
-        status=info.state,
-        metadata=dict(info.metadata),
-        env=dict(info.env),
-        boot_ms=info.boot_ms,
-        boot_mode=info.boot_mode,
-        host=host,
-        created_at=info.created_at,
-        persistent=info.persistent,
-        ttl_seconds=info.ttl_s,
-        expires_at=info.expires_at,
-        last_active_at=info.last_active,
-        vm_id=info.vm_id,
-        from_snapshot=info.from_snapshot,
-        guest_ip=info.guest_ip,
-        instance_id=info.instance_id,
-        egress=list(info.egress) if info.egress is not None else None,
-    )
-
-
-def live_row(row: SandboxRow, info: am.SandboxInfo) -> SandboxRow:
-    """``row`` with what the agent knows now (state, TTL clock, address)."""
-    return replace(
-        row,
-        status=info.state,
-        expires_at=info.expires_at,
-        last_active_at=info.last_active,
-        ttl_seconds=info.ttl_s,
-        persistent=info.persistent,
-        guest_ip=info.guest_ip,
-        vm_id=info.vm_id,
-    )
 
 
 class ControlPlane:
@@ -143,7 +104,7 @@ class ControlPlane:
 
     async def _wake(self, row: SandboxRow, agent: Agent) -> SandboxRow:
         """Wake hibernated ``row`` on ``agent`` (the fleet's ``waker``): its vCPUs and memory count again."""
-        with await self.quotas.admit(row.workspace_id, row.cpu, row.memory_mb, sandbox_ids=[row.id], wake=True):
+        with await self.quotas.admit(row.workspace_id, row.cpus, row.memory_mib, sandbox_ids=[row.id], wake=True):
             info = await agent.wake(row.id)
             await self.record_state(row.id, info)
         woken = live_row(row, info)
@@ -176,8 +137,8 @@ class ControlPlane:
             tpl = await self.templates.require_ready(request.template, request.workspace_id)  # 404/409
             template = request.template
             placement = PlacementRequest(
-                memory_mib=tpl.memory_mb,
-                cpus=tpl.cpu,
+                memory_mib=tpl.memory_mib,
+                cpus=tpl.cpus,
                 template=template,
                 local_keys=frozenset({f"tpl-{template}-{tpl.generation}"}),
             )
@@ -316,7 +277,7 @@ class ControlPlane:
         await asyncio.to_thread(
             lambda: self.registry.update_sandbox(
                 sandbox_id,
-                ttl_seconds=info.ttl_s,
+                ttl_s=info.ttl_s,
                 persistent=info.persistent,
                 expires_at=info.expires_at,
                 last_active_at=info.last_active,

@@ -24,12 +24,12 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...agent.publish.templates import snapshot_prefix
-from ...agent.snapshot.evidence import check_name
 from ...agentapi import Agent
 from ...agentapi import models as am
 from ...errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound, ObjectNotFound, StateError
 from ...objstore.client import ObjectStore
+from ...objstore.keys import evidence_key, evidence_prefix, manifest_key, snapshot_prefix
+from ...objstore.manifests import delete_published
 from ...registry import Registry, SnapshotRow
 from .fleet import Fleet
 from .quotas import QuotaGuard
@@ -219,7 +219,7 @@ class SnapshotControl:
         restores it (paging its memory in from the store). The row belongs to the caller's workspace."""
         objects = self._objects()
         try:
-            data = await asyncio.to_thread(objects.get, f"{snapshot_prefix(snapshot_id)}/manifest.json")
+            data = await asyncio.to_thread(objects.get, manifest_key(snapshot_prefix(snapshot_id)))
         except ObjectNotFound:
             raise NotFound(
                 f"snapshot {snapshot_id!r} is not published in {objects.url}", details={"id": snapshot_id}
@@ -273,15 +273,12 @@ class SnapshotControl:
             raise HostUnavailable(f"no agent holds snapshot {row.id}", details={"id": row.id})
         return None
 
-    def _evidence_prefix(self, snapshot_id: str) -> str:
-        return f"{snapshot_prefix(snapshot_id)}/evidence/"
-
     async def evidence_list(self, snapshot_id: str, workspace_id: str) -> list[dict[str, object]]:
         row = await self.get(snapshot_id, workspace_id)
         agent = await self._home(row)
         if agent is not None:
             return [e.model_dump(exclude={"source"}) for e in await agent.evidence_list(row.id)]
-        objects, prefix = self._objects(), self._evidence_prefix(row.id)
+        objects, prefix = self._objects(), evidence_prefix(row.id)
 
         def listing() -> list[dict[str, object]]:
             keys = sorted(objects.list(prefix.rstrip("/")))  # listing matches whole segments: no trailing "/"
@@ -295,7 +292,7 @@ class SnapshotControl:
         if agent is not None:
             return await agent.evidence_read(row.id, name)
         try:
-            return await asyncio.to_thread(self._objects().get, self._evidence_prefix(row.id) + check_name(name))
+            return await asyncio.to_thread(self._objects().get, evidence_key(row.id, name))
         except ObjectNotFound:
             raise NotFound(f"no evidence file {name!r}", details={"name": name}) from None
 
@@ -304,7 +301,7 @@ class SnapshotControl:
         agent = await self._home(row)
         if agent is not None:
             return await agent.evidence_put(row.id, name, data)
-        await asyncio.to_thread(self._objects().put, self._evidence_prefix(row.id) + check_name(name), data)
+        await asyncio.to_thread(self._objects().put, evidence_key(row.id, name), data)
         return len(data)
 
     async def get(self, snapshot_id: str, workspace_id: str) -> SnapshotRow:
@@ -342,7 +339,7 @@ class SnapshotControl:
                 log.warning("deleting snapshot %s on %s failed: %s", snapshot_id, agent_row.name, err.message)
         if self.objects is not None:
             try:
-                await asyncio.to_thread(delete_stored, self.objects, snapshot_id)
+                await asyncio.to_thread(delete_published, self.objects, snapshot_prefix(snapshot_id))
             except CryoboxError as err:
                 log.warning("deleting the stored copy of snapshot %s failed: %s", snapshot_id, err.message)
 
@@ -394,11 +391,3 @@ class SnapshotControl:
         for task in list(self._storing.values()):
             task.cancel()
         await asyncio.gather(*self._storing.values(), return_exceptions=True)
-
-
-def delete_stored(objects: ObjectStore, snapshot_id: str) -> None:
-    """Remove a snapshot's objects, the manifest first (a half-deleted snapshot never looks whole)."""
-    prefix = snapshot_prefix(snapshot_id)
-    for key in sorted(objects.list(prefix), key=lambda k: not k.endswith("/manifest.json")):
-        with contextlib.suppress(ObjectNotFound):
-            objects.delete(key)

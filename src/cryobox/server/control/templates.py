@@ -55,8 +55,8 @@ def row_for_template(template: am.TemplateInfo, workspace_id: str | None, spec: 
     return TemplateRow(
         name=template.name,
         generation=template.generation,
-        cpu=template.cpus,
-        memory_mb=template.memory_mib,
+        cpus=template.cpus,
+        memory_mib=template.memory_mib,
         status="ready",
         path=template.path,
         created_at=template.created_at,
@@ -112,7 +112,7 @@ class TemplateJobs:
     async def size(self, name: str) -> tuple[int, int]:
         """(vCPUs, MiB) of a template's sandboxes."""
         row = await self._row(name)
-        return row.cpu, row.memory_mb
+        return row.cpus, row.memory_mib
 
     # -- registrations ---------------------------------------------------------------------------------------
 
@@ -169,8 +169,8 @@ class TemplateJobs:
         row = TemplateRow(
             name=request.name,
             generation="",
-            cpu=spec.cpus,
-            memory_mb=spec.memory_mib,
+            cpus=spec.cpus,
+            memory_mib=spec.memory_mib,
             status="building",
             path="",
             created_at=time.time(),

@@ -8,8 +8,6 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from ...agent.vm import Accel
-from ...console.state import ConsoleState
 from ...errors import Unauthorized
 from ...proxy import PortProxy
 from ...registry import Registry, WorkspaceInfo
@@ -21,6 +19,7 @@ from ..access.sessions import CSRF_HEADER, ConsoleSessions
 from ..access.tickets import PtyTickets
 from ..control.forks import ForkControl
 from ..control.sandboxes import ControlPlane
+from ..execlog import ExecHistory
 from ..metrics import Metrics
 
 
@@ -29,12 +28,12 @@ class AppContext:
     control: ControlPlane
     forks: ForkControl
     limiter: RateLimiter
-    accel: Accel
     host: str
     version: str
     keys: KeyCache
     sessions: ConsoleSessions
-    console: ConsoleState
+    execs: ExecHistory
+    """The last exec calls per sandbox on this replica (the console shows them)."""
     failures: FailedAuth = field(default_factory=FailedAuth)
     """Bad keys per client address, shared by the front gate and ``POST /ui/login``."""
     tickets: PtyTickets = field(default_factory=PtyTickets)

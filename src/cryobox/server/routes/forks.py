@@ -8,10 +8,10 @@ from fastapi import APIRouter, Body, Response
 
 from ...agentapi import models as am
 from ...errors import CryoboxError, NotFound
+from ..mapping import sandbox_view
 from . import wire
 from .deps import Ctx
 from .errors import ERROR_RESPONSES
-from .views import sandbox_view
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["forks"], responses=ERROR_RESPONSES)
 

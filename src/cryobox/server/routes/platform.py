@@ -8,9 +8,9 @@ from fastapi import APIRouter, Response
 
 from ... import models
 from ...errors import CryoboxError
+from ..mapping import template_view
 from .deps import Ctx, PublicCtx
 from .errors import ERROR_RESPONSES
-from .views import template_view
 
 router = APIRouter(tags=["platform"])
 
@@ -57,7 +57,10 @@ async def info(ctx: PublicCtx) -> models.Info:
 
     return models.Info(
         version=ctx.version,
-        accelerator=_accelerator(ctx, [row.info.get("accelerator") for row, _ in agents]),
+        accelerator=_accelerator(
+            [row.info.get("accelerator") for row, _ in agents]
+            + [row.info.get("accelerator") for row in await ctx.control.fleet.agents()]
+        ),
         hosts=[row.name for row, _ in agents],
         isolation={row.name: row.info.get("jail") or {} for row, _ in agents},
         capacity={
@@ -76,12 +79,13 @@ async def info(ctx: PublicCtx) -> models.Info:
     )
 
 
-def _accelerator(ctx: PublicCtx, reported: list[object]) -> Literal["kvm", "tcg"]:
-    """What the agents run guests with (the control plane's own host says nothing about theirs)."""
+def _accelerator(reported: list[object]) -> Literal["kvm", "tcg"]:
+    """What the agents run guests with, as they report it (live ones first, then any registered one): the control
+    plane's own host says nothing about theirs. With no agent ever registered: ``tcg``, the weaker claim."""
     for value in reported:
         if value in ("kvm", "tcg"):
             return "kvm" if value == "kvm" else "tcg"
-    return "kvm" if ctx.accel.value == "kvm" else "tcg"
+    return "tcg"
 
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})

@@ -25,10 +25,10 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ... import models
-from ...agent.sandbox.sandbox import rfc3339
 from ...agentapi import models as am
 from ...errors import CryoboxError, GuestError, InvalidArgument, PayloadTooLarge, SandboxTimeout
 from ...models.procs import MAX_INPUT_B64
+from ...util.times import rfc3339
 from .deps import Ctx
 from .errors import ERROR_RESPONSES
 from .files import PathQuery, checked

@@ -21,10 +21,10 @@ from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
-from ...agent.guest.client import unb64
 from ...agentapi import Agent
 from ...agentapi import models as am
 from ...errors import CryoboxError, InvalidArgument, Unauthorized
+from ...util.encoding import unb64
 from ..access.gate import bearer_key
 from .deps import AppContext, Ctx
 from .errors import ERROR_RESPONSES

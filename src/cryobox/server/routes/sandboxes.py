@@ -12,15 +12,15 @@ from fastapi import APIRouter, Body, Request, Response
 from fastapi.responses import StreamingResponse
 
 from ... import models
-from ...agent.net.firewall import parse_cidrs
-from ...agent.sandbox.sandbox import rfc3339
 from ...agentapi import models as am
-from ...console.execs import ExecRecord
 from ...errors import CryoboxError, SandboxTimeout
+from ...netpolicy import parse_cidrs
+from ...util.times import rfc3339
 from ..control.sandboxes import UNSET, CreateRequest
+from ..execlog import ExecRecord
+from ..mapping import sandbox_view
 from .deps import Ctx
 from .errors import ERROR_RESPONSES
-from .views import sandbox_view
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"], responses=ERROR_RESPONSES)
 
@@ -126,7 +126,7 @@ async def exec_command(sandbox_id: str, body: models.ExecRequest, ctx: Ctx) -> m
         ctx.app.metrics.observe_exec("error", time.monotonic() - started)
         raise
     ctx.app.metrics.observe_exec("timeout" if result.timed_out else "ok", time.monotonic() - started)
-    ctx.app.console.execs.record(
+    ctx.app.execs.record(
         sandbox_id,
         ExecRecord(
             command=body.cmd,

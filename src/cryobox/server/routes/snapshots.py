@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Request, Response
 
-from ...agent.sandbox.sandbox import rfc3339
 from ...registry import SnapshotRow
+from ...util.times import rfc3339
 from . import wire
 from .deps import Ctx
 from .errors import ERROR_RESPONSES

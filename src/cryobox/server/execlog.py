@@ -1,5 +1,6 @@
-"""Exec history for the console: the last 50 ``POST /v1/sandboxes/{id}/exec`` calls per sandbox on this replica
-(a ring per sandbox, the least recently used sandboxes forgotten past 1024), with the tails of their output."""
+"""Exec history (the web console shows it): the last 50 ``POST /v1/sandboxes/{id}/exec`` calls per sandbox on this
+replica (a ring per sandbox, the least recently used sandboxes forgotten past 1024), with the tails of their
+output."""
 
 from __future__ import annotations
 

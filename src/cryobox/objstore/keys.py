@@ -1,0 +1,75 @@
+"""Every key cryobox writes in the object store, in one place.
+
+::
+
+    templates/<name>/<generation>/...   a baked template generation (memory.idx, memory.trace, vmstate,
+                                        disk.qcow2, manifest.json written last)
+    templates/<name>/latest             {"generation": ...} of the newest publish
+    snapshots/<id>/...                  a snapshot (the same files, plus evidence/<name>)
+    hibernations/<sandbox id>/...       a hibernated sandbox's image, so it can wake on another host
+    images/<kind>/<cache key>/<file>    kernel, initrd, rootfs base of the content-addressed image cache
+    chunks/<sha256[:2]>/<sha256>        every distinct non-zero 4 MiB chunk of every image, stored once
+    leases/..., gc/...                  publishes and store GCs announcing themselves (:mod:`.leases`)
+
+An image (a template generation, a snapshot, a hibernation) is whole exactly while its ``manifest.json`` exists:
+it is written last and deleted first.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..errors import InvalidArgument
+
+TEMPLATES = "templates"
+SNAPSHOTS = "snapshots"
+HIBERNATIONS = "hibernations"
+IMAGES = "images"
+CHUNKS = "chunks"
+MANIFEST = "manifest.json"
+LATEST = "latest"
+EVIDENCE = "evidence"
+
+IMAGE_ROOTS = {TEMPLATES: 3, SNAPSHOTS: 2, HIBERNATIONS: 2}
+"""Top-level prefix -> how many key segments name one image (``templates/<name>/<generation>``, ``snapshots/<id>``)."""
+
+EVIDENCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def template_prefix(name: str, generation: str) -> str:
+    return f"{TEMPLATES}/{name}/{generation}"
+
+
+def template_latest(name: str) -> str:
+    """The key naming a template's newest published generation."""
+    return f"{TEMPLATES}/{name}/{LATEST}"
+
+
+def snapshot_prefix(snapshot_id: str) -> str:
+    return f"{SNAPSHOTS}/{snapshot_id}"
+
+
+def hibernation_prefix(sandbox_id: str) -> str:
+    return f"{HIBERNATIONS}/{sandbox_id}"
+
+
+def manifest_key(prefix: str) -> str:
+    return f"{prefix}/{MANIFEST}"
+
+
+def check_evidence_name(name: str) -> str:
+    """``name`` if it may name an evidence file (it becomes a file name on a host and a store key segment)."""
+    if not EVIDENCE_NAME.fullmatch(name):
+        raise InvalidArgument(
+            "evidence names are 1-128 characters of letters, digits, '.', '_' and '-' (no leading dot)",
+            details={"name": name},
+        )
+    return name
+
+
+def evidence_prefix(snapshot_id: str) -> str:
+    return f"{snapshot_prefix(snapshot_id)}/{EVIDENCE}/"
+
+
+def evidence_key(snapshot_id: str, name: str) -> str:
+    return evidence_prefix(snapshot_id) + check_evidence_name(name)

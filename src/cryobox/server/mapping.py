@@ -1,0 +1,94 @@
+"""One vocabulary on the control plane's side: an agent's :class:`~cryobox.agentapi.models.SandboxInfo` <-> a registry
+row <-> the public wire model, in one place.
+
+Inside cryobox a sandbox has ``cpus``, ``memory_mib``, ``ttl_s`` and epoch-second times everywhere (the agent's
+records, the interface, the registry rows); only the public models speak PandaStack's ``cpu``, ``memory_mb``,
+``ttl_seconds`` and RFC 3339 times, and this module is where the two meet (the E2B front door has its own shapes
+in :mod:`cryobox.compat.e2b.views`). The agent's side of the same mapping is :mod:`cryobox.agent.sandbox.mapping`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .. import models
+from ..agentapi import models as am
+from ..registry import SandboxRow, TemplateRow
+from ..util.times import rfc3339
+
+
+def row_for(info: am.SandboxInfo, host: str) -> SandboxRow:
+    return SandboxRow(
+        id=info.id,
+        workspace_id=info.workspace_id,
+        template=info.template,
+        cpus=info.cpus,
+        memory_mib=info.memory_mib,
+        status=info.state,
+        metadata=dict(info.metadata),
+        env=dict(info.env),
+        boot_ms=info.boot_ms,
+        boot_mode=info.boot_mode,
+        host=host,
+        created_at=info.created_at,
+        persistent=info.persistent,
+        ttl_s=info.ttl_s,
+        expires_at=info.expires_at,
+        last_active_at=info.last_active,
+        vm_id=info.vm_id,
+        from_snapshot=info.from_snapshot,
+        guest_ip=info.guest_ip,
+        instance_id=info.instance_id,
+        egress=list(info.egress) if info.egress is not None else None,
+    )
+
+
+def live_row(row: SandboxRow, info: am.SandboxInfo) -> SandboxRow:
+    """``row`` with what the agent knows now (state, TTL clock, address)."""
+    return replace(
+        row,
+        status=info.state,
+        expires_at=info.expires_at,
+        last_active_at=info.last_active,
+        ttl_s=info.ttl_s,
+        persistent=info.persistent,
+        guest_ip=info.guest_ip,
+        vm_id=info.vm_id,
+    )
+
+
+def sandbox_view(row: SandboxRow) -> models.Sandbox:
+    return models.Sandbox.model_validate(
+        {
+            "id": row.id,
+            "template": row.template,
+            "cpu": row.cpus,
+            "memory_mb": row.memory_mib,
+            "status": row.status,
+            "guest_ip": row.guest_ip,
+            "metadata": row.metadata,
+            "from_snapshot": row.from_snapshot,
+            "boot_ms": row.boot_ms,
+            "boot_mode": row.boot_mode,
+            "created_at": rfc3339(row.created_at),
+            "persistent": row.persistent,
+            "expires_at": rfc3339(row.expires_at) if row.expires_at is not None else None,
+            "host": row.host,
+            "instance_id": row.instance_id,
+        }
+    )
+
+
+def template_view(row: TemplateRow, progress: str | None = None) -> models.Template:
+    return models.Template.model_validate(
+        {
+            "name": row.name,
+            "cpu": row.cpus,
+            "memory_mb": row.memory_mib,
+            "generation": row.generation,
+            "status": row.status,
+            "created_at": rfc3339(row.created_at),
+            "progress": progress if row.status == "building" else None,
+            "error": row.error,
+        }
+    )

@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 PYTEST_PARALLEL ?= -n 2 --dist loadfile --basetemp=/tmp/cbx-t
 ARGS ?=
 # QEMU 10 from bookworm-backports, unpacked beside the system's 7.2 (not installed as the system QEMU): measured
-# against 7.2 by `make bench` (docs/ARCHITECTURE.md, "Snapshots"); VMs use it only with CRYOBOX_QEMU=$(QEMU10).
+# against 7.2 by `make bench` (docs/design/snapshots.md, "QEMU versions"); VMs use it only with CRYOBOX_QEMU=$(QEMU10).
 QEMU10_VERSION := 1:10.0.2+ds-2+deb13u1~bpo12+1
 QEMU10_SEABIOS := 1.16.3-2~bpo12+1
 QEMU10_PREFIX := /opt/cryobox/qemu-10.0.2

@@ -3,8 +3,8 @@ written since its restore, end to end (the API call) and in bytes.
 
 Each size is measured on :data:`SWEEP_REPS` sandboxes, each snapshotted twice (its first snapshot, then again
 with the staging buffer warm, as a sandbox snapshotted again and again is), and the sweep reports the p50 of
-each: single samples on this 2-core host spread by ±30 %, and the slope between the sweep's ends is what the
-issue's ≤ 0.5 s per GiB dirtied is checked against.
+each: single samples on a small host spread widely, and the slope between the sweep's ends is what the
+≤ 0.5 s per GiB dirtied promise (docs/SPECIFICATION.md) is checked against.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``cryobox gc --store``: delete what no live image needs from the object store.
 
 An image (a template generation, a snapshot, a stored hibernation) is **live** while its ``manifest.json`` exists.
-A run (:func:`collect`) scans the store (:mod:`.storescan`) and removes, in this order:
+A run (:func:`collect`) scans the store (:mod:`.gcscan`) and removes, in this order:
 
 1. **old template generations** nothing needs: not among the newest ``keep_generations`` of their template (by
    ``published_at``), not the one ``templates/<name>/latest`` names, not the one a live snapshot's or

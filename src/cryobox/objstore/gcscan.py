@@ -1,7 +1,7 @@
 """What a store GC sees: the store's objects grouped into images, with what their manifests and indexes say.
 
 One listing of the whole store (sizes and last-modified times included), then a GET of every manifest and of
-every index a live image or a base image has. Nothing is decided here (:mod:`.storegc` plans and deletes)::
+every index a live image or a base image has. Nothing is decided here (:mod:`.gc` plans and deletes)::
 
     templates/<name>/<generation>/...   a template generation      (an image: live while its manifest.json exists)
     templates/<name>/latest             which generation is newest  (always kept)

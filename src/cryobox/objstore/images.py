@@ -6,10 +6,9 @@ holding the same bytes. Uploading is durable-then-advertise: every chunk is in t
 names it, and the index before the manifest (the callers write that last).
 
 Whether the store has a chunk already is one HEAD per distinct chunk (a present object of the right size is
-reused; anything else is uploaded). Measured against listing ``chunks/`` instead: on a ``file://`` store holding
-3,000 chunks, 150 HEADs took 13-14 ms and the listing 73-106 ms; on an S3 server (moto on loopback) 150 HEADs took
-0.9-1.0 s and listing 3,000 keys (3 pages) 2.0 s. A listing grows with the whole store and HEADs with the image
-(S3 also bills a LIST like 12 GETs), so HEADs it is, a few at a time.
+reused; anything else is uploaded), rather than a listing of ``chunks/``: a listing grows with the whole store
+and HEADs with the image (and S3 bills a LIST like many GETs), so HEADs it is, a few at a time (figures:
+docs/SPECIFICATION.md).
 
 The publisher holds a :class:`~.leases.PublishLease` naming the chunks while it relies on them, so a concurrent
 ``cryobox gc --store`` keeps them (see :mod:`.leases`).

@@ -12,7 +12,7 @@ then lists ``gc/``; if any GC is running it waits ``SETTLE_S`` after its lease b
 check for or upload chunks, or write anything under its prefixes. It re-puts the lease every ``REFRESH_S`` while
 it works and leaves it behind when done: the GC deletes leases once they are older than its grace period.
 
-**GC** (``storegc``): it puts its marker *before* its first listing of ``leases/``; it treats every chunk and
+**GC** (:mod:`.gc`): it puts its marker *before* its first listing of ``leases/``; it treats every chunk and
 prefix a fresh lease (younger than the grace period) names as referenced; and it sends a delete only within
 ``GC_WINDOW_S`` of the start of its latest ``leases/`` listing (it lists again otherwise).
 

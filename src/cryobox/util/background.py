@@ -1,8 +1,8 @@
 """Threads for background work that must not slow what a user waits on.
 
-A snapshot's copy to the object store hashes its whole memory image (two threads, ~1.2 s of CPU for 2 GiB)
-right after the snapshot returns; on a host with two cores it competed with the next snapshot's pause and
-settle, which then took 2–3 times as long. Work run here gets a lower CPU priority (``nice``), inherited by
+A snapshot's copy to the object store hashes its whole memory image (two threads) right after the snapshot
+returns; on a host with few cores it competes with the next snapshot's pause and settle, and slows them
+(docs/SPECIFICATION.md). Work run here gets a lower CPU priority (``nice``), inherited by
 the threads it starts: the scheduler gives the latency-critical threads the cores first, and the background
 work everything left over.
 """

@@ -1,7 +1,7 @@
 """A reflink-capable data volume: files the agent must copy inside a VM pause window live on it.
 
-Cloning a file with the ``FICLONE`` ioctl shares its extents copy-on-write, so a 1 GiB qcow2 overlay or
-snapshot file is "copied" in milliseconds. XFS (``-m reflink=1``), btrfs and bcachefs can; ext4 cannot. The
+Cloning a file with the ``FICLONE`` ioctl shares its extents copy-on-write, so a qcow2 overlay or snapshot file is
+"copied" at a cost that does not grow with its size. XFS (``-m reflink=1``), btrfs and bcachefs can; ext4 cannot. The
 volume root is always ``<data_dir>/vol``::
 
     data dir supports reflink   vol/ is a plain directory

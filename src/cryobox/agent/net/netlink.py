@@ -14,9 +14,10 @@ must happen inside: its netlink socket, the tap ioctl (a tap is created in the n
 opens it). Network namespaces are per *thread* on Linux, so this never disturbs the rest of the process, and
 because the thread exits afterwards nothing can reuse a thread left in the wrong namespace (which is why this is
 not done on an ``asyncio.to_thread`` pool thread). The veth is created from inside with its peer placed in the
-host namespace through an fd opened before the unshare. Compared with ``IPRoute(netns=...)`` / ``NetNS``, which fork
-a helper process for every socket and every tap (~80 ms per slot here), this takes ~30 ms and forks nothing from
-a process that runs many threads. The slot's nft table is loaded with ``nsenter --net=/run/netns/<name> nft -f -``.
+host namespace through an fd opened before the unshare. ``IPRoute(netns=...)`` / ``NetNS`` fork a helper process
+for every socket and every tap, which costs more per slot and forks from a process that runs many threads; this
+forks nothing (build times: docs/SPECIFICATION.md). The slot's nft table is loaded with
+``nsenter --net=/run/netns/<name> nft -f -``.
 
 Everything is named after the slot's tag, so :func:`reclaim` can find and delete a crashed agent's leftovers.
 

@@ -1,4 +1,4 @@
-"""A pool of pre-built network slots, so handing one to a new sandbox costs a deque pop, not ~30 ms of netlink.
+"""A pool of pre-built network slots, so handing one to a new sandbox costs a deque pop, not a netlink build.
 
 * A background task keeps ``size`` idle slots built (one build at a time, on a worker thread).
 * ``acquire`` pops an idle slot (O(1)); only when the pool is drained does it build one inline.

@@ -11,7 +11,8 @@ Store layout (every name carries the generation, so a re-bake is a new name and 
     templates/<name>/latest                      {"generation": ...} of the newest publish
     images/<kind>/<cache key>/<file>[.idx]       kernel, initrd, rootfs base (sparse images chunked like memory)
     chunks/<sha256[:2]>/<sha256>                 every distinct non-zero chunk of every image, stored once
-                                                 (``chunkfmt.py``, ``imagestore.py``), before the indexes naming it
+                                                 (``objstore/chunkfmt.py``, ``objstore/images.py``), before the
+                                                 indexes naming it
 
 Snapshots (``publish_snapshot``, on request)::
 
@@ -21,7 +22,7 @@ Snapshots (``publish_snapshot``, on request)::
                                                      row pins its sha256 (``manifests.py``)
 
 Every publish holds a lease naming its prefixes and chunks (``leases.py``) so that ``cryobox gc --store``
-(``storegc.py``) keeps what it relies on. ``LAYOUT_VERSION`` 2 is this layout; a template published in layout 1
+(``objstore/gc.py``) keeps what it relies on. ``LAYOUT_VERSION`` 2 is this layout; a template published in layout 1
 (one ``memory.pack`` per image) is published again by the next :func:`publish_template` of its generation, and a
 fetch of one is refused with a :class:`StoreError` saying so.
 

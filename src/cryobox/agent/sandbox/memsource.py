@@ -1,14 +1,15 @@
 """Where a restore's RAM comes from: the host's hot copy on tmpfs, or the memory server (paged from the store).
 
-``hot``: the image is local; it is copied once into tmpfs and every restore maps that copy (userfaultfd can
-write-protect it, so a running sandbox snapshots with a ~30 ms pause).
+``hot``: the image is local; it is copied once into tmpfs and every restore maps that copy (shared page cache;
+userfaultfd can write-protect it; a snapshot of the VM is a layer over the image's copy on the volume).
 
 ``lazy``: the image stays in the object store; restores map the memory server's FUSE file and each chunk a guest
 touches is fetched once per host (single-flight, durable chunk cache). A template fetched from the store has no
 local memory file and is always lazy. Such a VM's RAM cannot be write-protected; its snapshots take the short
-pause of :func:`~.store.layercapture.capture_whole` (the rest of the image is read from this file after it).
-The file is named by the image's prefix and the sha256 the source's local manifest pins for its chunk index
-(:func:`~.store.memclient.image_name`); a source whose manifest pins none is not paged from the store.
+pause of :func:`~cryobox.agent.snapshot.shortpause.capture_whole` (the rest of the image is read from this file
+after it). The file is named by the image's prefix and the sha256 the source's local manifest pins for its chunk
+index (:func:`~cryobox.agent.memory.client.image_name`); a source whose manifest pins none is not paged from the
+store.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A restored VM's RAM is a private (``share=off``) mapping of its parent image: ev
 still the parent's. So a snapshot over that parent needs only
 
 1. the device state: QEMU's ``xen-save-devices-state`` (``live=false``: it must not inactivate the disks)
-   writes every section but RAM, ~20 KiB in ~1.5 ms under TCG; it has no configuration section, which
+   writes every section but RAM (a few KiB, quickly); it has no configuration section, which
    :func:`~cryobox.agent.vm.vmstream.devices_vmstate` prepends from the vmstate the VM was restored from, so
    ``migrate-incoming`` loads it over the layer's mapping like any template;
 2. the pages it wrote, named by ``pagemap`` (:func:`.pagemap.written_runs`) and copied out of QEMU
@@ -13,7 +13,7 @@ still the parent's. So a snapshot over that parent needs only
 
 The pause is ``stop`` + the disk clone + both of these + ``cont``: it grows with what the guest wrote, not with
 its RAM, and nothing is streamed afterwards. A VM without a parent file to clone (lazily paged, a cold fork),
-one already paused, or a QEMU without the command is captured by :func:`.capture.capture` instead.
+one already paused, or a QEMU without the command is captured by :func:`..vm.migration.capture` instead.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """Settling the pages a short pause staged in memory into a memory layer, at memory speed.
 
-:func:`..vm.devcapture.copy_written` leaves every page the guest wrote in a staging buffer. Each one is one of:
+:func:`.devstate.copy_written` leaves every page the guest wrote in a staging buffer. Each one is one of:
 
 - **equal to the parent's page**: left out, the clone keeps sharing the parent's block;
 - **zero** where the parent's is not: a hole is punched (it costs no block);
 - **its own**: written into the clone (which unshares just that block) and hashed for the layer's digest.
 
 The comparison runs on a whole batch of pages at once, as rows of :mod:`numpy` arrays (512 64-bit words a
-page: a Python loop over 256 MiB's 65,536 pages takes seconds, and a numpy call per run of a real guest's
-thousands of short runs ~80 µs each), and looks at three words of each page first (:data:`SAMPLED`). The
+page): a Python loop over every page, or a numpy call per run of a real guest's thousands of short runs, would
+cost more than the writes; it looks at three words of each page first (:data:`SAMPLED`). The
 writes are :class:`.layerwrite.LayerWriter`'s (long runs ``O_DIRECT``, short ones buffered, ordered so XFS does
 not serialise them). The changed runs are hashed for the digest (:func:`.memlayer.chain_digest`, BLAKE3, which
 releases the GIL while it hashes) by two threads while it writes.

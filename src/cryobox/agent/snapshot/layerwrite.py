@@ -1,19 +1,17 @@
 """Writing a settle's own pages and new holes into a memory layer (a reflink clone on the XFS volume).
 
-Two kinds of writes, because the file system charges them differently (measured on the volume):
+Two kinds of writes, because the file system charges them differently (figures: docs/SPECIFICATION.md):
 
 - **long runs** (:data:`DIRECT_MIN` and up) go with ``O_DIRECT`` straight from the staging buffer, in pieces of
-  at most 4 MiB, by :data:`WRITERS` threads: no page-cache page to fault in (1.3 µs each here), ~3 GB/s;
-- **short runs** go through the page cache (an ``O_DIRECT`` write waits for its own copy-on-write remap, ~0.1 ms
-  each: 2,000 scattered 4–16 KiB runs took ~230 ms direct, ~120 ms buffered), and are written back with one
-  ``fdatasync``; new holes are punched.
+  at most :data:`WRITE_PIECE`, by :data:`WRITERS` threads: no page-cache page to fault in;
+- **short runs** go through the page cache (an ``O_DIRECT`` write waits for its own copy-on-write remap, which
+  dominates a small write), and are written back with one ``fdatasync``; new holes are punched.
 
 And ordered, because XFS serialises them: a buffered write takes the file's I/O lock exclusively, and a punch
 also waits for every direct write in flight, while each direct write holds the lock shared until it completes.
-Interleaved, a real guest's ~1,000 short runs stalled the long ones (a 256 MiB layer with 930 short runs
-settled in 170–200 ms; without them, 95–115). So: short runs written before the first long one go at once,
-and are written back (``fdatasync``, which takes no such lock) while the long ones are written; short runs and
-holes found after it wait until every long write is done.
+Interleaved, a real guest's many short runs stall the long ones. So: short runs written before the first long one
+go at once, and are written back (``fdatasync``, which takes no such lock) while the long ones are written; short
+runs and holes found after it wait until every long write is done.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """A snapshot's memory written as a layer over its parent image: only the pages the guest changed cost bytes.
 
 A restored VM maps its parent image (a template generation, a snapshot, a hibernation) ``MAP_PRIVATE``; the
-pages it wrote are named by ``/proc/<qemu>/pagemap`` (:mod:`..vm.pagemap`). QEMU's migration stream still
-carries every non-zero page, so the capture filters it:
+pages it wrote are named by ``/proc/<qemu>/pagemap`` (:mod:`.pagemap`). QEMU's migration stream (the stream
+capture) carries every non-zero page, so the capture filters it:
 
-- the snapshot's ``memory`` starts as a **reflink clone** of the parent's file on the snapshot volume (~1 ms,
-  whatever the size: the extents are shared, copy-on-write);
+- the snapshot's ``memory`` starts as a **reflink clone** of the parent's file on the snapshot volume (its cost
+  does not depend on the size: the extents are shared, copy-on-write);
 - a page the guest never wrote is the parent's: skipped (it stays shared);
 - a written page whose bytes equal the parent's is skipped too; any other is written over the clone, which
   unshares just that 4 KiB block; a written page that is now zero becomes a hole.
@@ -18,16 +18,16 @@ template's image lives in the cache directory), a copy of it is made there once 
 (``<volume>/bases/<key>/memory``, :class:`BaseImages`), and every snapshot of that image clones it.
 
 Where there is no parent file (a lazily paged VM whose image is only in the object store, a cold-booted fork)
-the whole image is written (:class:`FullImage`), as before.
+the whole image is written (:class:`FullImage`).
 
 Every image gets a **content digest**: BLAKE3 over the parent's digest and, in address order, each maximal run
 of changed pages within a 4 MiB segment (pages whose bytes differ from the parent's; a page now zero is
 changed and hashes as zeros):
 its address, its length and the BLAKE3 of its bytes (:func:`chain_digest`; a full image has the empty parent,
 so its runs are its non-zero pages). Two captures with the same bytes over the same parent have the same
-digest; a child names its parent by that digest, never by a name. Runs, not pages: a run hashes in one call
-that releases the GIL for all of it, so two threads hash 256 MiB in 22 ms (BLAKE3; sha256 took 75, and page by
-page 146).
+digest; a child names its parent by that digest, never by a name. Runs, not pages, and BLAKE3, not sha256: a
+run hashes in one call that releases the GIL for all of it, so two threads share a long run, and BLAKE3 is the
+faster hash here (docs/SPECIFICATION.md).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class PageSink(Protocol):
 
 
 class WrittenTest(Protocol):
-    """:class:`..vm.pagemap.WrittenPages`: has the guest written the page at ``offset``?"""
+    """:class:`.pagemap.WrittenPages`: has the guest written the page at ``offset``?"""
 
     def written(self, offset: int) -> bool: ...
 

@@ -11,7 +11,7 @@ which cryobox VMs do not have), so an answer "not written" read at any instant a
 pause too: a page that is still the file's at the time we look had the file's content when the guest stopped.
 That is what lets a snapshot's consumer ask while QEMU streams, with a window cached. For a background
 snapshot a stale "not written" entry could only matter if the page changed before the pause, which it cannot
-have. A stream that sends pages again (a pre-copy migration: tried, not shipped, see docs/ARCHITECTURE.md)
+have. A stream that sends pages again (a pre-copy migration: tried, not shipped, see docs/design/snapshots.md)
 may carry a page the guest wrote after our window was read, so the consumer drops the window whenever it
 reads more of the stream (:meth:`invalidate`), which keeps the sinks right for either kind of stream:
 an entry read after a record arrived tells the truth about the bytes that record carries.

@@ -2,11 +2,10 @@
 mapping whose pages are in given categories, found by a walk of the page tables that skips what is not mapped.
 
 A ``pagemap`` read returns 8 bytes for every page of the range, mapped or not, so its cost grows with the guest's
-RAM: 3.9 ms for a 512 MiB QEMU and 12.2 ms for a 2 GiB one whose guests had touched the same 110 MiB, and that
-read is inside every snapshot's pause. ``PAGEMAP_SCAN`` answers for the same two in 1.3 and 2.1 ms (measured
-here): it returns only the matching ranges, and a page table that is not there costs it one step. (It still
-looks at every *present* page, as a ``pagemap`` read does: for a guest that touched all its RAM the two cost
-about the same.)
+RAM, even RAM the guest never touched, and that read is inside every snapshot's pause. ``PAGEMAP_SCAN`` returns
+only the matching ranges, and a page table that is not there costs it one step, so its cost does not grow with
+untouched RAM (figures: docs/SPECIFICATION.md). (It still looks at every *present* page, as a ``pagemap`` read
+does: for a guest that touched all its RAM the two cost about the same.)
 
 Python has no binding; this is the ioctl through :mod:`fcntl` with the structures of ``linux/fs.h``.
 """

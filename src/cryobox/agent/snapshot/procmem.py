@@ -1,10 +1,10 @@
 """Reading a QEMU process's memory from outside: ``process_vm_readv(2)``, batched.
 
-The short-pause capture (:mod:`.devcapture`) copies the pages a guest wrote out of QEMU's RAM mapping while
+The short-pause capture (:mod:`.devstate`) copies the pages a guest wrote out of QEMU's RAM mapping while
 the guest is stopped, so the copy's speed *is* the pause. ``process_vm_readv`` copies straight between the two
 address spaces, many ranges per call (up to ``IOV_MAX`` on each side); a ``pread`` of ``/proc/<pid>/mem``
-pins and maps one page at a time. Measured here: 256 MiB in 39–44 ms against 58–86 ms for ``/proc/<pid>/mem``
-(docs/ARCHITECTURE.md, "Snapshots"). The standard library has no binding, so this one uses the process's own
+pins and maps one page at a time, which is slower (figures: docs/SPECIFICATION.md). The standard library has no
+binding, so this one uses the process's own
 libc through :mod:`ctypes`; where the call is refused (a kernel without it, a seccomp policy) it falls back to
 ``/proc/<pid>/mem``.
 """

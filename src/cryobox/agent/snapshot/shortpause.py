@@ -1,4 +1,4 @@
-"""The short-pause snapshot of a restored VM over its parent image (:mod:`..vm.devcapture`), as a memory layer.
+"""The short-pause snapshot of a restored VM over its parent image (:mod:`.devstate`), as a memory layer.
 
 The parent image is cloned (a reflink on the volume), the capture copies the pages the guest wrote into the
 clone inside its pause, and the layer's accounting runs afterwards while the guest goes on: a written page whose
@@ -60,7 +60,7 @@ async def capture_layer(
     capture_disk: Callable[[], Awaitable[None]],
     pool: StagingPool | None = None,
 ) -> CaptureReport[Split] | None:
-    """The short-pause capture (:mod:`..vm.devcapture`): the device state and the pages ``vm`` wrote, into a
+    """The short-pause capture (:mod:`.devstate`): the device state and the pages ``vm`` wrote, into a
     clone of ``parent``; ``None`` when the parent cannot be cloned (the caller streams instead)."""
     tmp = work / ".memory.tmp"
     try:

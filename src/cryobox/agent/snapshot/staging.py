@@ -1,19 +1,18 @@
 """Staging buffers for the short-pause capture, kept warm between captures.
 
-:func:`.devcapture.copy_written` copies the pages a guest wrote into a buffer inside its pause; the buffer must
-be faulted in before the pause. Faulting in fresh memory is what costs here: 400 MiB took 167–231 ms in 4 KiB
-pages and 253–1,180 ms in transparent huge pages (which need whole 2 MiB blocks, so they come from memory the
-machine never touched, which its host backs only then), while memory this process has kept costs nothing
-(measured on these machines). So 4 KiB pages, and a buffer is kept for
-``keep_s`` after the capture that used it and handed to the next one that fits: a sandbox snapshotted again
-and again, or a burst of snapshots, pays for its staging memory once. At most ``max_bytes`` are kept; a
-buffer idle for ``keep_s`` is unmapped (a timer on the running loop, or the next :meth:`take`).
+:func:`.devstate.copy_written` copies the pages a guest wrote into a buffer inside its pause; the buffer must
+be faulted in before the pause. Faulting in fresh memory is what costs, more so in transparent huge pages (which
+need whole 2 MiB blocks, so they come from memory the machine never touched, which its host backs only then),
+while memory this process has kept costs nothing (figures: docs/SPECIFICATION.md). So 4 KiB pages, and a buffer
+is kept for ``keep_s`` after the capture that used it and handed to the next one that fits: a sandbox
+snapshotted again and again, or a burst of snapshots, pays for its staging memory once. At most ``max_bytes``
+are kept; a buffer idle for ``keep_s`` is unmapped (a timer on the running loop, or the next :meth:`take`).
 
 A **reserve** (``CRYOBOX_STAGING_RESERVE_MIB``, default 512: as much as one capture ever stages) is faulted in
 once, in the background after the agent starts (:meth:`StagingPool.warm`), and never unmapped while the agent
-runs: so even a sandbox's first snapshot finds a warm buffer (a fresh 384 MiB one cost 100–120 ms of that
-snapshot; fresh memory here costs ~0.25 s per GiB to fault in, from any number of threads). The agent reports
-it as held memory (``Capacity.memory_pooled_mib``), like its warm pools' QEMUs.
+runs: so even a sandbox's first snapshot finds a warm buffer (faulting in a fresh one is a large part of a first
+snapshot, however many threads do it). The agent reports it as held memory (``Capacity.memory_pooled_mib``),
+like its warm pools' QEMUs.
 """
 
 from __future__ import annotations

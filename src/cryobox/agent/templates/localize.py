@@ -1,10 +1,12 @@
-"""Bringing a fetched template's memory home, so its sandboxes snapshot with a ~30 ms pause again.
+"""Bringing a fetched template's memory home, so its sandboxes map a local copy again.
 
 A template fetched from the object store has no local ``memory``: its first restores page RAM in through the
-memory server. Such a VM cannot be write-protected (userfaultfd-wp needs shmem here), so its snapshots pause
-it for a whole RAM copy. In ``--memory hot`` mode the agent therefore copies the image, in the background,
-from the memory server's file (every chunk once, through the same resolver and cache; zero blocks stay holes)
-into the template directory; restores spawned after that map the usual tmpfs copy.
+memory server. Such a VM cannot be write-protected (userfaultfd-wp needs shmem here) and has no parent file on the
+volume, so each of its snapshots is written as a whole image (the pages it never wrote read back through the memory
+server) rather than as a layer of what it changed, and it depends on the store. In ``--memory hot`` mode the agent
+therefore copies the image, in the background, from the memory server's file (every chunk once, through the same
+resolver and cache; zero blocks stay holes) into the template directory; restores spawned after that map the usual
+tmpfs copy.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Each VM's QEMU runs
 - under seccomp (``-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny``: no
   ``exec:`` migration URIs, so state goes through ``fd:``) with an empty environment;
 - in a cgroup (:mod:`.cgroups`) capping its memory (guest RAM plus QEMU's own overhead), CPU (its vCPUs plus
-  half a core for I/O) and tasks.
+  one core for QEMU's own threads, :data:`QEMU_THREADS_CPUS`) and tasks.
 
 Under TCG the guest-to-host boundary is QEMU's instruction emulator, which upstream does not treat as a
 security boundary (https://www.qemu.org/docs/master/system/security.html): the jail is what stands between a
@@ -54,8 +54,8 @@ DEFAULT_UID_FLOOR = 1_000_000
 ENV_JAIL = "CRYOBOX_JAIL"
 ENV_UID_BASE = "CRYOBOX_JAIL_UID_BASE"
 OVERHEAD_MIB = {Accel.TCG: 384, Accel.KVM: 192}
-"""QEMU's own memory beyond guest RAM (TCG: a 64 MiB translation cache, code and buffers; measured peak in
-docs/ARCHITECTURE.md, "Jail")."""
+"""QEMU's own memory beyond guest RAM (TCG: a 64 MiB translation cache, code and buffers; measured peaks in
+docs/SPECIFICATION.md, "Isolation")."""
 PIDS_MAX = 256
 DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
 TUN = Path("/dev/net/tun")

@@ -1,7 +1,7 @@
 """The jail launcher: run as ``python -I -S jailexec.py SPEC -- QEMU ARGV...`` by :mod:`.jail` (as root).
 
-Standard library only and nothing imported from cryobox: it starts in ~25 ms, and it is the one piece of code
-that runs between the agent and a jailed QEMU. It
+Standard library only and nothing imported from cryobox: it starts fast (it is on every QEMU spawn), and it is
+the one piece of code that runs between the agent and a jailed QEMU. It
 
 1. enters the slot's network namespace (``setns``) and the VM's cgroups (writes its pid to each ``procs`` file);
 2. ``unshare``s mount, PID and IPC namespaces and forks: the child is PID 1 of the new PID namespace;

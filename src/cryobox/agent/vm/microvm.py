@@ -84,7 +84,8 @@ class MicroVM:
         """The configuration section of the vmstate this VM was restored from (:func:`.vmstream.config_prefix`):
         what a device-state capture needs to be loadable (``None``: not restored by this process)."""
         self.commands: frozenset[str] | None = None
-        """QMP commands this QEMU has (``query-commands``, asked once: :func:`.devcapture.saves_devices`)."""
+        """QMP commands this QEMU has (``query-commands``, asked once:
+        :func:`cryobox.agent.snapshot.devstate.saves_devices`)."""
         self.guest: GuestClient | None = None
         self.violation: str | None = None
         """Why the VM was killed for breaking the guest protocol, if it was."""

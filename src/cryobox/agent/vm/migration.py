@@ -1,8 +1,8 @@
 """Capturing a live VM's state without stopping it for longer than its device state takes to save.
 
 A restored VM's RAM is a ``share=off`` (MAP_PRIVATE) mapping of its parent's image, so ``x-ignore-shared``
-does not skip it and a stopped migration would copy all of it inside the pause (1.2 s for 512 MiB under TCG).
-Instead (measured in docs/ARCHITECTURE.md, "Snapshots"):
+does not skip it and a stopped migration would copy all of it inside the pause. Instead (docs/design/snapshots.md,
+"The stream capture"; most running VMs take the short pause of :mod:`cryobox.agent.snapshot.devstate`):
 
 1. pre-populate the RAM mapping from outside, reading ``/proc/<qemu>/mem`` while the guest runs (QEMU's
    background snapshot otherwise faults every page in during its setup, with the guest stopped);

@@ -2,7 +2,7 @@
 
 cryobox keeps no per-sandbox time series, so the answer is a single ``SandboxMetric`` measured when asked: CPU
 use over a 200 ms window (two readings of ``/proc/stat``), memory from ``/proc/meminfo`` and the root file
-system's size and use (``df``), all from one command in the guest (~100-300 ms under TCG).
+system's size and use (``df``), all from one command in the guest.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """PandaStack's code-interpreter routes, for its unchanged SDK (``Sandbox.create_code_context()`` → ``CodeContext``
-with ``run_code`` and ``close``), over the same kernel server as ``/v1/sandboxes/{id}/code/…`` (:mod:`.routes_code`).
+with ``run_code`` and ``close``), over the same kernel server as ``/v1/sandboxes/{id}/code/…``
+(:mod:`cryobox.server.routes.code`).
 
 - ``POST /v1/sandboxes/{id}/repl/sessions`` ``{language}`` → 201 ``{id, language}`` (a new context);
 - ``POST …/repl/sessions/{sid}/run`` ``{code, timeout_ms?}`` and ``POST /v1/sandboxes/{id}/repl`` ``{code,

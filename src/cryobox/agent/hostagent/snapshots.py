@@ -20,6 +20,7 @@ from ...errors import CryoboxError, NotFound, ObjectNotFound
 from ...objstore.manifests import recorded_manifest
 from ...util.background import Background
 from ..host.startup import Host
+from ..publish.images import delete_stored
 from ..publish.templates import import_snapshot, publish_snapshot, snapshot_prefix
 from ..sandbox.forking import SlotFactory
 from ..sandbox.sandbox import Sandbox
@@ -153,12 +154,7 @@ class SnapshotOps:
             await asyncio.to_thread(self._delete_stored, snapshot_id)
 
     def _delete_stored(self, snapshot_id: str) -> None:
-        prefix = snapshot_prefix(snapshot_id)
-        keys = self.host.store.list(prefix)
-        # the manifest first: a half-deleted snapshot is never taken for a whole one
-        for key in sorted(keys, key=lambda k: not k.endswith("/manifest.json")):
-            with contextlib.suppress(ObjectNotFound):
-                self.host.store.delete(key)
+        delete_stored(self.host.store, snapshot_prefix(snapshot_id))  # the manifest first: never half-whole
 
     async def prune(self, keep: set[str]) -> list[str]:
         gone = [i for i in await asyncio.to_thread(self.host.snapshots.ids) if i not in keep]

@@ -26,6 +26,11 @@ class SandboxState(enum.Enum):
     def accepts_requests(self) -> bool:
         return self is SandboxState.RUNNING
 
+    @property
+    def live(self) -> bool:
+        """Its QEMU runs (its vCPUs may be stopped): what a durable record names and a hibernation captures."""
+        return self in (SandboxState.RUNNING, SandboxState.PAUSED)
+
 
 def rfc3339(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, UTC).isoformat().replace("+00:00", "Z")

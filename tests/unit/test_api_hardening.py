@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cryobox.agent.publish.templates import snapshot_prefix
 from cryobox.errors import NotFound
 from cryobox.objstore.client import open_store
+from cryobox.objstore.keys import snapshot_prefix
 from cryobox.registry.rows import SnapshotRow
 from cryobox.server.access.tickets import PtyTickets
 from tests.unit.test_quotas import Env, agent, env, quota, registry

@@ -21,6 +21,9 @@ import re
 
 from ..errors import InvalidArgument
 
+LAYOUT_VERSION = 2
+"""Store layout of what a publish writes: 2 = content-addressed chunk objects (1: one memory.pack per image)."""
+
 TEMPLATES = "templates"
 SNAPSHOTS = "snapshots"
 HIBERNATIONS = "hibernations"

@@ -5,7 +5,8 @@ still runs (same pid *and* start time, pidfile in our run directory) is *live*; 
 complete is *hibernated*; anything else is *lost* (its QEMU died with or after the agent; the control plane
 marks it ``lost`` when the agent's report omits it). Reclaim then spares exactly the live VMs' processes, run
 directories, network slots, firewall grants and hot memory. :func:`adopt` reconnects each live VM (QMP, guest
-agent) and rebuilds its :class:`~.sandbox.Sandbox`; a VM that does not answer is killed and counted lost.
+agent), rebuilds its :class:`~.sandbox.Sandbox` from the record (:mod:`..sandbox.mapping`) and hands it to the
+service (``SandboxService.adopt``); a VM that does not answer is killed and counted lost.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from pathlib import Path
 from ..memory.hot import HotImages
 from ..net.slots import Slot, SlotPlan
 from ..sandbox.fidelity import rejoin
+from ..sandbox.mapping import adopted_sandbox
 from ..sandbox.records import SandboxRecord, SandboxRecords
 from ..sandbox.sandbox import Sandbox, SandboxState
 from ..sandbox.service import SandboxService
 from ..snapshot.store import SnapshotStore
-from ..vm import MicroVM, VmState
+from ..vm import VmState
 
 log = logging.getLogger(__name__)
 ADOPT_GUEST_TIMEOUT_S = 15.0
@@ -78,36 +80,11 @@ def survey(records: SandboxRecords, run_dir: Path) -> Survey:
     return found
 
 
-def _sandbox(record: SandboxRecord, vm: MicroVM, now: float) -> Sandbox:
-    return Sandbox(
-        id=record.id,
-        template=record.template,
-        cpus=record.cpus,
-        memory_mib=record.memory_mib,
-        vm=vm,
-        created_at=record.created_at,
-        boot_mode=record.boot_mode,
-        boot_ms=record.boot_ms,
-        workspace_id=record.workspace_id,
-        metadata=dict(record.metadata),
-        env=dict(record.env),
-        persistent=record.persistent,
-        ttl_s=record.ttl_s,
-        last_active=now,  # a restart grants a fresh idle period
-        from_snapshot=record.from_snapshot,
-        instance_id=record.instance_id,
-        egress=list(record.egress) if record.egress is not None else None,
-        mapped_image=record.mapped_image,
-        adopted=True,
-    )
-
-
 async def _adopt_live(service: SandboxService, record: SandboxRecord) -> Sandbox:
     assert record.vm is not None
     vm = await service.factory.adopt(record.vm)
     try:
-        sandbox = _sandbox(record, vm, service.clock())
-        sandbox.slot = service.factory.slot_of(vm)
+        now = service.clock()
         wanted = SandboxState(record.state)
         if wanted is SandboxState.RUNNING and vm.state is VmState.PAUSED:
             # stopped by an operation the dead agent never finished (a snapshot's or fork's pause, a hibernation
@@ -121,11 +98,10 @@ async def _adopt_live(service: SandboxService, record: SandboxRecord) -> Sandbox
             # the guest reopens its port when it sees the old agent's connection close; a ping that arrives
             # while it is closed is dropped, so ping until one is answered
             await vm.wait_guest_ready(ADOPT_GUEST_TIMEOUT_S)
-        sandbox.state = wanted
     except BaseException:
         await service.factory.destroy(vm)
         raise
-    return sandbox
+    return adopted_sandbox(record, vm, now, state=wanted, slot=service.factory.slot_of(vm))
 
 
 def _kill_recorded(record: SandboxRecord) -> None:
@@ -139,11 +115,9 @@ def _kill_recorded(record: SandboxRecord) -> None:
 async def adopt(service: SandboxService, found: Survey, hibernation: SnapshotStore) -> list[str]:
     """Put every live and hibernated sandbox of ``found`` into ``service``; returns the ids that were lost."""
     lost = [r.id for r in found.lost]
-    records = service.records
     for record in found.lost:
         _kill_recorded(record)
-        if records is not None:
-            await asyncio.to_thread(records.remove, record.id)
+        await service.forget_record(record.id)
         if record.hibernation:
             await asyncio.to_thread(hibernation.delete, Path(record.hibernation).name)
     gate = asyncio.Semaphore(ADOPT_CONCURRENCY)
@@ -158,25 +132,25 @@ async def adopt(service: SandboxService, found: Survey, hibernation: SnapshotSto
         if record.vm is not None and record.vm.slot_index is not None:
             with contextlib.suppress(Exception):
                 await service.factory.slots.release(service.factory.slots.adopt(record.vm.slot_index))
-        if records is not None:
-            await asyncio.to_thread(records.remove, record.id)
+        await service.forget_record(record.id)
         lost.append(record.id)
         return None
 
     for sandbox in await asyncio.gather(*(one(r) for r in found.live)):  # in parallel: QMP and pings
         if sandbox is None:
             continue
-        service.sandboxes[sandbox.id] = sandbox
-        await service.persist(sandbox)  # the state may have been mended
+        await service.adopt(sandbox)  # its record is written again: the state may have been mended
         log.info(
             "adopted sandbox %s (VM %s, pid %s, %s)", sandbox.id, sandbox.vm.vm_id, sandbox.vm.pid, sandbox.state.value
         )
     for record in found.hibernated:
         assert record.hibernation is not None
         image = await asyncio.to_thread(hibernation.load, Path(record.hibernation).name)
-        sandbox = _sandbox(record, service.factory.placeholder(record.id, image.machine), service.clock())
-        sandbox.state, sandbox.hibernation, sandbox.mapped_image = SandboxState.HIBERNATED, image, None
-        service.sandboxes[sandbox.id] = sandbox
+        placeholder = service.factory.placeholder(record.id, image.machine)  # no QEMU until it wakes
+        sandbox = adopted_sandbox(
+            record, placeholder, service.clock(), state=SandboxState.HIBERNATED, hibernation=image
+        )
+        await service.adopt(sandbox)  # its record stays as it was read
         log.info("adopted hibernated sandbox %s (image %s)", sandbox.id, image.id)
     if lost:
         log.warning("%d sandbox(es) did not survive the restart: %s", len(lost), ", ".join(lost))

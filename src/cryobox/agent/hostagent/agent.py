@@ -62,7 +62,7 @@ class HostAgent(HibernationEndpoints, ProcEndpoints):
         self.host = host
         self.service = host.service
         self.admission = admission
-        self.service.restore_gate = admission.slot  # a wake restores like a create: it waits its turn
+        self.service.set_restore_gate(admission.slot)  # a wake restores like a create: it waits its turn
         self.name = name
         self.url = url
         self.boot_id = uuid.uuid4().hex

@@ -4,8 +4,9 @@ host a sandbox that was hibernated on another one.
 ``store`` uploads the image of a hibernated sandbox (``hibernations/<id>/…``, the snapshot format: memory in
 chunks, manifest last) while holding the sandbox's lock, so it cannot wake (or go) half-way; it is idempotent.
 ``wake_stored`` imports the stored image into this host's hibernation store (its overlay rebased onto this
-host's copy of the template's disk, the memory downloaded and verified), records the sandbox as hibernated here,
-with the identity the control plane gives (id, workspace, metadata, env, instance id, TTL, egress), and wakes it
+host's copy of the template's disk, the memory downloaded and verified), then hands the sandbox to the service
+(``SandboxService.wake_here``), which records it as hibernated here, with the identity the control plane gives
+(id, workspace, metadata, env, instance id, TTL, egress: :func:`..sandbox.mapping.stored_wake`), and wakes it
 like any local hibernation; the stored manifest must hash to the one the control plane pins
 (``WakeSpec.manifest_sha256``, returned by ``store`` when it uploaded it). The download holds an admission slot;
 the wake's restore takes its own (the service's restore gate), never one inside the other. The control plane
@@ -15,7 +16,6 @@ deletes the stored objects once the row names this host.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
@@ -26,6 +26,7 @@ from ...errors import NotFound, ObjectNotFound, StateError
 from ..host.startup import Host
 from ..publish.hibernations import import_hibernation, publish_hibernation
 from ..sandbox.admission import AdmissionController
+from ..sandbox.mapping import stored_wake
 from ..sandbox.sandbox import Sandbox, SandboxState
 
 log = logging.getLogger(__name__)
@@ -99,35 +100,9 @@ class HibernationOps:
                 ) from None
         imported_s = time.monotonic() - started
         image = await asyncio.to_thread(service.hibernation.load, image_id)
-        sandbox = Sandbox(
-            id=spec.sandbox_id,
-            template=spec.template,
-            cpus=image.machine.cpus,
-            memory_mib=image.machine.memory_mib,
-            vm=service.factory.placeholder(spec.sandbox_id, image.machine),  # no QEMU until it wakes
-            created_at=spec.created_at,
-            boot_mode=spec.boot_mode,
-            state=SandboxState.HIBERNATED,
-            workspace_id=spec.workspace_id,
-            metadata=dict(spec.metadata),
-            env=dict(spec.env),
-            persistent=spec.persistent,
-            ttl_s=spec.ttl_s,
-            last_active=service.clock(),
-            from_snapshot=spec.from_snapshot,
-            instance_id=spec.instance_id,
-            egress=list(spec.egress) if spec.egress is not None else None,
-            hibernation=image,
-        )
-        service.sandboxes[sandbox.id] = sandbox
-        try:
-            await service.persist(sandbox)
-            await service.wake(sandbox.id)  # in an admission slot of its own (the service's restore gate)
-        except BaseException:
-            with contextlib.suppress(Exception):  # nothing of it stays here; the stored copy is untouched
-                await service.delete(sandbox.id)
-            raise
-        sandbox.boot_ms = round((time.monotonic() - started) * 1000, 1)
+        placeholder = service.factory.placeholder(spec.sandbox_id, image.machine)  # no QEMU until it wakes
+        sandbox = stored_wake(spec, image, placeholder, service.clock())
+        await service.wake_here(sandbox, started=started)  # recorded as hibernated here, then woken
         log.info(
             "sandbox %s woke here from the object store in %.0f ms (import %.1f s)",
             sandbox.id,

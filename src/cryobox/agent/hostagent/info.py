@@ -1,4 +1,5 @@
-"""What the agent tells the control plane about a sandbox, a template and the host (plain interface values)."""
+"""What the agent tells the control plane about a template and the host (plain interface values); a sandbox's
+info is :func:`..sandbox.mapping.sandbox_info`, re-exported here."""
 
 from __future__ import annotations
 
@@ -6,37 +7,8 @@ import contextlib
 from pathlib import Path
 
 from ...agentapi import models as am
-from ..sandbox.sandbox import Sandbox
+from ..sandbox.mapping import sandbox_info as sandbox_info  # the one Sandbox -> SandboxInfo mapping
 from ..templates.bake import Template
-
-
-def sandbox_info(sandbox: Sandbox, now: float) -> am.SandboxInfo:
-    return am.SandboxInfo(
-        id=sandbox.id,
-        template=sandbox.template,
-        cpus=sandbox.cpus,
-        memory_mib=sandbox.memory_mib,
-        state=sandbox.state.value,
-        workspace_id=sandbox.workspace_id,
-        created_at=sandbox.created_at,
-        metadata=dict(sandbox.metadata),
-        env=dict(sandbox.env),
-        boot_mode="cold" if sandbox.boot_mode == "cold" else "restore",
-        boot_ms=sandbox.boot_ms,
-        from_snapshot=sandbox.from_snapshot,
-        instance_id=sandbox.instance_id or None,
-        guest_ip=sandbox.guest_ip,
-        vm_id=sandbox.vm.vm_id,
-        ttl_s=sandbox.ttl_s,
-        persistent=sandbox.persistent,
-        last_active=sandbox.last_active,
-        in_flight=sandbox.in_flight,
-        expires_at=sandbox.expires_at,
-        idle_s=round(sandbox.idle_s(now), 3),
-        expired=sandbox.expired(now),
-        egress=list(sandbox.egress) if sandbox.egress is not None else None,
-        adopted=sandbox.adopted,
-    )
 
 
 def template_info(template: Template) -> am.TemplateInfo:

@@ -1,6 +1,6 @@
 """Hibernation images in the object store, so a sandbox hibernated on one host can wake on another.
 
-Same chunked format as a snapshot (:func:`.publish.publish_snapshot`), under the sandbox's id::
+The snapshot path (:mod:`.images`, as :func:`.templates.publish_snapshot` takes it) under the sandbox's id::
 
     hibernations/<sandbox id>/memory.idx, vmstate, disk.qcow2   (the overlay over its template's disk; the
                                                                 memory's chunks are shared ``chunks/`` objects)
@@ -15,45 +15,34 @@ sha256 the registry pins for it (:mod:`.manifests`) before it is parsed.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import secrets
-import shutil
-import time
 from pathlib import Path
 from typing import Any
 
-from ...errors import ObjectNotFound, StateError
 from ...objstore.client import ObjectStore
-from ...objstore.images import download_image
+from ...objstore.keys import hibernation_prefix
 from ...objstore.leases import DEFAULT_TIMING, LeaseTiming
-from ...objstore.manifests import Published, fetch_manifest, put_manifest, still_published
-from ...objstore.pins import PINS_FIELD, PinSet
-from ...util.files import fsync_dir, write_json_atomic
+from ...objstore.manifests import Published, delete_published
 from ..snapshot.store import SnapshotImage
 from ..templates.bake import Template
-from .templates import (
-    LAYOUT_VERSION,
-    _backing_file,
-    _rebase,
-    fetch_image_files,
-    memory_summary,
-    template_prefix,
-    upload_captured,
-)
+from . import images
+from .images import StoredImage, import_image, publish_image
 
 
-def hibernation_prefix(sandbox_id: str) -> str:
-    return f"hibernations/{sandbox_id}"
+def hibernation_image(sandbox_id: str) -> StoredImage:
+    """A sandbox's hibernation in the store: ``hibernations/<sandbox id>``, one image at a time, imported whole."""
+    return StoredImage(
+        prefix=hibernation_prefix(sandbox_id),
+        subject=f"the hibernation of {sandbox_id}",
+        ident=sandbox_id,
+        unpublishable="it cannot move to another host",
+        one_image=True,
+        memory_home=True,
+    )
 
 
 def stored_manifest(store: ObjectStore, sandbox_id: str) -> dict[str, Any] | None:
-    try:
-        manifest: dict[str, Any] = json.loads(store.get(f"{hibernation_prefix(sandbox_id)}/manifest.json"))
-    except ObjectNotFound:
-        return None
-    return manifest
+    return images.stored_manifest(store, hibernation_prefix(sandbox_id))
 
 
 def publish_hibernation(
@@ -69,31 +58,7 @@ def publish_hibernation(
     sha256 of its bytes is returned (the registry pins it). Idempotent: nothing is uploaded while the store holds
     the manifest this image was published with; another image of the sandbox is replaced (its chunks stay until
     ``cryobox gc --store`` finds them unreferenced). ``work_dir`` is no longer used."""
-    if Path(_backing_file(image.disk)) != template.disk:
-        raise StateError(
-            f"the hibernation of {sandbox_id} is not over the current generation of template {template.name} "
-            f"({template.generation}); it cannot move to another host",
-            details={"id": sandbox_id, "template": template.name},
-        )
-    prefix = hibernation_prefix(sandbox_id)
-    done = still_published(store, f"{prefix}/manifest.json", image.path)
-    if done is not None:
-        return Published(prefix, done)
-    found = stored_manifest(store, sandbox_id)
-    if found is not None and found.get("id") != image.id:
-        delete_hibernation(store, sandbox_id)  # an earlier hibernation of the same sandbox
-    index, pins = upload_captured(store, prefix, image, template, timing)
-    manifest = dict(image.manifest)
-    manifest.update(
-        id=image.id,
-        layout=LAYOUT_VERSION,
-        template_generation=template.generation,
-        template_prefix=template_prefix(template.name, template.generation),
-        memory_chunks=memory_summary(index),
-        published_at=time.time(),
-    )
-    manifest[PINS_FIELD] = pins.to_json()
-    return Published(prefix, put_manifest(store, f"{prefix}/manifest.json", manifest, image.path))
+    return publish_image(store, hibernation_image(sandbox_id), image, template, timing)
 
 
 def import_hibernation(
@@ -108,40 +73,11 @@ def import_hibernation(
     :raises IntegrityError: the manifest is not the pinned one (or an object not the one it pins).
     :raises StateError: it sits on another template or generation than the one this host serves.
     """
-    prefix = hibernation_prefix(sandbox_id)
-    manifest, _ = fetch_manifest(
-        store, f"{prefix}/manifest.json", manifest_sha256, f"the manifest of the hibernation of {sandbox_id}"
-    )
-    if (manifest.get("template"), manifest.get("template_generation")) != (template.name, template.generation):
-        raise StateError(
-            f"the hibernation of {sandbox_id} is of template {manifest.get('template')} "
-            f"({manifest.get('template_generation')}); this host serves {template.name} ({template.generation})",
-            details={"id": sandbox_id},
-        )
-    pins = PinSet.from_manifest(manifest, f"the manifest of the hibernation of {sandbox_id}")
     image_id = f"{sandbox_id}.h{secrets.token_hex(4)}"
-    root.mkdir(parents=True, exist_ok=True)
-    work = root / f".{image_id}.import"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
-    try:
-        fetch_image_files(store, prefix, work, pins)
-        _rebase(work / "disk.qcow2", template.disk, "qcow2")
-        download_image(store, f"{prefix}/memory", work / "memory", pins)
-        machine = dict(manifest["machine"], kernel=str(template.machine.kernel), initrd=str(template.machine.initrd))
-        manifest.update(id=image_id, machine=machine, imported_from=store.url, imported_at=time.time())
-        write_json_atomic(work / "manifest.json", manifest)
-        os.replace(work, root / image_id)
-        fsync_dir(root)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    import_image(store, hibernation_image(sandbox_id), root / image_id, template, manifest_sha256)
     return image_id
 
 
 def delete_hibernation(store: ObjectStore, sandbox_id: str) -> list[str]:
     """Remove a stored hibernation, the manifest first (a half-deleted one never looks whole); idempotent."""
-    keys = store.list(hibernation_prefix(sandbox_id))
-    for key in sorted(keys, key=lambda k: not k.endswith("/manifest.json")):
-        with contextlib.suppress(ObjectNotFound):
-            store.delete(key)
-    return keys
+    return delete_published(store, hibernation_prefix(sandbox_id))

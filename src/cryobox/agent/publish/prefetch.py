@@ -14,13 +14,13 @@ import time
 
 from ...objstore.chunkfmt import PrefetchTrace
 from ...objstore.client import ObjectStore
+from ...objstore.keys import template_prefix
 from ..guest.exec import run_exec
 from ..memory.client import MemoryServerProcess, image_name
 from ..memory.server.fusefs import TRACE_NAME
 from ..sandbox.factory import VmFactory
 from ..sandbox.fidelity import rejoin
 from ..templates.bake import Template
-from .templates import template_prefix
 
 log = logging.getLogger(__name__)
 

@@ -21,6 +21,8 @@ Snapshots (``publish_snapshot``, on request)::
     snapshots/<id>/manifest.json                     written last; names the template generation; the registry
                                                      row pins its sha256 (``manifests.py``)
 
+A snapshot goes up and comes back through the path a hibernation takes too (:mod:`.images`, under its prefix).
+
 Every publish holds a lease naming its prefixes and chunks (``leases.py``) so that ``cryobox gc --store``
 (``objstore/gc.py``) keeps what it relies on. ``LAYOUT_VERSION`` 2 is this layout; a template published in layout 1
 (one ``memory.pack`` per image) is published again by the next :func:`publish_template` of its generation, and a
@@ -38,37 +40,27 @@ index against it before parsing it.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-from ...errors import CryoboxError, ObjectNotFound, StateError, StoreError
-from ...objstore.chunkfmt import ChunkIndex, scan_image
+from ...errors import CryoboxError, ObjectNotFound, StoreError
+from ...objstore.chunkfmt import scan_image
 from ...objstore.client import ObjectStore
 from ...objstore.images import download_image as download_image  # chunked images: .imagestore (importable here too)
 from ...objstore.images import pin_index, stored_index_matches
 from ...objstore.images import upload_image as upload_image
+from ...objstore.keys import LAYOUT_VERSION, snapshot_prefix, template_latest, template_prefix
 from ...objstore.leases import DEFAULT_TIMING, LeaseTiming, PublishLease
-from ...objstore.manifests import Published, fetch_manifest, put_manifest, record_manifest, still_published
+from ...objstore.manifests import Published
 from ...objstore.pins import PINS_FIELD, Pin, PinSet, pinned_sha256
-from ...util.files import fsync_dir, write_json_atomic
 from ...util.proc import Progress
 from ...util.progress import as_reporter
 from ..snapshot.store import SnapshotImage
 from ..templates.bake import Template
 from ..vm import MachineConfig
-
-LAYOUT_VERSION = 2
-"""Store layout of what a publish writes: 2 = content-addressed chunk objects (1: one memory.pack per image)."""
-
-
-def template_prefix(name: str, generation: str) -> str:
-    return f"templates/{name}/{generation}"
+from .images import StoredImage, import_image, materialize, publish_image
 
 
 def _image_key(images_dir: Path, path: Path) -> str:
@@ -166,7 +158,7 @@ def publish_template(
     )
     manifest[PINS_FIELD] = pins.to_json()
     store.put(f"{prefix}/manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode())
-    store.put(f"templates/{template.name}/latest", json.dumps({"generation": template.generation}).encode())
+    store.put(template_latest(template.name), json.dumps({"generation": template.generation}).encode())
     phase.advance()
     phase.finish()
     elapsed = time.monotonic() - started
@@ -176,7 +168,7 @@ def publish_template(
 
 def latest_generation(store: ObjectStore, name: str) -> str:
     try:
-        return str(json.loads(store.get(f"templates/{name}/latest"))["generation"])
+        return str(json.loads(store.get(template_latest(name)))["generation"])
     except ObjectNotFound:
         raise ObjectNotFound(f"template {name!r} is not published in {store.url}") from None
 
@@ -237,49 +229,8 @@ def fetch_template(
         memory_prefix=prefix,
         fetched_from=store.url,
     )
-    _materialize(store, prefix, final, (local["rootfs"], "raw"), manifest, pins)
+    materialize(store, prefix, final, (local["rootfs"], "raw"), manifest, pins)
     return _load(final)
-
-
-def _materialize(
-    store: ObjectStore,
-    prefix: str,
-    final: Path,
-    backing: tuple[Path, str],
-    manifest: dict[str, Any],
-    pins: PinSet,
-    fetched_sha256: str | None = None,
-) -> None:
-    """Download ``prefix``'s vmstate and disk overlay (each checked against its pin) into a work directory beside
-    ``final``, point the overlay at this host's ``backing`` (path, format), write ``manifest`` last and rename
-    the directory into place. ``fetched_sha256``: the hash of the manifest fetched, recorded beside it."""
-    work = final.with_name(f".{final.name}.fetch{os.getpid()}")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    try:
-        fetch_image_files(store, prefix, work, pins)
-        _rebase(work / "disk.qcow2", *backing)
-        if fetched_sha256 is not None:
-            record_manifest(work, f"{prefix}/manifest.json", fetched_sha256)
-        write_json_atomic(work / "manifest.json", manifest)
-        with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(final)
-        os.replace(work, final)
-        fsync_dir(final.parent)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def fetch_image_files(store: ObjectStore, prefix: str, work: Path, pins: PinSet) -> None:
-    """``prefix``'s ``vmstate`` and ``disk.qcow2`` into ``work``, each only once it matches its pin."""
-    for name in ("vmstate", "disk.qcow2"):
-        pins.fetch_file(store, f"{prefix}/{name}", work / name)
-
-
-def _rebase(disk: Path, backing: Path, backing_format: str) -> None:
-    """Point a downloaded overlay at this host's copy of its backing file (metadata only: ``-u``)."""
-    argv = ["qemu-img", "rebase", "-u", "-f", "qcow2", "-F", backing_format, "-b", str(backing), str(disk)]
-    subprocess.run(argv, check=True, capture_output=True)
 
 
 def _load(path: Path) -> Template:
@@ -288,46 +239,14 @@ def _load(path: Path) -> Template:
     return Template(str(manifest["name"]), str(manifest["generation"]), path, machine, manifest)
 
 
-def snapshot_prefix(snapshot_id: str) -> str:
-    return f"snapshots/{snapshot_id}"
-
-
-def _backing_file(disk: Path) -> str:
-    out = subprocess.run(
-        ["qemu-img", "info", "--output=json", "-U", str(disk)], check=True, capture_output=True, text=True
+def snapshot_image(snapshot_id: str) -> StoredImage:
+    """A snapshot's place in the store: ``snapshots/<id>``; an import pages its memory from there."""
+    return StoredImage(
+        prefix=snapshot_prefix(snapshot_id),
+        subject=f"snapshot {snapshot_id}",
+        ident=snapshot_id,
+        unpublishable="only those can be published",
     )
-    return str(json.loads(out.stdout).get("backing-filename") or "")
-
-
-def publish_image_files(store: ObjectStore, prefix: str, image: SnapshotImage, pins: PinSet) -> None:
-    """Upload a snapshot's ``vmstate`` and ``disk.qcow2`` under ``prefix``, pinning both."""
-    pins.put_file(store, f"{prefix}/vmstate", image.vmstate)
-    pins.put_file(store, f"{prefix}/disk.qcow2", image.disk)
-
-
-def upload_captured(
-    store: ObjectStore, prefix: str, image: SnapshotImage, template: Template, timing: LeaseTiming
-) -> tuple[ChunkIndex, PinSet]:
-    """Upload a captured image (a snapshot or a hibernation) under ``prefix``, all but its manifest: the memory's
-    chunks the store lacks, its index, vmstate and disk overlay, under a lease that names ``prefix`` and the
-    template generation it sits on (kept by ``cryobox gc --store`` meanwhile). Returns the index and the pins."""
-    index = scan_image(image.memory, image.id)
-    lease = PublishLease.begin(
-        store, [prefix, template_prefix(template.name, template.generation)], index.digests(), timing
-    )
-    pins = PinSet()
-    upload_image(store, f"{prefix}/memory", image.memory, image.id, pins, lease=lease, index=index)
-    publish_image_files(store, prefix, image, pins)
-    return index, pins
-
-
-def memory_summary(index: ChunkIndex) -> dict[str, int]:
-    """What a manifest records of a memory image's chunks."""
-    return {
-        "image_size": index.image_size,
-        "stored_bytes": index.stored_bytes,
-        "distinct_chunks": len(index.digests()),
-    }
 
 
 def publish_snapshot(
@@ -341,28 +260,9 @@ def publish_snapshot(
     """Upload a snapshot of ``template`` (memory chunked, vmstate, disk overlay); the manifest goes last, and the
     sha256 of its bytes is returned (the registry pins it). Idempotent: nothing is uploaded while the store holds
     the manifest this host uploaded; otherwise (none, or another one) the snapshot is uploaded again. Chunks the
-    store has (its template's, its siblings') are not uploaded again. ``work_dir`` is no longer used."""
-    if Path(_backing_file(image.disk)) != template.disk:
-        raise StateError(
-            f"snapshot {image.id} is not over the current generation of template {template.name} "
-            f"({template.generation}); only those can be published",
-            details={"id": image.id, "template": template.name},
-        )
-    prefix = snapshot_prefix(image.id)
-    done = still_published(store, f"{prefix}/manifest.json", image.path)
-    if done is not None:
-        return Published(prefix, done)
-    index, pins = upload_captured(store, prefix, image, template, timing)
-    manifest = dict(image.manifest)
-    manifest.update(
-        layout=LAYOUT_VERSION,
-        template_generation=template.generation,
-        template_prefix=template_prefix(template.name, template.generation),
-        memory_chunks=memory_summary(index),
-        published_at=time.time(),
-    )
-    manifest[PINS_FIELD] = pins.to_json()
-    return Published(prefix, put_manifest(store, f"{prefix}/manifest.json", manifest, image.path))
+    store has (its template's, its siblings') are not uploaded again (:func:`.images.publish_image`).
+    ``work_dir`` is no longer used."""
+    return publish_image(store, snapshot_image(image.id), image, template, timing)
 
 
 def import_snapshot(
@@ -371,24 +271,7 @@ def import_snapshot(
     """Make a published snapshot restorable here: its vmstate and disk overlay (rebased onto this host's copy
     of the template's disk) in ``snapshots_dir/<id>/``; the memory stays in the store, paged in on demand.
     The manifest must hash to ``manifest_sha256`` (the registry's pin; ``None``: a row from before manifests were
-    pinned, accepted with a warning) before it is parsed (:func:`.manifests.fetch_manifest`)."""
-    prefix = snapshot_prefix(snapshot_id)
-    manifest, fetched = fetch_manifest(
-        store, f"{prefix}/manifest.json", manifest_sha256, f"the manifest of snapshot {snapshot_id}"
-    )
-    if (manifest.get("template"), manifest.get("template_generation")) != (template.name, template.generation):
-        raise StateError(
-            f"snapshot {snapshot_id} is of template {manifest.get('template')} "
-            f"({manifest.get('template_generation')}); this host serves {template.name} ({template.generation})",
-            details={"id": snapshot_id},
-        )
-    pins = PinSet.from_manifest(manifest, f"the manifest of snapshot {snapshot_id}")
+    pinned, accepted with a warning) before it is parsed (:func:`.images.import_image`)."""
     final = snapshots_dir / snapshot_id
-    if (final / "manifest.json").exists():
-        raise StateError(f"snapshot {snapshot_id} is already on this host", details={"id": snapshot_id})
-    # its memory will be paged from the store: an index in an earlier format is refused now, not at the restore
-    ChunkIndex.from_bytes(pins.fetch_bytes(store, f"{prefix}/memory.idx"))
-    machine = dict(manifest["machine"], kernel=str(template.machine.kernel), initrd=str(template.machine.initrd))
-    manifest.update(machine=machine, memory_prefix=prefix, imported_from=store.url, imported_at=time.time())
-    _materialize(store, prefix, final, (template.disk, "qcow2"), manifest, pins, fetched)
+    import_image(store, snapshot_image(snapshot_id), final, template, manifest_sha256)
     return final

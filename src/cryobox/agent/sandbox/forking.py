@@ -29,7 +29,7 @@ from ..snapshot.store import CaptureInfo, SnapshotImage, SnapshotStore
 from ..templates.quiesce import require_quiesced
 from ..vm import VmState
 from .factory import new_id
-from .fidelity import rejoin
+from .mapping import fork_child
 from .sandbox import Sandbox, SandboxState
 from .service import SandboxService
 
@@ -150,37 +150,18 @@ class Forking:
             child_vm = await service.factory.spawn_cold(parent.vm.config, disk)
         finally:
             disk.unlink(missing_ok=True)
-        now = service.clock()
-        child = Sandbox(
-            id=child_id or new_id("sb"),
-            template=parent.template,
-            cpus=parent.cpus,
-            memory_mib=parent.memory_mib,
-            vm=child_vm,
-            created_at=now,
-            boot_mode="cold",
-            workspace_id=parent.workspace_id,
+        child = fork_child(
+            parent,
+            child_id or new_id("sb"),
+            child_vm,
+            service.clock(),
             metadata=dict(metadata or {}),
-            env=dict(parent.env),
-            last_active=now,
             instance_id=uuid.uuid4().hex,
             slot=service.factory.slot_of(child_vm),
         )
-        service.sandboxes[child.id] = child
-        try:
-            if parent.egress is not None:
-                child.egress = list(parent.egress)
-                await service.factory.allow_egress(child_vm, child.egress)
-            await child_vm.wait_guest_ready(FORK_BOOT_TIMEOUT_S)
-            await rejoin(await child_vm.connect_guest(), child.instance_id)
-        except BaseException:
-            service.sandboxes.pop(child.id, None)
-            await service.factory.destroy(child_vm)
-            raise
-        child.boot_ms = round(paused_ms + (time.monotonic() - started) * 1000, 1)
-        child.state = SandboxState.RUNNING
-        await service.persist(child)
-        return child
+        return await service.register_child(
+            child, started=started, paused_ms=paused_ms, boot_timeout_s=FORK_BOOT_TIMEOUT_S
+        )
 
     async def fork_tree(
         self,

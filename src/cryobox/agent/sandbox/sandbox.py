@@ -25,6 +25,11 @@ class SandboxState(enum.Enum):
     def accepts_requests(self) -> bool:
         return self is SandboxState.RUNNING
 
+    @property
+    def live(self) -> bool:
+        """Its QEMU runs (its vCPUs may be stopped): what a durable record names and a hibernation captures."""
+        return self in (SandboxState.RUNNING, SandboxState.PAUSED)
+
 
 @dataclass
 class Sandbox:

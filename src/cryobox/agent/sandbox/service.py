@@ -1,49 +1,51 @@
-"""The host agent's sandbox service: create (always by restore), exec, files, lifecycle, delete.
+"""The host agent's sandbox service: the sandboxes this host holds, and create (always by restore) and delete.
 
 Create = take a QEMU waiting in ``-incoming`` from the template's pre-spawn pool (or spawn one; for a
 snapshot, always spawn one), load the device state, ``cont``, step the guest clock from the host, confirm the
 agent answers; only then is the sandbox reported running. Nothing here cold-boots (bakes and forks do).
 
-Lifecycle: pause/resume stop and continue the vCPUs in place; hibernate captures the VM into the host's
-hibernation store and kills QEMU; any request to a hibernated sandbox (or ``wake``) restores it first.
+The service owns its sandboxes: they enter only through its methods (``create``; ``adopt`` for what an earlier
+agent left, :mod:`..host.adopt`; ``register_child`` for a fork child, :mod:`.forking`; ``wake_here`` for a
+sandbox hibernated on another host, :mod:`..hostagent.hibernations`) and leave through ``delete`` and ``close``;
+everyone else reads them (``sandboxes`` is a read-only view). One id is one sandbox: an id held is refused.
+The restore gate (an admission slot for the wakes it starts itself) is given once, at composition.
 
-Every state change is written to the sandbox's durable record (:mod:`.records`) before it is reported, so a
-restarted agent re-adopts running VMs and hibernated sandboxes (:mod:`.adopt`). Delete and every lifecycle
-change hold the sandbox's lock, so the reaper cannot delete a sandbox mid-wake or mid-hibernate.
+Lifecycle (pause/resume/hibernate/wake) is in :mod:`.lifecycle`, requests into the guest in :mod:`.guestcalls`.
+Every state change is written to the sandbox's durable record (:mod:`.records`, shaped by :mod:`.mapping`)
+before it is reported, so a restarted agent re-adopts running VMs and hibernated sandboxes. Delete and every
+lifecycle change hold the sandbox's lock, so the reaper cannot delete a sandbox mid-wake or mid-hibernate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Callable, Coroutine, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
-from ...errors import NotFound, PayloadTooLarge, StateError
-from ...util.encoding import b64, unb64
+from ...errors import NotFound, StateError
 from ..crashpoints import CrashPoints
-from ..guest.client import FILE_REPLY, LISTING_REPLY, GuestClient
-from ..guest.exec import ExecEvent, ExecResult, ExecSpec, run_exec, stream_exec
-from ..snapshot.store import CaptureInfo, SnapshotImage, SnapshotStore
+from ..snapshot.store import SnapshotImage, SnapshotStore
 from ..templates.bake import Template
-from ..vm import MicroVM, VmState
+from ..vm import MicroVM
 from .factory import PoolMode, PrespawnPool, RestoreSource, VmFactory, new_id
 from .fidelity import rejoin
+from .guestcalls import MAX_FILE_BYTES as MAX_FILE_BYTES  # importable from here, as before
+from .guestcalls import GuestCalls
+from .lifecycle import ADOPTED_GUEST_TIMEOUT_S as ADOPTED_GUEST_TIMEOUT_S
+from .lifecycle import Lifecycle, RestoreGate
+from .mapping import sandbox_record
 from .records import SandboxRecord, SandboxRecords
 from .sandbox import Sandbox, SandboxState
 
 log = logging.getLogger(__name__)
-MAX_FILE_BYTES = 64 << 20
-ADOPTED_GUEST_TIMEOUT_S = 15.0
 
 
-class SandboxService:
+class SandboxService(Lifecycle, GuestCalls):
     def __init__(
         self,
         templates: Mapping[str, Template],
@@ -54,12 +56,13 @@ class SandboxService:
         clock: Callable[[], float] = time.time,
         records: SandboxRecords | None = None,
         crash: CrashPoints | None = None,
+        restore_gate: RestoreGate | None = None,
     ) -> None:
         self.clock = clock
         self.records = records
         self.crash = crash if crash is not None else CrashPoints()
-        self.restore_gate: Callable[[], AbstractAsyncContextManager[None]] | None = None
-        """An admission slot for the restores the service starts by itself (a wake); set by the host agent."""
+        self._restore_gate = restore_gate
+        """An admission slot for the restores the service starts by itself (a wake): :meth:`set_restore_gate`."""
         self.templates = dict(templates)
         self.factory = factory
         self.hibernation = hibernation
@@ -67,7 +70,7 @@ class SandboxService:
         self.pool_mode = pool_mode
         self._background: set[asyncio.Task[None]] = set()
         self.pools = {name: PrespawnPool(factory, t, prespawn, pool_mode) for name, t in self.templates.items()}
-        self.sandboxes: dict[str, Sandbox] = {}
+        self._sandboxes: dict[str, Sandbox] = {}
         self.restoring = 0
         """Creates restoring right now (counted here, not by admission, so the bound is checked independently)."""
         self.restoring_peak = 0
@@ -76,40 +79,51 @@ class SandboxService:
         for pool in self.pools.values():
             pool.refill()
 
+    def set_restore_gate(self, gate: RestoreGate) -> None:
+        """Make every restore the service starts by itself (a wake) wait in ``gate`` (the host agent's admission
+        slot, which exists only after the service); given once, at composition."""
+        if self._restore_gate is not None and self._restore_gate != gate:
+            raise RuntimeError("the sandbox service's restore gate is set already")
+        self._restore_gate = gate
+
+    # -- the sandboxes held ------------------------------------------------------------------------------------
+
+    @property
+    def sandboxes(self) -> Mapping[str, Sandbox]:
+        """The sandboxes held, by id (a read-only view: they enter and leave through the service's methods)."""
+        return MappingProxyType(self._sandboxes)
+
+    def held(self) -> list[Sandbox]:
+        """The sandboxes held, in the order they were taken in."""
+        return list(self._sandboxes.values())
+
+    def _take(self, sandbox: Sandbox) -> None:
+        """Hold ``sandbox`` under its id; an id held already is refused (``StateError``)."""
+        if sandbox.id in self._sandboxes:
+            raise StateError(f"sandbox {sandbox.id} already exists", state="exists", required="new")
+        self._sandboxes[sandbox.id] = sandbox
+
+    def _let_go(self, sandbox: Sandbox) -> None:
+        """Stop holding ``sandbox`` (never another sandbox that holds its id now)."""
+        if self._sandboxes.get(sandbox.id) is sandbox:
+            del self._sandboxes[sandbox.id]
+
     # -- durable records ---------------------------------------------------------------------------------------
 
     def record_of(self, sandbox: Sandbox) -> SandboxRecord:
-        live = sandbox.state in (SandboxState.RUNNING, SandboxState.PAUSED)
-        return SandboxRecord(
-            id=sandbox.id,
-            template=sandbox.template,
-            cpus=sandbox.cpus,
-            memory_mib=sandbox.memory_mib,
-            state=sandbox.state.value,
-            created_at=sandbox.created_at,
-            workspace_id=sandbox.workspace_id,
-            boot_mode=sandbox.boot_mode,
-            boot_ms=sandbox.boot_ms,
-            metadata=dict(sandbox.metadata),
-            env=dict(sandbox.env),
-            persistent=sandbox.persistent,
-            ttl_s=sandbox.ttl_s,
-            from_snapshot=sandbox.from_snapshot,
-            instance_id=sandbox.instance_id,
-            egress=list(sandbox.egress) if sandbox.egress is not None else None,
-            vm=self.factory.vm_record(sandbox.vm) if live else None,
-            hibernation=str(sandbox.hibernation.path) if sandbox.hibernation is not None else None,
-            mapped_image=sandbox.mapped_image,
-        )
+        return sandbox_record(sandbox, self.factory.vm_record(sandbox.vm) if sandbox.state.live else None)
 
     async def persist(self, sandbox: Sandbox) -> None:
         """Write the sandbox's record durably (before its new state is reported)."""
         if self.records is not None:
             await asyncio.to_thread(self.records.write, self.record_of(sandbox))
 
-    async def _forget(self, sandbox_id: str) -> None:
+    async def forget_record(self, sandbox_id: str) -> None:
+        """Remove the sandbox's record (idempotent)."""
         if self.records is not None:
             await asyncio.to_thread(self.records.remove, sandbox_id)
+
+    # -- templates and their pools -----------------------------------------------------------------------------
 
     def add_template(self, template: Template) -> None:
         """Serve creates from a newly built template (replacing one of the same name)."""
@@ -129,11 +143,11 @@ class SandboxService:
             await pool.close()
         if template is not None:
             hot = self.factory.hot.path(template.hot_key)
-            if not any(s.vm.memory.path == hot for s in self.sandboxes.values()):
+            if not any(s.vm.memory.path == hot for s in self._sandboxes.values()):
                 await asyncio.to_thread(self.factory.hot.drop, template.hot_key)
 
     def uses_template(self, name: str) -> bool:
-        return any(s.template == name for s in self.sandboxes.values())
+        return any(s.template == name for s in self._sandboxes.values())
 
     def _spawn_background(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -145,6 +159,8 @@ class SandboxService:
             return self.templates[name]
         except KeyError:
             raise NotFound(f"template {name!r} not found", details={"template": name}) from None
+
+    # -- create -------------------------------------------------------------------------------------------------
 
     async def create(
         self,
@@ -163,7 +179,7 @@ class SandboxService:
         mapping the snapshot's memory copy-on-write; any number of these run side by side)."""
         source: RestoreSource = from_snapshot if from_snapshot is not None else self.template(template)
         sandbox_id = sandbox_id or new_id("sb")
-        if sandbox_id in self.sandboxes:
+        if sandbox_id in self._sandboxes:
             raise StateError(f"sandbox {sandbox_id} already exists", state="exists", required="new")
         started = time.monotonic()
         with self._counting_restore():
@@ -191,8 +207,8 @@ class SandboxService:
                 slot=self.factory.slot_of(vm),
                 egress=list(egress) if egress is not None else None,
             )
-            self.sandboxes[sandbox.id] = sandbox
             try:
+                self._take(sandbox)
                 if egress is not None:
                     await self.factory.allow_egress(vm, egress)
                 step_ns = await self._bring_up(vm, source, sandbox.instance_id)
@@ -203,7 +219,7 @@ class SandboxService:
                 self.crash("create.recorded")
             except BaseException as err:
                 sandbox.state = SandboxState.ERROR
-                self.sandboxes.pop(sandbox.id, None)
+                self._let_go(sandbox)
                 cause = await self.factory.explain_failure(vm) if isinstance(err, Exception) else None
                 await self.factory.destroy(vm)
                 if cause is not None:
@@ -228,38 +244,86 @@ class SandboxService:
         finally:
             self.restoring -= 1
 
-    @staticmethod
-    async def _bring_up(vm: MicroVM, source: RestoreSource, instance_id: str) -> int:
-        """Continue a pooled VM or load ``source``'s state into a waiting one, then make the guest rejoin the
-        world (clock, names, entropy, identity, its resume hooks: :mod:`.fidelity`). Returns the clock step."""
-        if vm.state is VmState.PAUSED:  # a warm pool VM: state already loaded from the template
-            await vm.resume()
-        else:
-            await vm.restore(source.vmstate)
-        return (await rejoin(await vm.connect_guest(), instance_id)).step_ns
-
     def get(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:
         """The live sandbox; another workspace's sandbox is reported as not found (404, not 403)."""
-        sandbox = self.sandboxes.get(sandbox_id)
+        sandbox = self._sandboxes.get(sandbox_id)
         if sandbox is None or (workspace_id is not None and sandbox.workspace_id != workspace_id):
             raise NotFound(f"sandbox {sandbox_id!r} not found", details={"id": sandbox_id})
         return sandbox
 
     def all(self) -> list[Sandbox]:
-        return sorted(self.sandboxes.values(), key=lambda s: s.created_at)
+        return sorted(self._sandboxes.values(), key=lambda s: s.created_at)
+
+    def running(self) -> int:
+        """Sandboxes whose QEMU is alive."""
+        return sum(1 for s in self._sandboxes.values() if s.state.live)
+
+    # -- sandboxes that were not created here ----------------------------------------------------------------
+
+    async def adopt(self, sandbox: Sandbox) -> None:
+        """Hold a sandbox an earlier agent process left (:mod:`..host.adopt`). A live one's record is written
+        again (its state may have been mended); a hibernated one's stays as it was read."""
+        self._take(sandbox)
+        if sandbox.state.live:
+            await self.persist(sandbox)
+
+    async def register_child(
+        self, child: Sandbox, *, started: float, paused_ms: float = 0.0, boot_timeout_s: float
+    ) -> Sandbox:
+        """Hold a fork child whose VM is cold-booting (:mod:`.forking`) and bring it up: egress granted, the
+        guest awaited (``boot_timeout_s``) and rejoined; then it is running and recorded. Its ``boot_ms`` counts
+        from ``started`` (``time.monotonic``) plus the parent's pause. On failure nothing of it stays (its VM is
+        destroyed)."""
+        try:
+            self._take(child)
+            if child.egress is not None:
+                await self.factory.allow_egress(child.vm, child.egress)
+            await child.vm.wait_guest_ready(boot_timeout_s)
+            await rejoin(await child.vm.connect_guest(), child.instance_id)
+        except BaseException:
+            self._let_go(child)
+            await self.factory.destroy(child.vm)
+            raise
+        child.boot_ms = round(paused_ms + (time.monotonic() - started) * 1000, 1)
+        child.state = SandboxState.RUNNING
+        await self.persist(child)
+        return child
+
+    async def wake_here(self, sandbox: Sandbox, *, started: float) -> Sandbox:
+        """Hold a sandbox hibernated on another host, its image imported into this host's hibernation store
+        (:mod:`..hostagent.hibernations`): record it as hibernated here, then wake it (in the restore gate). Its
+        ``boot_ms`` counts from ``started`` (``time.monotonic``, the import included). On failure nothing of it
+        stays here (map, record, image); an id held already is refused."""
+        try:
+            self._take(sandbox)
+        except StateError:
+            if sandbox.hibernation is not None:
+                await asyncio.to_thread(self.hibernation.delete, sandbox.hibernation.id)
+            raise
+        try:
+            await self.persist(sandbox)
+            await self.wake(sandbox.id)  # in an admission slot of its own (the restore gate)
+        except BaseException:
+            with contextlib.suppress(Exception):  # nothing of it stays here; the stored copy is untouched
+                await self.delete(sandbox.id)
+            raise
+        sandbox.boot_ms = round((time.monotonic() - started) * 1000, 1)
+        return sandbox
+
+    # -- leaving ---------------------------------------------------------------------------------------------
 
     async def delete(self, sandbox_id: str, workspace_id: str | None = None) -> None:
         """Kill the sandbox and remove its record and images. Waits for a lifecycle change in progress (a wake,
         a hibernation, a snapshot) instead of tearing the VM out from under it."""
         sandbox = self.get(sandbox_id, workspace_id)
         async with sandbox.lock:
-            if self.sandboxes.get(sandbox_id) is not sandbox:
+            if self._sandboxes.get(sandbox_id) is not sandbox:
                 return  # deleted while we waited
-            self.sandboxes.pop(sandbox_id, None)
+            self._let_go(sandbox)
             sandbox.state = SandboxState.STOPPED
             await self.factory.destroy(sandbox.vm)
             self.crash("delete.killed")
-            await self._forget(sandbox.id)
+            await self.forget_record(sandbox.id)
             await self._drop_images(sandbox)
 
     async def _drop_images(self, sandbox: Sandbox) -> None:
@@ -270,165 +334,6 @@ class SandboxService:
             await asyncio.to_thread(self.factory.hot.drop, sandbox.mapped_image)
             sandbox.mapped_image = None
 
-    async def pause(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:
-        """Freeze the vCPUs in place (idempotent)."""
-        sandbox = self.get(sandbox_id, workspace_id)
-        async with sandbox.lock:
-            if sandbox.state is SandboxState.RUNNING:
-                await sandbox.vm.pause()
-                sandbox.state = SandboxState.PAUSED
-                await self.persist(sandbox)
-            elif sandbox.state is not SandboxState.PAUSED:
-                sandbox.require_running()
-        return sandbox
-
-    async def resume(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:
-        """Continue a paused (or wake a hibernated) sandbox; the guest clock is stepped before it answers."""
-        sandbox = self.get(sandbox_id, workspace_id)
-        async with sandbox.lock:
-            if sandbox.state is SandboxState.PAUSED:
-                await sandbox.vm.resume()
-                if sandbox.adopted:  # its guest reopens the port it saw close while paused: wait for that
-                    await sandbox.vm.wait_guest_ready(ADOPTED_GUEST_TIMEOUT_S)
-                await rejoin(await sandbox.vm.connect_guest(), sandbox.instance_id)
-                sandbox.state = SandboxState.RUNNING
-                await self.persist(sandbox)
-            elif sandbox.state is SandboxState.HIBERNATED:
-                await self._wake(sandbox)
-            sandbox.require_running()
-            sandbox.touch(self.clock())
-        return sandbox
-
-    async def hibernate(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:
-        """Capture the sandbox to disk and stop its QEMU (idempotent); it wakes on its next request."""
-        sandbox = self.get(sandbox_id, workspace_id)
-        async with sandbox.lock:
-            if sandbox.state is SandboxState.HIBERNATED:
-                return sandbox
-            if sandbox.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
-                sandbox.require_running()
-            info = CaptureInfo(sandbox.template, sandbox.id, sandbox.workspace_id, sandbox.from_snapshot)
-            # a new image id per hibernation: the VM may map the previous image's hot copy (it woke from it)
-            image_id = f"{sandbox.id}.h{secrets.token_hex(4)}"
-            image = await self.hibernation.capture(sandbox.vm, image_id, info, keep_running=False)
-            self.crash("hibernate.captured")
-            vm, mapped = sandbox.vm, sandbox.mapped_image
-            sandbox.hibernation, sandbox.mapped_image = image, None
-            sandbox.state = SandboxState.HIBERNATED
-            await self.persist(sandbox)  # from here on the image is the sandbox
-            self.crash("hibernate.recorded")
-            await self.factory.destroy(vm)
-            if mapped is not None:
-                await asyncio.to_thread(self.factory.hot.drop, mapped)
-            log.info("sandbox %s hibernated (%d bytes)", sandbox.id, image.size_bytes)
-        return sandbox
-
-    async def wake(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:
-        """Restore a hibernated sandbox; any other sandbox is returned as it is."""
-        sandbox = self.get(sandbox_id, workspace_id)
-        if sandbox.state is SandboxState.HIBERNATED:
-            return await self.resume(sandbox_id, workspace_id)
-        return sandbox
-
-    async def _wake(self, sandbox: Sandbox) -> None:
-        """Restore a hibernated sandbox into a new QEMU (caller holds the sandbox lock)."""
-        image = sandbox.hibernation
-        if image is None:
-            raise StateError(f"sandbox {sandbox.id} has no hibernation image", state=sandbox.state.value)
-        started = time.monotonic()
-        async with self.restore_gate() if self.restore_gate is not None else contextlib.nullcontext():
-            await self._wake_restore(sandbox, image)
-        # the image's files go; its hot copy stays while this VM maps it (a later snapshot reads that mapping)
-        await asyncio.to_thread(functools.partial(self.hibernation.delete, image.id, keep_hot=True))
-        log.info("sandbox %s woke in %.0f ms", sandbox.id, (time.monotonic() - started) * 1000)
-
-    async def _wake_restore(self, sandbox: Sandbox, image: SnapshotImage) -> None:
-        vm = await self.factory.spawn_incoming(image)
-        try:
-            self.crash("wake.spawned")
-            if sandbox.egress is not None:
-                await self.factory.allow_egress(vm, sandbox.egress)
-            await self._bring_up(vm, image, sandbox.instance_id)
-            self.crash("wake.restored")
-            sandbox.vm = vm
-            sandbox.slot = self.factory.slot_of(vm)
-            sandbox.hibernation, sandbox.mapped_image = None, image.id
-            sandbox.state = SandboxState.RUNNING
-            await self.persist(sandbox)
-        except BaseException:
-            sandbox.hibernation, sandbox.mapped_image, sandbox.state = image, None, SandboxState.HIBERNATED
-            await self.factory.destroy(vm)
-            raise
-
-    async def guest(self, sandbox_id: str, workspace_id: str | None = None) -> tuple[Sandbox, GuestClient]:
-        sandbox = self.get(sandbox_id, workspace_id)
-        if sandbox.state is SandboxState.HIBERNATED:  # any request wakes it
-            await self.resume(sandbox_id, workspace_id)
-        sandbox.require_running()
-        sandbox.touch(self.clock())
-        return sandbox, await sandbox.vm.connect_guest()
-
-    def _spec(self, sandbox: Sandbox, spec: ExecSpec) -> ExecSpec:
-        if not sandbox.env:
-            return spec
-        return ExecSpec(
-            cmd=spec.cmd, timeout_s=spec.timeout_s, env={**sandbox.env, **spec.env}, cwd=spec.cwd, stdin=spec.stdin
-        )
-
-    async def exec(self, sandbox_id: str, spec: ExecSpec, workspace_id: str | None = None) -> ExecResult:
-        sandbox, guest = await self.guest(sandbox_id, workspace_id)
-        return await run_exec(guest, self._spec(sandbox, spec))
-
-    async def exec_stream(
-        self, sandbox_id: str, spec: ExecSpec, workspace_id: str | None = None
-    ) -> AsyncIterator[ExecEvent]:
-        sandbox, guest = await self.guest(sandbox_id, workspace_id)
-        async for event in stream_exec(guest, self._spec(sandbox, spec)):
-            yield event
-
-    async def read_file(self, sandbox_id: str, path: str, workspace_id: str | None = None) -> bytes:
-        _, guest = await self.guest(sandbox_id, workspace_id)
-        return unb64((await guest.call("read_file", {"path": path}, timeout=120, max_reply=FILE_REPLY)).get("content"))
-
-    async def write_file(
-        self, sandbox_id: str, path: str, data: bytes, workspace_id: str | None = None, *, user: str | None = None
-    ) -> dict[str, Any]:
-        if len(data) > MAX_FILE_BYTES:
-            raise PayloadTooLarge(f"file of {len(data)} bytes exceeds {MAX_FILE_BYTES}")
-        _, guest = await self.guest(sandbox_id, workspace_id)
-        args: dict[str, Any] = {"path": path, "content": b64(data)}
-        if user is not None:
-            args["user"] = user  # what the write creates (the file, missing parents) is owned by that user
-        return await guest.call("write_file", args, timeout=120)
-
-    async def inspect_net(self, sandbox_id: str, workspace_id: str | None = None) -> dict[str, Any]:
-        """The guest's sockets, neighbours, resolver config, interfaces, clocks and instance id."""
-        _, guest = await self.guest(sandbox_id, workspace_id)
-        return await guest.call("inspect_net", {}, timeout=60)
-
-    async def file_op(self, sandbox_id: str, op: str, path: str, workspace_id: str | None = None) -> dict[str, Any]:
-        _, guest = await self.guest(sandbox_id, workspace_id)
-        return await guest.call(op, {"path": path}, timeout=60, max_reply=LISTING_REPLY)
-
-    async def hibernate_all(self, concurrency: int = 4) -> int:
-        """Hibernate every running or paused sandbox (``--on-stop hibernate``); returns how many failed."""
-        gate = asyncio.Semaphore(concurrency)
-
-        async def one(sandbox_id: str) -> None:
-            async with gate:
-                await self.hibernate(sandbox_id)
-
-        live = [s.id for s in self.sandboxes.values() if s.state in (SandboxState.RUNNING, SandboxState.PAUSED)]
-        results = await asyncio.gather(*(one(i) for i in live), return_exceptions=True)
-        for sandbox_id, result in zip(live, results, strict=True):
-            if isinstance(result, BaseException):
-                log.error("could not hibernate %s at stop: %s", sandbox_id, result)
-        return sum(1 for r in results if isinstance(r, BaseException))
-
-    def running(self) -> int:
-        """Sandboxes whose QEMU is alive."""
-        return sum(1 for s in self.sandboxes.values() if s.state in (SandboxState.RUNNING, SandboxState.PAUSED))
-
     async def close(self, keep: bool = False) -> None:
         """Stop. Pooled QEMUs are always killed. Without ``keep`` every sandbox is killed and its record and
         images removed; with ``keep`` the sandboxes' QEMUs keep running and their records stay, for the next
@@ -437,13 +342,13 @@ class SandboxService:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
         await asyncio.gather(*(pool.close() for pool in self.pools.values()), return_exceptions=True)
-        sandboxes = list(self.sandboxes.values())
-        self.sandboxes.clear()
+        sandboxes = list(self._sandboxes.values())
+        self._sandboxes.clear()
         if keep:
             await asyncio.gather(*(s.vm.detach() for s in sandboxes), return_exceptions=True)
             return
         vms: list[MicroVM] = [s.vm for s in sandboxes]
         await asyncio.gather(*(self.factory.destroy(vm) for vm in vms), return_exceptions=True)
         for sandbox in sandboxes:
-            await self._forget(sandbox.id)
+            await self.forget_record(sandbox.id)
             await self._drop_images(sandbox)

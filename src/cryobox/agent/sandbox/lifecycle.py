@@ -1,0 +1,174 @@
+"""A held sandbox's state changes: pause, resume, hibernate, wake (mixed into :class:`~.service.SandboxService`).
+
+The states and what moves between them::
+
+    running --pause--> paused --resume--> running
+    running|paused --hibernate--> hibernated --wake|resume|any request--> running
+    anything else (starting, stopped, error) refuses these with StateError; pause of a paused, hibernate of a
+    hibernated and wake of a running sandbox are no-ops
+
+Pause and resume stop and continue the vCPUs in place (the guest clock is stepped on resume); hibernate captures
+the VM into the host's hibernation store, records the sandbox as hibernated and only then kills QEMU; a wake
+restores the image into a new QEMU (holding the restore gate, an admission slot, like a create), records it
+running and only then deletes the image's files. Every change holds the sandbox's lock and is written to its
+durable record before it is reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+
+from ...errors import StateError
+from ..crashpoints import CrashPoints
+from ..snapshot.store import CaptureInfo, SnapshotImage, SnapshotStore
+from ..vm import MicroVM, VmState
+from .factory import RestoreSource, VmFactory
+from .fidelity import rejoin
+from .sandbox import Sandbox, SandboxState
+
+log = logging.getLogger(__name__)
+ADOPTED_GUEST_TIMEOUT_S = 15.0
+RestoreGate = Callable[[], AbstractAsyncContextManager[None]]
+"""An admission slot for a restore the service starts by itself (a wake): ``AdmissionController.slot``."""
+
+
+class Lifecycle:
+    """The state changes of :class:`~.service.SandboxService` (which provides the attributes and ``get``,
+    ``persist`` and ``held`` below)."""
+
+    clock: Callable[[], float]
+    crash: CrashPoints
+    factory: VmFactory
+    hibernation: SnapshotStore
+    _restore_gate: RestoreGate | None
+
+    def get(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:
+        raise NotImplementedError  # SandboxService's
+
+    def held(self) -> list[Sandbox]:
+        raise NotImplementedError  # SandboxService's
+
+    async def persist(self, sandbox: Sandbox) -> None:
+        raise NotImplementedError  # SandboxService's
+
+    @staticmethod
+    async def _bring_up(vm: MicroVM, source: RestoreSource, instance_id: str) -> int:
+        """Continue a pooled VM or load ``source``'s state into a waiting one, then make the guest rejoin the
+        world (clock, names, entropy, identity, its resume hooks: :mod:`.fidelity`). Returns the clock step."""
+        if vm.state is VmState.PAUSED:  # a warm pool VM: state already loaded from the template
+            await vm.resume()
+        else:
+            await vm.restore(source.vmstate)
+        return (await rejoin(await vm.connect_guest(), instance_id)).step_ns
+
+    async def pause(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:
+        """Freeze the vCPUs in place (idempotent)."""
+        sandbox = self.get(sandbox_id, workspace_id)
+        async with sandbox.lock:
+            if sandbox.state is SandboxState.RUNNING:
+                await sandbox.vm.pause()
+                sandbox.state = SandboxState.PAUSED
+                await self.persist(sandbox)
+            elif sandbox.state is not SandboxState.PAUSED:
+                sandbox.require_running()
+        return sandbox
+
+    async def resume(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:
+        """Continue a paused (or wake a hibernated) sandbox; the guest clock is stepped before it answers."""
+        sandbox = self.get(sandbox_id, workspace_id)
+        async with sandbox.lock:
+            if sandbox.state is SandboxState.PAUSED:
+                await sandbox.vm.resume()
+                if sandbox.adopted:  # its guest reopens the port it saw close while paused: wait for that
+                    await sandbox.vm.wait_guest_ready(ADOPTED_GUEST_TIMEOUT_S)
+                await rejoin(await sandbox.vm.connect_guest(), sandbox.instance_id)
+                sandbox.state = SandboxState.RUNNING
+                await self.persist(sandbox)
+            elif sandbox.state is SandboxState.HIBERNATED:
+                await self._wake(sandbox)
+            sandbox.require_running()
+            sandbox.touch(self.clock())
+        return sandbox
+
+    async def hibernate(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:
+        """Capture the sandbox to disk and stop its QEMU (idempotent); it wakes on its next request."""
+        sandbox = self.get(sandbox_id, workspace_id)
+        async with sandbox.lock:
+            if sandbox.state is SandboxState.HIBERNATED:
+                return sandbox
+            if not sandbox.state.live:
+                sandbox.require_running()
+            info = CaptureInfo(sandbox.template, sandbox.id, sandbox.workspace_id, sandbox.from_snapshot)
+            # a new image id per hibernation: the VM may map the previous image's hot copy (it woke from it)
+            image_id = f"{sandbox.id}.h{secrets.token_hex(4)}"
+            image = await self.hibernation.capture(sandbox.vm, image_id, info, keep_running=False)
+            self.crash("hibernate.captured")
+            vm, mapped = sandbox.vm, sandbox.mapped_image
+            sandbox.hibernation, sandbox.mapped_image = image, None
+            sandbox.state = SandboxState.HIBERNATED
+            await self.persist(sandbox)  # from here on the image is the sandbox
+            self.crash("hibernate.recorded")
+            await self.factory.destroy(vm)
+            if mapped is not None:
+                await asyncio.to_thread(self.factory.hot.drop, mapped)
+            log.info("sandbox %s hibernated (%d bytes)", sandbox.id, image.size_bytes)
+        return sandbox
+
+    async def wake(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:
+        """Restore a hibernated sandbox; any other sandbox is returned as it is."""
+        sandbox = self.get(sandbox_id, workspace_id)
+        if sandbox.state is SandboxState.HIBERNATED:
+            return await self.resume(sandbox_id, workspace_id)
+        return sandbox
+
+    async def _wake(self, sandbox: Sandbox) -> None:
+        """Restore a hibernated sandbox into a new QEMU (caller holds the sandbox lock)."""
+        image = sandbox.hibernation
+        if image is None:
+            raise StateError(f"sandbox {sandbox.id} has no hibernation image", state=sandbox.state.value)
+        started = time.monotonic()
+        async with self._restore_gate() if self._restore_gate is not None else contextlib.nullcontext():
+            await self._wake_restore(sandbox, image)
+        # the image's files go; its hot copy stays while this VM maps it (a later snapshot reads that mapping)
+        await asyncio.to_thread(functools.partial(self.hibernation.delete, image.id, keep_hot=True))
+        log.info("sandbox %s woke in %.0f ms", sandbox.id, (time.monotonic() - started) * 1000)
+
+    async def _wake_restore(self, sandbox: Sandbox, image: SnapshotImage) -> None:
+        vm = await self.factory.spawn_incoming(image)
+        try:
+            self.crash("wake.spawned")
+            if sandbox.egress is not None:
+                await self.factory.allow_egress(vm, sandbox.egress)
+            await self._bring_up(vm, image, sandbox.instance_id)
+            self.crash("wake.restored")
+            sandbox.vm = vm
+            sandbox.slot = self.factory.slot_of(vm)
+            sandbox.hibernation, sandbox.mapped_image = None, image.id
+            sandbox.state = SandboxState.RUNNING
+            await self.persist(sandbox)
+        except BaseException:
+            sandbox.hibernation, sandbox.mapped_image, sandbox.state = image, None, SandboxState.HIBERNATED
+            await self.factory.destroy(vm)
+            raise
+
+    async def hibernate_all(self, concurrency: int = 4) -> int:
+        """Hibernate every running or paused sandbox (``--on-stop hibernate``); returns how many failed."""
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(sandbox_id: str) -> None:
+            async with gate:
+                await self.hibernate(sandbox_id)
+
+        live = [s.id for s in self.held() if s.state.live]
+        results = await asyncio.gather(*(one(i) for i in live), return_exceptions=True)
+        for sandbox_id, result in zip(live, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("could not hibernate %s at stop: %s", sandbox_id, result)
+        return sum(1 for r in results if isinstance(r, BaseException))

@@ -1,0 +1,170 @@
+"""One sandbox in its three shapes, with one vocabulary: the live :class:`~.sandbox.Sandbox`, its durable
+:class:`~.records.SandboxRecord`, and the :class:`~cryobox.agentapi.models.SandboxInfo` the agent reports.
+
+Every field that crosses from one shape to another keeps its name and unit (``cpus``, ``memory_mib``, ``ttl_s``,
+``created_at`` and ``last_active`` in epoch seconds, ``boot_ms``, ``instance_id``, ``egress``, …), and this module
+is the only place that copies them field by field: a record written, a sandbox adopted from its record, the info
+reported, a fork child made from its parent, a sandbox hibernated elsewhere taken in from its ``WakeSpec``. The
+record's JSON keys are the record's field names, so records written by earlier versions load unchanged.
+"""
+
+from __future__ import annotations
+
+from ...agentapi import models as am
+from ..net.slots import Slot
+from ..snapshot.store import SnapshotImage
+from ..vm import MicroVM
+from .records import SandboxRecord, VmRecord
+from .sandbox import Sandbox, SandboxState
+
+
+def _cidrs(egress: list[str] | None) -> list[str] | None:
+    return list(egress) if egress is not None else None
+
+
+def sandbox_record(sandbox: Sandbox, vm: VmRecord | None) -> SandboxRecord:
+    """The durable record of ``sandbox``; ``vm``: its QEMU's record (``None`` unless it is live)."""
+    return SandboxRecord(
+        id=sandbox.id,
+        template=sandbox.template,
+        cpus=sandbox.cpus,
+        memory_mib=sandbox.memory_mib,
+        state=sandbox.state.value,
+        created_at=sandbox.created_at,
+        workspace_id=sandbox.workspace_id,
+        boot_mode=sandbox.boot_mode,
+        boot_ms=sandbox.boot_ms,
+        metadata=dict(sandbox.metadata),
+        env=dict(sandbox.env),
+        persistent=sandbox.persistent,
+        ttl_s=sandbox.ttl_s,
+        from_snapshot=sandbox.from_snapshot,
+        instance_id=sandbox.instance_id,
+        egress=_cidrs(sandbox.egress),
+        vm=vm,
+        hibernation=str(sandbox.hibernation.path) if sandbox.hibernation is not None else None,
+        mapped_image=sandbox.mapped_image,
+    )
+
+
+def adopted_sandbox(
+    record: SandboxRecord,
+    vm: MicroVM,
+    now: float,
+    *,
+    state: SandboxState,
+    slot: Slot | None = None,
+    hibernation: SnapshotImage | None = None,
+) -> Sandbox:
+    """The sandbox an earlier agent left (``record``), on ``vm`` (its adopted QEMU, or a placeholder for a
+    hibernated one, which wakes from ``hibernation``). A restart grants a fresh idle period (``now``)."""
+    return Sandbox(
+        id=record.id,
+        template=record.template,
+        cpus=record.cpus,
+        memory_mib=record.memory_mib,
+        vm=vm,
+        created_at=record.created_at,
+        boot_mode=record.boot_mode,
+        boot_ms=record.boot_ms,
+        state=state,
+        workspace_id=record.workspace_id,
+        metadata=dict(record.metadata),
+        env=dict(record.env),
+        persistent=record.persistent,
+        ttl_s=record.ttl_s,
+        last_active=now,
+        from_snapshot=record.from_snapshot,
+        instance_id=record.instance_id,
+        egress=_cidrs(record.egress),
+        slot=slot,
+        hibernation=hibernation,
+        mapped_image=record.mapped_image if hibernation is None else None,
+        adopted=True,
+    )
+
+
+def fork_child(
+    parent: Sandbox,
+    child_id: str,
+    vm: MicroVM,
+    now: float,
+    *,
+    metadata: dict[str, str],
+    instance_id: str,
+    slot: Slot | None,
+) -> Sandbox:
+    """A fork child of ``parent`` on ``vm`` (cold-booted from a copy of the parent's disk): the parent's
+    template, size, workspace, env and egress; its own id, metadata and instance id; no TTL, not persistent."""
+    return Sandbox(
+        id=child_id,
+        template=parent.template,
+        cpus=parent.cpus,
+        memory_mib=parent.memory_mib,
+        vm=vm,
+        created_at=now,
+        boot_mode="cold",
+        workspace_id=parent.workspace_id,
+        metadata=dict(metadata),
+        env=dict(parent.env),
+        last_active=now,
+        instance_id=instance_id,
+        slot=slot,
+        egress=_cidrs(parent.egress),
+    )
+
+
+def stored_wake(spec: am.WakeSpec, image: SnapshotImage, vm: MicroVM, now: float) -> Sandbox:
+    """A sandbox hibernated on another host, taken in here as hibernated: the identity and settings the control
+    plane gives (``spec``), the size its imported ``image`` was captured with, ``vm`` a placeholder (no QEMU
+    until it wakes)."""
+    return Sandbox(
+        id=spec.sandbox_id,
+        template=spec.template,
+        cpus=image.machine.cpus,
+        memory_mib=image.machine.memory_mib,
+        vm=vm,
+        created_at=spec.created_at,
+        boot_mode=spec.boot_mode,
+        state=SandboxState.HIBERNATED,
+        workspace_id=spec.workspace_id,
+        metadata=dict(spec.metadata),
+        env=dict(spec.env),
+        persistent=spec.persistent,
+        ttl_s=spec.ttl_s,
+        last_active=now,
+        from_snapshot=spec.from_snapshot,
+        instance_id=spec.instance_id,
+        egress=_cidrs(spec.egress),
+        hibernation=image,
+    )
+
+
+def sandbox_info(sandbox: Sandbox, now: float) -> am.SandboxInfo:
+    """What the agent reports of ``sandbox`` at ``now`` (its idle time and expiry are computed for that time)."""
+    return am.SandboxInfo(
+        id=sandbox.id,
+        template=sandbox.template,
+        cpus=sandbox.cpus,
+        memory_mib=sandbox.memory_mib,
+        state=sandbox.state.value,
+        workspace_id=sandbox.workspace_id,
+        created_at=sandbox.created_at,
+        metadata=dict(sandbox.metadata),
+        env=dict(sandbox.env),
+        boot_mode="cold" if sandbox.boot_mode == "cold" else "restore",
+        boot_ms=sandbox.boot_ms,
+        from_snapshot=sandbox.from_snapshot,
+        instance_id=sandbox.instance_id or None,
+        guest_ip=sandbox.guest_ip,
+        vm_id=sandbox.vm.vm_id,
+        ttl_s=sandbox.ttl_s,
+        persistent=sandbox.persistent,
+        last_active=sandbox.last_active,
+        in_flight=sandbox.in_flight,
+        expires_at=sandbox.expires_at,
+        idle_s=round(sandbox.idle_s(now), 3),
+        expired=sandbox.expired(now),
+        egress=_cidrs(sandbox.egress),
+        adopted=sandbox.adopted,
+    )

@@ -324,7 +324,7 @@ def drained_elsewhere(fleet: Fleet, client: Api) -> None:
         woke = time.monotonic()
         with ThreadPoolExecutor(3) as pool:
             answers = dict(pool.map(use, range(3)))
-        print(  # figures for docs/ARCHITECTURE.md
+        print(  # figures for docs/SPECIFICATION.md
             f"\ndrain: {report['seconds']:.1f} s, per sandbox {[d['seconds'] for d in report['drained']]} s; "
             f"3 first requests woken elsewhere in parallel: {time.monotonic() - woke:.1f} s"
         )

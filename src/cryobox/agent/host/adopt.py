@@ -1,4 +1,4 @@
-"""Re-adopting what an earlier agent on this data dir left running (see :mod:`.records`).
+"""Re-adopting what an earlier agent on this data dir left running (see :mod:`..sandbox.records`).
 
 At start, before anything is reclaimed, :func:`survey` sorts the records: a running/paused sandbox whose QEMU
 still runs (same pid *and* start time, pidfile in our run directory) is *live*; a hibernated one whose image is

@@ -1,6 +1,6 @@
 """The agent's snapshot operations: capture, copy to the object store, restore sources, trees, evidence.
 
-A snapshot is captured into this host's snapshot store (durable on its disk, see :mod:`.store.snapshots`),
+A snapshot is captured into this host's snapshot store (durable on its disk, see :mod:`..snapshot.store`),
 then copied to the object store (:meth:`SnapshotOps.store`, idempotent) so any agent can restore it: an agent
 that holds the files restores from them (memory mapped from the hot copy), one that does not imports the
 snapshot's small files from the store and pages its memory in through the memory server. The store's copy is
@@ -60,7 +60,7 @@ class SnapshotOps:
         self._imports: dict[str, asyncio.Lock] = {}
         self._storing: dict[str, asyncio.Lock] = {}
         self.background = Background(name="snapshot-store")
-        """Copies to the object store run at a lower CPU priority than captures (:mod:`..util.background`)."""
+        """Copies to the object store run at a lower CPU priority than captures (:mod:`cryobox.util.background`)."""
 
     def _load(self, snapshot_id: str) -> SnapshotImage:
         return self.host.snapshots.load(snapshot_id)

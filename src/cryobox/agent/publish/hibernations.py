@@ -9,8 +9,8 @@ The snapshot path (:mod:`.images`, as :func:`.templates.publish_snapshot` takes 
 One image per sandbox: a later hibernation (another image id) replaces the stored one. An import brings the
 whole image home, memory included (downloaded and verified chunk by chunk), so the woken VM maps a local copy
 and the stored objects can be deleted as soon as its row names its new host. Every object is checked against
-its pin in the manifest (:mod:`.pins`) before it is renamed into place or parsed, and the manifest against the
-sha256 the registry pins for it (:mod:`.manifests`) before it is parsed.
+its pin in the manifest (:mod:`cryobox.objstore.pins`) before it is renamed into place or parsed, and the
+manifest against the sha256 the registry pins for it (:mod:`cryobox.objstore.manifests`) before it is parsed.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Snapshot, fork and fork_tree on the host agent.
 
-- ``snapshot``: capture a sandbox into the snapshot store while it keeps running (see :mod:`.vm.capture`).
+- ``snapshot``: capture a sandbox into the snapshot store while it keeps running (see :mod:`..vm.migration`).
 - ``fork``: pause the parent, reflink-clone its disk, continue it, cold-boot a child from the clone (disk
   only: the child has the parent's files and fresh processes).
 - ``fork_tree``: one snapshot, then ``count`` restores of it in parallel (memory and disk); a child that fails

@@ -124,7 +124,7 @@ class SnapshotStore:
         self.qemu_version = qemu_version
         self.bases = bases if bases is not None else BaseImages(root.parent / "bases")
         self.staging = staging if staging is not None else StagingPool()
-        """Warm buffers for the short-pause capture (:mod:`..vm.staging`)."""
+        """Warm buffers for the short-pause capture (:mod:`.staging`)."""
 
     def sweep_partials(self) -> list[str]:
         """Remove unfinished captures and deletions (a crash mid-way); run at start before any capture."""

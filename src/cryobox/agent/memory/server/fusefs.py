@@ -1,7 +1,7 @@
 """The memory server's FUSE filesystem: every memory image in the object store, as one read-only file.
 
 A file's name is its image's store prefix with ``/`` written as ``+``, then ``@`` and the sha256 of its chunk index
-as the manifest that named the image pins it (:mod:`.pins`)::
+as the manifest that named the image pins it (:mod:`cryobox.objstore.pins`)::
 
     <mount>/templates+base+<generation>@<sha256>   the image indexed by templates/base/<generation>/memory.idx
 

@@ -22,9 +22,8 @@ from cryobox.agent.host.startup import HostConfig, prepare_templates
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
 from cryobox.config import Paths
-
-from .netutil import OUTSIDE_RANGE
-from .support import Api, Client
+from tests.support.netutil import OUTSIDE_RANGE
+from tests.support.serve import Api, Client
 
 ALLOW_PRIVATE = "CRYOBOX_EGRESS_ALLOW_PRIVATE"
 

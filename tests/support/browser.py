@@ -13,7 +13,7 @@ from pathlib import Path
 from PIL import Image
 from playwright.sync_api import BrowserContext, Dialog, Page, Playwright, sync_playwright
 
-from .teardown import processes_naming
+from tests.support.teardown import processes_naming
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

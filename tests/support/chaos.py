@@ -13,8 +13,8 @@ import httpx
 
 from cryobox.agent.host.reclaim import find_own_qemus
 from cryobox.bench.server import ServeProcess
-from tests.integration.support import Client
-from tests.integration.teardown import reclaim_data_dir
+from tests.support.serve import Client
+from tests.support.teardown import reclaim_data_dir
 
 ARGS = ["--templates", "base", "--net-pool", "2"]
 MARK = "cat /run/mark; kill -0 $(cat /root/pid) && echo alive"

@@ -24,7 +24,7 @@ from cryobox.server.control.snapshots import RetentionPolicy, SnapshotControl
 from cryobox.server.control.templates import TemplateJobs
 from cryobox.server.metrics import Metrics
 from cryobox.server.routes.deps import AppContext
-from tests.unit.fake_agent import FakeAgent
+from tests.support.fake_agent import FakeAgent
 
 BASE = "http://ctl"
 

@@ -1,9 +1,9 @@
 """Screenshot the console's login page in Debian's Firefox ESR (``firefox-esr --headless --screenshot``), run by
-:mod:`tests.integration.test_console_firefox` inside a fresh network namespace (``unshare --net``) that has only
+:mod:`tests.integration.console.test_firefox` inside a fresh network namespace (``unshare --net``) that has only
 a loopback interface: the page's files are served from here, in the namespace, with the console's CSP, and
 nothing Firefox tries to reach elsewhere can leave the namespace.
 
-Usage: ``python -m tests.integration.firefox_shot <static dir> <profile dir> <out.png>``."""
+Usage: ``python -m tests.support.firefox_shot <static dir> <profile dir> <out.png>``."""
 
 from __future__ import annotations
 

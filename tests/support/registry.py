@@ -18,7 +18,7 @@ import pytest
 
 from cryobox.registry import Registry, SandboxRow, SnapshotRow
 from cryobox.util.sealing import Sealer, generate_key
-from tests.unit.pg import PostgresServer, throwaway_postgres
+from tests.support.pg import PostgresServer, throwaway_postgres
 
 T0 = 1_000_000.0
 PG_KEY = generate_key()

@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 
 from cryobox import Sandbox, Snapshots
-
-from .support import Api, Client
+from tests.support.serve import Api, Client
 
 FLAKY = """\
 import os

@@ -16,8 +16,7 @@ import pytest
 from cryobox import Sandbox, Snapshots
 from cryobox.bench.server import ServeProcess
 from cryobox.errors import NotFound
-
-from .support import Api
+from tests.support.serve import Api
 
 # Fails half the time, on a byte drawn from the kernel's CSPRNG when it runs (as random.SystemRandom would draw it;
 # a shell script, because 16 python3 start-ups at once cost ~13 s under TCG).

@@ -18,8 +18,7 @@ import pytest
 from cryobox import Sandbox
 from cryobox.bench.server import ServeProcess
 from cryobox.objstore.client import open_store
-
-from .support import Client, cli
+from tests.support.serve import Client, cli
 
 
 @pytest.fixture

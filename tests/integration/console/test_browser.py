@@ -27,10 +27,10 @@ from playwright.sync_api import Page, expect
 from cryobox.agent.host.reclaim import find_own_qemus
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
+from tests.support.browser import Chromium, check_screenshot
+from tests.support.paths import REPO
 
-from .browser import Chromium, check_screenshot
-
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "console"
+ARTIFACTS = REPO / "test-artifacts" / "console"
 HOSTILE_FILE = "<img src=x onerror=alert('file')>"
 HOSTILE_META = "<b>bold</b><img src=x onerror=alert('meta')>"
 HOSTILE_LOG = "<script>alert('evidence')</script>"

@@ -1,7 +1,7 @@
 """The console's login page renders in Debian's Firefox ESR (headless screenshot, checked non-blank). Only that:
 Firefox has no WebDriver here (Debian ships no geckodriver, and Playwright's Firefox is its own patched build),
-so the full flow runs in Chromium only (test_console.py). Firefox runs in its own network namespace with only
-loopback (tests/integration/firefox_shot.py)."""
+so the full flow runs in Chromium only (test_browser.py). Firefox runs in its own network namespace with only
+loopback (tests/support/firefox_shot.py)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from cryobox.console.static import STATIC_DIR
+from tests.support.browser import check_screenshot
+from tests.support.paths import REPO
+from tests.support.teardown import processes_naming
 
-from .browser import check_screenshot
-from .teardown import processes_naming
-
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "console"
+ARTIFACTS = REPO / "test-artifacts" / "console"
 
 
 @pytest.mark.timeout(180)
@@ -28,9 +28,9 @@ def test_login_page_renders_in_firefox(tmp_path: Path) -> None:
     out = ARTIFACTS / "login-firefox.png"
     out.unlink(missing_ok=True)
     profile = tmp_path / "firefox-profile"
-    root = Path(__file__).resolve().parents[2]
+    root = REPO
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)]), "MOZ_HEADLESS": "1"}
-    argv = ["unshare", "--net", "--", sys.executable, "-m", "tests.integration.firefox_shot"]
+    argv = ["unshare", "--net", "--", sys.executable, "-m", "tests.support.firefox_shot"]
     try:
         done = subprocess.run(
             [*argv, str(STATIC_DIR), str(profile), str(out)],

@@ -14,9 +14,8 @@ from cryobox.errors import InvalidArgument, ObjectNotFound, StoreError, StoreThr
 from cryobox.objstore.client import OTHER_RETRIES, PART_SIZE, ObjectStore, open_store
 from cryobox.objstore.faults import FaultyStore, StoreFaults
 from cryobox.objstore.gc import GcPolicy, collect
-
-from ..support_s3 import CREDENTIALS, MotoServer, ThrottlePolicy, ThrottlingProxy, moto_server, throttling_proxy
-from ..unit.storegc_support import hours_later, live_problems, put_generation, put_image, put_orphan, referenced
+from tests.support.s3 import CREDENTIALS, MotoServer, ThrottlePolicy, ThrottlingProxy, moto_server, throttling_proxy
+from tests.support.storegc import hours_later, live_problems, put_generation, put_image, put_orphan, referenced
 
 MiB = 1 << 20
 

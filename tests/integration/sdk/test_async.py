@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from cryobox import AsyncSandbox, SandboxTimeout
-from tests.integration.support import Api
+from tests.support.serve import Api
 
 
 async def test_async_sdk_create_exec_files_stream(api: Api) -> None:

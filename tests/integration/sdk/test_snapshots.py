@@ -8,8 +8,7 @@ import pytest
 
 from cryobox import NotFound, Sandbox, Snapshots, StateError
 from cryobox.bench.server import ServeProcess
-
-from .support import Api, cli
+from tests.support.serve import Api, cli
 
 
 def test_sdk_snapshot_restore_fork_tree_promote(api: Api) -> None:

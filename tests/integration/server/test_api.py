@@ -14,7 +14,7 @@ import pytest
 from cryobox import InvalidArgument, NotFound, Sandbox, Unauthorized
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
-from tests.integration.support import Api
+from tests.support.serve import Api
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,7 @@ from cryobox import Sandbox
 from cryobox.agent.templates.bake import Template
 from cryobox.agent.vm import detect_accel
 from cryobox.bench.server import ServeProcess
-from tests.integration.support import Api
+from tests.support.serve import Api
 
 
 def test_create_is_a_restore(sandbox: Sandbox, server: ServeProcess) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cryobox import Sandbox, SandboxTimeout
-from tests.integration.support import Api
+from tests.support.serve import Api
 
 
 def test_stdout_stderr_and_exit_code(sandbox: Sandbox) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -17,8 +16,9 @@ from websockets.typing import Subprotocol
 
 from cryobox import Sandbox
 from cryobox.bench.server import ServeProcess
+from tests.support.paths import APPS
 
-WS_ECHO = Path(__file__).parent / "apps" / "ws_echo.py"
+WS_ECHO = APPS / "ws_echo.py"
 HTTP_PORT, WS_PORT = 8000, 8765
 PAGE = "<h1>served from inside the guest</h1>\n" * 100
 

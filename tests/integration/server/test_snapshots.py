@@ -9,8 +9,7 @@ from typing import Any
 
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
-
-from .support import Client, new_key
+from tests.support.serve import Client, new_key
 
 # A process whose state lives only in its memory: a random secret made at start and a counter. SIGUSR1 makes it
 # write both to /tmp/state; the secret is never written anywhere else, so reading it back after a restore

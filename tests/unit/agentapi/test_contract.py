@@ -32,8 +32,7 @@ from cryobox.errors import (
     PayloadTooLarge,
     StateError,
 )
-
-from .fake_agent import MAX_FILE_BYTES, FakeAgent
+from tests.support.fake_agent import MAX_FILE_BYTES, FakeAgent
 
 TOKEN = "node-token-for-tests"
 T = TypeVar("T")

@@ -31,8 +31,8 @@ from cryobox.capture.runner import (
 )
 from cryobox.cli.capture_cmds import join_command
 from cryobox.sdk import ExecResult
-from tests.unit.test_sdk import INFO
-from tests.unit.test_sdk_snapshots import SNAP, Api, _route, resolve
+from tests.unit.sdk.test_snapshots import SNAP, Api, _route, resolve
+from tests.unit.sdk.test_sync import INFO
 
 NOW = datetime(2024, 5, 1, 12, 30, 5, tzinfo=UTC)
 

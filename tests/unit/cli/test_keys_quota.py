@@ -15,8 +15,8 @@ from cryobox.cli.main import app
 from cryobox.errors import InvalidArgument, WorkspaceQuotaExceeded
 from cryobox.registry import QuotaOverrides, QuotaRecords, Registry
 from cryobox.server.control.quotas import Quota, QuotaGuard
-from tests.unit import registry_support
-from tests.unit.registry_support import sandbox, snapshot
+from tests.support import registry as registry_support
+from tests.support.registry import sandbox, snapshot
 
 db_url = registry_support.db_url
 pg_server = registry_support.pg_server

@@ -17,8 +17,8 @@ from typer.testing import CliRunner, Result
 from cryobox.cli.main import app
 from cryobox.cli.snapshot_cmds import merge_labels
 from cryobox.sdk import ClientConfig
-from tests.unit.test_sdk import INFO, Recorder, _error
-from tests.unit.test_sdk_snapshots import SNAP, TREE
+from tests.unit.sdk.test_snapshots import SNAP, TREE
+from tests.unit.sdk.test_sync import INFO, Recorder, _error
 
 Reply = Callable[[httpx.Request], httpx.Response]
 ENV = {"CRYOBOX_API_URL": "http://test", "CRYOBOX_API_KEY": "cli-key", "COLUMNS": "200"}

@@ -13,8 +13,8 @@ from cryobox.agentapi import models as am
 from cryobox.console.bisect_jobs import BisectJobs
 from cryobox.console.bisect_platform import JOB_LABEL
 from cryobox.errors import CryoboxError, GuestError, HostUnavailable, NotFound, QuotaExceeded
-from tests.unit import registry_support
-from tests.unit.console_support import ConsoleEnv, console_env
+from tests.support import registry as registry_support
+from tests.support.console import ConsoleEnv, console_env
 
 registry = registry_support.sqlite_registry
 __all__ = ["console_env", "registry"]

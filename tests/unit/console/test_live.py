@@ -14,8 +14,8 @@ from cryobox.console.events import Cadence, event_stream
 from cryobox.console.execs import ExecHistory, ExecRecord
 from cryobox.console.sampler import MetricsSampler, parse_sample
 from cryobox.server.metrics import Metrics
-from tests.unit import registry_support
-from tests.unit.console_support import ConsoleEnv, console_env
+from tests.support import registry as registry_support
+from tests.support.console import ConsoleEnv, console_env
 
 registry = registry_support.sqlite_registry
 __all__ = ["console_env", "registry"]

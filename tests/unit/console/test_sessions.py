@@ -10,8 +10,8 @@ from cryobox.console.static import CSP
 from cryobox.registry import Registry
 from cryobox.registry.sessions import SessionRecords
 from cryobox.server.access.sessions import COOKIE_NAME, ConsoleSessions, csrf_for
-from tests.unit import registry_support
-from tests.unit.console_support import ConsoleEnv, console_env
+from tests.support import registry as registry_support
+from tests.support.console import ConsoleEnv, console_env
 
 registry = registry_support.sqlite_registry
 clock = registry_support.clock
@@ -138,7 +138,7 @@ async def test_bearer_auth_is_unchanged_and_needs_no_csrf(console_env: ConsoleEn
 
 
 async def test_a_rate_limit_applies_to_cookie_requests(registry: Registry) -> None:
-    from tests.unit.console_support import make_env
+    from tests.support.console import make_env
 
     async for env in make_env(registry, {"CRYOBOX_RATE_LIMIT_PER_S": "1", "CRYOBOX_RATE_LIMIT_BURST": "3"}):
         await env.login()

@@ -18,8 +18,7 @@ import pytest
 from cryobox.guest import ops_procs
 from cryobox.guest.agent import GuestAgent
 from cryobox.guest.proc_io import BUFFER_BYTES, OutputLog, signal_status
-
-from .test_guest_agent import AsyncGuest, Client, Harness, process_gone
+from tests.unit.guest.test_agent import AsyncGuest, Client, Harness, process_gone
 
 
 @pytest.fixture

@@ -14,9 +14,8 @@ import pytest
 
 from cryobox.guest import ops_watch
 from cryobox.guest.agent import GuestAgent
-
-from .test_guest_agent import Harness
-from .test_guest_procs import Mux
+from tests.unit.guest.test_agent import Harness
+from tests.unit.guest.test_ops_procs import Mux
 
 Change = tuple[str, str]
 

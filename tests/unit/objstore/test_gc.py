@@ -13,7 +13,7 @@ from cryobox.cli.main import app
 from cryobox.objstore.client import ObjectStore, open_store
 from cryobox.objstore.gc import GcClock, GcPolicy, collect
 from cryobox.objstore.leases import GC_PREFIX, LeaseTiming, PublishLease
-from tests.unit.storegc_support import (
+from tests.support.storegc import (
     HOUR,
     age,
     hours_later,

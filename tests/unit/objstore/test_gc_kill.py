@@ -20,7 +20,7 @@ import pytest
 from cryobox.objstore.client import ObjectStore, open_store
 from cryobox.objstore.gc import GcPolicy, collect
 from cryobox.objstore.gcscan import scan
-from tests.unit.storegc_support import (
+from tests.support.storegc import (
     HOUR,
     hours_later,
     live_problems,

@@ -22,8 +22,8 @@ from cryobox.errors import IntegrityError
 from cryobox.objstore.client import ObjectStore, open_store
 from cryobox.objstore.manifests import STORED_MANIFEST, recorded_manifest
 from cryobox.objstore.pins import Pin
-from tests.unit.test_hibernation_store import _hibernation
-from tests.unit.test_publish import _machine, _snapshot, _template
+from tests.unit.agent.publish.test_hibernations import _hibernation
+from tests.unit.agent.publish.test_templates import _machine, _snapshot, _template
 
 SNAP = "snapshots/snap-1/manifest.json"
 HIB = "hibernations/sb-1/manifest.json"

@@ -17,8 +17,8 @@ from cryobox.errors import InvalidArgument, SecretUnreadable
 from cryobox.registry import MoveRecords, Registry
 from cryobox.registry.envseal import seal_plaintext
 from cryobox.util.sealing import SECRET_KEY_ENV, Sealer, generate_key
-from tests.unit import registry_support
-from tests.unit.registry_support import open_registry, sandbox
+from tests.support import registry as registry_support
+from tests.support.registry import open_registry, sandbox
 
 pg_server = registry_support.pg_server
 db_url = registry_support.db_url

@@ -18,8 +18,8 @@ from sqlalchemy import text
 
 from cryobox.errors import HostUnavailable, InvalidArgument, NotFound
 from cryobox.registry import AgentLoad, HeartbeatOutcome, MoveRecords, Registry, ReservationRow, SandboxRow, SnapshotRow
-from tests.unit import registry_support
-from tests.unit.registry_support import open_registry, sandbox, snapshot
+from tests.support import registry as registry_support
+from tests.support.registry import open_registry, sandbox, snapshot
 
 TOTAL_KEY = "memory_total_mib"
 

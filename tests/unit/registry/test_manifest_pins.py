@@ -8,8 +8,8 @@ from alembic import command
 from sqlalchemy import inspect, text
 
 from cryobox.registry import MoveRecords, Registry
-from tests.unit import registry_support
-from tests.unit.registry_support import open_registry, sandbox
+from tests.support import registry as registry_support
+from tests.support.registry import open_registry, sandbox
 
 registry = registry_support.registry
 db_url = registry_support.db_url

@@ -13,8 +13,8 @@ from sqlalchemy import select
 from cryobox.errors import InvalidArgument, NotFound
 from cryobox.registry import AlreadyExists, Registry, TemplateRow, normalize_url, url_for_data_dir
 from cryobox.registry.models import Base
-from tests.unit import registry_support
-from tests.unit.registry_support import sandbox, snapshot
+from tests.support import registry as registry_support
+from tests.support.registry import sandbox, snapshot
 
 # the shared fixtures (registry_support), bound here under the names the tests ask for
 pg_server = registry_support.pg_server

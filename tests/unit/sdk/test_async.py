@@ -22,7 +22,7 @@ from cryobox.errors import (
     StateError,
 )
 from cryobox.sdk import ClientConfig, ExecResult, Lifecycle, RetryPolicy, StreamEvent
-from tests.unit.test_sdk import (
+from tests.unit.sdk.test_sync import (
     ENTRY,
     INFO,
     LIFECYCLE,

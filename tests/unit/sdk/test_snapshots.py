@@ -30,7 +30,7 @@ from cryobox import (
 )
 from cryobox.errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound, StateError
 from cryobox.sdk import ClientConfig, RetryPolicy
-from tests.unit.test_sdk import INFO, FakeTime, Handler, Recorder, _error, capacity, sequence
+from tests.unit.sdk.test_sync import INFO, FakeTime, Handler, Recorder, _error, capacity, sequence
 
 T = TypeVar("T")
 

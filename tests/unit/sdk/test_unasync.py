@@ -11,7 +11,9 @@ from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
+
+ROOT = REPO
 SCRIPT = ROOT / "scripts" / "unasync.py"
 SDK = ROOT / "src" / "cryobox" / "sdk"
 

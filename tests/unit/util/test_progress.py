@@ -25,7 +25,7 @@ from cryobox.util.progress import (
     open_reporter,
     wants_bars,
 )
-from tests.unit.test_sdk_snapshots import SNAP
+from tests.unit.sdk.test_snapshots import SNAP
 
 ENV = {"CRYOBOX_API_URL": "http://test", "CRYOBOX_API_KEY": "cli-key", "COLUMNS": "200"}
 

@@ -17,7 +17,7 @@ import httpx
 from cryobox import Sandbox, Snapshots
 from cryobox.agent.vm.consolelog import KEEP_BYTES, MAX_BYTES
 from cryobox.bench.server import ServeProcess
-from tests.integration.support import Api
+from tests.support.serve import Api
 
 RSS_CEILING_MIB = 96
 """How much the agent may grow under any one flood (it holds bounded queues, never the flood)."""

@@ -16,9 +16,8 @@ import pytest
 from cryobox.agent.host.reclaim import find_own_qemus
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
-
-from .support import Client
-from .teardown import reclaim_data_dir
+from tests.support.serve import Client
+from tests.support.teardown import reclaim_data_dir
 
 # One template and two network slots are all this test needs (each extra template and slot is start-up time).
 SMALL = ["--templates", "base", "--net-pool", "2"]

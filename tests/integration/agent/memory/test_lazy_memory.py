@@ -25,8 +25,7 @@ from cryobox.agent.memory.server.chunkcache import ChunkCache
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
 from cryobox.config import Paths
-
-from .support import Client
+from tests.support.serve import Client
 
 # lazy memory, no prefetch; one template and two network slots are all these tests need (cheaper start-ups)
 LAZY = ["--memory", "lazy", "--no-prefetch", "--templates", "base", "--net-pool", "2"]

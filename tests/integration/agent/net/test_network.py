@@ -19,9 +19,8 @@ import pytest
 
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
-
-from .netutil import Listener, outside_network, probe
-from .support import Client, cli
+from tests.support.netutil import Listener, outside_network, probe
+from tests.support.serve import Client, cli
 
 GUEST_PROBE = (
     "python3 -c 'import socket, sys\n"

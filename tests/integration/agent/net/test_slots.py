@@ -40,8 +40,7 @@ from cryobox.agent.net import (
     reclaim,
 )
 from cryobox.agent.net.denylist import deny_networks
-
-from .netutil import OUTSIDE_RANGE, Listener, in_thread_netns, ns_fd, outside_network, probe
+from tests.support.netutil import OUTSIDE_RANGE, Listener, in_thread_netns, ns_fd, outside_network, probe
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and nft need root")
 

@@ -11,10 +11,9 @@ from pathlib import Path
 from cryobox.agent.host.reclaim import find_own_qemus
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
-
-from ..support_s3 import CREDENTIALS, moto_server
-from .support import Client
-from .test_lazy_memory import base_image, memstats
+from tests.integration.agent.memory.test_lazy_memory import base_image, memstats
+from tests.support.s3 import CREDENTIALS, moto_server
+from tests.support.serve import Client
 
 SECRET_PROC = "import os, time; open('/tmp/secret', 'w').write(os.urandom(8).hex()); time.sleep(10**6)"
 

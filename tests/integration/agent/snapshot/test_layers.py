@@ -11,8 +11,7 @@ from typing import Any
 from cryobox.bench.server import ServeProcess
 from cryobox.config import DEFAULT_CACHE_DIR, Paths
 from cryobox.util.files import allocated_bytes
-
-from .support import Client
+from tests.support.serve import Client
 
 MIB = 1 << 20
 # 64 MiB of fresh random bytes in the guest's tmpfs (guest RAM), and their checksum

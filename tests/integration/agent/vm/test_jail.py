@@ -16,7 +16,7 @@ from cryobox.agent.net.slots import tag_for
 from cryobox.agent.vm import detect_accel, qemu
 from cryobox.agent.vm.jail import OVERHEAD_MIB, QEMU_THREADS_CPUS, JailSettings
 from cryobox.bench.server import ServeProcess
-from tests.integration.support import Api
+from tests.support.serve import Api
 
 
 def _status(pid: int) -> dict[str, str]:

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from cryobox.bench.server import ServeProcess
+from tests.support.paths import APPS
 
-APP = Path(__file__).parent / "apps" / "e2b_app.py"
+APP = APPS / "e2b_app.py"
 
 
 def e2b_env(url: str, api_key: str, home: Path) -> dict[str, str]:
@@ -84,7 +85,7 @@ def test_e2b_sdk_application_runs_unchanged(e2b_python: Path, server: ServeProce
     assert "NotFound" in report["after_kill"]["error"]
 
 
-CODE_APP = Path(__file__).parent / "apps" / "e2b_code_app.py"
+CODE_APP = APPS / "e2b_code_app.py"
 
 
 def test_e2b_code_interpreter_sdk_runs_unchanged(e2b_python: Path, server: ServeProcess) -> None:

@@ -12,8 +12,9 @@ import pytest
 
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
+from tests.support.paths import APPS
 
-APP = Path(__file__).parent / "apps" / "pandastack_app.py"
+APP = APPS / "pandastack_app.py"
 
 
 def test_pandastack_sdk_application_runs_unchanged(

@@ -10,8 +10,7 @@ import httpx
 
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
-
-from .support import Client
+from tests.support.serve import Client
 
 
 def test_burst_beyond_host_capacity_is_refused_cleanly(

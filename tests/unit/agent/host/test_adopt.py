@@ -18,9 +18,8 @@ from cryobox.agent.net.pool import IndexAllocator, SlotPool
 from cryobox.agent.net.slots import SlotPlan
 from cryobox.agent.sandbox.records import SandboxRecord, SandboxRecords, VmRecord, process_start_ticks
 from cryobox.errors import InvalidArgument, StateError
-
-from .test_net_slots import FakeBuilder, FakeEgress, FakeNft
-from .test_reclaim import QEMU, _fake_proc_entry
+from tests.unit.agent.host.test_reclaim import QEMU, _fake_proc_entry
+from tests.unit.agent.net.test_slots import FakeBuilder, FakeEgress, FakeNft
 
 PLAN = SlotPlan("0a1b2c", "10.23.0.0/16")
 

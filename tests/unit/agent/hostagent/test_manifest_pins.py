@@ -25,8 +25,8 @@ from cryobox.agentapi import models as am
 from cryobox.errors import IntegrityError
 from cryobox.objstore.client import ObjectStore, open_store
 from cryobox.objstore.pins import Pin
-from tests.unit.test_hibernation_store import _hibernation
-from tests.unit.test_publish import _machine, _snapshot, _template
+from tests.unit.agent.publish.test_hibernations import _hibernation
+from tests.unit.agent.publish.test_templates import _machine, _snapshot, _template
 
 
 def _host(root: Path, store: ObjectStore, template: Template, **service: Any) -> Any:

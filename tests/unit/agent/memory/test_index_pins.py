@@ -27,8 +27,8 @@ from cryobox.agent.templates.bake import Template, record_pins
 from cryobox.errors import IntegrityError
 from cryobox.objstore.client import ObjectStore
 from cryobox.objstore.pins import PinSet
-from tests.unit.test_fetch_integrity import _baked, _fetch, _store
-from tests.unit.test_publish import _machine, _snapshot, _template, sparse_image
+from tests.unit.agent.publish.test_fetch_integrity import _baked, _fetch, _store
+from tests.unit.agent.publish.test_templates import _machine, _snapshot, _template, sparse_image
 
 IDX = "templates/base/g1/memory.idx"
 

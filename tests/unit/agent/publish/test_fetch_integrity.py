@@ -27,8 +27,8 @@ from cryobox.errors import IntegrityError
 from cryobox.objstore.chunkfmt import ChunkIndex
 from cryobox.objstore.client import ObjectStore, open_store
 from cryobox.objstore.pins import PinSet
-from tests.unit.test_hibernation_store import _hibernation
-from tests.unit.test_publish import _backing, _machine, _qcow2, _snapshot, _template, sparse_image
+from tests.unit.agent.publish.test_hibernations import _hibernation
+from tests.unit.agent.publish.test_templates import _backing, _machine, _qcow2, _snapshot, _template, sparse_image
 
 QEMU = "QEMU emulator version 8.2.2"
 KERNEL, INITRD, ROOTFS = "kernel/k1/vmlinuz", "initrd/i1/initrd.img", "rootfs/r1/rootfs.img"

@@ -20,7 +20,7 @@ from cryobox.agent.templates.bake import Template
 from cryobox.agent.vm import MachineConfig
 from cryobox.errors import ObjectNotFound, StateError
 from cryobox.objstore.client import open_store
-from tests.unit.test_publish import _backing, _machine, _qcow2, _template, sparse_image
+from tests.unit.agent.publish.test_templates import _backing, _machine, _qcow2, _template, sparse_image
 
 
 def _hibernation(root: Path, image_id: str, template: Template, machine: MachineConfig, page: bytes) -> SnapshotImage:

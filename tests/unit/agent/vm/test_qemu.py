@@ -16,7 +16,7 @@ from cryobox.agent.vm import qemu
 from cryobox.agent.vm.accel import Accel
 from cryobox.agent.vm.machine import MachineConfig, MemoryBacking, VmPaths, qemu_argv
 from cryobox.errors import InvalidArgument
-from tests.unit.test_jail_spec import Vm, _binds  # the jail spec's VM files (disks made by qemu-img)
+from tests.unit.agent.vm.test_jail import Vm, _binds  # the jail spec's VM files (disks made by qemu-img)
 
 
 @pytest.fixture(autouse=True)

@@ -13,8 +13,8 @@ import pytest
 
 from cryobox.errors import IntegrityError
 from cryobox.server.control.sandboxes import CreateRequest
-from tests.unit import registry_support
-from tests.unit.test_drain import Fleetish, made
+from tests.support import registry as registry_support
+from tests.unit.server.control.test_drain import Fleetish, made
 
 registry = registry_support.sqlite_registry
 clock = registry_support.clock

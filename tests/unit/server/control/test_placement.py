@@ -24,8 +24,8 @@ from cryobox.server.control.placement import (
     choose,
     require_servable,
 )
-from tests.unit import registry_support
-from tests.unit.registry_support import T0, Clock
+from tests.support import registry as registry_support
+from tests.support.registry import T0, Clock
 
 MIB = 512  # one sandbox of the "base" template
 DEADLINE_S = 10.0

@@ -30,8 +30,8 @@ from cryobox.server.control.sandboxes import ControlPlane, CreateRequest
 from cryobox.server.control.snapshots import RetentionPolicy, SnapshotControl
 from cryobox.server.control.templates import TemplateJobs
 from cryobox.server.metrics import Metrics
-from tests.unit import registry_support
-from tests.unit.fake_agent import FakeAgent
+from tests.support import registry as registry_support
+from tests.support.fake_agent import FakeAgent
 
 registry = registry_support.sqlite_registry
 

@@ -16,9 +16,9 @@ from cryobox.errors import GuestError, InvalidArgument, NotFound
 from cryobox.registry import Registry, SandboxRow, SnapshotRow
 from cryobox.server.control.fleet import Fleet, FleetConfig
 from cryobox.server.control.snapshots import DEFAULT_GRACE_S, DEFAULT_SWEEP_INTERVAL_S, RetentionPolicy, SnapshotControl
-from tests.unit import registry_support
-from tests.unit.fake_agent import FakeAgent
-from tests.unit.registry_support import T0, Clock
+from tests.support import registry as registry_support
+from tests.support.fake_agent import FakeAgent
+from tests.support.registry import T0, Clock
 
 GRACE = 3600.0
 

@@ -7,8 +7,8 @@ from cryobox.agentapi import models as am
 from cryobox.registry import Registry
 from cryobox.registry.strays import unknown_sandboxes
 from cryobox.server.control.strays import delete_strays
-from tests.unit import registry_support
-from tests.unit.registry_support import sandbox
+from tests.support import registry as registry_support
+from tests.support.registry import sandbox
 
 pg_server = registry_support.pg_server
 db_url = registry_support.db_url

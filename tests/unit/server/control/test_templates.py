@@ -16,8 +16,8 @@ from cryobox.image.buildpolicy import BuildAllowlist
 from cryobox.registry import Registry
 from cryobox.server.control.fleet import Fleet, FleetConfig
 from cryobox.server.control.templates import TemplateJobs
-from tests.unit import registry_support
-from tests.unit.fake_agent import FakeAgent
+from tests.support import registry as registry_support
+from tests.support.fake_agent import FakeAgent
 
 registry = registry_support.sqlite_registry
 

@@ -15,7 +15,7 @@ from cryobox.server.access.ratelimit import RateLimitConfig, RateLimiter
 from cryobox.server.control.fleet import FleetConfig
 from cryobox.server.control.snapshots import RetentionPolicy
 from cryobox.server.metrics import Metrics
-from tests.unit.fake_agent import FakeAgent
+from tests.support.fake_agent import FakeAgent
 
 TOKEN = "node-secret"
 

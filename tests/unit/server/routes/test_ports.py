@@ -36,9 +36,9 @@ from cryobox.server.control.sandboxes import ControlPlane
 from cryobox.server.control.snapshots import RetentionPolicy, SnapshotControl
 from cryobox.server.control.templates import TemplateJobs
 from cryobox.server.metrics import Metrics
-from tests.unit import registry_support
-from tests.unit.fake_agent import FakeAgent
-from tests.unit.test_proxy import Upstream, free_port, pick_subprotocol, proxy_app, serving, ws_gate
+from tests.support import registry as registry_support
+from tests.support.fake_agent import FakeAgent
+from tests.unit.proxy.test_proxy import Upstream, free_port, pick_subprotocol, proxy_app, serving, ws_gate
 
 registry = registry_support.sqlite_registry
 

@@ -20,8 +20,7 @@ from cryobox.agent.publish.templates import upload_image
 from cryobox.objstore.chunkfmt import CHUNK_SIZE
 from cryobox.objstore.client import ObjectStore
 from cryobox.objstore.pins import PinSet
-
-from ..support_s3 import CREDENTIALS, MotoServer, moto_server
+from tests.support.s3 import CREDENTIALS, MotoServer, moto_server
 
 CHUNKS = 12
 ZERO = {1, 4, 5, 9}  # chunks left as holes (zero chunks: never stored, never fetched)

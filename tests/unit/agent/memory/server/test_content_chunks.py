@@ -18,8 +18,8 @@ from cryobox.agent.templates.bake import Template
 from cryobox.objstore.chunkfmt import CHUNK_SIZE, ChunkIndex, chunk_key, scan_image
 from cryobox.objstore.client import ObjectStore
 from cryobox.objstore.pins import PinSet
-from tests.unit.test_fetch_integrity import ROOTFS, _baked, _store
-from tests.unit.test_publish import _qcow2, sparse_image
+from tests.unit.agent.publish.test_fetch_integrity import ROOTFS, _baked, _store
+from tests.unit.agent.publish.test_templates import _qcow2, sparse_image
 
 PAGES = {0: b"kernel text", 1: b"page cache", 2: b"heap", 3: b"stack", 4: b"more heap"}
 

@@ -15,8 +15,7 @@ from starlette.types import Receive, Scope, Send
 from cryobox.agentapi.interface import Agent
 from cryobox.compat.e2b.envd import EnvdApp, create_envd_app
 from cryobox.compat.e2b.envd.multipart import parse
-
-from .test_e2b_envd_fakes import HEADERS, SANDBOX, FakeAccess, FakeEnvdAgent, Node, mounted, serve
+from tests.support.envd import HEADERS, SANDBOX, FakeAccess, FakeEnvdAgent, Node, mounted, serve
 
 MAX = 1 << 20
 BINARY = bytes(range(256)) * 64 + b"\r\n--boundary\r\n\r\n--" + bytes(range(255, -1, -1))

@@ -18,8 +18,7 @@ from cryobox.compat.e2b.envd.entries import entry_info, permissions
 from cryobox.compat.e2b.envd.filesystem import WatcherRef
 from cryobox.compat.e2b.envd.gen.filesystem import filesystem_pb as pb
 from cryobox.compat.e2b.envd.gen.filesystem.filesystem_connect import FilesystemClient
-
-from .test_e2b_envd_fakes import HEADERS, FakeAccess, FakeEnvdAgent, Node, mounted, no_forward, serve, until
+from tests.support.envd import HEADERS, FakeAccess, FakeEnvdAgent, Node, mounted, no_forward, serve, until
 
 
 @dataclass

@@ -18,8 +18,7 @@ from protobuf import Oneof
 from cryobox.compat.e2b.envd import EnvdApp, create_envd_app
 from cryobox.compat.e2b.envd.gen.process import process_pb as pb
 from cryobox.compat.e2b.envd.gen.process.process_connect import ProcessClient
-
-from .test_e2b_envd_fakes import HEADERS, SANDBOX, FakeAccess, FakeEnvdAgent, mounted, no_forward, serve, until
+from tests.support.envd import HEADERS, SANDBOX, FakeAccess, FakeEnvdAgent, mounted, no_forward, serve, until
 
 
 @dataclass

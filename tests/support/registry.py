@@ -1,8 +1,10 @@
-"""Registries for unit tests (a plain module, not a conftest): fixtures, row builders and an injected clock.
+"""Registries for unit tests (a plain module, not a conftest): fixtures, row builders and the clock fixture.
 
 Fixtures are shared by binding them into a test module under the name its tests ask for (pytest finds them by
-that name), e.g. ``registry = registry_support.sqlite_registry`` for a SQLite registry, or, to run a module on
-both backends, ``pg_server``, ``db_url`` and ``registry`` (SQLite and a real throwaway PostgreSQL, ``pg.py``).
+that name; the module is imported as ``from tests.support import registry as registry_support``), e.g.
+``registry = registry_support.sqlite_registry`` for a SQLite registry, or, to run a module on
+both backends, ``pg_server``, ``db_url`` and ``registry`` (SQLite and a real throwaway PostgreSQL, ``pg.py``);
+``clock = registry_support.clock`` for a :class:`~tests.support.clock.FakeClock` at :data:`~tests.support.clock.T0`.
 
 :func:`open_registry` is ``Registry(url)`` with, for PostgreSQL (which has no key file), the key every replica
 of a test shares; a SQLite registry keeps its default key file beside the database.
@@ -18,26 +20,16 @@ import pytest
 
 from cryobox.registry import Registry, SandboxRow, SnapshotRow
 from cryobox.util.sealing import Sealer, generate_key
+from tests.support.clock import T0, FakeClock
 from tests.support.pg import PostgresServer, throwaway_postgres
 
-T0 = 1_000_000.0
 PG_KEY = generate_key()
 """The sealing key of the PostgreSQL registries of this test session (SQLite ones use their key file)."""
 
 
-class Clock:
-    """An injected ``time.time``: tests move ``now`` by hand."""
-
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    return FakeClock(T0)
 
 
 def open_registry(url: str) -> Registry:

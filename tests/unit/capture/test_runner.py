@@ -31,18 +31,11 @@ from cryobox.capture.runner import (
 )
 from cryobox.cli.capture_cmds import join_command
 from cryobox.sdk import ExecResult
+from tests.support.clock import FakeClock
 from tests.unit.sdk.test_snapshots import SNAP, Api, _route, resolve
 from tests.unit.sdk.test_sync import INFO
 
 NOW = datetime(2024, 5, 1, 12, 30, 5, tzinfo=UTC)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class FakeFiles:
@@ -86,7 +79,7 @@ class FakeSandbox:
         if cmd.startswith("mkdir -p /work && tar -xzf"):
             return ExecResult("", "", 0, 1.0)
         if "setsid" in cmd:
-            self.started_at = self.clock.t
+            self.started_at = self.clock.now
             self.filesystem.write(PID_PATH, b"4242\n")
             self.filesystem.write(LOG_PATH, b"test output\n")
             return ExecResult("", "", 0, 1.0)
@@ -94,11 +87,11 @@ class FakeSandbox:
             assert self.started_at is not None
             end = self.started_at + self.runs_s if self.exit_code is not None else float("inf")
             waited = timeout_seconds - 30 if timeout_seconds and "while" in cmd else 0.0
-            if self.clock.t + waited >= end:
-                self.clock.t = max(self.clock.t, end)
+            if self.clock.now + waited >= end:
+                self.clock.now = max(self.clock.now, end)
                 self.filesystem.write(EXIT_PATH, f"{self.exit_code}\n".encode())
                 return ExecResult("", "", 0, 1.0)
-            self.clock.t += waited
+            self.clock.now += waited
             return ExecResult("", "", 1, 1.0)
         return ExecResult("", "setup says no", self.setup_exit, 1.0)
 
@@ -153,7 +146,7 @@ def options(root: Path, **overrides: Any) -> CaptureOptions:
 
 
 def test_green_kills_and_keeps_nothing(tmp_path: Path) -> None:
-    h = Harness(FakeSandbox(FakeClock(), exit_code=0))
+    h = Harness(FakeSandbox(FakeClock(1000.0), exit_code=0))
     result = h.runner().run(options(project(tmp_path), ttl_s=900))
     assert result.outcome == "passed" and result.exit_status == 0 and result.snapshot_id is None
     assert h.created == [("base", 900)]
@@ -164,7 +157,7 @@ def test_green_kills_and_keeps_nothing(tmp_path: Path) -> None:
 
 
 def test_red_writes_provenance_snapshots_retained_and_keeps_the_sandbox(tmp_path: Path) -> None:
-    h = Harness(FakeSandbox(FakeClock(), exit_code=3))
+    h = Harness(FakeSandbox(FakeClock(1000.0), exit_code=3))
     result = h.runner().run(options(project(tmp_path)))
     sbx = h.sandbox
     assert result.outcome == "failed" and result.exit_code == 3 and result.exit_status == 3
@@ -184,11 +177,11 @@ def test_red_writes_provenance_snapshots_retained_and_keeps_the_sandbox(tmp_path
 
 
 def test_hang_snapshots_the_running_test_with_null_exit_code(tmp_path: Path) -> None:
-    h = Harness(FakeSandbox(FakeClock(), exit_code=None))
+    h = Harness(FakeSandbox(FakeClock(1000.0), exit_code=None))
     result = h.runner().run(options(project(tmp_path), timeout_s=25.0, seed=None))
     sbx = h.sandbox
     assert result.outcome == "hang" and result.exit_code is None and result.exit_status == 124
-    assert sbx.clock.t >= 1000.0 + 25.0
+    assert sbx.clock.now >= 1000.0 + 25.0
     ((labels, retain, failure_json),) = sbx.snapshots
     assert failure_json is not None
     failure = json.loads(failure_json)
@@ -199,7 +192,7 @@ def test_hang_snapshots_the_running_test_with_null_exit_code(tmp_path: Path) -> 
 
 
 def test_setup_failure_kills_and_reports(tmp_path: Path) -> None:
-    h = Harness(FakeSandbox(FakeClock(), exit_code=0, setup_exit=5))
+    h = Harness(FakeSandbox(FakeClock(1000.0), exit_code=0, setup_exit=5))
     result = h.runner().run(options(project(tmp_path), setup="pip install nope"))
     assert result.outcome == "setup_failed" and result.exit_status == 3 and result.exit_code == 5
     assert h.sandbox.killed and not h.sandbox.snapshots
@@ -208,7 +201,7 @@ def test_setup_failure_kills_and_reports(tmp_path: Path) -> None:
 
 
 def test_test_runs_detached_in_work_with_seed_and_inner_env(tmp_path: Path) -> None:
-    h = Harness(FakeSandbox(FakeClock(), exit_code=0))
+    h = Harness(FakeSandbox(FakeClock(1000.0), exit_code=0))
     h.runner().run(options(project(tmp_path)))
     (start,) = [(cmd, kw) for cmd, kw in h.sandbox.execs if "setsid" in cmd]
     cmd, kw = start

@@ -11,6 +11,7 @@ from cryobox.registry import Registry
 from cryobox.registry.sessions import SessionRecords
 from cryobox.server.access.sessions import COOKIE_NAME, ConsoleSessions, csrf_for
 from tests.support import registry as registry_support
+from tests.support.clock import FakeClock
 from tests.support.console import ConsoleEnv, console_env
 
 registry = registry_support.sqlite_registry
@@ -164,7 +165,7 @@ async def test_the_static_app_is_served_with_a_strict_csp(console_env: ConsoleEn
     assert api.headers["x-content-type-options"] == "nosniff"  # every /ui response
 
 
-def test_sessions_are_cached_like_keys_and_slide(registry: Registry, clock: registry_support.Clock) -> None:
+def test_sessions_are_cached_like_keys_and_slide(registry: Registry, clock: FakeClock) -> None:
     ws = registry.ensure_workspace("beta").id
     info, key = registry.create_key(ws)
     sessions = ConsoleSessions(SessionRecords(registry.database), ttl_s=3600.0, cache_s=5.0, clock=clock)

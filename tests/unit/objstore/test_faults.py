@@ -12,23 +12,9 @@ import pytest
 from cryobox.errors import InvalidArgument, StoreError, StoreThrottled
 from cryobox.objstore.client import ObjectStore, open_store
 from cryobox.objstore.faults import ENV_VAR, FaultyStore, SharedLink, StoreFaults, with_faults
+from tests.support.clock import FakeClock
 
 MB = 1_000_000
-
-
-class FakeClock:
-    """A clock that only moves when something sleeps on it; records every sleep."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
 
 
 class ScriptedRng(random.Random):
@@ -94,7 +80,7 @@ def test_with_faults_wraps_only_when_asked() -> None:
 
 
 def test_latency_before_every_get_only() -> None:
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     inner = memory_store(k=b"0123456789")
     store = FaultyStore(inner, StoreFaults(latency_ms=20), sleep=clock.sleep, clock=clock)
     assert store.get_range("k", 2, 3) == b"234"
@@ -107,7 +93,7 @@ def test_latency_before_every_get_only() -> None:
 
 
 def test_download_is_faulted_too(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     store = FaultyStore(
         memory_store(k=b"x" * MB), StoreFaults(latency_ms=5, bandwidth_mbps=8), clock.sleep, clock=clock
     )
@@ -118,7 +104,7 @@ def test_download_is_faulted_too(tmp_path: Path) -> None:
 
 def test_throttle_and_fail_rates_use_one_draw_per_get() -> None:
     inner = memory_store(k=b"abc")
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     rng = ScriptedRng([0.05, 0.15, 0.25, 0.5])
     store = FaultyStore(inner, StoreFaults(throttle_rate=0.1, fail_rate=0.2), sleep=clock.sleep, rng=rng)
     with pytest.raises(StoreThrottled, match="SlowDown"):
@@ -157,7 +143,7 @@ def test_inner_errors_are_counted_and_passed_through() -> None:
 
 
 def test_bandwidth_single_get_takes_size_over_rate() -> None:
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     store = FaultyStore(memory_store(k=bytes(2 * MB)), StoreFaults(bandwidth_mbps=80), sleep=clock.sleep, clock=clock)
     store.get_range("k", 0, MB)  # 1 MB at 10 MB/s
     assert sum(clock.sleeps) == pytest.approx(0.1)

@@ -25,22 +25,15 @@ from cryobox.util.progress import (
     open_reporter,
     wants_bars,
 )
+from tests.support.clock import FakeClock
 from tests.unit.sdk.test_snapshots import SNAP
 
 ENV = {"CRYOBOX_API_URL": "http://test", "CRYOBOX_API_KEY": "cli-key", "COLUMNS": "200"}
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_plain_reporter_lines_are_throttled_and_the_end_says_how_long() -> None:
     lines: list[str] = []
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     reporter = PlainReporter(lines.append, clock, every_s=2.0)
     reporter("a free line")
     with reporter.phase("bake base", 4) as phase:
@@ -62,7 +55,7 @@ def test_plain_reporter_lines_are_throttled_and_the_end_says_how_long() -> None:
 
 def test_a_phase_without_total_and_finishing_twice() -> None:
     lines: list[str] = []
-    reporter = PlainReporter(lines.append, FakeClock())
+    reporter = PlainReporter(lines.append, FakeClock(100.0))
     phase = reporter.phase("publishing snp_1")
     phase.finish()
     phase.finish()
@@ -130,7 +123,7 @@ def test_rich_reporter_draws_a_bar_and_prints_lines_above_it() -> None:
 
 def test_a_phase_left_by_an_exception_says_it_failed() -> None:
     lines: list[str] = []
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     with pytest.raises(RuntimeError), PlainReporter(lines.append, clock).phase("importing snp_1"):
         clock.now += 1.5
         raise RuntimeError("not published")

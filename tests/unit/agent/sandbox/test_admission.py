@@ -10,14 +10,7 @@ import pytest
 
 from cryobox.agent.sandbox.admission import AdmissionConfig, AdmissionController, AdmissionObserver
 from cryobox.errors import HostUnavailable, InvalidArgument
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
 
 
 class RecordingObserver:
@@ -181,7 +174,7 @@ async def test_zero_length_queue_refuses_when_busy() -> None:
 
 
 async def test_retry_after_follows_recent_durations() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     ctrl = controller(max_concurrent=1, queue_length=1, clock=clock)
     assert ctrl.retry_after_s(5) == 5  # default estimate of 1 s per restore before any history
     async with ctrl.slot():

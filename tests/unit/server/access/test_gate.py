@@ -9,6 +9,7 @@ import pytest
 from starlette.types import Receive, Scope, Send
 
 from cryobox.server.access.gate import MAX_JSON_BYTES, AuthGateMiddleware, FailedAuth, bearer
+from tests.support.clock import FakeClock
 
 
 class App:
@@ -31,14 +32,6 @@ class App:
         await send({"type": "http.response.body", "body": body})
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _client(app: App, failures: FailedAuth | None = None) -> httpx.AsyncClient:
     gate = AuthGateMiddleware(app, authenticate=lambda key: object() if key == "good" else None, failures=failures)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://t")
@@ -57,7 +50,7 @@ async def test_no_key_is_refused_before_the_body_is_read() -> None:
 
 
 async def test_bad_keys_from_one_address_are_rate_limited_until_the_bucket_refills() -> None:
-    clock, app = Clock(), App()
+    clock, app = FakeClock(1000.0), App()
     failures = FailedAuth(burst=5, per_s=1.0, clock=clock)
     async with _client(app, failures) as client:
         codes = [(await client.get("/v1/info", headers={"Authorization": "Bearer bad"})).status_code for _ in range(8)]

@@ -6,14 +6,7 @@ import pytest
 
 from cryobox.errors import InvalidArgument, QuotaExceeded
 from cryobox.server.access.ratelimit import RateLimitConfig, RateLimiter, RateLimitExceeded
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 500.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
 
 
 def drain(limiter: RateLimiter, workspace: str, n: int) -> None:
@@ -22,7 +15,7 @@ def drain(limiter: RateLimiter, workspace: str, n: int) -> None:
 
 
 def test_burst_then_refusal_with_retry_after() -> None:
-    clock = FakeClock()
+    clock = FakeClock(500.0)
     limiter = RateLimiter(rate_per_s=0.5, burst=3, clock=clock)
     drain(limiter, "ws", 3)
     with pytest.raises(RateLimitExceeded) as info:
@@ -40,7 +33,7 @@ def test_burst_then_refusal_with_retry_after() -> None:
 
 
 def test_retry_after_is_at_least_one_second() -> None:
-    limiter = RateLimiter(rate_per_s=50, burst=2, clock=FakeClock())
+    limiter = RateLimiter(rate_per_s=50, burst=2, clock=FakeClock(500.0))
     drain(limiter, "ws", 2)
     with pytest.raises(RateLimitExceeded) as info:
         limiter.check("ws")
@@ -48,7 +41,7 @@ def test_retry_after_is_at_least_one_second() -> None:
 
 
 def test_retry_after_for_a_larger_cost() -> None:
-    limiter = RateLimiter(rate_per_s=1, burst=10, clock=FakeClock())
+    limiter = RateLimiter(rate_per_s=1, burst=10, clock=FakeClock(500.0))
     drain(limiter, "ws", 10)
     with pytest.raises(RateLimitExceeded) as info:
         limiter.check("ws", cost=4)
@@ -56,7 +49,7 @@ def test_retry_after_for_a_larger_cost() -> None:
 
 
 def test_refill_over_time_up_to_burst() -> None:
-    clock = FakeClock()
+    clock = FakeClock(500.0)
     limiter = RateLimiter(rate_per_s=2, burst=4, clock=clock)
     drain(limiter, "ws", 4)
     clock.now += 1.0  # two tokens back
@@ -71,7 +64,7 @@ def test_refill_over_time_up_to_burst() -> None:
 
 
 def test_refused_requests_cost_nothing() -> None:
-    clock = FakeClock()
+    clock = FakeClock(500.0)
     limiter = RateLimiter(rate_per_s=1, burst=1, clock=clock)
     limiter.check("ws")
     for _ in range(10):
@@ -82,7 +75,7 @@ def test_refused_requests_cost_nothing() -> None:
 
 
 def test_workspaces_are_independent() -> None:
-    clock = FakeClock()
+    clock = FakeClock(500.0)
     limiter = RateLimiter(rate_per_s=1, burst=2, clock=clock)
     drain(limiter, "a", 2)
     with pytest.raises(QuotaExceeded):
@@ -94,14 +87,14 @@ def test_workspaces_are_independent() -> None:
 
 
 def test_rate_zero_disables() -> None:
-    limiter = RateLimiter(rate_per_s=0, burst=1, clock=FakeClock())
+    limiter = RateLimiter(rate_per_s=0, burst=1, clock=FakeClock(500.0))
     assert not limiter.enabled
     drain(limiter, "ws", 10_000)
     assert limiter.tracked_workspaces == 0
 
 
 def test_idle_buckets_are_forgotten() -> None:
-    clock = FakeClock()
+    clock = FakeClock(500.0)
     limiter = RateLimiter(rate_per_s=10, burst=5, clock=clock)
     for i in range(100):
         limiter.check(f"ws-{i}")
@@ -118,7 +111,7 @@ def test_idle_buckets_are_forgotten() -> None:
 
 def test_slowly_refilling_buckets_are_kept_until_full() -> None:
     """Forgetting a bucket must never grant tokens it would not have had."""
-    clock = FakeClock()
+    clock = FakeClock(500.0)
     limiter = RateLimiter(rate_per_s=0.1, burst=100, clock=clock)  # 1000 s to refill
     drain(limiter, "ws", 100)
     clock.now += 700
@@ -134,7 +127,7 @@ def test_bad_arguments() -> None:
         RateLimiter(rate_per_s=-1, burst=1)
     with pytest.raises(InvalidArgument):
         RateLimiter(rate_per_s=1, burst=0)
-    limiter = RateLimiter(rate_per_s=1, burst=2, clock=FakeClock())
+    limiter = RateLimiter(rate_per_s=1, burst=2, clock=FakeClock(500.0))
     with pytest.raises(InvalidArgument):
         limiter.check("ws", cost=3)
     with pytest.raises(InvalidArgument):

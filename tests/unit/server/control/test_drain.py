@@ -31,8 +31,8 @@ from cryobox.server.control.snapshots import RetentionPolicy, SnapshotControl
 from cryobox.server.control.templates import TemplateJobs
 from cryobox.server.metrics import Metrics
 from tests.support import registry as registry_support
+from tests.support.clock import T0, FakeClock
 from tests.support.fake_agent import FakeAgent
-from tests.support.registry import T0, Clock
 
 DEADLINE_S = 10.0
 registry = registry_support.sqlite_registry
@@ -42,7 +42,7 @@ clock = registry_support.clock
 class Fleetish:
     """A control plane over fake agents ``a`` and ``b`` (one object store for all), a workspace, helpers."""
 
-    def __init__(self, registry: Registry, clock: Clock, agents: dict[str, FakeAgent] | None = None) -> None:
+    def __init__(self, registry: Registry, clock: FakeClock, agents: dict[str, FakeAgent] | None = None) -> None:
         self.registry, self.clock = registry, clock
         self.objects: ObjectStore = open_store("memory://")
         self.agents = agents or {name: FakeAgent(name=name, clock=clock) for name in ("a", "b")}
@@ -118,7 +118,7 @@ class Fleetish:
 
 
 @pytest.fixture
-async def made(registry: Registry, clock: Clock) -> AsyncIterator[Fleetish]:
+async def made(registry: Registry, clock: FakeClock) -> AsyncIterator[Fleetish]:
     cluster = Fleetish(registry, clock)
     await cluster.beat()
     try:
@@ -242,7 +242,7 @@ class HeldWake(FakeAgent):
         return info
 
 
-async def test_replicas_racing_move_it_once_and_the_loser_drops_its_copy(registry: Registry, clock: Clock) -> None:
+async def test_replicas_racing_move_it_once_and_the_loser_drops_its_copy(registry: Registry, clock: FakeClock) -> None:
     b = HeldWake(name="b", clock=clock)
     c = Fleetish(
         registry, clock, {"a": FakeAgent(name="a", clock=clock), "b": b, "c": FakeAgent(name="c", clock=clock)}
@@ -274,7 +274,7 @@ async def test_replicas_racing_move_it_once_and_the_loser_drops_its_copy(registr
         await c.close()
 
 
-async def test_a_move_finishes_when_the_request_that_started_it_goes_away(registry: Registry, clock: Clock) -> None:
+async def test_a_move_finishes_when_the_request_that_started_it_goes_away(registry: Registry, clock: FakeClock) -> None:
     b = HeldWake(name="b", clock=clock)
     c = Fleetish(registry, clock, {"a": FakeAgent(name="a", clock=clock), "b": b})
     try:
@@ -296,7 +296,7 @@ async def test_a_move_finishes_when_the_request_that_started_it_goes_away(regist
 
 
 async def test_a_stored_hibernation_survives_its_host_going_silent_and_the_host_forgets_it_on_return(
-    made: Fleetish, clock: Clock
+    made: Fleetish, clock: FakeClock
 ) -> None:
     c = made
     stored, kept = (await c.three_on_a())[:2]
@@ -359,7 +359,7 @@ async def test_deleting_a_stored_hibernation_deletes_its_objects(made: Fleetish)
     assert c.stored_keys() == sorted(f"hibernations/{r.id}/manifest.json" for r in rows[1:])
 
 
-async def test_drain_routes(registry: Registry, clock: Clock, tmp_path: Path) -> None:
+async def test_drain_routes(registry: Registry, clock: FakeClock, tmp_path: Path) -> None:
     c = Fleetish(registry, clock)
     app = create_app(
         c.control, limiter=RateLimiter.from_config(RateLimitConfig.from_env({})), accel=Accel.TCG, host="x"

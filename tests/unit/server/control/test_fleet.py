@@ -30,8 +30,8 @@ from cryobox.server.control.snapshots import RetentionPolicy, SnapshotControl
 from cryobox.server.control.templates import TemplateJobs
 from cryobox.server.metrics import Metrics
 from tests.support import registry as registry_support
+from tests.support.clock import T0, FakeClock
 from tests.support.fake_agent import FakeAgent
-from tests.support.registry import T0, Clock
 
 DEADLINE_S = 10.0
 
@@ -79,7 +79,7 @@ class Cluster:
 
 
 class MakeCluster(Protocol):
-    def __call__(self, clock: Clock | None = None, **agents: FakeAgent) -> Awaitable[Cluster]: ...
+    def __call__(self, clock: FakeClock | None = None, **agents: FakeAgent) -> Awaitable[Cluster]: ...
 
 
 # the shared fixtures (registry_support), bound here under the names the tests ask for
@@ -88,7 +88,7 @@ clock = registry_support.clock
 
 
 def control_with_clock(
-    registry: Registry, config: FleetConfig, clock: Clock, local: dict[str, FakeAgent]
+    registry: Registry, config: FleetConfig, clock: FakeClock, local: dict[str, FakeAgent]
 ) -> ControlPlane:
     """What :func:`build_control` assembles, with ``clock`` instead of ``time.time`` everywhere."""
     fleet = Fleet(registry, config, clock=clock, local=dict(local))
@@ -108,7 +108,7 @@ async def cluster(registry: Registry) -> AsyncIterator[MakeCluster]:
     heartbeat; with ``clock=`` the assembly uses that clock, otherwise it is exactly ``build_control``'s."""
     made: list[ControlPlane] = []
 
-    async def make(clock: Clock | None = None, **agents: FakeAgent) -> Cluster:
+    async def make(clock: FakeClock | None = None, **agents: FakeAgent) -> Cluster:
         config = FleetConfig(deadline_s=DEADLINE_S, node_token="t")
         if clock is None:
             local: dict[str, Agent] = dict(agents)
@@ -203,7 +203,7 @@ async def test_a_create_the_agent_fails_releases_its_reservation(cluster: MakeCl
     assert (await c.create()).host == "a"  # the one slot is free again
 
 
-async def test_a_create_from_a_snapshot_restores_where_its_files_are(cluster: MakeCluster, clock: Clock) -> None:
+async def test_a_create_from_a_snapshot_restores_where_its_files_are(cluster: MakeCluster, clock: FakeClock) -> None:
     a, b = fake("a", clock, max_sandboxes=2), fake("b", clock)
     shared_store(a, b)
     c = await cluster(clock, a=a, b=b)
@@ -280,7 +280,7 @@ async def test_delete_removes_the_row_its_snapshots_and_the_agents_sandbox(clust
 # -- liveness and reconciliation ---------------------------------------------------------------------------------
 
 
-async def fleet_with_a_silent_agent(cluster: MakeCluster, clock: Clock) -> tuple[Cluster, list[SandboxRow]]:
+async def fleet_with_a_silent_agent(cluster: MakeCluster, clock: FakeClock) -> tuple[Cluster, list[SandboxRow]]:
     """Agents a and b with two sandboxes each; then a stops heartbeating past the deadline and is marked down."""
     c = await cluster(clock, a=fake("a", clock), b=fake("b", clock))
     made = [await c.create() for _ in range(4)]
@@ -291,7 +291,9 @@ async def fleet_with_a_silent_agent(cluster: MakeCluster, clock: Clock) -> tuple
     return c, made
 
 
-async def test_a_silent_agents_sandboxes_are_lost_and_creates_go_elsewhere(cluster: MakeCluster, clock: Clock) -> None:
+async def test_a_silent_agents_sandboxes_are_lost_and_creates_go_elsewhere(
+    cluster: MakeCluster, clock: FakeClock
+) -> None:
     c = await cluster(clock, a=fake("a", clock), b=fake("b", clock))
     made = [await c.create() for _ in range(4)]
     on_a = [r for r in made if r.host == "a"]
@@ -322,7 +324,7 @@ async def test_a_silent_agents_sandboxes_are_lost_and_creates_go_elsewhere(clust
 
 @pytest.mark.parametrize("restarted", [True, False], ids=["new-boot-id", "same-boot-id"])
 async def test_an_agent_coming_back_reconciles_only_its_own_rows(
-    cluster: MakeCluster, clock: Clock, restarted: bool
+    cluster: MakeCluster, clock: FakeClock, restarted: bool
 ) -> None:
     c, made = await fleet_with_a_silent_agent(cluster, clock)
     survivor, gone = [r for r in made if r.host == "a"]
@@ -349,7 +351,7 @@ async def test_an_agent_coming_back_reconciles_only_its_own_rows(
 
 
 async def test_a_routine_heartbeat_updates_states_but_does_not_mark_absent_rows_lost(
-    cluster: MakeCluster, clock: Clock
+    cluster: MakeCluster, clock: FakeClock
 ) -> None:
     c = await cluster(clock, a=fake("a", clock))
     s1, s2, s3 = [await c.create() for _ in range(3)]
@@ -372,7 +374,7 @@ async def test_a_routine_heartbeat_updates_states_but_does_not_mark_absent_rows_
 
 
 async def test_the_reaper_deletes_what_the_agent_says_expired_and_keeps_busy_sandboxes(
-    cluster: MakeCluster, clock: Clock
+    cluster: MakeCluster, clock: FakeClock
 ) -> None:
     c = await cluster(clock, a=fake("a", clock), b=fake("b", clock))
     idle, busy, fresh, other = [await c.create(ttl_s=60) for _ in range(4)]
@@ -421,7 +423,7 @@ def shared_store(*agents: FakeAgent) -> None:
 
 
 async def test_fork_tree_places_what_does_not_fit_on_the_parents_agent_elsewhere(
-    cluster: MakeCluster, clock: Clock
+    cluster: MakeCluster, clock: FakeClock
 ) -> None:
     a, b = SlowStoreAgent(name="a", max_sandboxes=4, clock=clock), fake("b", clock, max_sandboxes=8)
     shared_store(a, b)  # the children on b must wait for the snapshot to be stored before they restore it
@@ -453,7 +455,7 @@ async def test_fork_tree_places_what_does_not_fit_on_the_parents_agent_elsewhere
     assert c.registry.fleet.reservations() == []
 
 
-async def test_fork_tree_reports_children_without_room_per_child(cluster: MakeCluster, clock: Clock) -> None:
+async def test_fork_tree_reports_children_without_room_per_child(cluster: MakeCluster, clock: FakeClock) -> None:
     a, b = fake("a", clock, max_sandboxes=3), fake("b", clock, max_sandboxes=1)
     shared_store(a, b)
     c = await cluster(clock, a=a, b=b)
@@ -475,7 +477,7 @@ async def test_fork_tree_reports_children_without_room_per_child(cluster: MakeCl
     assert len(c.rows()) == 4 and c.registry.fleet.reservations() == []
 
 
-async def test_fork_lands_only_on_the_parents_agent(cluster: MakeCluster, clock: Clock) -> None:
+async def test_fork_lands_only_on_the_parents_agent(cluster: MakeCluster, clock: FakeClock) -> None:
     a, b = fake("a", clock, max_sandboxes=3), fake("b", clock)
     c = await cluster(clock, a=a, b=b)
     parent = await c.create()

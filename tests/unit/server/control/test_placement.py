@@ -25,7 +25,7 @@ from cryobox.server.control.placement import (
     require_servable,
 )
 from tests.support import registry as registry_support
-from tests.support.registry import T0, Clock
+from tests.support.clock import T0, FakeClock
 
 MIB = 512  # one sandbox of the "base" template
 DEADLINE_S = 10.0
@@ -293,7 +293,7 @@ def register(registry: Registry, name: str, now: float, *, total_mib: int = 16 *
     )
 
 
-def placement(registry: Registry, clock: Clock, *, ttl_s: float = 60.0) -> Placement:
+def placement(registry: Registry, clock: FakeClock, *, ttl_s: float = 60.0) -> Placement:
     return Placement(registry, deadline_s=DEADLINE_S, ttl_s=ttl_s, clock=clock)
 
 
@@ -307,7 +307,7 @@ def per_agent(reservations: list[ReservationRow]) -> Counter[str]:
     return Counter(r.agent for r in reservations)
 
 
-async def test_32_reservations_before_any_commit_spread_8_8_8_8(registry: Registry, clock: Clock) -> None:
+async def test_32_reservations_before_any_commit_spread_8_8_8_8(registry: Registry, clock: FakeClock) -> None:
     for name in FOUR:
         register(registry, name, T0)
     # the naive policy on the same registry: every decision sees the same committed load, so all go to "a"
@@ -335,7 +335,7 @@ async def test_32_reservations_before_any_commit_spread_8_8_8_8(registry: Regist
     assert all(r.memory_mib == MIB and r.cpus == 1 and r.expires_at == T0 + 60.0 for r in decided)
 
 
-async def test_concurrent_reservations_never_overbook(registry: Registry, clock: Clock) -> None:
+async def test_concurrent_reservations_never_overbook(registry: Registry, clock: FakeClock) -> None:
     for name in FOUR:
         register(registry, name, T0, max_sandboxes=4)
     p = placement(registry, clock)
@@ -347,7 +347,7 @@ async def test_concurrent_reservations_never_overbook(registry: Registry, clock:
     assert per_agent(registry.fleet.reservations()) == {"a": 4, "b": 4, "c": 4, "d": 4}
 
 
-async def test_release_gives_the_capacity_back(registry: Registry, clock: Clock) -> None:
+async def test_release_gives_the_capacity_back(registry: Registry, clock: FakeClock) -> None:
     register(registry, "a", T0, max_sandboxes=2)
     p = placement(registry, clock)
     r1 = await p.reserve(BASE)
@@ -362,7 +362,7 @@ async def test_release_gives_the_capacity_back(registry: Registry, clock: Clock)
         await p.reserve(BASE)
 
 
-async def test_reservations_expire_after_their_ttl(registry: Registry, clock: Clock) -> None:
+async def test_reservations_expire_after_their_ttl(registry: Registry, clock: FakeClock) -> None:
     register(registry, "a", T0, max_sandboxes=1)
     p = Placement(registry, deadline_s=1e9, ttl_s=10.0, clock=clock)  # the agent stays live: only the ttl counts
     r1 = await p.reserve(BASE, "sb-1")
@@ -381,7 +381,7 @@ async def test_reservations_expire_after_their_ttl(registry: Registry, clock: Cl
     assert [r.id for r in registry.fleet.reservations()] == [r2.id]
 
 
-async def test_commit_inserts_the_row_and_removes_the_reservation(registry: Registry, clock: Clock) -> None:
+async def test_commit_inserts_the_row_and_removes_the_reservation(registry: Registry, clock: FakeClock) -> None:
     register(registry, "a", T0, max_sandboxes=2)
     register(registry, "b", T0, max_sandboxes=2)
     ws = registry.ensure_workspace("default").id
@@ -400,7 +400,7 @@ async def test_commit_inserts_the_row_and_removes_the_reservation(registry: Regi
         await p.reserve(BASE)  # 1 row + 3 reservations fill the 4 slots
 
 
-async def test_a_full_fleet_is_a_503_and_nothing_is_inserted(registry: Registry, clock: Clock) -> None:
+async def test_a_full_fleet_is_a_503_and_nothing_is_inserted(registry: Registry, clock: FakeClock) -> None:
     register(registry, "a", T0, max_sandboxes=1)
     register(registry, "b", T0, total_mib=MIB - 1)  # a slot, but not the memory
     ws = registry.ensure_workspace("default").id
@@ -416,7 +416,7 @@ async def test_a_full_fleet_is_a_503_and_nothing_is_inserted(registry: Registry,
     assert registry.list_sandboxes() == before
 
 
-async def test_silent_and_draining_agents_get_nothing(registry: Registry, clock: Clock) -> None:
+async def test_silent_and_draining_agents_get_nothing(registry: Registry, clock: FakeClock) -> None:
     register(registry, "a", T0, total_mib=1 << 20)  # the best score, but it stops heartbeating
     register(registry, "b", T0)
     register(registry, "c", T0, total_mib=1 << 20)

@@ -17,8 +17,8 @@ from cryobox.registry import Registry, SandboxRow, SnapshotRow
 from cryobox.server.control.fleet import Fleet, FleetConfig
 from cryobox.server.control.snapshots import DEFAULT_GRACE_S, DEFAULT_SWEEP_INTERVAL_S, RetentionPolicy, SnapshotControl
 from tests.support import registry as registry_support
+from tests.support.clock import T0, FakeClock
 from tests.support.fake_agent import FakeAgent
-from tests.support.registry import T0, Clock
 
 GRACE = 3600.0
 
@@ -91,7 +91,7 @@ def snapshot_info(snapshot_id: str, sandbox_id: str | None) -> am.SnapshotInfo:
 class Env:
     """A fleet of in-process fake agents (``host-a`` first) and a SnapshotControl over it, on one clock."""
 
-    def __init__(self, registry: Registry, clock: Clock, fleet: Fleet, control: SnapshotControl) -> None:
+    def __init__(self, registry: Registry, clock: FakeClock, fleet: Fleet, control: SnapshotControl) -> None:
         self.registry = registry
         self.clock = clock
         self.fleet = fleet
@@ -163,7 +163,7 @@ registry = registry_support.sqlite_registry
 
 @pytest.fixture
 async def env(registry: Registry) -> AsyncIterator[Env]:
-    clock = Clock(T0)
+    clock = FakeClock(T0)
     fleet = Fleet(registry, FleetConfig(deadline_s=DEADLINE_S, node_token="t"), clock=clock, local={})
     control = SnapshotControl(registry, fleet, clock, RetentionPolicy(grace_s=GRACE, sweep_interval_s=60.0))
     e = Env(registry, clock, fleet, control)

@@ -22,21 +22,12 @@ import pytest
 from cryobox.agent.memory.server.chunkcache import ChunkCache
 from cryobox.errors import InvalidArgument, StateError
 from cryobox.util.files import allocated_bytes
+from tests.support.clock import FakeClock
 
 KiB = 1 << 10
 MiB = 1 << 20
-
-
-class Clock:
-    def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def tick(self, seconds: float = 100.0) -> float:
-        self.now += seconds
-        return self.now
+START = 1_700_000_000.0
+TICK_S = 100.0
 
 
 def sha(data: bytes) -> str:
@@ -50,12 +41,12 @@ def chunk_data(image: int, idx: int) -> bytes:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    return FakeClock(START)
 
 
-def opened(root: Path, budget: int = 1 << 40, clock: Clock | None = None, **kw: float) -> ChunkCache:
-    cache = ChunkCache(root, budget, clock or Clock(), **kw)
+def opened(root: Path, budget: int = 1 << 40, clock: FakeClock | None = None, **kw: float) -> ChunkCache:
+    cache = ChunkCache(root, budget, clock or FakeClock(START), **kw)
     cache.open()
     return cache
 
@@ -127,20 +118,20 @@ def test_budget_counts_allocated_blocks(tmp_path: Path) -> None:
     assert cache.stats.evictions == 40 - 10 and cache.stats.evicted_bytes > 29 * 64 * KiB
 
 
-def test_lru_per_chunk(tmp_path: Path, clock: Clock) -> None:
+def test_lru_per_chunk(tmp_path: Path, clock: FakeClock) -> None:
     size = 64 * KiB
     cache = opened(tmp_path, budget=4 * size, clock=clock)
     blobs = [os.urandom(size) for _ in range(6)]
     for blob in blobs[:4]:
-        clock.tick()
+        clock.advance(TICK_S)
         put(cache, blob)
-    clock.tick()
+    clock.advance(TICK_S)
     assert cache.get(sha(blobs[0])) is not None  # the oldest chunk is now the most recently used
     assert cache.digests() == [sha(b) for b in (blobs[1], blobs[2], blobs[3], blobs[0])]
-    clock.tick()
+    clock.advance(TICK_S)
     put(cache, blobs[4])  # evicts the least recently used chunk
     assert not cache.contains(sha(blobs[1])) and not cache.path(sha(blobs[1])).exists()
-    clock.tick()
+    clock.advance(TICK_S)
     put(cache, blobs[5])
     assert cache.digests() == [sha(b) for b in (blobs[3], blobs[0], blobs[4], blobs[5])]
     assert cache.stats.evictions == 2 and cache.used_bytes <= cache.budget_bytes
@@ -154,14 +145,14 @@ def test_a_put_never_evicts_its_own_chunk(tmp_path: Path) -> None:
     assert cache.used_bytes > cache.budget_bytes
 
 
-def test_index_and_lru_survive_a_new_cache_over_the_same_root(tmp_path: Path, clock: Clock) -> None:
+def test_index_and_lru_survive_a_new_cache_over_the_same_root(tmp_path: Path, clock: FakeClock) -> None:
     size = 64 * KiB
     first = opened(tmp_path, budget=6 * size, clock=clock, touch_interval_s=50)
     blobs = [chunk_data(n, i)[:size] for n in (1, 2) for i in range(3)]
     for blob in blobs:
-        clock.tick()
+        clock.advance(TICK_S)
         put(first, blob)
-    clock.tick()
+    clock.advance(TICK_S)
     first.get(sha(blobs[0]))  # a hit mirrors the use into the mtime
     used = first.used_bytes
 
@@ -170,7 +161,7 @@ def test_index_and_lru_survive_a_new_cache_over_the_same_root(tmp_path: Path, cl
     assert second.digests() == [sha(b) for b in blobs[1:] + blobs[:1]]
     for blob in blobs:
         assert second.path(sha(blob)).read_bytes() == blob
-    clock.tick()
+    clock.advance(TICK_S)
     put(second, os.urandom(size))  # the LRU order rebuilt from disk picks the victim
     assert not second.contains(sha(blobs[1]))
 

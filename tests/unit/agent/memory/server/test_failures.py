@@ -24,20 +24,13 @@ from cryobox.agent.vm import Accel, MachineConfig, MemoryBacking, MicroVM, VmPat
 from cryobox.errors import ChunkFetchFailed, CryoboxError, IntegrityError
 from cryobox.objstore.chunkfmt import ChunkIndex, chunk_key
 from cryobox.objstore.client import ObjectStore, open_store
+from tests.support.clock import FakeClock
 
 CS = 64
 PREFIX = "templates/base/g1"
 MACHINE = MachineConfig(
     memory_mib=16, cpus=1, accel=Accel.TCG, kernel=Path("/k"), initrd=Path("/i"), tsc_khz=1, norandmaps=True
 )
-
-
-class Stamp:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def publish(store: ObjectStore, chunks: list[bytes]) -> tuple[str, dict[str, bytes]]:
@@ -58,9 +51,9 @@ def unpublish(store: ObjectStore, objects: dict[str, bytes]) -> None:
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[MemoryServer, MemoryServerProcess, Stamp]]:
+def served(tmp_path: Path) -> Iterator[tuple[MemoryServer, MemoryServerProcess, FakeClock]]:
     """A memory server's control socket (no FUSE mount) and the agent's client for it."""
-    stamp = Stamp()
+    stamp = FakeClock(0.0)
     server = MemoryServer(open_store("memory://"), None, ResolverConfig(retries=0), stamp=stamp)
     client = MemoryServerProcess(MemServerConfig(tmp_path / "ms", "memory://", tmp_path / "chunks", 1 << 30))
     client.config.root.mkdir()
@@ -77,7 +70,7 @@ def served(tmp_path: Path) -> Iterator[tuple[MemoryServer, MemoryServerProcess, 
 
 
 def test_failure_endpoint_is_dated_and_cleared_by_a_later_success(
-    served: tuple[MemoryServer, MemoryServerProcess, Stamp],
+    served: tuple[MemoryServer, MemoryServerProcess, FakeClock],
 ) -> None:
     server, client, stamp = served
     chunks = [bytes([1 + i]) * CS for i in range(3)]
@@ -105,7 +98,7 @@ def test_failure_endpoint_is_dated_and_cleared_by_a_later_success(
 
 
 def test_explain_asks_only_for_failures_since_the_vm_started(
-    served: tuple[MemoryServer, MemoryServerProcess, Stamp], tmp_path: Path
+    served: tuple[MemoryServer, MemoryServerProcess, FakeClock], tmp_path: Path
 ) -> None:
     server, client, stamp = served
     name, objects = publish(server.store, [bytes([7]) * CS])
@@ -130,7 +123,7 @@ def test_explain_asks_only_for_failures_since_the_vm_started(
 
 
 def test_a_swapped_index_is_explained_as_a_store_integrity_failure(
-    served: tuple[MemoryServer, MemoryServerProcess, Stamp],
+    served: tuple[MemoryServer, MemoryServerProcess, FakeClock],
 ) -> None:
     server, client, stamp = served
     name, _ = publish(server.store, [bytes([7]) * CS])

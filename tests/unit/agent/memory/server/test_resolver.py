@@ -20,6 +20,7 @@ from cryobox.agent.memory.server.resolver import ChunkResolver, ImageRef, Resolv
 from cryobox.errors import ChunkFetchFailed, InvalidArgument, ObjectNotFound, StoreError, StoreThrottled
 from cryobox.objstore.chunkfmt import ChunkIndex, chunk_key
 from cryobox.objstore.client import open_store
+from tests.support.clock import FakeClock
 
 CS = 64  # tiny chunks keep the tests fast; the resolver does not care about the size
 KEY = "templates/py/g1/memory.idx"
@@ -27,28 +28,6 @@ JOIN_S = 10.0
 
 
 # -- fakes ----------------------------------------------------------------------------------------------------------
-
-
-class FakeClock:
-    """A monotonic clock that only moves when told to (or when the resolver sleeps)."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: list[float] = []
-        self._lock = threading.Lock()
-
-    def __call__(self) -> float:
-        with self._lock:
-            return self.now
-
-    def sleep(self, seconds: float) -> None:
-        with self._lock:
-            self.sleeps.append(seconds)
-            self.now += seconds
-
-    def advance(self, seconds: float) -> None:
-        with self._lock:
-            self.now += seconds
 
 
 class FakeStore:
@@ -164,7 +143,7 @@ def setup(
     chunks: Sequence[bytes], config: ResolverConfig | None = None, cache: FakeCache | None = None
 ) -> tuple[ChunkResolver, ImageRef, FakeStore, FakeClock, MemoryMetrics]:
     image, objects = build(chunks)
-    store, clock, metrics = FakeStore(objects, image), FakeClock(), MemoryMetrics()
+    store, clock, metrics = FakeStore(objects, image), FakeClock(1000.0), MemoryMetrics()
     resolver = ChunkResolver(
         store, cache, config or ResolverConfig(), metrics, clock=clock, sleep=clock.sleep, rng=random.Random(7)
     )
@@ -264,7 +243,7 @@ def test_a_failed_shared_fetch_is_recorded_for_the_waiting_image_too() -> None:
     shared = data_chunk(1)
     template, objects = build([shared], generation="g1")
     snapshot, _ = build([shared], key="snapshots/s1/memory.idx", generation="s1")
-    store, clock = FakeStore(objects, template), FakeClock()
+    store, clock = FakeStore(objects, template), FakeClock(1000.0)
     resolver = ChunkResolver(
         store, FakeCache(), ResolverConfig(retries=0), MemoryMetrics(), clock=clock, sleep=clock.sleep
     )
@@ -704,7 +683,7 @@ def test_with_a_real_memory_store() -> None:
 def test_a_failure_is_dated_and_cleared_by_a_later_successful_fetch_of_the_image() -> None:
     chunks = [data_chunk(0), data_chunk(1)]
     image, objects = build(chunks)
-    store, clock, stamp = FakeStore(objects, image), FakeClock(), FakeClock()
+    store, clock, stamp = FakeStore(objects, image), FakeClock(1000.0), FakeClock(1000.0)
     resolver = ChunkResolver(
         store, FakeCache(), ResolverConfig(retries=0), MemoryMetrics(), clock=clock, sleep=clock.sleep, stamp=stamp
     )
@@ -727,7 +706,7 @@ def test_a_failure_is_dated_and_cleared_by_a_later_successful_fetch_of_the_image
 def test_a_success_already_under_way_when_the_failure_happened_does_not_clear_it() -> None:
     chunks = [data_chunk(0), data_chunk(1)]
     image, objects = build(chunks)
-    store, clock = FakeStore(objects, image), FakeClock()
+    store, clock = FakeStore(objects, image), FakeClock(1000.0)
     resolver = ChunkResolver(
         store, FakeCache(), ResolverConfig(retries=0), MemoryMetrics(), clock=clock, sleep=clock.sleep, stamp=clock
     )
@@ -746,7 +725,7 @@ def test_a_success_already_under_way_when_the_failure_happened_does_not_clear_it
 
 def test_an_index_load_failure_is_dated_too() -> None:
     store = open_store("memory://")
-    stamp = FakeClock()
+    stamp = FakeClock(1000.0)
     table = ImageTable(store, None, stamp)
     stamp.now = 10.0
     name = f"templates+base+g1@{'0' * 64}"

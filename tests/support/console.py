@@ -3,7 +3,6 @@ unit tests (a plain module: bind ``console_env`` into a test module under the na
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -14,16 +13,12 @@ from fastapi import FastAPI
 from cryobox.agent.vm import Accel
 from cryobox.agentapi.heartbeat import heartbeat_of
 from cryobox.compose.app import Intervals, create_app
-from cryobox.registry import QuotaRecords, Registry
+from cryobox.registry import Registry
 from cryobox.server.access.ratelimit import RateLimitConfig, RateLimiter
-from cryobox.server.control.fleet import Fleet, FleetConfig
-from cryobox.server.control.placement import Placement
-from cryobox.server.control.quotas import Quota, QuotaGuard
+from cryobox.server.control.quotas import Quota
 from cryobox.server.control.sandboxes import ControlPlane
-from cryobox.server.control.snapshots import RetentionPolicy, SnapshotControl
-from cryobox.server.control.templates import TemplateJobs
-from cryobox.server.metrics import Metrics
 from cryobox.server.routes.deps import AppContext
+from tests.support.control import close_control, control_plane
 from tests.support.fake_agent import FakeAgent
 
 BASE = "http://ctl"
@@ -55,29 +50,17 @@ class ConsoleEnv:
 
 async def make_env(registry: Registry, env: dict[str, str] | None = None) -> AsyncIterator[ConsoleEnv]:
     agent = FakeAgent(name="a", max_sandboxes=64, vcpus=64, memory_mib=1 << 20)
-    fleet = Fleet(registry, FleetConfig(deadline_s=10.0, node_token="t"), local={"a": agent})
-    control = ControlPlane(
-        fleet,
-        registry,
-        Placement(registry, deadline_s=10.0),
-        Metrics(),
-        SnapshotControl(registry, fleet, time.time, RetentionPolicy()),
-        TemplateJobs(registry, fleet),
-        quotas=QuotaGuard(QuotaRecords(registry.database), Quota()),
-    )
+    control = control_plane(registry, {"a": agent}, quota=Quota())
     limiter = RateLimiter.from_config(RateLimitConfig.from_env(env or {}))
     app = create_app(control, limiter=limiter, accel=Accel.TCG, host="x", intervals=Intervals(key_cache_s=0.0))
-    await fleet.heartbeat(await heartbeat_of(agent))
+    await control.fleet.heartbeat(await heartbeat_of(agent))
     ws = registry.ensure_workspace("alpha").id
     info, key = registry.create_key(ws)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE) as client:
         try:
             yield ConsoleEnv(registry, control, agent, app, client, ws, info.id, key)
         finally:
-            await control.templates.close()
-            await control.snapshots.close()
-            await control.hibernations.close()
-            await fleet.close()
+            await close_control(control)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from tests.unit.server.control.test_quotas import Env
+from tests.support.app import Env
 
 
 def app_of(env: Env) -> FastAPI:

@@ -32,7 +32,7 @@ from cryobox import (
 from cryobox.sdk._async.code import AsyncCodeInterpreter
 from cryobox.sdk._code import ExecutionStream
 from cryobox.sdk._sync.code import CodeInterpreter
-from tests.unit.server.control.test_quotas import Env, env, quota, registry
+from tests.support.app import Env, env, quota, registry
 from tests.unit.server.routes.test_code import PNG_MAGIC, agent, cid, kernels, served
 
 __all__ = ["agent", "cid", "env", "kernels", "quota", "registry", "served"]  # fixtures

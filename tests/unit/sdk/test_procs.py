@@ -33,7 +33,7 @@ from cryobox import (
     models,
 )
 from cryobox.agentapi import models as am
-from tests.unit.server.control.test_quotas import Env, env, quota, registry
+from tests.support.app import Env, env, quota, registry
 from tests.unit.server.routes.test_procs import ShellAgent, agent, eventually, served, sid
 
 __all__ = ["agent", "env", "quota", "registry", "served", "sid"]  # fixtures

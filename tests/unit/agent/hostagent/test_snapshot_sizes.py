@@ -26,9 +26,9 @@ from cryobox.registry import Registry
 from cryobox.server.control.snapshots import snapshot_row
 from cryobox.server.routes.snapshots import snapshot_view
 from tests.support import registry as registry_support
+from tests.support.app import Env, agent, env, quota
+from tests.support.control import Fleetish, made
 from tests.support.registry import open_registry, snapshot
-from tests.unit.server.control.test_drain import Fleetish, made
-from tests.unit.server.control.test_quotas import Env, agent, env, quota
 
 registry = registry_support.sqlite_registry
 clock = registry_support.clock

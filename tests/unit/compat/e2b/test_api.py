@@ -9,7 +9,7 @@ import httpx
 
 from cryobox.compat.e2b.access import PURPOSE
 from cryobox.compat.e2b.metrics import parse_sample
-from tests.unit.server.control.test_quotas import Env, agent, env, quota, registry
+from tests.support.app import Env, agent, env, quota, registry
 
 __all__ = ["agent", "env", "quota", "registry"]  # fixtures
 

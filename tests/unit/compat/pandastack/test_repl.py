@@ -17,7 +17,7 @@ from pandastack.exceptions import BadRequestError, NotFoundError
 from pandastack.exceptions import SandboxTimeout as PandaTimeout
 
 from cryobox.compat.pandastack.repl import mime_bundle, timed_out
-from tests.unit.server.control.test_quotas import Env, env, quota, registry
+from tests.support.app import Env, env, quota, registry
 from tests.unit.server.routes.test_code import PNG_MAGIC, agent, api, cid, kernels, served
 
 __all__ = ["agent", "api", "cid", "env", "kernels", "quota", "registry", "served"]  # fixtures

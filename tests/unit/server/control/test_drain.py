@@ -8,7 +8,6 @@ never marked ``lost``, whether its host goes silent or restarts without it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,115 +15,19 @@ import httpx
 import pytest
 
 from cryobox.agent.vm import Accel
-from cryobox.agentapi import Agent
 from cryobox.agentapi import models as am
-from cryobox.agentapi.heartbeat import heartbeat_of
-from cryobox.compose.app import create_app, wire_registration
+from cryobox.compose.app import create_app
 from cryobox.errors import HostUnavailable, NotFound, StoreError
-from cryobox.objstore.client import ObjectStore, open_store
-from cryobox.registry import Registry, SandboxRow
+from cryobox.registry import Registry
 from cryobox.server.access.ratelimit import RateLimitConfig, RateLimiter
-from cryobox.server.control.fleet import Fleet, FleetConfig
-from cryobox.server.control.placement import Placement
-from cryobox.server.control.sandboxes import ControlPlane, CreateRequest
-from cryobox.server.control.snapshots import RetentionPolicy, SnapshotControl
-from cryobox.server.control.templates import TemplateJobs
-from cryobox.server.metrics import Metrics
 from tests.support import registry as registry_support
 from tests.support.clock import T0, FakeClock
+from tests.support.control import DEADLINE_S, Fleetish, made
 from tests.support.fake_agent import FakeAgent
 
-DEADLINE_S = 10.0
+__all__ = ["made"]  # fixtures
 registry = registry_support.sqlite_registry
 clock = registry_support.clock
-
-
-class Fleetish:
-    """A control plane over fake agents ``a`` and ``b`` (one object store for all), a workspace, helpers."""
-
-    def __init__(self, registry: Registry, clock: FakeClock, agents: dict[str, FakeAgent] | None = None) -> None:
-        self.registry, self.clock = registry, clock
-        self.objects: ObjectStore = open_store("memory://")
-        self.agents = agents or {name: FakeAgent(name=name, clock=clock) for name in ("a", "b")}
-        for agent in self.agents.values():
-            agent.objects = self.objects
-        self.control = self.replica()
-        wire_registration(self.control)
-        self.ws = registry.ensure_workspace("alpha").id
-
-    def replica(self) -> ControlPlane:
-        """A control plane over the registry and the agents (another replica when called again)."""
-        fleet = Fleet(self.registry, FleetConfig(deadline_s=DEADLINE_S, node_token="t"), clock=self.clock, local={})
-        fleet.local.update(self.agents)
-        registry, clock = self.registry, self.clock
-        return ControlPlane(
-            fleet,
-            registry,
-            Placement(registry, deadline_s=DEADLINE_S, clock=clock),
-            Metrics(),
-            SnapshotControl(registry, fleet, clock, RetentionPolicy(), objects=self.objects),
-            TemplateJobs(registry, fleet),
-        )
-
-    @property
-    def a(self) -> FakeAgent:
-        return self.agents["a"]
-
-    @property
-    def b(self) -> FakeAgent:
-        return self.agents["b"]
-
-    async def beat(self, *names: str) -> None:
-        for name in names or tuple(self.agents):
-            await self.control.fleet.heartbeat(await heartbeat_of(self.agents[name]))
-
-    async def create(self, n: int) -> SandboxRow:
-        request = CreateRequest(
-            template="base",
-            workspace_id=self.ws,
-            metadata={"n": str(n)},
-            env={"E": f"v{n}"},
-            ttl_s=600 + n,
-            persistent=False,
-            egress=[f"10.{n}.0.0/16"],
-        )
-        row = await self.control.create(request)
-        await self.agents[row.host].write_file(row.id, "/root/file", f"content {n}".encode())
-        return row
-
-    async def three_on_a(self) -> list[SandboxRow]:
-        self.a.memory_mib = 1 << 20  # a outscores b for every create
-        await self.beat("a")
-        made = [await self.create(n) for n in range(3)]
-        assert {r.host for r in made} == {"a"}
-        return made
-
-    def row(self, sandbox_id: str) -> SandboxRow:
-        return self.registry.get_sandbox(sandbox_id)
-
-    def stored_keys(self) -> list[str]:
-        return sorted(self.objects.list("hibernations"))
-
-    async def exec(self, sandbox_id: str) -> tuple[SandboxRow, Agent]:
-        row, agent = await self.control.route(sandbox_id, self.ws)
-        await agent.exec(sandbox_id, am.ExecRequest(cmd="echo hi"))
-        return row, agent
-
-    async def close(self) -> None:
-        await self.control.hibernations.close()
-        await self.control.snapshots.close()
-        await self.control.templates.close()
-        await self.control.fleet.close()
-
-
-@pytest.fixture
-async def made(registry: Registry, clock: FakeClock) -> AsyncIterator[Fleetish]:
-    cluster = Fleetish(registry, clock)
-    await cluster.beat()
-    try:
-        yield cluster
-    finally:
-        await cluster.close()
 
 
 def calls(agent: FakeAgent, method: str) -> int:

@@ -15,25 +15,17 @@ from typing import Any, Protocol
 
 import pytest
 
-from cryobox.agentapi import Agent
 from cryobox.agentapi import models as am
 from cryobox.agentapi.heartbeat import heartbeat_of
 from cryobox.compose.app import wire_registration
-from cryobox.compose.parts import build_control
 from cryobox.errors import GuestError, HostUnavailable, NotFound, StateError
 from cryobox.registry import Registry, SandboxRow, SnapshotRow, TemplateRow
-from cryobox.server.control.fleet import Fleet, FleetConfig
 from cryobox.server.control.forks import ForkControl
-from cryobox.server.control.placement import Placement
 from cryobox.server.control.sandboxes import ControlPlane, CreateRequest
-from cryobox.server.control.snapshots import RetentionPolicy, SnapshotControl
-from cryobox.server.control.templates import TemplateJobs
-from cryobox.server.metrics import Metrics
 from tests.support import registry as registry_support
 from tests.support.clock import T0, FakeClock
+from tests.support.control import DEADLINE_S, control_plane
 from tests.support.fake_agent import FakeAgent
-
-DEADLINE_S = 10.0
 
 
 class Cluster:
@@ -87,34 +79,14 @@ registry = registry_support.sqlite_registry
 clock = registry_support.clock
 
 
-def control_with_clock(
-    registry: Registry, config: FleetConfig, clock: FakeClock, local: dict[str, FakeAgent]
-) -> ControlPlane:
-    """What :func:`build_control` assembles, with ``clock`` instead of ``time.time`` everywhere."""
-    fleet = Fleet(registry, config, clock=clock, local=dict(local))
-    return ControlPlane(
-        fleet,
-        registry,
-        Placement(registry, deadline_s=config.deadline_s, clock=clock),
-        Metrics(),
-        SnapshotControl(registry, fleet, clock, RetentionPolicy(), objects=None),
-        TemplateJobs(registry, fleet),
-    )
-
-
 @pytest.fixture
 async def cluster(registry: Registry) -> AsyncIterator[MakeCluster]:
-    """``await cluster(a=FakeAgent(...), ...)``: a control plane over those agents, each registered by a
-    heartbeat; with ``clock=`` the assembly uses that clock, otherwise it is exactly ``build_control``'s."""
+    """``await cluster(a=FakeAgent(...), ...)``: a control plane over those agents (``build_control``'s, as the
+    CLI assembles it), each registered by a heartbeat; with ``clock=`` on that clock instead of ``time.time``."""
     made: list[ControlPlane] = []
 
     async def make(clock: FakeClock | None = None, **agents: FakeAgent) -> Cluster:
-        config = FleetConfig(deadline_s=DEADLINE_S, node_token="t")
-        if clock is None:
-            local: dict[str, Agent] = dict(agents)
-            control = build_control(registry, config, RetentionPolicy(), None, Metrics(), local=local)
-        else:
-            control = control_with_clock(registry, config, clock, agents)
+        control = control_plane(registry, agents, clock=time.time if clock is None else clock)
         wire_registration(control)
         made.append(control)
         c = Cluster(registry, control, agents)

@@ -14,7 +14,7 @@ import pytest
 from cryobox.errors import IntegrityError
 from cryobox.server.control.sandboxes import CreateRequest
 from tests.support import registry as registry_support
-from tests.unit.server.control.test_drain import Fleetish, made
+from tests.support.control import Fleetish, made
 
 registry = registry_support.sqlite_registry
 clock = registry_support.clock

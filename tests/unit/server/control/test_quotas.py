@@ -7,33 +7,24 @@ bytes, custom templates, TTL defaults and maximum, and ``GET /v1/quota``.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
 
 import httpx
 import pytest
 
-from cryobox.agent.vm import Accel
 from cryobox.agentapi import models as am
 from cryobox.agentapi.heartbeat import heartbeat_of
-from cryobox.compose.app import create_app, wire_registration
+from cryobox.compose.app import wire_registration
 from cryobox.errors import NotFound, WorkspaceQuotaExceeded
-from cryobox.registry import QuotaRecords, Registry
+from cryobox.registry import Registry
 from cryobox.sdk._base import capacity_retry_after, error_from_response
-from cryobox.server.access.ratelimit import RateLimitConfig, RateLimiter
-from cryobox.server.control.fleet import Fleet, FleetConfig
-from cryobox.server.control.placement import Placement
-from cryobox.server.control.quotas import Quota, QuotaGuard
-from cryobox.server.control.sandboxes import ControlPlane, CreateRequest
-from cryobox.server.control.snapshots import RetentionPolicy, SnapshotControl
-from cryobox.server.control.templates import TemplateJobs
-from cryobox.server.metrics import Metrics
-from tests.support import registry as registry_support
+from cryobox.server.control.fleet import FleetConfig
+from cryobox.server.control.quotas import Quota
+from cryobox.server.control.sandboxes import CreateRequest
+from tests.support.app import Env, agent, env, limits, quota, registry
+from tests.support.control import control_plane
 from tests.support.fake_agent import FakeAgent
 
-registry = registry_support.sqlite_registry
+__all__ = ["agent", "env", "quota", "registry"]  # fixtures
 
 
 class SlowAgent(FakeAgent):
@@ -44,88 +35,12 @@ class SlowAgent(FakeAgent):
         return await super().create(spec)
 
 
-@dataclass
-class Env:
-    registry: Registry
-    control: ControlPlane
-    agent: FakeAgent
-    client: httpx.AsyncClient
-    ws: str
-
-    @property
-    def records(self) -> QuotaRecords:
-        return self.control.quotas.records
-
-    async def create(self, **kw: Any) -> httpx.Response:
-        return await self.client.post("/v1/sandboxes", json={"template": "base", **kw})
-
-    async def made(self, **kw: Any) -> str:
-        response = await self.create(**kw)
-        assert response.status_code == 201, response.text
-        return str(response.json()["id"])
-
-    def calls(self, method: str) -> int:
-        return self.agent.call_names().count(method)
-
-    def ttls(self) -> dict[str, int | None]:
-        """The TTL of every create the agent was asked for."""
-        specs = [args[0] for method, args in self.agent.calls if method == "create"]
-        return {spec.sandbox_id: spec.ttl_s for spec in specs}
-
-    def rows(self) -> int:
-        return len(self.registry.list_sandboxes(self.ws))
-
-
 def refused(response: httpx.Response, resource: str, limit: int, used: int, requested: int) -> None:
     assert response.status_code == 429, response.text
     body = response.json()
     assert body["code"] == "quota_exceeded" and body["error"]
     assert body["details"] == {"resource": resource, "limit": limit, "used": used, "requested": requested}
     assert "retry-after" not in response.headers  # waiting does not help: the SDK does not retry it
-
-
-@pytest.fixture
-def quota() -> Quota:
-    return Quota()
-
-
-@pytest.fixture
-def agent() -> FakeAgent:
-    return FakeAgent(name="a", max_sandboxes=64, vcpus=64, memory_mib=1 << 20)
-
-
-@pytest.fixture
-async def env(registry: Registry, quota: Quota, agent: FakeAgent) -> AsyncIterator[Env]:
-    fleet = Fleet(registry, FleetConfig(deadline_s=10.0, node_token="t"), local={"a": agent})
-    control = ControlPlane(
-        fleet,
-        registry,
-        Placement(registry, deadline_s=10.0),
-        Metrics(),
-        SnapshotControl(registry, fleet, time.time, RetentionPolicy()),
-        TemplateJobs(registry, fleet),
-        quotas=QuotaGuard(QuotaRecords(registry.database), quota),
-    )
-    app = create_app(control, limiter=RateLimiter.from_config(RateLimitConfig.from_env({})), accel=Accel.TCG, host="x")
-    await fleet.heartbeat(await heartbeat_of(agent))
-    ws = registry.ensure_workspace("alpha").id
-    _, key = registry.create_key(ws)
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(
-        transport=transport, base_url="http://ctl", headers={"Authorization": f"Bearer {key}"}
-    ) as client:
-        try:
-            yield Env(registry, control, agent, client, ws)
-        finally:
-            await control.templates.close()
-            await control.snapshots.close()
-            await control.hibernations.close()
-            await fleet.close()
-
-
-def limits(**kw: Any) -> pytest.MarkDecorator:
-    """The test runs with these limits (the others are the defaults)."""
-    return pytest.mark.parametrize("quota", [Quota(**kw)])
 
 
 # -- sandboxes ---------------------------------------------------------------------------------------------------
@@ -158,17 +73,8 @@ async def test_memory_and_vcpus_are_counted_per_sandbox(env: Env) -> None:
 @limits(sandboxes=3)
 async def test_concurrent_creates_at_the_boundary_admit_exactly_the_quota(registry: Registry, quota: Quota) -> None:
     agent = SlowAgent(name="a", max_sandboxes=64, memory_mib=1 << 20)
-    fleet = Fleet(registry, FleetConfig(deadline_s=10.0), local={"a": agent})
-    guard = QuotaGuard(QuotaRecords(registry.database), quota)
-    control = ControlPlane(
-        fleet,
-        registry,
-        Placement(registry, deadline_s=10.0),
-        Metrics(),
-        SnapshotControl(registry, fleet, time.time, RetentionPolicy()),
-        TemplateJobs(registry, fleet),
-        quotas=guard,
-    )
+    control = control_plane(registry, {"a": agent}, config=FleetConfig(deadline_s=10.0), quota=quota)
+    guard, fleet = control.quotas, control.fleet
     wire_registration(control)  # the agent's templates get their rows
     await fleet.heartbeat(await heartbeat_of(agent))
     ws = registry.ensure_workspace("alpha").id

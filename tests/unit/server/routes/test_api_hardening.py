@@ -13,7 +13,7 @@ from cryobox.errors import NotFound
 from cryobox.objstore.client import open_store
 from cryobox.registry.rows import SnapshotRow
 from cryobox.server.access.tickets import PtyTickets
-from tests.unit.server.control.test_quotas import Env, agent, env, quota, registry
+from tests.support.app import Env, agent, env, quota, registry
 
 __all__ = ["agent", "env", "quota", "registry"]  # fixtures
 

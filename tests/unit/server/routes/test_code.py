@@ -29,9 +29,9 @@ from cryobox.errors import GuestError, HostUnavailable, InvalidArgument, NotFoun
 from cryobox.sdk._sse import SSEDecoder
 from cryobox.server.routes import code_client
 from cryobox.server.routes.code_client import CodeClient, collect, primed
+from tests.support.app import Env, env, quota, registry
 from tests.support.fake_agent import DEFAULT_TEMPLATE, FakeAgent
 from tests.support.serving import app_of, serving
-from tests.unit.server.control.test_quotas import Env, env, quota, registry
 
 __all__ = ["env", "quota", "registry"]  # fixtures
 

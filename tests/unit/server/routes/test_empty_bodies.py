@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from tests.unit.server.control.test_quotas import Env, agent, env, quota, registry
+from tests.support.app import Env, agent, env, quota, registry
 
 __all__ = ["agent", "env", "quota", "registry"]  # fixtures
 

@@ -9,12 +9,10 @@ import httpx
 from cryobox.agent.vm import Accel
 from cryobox.agentapi.heartbeat import HeartbeatSender
 from cryobox.compose.app import create_app
-from cryobox.compose.parts import build_control
 from cryobox.registry import Registry
 from cryobox.server.access.ratelimit import RateLimitConfig, RateLimiter
 from cryobox.server.control.fleet import FleetConfig
-from cryobox.server.control.snapshots import RetentionPolicy
-from cryobox.server.metrics import Metrics
+from tests.support.control import control_plane
 from tests.support.fake_agent import FakeAgent
 
 TOKEN = "node-secret"
@@ -23,7 +21,7 @@ TOKEN = "node-secret"
 def control_app(tmp_path: Path) -> tuple[Registry, httpx.ASGITransport]:
     registry = Registry(f"sqlite:///{tmp_path / 'r.sqlite'}")
     registry.migrate()
-    control = build_control(registry, FleetConfig(node_token=TOKEN), RetentionPolicy(), None, Metrics())
+    control = control_plane(registry, config=FleetConfig(node_token=TOKEN))
     app = create_app(
         control, limiter=RateLimiter.from_config(RateLimitConfig.from_env({})), accel=Accel.TCG, host="ctl"
     )

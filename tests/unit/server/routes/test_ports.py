@@ -6,7 +6,6 @@ test's loop; the upstreams come from :mod:`tests.unit.test_proxy`."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,16 +26,11 @@ from cryobox.agentapi.http_server import AgentGuard
 from cryobox.compose.app import create_app
 from cryobox.errors import InvalidArgument
 from cryobox.proxy import PortProxy
-from cryobox.registry import QuotaRecords, Registry
+from cryobox.registry import Registry
 from cryobox.server.access.ratelimit import RateLimitConfig, RateLimiter
-from cryobox.server.control.fleet import Fleet, FleetConfig
-from cryobox.server.control.placement import Placement
-from cryobox.server.control.quotas import Quota, QuotaGuard
-from cryobox.server.control.sandboxes import ControlPlane
-from cryobox.server.control.snapshots import RetentionPolicy, SnapshotControl
-from cryobox.server.control.templates import TemplateJobs
-from cryobox.server.metrics import Metrics
+from cryobox.server.control.quotas import Quota
 from tests.support import registry as registry_support
+from tests.support.control import control_plane
 from tests.support.fake_agent import FakeAgent
 from tests.unit.proxy.test_proxy import Upstream, free_port, pick_subprotocol, proxy_app, serving, ws_gate
 
@@ -110,18 +104,9 @@ class Api:
 @pytest.fixture
 async def api(registry: Registry, upstreams: Upstreams) -> AsyncIterator[Api]:
     agent = PortAgent(upstreams.targets, name="a")
-    fleet = Fleet(registry, FleetConfig(deadline_s=10.0, node_token="t"), local={"a": agent})
-    control = ControlPlane(
-        fleet,
-        registry,
-        Placement(registry, deadline_s=10.0),
-        Metrics(),
-        SnapshotControl(registry, fleet, time.time, RetentionPolicy()),
-        TemplateJobs(registry, fleet),
-        quotas=QuotaGuard(QuotaRecords(registry.database), Quota()),
-    )
+    control = control_plane(registry, {"a": agent}, quota=Quota())
     app = create_app(control, limiter=RateLimiter.from_config(RateLimitConfig.from_env({})), accel=Accel.TCG, host="x")
-    await fleet.heartbeat(await heartbeat_of(agent))
+    await control.fleet.heartbeat(await heartbeat_of(agent))
     _, key = registry.create_key(registry.ensure_workspace("alpha").id)
     _, other_key = registry.create_key(registry.ensure_workspace("beta").id)
     async with serving(app) as url:  # the app's lifespan closes the control plane and the proxy

@@ -23,9 +23,9 @@ from cryobox.errors import GuestError, NotFound
 from cryobox.models import ProcessResult
 from cryobox.sdk._sse import SSEDecoder
 from cryobox.server.routes.procs import aclose, process_view
+from tests.support.app import Env, env, quota, registry
 from tests.support.fake_agent import FakeAgent
 from tests.support.serving import app_of, serving
-from tests.unit.server.control.test_quotas import Env, env, quota, registry
 
 __all__ = ["env", "quota", "registry"]  # fixtures
 

@@ -20,8 +20,8 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from cryobox.bench.server import ServeProcess
+from tests.support.mcp import TOOLS  # the full tool set, asserted once in one place
 from tests.support.serve import new_key
-from tests.unit.mcpserver.test_tools import TOOLS  # the full tool set, asserted once in one place
 
 PAYLOAD = bytes(range(256)) + b"\xff\xfe not utf-8 \x00"
 

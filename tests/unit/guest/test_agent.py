@@ -6,7 +6,6 @@ import asyncio
 import base64
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -15,90 +14,15 @@ from typing import Any
 
 import pytest
 
-from cryobox.agent.guest.client import READ_BUFFER, GuestClient
 from cryobox.guest import ops_exec
 from cryobox.guest.__main__ import find_port
 from cryobox.guest.agent import GuestAgent
-from cryobox.guest.protocol import HEADER, decode_body, decode_length, encode
-
-
-class Client:
-    """Synchronous test client: sends requests and reads frames from its end of the socketpair."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.sock.settimeout(10.0)
-        self.next_id = 0
-        self.buf = b""
-
-    def send(self, op: str, args: dict[str, Any] | None = None) -> int:
-        self.next_id += 1
-        self.sock.sendall(encode({"id": self.next_id, "op": op, "args": args or {}}))
-        return self.next_id
-
-    def _read_exact(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            chunk = self.sock.recv(1 << 20)
-            if not chunk:
-                raise EOFError("agent closed the connection")
-            self.buf += chunk
-        data, self.buf = self.buf[:n], self.buf[n:]
-        return data
-
-    def recv(self) -> dict[str, Any]:
-        length = decode_length(self._read_exact(HEADER.size))
-        return decode_body(self._read_exact(length))
-
-    def call_full(self, op: str, args: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        """All frames for one request, events first, final reply last."""
-        req_id = self.send(op, args)
-        frames: list[dict[str, Any]] = []
-        while True:
-            frame = self.recv()
-            assert frame["id"] == req_id
-            frames.append(frame)
-            if "ok" in frame:
-                return frames
-
-    def call(self, op: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self.call_full(op, args)[-1]
-
-    def ok(self, op: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
-        reply = self.call(op, args)
-        assert reply["ok"] is True, reply
-        result: dict[str, Any] = reply["result"]
-        return result
-
-    def error_code(self, op: str, args: dict[str, Any] | None = None) -> str:
-        reply = self.call(op, args)
-        assert reply["ok"] is False, reply
-        code: str = reply["error"]["code"]
-        return code
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
+from cryobox.guest.protocol import HEADER
+from tests.support.guest import AsyncGuest, Client, Harness, b64, process_gone
 
 
 def unb64(text: str) -> bytes:
     return base64.b64decode(text)
-
-
-class Harness:
-    def __init__(self, agent: GuestAgent) -> None:
-        self.agent = agent
-        self.agent_sock, client_sock = socket.socketpair()
-        self.client = Client(client_sock)
-        self.served: list[int] = []
-        self.thread = threading.Thread(
-            target=lambda: self.served.append(agent.serve_socket(self.agent_sock)), daemon=True
-        )
-        self.thread.start()
-
-    def close(self) -> None:
-        self.client.sock.close()
-        self.thread.join(timeout=5)
-        self.agent_sock.close()
 
 
 @pytest.fixture
@@ -121,14 +45,6 @@ def client(harness: Harness) -> Client:
 
 def exec_(client: Client, cmd: str, **args: Any) -> dict[str, Any]:
     return client.ok("exec", {"cmd": cmd, "timeout_seconds": 10, **args})
-
-
-def process_gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"  # an unreaped zombie is dead too
-    except FileNotFoundError:
-        return True
 
 
 def test_ping(client: Client) -> None:
@@ -451,32 +367,6 @@ def test_existing_handlers_get_a_plain_callable_emit(harness: Harness) -> None:
     harness.agent.register("probe", probe)
     assert harness.agent.handle({"id": 1, "op": "probe"})["ok"] is True
     assert seen == [False]
-
-
-class AsyncGuest:
-    """The real agent behind a ``GuestClient``: served in a thread over a socketpair wrapped in asyncio streams."""
-
-    def __init__(self, agent: GuestAgent) -> None:
-        self.agent = agent
-        self.cancels: list[Any] = []
-        original = agent._ops["cancel"]
-
-        def recording(args: dict[str, Any], emit: Any) -> dict[str, Any]:
-            self.cancels.append(args.get("request"))
-            return original(args, emit)
-
-        agent.register("cancel", recording)
-        self.agent_sock, self.host_sock = socket.socketpair()
-        self.thread = threading.Thread(target=agent.serve_socket, args=(self.agent_sock,), daemon=True)
-        self.thread.start()
-
-    async def client(self) -> GuestClient:
-        reader, writer = await asyncio.open_connection(sock=self.host_sock, limit=READ_BUFFER)
-        return GuestClient(reader, writer, "test")
-
-    def close(self) -> None:
-        self.thread.join(timeout=5)
-        self.agent_sock.close()
 
 
 async def test_guest_client_cancels_a_stream_its_consumer_left() -> None:

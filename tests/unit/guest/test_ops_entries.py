@@ -13,7 +13,7 @@ import pytest
 
 from cryobox.guest.agent import GuestAgent
 from cryobox.guest.ops_entries import go_mode_string
-from tests.unit.guest.test_agent import Client, Harness, b64
+from tests.support.guest import Client, Harness, b64
 
 ENTRY_KEYS = {
     "name",

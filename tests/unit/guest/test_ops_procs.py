@@ -8,8 +8,7 @@ import os
 import pwd
 import signal
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 from cryobox.guest import ops_procs
 from cryobox.guest.agent import GuestAgent
 from cryobox.guest.proc_io import BUFFER_BYTES, OutputLog, signal_status
-from tests.unit.guest.test_agent import AsyncGuest, Client, Harness, process_gone
+from tests.support.guest import AsyncGuest, Harness, Mux, process_gone
 
 
 @pytest.fixture
@@ -27,50 +26,6 @@ def harness() -> Iterator[Harness]:
     yield h
     h.agent.procs.kill_all()
     h.close()
-
-
-class Mux:
-    """Several requests in flight on one connection: frames are kept per request id as they arrive."""
-
-    def __init__(self, client: Client) -> None:
-        self.client = client
-        self.frames: dict[int, list[dict[str, Any]]] = defaultdict(list)
-
-    def send(self, op: str, args: dict[str, Any]) -> int:
-        return self.client.send(op, args)
-
-    def _until(self, done: Callable[[], bool], timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not done():
-            assert time.monotonic() < deadline, f"timed out; frames so far: {dict(self.frames)}"
-            frame = self.client.recv()
-            self.frames[frame["id"]].append(frame)
-
-    def final(self, req_id: int, timeout: float = 10.0) -> dict[str, Any]:
-        self._until(lambda: any("ok" in f for f in self.frames[req_id]), timeout)
-        return self.frames[req_id][-1]
-
-    def events(self, req_id: int) -> list[tuple[str, bytes]]:
-        return [(f["event"], base64.b64decode(f["data"])) for f in self.frames[req_id] if "event" in f]
-
-    def wait_events(self, req_id: int, done: Callable[[list[tuple[str, bytes]]], bool]) -> list[tuple[str, bytes]]:
-        self._until(lambda: done(self.events(req_id)))
-        return self.events(req_id)
-
-    def call(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
-        return self.final(self.send(op, args))
-
-    def ok(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
-        reply = self.call(op, args)
-        assert reply["ok"] is True, reply
-        result: dict[str, Any] = reply["result"]
-        return result
-
-    def code(self, op: str, args: dict[str, Any]) -> str:
-        reply = self.call(op, args)
-        assert reply["ok"] is False, reply
-        code: str = reply["error"]["code"]
-        return code
 
 
 @pytest.fixture

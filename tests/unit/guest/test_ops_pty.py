@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from cryobox.guest.agent import GuestAgent
-from tests.unit.guest.test_agent import Client, Harness, process_gone
+from tests.support.guest import Client, Harness, process_gone
 
 
 @pytest.fixture

@@ -14,8 +14,7 @@ import pytest
 
 from cryobox.guest import ops_watch
 from cryobox.guest.agent import GuestAgent
-from tests.unit.guest.test_agent import Harness
-from tests.unit.guest.test_ops_procs import Mux
+from tests.support.guest import Harness, Mux
 
 Change = tuple[str, str]
 

@@ -18,8 +18,8 @@ from cryobox.mcpserver.http import McpEndpoint
 from cryobox.registry import Registry
 from cryobox.server.access.ratelimit import RateLimiter
 from tests.support.app import Env, agent, env, limits, quota, registry
+from tests.support.metrics import requests_total
 from tests.support.serving import app_of
-from tests.unit.server.test_metrics import requests_total
 
 __all__ = ["agent", "env", "quota", "registry"]
 

@@ -15,22 +15,9 @@ from cryobox.errors import InvalidArgument
 from cryobox.mcpserver.args import TOOL_SPECS
 from cryobox.mcpserver.server import tool_list
 from cryobox.mcpserver.tools import ApiBinding, call_tool, decode_content
+from tests.support.mcp import TOOLS
 
 KEY = "cbx_secret_key_0123456789"
-TOOLS = {
-    "create_sandbox",
-    "exec",
-    "run_code",
-    "read_file",
-    "write_file",
-    "list_files",
-    "snapshot",
-    "restore",
-    "fork_tree",
-    "list_sandboxes",
-    "list_snapshots",
-    "kill",
-}
 SANDBOX = {
     "id": "sbx_1",
     "template": "base",

@@ -22,14 +22,13 @@ from cryobox.errors import IntegrityError
 from cryobox.objstore.client import ObjectStore, open_store
 from cryobox.objstore.manifests import STORED_MANIFEST, recorded_manifest
 from cryobox.objstore.pins import Pin
-from tests.unit.agent.publish.test_hibernations import _hibernation
-from tests.unit.agent.publish.test_templates import _machine, _snapshot, _template
+from tests.support.images import machine_config, make_hibernation, make_snapshot, make_template
 
 SNAP = "snapshots/snap-1/manifest.json"
 HIB = "hibernations/sb-1/manifest.json"
 
 
-def _store(tmp_path: Path) -> ObjectStore:
+def file_store(tmp_path: Path) -> ObjectStore:
     return open_store(f"file://{tmp_path / 'store'}")
 
 
@@ -42,8 +41,8 @@ def _empty(path: Path) -> bool:
 
 
 def _templates(tmp_path: Path) -> tuple[Template, Template]:
-    machine = _machine(tmp_path)
-    return _template(tmp_path / "a" / "templates", machine, "g1"), _template(
+    machine = machine_config(tmp_path)
+    return make_template(tmp_path / "a" / "templates", machine, "g1"), make_template(
         tmp_path / "b" / "templates", machine, "g1"
     )
 
@@ -57,9 +56,9 @@ def _replace_consistently(store: ObjectStore, prefix: str, evil: bytes) -> None:
 
 
 def test_a_snapshot_publish_returns_the_hash_of_the_manifest_it_uploaded(tmp_path: Path) -> None:
-    store = _store(tmp_path)
+    store = file_store(tmp_path)
     template_a, _ = _templates(tmp_path)
-    image = _snapshot(tmp_path / "a" / "snapshots", template_a, template_a.machine)
+    image = make_snapshot(tmp_path / "a" / "snapshots", template_a, template_a.machine)
     published = publish_snapshot(store, image, template_a, tmp_path / "w")
     assert published.manifest_sha256 == _sha(store, SNAP)
     assert recorded_manifest(image.path, SNAP) == published.manifest_sha256
@@ -77,9 +76,9 @@ def test_a_snapshot_publish_returns_the_hash_of_the_manifest_it_uploaded(tmp_pat
 def test_a_snapshot_manifest_replaced_with_its_pins_is_refused_when_the_row_pins_the_original(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = _store(tmp_path)
+    store = file_store(tmp_path)
     template_a, template_b = _templates(tmp_path)
-    image = _snapshot(tmp_path / "a" / "snapshots", template_a, template_a.machine)
+    image = make_snapshot(tmp_path / "a" / "snapshots", template_a, template_a.machine)
     pinned = publish_snapshot(store, image, template_a, tmp_path / "w").manifest_sha256
     _replace_consistently(store, "snapshots/snap-1", b"evil device state")
 
@@ -100,10 +99,10 @@ def test_a_snapshot_manifest_replaced_with_its_pins_is_refused_when_the_row_pins
 def test_an_unpinned_legacy_snapshot_still_imports_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = _store(tmp_path)
+    store = file_store(tmp_path)
     template_a, template_b = _templates(tmp_path)
     publish_snapshot(
-        store, _snapshot(tmp_path / "a" / "snapshots", template_a, template_a.machine), template_a, tmp_path
+        store, make_snapshot(tmp_path / "a" / "snapshots", template_a, template_a.machine), template_a, tmp_path
     )
     with caplog.at_level(logging.WARNING, logger="cryobox.objstore.manifests"):
         local = import_snapshot(store, "snap-1", tmp_path / "b" / "snapshots", template_b, None)
@@ -114,9 +113,9 @@ def test_an_unpinned_legacy_snapshot_still_imports_with_a_warning(
 
 
 def test_a_pinned_import_checks_the_bytes_before_parsing_them(tmp_path: Path) -> None:
-    store = _store(tmp_path)
+    store = file_store(tmp_path)
     template_a, template_b = _templates(tmp_path)
-    image = _snapshot(tmp_path / "a" / "snapshots", template_a, template_a.machine)
+    image = make_snapshot(tmp_path / "a" / "snapshots", template_a, template_a.machine)
     pinned = publish_snapshot(store, image, template_a, tmp_path / "w").manifest_sha256
     genuine = store.get(SNAP)
     store.put(SNAP, b"\x00 not json at all")
@@ -128,9 +127,9 @@ def test_a_pinned_import_checks_the_bytes_before_parsing_them(tmp_path: Path) ->
 
 
 def test_a_hibernation_manifest_replaced_with_its_pins_does_not_wake(tmp_path: Path) -> None:
-    store = _store(tmp_path)
+    store = file_store(tmp_path)
     template_a, template_b = _templates(tmp_path)
-    image = _hibernation(tmp_path / "a" / "hibernate", "sb-1.h1", template_a, template_a.machine, b"page")
+    image = make_hibernation(tmp_path / "a" / "hibernate", "sb-1.h1", template_a, template_a.machine, b"page")
     published = publish_hibernation(store, "sb-1", image, template_a, tmp_path / "w")
     assert published.manifest_sha256 == _sha(store, HIB) == recorded_manifest(image.path, HIB)
     assert (image.path / STORED_MANIFEST).is_file()

@@ -14,10 +14,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from cryobox.agent.sandbox.admission import AdmissionConfig, AdmissionController
 from cryobox.server.metrics import Metrics, MetricsMiddleware
-
-
-def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
-    return metrics.registry.get_sample_value(name, labels)
+from tests.support.metrics import requests_total, sample
 
 
 def test_render_lists_metrics_with_labels() -> None:
@@ -141,10 +138,6 @@ def client_for(app: FastAPI, *, raise_app_exceptions: bool = True) -> httpx.Asyn
     """An in-process httpx client (starlette's TestClient warns about httpx -> httpx2 under this starlette)."""
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=raise_app_exceptions)
     return httpx.AsyncClient(transport=transport, base_url="http://testserver")
-
-
-def requests_total(metrics: Metrics, route: str, method: str, status: str) -> float:
-    return sample(metrics, "cryobox_http_requests_total", route=route, method=method, status=status) or 0.0
 
 
 async def test_middleware_labels_by_route_template() -> None:

@@ -18,8 +18,8 @@ from cryobox.agent.net.pool import IndexAllocator, SlotPool
 from cryobox.agent.net.slots import SlotPlan
 from cryobox.agent.sandbox.records import SandboxRecord, SandboxRecords, VmRecord, process_start_ticks
 from cryobox.errors import InvalidArgument, StateError
-from tests.unit.agent.host.test_reclaim import QEMU, _fake_proc_entry
-from tests.unit.agent.net.test_slots import FakeBuilder, FakeEgress, FakeNft
+from tests.support.net import FakeBuilder, FakeEgress, FakeNft
+from tests.support.procfs import QEMU, fake_proc_entry
 
 PLAN = SlotPlan("0a1b2c", "10.23.0.0/16")
 
@@ -118,7 +118,7 @@ def test_survey_sorts_live_hibernated_and_lost(sleeper: subprocess.Popen[bytes],
 def test_reclaim_spares_kept_vms(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
     run_dir = tmp_path / "run"
     proc = tmp_path / "proc"
-    _fake_proc_entry(proc, sleeper.pid, [QEMU, "-pidfile", f"{run_dir}/vm-1/qemu.pid"])
+    fake_proc_entry(proc, sleeper.pid, [QEMU, "-pidfile", f"{run_dir}/vm-1/qemu.pid"])
     (run_dir / "vm-1").mkdir(parents=True)
     (run_dir / "vm-2").mkdir()
     assert reclaim(run_dir, proc, keep={"vm-1": sleeper.pid}) == 0

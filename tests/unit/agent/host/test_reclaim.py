@@ -11,16 +11,7 @@ from pathlib import Path
 import pytest
 
 from cryobox.agent.host.reclaim import find_own_qemus, reclaim
-
-QEMU = "/usr/bin/qemu-system-x86_64"
-
-
-def _fake_proc_entry(proc: Path, pid: int | str, argv: list[str] | None) -> Path:
-    entry = proc / str(pid)
-    entry.mkdir(parents=True)
-    if argv is not None:
-        (entry / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in argv))
-    return entry
+from tests.support.procfs import QEMU, fake_proc_entry
 
 
 @pytest.fixture
@@ -46,17 +37,17 @@ def _populate(tmp_path: Path, children: list[subprocess.Popen[bytes]]) -> tuple[
     proc = tmp_path / "proc"
     proc.mkdir()
     ours, theirs, not_qemu, sibling = (_spawn(children) for _ in range(4))
-    _fake_proc_entry(proc, ours.pid, [QEMU, "-name", "x", "-pidfile", f"{run_dir}/vm-1/qemu.pid"])
+    fake_proc_entry(proc, ours.pid, [QEMU, "-name", "x", "-pidfile", f"{run_dir}/vm-1/qemu.pid"])
     # a QEMU of another data dir
-    _fake_proc_entry(proc, theirs.pid, [QEMU, "-name", "y", "-pidfile", f"{tmp_path}/other/run/vm-1/qemu.pid"])
+    fake_proc_entry(proc, theirs.pid, [QEMU, "-name", "y", "-pidfile", f"{tmp_path}/other/run/vm-1/qemu.pid"])
     # not a QEMU, even though a -pidfile points into our run dir
-    _fake_proc_entry(proc, not_qemu.pid, ["/usr/bin/python3", "-pidfile", f"{run_dir}/vm-2/qemu.pid"])
+    fake_proc_entry(proc, not_qemu.pid, ["/usr/bin/python3", "-pidfile", f"{run_dir}/vm-2/qemu.pid"])
     # a sibling dir that merely shares our run dir's name as a prefix
-    _fake_proc_entry(proc, sibling.pid, [QEMU, "-pidfile", f"{run_dir}2/vm-1/qemu.pid"])
+    fake_proc_entry(proc, sibling.pid, [QEMU, "-pidfile", f"{run_dir}2/vm-1/qemu.pid"])
     # noise: non-pid entries, an unreadable entry, an empty cmdline (kernel thread)
-    _fake_proc_entry(proc, "self", [QEMU, "-pidfile", f"{run_dir}/vm-9/qemu.pid"])
-    _fake_proc_entry(proc, 999_999_999, None)
-    _fake_proc_entry(proc, 999_999_998, [])
+    fake_proc_entry(proc, "self", [QEMU, "-pidfile", f"{run_dir}/vm-9/qemu.pid"])
+    fake_proc_entry(proc, 999_999_999, None)
+    fake_proc_entry(proc, 999_999_998, [])
     (proc / "uptime").write_text("1.0 1.0\n")
     return run_dir, proc, ours.pid, [theirs.pid, not_qemu.pid, sibling.pid]
 

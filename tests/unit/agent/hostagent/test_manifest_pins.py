@@ -25,8 +25,7 @@ from cryobox.agentapi import models as am
 from cryobox.errors import IntegrityError
 from cryobox.objstore.client import ObjectStore, open_store
 from cryobox.objstore.pins import Pin
-from tests.unit.agent.publish.test_hibernations import _hibernation
-from tests.unit.agent.publish.test_templates import _machine, _snapshot, _template
+from tests.support.images import machine_config, make_hibernation, make_snapshot, make_template
 
 
 def _host(root: Path, store: ObjectStore, template: Template, **service: Any) -> Any:
@@ -50,10 +49,10 @@ async def test_a_stored_snapshot_is_imported_elsewhere_only_with_the_manifest_it
     tmp_path: Path,
 ) -> None:
     store = open_store(f"file://{tmp_path / 'store'}")
-    machine = _machine(tmp_path)
-    template_a = _template(tmp_path / "a" / "templates", machine, "g1")
-    template_b = _template(tmp_path / "b" / "templates", machine, "g1")
-    _snapshot(tmp_path / "a" / "snapshots", template_a, machine)
+    machine = machine_config(tmp_path)
+    template_a = make_template(tmp_path / "a" / "templates", machine, "g1")
+    template_b = make_template(tmp_path / "b" / "templates", machine, "g1")
+    make_snapshot(tmp_path / "a" / "snapshots", template_a, machine)
     ops_a = SnapshotOps(_host(tmp_path / "a", store, template_a), clock=lambda: 0.0)
     first, second = await asyncio.gather(ops_a.store("snap-1"), ops_a.store("snap-1"))  # one at a time
     pin = hashlib.sha256(store.get("snapshots/snap-1/manifest.json")).hexdigest()
@@ -77,10 +76,10 @@ async def test_a_stored_snapshot_is_imported_elsewhere_only_with_the_manifest_it
 
 async def test_a_wake_from_the_store_refuses_a_manifest_other_than_the_pinned_one(tmp_path: Path) -> None:
     store = open_store(f"file://{tmp_path / 'store'}")
-    machine = _machine(tmp_path)
-    template_a = _template(tmp_path / "a" / "templates", machine, "g1")
-    template_b = _template(tmp_path / "b" / "templates", machine, "g1")
-    image = _hibernation(tmp_path / "a" / "hibernate", "sb-1.h1", template_a, machine, b"page")
+    machine = machine_config(tmp_path)
+    template_a = make_template(tmp_path / "a" / "templates", machine, "g1")
+    template_b = make_template(tmp_path / "b" / "templates", machine, "g1")
+    image = make_hibernation(tmp_path / "a" / "hibernate", "sb-1.h1", template_a, machine, b"page")
     image = dataclasses.replace(image, manifest={**image.manifest, "size_bytes": 1})
     sandbox = SimpleNamespace(
         id="sb-1", template="base", lock=asyncio.Lock(), hibernation=image, state=SandboxState.HIBERNATED

@@ -27,8 +27,15 @@ from cryobox.agent.templates.bake import Template, record_pins
 from cryobox.errors import IntegrityError
 from cryobox.objstore.client import ObjectStore
 from cryobox.objstore.pins import PinSet
-from tests.unit.agent.publish.test_fetch_integrity import _baked, _fetch, _store
-from tests.unit.agent.publish.test_templates import _machine, _snapshot, _template, sparse_image
+from tests.support.images import (
+    baked_template,
+    fetch_base,
+    file_store,
+    machine_config,
+    make_snapshot,
+    make_template,
+    sparse_image,
+)
 
 IDX = "templates/base/g1/memory.idx"
 
@@ -55,8 +62,8 @@ def _swap(store: ObjectStore, tmp_path: Path, prefix: str) -> None:
 
 
 def test_a_template_published_here_records_the_pin_its_lazy_restores_name(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    template = _baked(tmp_path / "a")
+    store = file_store(tmp_path)
+    template = baked_template(tmp_path / "a")
     pins = publish_template(store, template, tmp_path / "a" / "images", tmp_path / "work", lambda _: None)
     assert pins.pin(IDX).sha256 == hashlib.sha256(store.get(IDX)).hexdigest()
     recorded = record_pins(template, pins.to_json())
@@ -76,8 +83,8 @@ def test_a_template_published_here_records_the_pin_its_lazy_restores_name(tmp_pa
 
 
 def test_a_bake_published_before_pins_were_kept_is_pinned_from_its_own_memory(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    template = _baked(tmp_path / "a")
+    store = file_store(tmp_path)
+    template = baked_template(tmp_path / "a")
     published = publish_template(store, template, tmp_path / "a" / "images", tmp_path / "work", lambda _: None)
     gets = store.stats.gets
     again = publish_template(store, template, tmp_path / "a" / "images", tmp_path / "work", lambda _: None)
@@ -85,7 +92,7 @@ def test_a_bake_published_before_pins_were_kept_is_pinned_from_its_own_memory(tm
     assert again.to_json() == {IDX: published.pin(IDX).to_json()} and store.stats.gets == gets + 1
     assert _loads(store, _name(_lazy(tmp_path), record_pins(template, again.to_json()))) > 0
 
-    other = _baked(tmp_path / "b")  # another host's bake of the same generation: other RAM, same store name
+    other = baked_template(tmp_path / "b")  # another host's bake of the same generation: other RAM, same store name
     sparse_image(other.memory, 2, {1: b"another bake's guest ram"})
     pins = publish_template(store, other, tmp_path / "b" / "images", tmp_path / "work", lambda _: None)
     assert pins.pin(IDX) != published.pin(IDX)
@@ -94,9 +101,11 @@ def test_a_bake_published_before_pins_were_kept_is_pinned_from_its_own_memory(tm
 
 
 def test_a_fetched_template_keeps_its_manifests_pin(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    publish_template(store, _baked(tmp_path / "a"), tmp_path / "a" / "images", tmp_path / "work", lambda _: None)
-    fetched = _fetch(store, tmp_path)
+    store = file_store(tmp_path)
+    publish_template(
+        store, baked_template(tmp_path / "a"), tmp_path / "a" / "images", tmp_path / "work", lambda _: None
+    )
+    fetched = fetch_base(store, tmp_path)
     assert not fetched.memory.exists()
     name = _name(_lazy(tmp_path), fetched)
     assert name == f"templates+base+g1@{hashlib.sha256(store.get(IDX)).hexdigest()}"
@@ -107,11 +116,13 @@ def test_a_fetched_template_keeps_its_manifests_pin(tmp_path: Path) -> None:
 
 
 def test_an_imported_snapshot_keeps_its_manifests_pin(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    machine = _machine(tmp_path)
-    template_a = _template(tmp_path / "a" / "templates", machine, "g1")
-    publish_snapshot(store, _snapshot(tmp_path / "a" / "snapshots", template_a, machine), template_a, tmp_path / "w")
-    template_b = _template(tmp_path / "b" / "templates", machine, "g1")
+    store = file_store(tmp_path)
+    machine = machine_config(tmp_path)
+    template_a = make_template(tmp_path / "a" / "templates", machine, "g1")
+    publish_snapshot(
+        store, make_snapshot(tmp_path / "a" / "snapshots", template_a, machine), template_a, tmp_path / "w"
+    )
+    template_b = make_template(tmp_path / "b" / "templates", machine, "g1")
     path = import_snapshot(store, "snap-1", tmp_path / "b" / "snapshots", template_b)
     image = SnapshotImage("snap-1", path, machine, json.loads((path / "manifest.json").read_text()))
     name = _name(_lazy(tmp_path), image)

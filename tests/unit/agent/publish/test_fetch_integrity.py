@@ -15,66 +15,37 @@ import pytest
 
 from cryobox.agent.publish.hibernations import import_hibernation, publish_hibernation
 from cryobox.agent.publish.templates import (
-    fetch_template,
     import_snapshot,
     publish_snapshot,
     publish_template,
     upload_image,
 )
 from cryobox.agent.templates.bake import Template
-from cryobox.agent.vm import Accel, MachineConfig
 from cryobox.errors import IntegrityError
 from cryobox.objstore.chunkfmt import ChunkIndex
-from cryobox.objstore.client import ObjectStore, open_store
+from cryobox.objstore.client import ObjectStore
 from cryobox.objstore.pins import PinSet
-from tests.unit.agent.publish.test_hibernations import _hibernation
-from tests.unit.agent.publish.test_templates import _backing, _machine, _qcow2, _snapshot, _template, sparse_image
-
-QEMU = "QEMU emulator version 8.2.2"
-KERNEL, INITRD, ROOTFS = "kernel/k1/vmlinuz", "initrd/i1/initrd.img", "rootfs/r1/rootfs.img"
-
-
-def _store(tmp_path: Path) -> ObjectStore:
-    return open_store(f"file://{tmp_path / 'store'}")
-
-
-def _baked(root: Path, generation: str = "g1") -> Template:
-    """A baked template on the publishing host, its kernel, initrd and rootfs in ``root/images``."""
-    images = root / "images"
-    for rel, data in ((KERNEL, b"kernel " * 999), (INITRD, b"initrd " * 777)):
-        (images / rel).parent.mkdir(parents=True, exist_ok=True)
-        (images / rel).write_bytes(data)
-    (images / ROOTFS).parent.mkdir(parents=True, exist_ok=True)
-    if not (images / ROOTFS).exists():
-        sparse_image(images / ROOTFS, 3, {0: b"rootfs superblock", 2: b"rootfs files"})
-    machine = MachineConfig(
-        memory_mib=16,
-        cpus=1,
-        accel=Accel.TCG,
-        kernel=images / KERNEL,
-        initrd=images / INITRD,
-        tsc_khz=1,
-        norandmaps=True,
-    )
-    path = root / "templates" / f"base-{generation}"
-    path.mkdir(parents=True)
-    _qcow2(path / "disk.qcow2")
-    (path / "vmstate").write_bytes(b"template device state")
-    sparse_image(path / "memory", 2, {1: b"guest ram"})
-    manifest = {"name": "base", "generation": generation, "qemu": QEMU, "rootfs": str(images / ROOTFS)}
-    return Template("base", generation, path, machine, manifest)
+from tests.support.images import (
+    INITRD,
+    KERNEL,
+    ROOTFS,
+    backing_file,
+    baked_template,
+    fetch_base,
+    file_store,
+    machine_config,
+    make_hibernation,
+    make_snapshot,
+    make_template,
+    sparse_image,
+)
 
 
 def _published(tmp_path: Path) -> tuple[ObjectStore, Template]:
-    store = _store(tmp_path)
-    template = _baked(tmp_path / "a")
+    store = file_store(tmp_path)
+    template = baked_template(tmp_path / "a")
     publish_template(store, template, tmp_path / "a" / "images", tmp_path / "work", lambda _: None)
     return store, template
-
-
-def _fetch(store: ObjectStore, tmp_path: Path) -> Template:
-    b = tmp_path / "b"
-    return fetch_template(store, "base", b / "templates", b / "images", QEMU, lambda _: None)
 
 
 def _flip(store_root: Path, key: str, at: int = 0) -> None:
@@ -103,21 +74,21 @@ def test_publish_pins_every_object_it_fetches_and_the_round_trip_works(tmp_path:
     )
     assert pins["templates/base/g1/vmstate"]["size"] == len(b"template device state")
 
-    fetched = _fetch(store, tmp_path)
+    fetched = fetch_base(store, tmp_path)
     assert fetched.vmstate.read_bytes() == b"template device state"
     assert fetched.machine.kernel.read_bytes() == template.machine.kernel.read_bytes()
     assert Path(fetched.manifest["rootfs"]).read_bytes() == Path(template.manifest["rootfs"]).read_bytes()
-    assert _backing(fetched.disk) == fetched.manifest["rootfs"]
+    assert backing_file(fetched.disk) == fetched.manifest["rootfs"]
 
 
 def test_a_copy_fetched_in_the_earlier_layout_is_fetched_again(tmp_path: Path) -> None:
     store, _ = _published(tmp_path)
-    fetched = _fetch(store, tmp_path)
-    assert fetched.manifest["layout"] == 2 and _fetch(store, tmp_path).path == fetched.path  # loaded as is
+    fetched = fetch_base(store, tmp_path)
+    assert fetched.manifest["layout"] == 2 and fetch_base(store, tmp_path).path == fetched.path  # loaded as is
     gets = store.stats.gets
     old = {**fetched.manifest, "layout": 1}
     (fetched.path / "manifest.json").write_text(json.dumps(old))  # as an earlier version fetched it
-    again = _fetch(store, tmp_path)
+    again = fetch_base(store, tmp_path)
     assert again.manifest["layout"] == 2 and store.stats.gets > gets + 2  # its small files came again
     assert json.loads((again.path / "manifest.json").read_text())["layout"] == 2
 
@@ -127,7 +98,7 @@ def test_a_tampered_template_object_is_refused_and_nothing_is_installed(tmp_path
     store, _ = _published(tmp_path)
     _flip(tmp_path / "store", key, at=100 if key.endswith("qcow2") else 3)
     with pytest.raises(IntegrityError, match="does not match its pin") as info:
-        _fetch(store, tmp_path)
+        fetch_base(store, tmp_path)
     assert info.value.details["key"] == key
     assert list((tmp_path / "b" / "templates").iterdir()) == [], "no template directory, no work directory"
 
@@ -136,7 +107,7 @@ def test_a_tampered_kernel_never_reaches_the_image_cache(tmp_path: Path) -> None
     store, _ = _published(tmp_path)
     _flip(tmp_path / "store", f"images/{KERNEL}")
     with pytest.raises(IntegrityError):
-        _fetch(store, tmp_path)
+        fetch_base(store, tmp_path)
     kernel_dir = tmp_path / "b" / "images" / KERNEL
     assert list(kernel_dir.parent.iterdir()) == [], "no kernel, no temp file"
     assert not (tmp_path / "b" / "templates" / "base-g1").exists()
@@ -150,7 +121,7 @@ def test_a_consistent_index_and_chunks_swapped_in_for_the_rootfs_are_refused(tmp
     other = PinSet()
     upload_image(store, f"images/{ROOTFS}", evil, f"images/{ROOTFS}", other)
     with pytest.raises(IntegrityError, match=f"images/{ROOTFS}.idx"):
-        _fetch(store, tmp_path)
+        fetch_base(store, tmp_path)
     assert not (tmp_path / "b" / "images" / ROOTFS).parent.exists(), "refused before anything was written"
 
 
@@ -161,19 +132,19 @@ def test_a_manifest_without_pins_is_refused_before_any_download(tmp_path: Path) 
     store.put("templates/base/g1/manifest.json", json.dumps(manifest).encode())
     gets = store.stats.gets
     with pytest.raises(IntegrityError, match="pins no object hashes"):
-        _fetch(store, tmp_path)
+        fetch_base(store, tmp_path)
     assert store.stats.gets == gets + 2  # latest and the manifest, nothing else
     assert not (tmp_path / "b" / "images").exists()
 
 
 def test_a_second_template_over_a_stored_rootfs_pins_it_after_checking_it(tmp_path: Path) -> None:
     store, _ = _published(tmp_path)
-    second = _baked(tmp_path / "a", "g2")  # the same rootfs, already in the store
+    second = baked_template(tmp_path / "a", "g2")  # the same rootfs, already in the store
     publish_template(store, second, tmp_path / "a" / "images", tmp_path / "work", lambda _: None)
     first_pins = _manifest(tmp_path, "templates/base/g1/manifest.json")["pins"]
     second_pins = _manifest(tmp_path, "templates/base/g2/manifest.json")["pins"]
     assert second_pins[f"images/{ROOTFS}.idx"] == first_pins[f"images/{ROOTFS}.idx"]
-    assert _fetch(store, tmp_path).generation == "g2"
+    assert fetch_base(store, tmp_path).generation == "g2"
 
 
 def test_a_stored_rootfs_index_that_differs_from_the_local_image_is_not_pinned(tmp_path: Path) -> None:
@@ -181,19 +152,21 @@ def test_a_stored_rootfs_index_that_differs_from_the_local_image_is_not_pinned(t
     evil = tmp_path / "evil.img"
     sparse_image(evil, 3, {0: b"something else"})
     upload_image(store, f"images/{ROOTFS}", evil, f"images/{ROOTFS}", PinSet())
-    second = _baked(tmp_path / "a", "g2")
+    second = baked_template(tmp_path / "a", "g2")
     with pytest.raises(IntegrityError, match="does not describe the local image"):
         publish_template(store, second, tmp_path / "a" / "images", tmp_path / "work", lambda _: None)
     assert not store.exists("templates/base/g2/manifest.json")
 
 
 def test_a_tampered_snapshot_overlay_is_not_imported(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    machine = _machine(tmp_path)
-    template_a = _template(tmp_path / "a" / "templates", machine, "g1")
-    publish_snapshot(store, _snapshot(tmp_path / "a" / "snapshots", template_a, machine), template_a, tmp_path / "w")
+    store = file_store(tmp_path)
+    machine = machine_config(tmp_path)
+    template_a = make_template(tmp_path / "a" / "templates", machine, "g1")
+    publish_snapshot(
+        store, make_snapshot(tmp_path / "a" / "snapshots", template_a, machine), template_a, tmp_path / "w"
+    )
     assert "snapshots/snap-1/memory.idx" in _manifest(tmp_path, "snapshots/snap-1/manifest.json")["pins"]
-    template_b = _template(tmp_path / "b" / "templates", machine, "g1")
+    template_b = make_template(tmp_path / "b" / "templates", machine, "g1")
     _flip(tmp_path / "store", "snapshots/snap-1/disk.qcow2", at=200)
     with pytest.raises(IntegrityError, match="disk.qcow2"):
         import_snapshot(store, "snap-1", tmp_path / "b" / "snapshots", template_b)
@@ -205,12 +178,12 @@ def test_a_tampered_snapshot_overlay_is_not_imported(tmp_path: Path) -> None:
 
 
 def test_a_hibernation_with_a_flipped_index_byte_does_not_wake(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    machine = _machine(tmp_path)
-    template_a = _template(tmp_path / "a" / "templates", machine, "g1")
-    image = _hibernation(tmp_path / "a" / "hibernate", "sb-1.h1", template_a, machine, b"page")
+    store = file_store(tmp_path)
+    machine = machine_config(tmp_path)
+    template_a = make_template(tmp_path / "a" / "templates", machine, "g1")
+    image = make_hibernation(tmp_path / "a" / "hibernate", "sb-1.h1", template_a, machine, b"page")
     publish_hibernation(store, "sb-1", image, template_a, tmp_path / "w")
-    template_b = _template(tmp_path / "b" / "templates", machine, "g1")
+    template_b = make_template(tmp_path / "b" / "templates", machine, "g1")
     idx = tmp_path / "store" / "hibernations/sb-1/memory.idx"
     data = bytearray(idx.read_bytes())
     at = data.index(b'"sha256":["",') + 14  # the first digest of a stored chunk (chunk 0 is a zero chunk)
@@ -223,13 +196,13 @@ def test_a_hibernation_with_a_flipped_index_byte_does_not_wake(tmp_path: Path) -
 
 
 def test_a_hibernation_whose_vmstate_grew_does_not_wake(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    machine = _machine(tmp_path)
-    template_a = _template(tmp_path / "a" / "templates", machine, "g1")
-    image = _hibernation(tmp_path / "a" / "hibernate", "sb-1.h1", template_a, machine, b"page")
+    store = file_store(tmp_path)
+    machine = machine_config(tmp_path)
+    template_a = make_template(tmp_path / "a" / "templates", machine, "g1")
+    image = make_hibernation(tmp_path / "a" / "hibernate", "sb-1.h1", template_a, machine, b"page")
     publish_hibernation(store, "sb-1", image, template_a, tmp_path / "w")
     store.put("hibernations/sb-1/vmstate", image.vmstate.read_bytes() + os.urandom(16))
-    template_b = _template(tmp_path / "b" / "templates", machine, "g1")
+    template_b = make_template(tmp_path / "b" / "templates", machine, "g1")
     with pytest.raises(IntegrityError, match="vmstate"):
         import_hibernation(store, "sb-1", tmp_path / "b" / "hibernate", template_b)
     assert list((tmp_path / "b" / "hibernate").iterdir()) == []

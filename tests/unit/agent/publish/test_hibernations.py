@@ -15,30 +15,16 @@ from cryobox.agent.publish.hibernations import (
     publish_hibernation,
     stored_manifest,
 )
-from cryobox.agent.snapshot.store import SnapshotImage
-from cryobox.agent.templates.bake import Template
-from cryobox.agent.vm import MachineConfig
 from cryobox.errors import ObjectNotFound, StateError
 from cryobox.objstore.client import open_store
-from tests.unit.agent.publish.test_templates import _backing, _machine, _qcow2, _template, sparse_image
-
-
-def _hibernation(root: Path, image_id: str, template: Template, machine: MachineConfig, page: bytes) -> SnapshotImage:
-    path = root / image_id
-    path.mkdir(parents=True)
-    _qcow2(path / "disk.qcow2", template.disk)
-    (path / "vmstate").write_bytes(b"device state " + page)
-    sparse_image(path / "memory", 4, {1: page})
-    manifest = {"id": image_id, "template": "base", "machine": machine.to_json(), "created_at": 1.0}
-    (path / "manifest.json").write_text(json.dumps(manifest))
-    return SnapshotImage(image_id, path, machine, manifest)
+from tests.support.images import backing_file, machine_config, make_hibernation, make_template
 
 
 def test_a_stored_hibernation_imports_whole_onto_another_hosts_template(tmp_path: Path) -> None:
     store = open_store("memory://")
-    machine = _machine(tmp_path)
-    template_a = _template(tmp_path / "a" / "templates", machine, "g1")
-    image = _hibernation(tmp_path / "a" / "hibernate", "sb-1.h1", template_a, machine, b"first")
+    machine = machine_config(tmp_path)
+    template_a = make_template(tmp_path / "a" / "templates", machine, "g1")
+    image = make_hibernation(tmp_path / "a" / "hibernate", "sb-1.h1", template_a, machine, b"first")
     assert publish_hibernation(store, "sb-1", image, template_a, tmp_path / "work").key == "hibernations/sb-1"
     keys = sorted(store.list("hibernations/sb-1"))
     assert keys == [f"hibernations/sb-1/{n}" for n in ("disk.qcow2", "manifest.json", "memory.idx", "vmstate")]
@@ -46,13 +32,13 @@ def test_a_stored_hibernation_imports_whole_onto_another_hosts_template(tmp_path
     publish_hibernation(store, "sb-1", image, template_a, tmp_path / "work")
     assert store.stats.puts == put  # the same image: nothing uploaded again
 
-    machine_b = _machine(tmp_path / "b")
-    template_b = _template(tmp_path / "b" / "templates", machine_b, "g1")  # the same generation, elsewhere
+    machine_b = machine_config(tmp_path / "b")
+    template_b = make_template(tmp_path / "b" / "templates", machine_b, "g1")  # the same generation, elsewhere
     root = tmp_path / "b" / "hibernate"
     image_id = import_hibernation(store, "sb-1", root, template_b)
     local = root / image_id
     assert image_id.startswith("sb-1.h") and image_id != "sb-1.h1"
-    assert _backing(local / "disk.qcow2") == str(template_b.disk)
+    assert backing_file(local / "disk.qcow2") == str(template_b.disk)
     assert (local / "memory").read_bytes() == (image.path / "memory").read_bytes()  # home, not paged
     assert (local / "vmstate").read_bytes() == b"device state first"
     manifest = json.loads((local / "manifest.json").read_text())
@@ -60,7 +46,7 @@ def test_a_stored_hibernation_imports_whole_onto_another_hosts_template(tmp_path
     assert manifest["machine"]["kernel"] == str(machine_b.kernel)
     assert [p.name for p in root.iterdir()] == [image_id]  # no work directory left
 
-    later = _hibernation(tmp_path / "a" / "hibernate", "sb-1.h2", template_a, machine, b"second")
+    later = make_hibernation(tmp_path / "a" / "hibernate", "sb-1.h2", template_a, machine, b"second")
     publish_hibernation(store, "sb-1", later, template_a, tmp_path / "work")  # a later hibernation replaces it
     assert stored_manifest(store, "sb-1")["id"] == "sb-1.h2"  # type: ignore[index]
     again = import_hibernation(store, "sb-1", tmp_path / "c", template_b)
@@ -75,10 +61,10 @@ def test_a_stored_hibernation_imports_whole_onto_another_hosts_template(tmp_path
 
 def test_a_hibernation_over_another_generation_does_not_move(tmp_path: Path) -> None:
     store = open_store("memory://")
-    machine = _machine(tmp_path)
-    old = _template(tmp_path / "t", machine, "g1")
-    new = _template(tmp_path / "t", machine, "g2")
-    image = _hibernation(tmp_path / "h", "sb-1.h1", old, machine, b"x")
+    machine = machine_config(tmp_path)
+    old = make_template(tmp_path / "t", machine, "g1")
+    new = make_template(tmp_path / "t", machine, "g2")
+    image = make_hibernation(tmp_path / "h", "sb-1.h1", old, machine, b"x")
     with pytest.raises(StateError, match="current generation"):
         publish_hibernation(store, "sb-1", image, new, tmp_path / "work")
     assert store.list("hibernations") == []

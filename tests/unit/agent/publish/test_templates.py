@@ -5,27 +5,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from cryobox.agent.publish.templates import download_image, import_snapshot, publish_snapshot, upload_image
-from cryobox.agent.snapshot.store import SnapshotImage
-from cryobox.agent.templates.bake import Template
-from cryobox.agent.vm import Accel, MachineConfig
 from cryobox.errors import StateError, StoreError
 from cryobox.objstore.chunkfmt import CHUNK_SIZE
 from cryobox.objstore.client import open_store
 from cryobox.objstore.pins import PinSet
-
-
-def sparse_image(path: Path, chunks: int, data: dict[int, bytes]) -> None:
-    with open(path, "wb") as fh:
-        fh.truncate(chunks * CHUNK_SIZE)
-        for i, blob in data.items():
-            fh.seek(i * CHUNK_SIZE + 100)
-            fh.write(blob)
+from tests.support.images import backing_file, machine_config, make_snapshot, make_template, sparse_image
 
 
 def test_upload_then_download_rebuilds_the_sparse_image(tmp_path: Path) -> None:
@@ -59,62 +48,16 @@ def test_download_refuses_bytes_that_do_not_match_the_index(tmp_path: Path) -> N
     assert not (tmp_path / "dest").exists()
 
 
-def _machine(tmp_path: Path) -> MachineConfig:
-    return MachineConfig(
-        memory_mib=16,
-        cpus=1,
-        accel=Accel.TCG,
-        kernel=tmp_path / "vmlinuz",
-        initrd=tmp_path / "initrd",
-        tsc_khz=1,
-        norandmaps=True,
-    )
-
-
-def _qcow2(path: Path, backing: Path | None = None) -> None:
-    argv = ["qemu-img", "create", "-q", "-f", "qcow2"]
-    if backing is not None:
-        argv += ["-F", "qcow2", "-b", str(backing)]
-    else:
-        argv += [str(path), "64M"]
-        subprocess.run(argv, check=True)
-        return
-    subprocess.run([*argv, str(path)], check=True)
-
-
-def _template(root: Path, machine: MachineConfig, generation: str) -> Template:
-    path = root / f"base-{generation}"
-    path.mkdir(parents=True)
-    _qcow2(path / "disk.qcow2")
-    return Template("base", generation, path, machine, {"name": "base", "generation": generation})
-
-
-def _snapshot(root: Path, template: Template, machine: MachineConfig) -> SnapshotImage:
-    path = root / "snap-1"
-    path.mkdir(parents=True)
-    _qcow2(path / "disk.qcow2", template.disk)
-    (path / "vmstate").write_bytes(b"device state")
-    sparse_image(path / "memory", 4, {2: b"guest page"})
-    manifest = {"id": "snap-1", "template": "base", "machine": machine.to_json(), "created_at": 1.0}
-    (path / "manifest.json").write_text(json.dumps(manifest))
-    return SnapshotImage("snap-1", path, machine, manifest)
-
-
-def _backing(disk: Path) -> str:
-    out = subprocess.run(["qemu-img", "info", "--output=json", "-U", str(disk)], capture_output=True, text=True)
-    return str(json.loads(out.stdout)["backing-filename"])
-
-
 def test_a_published_snapshot_imports_onto_another_hosts_template(tmp_path: Path) -> None:
     store = open_store("memory://")
-    machine = _machine(tmp_path)
-    template_a = _template(tmp_path / "a" / "templates", machine, "g1")
-    image = _snapshot(tmp_path / "a" / "snapshots", template_a, machine)
+    machine = machine_config(tmp_path)
+    template_a = make_template(tmp_path / "a" / "templates", machine, "g1")
+    image = make_snapshot(tmp_path / "a" / "snapshots", template_a, machine)
     assert publish_snapshot(store, image, template_a, tmp_path / "work").key == "snapshots/snap-1"
 
-    template_b = _template(tmp_path / "b" / "templates", machine, "g1")  # the same generation, elsewhere
+    template_b = make_template(tmp_path / "b" / "templates", machine, "g1")  # the same generation, elsewhere
     local = import_snapshot(store, "snap-1", tmp_path / "b" / "snapshots", template_b)
-    assert _backing(local / "disk.qcow2") == str(template_b.disk)
+    assert backing_file(local / "disk.qcow2") == str(template_b.disk)
     assert (local / "vmstate").read_bytes() == b"device state"
     assert not (local / "memory").exists(), "the memory stays in the store"
     manifest = json.loads((local / "manifest.json").read_text())
@@ -125,10 +68,10 @@ def test_a_published_snapshot_imports_onto_another_hosts_template(tmp_path: Path
 
 def test_snapshots_of_another_template_generation_are_refused(tmp_path: Path) -> None:
     store = open_store("memory://")
-    machine = _machine(tmp_path)
-    old = _template(tmp_path / "t", machine, "g1")
-    new = _template(tmp_path / "t", machine, "g2")
-    image = _snapshot(tmp_path / "s", old, machine)
+    machine = machine_config(tmp_path)
+    old = make_template(tmp_path / "t", machine, "g1")
+    new = make_template(tmp_path / "t", machine, "g2")
+    image = make_snapshot(tmp_path / "s", old, machine)
     with pytest.raises(StateError, match="current generation"):
         publish_snapshot(store, image, new, tmp_path / "work")
     assert store.list("snapshots") == []

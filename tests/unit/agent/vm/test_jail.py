@@ -4,7 +4,6 @@ files (nothing is launched; the QEMU version is monkeypatched)."""
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,16 +20,15 @@ from cryobox.agent.vm.jail import (
     SLOT_UIDS,
     UID_RANGE,
     JailSettings,
-    VmJail,
     jail_enabled,
     limits_for,
     prepare_host,
 )
-from cryobox.agent.vm.machine import MachineConfig, MemoryBacking, NetAttach, VmPaths
+from cryobox.agent.vm.machine import MachineConfig, NetAttach
 from cryobox.errors import InvalidArgument, VmmError
+from tests.support.jail import BASE, Vm, bind_modes, qemu_img_create, vm_config
 
 TAG, OTHER_TAG = "abc123", "def456"
-BASE = 2_000_000
 SetVersion = Callable[[tuple[int, int]], None]
 
 
@@ -144,70 +142,17 @@ def test_uid_bounds_and_image_gid() -> None:
     assert uids | {settings.image_gid} == set(settings.uid_range)
 
 
-def _config(tmp_path: Path, accel: Accel = Accel.TCG, memory_mib: int = 512, cpus: int = 2) -> MachineConfig:
-    boot = tmp_path / "cache"
-    boot.mkdir(exist_ok=True)
-    (boot / "vmlinuz").write_bytes(b"kernel")
-    (boot / "initrd.img").write_bytes(b"initrd")
-    return MachineConfig(
-        memory_mib=memory_mib,
-        cpus=cpus,
-        accel=accel,
-        kernel=boot / "vmlinuz",
-        initrd=boot / "initrd.img",
-        tsc_khz=2_400_000,
-        norandmaps=accel.default_norandmaps,
-    )
-
-
 def test_limits_for(tmp_path: Path) -> None:
-    assert limits_for(_config(tmp_path, Accel.TCG, memory_mib=512, cpus=2)) == Limits(
+    assert limits_for(vm_config(tmp_path, Accel.TCG, memory_mib=512, cpus=2)) == Limits(
         memory_bytes=(512 + 384) << 20, cpus=3.0, pids=256
     )
-    assert limits_for(_config(tmp_path, Accel.KVM, memory_mib=1024, cpus=1)) == Limits(
+    assert limits_for(vm_config(tmp_path, Accel.KVM, memory_mib=1024, cpus=1)) == Limits(
         memory_bytes=(1024 + OVERHEAD_MIB[Accel.KVM]) << 20, cpus=2.0, pids=PIDS_MAX
     )
     assert OVERHEAD_MIB[Accel.KVM] == 192 and PIDS_MAX == 256
 
 
 # --- the spec ---------------------------------------------------------------------------------------------------
-
-
-def _qemu_img(*args: str) -> None:
-    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", *args], check=True, capture_output=True)
-
-
-class Vm:
-    """A VM's files on tmp: a run dir with an overlay backed by a template qcow2 backed by a raw rootfs."""
-
-    def __init__(self, tmp_path: Path, share: bool) -> None:
-        self.config = _config(tmp_path)
-        self.paths = VmPaths(tmp_path / "vm")
-        self.paths.root.mkdir()
-        templates = tmp_path / "templates"
-        templates.mkdir()
-        self.raw = templates / "rootfs.raw"
-        with open(self.raw, "wb") as fh:
-            fh.truncate(1 << 20)
-        self.base = templates / "base.qcow2"
-        _qemu_img("-F", "raw", "-b", str(self.raw), str(self.base))
-        self.disk = self.paths.disk
-        _qemu_img("-F", "qcow2", "-b", str(self.base), str(self.disk))
-        self.memory = MemoryBacking(templates / "memory.img", share=share)
-        self.memory.path.write_bytes(b"\0" * 4096)
-        self.settings = JailSettings(uid_base=BASE, cgroups=None)
-        self.jail = VmJail(self.settings, uid=self.settings.slot_uid(3))
-
-    def spec(self, net: NetAttach | None = None, config: MachineConfig | None = None) -> list[list[str]]:
-        return self.jail.spec(config or self.config, self.paths, self.memory, self.disk, net)
-
-
-def _binds(spec: list[list[str]]) -> dict[str, str]:
-    binds = [fields for fields in spec if fields[0] == "bind"]
-    assert all(len(fields) == 3 for fields in binds)
-    found = {path: mode for _, path, mode in binds}
-    assert len(found) == len(binds), "a path is bound twice"
-    return found
 
 
 def _of(spec: list[list[str]], kind: str) -> list[list[str]]:
@@ -248,7 +193,7 @@ def test_spec_binds_and_identity(
 
     assert spec[0] == ["root", str(tmp_path / "vm" / "jail")]
     assert _of(spec, "root") == [spec[0]]
-    binds = _binds(spec)
+    binds = bind_modes(spec)
     assert binds[str(vm.paths.root)] == "rw"
     assert binds[str(vm.config.kernel)] == "ro"
     assert binds[str(vm.config.initrd)] == "ro"
@@ -283,7 +228,7 @@ def test_spec_with_a_net_enters_its_namespace_and_owns_a_tun(tmp_path: Path, set
 def test_spec_under_kvm_owns_a_kvm_node(tmp_path: Path, set_version: SetVersion) -> None:
     set_version((10, 0))
     vm = Vm(tmp_path, share=False)
-    kvm = _config(tmp_path, Accel.KVM)
+    kvm = vm_config(tmp_path, Accel.KVM)
     assert _of(vm.spec(None, kvm), "mknod") == [_node("/dev/userfaultfd"), _node("/dev/kvm")]
 
 
@@ -292,8 +237,8 @@ def test_spec_binds_a_disk_outside_the_run_dir_rw(tmp_path: Path, set_version: S
     vm = Vm(tmp_path, share=False)
     outside = tmp_path / "volumes" / "disk.qcow2"
     outside.parent.mkdir()
-    _qemu_img("-F", "qcow2", "-b", str(vm.base), str(outside))
-    binds = _binds(vm.jail.spec(vm.config, vm.paths, vm.memory, outside, None))
+    qemu_img_create("-F", "qcow2", "-b", str(vm.base), str(outside))
+    binds = bind_modes(vm.jail.spec(vm.config, vm.paths, vm.memory, outside, None))
     assert binds[str(outside)] == "rw"
     assert binds[str(vm.base)] == "ro" and binds[str(vm.raw)] == "ro"
 

@@ -16,7 +16,7 @@ from cryobox.agent.vm import qemu
 from cryobox.agent.vm.accel import Accel
 from cryobox.agent.vm.machine import MachineConfig, MemoryBacking, VmPaths, qemu_argv
 from cryobox.errors import InvalidArgument
-from tests.unit.agent.vm.test_jail import Vm, _binds  # the jail spec's VM files (disks made by qemu-img)
+from tests.support.jail import Vm, bind_modes  # the jail spec's VM files (disks made by qemu-img)
 
 
 @pytest.fixture(autouse=True)
@@ -127,7 +127,7 @@ def test_jail_binds_a_private_prefix_and_opens_the_image_to_its_group(
     binary = private_qemu(tmp_path / "opt" / "qemu-10")
     monkeypatch.setenv(qemu.ENV_QEMU, str(binary))
     vm = Vm(tmp_path, share=False)
-    binds = _binds(vm.spec())
+    binds = bind_modes(vm.spec())
     assert binds[str(tmp_path / "opt" / "qemu-10")] == "ro"
     assert binds[str(vm.memory.path)] == "ro"  # 10.0 opens a private image read-only
 
@@ -139,5 +139,5 @@ def test_jail_binds_a_private_prefix_and_opens_the_image_to_its_group(
 def test_jail_binds_no_prefix_for_the_system_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(qemu.ENV_QEMU, raising=False)
     monkeypatch.setattr(qemu, "version_line", lambda: "QEMU emulator version 7.2.22 (Debian)")
-    binds = _binds(Vm(tmp_path, share=False).spec())
+    binds = bind_modes(Vm(tmp_path, share=False).spec())
     assert not any(path.startswith(str(tmp_path / "opt")) for path in binds)

@@ -18,15 +18,14 @@ from cryobox.agent.templates.bake import Template
 from cryobox.objstore.chunkfmt import CHUNK_SIZE, ChunkIndex, chunk_key, scan_image
 from cryobox.objstore.client import ObjectStore
 from cryobox.objstore.pins import PinSet
-from tests.unit.agent.publish.test_fetch_integrity import ROOTFS, _baked, _store
-from tests.unit.agent.publish.test_templates import _qcow2, sparse_image
+from tests.support.images import ROOTFS, baked_template, file_store, make_qcow2, sparse_image
 
 PAGES = {0: b"kernel text", 1: b"page cache", 2: b"heap", 3: b"stack", 4: b"more heap"}
 
 
-def _template(tmp_path: Path) -> Template:
+def make_template(tmp_path: Path) -> Template:
     """A baked template whose memory has 5 stored chunks (and 3 zero ones)."""
-    template = _baked(tmp_path / "a")
+    template = baked_template(tmp_path / "a")
     sparse_image(template.memory, 8, PAGES)
     return template
 
@@ -35,7 +34,7 @@ def _snapshot_of(template: Template, root: Path, snapshot_id: str, changes: dict
     """A snapshot of ``template`` whose memory is the template's with ``changes`` written over it."""
     path = root / snapshot_id
     path.mkdir(parents=True)
-    _qcow2(path / "disk.qcow2", template.disk)
+    make_qcow2(path / "disk.qcow2", template.disk)
     (path / "vmstate").write_bytes(b"device state of " + snapshot_id.encode())
     shutil.copyfile(template.memory, path / "memory")
     with open(path / "memory", "r+b") as fh:
@@ -56,8 +55,8 @@ def _digests(path: Path) -> set[str]:
 
 
 def test_a_store_holds_each_distinct_chunk_once(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    template = _template(tmp_path)
+    store = file_store(tmp_path)
+    template = make_template(tmp_path)
     publish_template(store, template, tmp_path / "a" / "images", tmp_path / "work", lambda _: None)
     rootfs = tmp_path / "a" / "images" / ROOTFS
     assert len(_chunk_objects(store)) == len(_digests(template.memory) | _digests(rootfs)) == 5 + 2
@@ -86,7 +85,7 @@ def test_a_store_holds_each_distinct_chunk_once(tmp_path: Path) -> None:
 
 
 def test_a_stored_chunk_of_the_wrong_size_is_uploaded_again(tmp_path: Path) -> None:
-    store = _store(tmp_path)
+    store = file_store(tmp_path)
     src = tmp_path / "img"
     sparse_image(src, 3, {0: b"a", 2: b"b"})
     index = upload_image(store, "images/x/rootfs", src, "x", PinSet())
@@ -111,8 +110,8 @@ def _read_all(server: MemoryServer, name: str) -> bytes:
 
 
 def test_chunks_a_templates_restores_cached_are_hits_for_its_snapshots(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    template = _template(tmp_path)
+    store = file_store(tmp_path)
+    template = make_template(tmp_path)
     publish_template(store, template, tmp_path / "a" / "images", tmp_path / "work", lambda _: None)
     snap = _snapshot_of(template, tmp_path / "snaps", "snap-1", {3: b"changed stack", 6: b"fresh"})
     publish_snapshot(store, snap, template, tmp_path / "work")
@@ -136,8 +135,8 @@ def test_chunks_a_templates_restores_cached_are_hits_for_its_snapshots(tmp_path:
 def test_republishing_a_generation_in_the_earlier_layout(tmp_path: Path) -> None:
     """A store left by an earlier version holds the generation as memory.idx (format 1) + memory.pack: the host
     that bakes it publishes it again in the current layout (never treating it as published)."""
-    store = _store(tmp_path)
-    template = _template(tmp_path)
+    store = file_store(tmp_path)
+    template = make_template(tmp_path)
     first = publish_template(store, template, tmp_path / "a" / "images", tmp_path / "work", lambda _: None)
     manifest = json.loads(store.get("templates/base/g1/manifest.json"))
     store.put("templates/base/g1/manifest.json", json.dumps({**manifest, "layout": 1}).encode())

@@ -26,7 +26,7 @@ from cryobox.errors import IntegrityError
 from cryobox.objstore.chunkfmt import CHUNK_SIZE, ChunkIndex
 from cryobox.objstore.client import ObjectStore, open_store
 from cryobox.objstore.pins import PinSet
-from tests.unit.agent.publish.test_templates import sparse_image
+from tests.support.images import sparse_image
 
 PREFIX = "templates/base/g1"
 IDX = f"{PREFIX}/memory.idx"

@@ -32,8 +32,7 @@ from cryobox.capture.runner import (
 from cryobox.cli.capture_cmds import join_command
 from cryobox.sdk import ExecResult
 from tests.support.clock import FakeClock
-from tests.unit.sdk.test_snapshots import SNAP, Api, _route, resolve
-from tests.unit.sdk.test_sync import INFO
+from tests.support.sdk import INFO, SNAP, MockApi, resolve, route
 
 NOW = datetime(2024, 5, 1, 12, 30, 5, tzinfo=UTC)
 
@@ -286,13 +285,13 @@ def test_plugin_is_a_no_op_without_template_or_inside(monkeypatch: pytest.Monkey
 
 
 @pytest.fixture(params=["sync", "async"])
-async def sdk(request: pytest.FixtureRequest) -> AsyncIterator[Api]:
-    harness = Api(request.param)
+async def sdk(request: pytest.FixtureRequest) -> AsyncIterator[MockApi]:
+    harness = MockApi(request.param)
     yield harness
     await harness.close()
 
 
-async def test_sdk_evidence_calls(sdk: Api) -> None:
+async def test_sdk_evidence_calls(sdk: MockApi) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         if request.method == "GET" and request.url.path.endswith("/evidence"):
             return httpx.Response(200, json={"files": [{"name": "console.log", "size": 3}]})
@@ -304,7 +303,7 @@ async def test_sdk_evidence_calls(sdk: Api) -> None:
     assert await resolve(snapshots.evidence("snp_1")) == [{"name": "console.log", "size": 3}]
     assert await resolve(snapshots.get_evidence("snp_1", "console.log")) == b"abc"
     assert await resolve(snapshots.put_evidence("snp_1", "test.log", "héllo")) == len("héllo".encode())
-    routes = [_route(r) for r in rec.requests]
+    routes = [route(r) for r in rec.requests]
     assert routes == [
         ("GET", "/v1/snapshots/snp_1/evidence"),
         ("GET", "/v1/snapshots/snp_1/evidence/console.log"),

@@ -17,8 +17,7 @@ from typer.testing import CliRunner, Result
 from cryobox.cli.main import app
 from cryobox.cli.snapshot_cmds import merge_labels
 from cryobox.sdk import ClientConfig
-from tests.unit.sdk.test_snapshots import SNAP, TREE
-from tests.unit.sdk.test_sync import INFO, Recorder, _error
+from tests.support.sdk import INFO, SNAP, TREE, Recorder, error_response
 
 Reply = Callable[[httpx.Request], httpx.Response]
 ENV = {"CRYOBOX_API_URL": "http://test", "CRYOBOX_API_KEY": "cli-key", "COLUMNS": "200"}
@@ -34,7 +33,7 @@ class FakeApi:
     def _answer(self, request: httpx.Request) -> httpx.Response:
         reply = self.routes.get((request.method, request.url.path))
         if reply is None:
-            return _error(404, "not_found", f"no route {request.method} {request.url.path}")
+            return error_response(404, "not_found", f"no route {request.method} {request.url.path}")
         if callable(reply):
             return reply(request)
         # a fresh copy per request: one Response object cannot be sent twice
@@ -254,7 +253,7 @@ def test_sandbox_power(api: FakeApi, action: str, reply: httpx.Response, status:
 
 def test_sandbox_power_wrong_state(api: FakeApi) -> None:
     with_sandbox(api, status="stopped")
-    api.on("POST", f"{SBX_PATH}/pause", _error(409, "wrong_state", "sandbox is stopped"))
+    api.on("POST", f"{SBX_PATH}/pause", error_response(409, "wrong_state", "sandbox is stopped"))
     result = run("sandbox", "pause", "sbx_0123")
     assert result.exit_code == 2
     assert "wrong_state" in result.stderr and "sandbox is stopped" in result.stderr
@@ -285,7 +284,7 @@ def test_sandbox_snapshot(api: FakeApi) -> None:
 
 def test_sandbox_snapshot_error(api: FakeApi) -> None:
     with_sandbox(api)
-    api.on("POST", f"{SBX_PATH}/snapshots", _error(409, "wrong_state", "sandbox is hibernated"))
+    api.on("POST", f"{SBX_PATH}/snapshots", error_response(409, "wrong_state", "sandbox is hibernated"))
     result = run("sandbox", "snapshot", "sbx_0123")
     assert result.exit_code == 2
     assert "wrong_state" in result.stderr
@@ -332,7 +331,7 @@ def test_sandbox_fork_tree_count_must_be_positive(api: FakeApi) -> None:
 
 def test_sandbox_fork_tree_refused(api: FakeApi) -> None:
     with_sandbox(api)
-    api.on("POST", f"{SBX_PATH}/fork-tree", _error(400, "invalid_argument", "count must be 1-16"))
+    api.on("POST", f"{SBX_PATH}/fork-tree", error_response(400, "invalid_argument", "count must be 1-16"))
     result = run("sandbox", "fork-tree", "sbx_0123", "--count", "17")
     assert result.exit_code == 2
     assert "invalid_argument" in result.stderr

@@ -20,7 +20,7 @@ from cryobox.cli.top_cmd import TopSource
 from cryobox.cli.top_model import Frame, Scrape, duration, parse_counters, rates, render
 from cryobox.sdk import ClientConfig
 from cryobox.server.metrics import Metrics
-from tests.unit.sdk.test_sync import INFO
+from tests.support.sdk import INFO
 
 ENV = {"CRYOBOX_API_URL": "http://test", "CRYOBOX_API_KEY": "cli-key", "COLUMNS": "200"}
 AGENT = {

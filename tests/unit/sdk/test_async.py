@@ -1,4 +1,5 @@
-"""SDK: AsyncSandbox over an httpx.MockTransport (the sync twin is tested in test_sdk.py, whose helpers we reuse)."""
+"""SDK: AsyncSandbox over an httpx.MockTransport (the sync twin is tested in test_sync.py; the helpers both use are
+in tests/support/sdk.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from cryobox.errors import (
     StateError,
 )
 from cryobox.sdk import ClientConfig, ExecResult, Lifecycle, RetryPolicy, StreamEvent
-from tests.unit.sdk.test_sync import (
+from tests.support.sdk import (
     ENTRY,
     INFO,
     LIFECYCLE,
@@ -32,10 +33,10 @@ from tests.unit.sdk.test_sync import (
     FakeTime,
     Handler,
     Recorder,
-    _error,
-    _exec_ok,
     capacity,
     created,
+    error_response,
+    exec_ok,
     sequence,
     sse,
 )
@@ -111,7 +112,7 @@ async def test_create_posts_body_and_returns_sandbox(make_http: MakeHttp) -> Non
 
 
 async def test_connect_not_found(make_http: MakeHttp) -> None:
-    http, rec = make_http(lambda request: _error(404, "not_found", "no such sandbox"))
+    http, rec = make_http(lambda request: error_response(404, "not_found", "no such sandbox"))
     with pytest.raises(NotFound):
         await AsyncSandbox.connect("sbx_gone", http=http)
     assert rec.requests[0].url.path == "/v1/sandboxes/sbx_gone"
@@ -220,7 +221,7 @@ async def test_refresh_lifecycle_and_patch(make_sandbox: MakeSandbox) -> None:
 
 
 async def test_exec(make_sandbox: MakeSandbox) -> None:
-    sbx, rec = make_sandbox(_exec_ok(0))
+    sbx, rec = make_sandbox(exec_ok(0))
     result = await sbx.exec("echo hi", env={"A": "1"}, cwd="/work")
     assert result == ExecResult(stdout="out\n", stderr="err\n", exit_code=0, duration_ms=12.5)
     assert rec.requests[0].url.path == "/v1/sandboxes/sbx_0123/exec"
@@ -228,7 +229,7 @@ async def test_exec(make_sandbox: MakeSandbox) -> None:
 
 
 async def test_exec_check_raises_command_failed(make_sandbox: MakeSandbox) -> None:
-    sbx, _ = make_sandbox(_exec_ok(2))
+    sbx, _ = make_sandbox(exec_ok(2))
     assert (await sbx.exec("exit 2")).exit_code == 2
     with pytest.raises(CommandFailed) as info:
         await sbx.exec("exit 2", check=True)
@@ -236,7 +237,7 @@ async def test_exec_check_raises_command_failed(make_sandbox: MakeSandbox) -> No
 
 
 async def test_exec_timeout(make_sandbox: MakeSandbox) -> None:
-    sbx, _ = make_sandbox(lambda request: _error(504, "timeout", "command timed out after 1s"))
+    sbx, _ = make_sandbox(lambda request: error_response(504, "timeout", "command timed out after 1s"))
     with pytest.raises(SandboxTimeout, match="timed out"):
         await sbx.exec("sleep 10", timeout_seconds=1)
 
@@ -272,7 +273,7 @@ async def test_exec_stream_error_event_maps_code(make_sandbox: MakeSandbox) -> N
 
 
 async def test_exec_stream_http_error(make_sandbox: MakeSandbox) -> None:
-    sbx, _ = make_sandbox(lambda request: _error(409, "wrong_state", "sandbox is paused"))
+    sbx, _ = make_sandbox(lambda request: error_response(409, "wrong_state", "sandbox is paused"))
     with pytest.raises(StateError, match="paused"):
         async for _ in sbx.exec_stream("x"):
             pass
@@ -295,7 +296,11 @@ async def test_filesystem(make_sandbox: MakeSandbox) -> None:
         if request.url.path.endswith("/fs/dir"):
             return httpx.Response(200, json={"path": path, "entries": [ENTRY]})
         if request.url.path.endswith("/fs/stat"):
-            return httpx.Response(200, json=ENTRY) if path != "/missing" else _error(404, "not_found", "no such file")
+            return (
+                httpx.Response(200, json=ENTRY)
+                if path != "/missing"
+                else error_response(404, "not_found", "no such file")
+            )
         if request.method == "PUT":
             return httpx.Response(200, json={"path": path, "bytes": len(request.content)})
         if request.method == "DELETE":
@@ -322,14 +327,14 @@ async def test_filesystem(make_sandbox: MakeSandbox) -> None:
 
 @pytest.mark.parametrize("status", [204, 404])
 async def test_kill_succeeds_and_closes(make_sandbox: MakeSandbox, status: int) -> None:
-    sbx, rec = make_sandbox(lambda request: _error(404, "not_found") if status == 404 else httpx.Response(204))
+    sbx, rec = make_sandbox(lambda request: error_response(404, "not_found") if status == 404 else httpx.Response(204))
     await sbx.kill()
     assert [(r.method, r.url.path) for r in rec.requests] == [("DELETE", "/v1/sandboxes/sbx_0123")]
     assert sbx._http.is_closed
 
 
 async def test_kill_other_errors_raise_and_still_close(make_sandbox: MakeSandbox) -> None:
-    sbx, _ = make_sandbox(lambda request: _error(500, "internal", "delete failed"))
+    sbx, _ = make_sandbox(lambda request: error_response(500, "internal", "delete failed"))
     with pytest.raises(CryoboxError, match="delete failed"):
         await sbx.kill()
     assert sbx._http.is_closed
@@ -350,7 +355,7 @@ async def test_async_with_kills(make_sandbox: MakeSandbox) -> None:
 
 
 async def test_async_with_keeps_the_original_exception(make_sandbox: MakeSandbox) -> None:
-    sbx, _ = make_sandbox(lambda request: _error(500, "internal", "delete failed"))
+    sbx, _ = make_sandbox(lambda request: error_response(500, "internal", "delete failed"))
     with pytest.raises(ValueError, match="body failed") as info:
         async with sbx:
             raise ValueError("body failed")

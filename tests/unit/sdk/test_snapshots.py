@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar, overload
+from typing import Any
 
 import httpx
 import pytest
@@ -26,29 +26,22 @@ from cryobox import (
     Sandbox,
     Snapshot,
     Snapshots,
-    models,
 )
 from cryobox.errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound, StateError
-from cryobox.sdk import ClientConfig, RetryPolicy
-from tests.unit.sdk.test_sync import INFO, FakeTime, Handler, Recorder, _error, capacity, sequence
+from tests.support.sdk import (
+    CHILD_1,
+    INFO,
+    SNAP,
+    TREE,
+    FakeTime,
+    MockApi,
+    capacity,
+    error_response,
+    resolve,
+    route,
+    sequence,
+)
 
-T = TypeVar("T")
-
-SNAP: dict[str, Any] = {
-    "id": "snp_0001",
-    "sandbox_id": "sbx_0123",
-    "template": "code-interpreter",
-    "size_bytes": 123456,
-    "unique_bytes": 23456,
-    "shared_bytes": 100000,
-    "created_at": "2024-05-01T12:30:00Z",
-    "labels": {"step": "3"},
-    "retain": True,
-    "parent_id": "snp_0000",
-    "pause_ms": 18.5,
-    "location": "stored",
-    "host": "host-a",
-}
 SNAPSHOT = Snapshot(
     id="snp_0001",
     sandbox_id="sbx_0123",
@@ -64,28 +57,6 @@ SNAPSHOT = Snapshot(
     location="stored",
     host="host-a",
 )
-CHILD_1 = {**INFO, "id": "sbx_c1", "from_snapshot": "snp_tree"}
-CHILD_2 = {**INFO, "id": "sbx_c2", "from_snapshot": "snp_tree"}
-TREE = {
-    "tree_id": "tree_1",
-    "parent_id": "sbx_0123",
-    "snapshot_id": "snp_tree",
-    "children": [CHILD_1, CHILD_2],
-    "errors": [{"index": 2, "error": "no capacity"}],
-}
-
-
-@overload
-async def resolve(value: Sandbox | Awaitable[AsyncSandbox]) -> Sandbox | AsyncSandbox: ...
-@overload
-async def resolve(value: ForkTree | Awaitable[AsyncForkTree]) -> ForkTree | AsyncForkTree: ...
-@overload
-async def resolve(value: T | Awaitable[T]) -> T: ...
-async def resolve(value: object) -> object:
-    """The value of a sync call, or the awaited value of an async one."""
-    if inspect.isawaitable(value):
-        return await value
-    return value
 
 
 async def release(obj: Sandbox | AsyncSandbox | ForkTree | AsyncForkTree) -> None:
@@ -105,15 +76,15 @@ Reply = Callable[[], httpx.Response]
 
 
 def not_found() -> httpx.Response:
-    return _error(404, "not_found", "no such thing")
+    return error_response(404, "not_found", "no such thing")
 
 
 def wrong_state() -> httpx.Response:
-    return _error(409, "wrong_state", "sandbox is paused")
+    return error_response(409, "wrong_state", "sandbox is paused")
 
 
 def invalid() -> httpx.Response:
-    return _error(400, "invalid_argument", "bad input")
+    return error_response(400, "invalid_argument", "bad input")
 
 
 def refused() -> httpx.Response:
@@ -124,87 +95,31 @@ def _is_closed(obj: Sandbox | AsyncSandbox | Snapshots | AsyncSnapshots) -> bool
     return obj._http.is_closed
 
 
-class Api:
-    """Builds the sync or the async SDK objects over a MockTransport, and closes their clients afterwards."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self.sync_clients: list[httpx.Client] = []
-        self.async_clients: list[httpx.AsyncClient] = []
-        self.config = ClientConfig(api_url="http://test", api_key="k")
-
-    @property
-    def sandbox_cls(self) -> type[Sandbox] | type[AsyncSandbox]:
-        return Sandbox if self.kind == "sync" else AsyncSandbox
-
-    def _sync_http(self, recorder: Recorder) -> httpx.Client:
-        http = httpx.Client(transport=httpx.MockTransport(recorder), base_url="http://test")
-        self.sync_clients.append(http)
-        return http
-
-    def _async_http(self, recorder: Recorder) -> httpx.AsyncClient:
-        http = httpx.AsyncClient(transport=httpx.MockTransport(recorder), base_url="http://test")
-        self.async_clients.append(http)
-        return http
-
-    def sandbox(
-        self, handler: Handler, retry: RetryPolicy | None = None, **info: Any
-    ) -> tuple[Sandbox | AsyncSandbox, Recorder]:
-        recorder = Recorder(handler)
-        model = models.Sandbox.model_validate({**INFO, **info})
-        policy = retry or RetryPolicy()
-        if self.kind == "sync":
-            return Sandbox(model, self.config, self._sync_http(recorder), retry=policy), recorder
-        return AsyncSandbox(model, self.config, self._async_http(recorder), retry=policy), recorder
-
-    def snapshots(self, handler: Handler) -> tuple[Snapshots | AsyncSnapshots, Recorder]:
-        recorder = Recorder(handler)
-        if self.kind == "sync":
-            return Snapshots(http=self._sync_http(recorder)), recorder
-        return AsyncSnapshots(http=self._async_http(recorder)), recorder
-
-    async def create(self, handler: Handler, **kwargs: Any) -> tuple[Sandbox | AsyncSandbox, Recorder]:
-        recorder = Recorder(handler)
-        if self.kind == "sync":
-            return Sandbox.create(http=self._sync_http(recorder), **kwargs), recorder
-        return await AsyncSandbox.create(http=self._async_http(recorder), **kwargs), recorder
-
-    async def close(self) -> None:
-        for client in self.sync_clients:
-            client.close()
-        for aclient in self.async_clients:
-            await aclient.aclose()
-
-
-@pytest.fixture(params=["sync", "async"])
-async def api(request: pytest.FixtureRequest) -> AsyncIterator[Api]:
-    harness = Api(request.param)
-    yield harness
-    await harness.close()
-
-
 def _json(request: httpx.Request) -> Any:
     return json.loads(request.content)
 
 
-def _route(request: httpx.Request) -> tuple[str, str]:
-    return request.method, request.url.path
+@pytest.fixture(params=["sync", "async"])
+async def api(request: pytest.FixtureRequest) -> AsyncIterator[MockApi]:
+    harness = MockApi(request.param)
+    yield harness
+    await harness.close()
 
 
 # --- taking snapshots ------------------------------------------------------------------------------------------
 
 
-async def test_snapshot_posts_options_and_parses(api: Api) -> None:
+async def test_snapshot_posts_options_and_parses(api: MockApi) -> None:
     sbx, rec = api.sandbox(lambda request: httpx.Response(201, json=SNAP))
     snap = await resolve(sbx.snapshot({"step": "3"}, retain=True, quiesce=True))
     assert snap == SNAPSHOT
     assert snap.created_at.tzinfo is not None
     (request,) = rec.requests
-    assert _route(request) == ("POST", "/v1/sandboxes/sbx_0123/snapshots")
+    assert route(request) == ("POST", "/v1/sandboxes/sbx_0123/snapshots")
     assert _json(request) == {"labels": {"step": "3"}, "retain": True, "quiesce": True}
 
 
-async def test_snapshot_parses_unique_and_shared_bytes(api: Api) -> None:
+async def test_snapshot_parses_unique_and_shared_bytes(api: MockApi) -> None:
     sizes = {"size_bytes": 5 << 30, "unique_bytes": 1 << 30, "shared_bytes": 4 << 30}
     sbx, _ = api.sandbox(lambda request: httpx.Response(201, json={**SNAP, **sizes}))
     snap = await resolve(sbx.snapshot())
@@ -214,29 +129,29 @@ async def test_snapshot_parses_unique_and_shared_bytes(api: Api) -> None:
         await resolve(sbx.snapshot())
 
 
-async def test_snapshot_defaults(api: Api) -> None:
+async def test_snapshot_defaults(api: MockApi) -> None:
     sbx, rec = api.sandbox(lambda request: httpx.Response(201, json=SNAP))
     await resolve(sbx.snapshot())
     assert _json(rec.requests[0]) == {"labels": {}, "retain": False, "quiesce": False}
 
 
 @pytest.mark.parametrize(("reply", "cls"), [(not_found, NotFound), (wrong_state, StateError)])
-async def test_snapshot_errors(api: Api, reply: Reply, cls: type[CryoboxError]) -> None:
+async def test_snapshot_errors(api: MockApi, reply: Reply, cls: type[CryoboxError]) -> None:
     sbx, _ = api.sandbox(lambda request: reply())
     with pytest.raises(cls):
         await resolve(sbx.snapshot())
 
 
-async def test_snapshot_malformed_response_is_cryobox_error(api: Api) -> None:
+async def test_snapshot_malformed_response_is_cryobox_error(api: MockApi) -> None:
     sbx, _ = api.sandbox(lambda request: httpx.Response(201, json={**SNAP, "created_at": "yesterday"}))
     with pytest.raises(CryoboxError, match="unexpected response to POST /v1/sandboxes/sbx_0123/snapshots"):
         await resolve(sbx.snapshot())
 
 
-async def test_sandbox_snapshots_lists_its_own(api: Api) -> None:
+async def test_sandbox_snapshots_lists_its_own(api: MockApi) -> None:
     sbx, rec = api.sandbox(lambda request: httpx.Response(200, json={"snapshots": [SNAP]}))
     assert await resolve(sbx.snapshots()) == [SNAPSHOT]
-    assert _route(rec.requests[0]) == ("GET", "/v1/snapshots")
+    assert route(rec.requests[0]) == ("GET", "/v1/snapshots")
     assert dict(rec.requests[0].url.params) == {"sandbox_id": "sbx_0123"}
 
 
@@ -248,15 +163,15 @@ def test_snapshot_is_frozen() -> None:
 # --- the Snapshots handle --------------------------------------------------------------------------------------
 
 
-async def test_list_filters_by_sandbox_and_labels(api: Api) -> None:
+async def test_list_filters_by_sandbox_and_labels(api: MockApi) -> None:
     snapshots, rec = api.snapshots(lambda request: httpx.Response(200, json={"snapshots": [SNAP, SNAP]}))
     items = await resolve(snapshots.list(sandbox_id="sbx_0123", labels={"step": "3", "team": "a b"}))
     assert items == [SNAPSHOT, SNAPSHOT]
-    assert _route(rec.requests[0]) == ("GET", "/v1/snapshots")
+    assert route(rec.requests[0]) == ("GET", "/v1/snapshots")
     assert dict(rec.requests[0].url.params) == {"sandbox_id": "sbx_0123", "label.step": "3", "label.team": "a b"}
 
 
-async def test_list_without_filters_and_minimal_snapshots(api: Api) -> None:
+async def test_list_without_filters_and_minimal_snapshots(api: MockApi) -> None:
     """A snapshot without the cryobox extensions (a PandaStack-style body) parses with their defaults."""
     minimal = {k: SNAP[k] for k in ("id", "sandbox_id", "template", "size_bytes", "created_at")}
     snapshots, rec = api.snapshots(lambda request: httpx.Response(200, json={"snapshots": [minimal]}))
@@ -266,25 +181,25 @@ async def test_list_without_filters_and_minimal_snapshots(api: Api) -> None:
     assert rec.requests[0].url.query == b""
 
 
-async def test_get_quotes_the_id(api: Api) -> None:
+async def test_get_quotes_the_id(api: MockApi) -> None:
     snapshots, rec = api.snapshots(lambda request: httpx.Response(200, json=SNAP))
     assert await resolve(snapshots.get("snp/../x")) == SNAPSHOT
     assert rec.requests[0].method == "GET"
     assert rec.requests[0].url.raw_path == b"/v1/snapshots/snp%2F..%2Fx"
 
 
-async def test_delete(api: Api) -> None:
+async def test_delete(api: MockApi) -> None:
     snapshots, rec = api.snapshots(lambda request: httpx.Response(204))
     await resolve(snapshots.delete("snp_0001"))
-    assert _route(rec.requests[0]) == ("DELETE", "/v1/snapshots/snp_0001")
+    assert route(rec.requests[0]) == ("DELETE", "/v1/snapshots/snp_0001")
 
 
-async def test_update_sends_only_given_fields(api: Api) -> None:
+async def test_update_sends_only_given_fields(api: MockApi) -> None:
     snapshots, rec = api.snapshots(lambda request: httpx.Response(200, json=SNAP))
     assert await resolve(snapshots.update("snp_0001", labels={"step": "3"}, retain=True)) == SNAPSHOT
     await resolve(snapshots.update("snp_0001", retain=False))
     await resolve(snapshots.update("snp_0001", labels={}))
-    assert [_route(r) for r in rec.requests] == [("PATCH", "/v1/snapshots/snp_0001")] * 3
+    assert [route(r) for r in rec.requests] == [("PATCH", "/v1/snapshots/snp_0001")] * 3
     assert [_json(r) for r in rec.requests] == [
         {"labels": {"step": "3"}, "retain": True},
         {"retain": False},
@@ -295,7 +210,7 @@ async def test_update_sends_only_given_fields(api: Api) -> None:
 @pytest.mark.parametrize(
     ("reply", "cls"), [(not_found, NotFound), (wrong_state, StateError), (invalid, InvalidArgument)]
 )
-async def test_snapshots_errors_map(api: Api, reply: Reply, cls: type[CryoboxError]) -> None:
+async def test_snapshots_errors_map(api: MockApi, reply: Reply, cls: type[CryoboxError]) -> None:
     snapshots, _ = api.snapshots(lambda request: reply())
     with pytest.raises(cls):
         await resolve(snapshots.get("snp_x"))
@@ -324,23 +239,23 @@ async def test_snapshots_resolves_config_from_env(monkeypatch: pytest.MonkeyPatc
 # --- creating from a snapshot, killing with snapshots ----------------------------------------------------------
 
 
-async def test_create_from_snapshot(api: Api) -> None:
+async def test_create_from_snapshot(api: MockApi) -> None:
     body = {**INFO, "from_snapshot": "snp_0001"}
     sbx, rec = await api.create(lambda request: httpx.Response(201, json=body), from_snapshot="snp_0001")
     assert sbx.info.from_snapshot == "snp_0001"
     assert _json(rec.requests[0])["from_snapshot"] == "snp_0001"
 
 
-async def test_create_from_unknown_snapshot(api: Api) -> None:
+async def test_create_from_unknown_snapshot(api: MockApi) -> None:
     with pytest.raises(NotFound):
-        await api.create(lambda request: _error(404, "not_found", "no such snapshot"), from_snapshot="snp_gone")
+        await api.create(lambda request: error_response(404, "not_found", "no such snapshot"), from_snapshot="snp_gone")
 
 
 @pytest.mark.parametrize(("keep", "params"), [(True, {"keep_snapshots": "true"}), (False, {})])
-async def test_kill_keep_snapshots(api: Api, keep: bool, params: dict[str, str]) -> None:
+async def test_kill_keep_snapshots(api: MockApi, keep: bool, params: dict[str, str]) -> None:
     sbx, rec = api.sandbox(lambda request: httpx.Response(204))
     await resolve(sbx.kill(keep_snapshots=keep))
-    assert _route(rec.requests[0]) == ("DELETE", "/v1/sandboxes/sbx_0123")
+    assert route(rec.requests[0]) == ("DELETE", "/v1/sandboxes/sbx_0123")
     assert dict(rec.requests[0].url.params) == params
     assert _is_closed(sbx)
 
@@ -348,20 +263,20 @@ async def test_kill_keep_snapshots(api: Api, keep: bool, params: dict[str, str])
 # --- power state -----------------------------------------------------------------------------------------------
 
 
-async def test_pause_and_resume_set_status(api: Api) -> None:
+async def test_pause_and_resume_set_status(api: MockApi) -> None:
     sbx, rec = api.sandbox(lambda request: httpx.Response(204))
     await resolve(sbx.pause())
     assert _status(sbx) == "paused"
     await resolve(sbx.resume())
     assert _status(sbx) == "running"
-    assert [_route(r) for r in rec.requests] == [
+    assert [route(r) for r in rec.requests] == [
         ("POST", "/v1/sandboxes/sbx_0123/pause"),
         ("POST", "/v1/sandboxes/sbx_0123/resume"),
     ]
     assert [r.content for r in rec.requests] == [b"", b""]
 
 
-async def test_hibernate_and_wake_take_status_from_body(api: Api) -> None:
+async def test_hibernate_and_wake_take_status_from_body(api: MockApi) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         status = "hibernated" if request.url.path.endswith("/hibernate") else "running"
         return httpx.Response(200, json={"status": status})
@@ -371,7 +286,7 @@ async def test_hibernate_and_wake_take_status_from_body(api: Api) -> None:
     assert _status(sbx) == "hibernated"
     await resolve(sbx.wake())
     assert _status(sbx) == "running"
-    assert [_route(r) for r in rec.requests] == [
+    assert [route(r) for r in rec.requests] == [
         ("POST", "/v1/sandboxes/sbx_0123/hibernate"),
         ("POST", "/v1/sandboxes/sbx_0123/wake"),
     ]
@@ -379,14 +294,14 @@ async def test_hibernate_and_wake_take_status_from_body(api: Api) -> None:
 
 @pytest.mark.parametrize("action", ["pause", "resume", "hibernate", "wake"])
 @pytest.mark.parametrize(("reply", "cls"), [(not_found, NotFound), (wrong_state, StateError)])
-async def test_power_errors_keep_status(api: Api, action: str, reply: Reply, cls: type[CryoboxError]) -> None:
+async def test_power_errors_keep_status(api: MockApi, action: str, reply: Reply, cls: type[CryoboxError]) -> None:
     sbx, _ = api.sandbox(lambda request: reply())
     with pytest.raises(cls):
         await resolve(getattr(sbx, action)())
     assert _status(sbx) == "running"
 
 
-async def test_hibernate_malformed_status(api: Api) -> None:
+async def test_hibernate_malformed_status(api: MockApi) -> None:
     sbx, _ = api.sandbox(lambda request: httpx.Response(200, json={"status": "asleep"}))
     with pytest.raises(CryoboxError, match="unexpected response"):
         await resolve(sbx.hibernate())
@@ -396,7 +311,7 @@ async def test_hibernate_malformed_status(api: Api) -> None:
 # --- forks -----------------------------------------------------------------------------------------------------
 
 
-async def test_fork_returns_a_sandbox_sharing_the_client(api: Api) -> None:
+async def test_fork_returns_a_sandbox_sharing_the_client(api: MockApi) -> None:
     child_info = {**INFO, "id": "sbx_child", "metadata": {"role": "child"}}
     sbx, rec = api.sandbox(lambda request: httpx.Response(201, json={"parent_id": "sbx_0123", "sandbox": child_info}))
     child = await resolve(sbx.fork({"role": "child"}))
@@ -406,7 +321,7 @@ async def test_fork_returns_a_sandbox_sharing_the_client(api: Api) -> None:
     assert child._http is sbx._http
     assert child._config is sbx._config
     (request,) = rec.requests
-    assert _route(request) == ("POST", "/v1/sandboxes/sbx_0123/fork")
+    assert route(request) == ("POST", "/v1/sandboxes/sbx_0123/fork")
     assert _json(request) == {"metadata": {"role": "child"}}
     # the shared client stays open until the last of parent and child is closed, whatever the order
     await release(sbx)
@@ -416,10 +331,10 @@ async def test_fork_returns_a_sandbox_sharing_the_client(api: Api) -> None:
     assert _is_closed(child)
 
 
-async def test_fork_default_metadata_and_errors(api: Api) -> None:
+async def test_fork_default_metadata_and_errors(api: MockApi) -> None:
     responses = sequence(
-        _error(404, "not_found", "no such sandbox"),
-        _error(409, "wrong_state", "sandbox is hibernated"),
+        error_response(404, "not_found", "no such sandbox"),
+        error_response(409, "wrong_state", "sandbox is hibernated"),
         lambda request: httpx.Response(201, json={"parent_id": "sbx_0123", "sandbox": INFO}),
     )
     sbx, rec = api.sandbox(responses)
@@ -431,7 +346,7 @@ async def test_fork_default_metadata_and_errors(api: Api) -> None:
     assert _json(rec.requests[-1]) == {"metadata": {}}
 
 
-async def test_fork_retries_capacity_refusals(api: Api) -> None:
+async def test_fork_retries_capacity_refusals(api: MockApi) -> None:
     fake = FakeTime()
     fork_ok = httpx.Response(201, json={"parent_id": "sbx_0123", "sandbox": CHILD_1})
     sbx, rec = api.sandbox(sequence(capacity("2"), fork_ok), retry=fake.policy())
@@ -440,7 +355,7 @@ async def test_fork_retries_capacity_refusals(api: Api) -> None:
     assert len(rec.requests) == 2
 
 
-async def test_fork_tree(api: Api) -> None:
+async def test_fork_tree(api: MockApi) -> None:
     sbx, rec = api.sandbox(lambda request: httpx.Response(201, json=TREE))
     tree = await resolve(sbx.fork_tree(3, metadata={"run": "7"}))
     assert isinstance(tree, ForkTree if api.kind == "sync" else AsyncForkTree)
@@ -449,11 +364,11 @@ async def test_fork_tree(api: Api) -> None:
     assert all(type(child) is api.sandbox_cls and child._http is sbx._http for child in tree.children)
     assert tree.errors == [ForkTreeError(index=2, error="no capacity")]
     (request,) = rec.requests
-    assert _route(request) == ("POST", "/v1/sandboxes/sbx_0123/fork-tree")
+    assert route(request) == ("POST", "/v1/sandboxes/sbx_0123/fork-tree")
     assert _json(request) == {"count": 3, "metadata": {"run": "7"}}
 
 
-async def test_fork_tree_defaults_and_missing_errors(api: Api) -> None:
+async def test_fork_tree_defaults_and_missing_errors(api: MockApi) -> None:
     body = {k: v for k, v in TREE.items() if k != "errors"}
     sbx, rec = api.sandbox(lambda request: httpx.Response(201, json=body))
     tree = await resolve(sbx.fork_tree())
@@ -465,7 +380,7 @@ async def test_fork_tree_defaults_and_missing_errors(api: Api) -> None:
     ("reply", "cls"),
     [(not_found, NotFound), (wrong_state, StateError), (invalid, InvalidArgument), (refused, HostUnavailable)],
 )
-async def test_fork_tree_errors(api: Api, reply: Reply, cls: type[CryoboxError]) -> None:
+async def test_fork_tree_errors(api: MockApi, reply: Reply, cls: type[CryoboxError]) -> None:
     sbx, _ = api.sandbox(lambda request: reply())
     with pytest.raises(cls):
         await resolve(sbx.fork_tree(17))
@@ -479,14 +394,14 @@ PROMOTED = {
 }
 
 
-async def test_promote(api: Api) -> None:
+async def test_promote(api: MockApi) -> None:
     sbx, rec = api.sandbox(lambda request: httpx.Response(200, json=PROMOTED), id="sbx_c1")
     result = await resolve(sbx.promote("tree_1"))
     assert result == PromoteResult(
         winner="sbx_c1", tree_id="tree_1", deleted=["sbx_c2"], failures=[PromoteFailure(id="sbx_c3", error="vmm gone")]
     )
     await resolve(sbx.promote("tree_1", cleanup_siblings=False))
-    assert [_route(r) for r in rec.requests] == [("POST", "/v1/sandboxes/sbx_c1/promote")] * 2
+    assert [route(r) for r in rec.requests] == [("POST", "/v1/sandboxes/sbx_c1/promote")] * 2
     assert [_json(r) for r in rec.requests] == [
         {"tree_id": "tree_1", "cleanup_siblings": True},
         {"tree_id": "tree_1", "cleanup_siblings": False},
@@ -494,13 +409,13 @@ async def test_promote(api: Api) -> None:
 
 
 @pytest.mark.parametrize(("reply", "cls"), [(not_found, NotFound), (wrong_state, StateError)])
-async def test_promote_errors(api: Api, reply: Reply, cls: type[CryoboxError]) -> None:
+async def test_promote_errors(api: MockApi, reply: Reply, cls: type[CryoboxError]) -> None:
     sbx, _ = api.sandbox(lambda request: reply())
     with pytest.raises(cls):
         await resolve(sbx.promote("tree_1"))
 
 
-async def test_tree_promote_releases_deleted_siblings(api: Api) -> None:
+async def test_tree_promote_releases_deleted_siblings(api: MockApi) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/fork-tree"):
             return httpx.Response(201, json=TREE)
@@ -516,7 +431,7 @@ async def test_tree_promote_releases_deleted_siblings(api: Api) -> None:
         assert isinstance(winner, AsyncSandbox)
         result = await tree.promote(winner)
     assert result.deleted == ["sbx_c2"]
-    assert _route(rec.requests[-1]) == ("POST", "/v1/sandboxes/sbx_c1/promote")
+    assert route(rec.requests[-1]) == ("POST", "/v1/sandboxes/sbx_c1/promote")
     assert loser._released and not winner._released
     await release(sbx)
     assert not _is_closed(winner)  # the winner still holds the shared client

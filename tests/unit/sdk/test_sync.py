@@ -1,7 +1,7 @@
 """SDK: error mapping at the HTTP boundary, and the sync Sandbox over an httpx.MockTransport.
 
-The async twin is tested in test_sdk_async.py (reusing the helpers defined here); the generation of the sync
-code from the async code in test_unasync.py.
+The async twin is tested in test_async.py (the helpers both use are in tests/support/sdk.py); the generation of
+the sync code from the async code in test_unasync.py.
 """
 
 from __future__ import annotations
@@ -34,13 +34,23 @@ from cryobox.sdk._base import DEFAULT_URL, error_from_response, parse_retry_afte
 from cryobox.sdk._sse import ExecStreamDecoder, SSEDecoder, SSEMessage
 from cryobox.sdk._transport import ClientConfig, raise_for_error
 from cryobox.sdk.sandbox import ExecResult, Sandbox, StreamEvent
-
-Handler = Callable[[httpx.Request], httpx.Response]
-
-
-def _error(status: int, code: str, message: str = "boom", details: dict[str, Any] | None = None) -> httpx.Response:
-    return httpx.Response(status, json={"error": message, "code": code, "details": details or {}})
-
+from tests.support.sdk import (
+    ENTRY,
+    INFO,
+    LIFECYCLE,
+    SSE,
+    SSE_NO_EXIT,
+    SSE_TIMEOUT,
+    FakeTime,
+    Handler,
+    Recorder,
+    capacity,
+    created,
+    error_response,
+    exec_ok,
+    sequence,
+    sse,
+)
 
 # --- raise_for_error -------------------------------------------------------------------------------------------
 
@@ -60,7 +70,7 @@ def _error(status: int, code: str, message: str = "boom", details: dict[str, Any
 )
 def test_error_codes_map_to_classes(status: int, code: str, cls: type[CryoboxError]) -> None:
     with pytest.raises(CryoboxError) as info:
-        raise_for_error(_error(status, code, f"it went wrong ({code})", {"sandbox_id": "sbx_1"}))
+        raise_for_error(error_response(status, code, f"it went wrong ({code})", {"sandbox_id": "sbx_1"}))
     assert type(info.value) is cls
     assert info.value.message == f"it went wrong ({code})"
     assert info.value.code == code
@@ -88,7 +98,7 @@ def test_capacity_retry_after_header() -> None:
 
 def test_capacity_without_retry_after_defaults_to_one_second() -> None:
     with pytest.raises(HostUnavailable) as info:
-        raise_for_error(_error(503, "capacity"))
+        raise_for_error(error_response(503, "capacity"))
     assert info.value.retry_after_s == 1
 
 
@@ -105,7 +115,7 @@ def test_non_json_404_maps_by_status() -> None:
 
 def test_unknown_code_and_status_is_plain_cryobox_error() -> None:
     with pytest.raises(CryoboxError) as info:
-        raise_for_error(_error(405, "method_not_allowed", "Method Not Allowed"))
+        raise_for_error(error_response(405, "method_not_allowed", "Method Not Allowed"))
     assert type(info.value) is CryoboxError
     assert info.value.message == "Method Not Allowed"
 
@@ -126,42 +136,15 @@ def test_non_json_500_is_plain_cryobox_error() -> None:
 
 def test_state_error_keeps_state_from_wire() -> None:
     with pytest.raises(StateError) as info:
-        raise_for_error(_error(409, "wrong_state", "sandbox is paused", {"state": "paused", "required": "running"}))
+        raise_for_error(
+            error_response(409, "wrong_state", "sandbox is paused", {"state": "paused", "required": "running"})
+        )
     assert info.value.details == {"state": "paused", "required": "running"}
     assert info.value.state == "paused"
     assert info.value.required == "running"
 
 
 # --- Sandbox over MockTransport --------------------------------------------------------------------------------
-
-INFO: dict[str, Any] = {
-    "id": "sbx_0123",
-    "template": "code-interpreter",
-    "cpu": 1,
-    "memory_mb": 512,
-    "status": "running",
-    "guest_ip": None,
-    "metadata": {"owner": "tests"},
-    "from_snapshot": None,
-    "boot_ms": 41.5,
-    "boot_mode": "restore",
-    "created_at": "2024-05-01T12:00:00Z",
-    "persistent": False,
-    "expires_at": "2024-05-01T13:00:00Z",
-    "host": "local",
-    "instance_id": "5f0c6a1e2b3d4c5e8f9a0b1c2d3e4f50",
-}
-
-
-class Recorder:
-    def __init__(self, handler: Handler) -> None:
-        self.handler = handler
-        self.requests: list[httpx.Request] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        request.read()
-        self.requests.append(request)
-        return self.handler(request)
 
 
 @pytest.fixture
@@ -183,24 +166,15 @@ def make_sandbox() -> Iterator[Callable[[Handler], tuple[Sandbox, Recorder]]]:
 MakeSandbox = Callable[[Handler], tuple[Sandbox, Recorder]]
 
 
-def _exec_ok(exit_code: int) -> Handler:
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(
-            200, json={"stdout": "out\n", "stderr": "err\n", "exit_code": exit_code, "duration_ms": 12.5}
-        )
-
-    return handler
-
-
 def test_sandbox_info(make_sandbox: MakeSandbox) -> None:
-    sbx, _ = make_sandbox(_exec_ok(0))
+    sbx, _ = make_sandbox(exec_ok(0))
     assert sbx.id == "sbx_0123"
     assert sbx.info.boot_mode == "restore"
     assert "sbx_0123" in repr(sbx)
 
 
 def test_exec_posts_body_and_returns_result(make_sandbox: MakeSandbox) -> None:
-    sbx, rec = make_sandbox(_exec_ok(0))
+    sbx, rec = make_sandbox(exec_ok(0))
     result = sbx.exec("echo hi", timeout_seconds=5, env={"A": "1"}, cwd="/work", stdin="input")
     assert result == ExecResult(stdout="out\n", stderr="err\n", exit_code=0, duration_ms=12.5)
     (request,) = rec.requests
@@ -216,7 +190,7 @@ def test_exec_posts_body_and_returns_result(make_sandbox: MakeSandbox) -> None:
 
 
 def test_exec_defaults(make_sandbox: MakeSandbox) -> None:
-    sbx, rec = make_sandbox(_exec_ok(0))
+    sbx, rec = make_sandbox(exec_ok(0))
     sbx.exec("true")
     assert json.loads(rec.requests[0].content) == {
         "cmd": "true",
@@ -228,12 +202,12 @@ def test_exec_defaults(make_sandbox: MakeSandbox) -> None:
 
 
 def test_exec_nonzero_without_check_returns(make_sandbox: MakeSandbox) -> None:
-    sbx, _ = make_sandbox(_exec_ok(3))
+    sbx, _ = make_sandbox(exec_ok(3))
     assert sbx.exec("exit 3").exit_code == 3
 
 
 def test_exec_check_raises_command_failed(make_sandbox: MakeSandbox) -> None:
-    sbx, _ = make_sandbox(_exec_ok(3))
+    sbx, _ = make_sandbox(exec_ok(3))
     with pytest.raises(CommandFailed) as info:
         sbx.exec("exit 3", check=True)
     assert info.value.exit_code == 3
@@ -243,24 +217,14 @@ def test_exec_check_raises_command_failed(make_sandbox: MakeSandbox) -> None:
 
 
 def test_exec_check_passes_on_zero(make_sandbox: MakeSandbox) -> None:
-    sbx, _ = make_sandbox(_exec_ok(0))
+    sbx, _ = make_sandbox(exec_ok(0))
     assert sbx.exec("true", check=True).exit_code == 0
 
 
 def test_exec_timeout_error(make_sandbox: MakeSandbox) -> None:
-    sbx, _ = make_sandbox(lambda request: _error(504, "timeout", "command timed out after 1s"))
+    sbx, _ = make_sandbox(lambda request: error_response(504, "timeout", "command timed out after 1s"))
     with pytest.raises(SandboxTimeout, match="timed out"):
         sbx.exec("sleep 10", timeout_seconds=1)
-
-
-SSE = (
-    'event: stdout\ndata: {"chunk": "hello "}\n\n'
-    'event: stderr\ndata: {"chunk": "warn\\n"}\n\n'
-    ": keep-alive comment\n\n"
-    'event: stdout\ndata: {"chunk": "world\\n"}\n\n'
-    'event: exit\ndata: {"exit_code": 7}\n\n'
-    'event: stdout\ndata: {"chunk": "after exit"}\n\n'
-)
 
 
 def test_exec_stream(make_sandbox: MakeSandbox) -> None:
@@ -292,7 +256,7 @@ def test_exec_stream_error_event(make_sandbox: MakeSandbox) -> None:
 
 
 def test_exec_stream_http_error(make_sandbox: MakeSandbox) -> None:
-    sbx, _ = make_sandbox(lambda request: _error(409, "wrong_state", "sandbox is paused"))
+    sbx, _ = make_sandbox(lambda request: error_response(409, "wrong_state", "sandbox is paused"))
     with pytest.raises(StateError, match="paused"):
         list(sbx.exec_stream("x"))
 
@@ -326,7 +290,7 @@ def test_filesystem_read_returns_raw_bytes(make_sandbox: MakeSandbox) -> None:
 
 
 def test_filesystem_read_not_found(make_sandbox: MakeSandbox) -> None:
-    sbx, _ = make_sandbox(lambda request: _error(404, "not_found", "no such file: /nope"))
+    sbx, _ = make_sandbox(lambda request: error_response(404, "not_found", "no such file: /nope"))
     with pytest.raises(NotFound, match="/nope"):
         sbx.filesystem.read("/nope")
 
@@ -335,9 +299,9 @@ def test_filesystem_exists(make_sandbox: MakeSandbox) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         assert request.url.path == "/v1/sandboxes/sbx_0123/fs/stat"
         if request.url.params["path"] == "/missing":
-            return _error(404, "not_found", "no such file")
+            return error_response(404, "not_found", "no such file")
         if request.url.params["path"] == "/paused":
-            return _error(409, "wrong_state", "sandbox is paused")
+            return error_response(409, "wrong_state", "sandbox is paused")
         entry = {"name": "present", "is_dir": False, "size": 3, "mode": 0o100644, "mtime": 1.0}
         return httpx.Response(200, json=entry)
 
@@ -352,7 +316,7 @@ def test_filesystem_exists(make_sandbox: MakeSandbox) -> None:
 def test_kill_succeeds_and_closes(make_sandbox: MakeSandbox, status: int) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         if status == 404:
-            return _error(404, "not_found", "no such sandbox")
+            return error_response(404, "not_found", "no such sandbox")
         return httpx.Response(status)
 
     sbx, rec = make_sandbox(handler)
@@ -364,7 +328,7 @@ def test_kill_succeeds_and_closes(make_sandbox: MakeSandbox, status: int) -> Non
 
 
 def test_kill_other_errors_raise_and_still_close(make_sandbox: MakeSandbox) -> None:
-    sbx, _ = make_sandbox(lambda request: _error(503, "capacity", "busy"))
+    sbx, _ = make_sandbox(lambda request: error_response(503, "capacity", "busy"))
     with pytest.raises(HostUnavailable):
         sbx.kill()
     assert sbx._http.is_closed
@@ -431,64 +395,6 @@ def test_public_surface() -> None:
 
 
 # --- shared helpers (also used by test_sdk_async.py) -----------------------------------------------------------
-
-
-def capacity(retry_after: str | None = "2", message: str = "no capacity") -> httpx.Response:
-    headers = {"Retry-After": retry_after} if retry_after is not None else {}
-    return httpx.Response(503, json={"error": message, "code": "capacity", "details": {}}, headers=headers)
-
-
-def created(request: httpx.Request) -> httpx.Response:
-    return httpx.Response(201, json=INFO)
-
-
-def sequence(*responses: httpx.Response | Handler) -> Handler:
-    """A handler answering with ``responses`` in order (a callable is called with the request)."""
-    pending = list(responses)
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        item = pending.pop(0)
-        return item if isinstance(item, httpx.Response) else item(request)
-
-    return handler
-
-
-class FakeTime:
-    """Injected into RetryPolicy: a clock that only moves when slept on, and a 'random' that picks mid-range."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.sleeps: list[float] = []
-        self.jitter_caps: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-    async def async_sleep(self, seconds: float) -> None:
-        self.sleep(seconds)
-
-    def rand(self, low: float, high: float) -> float:
-        assert low == 0.0
-        self.jitter_caps.append(high)
-        return high / 2
-
-    def policy(self, budget_s: float = 60.0) -> RetryPolicy:
-        return RetryPolicy(
-            budget_s=budget_s, sleep=self.sleep, async_sleep=self.async_sleep, rand=self.rand, clock=self.clock
-        )
-
-
-SSE_NO_EXIT = 'event: stdout\ndata: {"chunk": "partial"}\n\n'
-SSE_TIMEOUT = 'event: stdout\ndata: {"chunk": "a"}\n\nevent: error\ndata: {"error": "timed out", "code": "timeout"}\n\n'
-LIFECYCLE = {"ttl_seconds": 600, "persistent": True, "idle_seconds": 12.5, "expires_at": "2024-05-01T13:10:00Z"}
-
-
-def sse(body: str) -> Handler:
-    return lambda request: httpx.Response(200, content=body.encode(), headers={"Content-Type": "text/event-stream"})
 
 
 # --- configuration ---------------------------------------------------------------------------------------------
@@ -595,7 +501,7 @@ def test_connect(make_http: MakeHttp) -> None:
 
 
 def test_connect_quotes_the_id(make_http: MakeHttp) -> None:
-    http, rec = make_http(lambda request: _error(404, "not_found", "no such sandbox"))
+    http, rec = make_http(lambda request: error_response(404, "not_found", "no such sandbox"))
     with pytest.raises(NotFound):
         Sandbox.connect("../templates", http=http)
     assert rec.requests[0].url.raw_path == b"/v1/sandboxes/..%2Ftemplates"
@@ -672,7 +578,7 @@ def test_close_keeps_sandbox(make_sandbox: MakeSandbox) -> None:
 
 
 def test_context_manager_keeps_the_original_exception(make_sandbox: MakeSandbox) -> None:
-    sbx, rec = make_sandbox(lambda request: _error(500, "internal", "delete failed"))
+    sbx, rec = make_sandbox(lambda request: error_response(500, "internal", "delete failed"))
     with pytest.raises(ValueError, match="body failed") as info, sbx:
         raise ValueError("body failed")
     assert any("delete failed" in note for note in info.value.__notes__)
@@ -684,7 +590,7 @@ def test_context_manager_keeps_the_original_exception(make_sandbox: MakeSandbox)
 
 
 def test_exec_read_timeout_covers_the_command(make_sandbox: MakeSandbox) -> None:
-    sbx, rec = make_sandbox(_exec_ok(0))
+    sbx, rec = make_sandbox(exec_ok(0))
     sbx.exec("sleep 500", timeout_seconds=600)
     sbx.exec("true", timeout_seconds=1)
     sbx.exec("forever", timeout_seconds=None)
@@ -786,8 +692,6 @@ def test_stream_error_event_table(data: dict[str, Any], cls: type[CryoboxError])
 
 # --- filesystem ------------------------------------------------------------------------------------------------
 
-ENTRY = {"name": "a.txt", "is_dir": False, "size": 3, "mode": 0o100644, "mtime": 1.5}
-
 
 def test_filesystem_list_stat_remove_read_text(make_sandbox: MakeSandbox) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
@@ -813,7 +717,7 @@ def test_filesystem_list_stat_remove_read_text(make_sandbox: MakeSandbox) -> Non
 
 
 def test_filesystem_write_too_large(make_sandbox: MakeSandbox) -> None:
-    sbx, _ = make_sandbox(lambda request: _error(413, "payload_too_large", "body over 64 MiB"))
+    sbx, _ = make_sandbox(lambda request: error_response(413, "payload_too_large", "body over 64 MiB"))
     with pytest.raises(PayloadTooLarge):
         sbx.filesystem.write("/big", b"x")
 
@@ -931,9 +835,9 @@ def test_rate_limit_beyond_budget_carries_retry_after(make_http: MakeHttp) -> No
         httpx.Response(503, json=["busy"], headers={"Retry-After": "1"}),  # JSON, not an object
         capacity(retry_after="whenever"),  # unparseable Retry-After
         httpx.Response(429, json={"error": "slow down", "code": "rate_limited"}),  # 429 without Retry-After
-        _error(500, "internal"),
-        _error(400, "invalid_argument"),
-        _error(404, "not_found", "no such template"),
+        error_response(500, "internal"),
+        error_response(400, "invalid_argument"),
+        error_response(404, "not_found", "no such template"),
     ],
 )
 def test_create_does_not_retry_other_refusals(make_http: MakeHttp, refusal: httpx.Response) -> None:

@@ -26,7 +26,7 @@ from cryobox.util.progress import (
     wants_bars,
 )
 from tests.support.clock import FakeClock
-from tests.unit.sdk.test_snapshots import SNAP
+from tests.support.sdk import SNAP
 
 ENV = {"CRYOBOX_API_URL": "http://test", "CRYOBOX_API_KEY": "cli-key", "COLUMNS": "200"}
 

@@ -60,7 +60,7 @@ def server(
     tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, templates: dict[str, Template]
 ) -> Iterator[ServeProcess]:
     data_dir = tmp_path_factory.mktemp("serve")
-    # the operator exempts the suite's stand-in for the internet (tests/integration/netutil.py) from the deny list
+    # the operator exempts the suite's stand-in for the internet (tests/support/netutil.py) from the deny list
     proc = ServeProcess(data_dir, cache_dir=cache_dir, extra_env={ALLOW_PRIVATE: OUTSIDE_RANGE}).start()
     try:
         yield proc

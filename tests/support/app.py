@@ -87,6 +87,12 @@ async def env(registry: Registry, quota: Quota, agent: FakeAgent) -> AsyncIterat
             await close_control(control)
 
 
+@pytest.fixture
+def api(env: Env) -> httpx.AsyncClient:
+    """The env's ASGI client (with its API key)."""
+    return env.client
+
+
 def limits(**kw: Any) -> pytest.MarkDecorator:
     """The test runs with these limits (the others are the defaults)."""
     return pytest.mark.parametrize("quota", [Quota(**kw)])

@@ -1,5 +1,5 @@
 """A unit test's app on a real uvicorn server on 127.0.0.1, in the test's event loop (httpx's ASGI transport buffers
-whole responses, so anything that streams needs a real server)."""
+whole responses, so anything that streams needs a real server); ``served``: the ``env`` fixture's app served so."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import socket
 from collections.abc import AsyncIterator
 
 import httpx
+import pytest
 import uvicorn
 from fastapi import FastAPI
 
@@ -42,3 +43,10 @@ async def serving(app: FastAPI) -> AsyncIterator[str]:
         server.should_exit = True
         await task
         sock.close()
+
+
+@pytest.fixture
+async def served(env: Env) -> AsyncIterator[str]:
+    """The env's app on a real uvicorn server in this event loop (so responses really stream); its base URL."""
+    async with serving(app_of(env)) as url:
+        yield url

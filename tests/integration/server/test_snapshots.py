@@ -108,9 +108,9 @@ def test_fork_child_has_the_parent_disk_but_fresh_processes(client: Client) -> N
 
 
 def test_fork_tree_of_16_all_answer_and_promote_cleans_up(client: Client) -> None:
-    """16 children of one state: each has the parent's files but its own entropy, instance id and address (this
-    was test_network.py's test_fork_tree_children_have_distinct_entropy_and_identity, on a fork tree of its own),
-    and promoting one deletes the others."""
+    """16 children of one state: each has the parent's files but its own entropy, instance id and address
+    (this was agent/net/test_network.py's test_fork_tree_children_have_distinct_entropy_and_identity, on a fork
+    tree of its own), and promoting one deletes the others."""
     parent = client.create()
     client.sh(parent["id"], "echo tree > /root/t")
     tree = client.call(
@@ -273,4 +273,4 @@ def test_orphans_are_swept_only_after_their_grace(
 
 
 # That a retained snapshot survives a server crash (SIGKILL, restart on the same data dir) is checked by
-# test_restart.py, on the crash it already makes.
+# agent/host/test_restart.py, on the crash it already makes.

@@ -1,4 +1,5 @@
-"""The fleet's shared state (``Registry.fleet``) on SQLite (a file) and a real throwaway PostgreSQL (``pg.py``).
+"""The fleet's shared state (``Registry.fleet``) on SQLite (a file) and a real throwaway PostgreSQL
+(``tests/support/pg.py``).
 
 Agents' heartbeats, stale agents, per-host reconciliation that never touches another host's rows, reservations
 with an injected clock, and several "replicas" (Registry instances on one database) reserving at once without

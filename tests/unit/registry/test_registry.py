@@ -1,4 +1,5 @@
-"""The registry on both backends: SQLite (a file in tmp_path) and a real throwaway PostgreSQL (see ``pg.py``)."""
+"""The registry on both backends: SQLite (a file in tmp_path) and a real throwaway PostgreSQL (see
+``tests/support/pg.py``)."""
 
 from __future__ import annotations
 

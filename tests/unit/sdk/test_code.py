@@ -1,5 +1,5 @@
 """SDK: ``sbx.run_code`` and ``sbx.code_contexts``, async and sync, against the real app on uvicorn over a fake
-agent whose ``code-interpreter`` sandboxes reach the REAL kernel server (see ``test_code_routes.kernels``).
+agent whose ``code-interpreter`` sandboxes reach the REAL kernel server (see ``tests.support.kernels``).
 
 The sync client blocks, so its calls run in a worker thread while the loop serves them.
 """
@@ -33,7 +33,8 @@ from cryobox.sdk._async.code import AsyncCodeInterpreter
 from cryobox.sdk._code import ExecutionStream
 from cryobox.sdk._sync.code import CodeInterpreter
 from tests.support.app import Env, env, quota, registry
-from tests.unit.server.routes.test_code import PNG_MAGIC, agent, cid, kernels, served
+from tests.support.kernels import PNG_MAGIC, agent, cid, kernels
+from tests.support.serving import served
 
 __all__ = ["agent", "cid", "env", "kernels", "quota", "registry", "served"]  # fixtures
 

@@ -1,5 +1,5 @@
 """SDK: background processes, directory watches and port URLs, async and sync, against the real app (a uvicorn
-server on 127.0.0.1 in the test's event loop) over the fake agent (see ``test_procs_routes.ShellAgent``).
+server on 127.0.0.1 in the test's event loop) over the fake agent (see ``tests.support.shell.ShellAgent``).
 
 The sync client blocks, so its calls run in a worker thread while the loop serves them.
 """
@@ -34,7 +34,8 @@ from cryobox import (
 )
 from cryobox.agentapi import models as am
 from tests.support.app import Env, env, quota, registry
-from tests.unit.server.routes.test_procs import ShellAgent, agent, eventually, served, sid
+from tests.support.serving import served
+from tests.support.shell import ShellAgent, agent, eventually, sid
 
 __all__ = ["agent", "env", "quota", "registry", "served", "sid"]  # fixtures
 

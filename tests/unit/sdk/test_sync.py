@@ -394,9 +394,6 @@ def test_public_surface() -> None:
     assert cryobox.Snapshot is models.Snapshot
 
 
-# --- shared helpers (also used by test_sdk_async.py) -----------------------------------------------------------
-
-
 # --- configuration ---------------------------------------------------------------------------------------------
 
 

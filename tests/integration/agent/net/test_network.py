@@ -226,7 +226,7 @@ def test_clock_after_restoring_a_minute_old_snapshot(client: Client) -> None:
     assert first < 50 and second < 50
 
 
-# Fork-tree children's distinct entropy, instance ids and addresses: checked by test_snapshots.py's fork-tree
+# Fork-tree children's distinct entropy, instance ids and addresses: checked by server/test_snapshots.py's fork-tree
 # test, on the 16 children it already makes.
 
 

@@ -1,6 +1,6 @@
 """PandaStack's code-interpreter routes (``/v1/sandboxes/{id}/repl…``) driven by the unchanged ``pandastack`` SDK (a
 sync ``requests`` client, so it runs in a worker thread against the app on uvicorn), over a fake agent whose
-``code-interpreter`` sandboxes reach the REAL kernel server (see ``test_code_routes.kernels``).
+``code-interpreter`` sandboxes reach the REAL kernel server (see ``tests.support.kernels``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from pandastack.exceptions import BadRequestError, NotFoundError
 from pandastack.exceptions import SandboxTimeout as PandaTimeout
 
 from cryobox.compat.pandastack.repl import mime_bundle, timed_out
-from tests.support.app import Env, env, quota, registry
-from tests.unit.server.routes.test_code import PNG_MAGIC, agent, api, cid, kernels, served
+from tests.support.app import Env, api, env, quota, registry
+from tests.support.kernels import PNG_MAGIC, agent, cid, kernels
+from tests.support.serving import served
 
 __all__ = ["agent", "api", "cid", "env", "kernels", "quota", "registry", "served"]  # fixtures
 

@@ -1,7 +1,7 @@
 """The port routes: the control plane's ``/v1/sandboxes/{id}/ports|proxy/{port}/…`` (API key, workspaces, port
 checks, HTTP and WebSocket through to a real upstream) and a host agent's ``/agent/v1/sandboxes/{id}/ports/…``
 (node token for HTTP and WebSocket alike, and the two hops chained). Real uvicorn servers on 127.0.0.1 in the
-test's loop; the upstreams come from :mod:`tests.unit.test_proxy`."""
+test's loop; the upstreams come from :mod:`tests.support.upstream`."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from cryobox.server.control.quotas import Quota
 from tests.support import registry as registry_support
 from tests.support.control import control_plane
 from tests.support.fake_agent import FakeAgent
-from tests.unit.proxy.test_proxy import Upstream, free_port, pick_subprotocol, proxy_app, serving, ws_gate
+from tests.support.upstream import Upstream, free_port, pick_subprotocol, proxy_app, serving, ws_gate
 
 registry = registry_support.sqlite_registry
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import shlex
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,77 +18,18 @@ import httpx
 import pytest
 
 from cryobox.agentapi import models as am
-from cryobox.errors import GuestError, NotFound
+from cryobox.errors import NotFound
 from cryobox.models import ProcessResult
 from cryobox.sdk._sse import SSEDecoder
-from cryobox.server.routes.procs import aclose, process_view
-from tests.support.app import Env, env, quota, registry
-from tests.support.fake_agent import FakeAgent
-from tests.support.serving import app_of, serving
+from cryobox.server.routes.procs import process_view
+from tests.support.app import Env, api, env, quota, registry
+from tests.support.serving import served
+from tests.support.shell import ShellAgent, agent, eventually, sid
 
-__all__ = ["env", "quota", "registry"]  # fixtures
+__all__ = ["agent", "api", "env", "quota", "registry", "served", "sid"]  # fixtures
 
 Event = tuple[str, dict[str, Any]]
 Client = httpx.AsyncClient
-
-
-async def relay(events: AsyncIterator[am.ProcEvent]) -> AsyncIterator[am.ProcEvent]:
-    """``events``, closed as soon as this is (a bare ``async for`` would leave that to the garbage collector)."""
-    try:
-        async for event in events:
-            yield event
-    finally:
-        await aclose(events)
-
-
-class ShellAgent(FakeAgent):
-    """``/bin/sh -c "echo hi"`` runs the fake's ``echo`` with ``["hi"]``; ``started`` keeps what was asked."""
-
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
-        self.started: list[am.ProcStart] = []
-        self.broken: str | None = None
-        """``raise``: connect streams fail after some output; ``end``: they end without an exit code."""
-
-    async def proc_start(self, sandbox_id: str, request: am.ProcStart) -> AsyncIterator[am.ProcEvent]:
-        self.started.append(request)
-        if request.cmd == "/bin/sh" and len(request.args) == 2 and request.args[0] == "-c":
-            word, *rest = shlex.split(request.args[1])
-            request = request.model_copy(update={"cmd": word, "args": rest})
-        async for event in relay(super().proc_start(sandbox_id, request)):
-            yield event
-
-    async def proc_connect(self, sandbox_id: str, process: am.ProcSelector) -> AsyncIterator[am.ProcEvent]:
-        if self.broken is None:
-            async for event in relay(super().proc_connect(sandbox_id, process)):
-                yield event
-            return
-        yield am.ProcEvent(kind="start", pid=process.pid)
-        yield am.ProcEvent(kind="stdout", pid=process.pid, data_b64=base64.b64encode(b"half \xe2\x82").decode())
-        if self.broken == "raise":
-            raise GuestError("the guest went away")
-        yield am.ProcEvent(kind="end", pid=process.pid, status="", error="exec: no such file")
-
-    def signals(self) -> list[int]:
-        return [args[1].signal for name, args in self.calls if name == "proc_signal"]
-
-
-@pytest.fixture
-def agent() -> ShellAgent:
-    return ShellAgent(name="a", max_sandboxes=64, vcpus=64, memory_mib=1 << 20)
-
-
-@pytest.fixture
-def api(env: Env) -> httpx.AsyncClient:
-    """The ASGI client, with the process routes."""
-    return env.client
-
-
-@pytest.fixture
-async def served(env: Env) -> AsyncIterator[str]:
-    """The env's app on a real uvicorn server in this event loop (so responses really stream); its base URL."""
-    async with serving(app_of(env)) as url:
-        yield url
 
 
 @pytest.fixture
@@ -98,11 +38,6 @@ async def live(env: Env, served: str) -> AsyncIterator[httpx.AsyncClient]:
     headers = {"Authorization": env.client.headers["Authorization"]}
     async with httpx.AsyncClient(base_url=served, headers=headers, timeout=10) as client:
         yield client
-
-
-@pytest.fixture
-async def sid(env: Env) -> str:
-    return await env.made()
 
 
 def sse_events(text: str) -> list[Event]:
@@ -129,12 +64,6 @@ class Events:
                 if message is not None:
                     return message.event, json.loads(message.data)
         raise AssertionError("the stream ended")
-
-
-async def eventually(check: Any, timeout_s: float = 5.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not check():
-            await asyncio.sleep(0.01)
 
 
 async def start(api: Client, sid: str, cmd: str, **body: Any) -> int:

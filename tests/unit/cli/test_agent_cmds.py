@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from tests.unit.cli.test_snapshot_cmds import FakeApi, api, expect_json, ok, run
+from tests.support.cli import FakeApi, api, expect_json, ok, run
 
 __all__ = ["api"]  # the fixture, bound here
 

@@ -7,76 +7,21 @@ httpx.MockTransport (``ClientConfig.client_options`` is patched), so requests an
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
 import pytest
-from typer.testing import CliRunner, Result
 
-from cryobox.cli.main import app
 from cryobox.cli.snapshot_cmds import merge_labels
-from cryobox.sdk import ClientConfig
-from tests.support.sdk import INFO, SNAP, TREE, Recorder, error_response
+from tests.support.cli import FakeApi, api, expect_json, ok, run
+from tests.support.sdk import INFO, SNAP, TREE, error_response
 
-Reply = Callable[[httpx.Request], httpx.Response]
-ENV = {"CRYOBOX_API_URL": "http://test", "CRYOBOX_API_KEY": "cli-key", "COLUMNS": "200"}
-
-
-class FakeApi:
-    """Answers ``(method, path)`` routes (anything else is a 404) and records the requests."""
-
-    def __init__(self) -> None:
-        self.routes: dict[tuple[str, str], httpx.Response | Reply] = {}
-        self.recorder = Recorder(self._answer)
-
-    def _answer(self, request: httpx.Request) -> httpx.Response:
-        reply = self.routes.get((request.method, request.url.path))
-        if reply is None:
-            return error_response(404, "not_found", f"no route {request.method} {request.url.path}")
-        if callable(reply):
-            return reply(request)
-        # a fresh copy per request: one Response object cannot be sent twice
-        return httpx.Response(reply.status_code, headers=reply.headers, content=reply.content)
-
-    def on(self, method: str, path: str, reply: httpx.Response | Reply) -> None:
-        self.routes[(method, path)] = reply
-
-    @property
-    def requests(self) -> list[httpx.Request]:
-        return self.recorder.requests
-
-    def calls(self) -> list[tuple[str, str]]:
-        return [(r.method, r.url.path) for r in self.requests]
-
-
-@pytest.fixture
-def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
-    fake = FakeApi()
-    original = ClientConfig.client_options
-
-    def client_options(self: ClientConfig) -> dict[str, Any]:
-        return {**original(self), "transport": httpx.MockTransport(fake.recorder)}
-
-    monkeypatch.setattr(ClientConfig, "client_options", client_options)
-    return fake
-
-
-def run(*args: str) -> Result:
-    return CliRunner().invoke(app, list(args), env=ENV)
-
-
-def ok(status: int, body: Any) -> httpx.Response:
-    return httpx.Response(status, json=body)
+__all__ = ["api"]  # the fixture, bound here
 
 
 def body_of(request: httpx.Request) -> Any:
     return json.loads(request.content)
-
-
-def expect_json(result: Result, code: int = 0) -> Any:
-    assert result.exit_code == code, (result.stdout, result.stderr)
-    return json.loads(result.stdout)
 
 
 SBX_PATH = "/v1/sandboxes/sbx_0123"

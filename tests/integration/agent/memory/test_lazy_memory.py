@@ -15,9 +15,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
 from cryobox.agent.host.reclaim import find_own_qemus
@@ -25,25 +23,11 @@ from cryobox.agent.memory.server.chunkcache import ChunkCache
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
 from cryobox.config import Paths
+from tests.support.memserver import base_image, memstats
 from tests.support.serve import Client
 
 # lazy memory, no prefetch; one template and two network slots are all these tests need (cheaper start-ups)
 LAZY = ["--memory", "lazy", "--no-prefetch", "--templates", "base", "--net-pool", "2"]
-
-
-def memstats(data_dir: Path, cache_dir: Path) -> dict[str, Any]:
-    sock = Paths(data_dir, cache_dir).memserver_dir / "control.sock"
-    with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://memserver") as http:
-        response = http.get("/stats")
-        response.raise_for_status()
-        result: dict[str, Any] = response.json()
-        return result
-
-
-def base_image(stats: dict[str, Any]) -> dict[str, Any]:
-    (name,) = [n for n in stats["images"] if n.startswith("templates+base+")]
-    image: dict[str, Any] = stats["images"][name]
-    return image
 
 
 def assert_nothing_left(data_dir: Path, cache_dir: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from cryobox.agent.host.reclaim import find_own_qemus
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
-from tests.integration.agent.memory.test_lazy_memory import base_image, memstats
+from tests.support.memserver import base_image, memstats
 from tests.support.s3 import CREDENTIALS, moto_server
 from tests.support.serve import Client
 

@@ -32,7 +32,7 @@ from cryobox.bench.fleetproc import S3_CREDENTIALS, ControlProcess, Fleet
 from cryobox.objstore.client import open_store
 from cryobox.registry import Registry
 from cryobox.util.sealing import Sealer
-from tests.integration.compat.e2b.test_e2b import run_app
+from tests.support.e2b import run_app
 
 DEADLINE_S = 4.0
 CAPACITY = 3  # sandboxes per agent

@@ -56,12 +56,15 @@ def test_ping(client: Client) -> None:
 
 
 def test_exec_captures_output_and_exit_code(client: Client) -> None:
-    result = exec_(client, "echo out; echo err >&2; exit 3")
+    started = time.monotonic()
+    result = exec_(client, "echo out; sleep 0.05; echo err >&2; exit 3")
+    round_trip_ms = (time.monotonic() - started) * 1000
     assert unb64(result["stdout"]) == b"out\n"
     assert unb64(result["stderr"]) == b"err\n"
     assert result["exit_code"] == 3
     assert result["timed_out"] is False and result["truncated"] is False
     assert result["duration_ms"] >= 0
+    assert 50 <= result["duration_ms"] <= round_trip_ms  # the command's own run time (its sleep), within the call
 
 
 def test_exec_signal_exit_code(client: Client) -> None:

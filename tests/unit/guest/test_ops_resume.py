@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import errno
+import json
 import os
 import shutil
 import socket
@@ -169,6 +170,8 @@ def write_hook(hooks_dir: Path, name: str, log: Recorder, body: str) -> None:
 
 
 ALL_ORDERS_HOOK = """\
+import time
+
 log("load 10")
 
 # registered in reverse: the run order comes from ORDER, not from registration
@@ -178,6 +181,7 @@ def ready(ctx):
 
 @on_resume(order="connections")
 def conns(ctx):
+    time.sleep(0.02)  # a hook that takes a while: its time is measured
     log(f"hook 10 {ctx['order']}")
 
 def identity(ctx):
@@ -259,6 +263,9 @@ def test_resume_runs_steps_and_hooks_in_order_once_per_resume(fakes: Fakes, hook
         "total",
     }
     assert all(v >= 0 for v in result["steps_ms"].values())
+    steps = result["steps_ms"]
+    assert steps["connections"] >= 20  # the slow hook's time is in its step ...
+    assert sum(ms for step, ms in steps.items() if step != "total") <= steps["total"] + 0.01  # ... the total holds all
     assert [(h["name"], h["order"], h["ok"], h["error"]) for h in result["hooks"]] == [
         ("10-all.py:clock", "clock", True, None),
         ("second-clock", "clock", True, None),
@@ -269,6 +276,8 @@ def test_resume_runs_steps_and_hooks_in_order_once_per_resume(fakes: Fakes, hook
         ("20-more.py:plain", "readiness", True, None),
     ]
     assert all(h["ms"] >= 0 for h in result["hooks"])
+    hook_ms = {h["name"]: h["ms"] for h in result["hooks"]}
+    assert 20 <= hook_ms["10-all.py:conns"] <= steps["connections"] + 0.01  # each hook is timed, inside its step
 
     # A second resume loads the files afresh and runs every hook once more, not twice.
     ok(agent, resume_args(instance_id="sbx-0002", epoch_ns=EPOCH_NS + 1))
@@ -765,20 +774,6 @@ def test_flush_neighbours_errors() -> None:
     assert info.value.errno == errno.EPERM
 
 
-def test_real_neighbour_dump_is_read_only_and_parses() -> None:
-    try:
-        sock = netlink.RouteSocket()
-    except OSError as err:
-        pytest.skip(f"no rtnetlink here: {err}")
-    try:
-        entries = netlink.dump_neighbours(sock, seq=1)  # RTM_GETNEIGH only: nothing is changed
-    finally:
-        sock.close()
-    for entry in entries:
-        assert entry.ifindex > 0
-        assert entry.family in (socket.AF_INET, socket.AF_INET6)
-
-
 NETNS_SCRIPT = """\
 import os, subprocess, sys
 assert os.readlink("/proc/self/ns/net") != sys.argv[1], "refusing to flush: not in a private netns"
@@ -799,14 +794,15 @@ print(removed, " ".join(left))
 """
 
 
-def test_real_flush_in_a_private_network_namespace() -> None:
-    """The real RTM_DELNEIGH path, against a throwaway netns (never the host's table)."""
+def in_private_netns(script: str) -> str:
+    """``script``'s output, run by this python in a throwaway network namespace (never the host's table); the
+    test is skipped where one cannot be made."""
     if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None:
         pytest.skip("needs root, unshare and ip")
     parent_ns = os.readlink("/proc/self/ns/net")
     src = str(Path(cryobox.guest.__file__).resolve().parents[2])
     proc = subprocess.run(
-        ["unshare", "--net", sys.executable, "-c", NETNS_SCRIPT, parent_ns],
+        ["unshare", "--net", sys.executable, "-c", script, parent_ns],
         capture_output=True,
         text=True,
         timeout=30,
@@ -817,4 +813,48 @@ def test_real_flush_in_a_private_network_namespace() -> None:
     if proc.returncode != 0 and "veth" in proc.stderr:
         pytest.skip(f"cannot create a veth pair here: {proc.stderr.strip()}")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["3", "10.9.0.3"]
+    return proc.stdout
+
+
+DUMP_SCRIPT = """\
+import json, os, socket, subprocess, sys
+assert os.readlink("/proc/self/ns/net") != sys.argv[1], "refusing: not in a private netns"
+def ip(*args):
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+ip("link", "add", "v0", "type", "veth", "peer", "name", "v1")
+ip("link", "set", "v0", "up")
+ip("addr", "add", "10.9.0.1/24", "dev", "v0")
+ip("neigh", "add", "10.9.0.2", "lladdr", "02:00:00:00:00:02", "dev", "v0", "nud", "stale")
+ip("neigh", "add", "10.9.0.3", "lladdr", "02:00:00:00:00:03", "dev", "v0", "nud", "permanent")
+ip("-6", "neigh", "add", "fd00::5", "lladdr", "02:00:00:00:00:05", "dev", "v0", "nud", "stale")
+from cryobox.guest.netlink import RouteSocket, dump_neighbours
+def dump(seq):
+    sock = RouteSocket()
+    try:
+        return [[n.family, n.ifindex, n.state, n.flags, n.type, n.ip, n.mac] for n in dump_neighbours(sock, seq)]
+    finally:
+        sock.close()
+print(json.dumps({"v0": socket.if_nametoindex("v0"), "first": dump(1), "second": dump(2)}))
+"""
+
+
+def test_real_neighbour_dump_is_read_only_and_parses() -> None:
+    """A real ``RTM_GETNEIGH`` dump, in a throwaway netns holding known entries: each is read back (family,
+    device, state, address, MAC), and a second dump finds exactly the same entries (the dump changes nothing)."""
+    found = json.loads(in_private_netns(DUMP_SCRIPT))
+    first = [netlink.Neighbour(f, i, st, fl, t, None, None) for f, i, st, fl, t, _, _ in found["first"]]
+    for entry in first:
+        assert entry.ifindex > 0
+        assert entry.family in (socket.AF_INET, socket.AF_INET6)
+    planted = {ip: (family, ifindex, state, mac) for family, ifindex, state, _, _, ip, mac in found["first"]}
+    v0 = found["v0"]
+    assert planted["10.9.0.2"] == (socket.AF_INET, v0, netlink.NUD_STALE, "02:00:00:00:00:02")
+    assert planted["10.9.0.3"] == (socket.AF_INET, v0, netlink.NUD_PERMANENT, "02:00:00:00:00:03")
+    assert planted["fd00::5"] == (socket.AF_INET6, v0, netlink.NUD_STALE, "02:00:00:00:00:05")
+    assert sorted(found["second"]) == sorted(found["first"])  # read-only: nothing was removed or added
+
+
+def test_real_flush_in_a_private_network_namespace() -> None:
+    """The real RTM_DELNEIGH path, against a throwaway netns (never the host's table)."""
+    out = in_private_netns(NETNS_SCRIPT)
+    assert out.split() == ["3", "10.9.0.3"]

@@ -280,11 +280,17 @@ async def test_exec_stream_http_error(make_sandbox: MakeSandbox) -> None:
 
 
 async def test_exec_stream_can_stop_early(make_sandbox: MakeSandbox) -> None:
-    sbx, _ = make_sandbox(sse(SSE))
+    sbx, rec = make_sandbox(sse(SSE))
+    seen: list[StreamEvent] = []
     async with contextlib.aclosing(sbx.exec_stream("x")) as stream:
         async for event in stream:
             assert event == StreamEvent(kind="stdout", chunk="hello ")
+            seen.append(event)
             break
+    assert seen == [StreamEvent(kind="stdout", chunk="hello ")]  # the first event came, and the loop stopped there
+    with pytest.raises(StopAsyncIteration):
+        await anext(stream)  # closed: nothing more is read from it
+    assert len(rec.requests) == 1
 
 
 # --- filesystem ------------------------------------------------------------------------------------------------

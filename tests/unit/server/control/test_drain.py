@@ -26,6 +26,7 @@ from tests.support.control import DEADLINE_S, Fleetish, made
 from tests.support.fake_agent import FakeAgent
 
 __all__ = ["made"]  # fixtures
+STORE_S = 0.02
 registry = registry_support.sqlite_registry
 clock = registry_support.clock
 
@@ -34,16 +35,27 @@ def calls(agent: FakeAgent, method: str) -> int:
     return agent.call_names().count(method)
 
 
-async def test_drain_marks_the_agent_draining_stores_its_sandboxes_and_placement_skips_it(made: Fleetish) -> None:
+async def test_drain_marks_the_agent_draining_stores_its_sandboxes_and_placement_skips_it(
+    made: Fleetish, monkeypatch: pytest.MonkeyPatch
+) -> None:
     c = made
     rows = await c.three_on_a()
     await c.a.pause(rows[1].id)  # paused and running sandboxes both drain
+    store = c.a.store_hibernation
+
+    async def slow_store(sandbox_id: str) -> am.StoredHibernation:
+        await asyncio.sleep(STORE_S)
+        return await store(sandbox_id)
+
+    monkeypatch.setattr(c.a, "store_hibernation", slow_store)  # each copy to the store takes STORE_S on the agent
 
     report = await c.control.hibernations.drain("a")
 
     assert report.agent == "a" and report.status == "draining" and report.errors == [] and report.skipped == []
     assert sorted(d.id for d in report.drained) == sorted(r.id for r in rows)
     assert all(d.seconds >= 0 and not d.already for d in report.drained)
+    assert all(d.seconds >= STORE_S for d in report.drained)  # each sandbox's drain is timed, its store included
+    assert report.seconds >= sum(d.seconds for d in report.drained) - 0.01  # and the whole drain holds them all
     assert c.registry.fleet.get_agent("a").status == "draining"
     for row in rows:
         stored = c.row(row.id)

@@ -23,11 +23,10 @@ class FakeClock:
         with self._lock:
             return self.now
 
-    def advance(self, seconds: float) -> float:
-        """Move the clock on by ``seconds``; the new time."""
+    def advance(self, seconds: float) -> None:
+        """Move the clock on by ``seconds``."""
         with self._lock:
             self.now += seconds
-            return self.now
 
     def sleep(self, seconds: float) -> None:
         with self._lock:

@@ -1,4 +1,6 @@
-"""Types shared by the integration tests."""
+"""The integration tests' ways into a running ``cryobox serve``: the SDK's keyword arguments (:class:`Api`), the
+``cryobox`` command line (:func:`cli`), a fresh API key for a workspace (:func:`new_key`) and a raw HTTP client
+(:class:`Client`)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ def`` -> ``def``, ``await x`` -> ``x``, ``AsyncSandbox`` -> ``Sandbox``…, see 
 formatting with ruff so the output passes ``ruff check`` / ``ruff format --check`` like hand-written code::
 
     python scripts/unasync.py           # regenerate _sync
-    python scripts/unasync.py --check   # exit 1 if _sync is stale (tests/unit/test_unasync.py runs this)
+    python scripts/unasync.py --check   # exit 1 if _sync is stale (tests/unit/sdk/test_unasync.py runs this)
 
 The script fails when the async code uses an ``Async*`` name or async API with no rule in ``SUBS``, and when a
 rule in ``SUBS`` is no longer used, so the table stays exact.

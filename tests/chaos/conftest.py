@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.conftest import cache_dir, host_paths, templates
+from tests.support.host import cache_dir, host_paths, templates
 
-__all__ = ["cache_dir", "host_paths", "templates"]
+__all__ = ["cache_dir", "host_paths", "templates"]  # the session fixtures, bound here (tests/support/host.py)
 TIMEOUT_S = 300
 
 

@@ -19,8 +19,7 @@ import pytest
 
 from cryobox.agent.crashpoints import STEPS
 from cryobox.agent.templates.bake import Template
-
-from .harness import Chaos
+from tests.support.chaos import Chaos
 
 ROUNDS = (1, 2)
 

@@ -6,9 +6,7 @@ Ladder: ``templates`` (built/baked once, cached across runs) -> ``server`` (a re
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,14 +16,13 @@ import pytest
 
 from cryobox import Sandbox
 from cryobox.agent.host.reclaim import find_own_qemus
-from cryobox.agent.host.startup import HostConfig, prepare_templates
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
-from cryobox.config import Paths
+from tests.support.host import cache_dir, host_paths, templates
+from tests.support.netutil import OUTSIDE_RANGE
+from tests.support.serve import Api, Client
 
-from .netutil import OUTSIDE_RANGE
-from .support import Api, Client
-
+__all__ = ["cache_dir", "host_paths", "templates"]  # the session fixtures, bound here (tests/support/host.py)
 ALLOW_PRIVATE = "CRYOBOX_EGRESS_ALLOW_PRIVATE"
 
 TIMEOUT_S = 600  # per test (setup, call and teardown), unless it has its own @pytest.mark.timeout
@@ -40,28 +37,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def cache_dir() -> Path:
-    return Path(os.environ.get("CRYOBOX_CACHE_DIR", "/var/cache/cryobox"))
-
-
-@pytest.fixture(scope="session")
-def host_paths(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Paths:
-    paths = Paths(data_dir=tmp_path_factory.mktemp("host"), cache_dir=cache_dir)
-    paths.ensure()
-    return paths
-
-
-@pytest.fixture(scope="session")
-def templates(host_paths: Paths) -> dict[str, Template]:
-    return asyncio.run(prepare_templates(HostConfig(paths=host_paths), print))
-
-
-@pytest.fixture(scope="session")
 def server(
     tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, templates: dict[str, Template]
 ) -> Iterator[ServeProcess]:
     data_dir = tmp_path_factory.mktemp("serve")
-    # the operator exempts the suite's stand-in for the internet (tests/integration/netutil.py) from the deny list
+    # the operator exempts the suite's stand-in for the internet (tests/support/netutil.py) from the deny list
     proc = ServeProcess(data_dir, cache_dir=cache_dir, extra_env={ALLOW_PRIVATE: OUTSIDE_RANGE}).start()
     try:
         yield proc

@@ -12,7 +12,7 @@ and poll until it is done or the deadline passes:
   (its TTL reaps it) so that nothing about the failure is lost before someone looks.
 
 The runner talks to the platform only through the small ``GuestSandbox`` protocol and two callables, so its
-decisions are unit-tested with a fake sandbox (tests/unit/test_capture_runner.py).
+decisions are unit-tested with a fake sandbox (tests/unit/capture/test_runner.py).
 """
 
 from __future__ import annotations

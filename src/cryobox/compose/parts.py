@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..agent.host.startup import Host, HostConfig, prepare_template, start_host
@@ -23,6 +24,7 @@ from ..objstore.client import ObjectStore
 from ..registry import Registry
 from ..server.control.fleet import DEFAULT_DEADLINE_S, Fleet, FleetConfig
 from ..server.control.placement import DEFAULT_RESERVATION_TTL_S, Placement
+from ..server.control.quotas import QuotaGuard
 from ..server.control.sandboxes import ControlPlane
 from ..server.control.snapshots import RetentionPolicy, SnapshotControl
 from ..server.control.templates import TemplateJobs, spec_from_json
@@ -111,13 +113,21 @@ def build_control(
     objects: ObjectStore | None,
     metrics: Metrics,
     local: dict[str, Agent] | None = None,
+    *,
+    clock: Callable[[], float] = time.time,
+    quotas: QuotaGuard | None = None,
 ) -> ControlPlane:
-    fleet = Fleet(registry, config, clock=time.time, local=dict(local or {}))
+    """The control plane over ``registry``: the fleet (with ``local`` agents in this process), placement,
+    snapshots and template jobs, all on one wall ``clock``; ``quotas`` ``None``: the limits from the environment
+    (``CRYOBOX_QUOTA_*``). The CLI passes neither ``clock`` nor ``quotas``; the tests assemble the same way with
+    a fake clock or given limits."""
+    fleet = Fleet(registry, config, clock=clock, local=dict(local or {}))
     return ControlPlane(
         fleet,
         registry,
-        Placement(registry, deadline_s=config.deadline_s, ttl_s=reservation_ttl_s()),
+        Placement(registry, deadline_s=config.deadline_s, ttl_s=reservation_ttl_s(), clock=clock),
         metrics,
-        SnapshotControl(registry, fleet, time.time, retention, objects=objects),
+        SnapshotControl(registry, fleet, clock, retention, objects=objects),
         TemplateJobs(registry, fleet),
+        quotas=quotas,
     )

@@ -1,7 +1,8 @@
 """An application written against PandaStack's Python SDK (``pandastack`` on PyPI), with no cryobox code.
 
 Run with PANDASTACK_API / PANDASTACK_API_KEY pointing at a cryobox server; prints one JSON object of what it
-observed. ``tests/integration/test_pandastack.py`` runs it as a separate process and checks the results.
+observed. ``tests/integration/compat/pandastack/test_pandastack.py`` runs it as a separate process and checks the
+results.
 """
 
 from __future__ import annotations

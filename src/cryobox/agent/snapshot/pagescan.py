@@ -109,7 +109,8 @@ def _union(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """``[start, end)`` ranges as maximal ``(start, length)`` runs, in order. Adjacent ones join (present next to
     swapped pages come as two); overlapping ones too: this host's kernel (6.18) sometimes answers one call with
     the matching ranges up to the end and then some of them again from an earlier address (918 ranges for 715
-    runs; every page the same as a ``pagemap`` read finds, none missing: ``tests/unit/test_pagescan.py``)."""
+    runs; every page the same as a ``pagemap`` read finds, none missing:
+    ``tests/unit/agent/snapshot/test_pagescan.py``)."""
     runs: list[tuple[int, int]] = []
     end = -1
     for start, stop in sorted(ranges):

@@ -1,0 +1,37 @@
+"""The E2B SDK application (tests/integration/apps/e2b_app.py) run unchanged against a control plane: it sees only
+the environment a user of a self-hosted E2B sets; for the E2B and the fleet integration tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from tests.support.paths import APPS
+
+APP = APPS / "e2b_app.py"
+
+
+def e2b_env(url: str, api_key: str, home: Path) -> dict[str, str]:
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TMPDIR")}
+    return {
+        **keep,
+        "HOME": str(home),
+        "E2B_API_URL": f"{url}/e2b",
+        "E2B_SANDBOX_URL": f"{url}/e2b/sandbox",
+        "E2B_API_KEY": api_key,
+    }
+
+
+def run_app(python: Path, url: str, api_key: str, home: Path, *args: str) -> dict[str, Any]:
+    """Run the E2B application against the control plane at ``url``; its report, every step checked to have
+    run without an exception (``after_kill`` raises on purpose)."""
+    env = e2b_env(url, api_key, home)
+    done = subprocess.run([str(python), str(APP), *args], env=env, capture_output=True, text=True, timeout=900)
+    assert done.stdout.strip(), f"the app printed no report (rc {done.returncode}): {done.stderr[-4000:]}"
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    errors = {k: v["error"] for k, v in report.items() if isinstance(v, dict) and "error" in v and k != "after_kill"}
+    assert not errors, json.dumps({k: report[k] for k in errors}, indent=1)
+    return report

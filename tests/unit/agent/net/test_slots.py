@@ -1,0 +1,324 @@
+"""Network slots without root: slot arithmetic, firewall scripts against a fake nft, pool logic with a fake builder."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from cryobox.agent.net import GUEST_IP, Slot, SlotPlan, SlotPool, tag_for
+from cryobox.agent.net.firewall import Firewall, parse_egress_json
+from cryobox.agent.net.netlink import in_netns, slot_ruleset
+from cryobox.agent.net.pool import IndexAllocator
+from cryobox.agent.net.slots import IFNAME_MAX, MAX_SLOTS
+from cryobox.errors import HostUnavailable, InvalidArgument, StateError
+from cryobox.netpolicy import parse_cidrs
+from tests.support.net import FakeBuilder, FakeEgress, FakeNft
+
+TAG = "0a1b2c"
+
+# -- slot arithmetic ---------------------------------------------------------------------------------------------
+
+
+def test_capacity_and_first_last_slot_of_a_slash16() -> None:
+    plan = SlotPlan(TAG)
+    assert plan.cidr == "10.200.0.0/16"
+    assert plan.capacity == 16384
+    first = plan.slot(0)
+    assert (str(first.network), first.host_ip, first.address) == ("10.200.0.0/30", "10.200.0.1", "10.200.0.2")
+    assert (first.netns, first.host_veth, first.ns_veth, first.tap) == (
+        "cryobox-0a1b2c-0",
+        "cb0a1b2ch0",
+        "eth0",
+        "tap0",
+    )
+    last = plan.slot(16383)
+    assert (str(last.network), last.host_ip, last.address) == ("10.200.255.252/30", "10.200.255.253", "10.200.255.254")
+    assert last.host_veth == "cb0a1b2ch16383"
+    for bad in (-1, 16384):
+        with pytest.raises(InvalidArgument):
+            plan.slot(bad)
+
+
+def test_slots_are_disjoint_and_inside_the_plan() -> None:
+    plan = SlotPlan(TAG, "10.23.4.0/24")
+    assert plan.capacity == 64
+    slots = [plan.slot(i) for i in range(plan.capacity)]
+    nets = [s.network for s in slots]
+    assert all(n.subnet_of(plan.network) for n in nets)
+    assert len({n.network_address for n in nets}) == 64
+    assert all(ipaddress.ip_address(s.address) in s.network for s in slots)
+
+
+@pytest.mark.parametrize("cidr", ["10.0.0.0/8", "10.0.0.0/16", "10.0.0.0/30"])
+def test_interface_names_fit_ifnamsiz(cidr: str) -> None:
+    plan = SlotPlan("ffffff", cidr)
+    last = plan.slot(plan.capacity - 1)
+    assert len(last.host_veth) <= IFNAME_MAX
+    assert plan.capacity <= MAX_SLOTS
+    assert SlotPlan(TAG, "10.0.0.0/8").capacity == MAX_SLOTS  # names, not addresses, bound a huge CIDR
+    assert SlotPlan(TAG, "10.0.0.0/30").capacity == 1
+
+
+@pytest.mark.parametrize(
+    "cidr", ["nope", "10.200.0.1/16", "fd00::/64", "10.0.0.0/31", "10.0.0.0/32", "10.0.0.0/33", ""]
+)
+def test_bad_cidrs_are_refused(cidr: str) -> None:
+    with pytest.raises(InvalidArgument):
+        SlotPlan(TAG, cidr)
+
+
+@pytest.mark.parametrize("tag", ["", "abc", "ABCDEF", "abcdefa", "ghijkl"])
+def test_bad_tags_are_refused(tag: str) -> None:
+    with pytest.raises(InvalidArgument):
+        SlotPlan(tag)
+
+
+def test_tag_is_stable_and_per_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    tag = tag_for(tmp_path / "a")
+    assert re.fullmatch(r"[0-9a-f]{6}", tag)
+    assert tag == tag_for(tmp_path / "a") == tag_for(tmp_path / "b" / ".." / "a")
+    monkeypatch.chdir(tmp_path)
+    assert tag_for(Path("a")) == tag
+    assert tag_for(tmp_path / "b") != tag
+    SlotPlan(tag)  # always a valid tag
+
+
+def test_from_env() -> None:
+    assert SlotPlan.from_env(TAG, env={}).cidr == "10.200.0.0/16"
+    assert SlotPlan.from_env(TAG, env={"CRYOBOX_NET_CIDR": " 10.23.0.0/20 "}).capacity == 1024
+    with pytest.raises(InvalidArgument):
+        SlotPlan.from_env(TAG, env={"CRYOBOX_NET_CIDR": "10.23.0.0/31"})
+
+
+def test_slot_netns_ruleset_nats_to_the_baked_guest() -> None:
+    slot = SlotPlan(TAG, "10.23.0.0/16").slot(1)
+    rules = slot_ruleset(slot)
+    assert f'iifname "eth0" ip daddr 10.23.0.6 dnat ip to {GUEST_IP}' in rules
+    assert f'oifname "eth0" ip saddr {GUEST_IP} snat ip to 10.23.0.6' in rules
+    assert in_netns(slot.netns, "nft", "-f", "-")[:2] == ["nsenter", "--net=/run/netns/cryobox-0a1b2c-1"]
+
+
+# -- firewall against a fake nft ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_fw(tmp_path: Path) -> tuple[Firewall, FakeNft, Path]:
+    nft = FakeNft()
+    ip_forward = tmp_path / "ip_forward"
+    ip_forward.write_text("0\n")
+    return Firewall(SlotPlan(TAG, "10.23.0.0/16"), runner=nft, ip_forward=ip_forward), nft, ip_forward
+
+
+def test_firewall_ensure_and_remove(fake_fw: tuple[Firewall, FakeNft, Path]) -> None:
+    fw, nft, ip_forward = fake_fw
+    fw.ensure()
+    assert ip_forward.read_text().strip() == "1"
+    script = nft.scripts[-1]
+    assert script.startswith("table inet cryobox_0a1b2c {")  # not fresh: keeps the set's elements
+    for rule in (
+        'iifname "cb0a1b2ch*" ct state established,related accept',
+        'iifname "cb0a1b2ch*" oifname "cb*" drop',
+        'iifname "cb0a1b2ch*" ip saddr . ip daddr @egress accept',
+        'ip saddr 10.23.0.0/16 oifname != "cb*" masquerade',
+    ):
+        assert rule in script
+    fw.ensure(fresh=True)
+    assert nft.scripts[-1].startswith("add table inet cryobox_0a1b2c\ndelete table inet cryobox_0a1b2c\n")
+    fw.remove()
+    assert nft.scripts[-1] == "add table inet cryobox_0a1b2c\ndelete table inet cryobox_0a1b2c\n"
+
+
+def test_allow_egress_merges_and_clear_removes_only_that_slot(fake_fw: tuple[Firewall, FakeNft, Path]) -> None:
+    fw, nft, _ = fake_fw
+    a, b = fw.plan.slot(0), fw.plan.slot(1)
+    fw.allow_egress(a, ["10.1.0.0/16", "1.2.3.4"])
+    fw.allow_egress(b, ["192.168.0.0/24"])
+    fw.allow_egress(a, ["10.0.0.0/8"])  # swallows 10.1/16: the interval set would refuse the overlap
+    assert sorted(fw.egress(a)) == ["1.2.3.4/32", "10.0.0.0/8"]
+    n_scripts = len(nft.scripts)
+    fw.allow_egress(a, ["10.9.0.0/16"])  # already covered: nothing to send
+    fw.allow_egress(a, [])
+    assert len(nft.scripts) == n_scripts
+    fw.clear_egress(a)
+    fw.clear_egress(a)
+    assert fw.egress(a) == []
+    assert fw.egress(b) == ["192.168.0.0/24"]
+
+
+@pytest.mark.parametrize("bad", [["nope"], ["10.0.0.1/8"], ["fd00::/8"], [""], [42], "10.0.0.0/8"])
+def test_bad_egress_cidrs_are_invalid_arguments(bad: object, fake_fw: tuple[Firewall, FakeNft, Path]) -> None:
+    fw, nft, _ = fake_fw
+    with pytest.raises(InvalidArgument):
+        fw.allow_egress(fw.plan.slot(0), bad)  # type: ignore[arg-type]
+    assert nft.scripts == []
+
+
+def test_egress_refuses_foreign_slots(fake_fw: tuple[Firewall, FakeNft, Path]) -> None:
+    fw, _, _ = fake_fw
+    with pytest.raises(InvalidArgument):
+        fw.allow_egress(SlotPlan("ffffff", "10.23.0.0/16").slot(0), ["10.0.0.0/8"])
+
+
+def test_parse_egress_json_shapes() -> None:
+    text = json.dumps(
+        {
+            "nftables": [
+                {"metainfo": {"version": "1.0.6"}},
+                {
+                    "set": {
+                        "elem": [
+                            {"concat": ["10.23.0.2", "1.2.3.4"]},
+                            {"concat": ["10.23.0.2", {"prefix": {"addr": "10.0.0.0", "len": 8}}]},
+                            {"concat": ["10.23.0.6", {"range": ["10.0.0.0", "10.0.0.5"]}]},
+                            {"elem": {"val": {"concat": ["10.23.0.6", "9.9.9.9"]}, "timeout": 5}},
+                        ]
+                    }
+                },
+            ]
+        }
+    )
+    got = {k: sorted(str(n) for n in v) for k, v in parse_egress_json(text).items()}
+    assert got == {"10.23.0.2": ["1.2.3.4/32", "10.0.0.0/8"], "10.23.0.6": ["10.0.0.0/30", "10.0.0.4/31", "9.9.9.9/32"]}
+    assert [str(n) for n in parse_cidrs(["1.2.3.4", " 10.0.0.0/8"])] == ["1.2.3.4/32", "10.0.0.0/8"]
+
+
+# -- pool with a fake builder ------------------------------------------------------------------------------------
+
+
+PLAN = SlotPlan(TAG, "10.23.0.0/16")
+
+
+async def test_warm_acquire_is_a_pop_and_never_waits_for_a_build() -> None:
+    builder, egress = FakeBuilder(), FakeEgress()
+    async with SlotPool(PLAN, size=4, builder=builder, egress=egress) as pool:
+        await pool.wait_warm()
+        assert sorted(builder.created) == [0, 1, 2, 3]
+        builder.gate.clear()  # from now on every build hangs
+        slots = [await asyncio.wait_for(pool.acquire(), 1) for _ in range(4)]
+        assert [s.index for s in slots] == [0, 1, 2, 3]
+        stats = pool.stats()
+        assert (stats.warm_acquires, stats.cold_acquires, stats.idle, stats.leased) == (4, 0, 0, 4)
+        assert stats.max_acquire_s < 0.5 and stats.mean_acquire_s <= stats.max_acquire_s
+        cold = asyncio.ensure_future(pool.acquire())  # drained: must build inline
+        await asyncio.sleep(0.05)
+        assert not cold.done()
+        builder.gate.set()
+        slot = await asyncio.wait_for(cold, 5)
+        assert slot.index >= 4 and pool.stats().cold_acquires == 1
+        for s in [*slots, slot]:
+            await pool.release(s)
+    assert builder.live == set()
+    assert sorted(builder.created) == sorted(builder.destroyed)
+
+
+async def test_release_recycles_and_clears_egress() -> None:
+    builder, egress = FakeBuilder(), FakeEgress()
+    async with SlotPool(PLAN, size=1, builder=builder, egress=egress) as pool:
+        await pool.wait_warm()
+        slot = await pool.acquire()
+        await pool.wait_warm()  # the filler replaced it
+        await pool.release(slot)
+        assert egress.cleared == [0] and builder.destroyed == []
+        assert pool.stats().recycled == 1 and pool.stats().idle == 2
+        again = [await pool.acquire(), await pool.acquire()]
+        assert slot in again  # the same netns/veth/tap, not a rebuilt one
+        assert builder.created.count(0) == 1
+        with pytest.raises(StateError):
+            await pool.release(PLAN.slot(9))
+        for s in again:
+            await pool.release(s)
+
+
+async def test_beyond_the_cap_slots_are_destroyed_and_lowest_index_is_reused() -> None:
+    builder = FakeBuilder()
+    async with SlotPool(PLAN, size=0, builder=builder, max_idle=0) as pool:
+        a, b, c = [await pool.acquire() for _ in range(3)]
+        assert [a.index, b.index, c.index] == [0, 1, 2]
+        await pool.release(c)
+        await pool.release(a)
+        assert builder.destroyed == [2, 0]
+        d, e, f = [await pool.acquire() for _ in range(3)]
+        assert [d.index, e.index, f.index] == [0, 2, 3]  # lowest free first
+        assert pool.stats().cold_acquires == 6
+        for s in (b, d, e, f):
+            await pool.release(s)
+
+
+async def test_close_destroys_everything_and_clears_leased_egress() -> None:
+    builder, egress = FakeBuilder(), FakeEgress()
+    pool = SlotPool(PLAN, size=3, builder=builder, egress=egress)
+    await pool.wait_warm()
+    leased = [await pool.acquire() for _ in range(5)]
+    released = leased.pop()
+    await pool.release(released)
+    await pool.close()
+    assert builder.live == set()
+    assert sorted(builder.destroyed) == sorted(builder.created)
+    assert sorted(egress.cleared) == sorted([released.index] + [s.index for s in leased])
+    with pytest.raises(StateError):
+        await pool.acquire()
+    await pool.close()  # idempotent
+
+
+async def test_capacity_exhaustion_and_build_failure() -> None:
+    builder = FakeBuilder()
+    async with SlotPool(SlotPlan(TAG, "10.23.0.0/28"), size=0, builder=builder) as pool:
+        builder.fail_next = True
+        with pytest.raises(OSError):
+            await pool.acquire()
+        slots = [await pool.acquire() for _ in range(4)]
+        assert [s.index for s in slots] == [0, 1, 2, 3]  # the failed build gave its index back
+        with pytest.raises(HostUnavailable):
+            await pool.acquire()
+        await pool.release(slots[2])
+        assert (await pool.acquire()).index == 2
+
+
+async def test_failed_egress_clear_quarantines_the_index() -> None:
+    builder, egress = FakeBuilder(), FakeEgress()
+    async with SlotPool(PLAN, size=0, builder=builder, egress=egress) as pool:
+        slot = await pool.acquire()
+        egress.fail = True
+        with pytest.raises(OSError):
+            await pool.release(slot)
+        egress.fail = False
+        assert builder.destroyed == [0]
+        assert (await pool.acquire()).index == 1  # 0 may still carry grants: never reused
+
+
+async def test_random_churn_never_shares_an_index() -> None:
+    import random
+
+    rng = random.Random(7)
+    builder = FakeBuilder()
+    async with SlotPool(PLAN, size=3, builder=builder, max_idle=5) as pool:
+        leased: list[Slot] = []
+        for _ in range(300):
+            if leased and rng.random() < 0.5:
+                await pool.release(leased.pop(rng.randrange(len(leased))))
+            else:
+                leased.append(await pool.acquire())
+            assert len({s.index for s in leased}) == len(leased)
+            if rng.random() < 0.2:
+                await asyncio.sleep(0)
+    assert builder.live == set()
+
+
+def test_index_allocator() -> None:
+    alloc = IndexAllocator(3)
+    assert [alloc.take(), alloc.take(), alloc.take()] == [0, 1, 2]
+    with pytest.raises(HostUnavailable):
+        alloc.take()
+    alloc.give(2)
+    alloc.give(0)
+    assert alloc.take() == 0
+    with pytest.raises(StateError):
+        alloc.give(2)
+    assert alloc.live == 2

@@ -1,0 +1,120 @@
+"""Custom template builds in the control plane: the operator's allowlist (403, nothing written) and the bound on
+builds one agent gets at a time (429 ``build_queue_full``, nothing written), over a fake agent."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from cryobox import models
+from cryobox.agentapi import models as am
+from cryobox.agentapi.heartbeat import heartbeat_of
+from cryobox.errors import BuildQueueFull, Forbidden, NotFound
+from cryobox.image.buildpolicy import BuildAllowlist
+from cryobox.registry import Registry
+from cryobox.server.control.fleet import Fleet, FleetConfig
+from cryobox.server.control.templates import TemplateJobs
+from tests.support import registry as registry_support
+from tests.support.fake_agent import FakeAgent
+
+registry = registry_support.sqlite_registry
+
+
+class HeldAgent(FakeAgent):
+    """Builds run until ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(name="a")
+        self.release = asyncio.Event()
+        self.running = 0
+        self.most = 0
+
+    async def build_template(self, build: am.TemplateBuild) -> AsyncIterator[am.BuildEvent]:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await self.release.wait()
+            async for event in super().build_template(build):
+                yield event
+        finally:
+            self.running -= 1
+
+
+@pytest.fixture
+async def jobs(registry: Registry) -> AsyncIterator[tuple[TemplateJobs, HeldAgent]]:
+    agent = HeldAgent()
+    fleet = Fleet(registry, FleetConfig(deadline_s=10.0, node_token="t"), local={"a": agent})
+    await fleet.heartbeat(await heartbeat_of(agent))
+    templates = TemplateJobs(registry, fleet)
+    try:
+        yield templates, agent
+    finally:
+        agent.release.set()
+        await templates.close()
+        await fleet.close()
+
+
+def request(name: str, **kw: object) -> models.TemplateCreateRequest:
+    return models.TemplateCreateRequest.model_validate({"name": name, **kw})
+
+
+async def test_packages_outside_the_allowlist_are_refused_before_anything_is_written(
+    jobs: tuple[TemplateJobs, HeldAgent], registry: Registry
+) -> None:
+    templates, agent = jobs
+    templates.allowlist = BuildAllowlist(packages=("jq", "python3-*"), pip=("requests",))
+    ws = registry.ensure_workspace("alpha").id
+    with pytest.raises(Forbidden) as refused:
+        await templates.start_build(ws, request("t1", packages=["jq", "curl"], pip=["Requests[socks]==2.32.3", "x"]))
+    assert refused.value.http_status == 403 and refused.value.code == "forbidden"
+    assert refused.value.details == {"packages": ["curl"], "pip": ["x"]}
+    with pytest.raises(NotFound):
+        registry.get_template("t1")
+    assert agent.call_names().count("build_template") == 0
+    row = await templates.start_build(ws, request("t2", packages=["jq", "python3-yaml"], pip=["requests>=2"]))
+    assert row.status == "building"
+
+
+async def test_builds_past_the_per_agent_bound_are_429_and_write_nothing(
+    jobs: tuple[TemplateJobs, HeldAgent], registry: Registry
+) -> None:
+    templates, agent = jobs
+    templates.max_builds = 2
+    ws = registry.ensure_workspace("alpha").id
+    for name in ("b1", "b2"):
+        assert (await templates.start_build(ws, request(name))).status == "building"
+    with pytest.raises(BuildQueueFull) as full:
+        await templates.start_build(ws, request("b3"))
+    assert full.value.http_status == 429 and full.value.code == "build_queue_full"
+    assert full.value.details == {"agent": "a", "builds": 2, "limit": 2}
+    with pytest.raises(NotFound):
+        registry.get_template("b3")
+    agent.release.set()
+    for _ in range(500):
+        if templates.progress.get("b1") == "ready" and templates.progress.get("b2") == "ready":
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)  # the finished jobs leave the table
+    assert (await templates.start_build(ws, request("b3"))).status == "building"  # room again
+    assert agent.most == 2
+
+
+async def test_a_built_template_is_servable_before_the_agents_next_heartbeat(
+    jobs: tuple[TemplateJobs, HeldAgent], registry: Registry
+) -> None:
+    """Placement reads what an agent serves from its row; a create right after "ready" must not wait for the
+    next heartbeat (it got 503 ``capacity`` until then)."""
+    templates, agent = jobs
+    ws = registry.ensure_workspace("alpha").id
+    await templates.start_build(ws, request("fresh"))
+    assert "fresh" not in registry.fleet.get_agent("a").capacity["templates_ready"]
+    agent.release.set()
+    for _ in range(500):
+        if templates.progress.get("fresh") == "ready":
+            break
+        await asyncio.sleep(0.01)
+    assert registry.get_template("fresh").status == "ready"
+    served = registry.fleet.get_agent("a").capacity["templates_ready"]
+    assert served["fresh"] == agent.template_infos["fresh"].generation  # no heartbeat was sent since the first

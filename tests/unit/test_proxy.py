@@ -28,10 +28,10 @@ from websockets.http11 import Request as WsRequest
 from websockets.http11 import Response as WsResponse
 from websockets.typing import Subprotocol
 
-from cryobox.agentapi.models_procs import PortTarget
 from cryobox.errors import InvalidArgument
 from cryobox.proxy import PortProxy, route_suffix
 from cryobox.proxy.headers import request_headers, response_headers
+from cryobox.proxy.target import PortTarget
 from cryobox.proxy.urls import upstream_url
 
 ASGI = Callable[[Scope, Receive, Send], Awaitable[None]]

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
+from ..proxy.target import PortTarget
 from .models import (
     AgentInfo,
     BuildEvent,
@@ -42,7 +43,6 @@ from .models import (
 from .models_procs import (
     FsEvent,
     FsRequest,
-    PortTarget,
     ProcEvent,
     ProcInfo,
     ProcInput,

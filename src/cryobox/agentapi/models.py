@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from ..proxy.target import PortTarget as PortTarget
 from . import models_procs as _procs
 
 SandboxState = Literal["starting", "running", "paused", "hibernated", "stopped", "error"]
@@ -333,10 +334,10 @@ class HeartbeatReply(_Model):
     reconciled: bool = False
 
 
-# the models of long-lived processes, watches, file ops and ports (models_procs.py), in this one namespace
+# the models of long-lived processes, watches and file ops (models_procs.py), in this one namespace
+# (and PortTarget, above: the port proxy's own value, proxy/target.py)
 FsEvent = _procs.FsEvent
 FsRequest = _procs.FsRequest
-PortTarget = _procs.PortTarget
 ProcEvent = _procs.ProcEvent
 ProcInfo = _procs.ProcInfo
 ProcInput = _procs.ProcInput

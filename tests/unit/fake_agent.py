@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from cryobox.agentapi import models as m
-from cryobox.agentapi.interface import FILE_OPS
+from cryobox.agentapi.interface import FILE_OPS, MAX_FILE_BYTES
 from cryobox.errors import (
     CryoboxError,
     GuestError,
@@ -43,7 +43,6 @@ from cryobox.objstore.client import ObjectStore, open_store
 
 from .fake_procs import FakeProcs
 
-MAX_FILE_BYTES = 64 << 20
 DEFAULT_TEMPLATE = m.TemplateInfo(name="base", generation="g1", cpus=1, memory_mib=512, created_at=0.0)
 
 

@@ -20,7 +20,7 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import ValidationError
 
-from cryobox.agentapi import Agent, HttpAgent, InProcessAgent, create_agent_app
+from cryobox.agentapi import MAX_FILE_BYTES, Agent, HttpAgent, InProcessAgent, create_agent_app
 from cryobox.agentapi import models as m
 from cryobox.errors import (
     CryoboxError,
@@ -33,7 +33,7 @@ from cryobox.errors import (
     StateError,
 )
 
-from .fake_agent import MAX_FILE_BYTES, FakeAgent
+from .fake_agent import FakeAgent
 
 TOKEN = "node-token-for-tests"
 T = TypeVar("T")

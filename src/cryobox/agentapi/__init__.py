@@ -10,6 +10,6 @@ from . import models
 from .http_client import HttpAgent
 from .http_server import create_agent_app
 from .inprocess import InProcessAgent
-from .interface import FILE_OPS, Agent
+from .interface import FILE_OPS, MAX_FILE_BYTES, Agent
 
-__all__ = ["FILE_OPS", "Agent", "HttpAgent", "InProcessAgent", "create_agent_app", "models"]
+__all__ = ["FILE_OPS", "MAX_FILE_BYTES", "Agent", "HttpAgent", "InProcessAgent", "create_agent_app", "models"]

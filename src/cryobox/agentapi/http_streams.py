@@ -22,13 +22,11 @@ from starlette.background import BackgroundTask
 
 from ..errors import CryoboxError, HostUnavailable, PayloadTooLarge, QuotaExceeded
 from . import models as m
-from .interface import Agent
+from .interface import MAX_FILE_BYTES, Agent
 
 log = logging.getLogger(__name__)
 
 NDJSON = "application/x-ndjson"
-MAX_FILE_BYTES = 64 << 20
-"""The largest file (or evidence) body the agent accepts; the guest enforces the same limit."""
 MAX_PTY_INPUT_BYTES = 1 << 20
 PathQuery = Query(min_length=1, max_length=4096, description="absolute path inside the guest")
 UserQuery = Query(default=None, min_length=1, max_length=64, description="the guest user to own what is written")

@@ -54,6 +54,8 @@ from .models_procs import (
 )
 
 FILE_OPS = frozenset({"delete", "list_dir", "stat", "mkdir"})
+MAX_FILE_BYTES = 64 << 20
+"""The largest file (or evidence) body an agent accepts, on either transport; the guest enforces the same limit."""
 
 
 @runtime_checkable

@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mappin
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+from ...agentapi.interface import MAX_FILE_BYTES
 from ...errors import NotFound, PayloadTooLarge, StateError
 from ..crashpoints import CrashPoints
 from ..guest.client import FILE_REPLY, LISTING_REPLY, GuestClient, b64, unb64
@@ -38,7 +39,6 @@ from .records import SandboxRecord, SandboxRecords
 from .sandbox import Sandbox, SandboxState
 
 log = logging.getLogger(__name__)
-MAX_FILE_BYTES = 64 << 20
 ADOPTED_GUEST_TIMEOUT_S = 15.0
 
 

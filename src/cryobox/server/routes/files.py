@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Request, Response
 
 from ... import models
-from ...agent.sandbox.service import MAX_FILE_BYTES
+from ...agentapi import MAX_FILE_BYTES
 from ...errors import InvalidArgument, PayloadTooLarge
 from .deps import Ctx
 from .errors import ERROR_RESPONSES

@@ -288,15 +288,12 @@ class HttpAgent(ProcClient):
         params = {"path": path} if user is None else {"path": path, "user": user}
         return await self._model(m.WriteResult, "PUT", url, content=data, params=params)
 
-    async def file_op(self, sandbox_id: str, op: str, path: str) -> dict[str, object]:
+    async def file_op(self, sandbox_id: str, op: str, path: str) -> m.FsReply:
         url = f"/sandboxes/{_q(sandbox_id)}/files/op"
-        response = await self._send("POST", url, json_body={"op": op, "path": path})
-        result: dict[str, object] = self._parse(_OBJECT, response)
-        return result
+        return await self._model(m.FsReply, "POST", url, json_body={"op": op, "path": path})
 
-    async def inspect_net(self, sandbox_id: str) -> dict[str, object]:
-        result: dict[str, object] = self._parse(_OBJECT, await self._send("GET", f"/sandboxes/{_q(sandbox_id)}/net"))
-        return result
+    async def inspect_net(self, sandbox_id: str) -> m.NetInspection:
+        return await self._model(m.NetInspection, "GET", f"/sandboxes/{_q(sandbox_id)}/net")
 
     def pty_open(self, sandbox_id: str, request: m.PtyOpen) -> AsyncIterator[m.PtyEvent]:
         # a terminal may sit idle for as long as its user likes: no read timeout

@@ -46,7 +46,7 @@ def add_proc_routes(router: APIRouter, agent: Agent) -> None:
         return Response(status_code=204)
 
     @router.post(base + "/fs")
-    async def fs(sandbox_id: str, body: m.FsRequest) -> dict[str, object]:
+    async def fs(sandbox_id: str, body: m.FsRequest) -> m.FsReply:
         return await agent.fs(sandbox_id, body)
 
     @router.post(base + "/fs/watch", response_class=StreamingResponse)

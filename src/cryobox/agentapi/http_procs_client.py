@@ -18,7 +18,6 @@ from . import models as m
 
 M = TypeVar("M", bound=BaseModel)
 _PROCS = TypeAdapter(list[m.ProcInfo])
-_OBJECT = TypeAdapter(dict[str, Any])
 PREFIX = "/agent/v1"
 
 
@@ -78,8 +77,8 @@ class ProcClient:
     async def proc_resize(self, sandbox_id: str, request: m.ProcResize) -> None:
         await self._post(sandbox_id, "procs/resize", request)
 
-    async def fs(self, sandbox_id: str, request: m.FsRequest) -> dict[str, object]:
-        result: dict[str, object] = self._parse(_OBJECT, await self._post(sandbox_id, "fs", request))
+    async def fs(self, sandbox_id: str, request: m.FsRequest) -> m.FsReply:
+        result: m.FsReply = self._parse(m.FsReply, await self._post(sandbox_id, "fs", request))
         return result
 
     def fs_watch(self, sandbox_id: str, request: m.WatchRequest) -> AsyncIterator[m.FsEvent]:

@@ -282,13 +282,13 @@ def _sandbox_routes(router: APIRouter, agent: Agent) -> None:
         return await agent.exec(sandbox_id, body)
 
     @router.post("/sandboxes/{sandbox_id}/files/op")
-    async def file_op(sandbox_id: str, body: FileOpBody) -> dict[str, Any]:
+    async def file_op(sandbox_id: str, body: FileOpBody) -> m.FsReply:
         if body.op not in FILE_OPS:
             raise InvalidArgument(f"unknown file op {body.op!r}", details={"ops": sorted(FILE_OPS)})
         return await agent.file_op(sandbox_id, body.op, body.path)
 
     @router.get("/sandboxes/{sandbox_id}/net")
-    async def inspect_net(sandbox_id: str) -> dict[str, Any]:
+    async def inspect_net(sandbox_id: str) -> m.NetInspection:
         return await agent.inspect_net(sandbox_id)
 
 

@@ -135,11 +135,11 @@ class InProcessAgent:
     async def write_file(self, sandbox_id: str, path: str, data: bytes, *, user: str | None = None) -> m.WriteResult:
         return _c(await _pass(self.impl.write_file(sandbox_id, path, bytes(data), user=user)))
 
-    async def file_op(self, sandbox_id: str, op: str, path: str) -> dict[str, object]:
-        return copy.deepcopy(await _pass(self.impl.file_op(sandbox_id, op, path)))
+    async def file_op(self, sandbox_id: str, op: str, path: str) -> m.FsReply:
+        return _c(await _pass(self.impl.file_op(sandbox_id, op, path)))
 
-    async def inspect_net(self, sandbox_id: str) -> dict[str, object]:
-        return copy.deepcopy(await _pass(self.impl.inspect_net(sandbox_id)))
+    async def inspect_net(self, sandbox_id: str) -> m.NetInspection:
+        return _c(await _pass(self.impl.inspect_net(sandbox_id)))
 
     def pty_open(self, sandbox_id: str, request: m.PtyOpen) -> AsyncIterator[m.PtyEvent]:
         request = _c(request)
@@ -176,8 +176,8 @@ class InProcessAgent:
     async def proc_resize(self, sandbox_id: str, request: m.ProcResize) -> None:
         await _pass(self.impl.proc_resize(sandbox_id, _c(request)))
 
-    async def fs(self, sandbox_id: str, request: m.FsRequest) -> dict[str, object]:
-        return copy.deepcopy(await _pass(self.impl.fs(sandbox_id, _c(request))))
+    async def fs(self, sandbox_id: str, request: m.FsRequest) -> m.FsReply:
+        return _c(await _pass(self.impl.fs(sandbox_id, _c(request))))
 
     def fs_watch(self, sandbox_id: str, request: m.WatchRequest) -> AsyncIterator[m.FsEvent]:
         request = _c(request)

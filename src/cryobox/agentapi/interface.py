@@ -25,7 +25,9 @@ from .models import (
     ExecRequest,
     ExecResult,
     ForkRequest,
+    FsReply,
     LifecyclePatch,
+    NetInspection,
     PtyEvent,
     PtyOpen,
     SandboxInfo,
@@ -127,11 +129,11 @@ class Agent(Protocol):
         """Write ``data`` (parents created); with ``user``, what it creates is owned by that guest user."""
         ...
 
-    async def file_op(self, sandbox_id: str, op: str, path: str) -> dict[str, object]:
+    async def file_op(self, sandbox_id: str, op: str, path: str) -> FsReply:
         """``delete``, ``list_dir``, ``stat`` or ``mkdir`` (:data:`FILE_OPS`); returns the guest's answer."""
         ...
 
-    async def inspect_net(self, sandbox_id: str) -> dict[str, object]: ...
+    async def inspect_net(self, sandbox_id: str) -> NetInspection: ...
 
     def pty_open(self, sandbox_id: str, request: PtyOpen) -> AsyncIterator[PtyEvent]:
         """A terminal: first a ``session`` event, then ``output``, then ``exit`` when the program ends.
@@ -163,7 +165,7 @@ class Agent(Protocol):
 
     async def proc_resize(self, sandbox_id: str, request: ProcResize) -> None: ...
 
-    async def fs(self, sandbox_id: str, request: FsRequest) -> dict[str, object]:
+    async def fs(self, sandbox_id: str, request: FsRequest) -> FsReply:
         """A file-system call (:class:`~.models_procs.FsRequest`); returns the guest's answer."""
         ...
 

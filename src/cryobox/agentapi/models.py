@@ -13,7 +13,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from ..proxy.target import PortTarget as PortTarget
+from . import models_guest as _guest
 from . import models_procs as _procs
+from . import models_templates as _templates
 
 SandboxState = Literal["starting", "running", "paused", "hibernated", "stopped", "error"]
 
@@ -247,29 +249,6 @@ class EvidenceEntry(_Model):
     source: str = ""
 
 
-class TemplateInfo(_Model):
-    name: str
-    generation: str
-    cpus: int
-    memory_mib: int
-    created_at: float
-    path: str = ""
-
-
-class TemplateBuild(_Model):
-    """A custom template build: the public request as JSON (see ``models.TemplateCreateRequest``)."""
-
-    request: dict[str, Any]
-
-
-class BuildEvent(_Model):
-    """A template build's progress line, or its end (``template`` on success, ``error`` on failure)."""
-
-    progress: str = ""
-    template: TemplateInfo | None = None
-    error: str | None = None
-
-
 class Capacity(_Model):
     """An agent's capacity as it reports it in every heartbeat."""
 
@@ -347,3 +326,13 @@ ProcSignal = _procs.ProcSignal
 ProcStart = _procs.ProcStart
 PtySize = _procs.PtySize
 WatchRequest = _procs.WatchRequest
+
+# the guest's answers (models_guest.py) and the template models (models_templates.py), in this one namespace
+FsChange = _guest.FsChange
+FsEntry = _guest.FsEntry
+FsReply = _guest.FsReply
+NetInspection = _guest.NetInspection
+BuildEvent = _templates.BuildEvent
+BuildSpec = _templates.BuildSpec
+TemplateBuild = _templates.TemplateBuild
+TemplateInfo = _templates.TemplateInfo

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ... import models
 from ...agent.sandbox.sandbox import rfc3339
+from ...agentapi import models as am
 from ...registry import SandboxRow, TemplateRow
 
 
@@ -46,11 +45,11 @@ def template_view(row: TemplateRow, progress: str | None = None) -> models.Templ
     )
 
 
-def file_entry(raw: dict[str, Any]) -> models.FileEntry:
+def file_entry(entry: am.FsEntry) -> models.FileEntry:
     return models.FileEntry(
-        name=str(raw["name"]),
-        is_dir=bool(raw["is_dir"]),
-        size=int(raw["size"]),
-        mode=int(raw["mode"]),
-        mtime=float(raw["mtime"]),
+        name=entry.name,
+        is_dir=entry.is_dir,
+        size=entry.size,
+        mode=entry.mode,
+        mtime=entry.mtime if entry.mtime is not None else 0.0,
     )

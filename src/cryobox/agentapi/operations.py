@@ -82,7 +82,7 @@ class Route:
 
     method: str
     path: str | None
-    query: Mapping[str, Query] = field(default_factory=dict)
+    query: Mapping[str, Query] = field(default_factory=lambda: MappingProxyType({}))
     timeout: Timeout = Timeout.DEFAULT
     max_body: int | None = None
     media_type: str = "application/octet-stream"
@@ -102,7 +102,9 @@ def _route(method: str) -> Callable[..., Callable[[F], F]]:
         reply_key: str | None = None,
         check: Check | None = None,
     ) -> Callable[[F], F]:
-        route = Route(method, path, dict(query or {}), timeout, max_body, media_type, reply_key, check)
+        route = Route(
+            method, path, MappingProxyType(dict(query or {})), timeout, max_body, media_type, reply_key, check
+        )
 
         def mark(method: F) -> F:
             setattr(method, ROUTE_ATTRIBUTE, route)

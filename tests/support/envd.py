@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cryobox.agentapi import models_procs as mp
 from cryobox.agentapi.interface import Agent
-from cryobox.agentapi.models import WriteResult
+from cryobox.agentapi.models import FsReply, WriteResult
 from cryobox.errors import InvalidArgument, NotFound, StateError, Unauthorized
 
 SANDBOX = "sbx-1"
@@ -271,8 +271,11 @@ class FakeEnvdAgent:
         self._notify(path, "write" if existed else "create")
         return WriteResult(path=path, bytes=len(data))
 
-    async def fs(self, sandbox_id: str, request: mp.FsRequest) -> dict[str, object]:
+    async def fs(self, sandbox_id: str, request: mp.FsRequest) -> FsReply:
         self.calls.append(f"fs:{request.op}")
+        return FsReply.model_validate(self._fs(request))
+
+    def _fs(self, request: mp.FsRequest) -> dict[str, object]:
         self.fs_requests.append(request)
         path = request.path
         if request.op == "stat":

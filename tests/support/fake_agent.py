@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from cryobox.agentapi import models as m
-from cryobox.agentapi.interface import FILE_OPS
+from cryobox.agentapi.interface import FILE_OPS, MAX_FILE_BYTES
 from cryobox.errors import (
     CryoboxError,
     GuestError,
@@ -40,11 +40,18 @@ from cryobox.errors import (
     StateError,
 )
 from cryobox.objstore.client import ObjectStore, open_store
+from tests.support.fake_procs import FakeProcs
 
-from .fake_procs import FakeProcs
-
-MAX_FILE_BYTES = 64 << 20
 DEFAULT_TEMPLATE = m.TemplateInfo(name="base", generation="g1", cpus=1, memory_mib=512, created_at=0.0)
+
+
+def _net(ip: str | None, egress: list[str] | None) -> m.NetInspection:
+    """What ``inspect_net`` answers: the guest's keys, plus the fake's own ``ip`` and ``egress`` (extra keys, as
+    a newer guest's would be)."""
+    interfaces: list[dict[str, object]] = [{"name": "eth0", "mac": "02:00:00:00:00:01", "addresses": [f"{ip}/30"]}]
+    return m.NetInspection.model_validate(
+        {"sockets": [], "interfaces": interfaces, "ip": ip, "egress": list(egress or ["*"])}
+    )
 
 
 class FakeAgent(FakeProcs):
@@ -75,7 +82,7 @@ class FakeAgent(FakeProcs):
         """Snapshot id -> the sha256 of the manifest its store_snapshot "uploaded"."""
         self.evidence: dict[str, dict[str, bytes]] = {}
         self.template_infos: dict[str, m.TemplateInfo] = {t.name: t for t in templates or [DEFAULT_TEMPLATE]}
-        self.net: dict[str, dict[str, object]] = {}
+        self.net: dict[str, m.NetInspection] = {}
         self.ptys: dict[str, tuple[str, asyncio.Queue[bytes | None]]] = {}
         self.pty_sizes: dict[str, tuple[int, int]] = {}
         self.closed_streams: list[str] = []
@@ -157,7 +164,7 @@ class FakeAgent(FakeProcs):
         source = self.snapshot_files.get(spec.from_snapshot.id, {}) if spec.from_snapshot else {}
         self.files[spec.sandbox_id] = dict(source)
         self.dirs[spec.sandbox_id] = {"/"}
-        self.net[spec.sandbox_id] = {"ip": info.guest_ip, "egress": list(spec.egress or ["*"]), "sockets": []}
+        self.net[spec.sandbox_id] = _net(info.guest_ip, spec.egress)
         return self._update(spec.sandbox_id)
 
     # -- the host ------------------------------------------------------------------------------------------------
@@ -299,7 +306,7 @@ class FakeAgent(FakeProcs):
         )
         self.files[spec.sandbox_id] = {p: base64.b64decode(d) for p, d in manifest["files"].items()}
         self.dirs[spec.sandbox_id] = {"/"}
-        self.net[spec.sandbox_id] = {"ip": f"10.1.0.{n}", "egress": list(spec.egress or ["*"]), "sockets": []}
+        self.net[spec.sandbox_id] = _net(f"10.1.0.{n}", spec.egress)
         return self._update(spec.sandbox_id)
 
     async def set_lifecycle(self, sandbox_id: str, patch: m.LifecyclePatch) -> m.SandboxInfo:
@@ -398,8 +405,11 @@ class FakeAgent(FakeProcs):
         parents = {p.rsplit("/", i)[0] or "/" for p in self.files[sandbox_id] for i in range(1, p.count("/") + 1)}
         return self.dirs[sandbox_id] | parents
 
-    async def file_op(self, sandbox_id: str, op: str, path: str) -> dict[str, object]:
+    async def file_op(self, sandbox_id: str, op: str, path: str) -> m.FsReply:
         self._record("file_op", sandbox_id, op, path)
+        return m.FsReply.model_validate(self._file_op(sandbox_id, op, path))
+
+    def _file_op(self, sandbox_id: str, op: str, path: str) -> dict[str, object]:
         self._guest(sandbox_id)
         if op not in FILE_OPS:
             raise InvalidArgument(f"unknown file op {op!r}", details={"ops": sorted(FILE_OPS)})
@@ -423,7 +433,7 @@ class FakeAgent(FakeProcs):
         listed = sorted(prefix + child for child in below if child)
         return {"path": path, "entries": [self._entry(sandbox_id, p) for p in listed]}
 
-    async def inspect_net(self, sandbox_id: str) -> dict[str, object]:
+    async def inspect_net(self, sandbox_id: str) -> m.NetInspection:
         self._record("inspect_net", sandbox_id)
         self._guest(sandbox_id)
         return self.net[sandbox_id]
@@ -601,8 +611,8 @@ class FakeAgent(FakeProcs):
 
     async def build_template(self, build: m.TemplateBuild) -> AsyncIterator[m.BuildEvent]:
         self._record("build_template", build)
-        name = build.request.get("name")
-        if not isinstance(name, str) or not name:
+        name = build.spec.name
+        if not name:
             raise InvalidArgument("a template build needs a name", details={"field": "name"})
         for step in ("resolving packages", "building rootfs", "baking snapshot"):
             yield m.BuildEvent(progress=f"{name}: {step}")
@@ -610,12 +620,11 @@ class FakeAgent(FakeProcs):
         if name == "fail-build":
             yield m.BuildEvent(error="step 2 failed: exit 1")
             return
-        base = self.template_infos.get(str(build.request.get("base", "base")), DEFAULT_TEMPLATE)
         info = m.TemplateInfo(
             name=name,
             generation=f"g{next(self._ids)}",
-            cpus=int(build.request.get("cpus", base.cpus)),
-            memory_mib=int(build.request.get("memory_mib", base.memory_mib)),
+            cpus=build.spec.cpus,
+            memory_mib=build.spec.memory_mib,
             created_at=self.clock(),
         )
         self.template_infos[name] = info

@@ -130,13 +130,13 @@ class FakeProcs:
         self._guest(sandbox_id)
         self._live(sandbox_id, request.process)
 
-    async def fs(self, sandbox_id: str, request: m.FsRequest) -> dict[str, object]:
+    async def fs(self, sandbox_id: str, request: m.FsRequest) -> m.FsReply:
         self._record("fs", sandbox_id, request)
         self._guest(sandbox_id)
         self.fs_calls.append(request)
         if request.op == "move":
-            return {"path": request.destination, "name": (request.destination or "").rsplit("/", 1)[-1]}
-        return {"op": request.op, "path": request.path, "depth": request.depth}
+            return m.FsReply(path=request.destination or "", name=(request.destination or "").rsplit("/", 1)[-1])
+        return m.FsReply.model_validate({"op": request.op, "path": request.path, "depth": request.depth})
 
     async def fs_watch(self, sandbox_id: str, request: m.WatchRequest) -> AsyncIterator[m.FsEvent]:
         self._record("fs_watch", sandbox_id, request)

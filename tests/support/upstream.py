@@ -24,8 +24,8 @@ from websockets.http11 import Request as WsRequest
 from websockets.http11 import Response as WsResponse
 from websockets.typing import Subprotocol
 
-from cryobox.agentapi.models_procs import PortTarget
 from cryobox.proxy import PortProxy, route_suffix
+from cryobox.proxy.target import PortTarget
 
 ASGI = Callable[[Scope, Receive, Send], Awaitable[None]]
 

@@ -1,5 +1,7 @@
 """The control plane's end of the agent HTTP API: :class:`HttpAgent` implements :class:`~.interface.Agent` over
-the routes of :func:`~.http_server.create_agent_app`.
+the routes of :func:`~.http_server.create_agent_app`. Its methods are derived from
+:data:`~.interface.OPERATIONS` (each one's request and reply forms, and timeout); only
+:meth:`HttpAgent.port_target` is written here (it names the agent's port route, it sends nothing).
 
 Error bodies are rebuilt into the same :mod:`cryobox.errors` class (message and details kept; ``Retry-After``
 becomes ``retry_after_s``). Failing to reach the agent (connect error or timeout, nothing was sent) is
@@ -12,18 +14,17 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ..errors import ERRORS_BY_CODE, CryoboxError, HostUnavailable, InvalidArgument, QuotaExceeded
-from . import models as m
-from .http_procs_client import ProcClient
-
-M = TypeVar("M", bound=BaseModel)
+from ..proxy.target import PortTarget
+from .interface import OPERATIONS
+from .operations import Arg, Op, Reply, Timeout, install
 
 PREFIX = "/agent/v1"
 CONNECT_TIMEOUT_S = 10.0
@@ -32,15 +33,42 @@ LONG_CALL_TIMEOUT_S = 3600.0
 """Snapshots, forks and uploads to the store: minutes of disk and network work, never a short read timeout."""
 UNREACHABLE_RETRY_S = 2.0
 
-_SANDBOXES = TypeAdapter(list[m.SandboxInfo])
-_TEMPLATES = TypeAdapter(list[m.TemplateInfo])
-_EVIDENCE = TypeAdapter(list[m.EvidenceEntry])
-_OBJECT = TypeAdapter(dict[str, Any])
 _CONNECT_FAILURES = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
 
 def _q(segment: str) -> str:
     return quote(segment, safe="")
+
+
+def request_path(op: Op, arguments: dict[str, Any]) -> str:
+    """``op``'s route with its segments filled in (percent-encoded), from the arguments or the body model."""
+    assert op.path is not None
+    body = op.body_model(arguments)
+    parts = []
+    for part in op.path.split("/"):
+        if part.startswith("{") and part.endswith("}"):
+            name = part[1:-1].split(":", 1)[0]
+            part = _q(str(arguments[name] if name in arguments else getattr(body, name)))
+        parts.append(part)
+    return "/".join(parts)
+
+
+def request_params(op: Op, arguments: dict[str, Any]) -> dict[str, str] | None:
+    """The query parameters of a call of ``op`` (``None`` values left out, booleans as ``true``/``false``)."""
+    names = [p.name for p in op.of(Arg.QUERY)]
+    if not names:
+        return None
+    values = {name: arguments[name] for name in names if arguments[name] is not None}
+    return {name: ("true" if v else "false") if isinstance(v, bool) else str(v) for name, v in values.items()}
+
+
+def request_json(op: Op, arguments: dict[str, Any]) -> Any:
+    """The JSON body of a call of ``op``: its model, or an object of its plain parameters (``None``: no body)."""
+    body = op.body_model(arguments)
+    if body is not None:
+        return body.model_dump(mode="json")
+    fields = op.of(Arg.FIELD)
+    return {p.name: arguments[p.name] for p in fields} if fields else None
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -77,7 +105,23 @@ def error_from_response(response: httpx.Response) -> CryoboxError:
     return rebuild_error(body, status=response.status_code, retry_after_s=retry)
 
 
-class HttpAgent(ProcClient):
+def _method(op: Op) -> Callable[..., Any]:
+    """``op`` as an :class:`HttpAgent` method."""
+    if op.streamed:
+
+        def stream(self: HttpAgent, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            return self._stream(op, op.bind(args, kwargs))
+
+        return stream
+
+    async def call(self: HttpAgent, *args: Any, **kwargs: Any) -> Any:
+        return await self._call(op, op.bind(args, kwargs))
+
+    return call
+
+
+@install(OPERATIONS, _method)
+class HttpAgent:
     """An :class:`~.interface.Agent` reached over HTTP at ``url`` with the node ``token``."""
 
     def __init__(
@@ -114,16 +158,35 @@ class HttpAgent(ProcClient):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    async def port_target(self, sandbox_id: str, port: int) -> PortTarget:
+        """The agent's own port route (``/agent/v1/sandboxes/<id>/ports/<port>``, node token attached): a port's
+        traffic goes there, and the agent proxies it on to the guest (:mod:`.http_ports`)."""
+        if not 1 <= port <= 65535:
+            raise InvalidArgument(f"port must be 1-65535, got {port}", details={"port": port})
+        return PortTarget(
+            url=f"{self.url}{PREFIX}/sandboxes/{_q(sandbox_id)}/ports/{port}",
+            headers={"Authorization": f"Bearer {self._token}"},
+        )
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    if TYPE_CHECKING:
+        # the operations, installed by ``install`` above; typed as ``Agent``'s where the control plane holds one
+        def __getattr__(self, name: str) -> Any: ...
+
     # -- plumbing ------------------------------------------------------------------------------------------------
 
-    def _timeout(self, read_s: float | None) -> httpx.Timeout:
-        return httpx.Timeout(read_s, connect=self._connect_s)
-
-    def _long(self) -> httpx.Timeout:
-        return self._timeout(max(self.timeout_s, LONG_CALL_TIMEOUT_S))
-
-    def _exec_timeout(self, request: m.ExecRequest) -> httpx.Timeout:
-        return self._timeout(None if request.timeout_s is None else request.timeout_s + EXEC_READ_MARGIN_S)
+    def _timeout(self, op: Op, arguments: dict[str, Any]) -> httpx.Timeout | None:
+        """``None``: the client's own timeout."""
+        if op.route.timeout is Timeout.LONG:
+            return httpx.Timeout(max(self.timeout_s, LONG_CALL_TIMEOUT_S), connect=self._connect_s)
+        if op.route.timeout is Timeout.NONE:
+            return httpx.Timeout(None, connect=self._connect_s)
+        if op.route.timeout is Timeout.EXEC:
+            limit = getattr(op.body_model(arguments), "timeout_s", None)
+            return httpx.Timeout(None if limit is None else limit + EXEC_READ_MARGIN_S, connect=self._connect_s)
+        return None
 
     def _transport_error(self, err: httpx.TransportError) -> CryoboxError:
         who = self.name or self.url
@@ -138,28 +201,37 @@ class HttpAgent(ProcClient):
             details={"agent": self.name},
         )
 
-    async def _send(
-        self,
-        method: str,
-        path: str,
-        *,
-        json_body: Any = None,
-        content: bytes | None = None,
-        params: dict[str, str] | None = None,
-        timeout: httpx.Timeout | None = None,
-    ) -> httpx.Response:
-        kwargs: dict[str, Any] = {}
+    def _request(self, op: Op, arguments: dict[str, Any]) -> dict[str, Any]:
+        raw = op.of(Arg.RAW)
+        request: dict[str, Any] = {
+            "method": op.method,
+            "url": PREFIX + request_path(op, arguments),
+            "json": request_json(op, arguments),
+            "content": arguments[raw[0].name] if raw else None,
+            "params": request_params(op, arguments),
+        }
+        timeout = self._timeout(op, arguments)
         if timeout is not None:
-            kwargs["timeout"] = timeout
+            request["timeout"] = timeout
+        return request
+
+    async def _call(self, op: Op, arguments: dict[str, Any]) -> Any:
         try:
-            response = await self._client.request(
-                method, PREFIX + path, json=json_body, content=content, params=params, **kwargs
-            )
+            response = await self._client.request(**self._request(op, arguments))
         except httpx.TransportError as err:
             raise self._transport_error(err) from err
         if response.status_code >= 400:
             raise error_from_response(response)
-        return response
+        if op.reply is Reply.NONE:
+            return None
+        if op.reply is Reply.BYTES:
+            return response.content
+        assert op.reply_adapter is not None
+        try:
+            reply = op.reply_adapter.validate_json(response.content)
+        except ValidationError as err:
+            raise self._unexpected(response, err) from err
+        return getattr(reply, op.route.reply_key) if op.route.reply_key is not None else reply
 
     def _unexpected(self, response: httpx.Response, err: Exception) -> CryoboxError:
         request = response.request
@@ -168,33 +240,19 @@ class HttpAgent(ProcClient):
             details={"agent": self.name, "status": response.status_code},
         )
 
-    def _parse(self, adapter: TypeAdapter[Any] | type[BaseModel], response: httpx.Response) -> Any:
+    async def _stream(self, op: Op, arguments: dict[str, Any]) -> AsyncIterator[Any]:
         try:
-            if isinstance(adapter, TypeAdapter):
-                return adapter.validate_json(response.content)
-            return adapter.model_validate_json(response.content)
-        except ValidationError as err:
-            raise self._unexpected(response, err) from err
-
-    async def _model(self, model: type[M], method: str, path: str, **kw: Any) -> M:
-        response = await self._send(method, path, **kw)
-        result: M = self._parse(model, response)
-        return result
-
-    async def _stream(self, path: str, body: BaseModel, model: type[M], timeout: httpx.Timeout) -> AsyncIterator[M]:
-        payload = body.model_dump(mode="json")
-        try:
-            async with self._client.stream("POST", PREFIX + path, json=payload, timeout=timeout) as response:
+            async with self._client.stream(**self._request(op, arguments)) as response:
                 if response.status_code >= 400:
                     await response.aread()
                     raise error_from_response(response)
                 async for line in response.aiter_lines():
                     if line.strip():
-                        yield self._stream_item(model, line, response)
+                        yield self._stream_item(op.reply_type, line, response)
         except httpx.TransportError as err:
             raise self._transport_error(err) from err
 
-    def _stream_item(self, model: type[M], line: str, response: httpx.Response) -> M:
+    def _stream_item(self, model: type[BaseModel], line: str, response: httpx.Response) -> BaseModel:
         try:
             item = json.loads(line)
             if not isinstance(item, dict):
@@ -206,174 +264,6 @@ class HttpAgent(ProcClient):
             return model.model_validate(item["event"])
         except (ValueError, KeyError) as err:  # includes ValidationError and JSONDecodeError
             raise self._unexpected(response, err) from err
-
-    # -- the host ------------------------------------------------------------------------------------------------
-
-    async def info(self) -> m.AgentInfo:
-        return await self._model(m.AgentInfo, "GET", "/info")
-
-    async def capacity(self) -> m.Capacity:
-        return await self._model(m.Capacity, "GET", "/capacity")
-
-    async def templates(self) -> list[m.TemplateInfo]:
-        result: list[m.TemplateInfo] = self._parse(_TEMPLATES, await self._send("GET", "/templates"))
-        return result
-
-    async def metrics_text(self) -> bytes:
-        return (await self._send("GET", "/metrics")).content
-
-    # -- sandboxes -----------------------------------------------------------------------------------------------
-
-    async def list_sandboxes(self) -> list[m.SandboxInfo]:
-        result: list[m.SandboxInfo] = self._parse(_SANDBOXES, await self._send("GET", "/sandboxes"))
-        return result
-
-    async def create(self, spec: m.CreateSpec) -> m.SandboxInfo:
-        return await self._model(m.SandboxInfo, "POST", "/sandboxes", json_body=spec.model_dump(mode="json"))
-
-    async def get(self, sandbox_id: str) -> m.SandboxInfo:
-        return await self._model(m.SandboxInfo, "GET", f"/sandboxes/{_q(sandbox_id)}")
-
-    async def delete(self, sandbox_id: str) -> None:
-        await self._send("DELETE", f"/sandboxes/{_q(sandbox_id)}")
-
-    async def _action(self, sandbox_id: str, action: str) -> m.SandboxInfo:
-        return await self._model(m.SandboxInfo, "POST", f"/sandboxes/{_q(sandbox_id)}/{action}")
-
-    async def pause(self, sandbox_id: str) -> m.SandboxInfo:
-        return await self._action(sandbox_id, "pause")
-
-    async def resume(self, sandbox_id: str) -> m.SandboxInfo:
-        return await self._action(sandbox_id, "resume")
-
-    async def hibernate(self, sandbox_id: str) -> m.SandboxInfo:
-        return await self._action(sandbox_id, "hibernate")
-
-    async def wake(self, sandbox_id: str) -> m.SandboxInfo:
-        return await self._action(sandbox_id, "wake")
-
-    async def touch(self, sandbox_id: str) -> m.SandboxInfo:
-        return await self._action(sandbox_id, "touch")
-
-    async def store_hibernation(self, sandbox_id: str) -> m.StoredHibernation:
-        path = f"/hibernations/{_q(sandbox_id)}/store"
-        return await self._model(m.StoredHibernation, "POST", path, timeout=self._long())
-
-    async def wake_stored(self, spec: m.WakeSpec) -> m.SandboxInfo:
-        path = f"/hibernations/{_q(spec.sandbox_id)}/wake"
-        body = spec.model_dump(mode="json")
-        return await self._model(m.SandboxInfo, "POST", path, json_body=body, timeout=self._long())
-
-    async def set_lifecycle(self, sandbox_id: str, patch: m.LifecyclePatch) -> m.SandboxInfo:
-        path = f"/sandboxes/{_q(sandbox_id)}/lifecycle"
-        return await self._model(m.SandboxInfo, "PATCH", path, json_body=patch.model_dump(mode="json"))
-
-    # -- commands, files, terminals ------------------------------------------------------------------------------
-
-    async def exec(self, sandbox_id: str, request: m.ExecRequest) -> m.ExecResult:
-        path = f"/sandboxes/{_q(sandbox_id)}/exec"
-        body = request.model_dump(mode="json")
-        return await self._model(m.ExecResult, "POST", path, json_body=body, timeout=self._exec_timeout(request))
-
-    def exec_stream(self, sandbox_id: str, request: m.ExecRequest) -> AsyncIterator[m.ExecEvent]:
-        path = f"/sandboxes/{_q(sandbox_id)}/exec/stream"
-        return self._stream(path, request, m.ExecEvent, self._exec_timeout(request))
-
-    async def read_file(self, sandbox_id: str, path: str) -> bytes:
-        response = await self._send("GET", f"/sandboxes/{_q(sandbox_id)}/files", params={"path": path})
-        return response.content
-
-    async def write_file(self, sandbox_id: str, path: str, data: bytes, *, user: str | None = None) -> m.WriteResult:
-        url = f"/sandboxes/{_q(sandbox_id)}/files"
-        params = {"path": path} if user is None else {"path": path, "user": user}
-        return await self._model(m.WriteResult, "PUT", url, content=data, params=params)
-
-    async def file_op(self, sandbox_id: str, op: str, path: str) -> dict[str, object]:
-        url = f"/sandboxes/{_q(sandbox_id)}/files/op"
-        response = await self._send("POST", url, json_body={"op": op, "path": path})
-        result: dict[str, object] = self._parse(_OBJECT, response)
-        return result
-
-    async def inspect_net(self, sandbox_id: str) -> dict[str, object]:
-        result: dict[str, object] = self._parse(_OBJECT, await self._send("GET", f"/sandboxes/{_q(sandbox_id)}/net"))
-        return result
-
-    def pty_open(self, sandbox_id: str, request: m.PtyOpen) -> AsyncIterator[m.PtyEvent]:
-        # a terminal may sit idle for as long as its user likes: no read timeout
-        return self._stream(f"/sandboxes/{_q(sandbox_id)}/pty", request, m.PtyEvent, self._timeout(None))
-
-    def _pty(self, sandbox_id: str, session: str, what: str) -> str:
-        return f"/sandboxes/{_q(sandbox_id)}/pty/{_q(session)}/{what}"
-
-    async def pty_input(self, sandbox_id: str, session: str, data: bytes) -> None:
-        await self._send("POST", self._pty(sandbox_id, session, "input"), content=data)
-
-    async def pty_resize(self, sandbox_id: str, session: str, cols: int, rows: int) -> None:
-        await self._send("POST", self._pty(sandbox_id, session, "resize"), json_body={"cols": cols, "rows": rows})
-
-    async def pty_close(self, sandbox_id: str, session: str) -> None:
-        await self._send("POST", self._pty(sandbox_id, session, "close"))
-
-    # -- snapshots and forks -------------------------------------------------------------------------------------
-
-    async def snapshot(self, sandbox_id: str, request: m.SnapshotRequest) -> m.SnapshotInfo:
-        path = f"/sandboxes/{_q(sandbox_id)}/snapshots"
-        body = request.model_dump(mode="json")
-        return await self._model(m.SnapshotInfo, "POST", path, json_body=body, timeout=self._long())
-
-    async def store_snapshot(self, snapshot_id: str) -> m.StoredSnapshot:
-        path = f"/snapshots/{_q(snapshot_id)}/store"
-        return await self._model(m.StoredSnapshot, "POST", path, timeout=self._long())
-
-    async def delete_snapshot(self, snapshot_id: str, *, from_store: bool = False) -> None:
-        params = {"from_store": "true" if from_store else "false"}
-        await self._send("DELETE", f"/snapshots/{_q(snapshot_id)}", params=params, timeout=self._long())
-
-    async def prune_snapshots(self, keep: list[str]) -> list[str]:
-        response = await self._send("POST", "/snapshots/prune", json_body={"keep": list(keep)}, timeout=self._long())
-        body = self._parse(_OBJECT, response)
-        removed = body.get("removed")
-        if not isinstance(removed, list) or not all(isinstance(r, str) for r in removed):
-            raise self._unexpected(response, ValueError("'removed' is not a list of ids"))
-        return [str(r) for r in removed]
-
-    async def fork(self, sandbox_id: str, request: m.ForkRequest) -> m.SandboxInfo:
-        path = f"/sandboxes/{_q(sandbox_id)}/fork"
-        body = request.model_dump(mode="json")
-        return await self._model(m.SandboxInfo, "POST", path, json_body=body, timeout=self._long())
-
-    async def fork_tree(self, sandbox_id: str, request: m.TreeRequest) -> m.TreeResult:
-        path = f"/sandboxes/{_q(sandbox_id)}/fork-tree"
-        body = request.model_dump(mode="json")
-        return await self._model(m.TreeResult, "POST", path, json_body=body, timeout=self._long())
-
-    async def evidence_list(self, snapshot_id: str) -> list[m.EvidenceEntry]:
-        result: list[m.EvidenceEntry] = self._parse(
-            _EVIDENCE, await self._send("GET", f"/snapshots/{_q(snapshot_id)}/evidence")
-        )
-        return result
-
-    async def evidence_read(self, snapshot_id: str, name: str) -> bytes:
-        return (await self._send("GET", f"/snapshots/{_q(snapshot_id)}/evidence/{_q(name)}")).content
-
-    async def evidence_put(self, snapshot_id: str, name: str, data: bytes) -> int:
-        response = await self._send("PUT", f"/snapshots/{_q(snapshot_id)}/evidence/{_q(name)}", content=data)
-        written = self._parse(_OBJECT, response).get("bytes")
-        if not isinstance(written, int):
-            raise self._unexpected(response, ValueError("'bytes' is not an integer"))
-        return written
-
-    # -- templates -----------------------------------------------------------------------------------------------
-
-    def build_template(self, build: m.TemplateBuild) -> AsyncIterator[m.BuildEvent]:
-        # build steps can be silent for long stretches (a big pip install): no read timeout
-        return self._stream("/templates", build, m.BuildEvent, self._timeout(None))
-
-    async def remove_template(self, name: str) -> None:
-        await self._send("DELETE", f"/templates/{_q(name)}")
-
-    async def close(self) -> None:
-        await self._client.aclose()
 
 
 __all__ = ["HttpAgent", "error_from_response", "rebuild_error"]

@@ -1,11 +1,12 @@
-"""A host agent's HTTP face: every :class:`~.interface.Agent` method under ``/agent/v1``, behind the node token.
+"""A host agent's HTTP face: every :class:`~.interface.Agent` operation under ``/agent/v1``, behind the node token.
 
 ``create_agent_app(agent, token)`` is what ``cryobox agent`` serves; :class:`~.http_client.HttpAgent` is the
 other end. Every route but ``GET /agent/v1/healthz`` needs ``Authorization: Bearer <token>``: the check runs in
 ASGI middleware, before any route, body or the agent is touched. Errors leave as ``{"error", "code",
 "details"}`` with the code's status (``Retry-After`` for ``HostUnavailable``/``QuotaExceeded``); a malformed
 request is ``400 invalid_argument``, anything unexpected ``500 internal`` with a generic message (logged here).
-Streamed and raw-body routes live in :mod:`.http_streams`.
+The operations' routes are derived from their table (:mod:`.http_routes`); written here are ``healthz`` (no
+token, no agent) and, in :mod:`.http_ports`, the port proxy.
 """
 
 from __future__ import annotations
@@ -16,20 +17,17 @@ import math
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Query, Request, Response
+from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import CryoboxError, HostUnavailable, InvalidArgument, QuotaExceeded
-from . import models as m
 from .http_ports import add_port_routes
-from .http_procs import add_proc_routes
-from .http_streams import MAX_FILE_BYTES, add_stream_routes
-from .interface import FILE_OPS, Agent
+from .http_routes import add_operation_routes
+from .interface import MAX_FILE_BYTES, Agent
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +35,6 @@ PREFIX = "/agent/v1"
 HEALTHZ = f"{PREFIX}/healthz"
 MAX_BODY_BYTES = MAX_FILE_BYTES + (32 << 20)
 """Any request body (JSON included: exec stdin is base64); raw file bodies have their own, tighter limit."""
-METRICS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MetricsText = Callable[[], Awaitable[bytes]]
 
 _STATUS_CODES = {400: "invalid_argument", 401: "unauthorized", 404: "not_found", 413: "payload_too_large"}
@@ -180,147 +177,7 @@ class AgentGuard:
             await self._too_large(scope, receive, send)
 
 
-# --- routes ------------------------------------------------------------------------------------------------------
-
-
-class FileOpBody(BaseModel):
-    op: str
-    path: str
-
-
-class PruneBody(BaseModel):
-    keep: list[str]
-
-
-class PruneResult(BaseModel):
-    removed: list[str]
-
-
-def _no_content() -> Response:
-    return Response(status_code=204)
-
-
-def _host_routes(router: APIRouter, agent: Agent, metrics_text: MetricsText | None) -> None:
-    @router.get("/healthz")
-    async def healthz() -> dict[str, bool]:
-        return {"ok": True}
-
-    @router.get("/info")
-    async def info() -> m.AgentInfo:
-        return await agent.info()
-
-    @router.get("/capacity")
-    async def capacity() -> m.Capacity:
-        return await agent.capacity()
-
-    @router.get("/templates")
-    async def templates() -> list[m.TemplateInfo]:
-        return await agent.templates()
-
-    @router.delete("/templates/{name}", status_code=204)
-    async def remove_template(name: str) -> Response:
-        await agent.remove_template(name)
-        return _no_content()
-
-    @router.get("/metrics", response_class=Response)
-    async def metrics() -> Response:
-        text = await (metrics_text or agent.metrics_text)()
-        return Response(content=text, media_type=METRICS_MEDIA_TYPE)
-
-
-def _sandbox_routes(router: APIRouter, agent: Agent) -> None:
-    @router.get("/sandboxes")
-    async def list_sandboxes() -> list[m.SandboxInfo]:
-        return await agent.list_sandboxes()
-
-    @router.post("/sandboxes")
-    async def create(body: m.CreateSpec) -> m.SandboxInfo:
-        return await agent.create(body)
-
-    @router.get("/sandboxes/{sandbox_id}")
-    async def get(sandbox_id: str) -> m.SandboxInfo:
-        return await agent.get(sandbox_id)
-
-    @router.delete("/sandboxes/{sandbox_id}", status_code=204)
-    async def delete(sandbox_id: str) -> Response:
-        await agent.delete(sandbox_id)
-        return _no_content()
-
-    actions = {
-        "pause": agent.pause,
-        "resume": agent.resume,
-        "hibernate": agent.hibernate,
-        "wake": agent.wake,
-        "touch": agent.touch,
-    }
-    for action, call in actions.items():
-
-        def make(call: Callable[[str], Awaitable[m.SandboxInfo]]) -> Callable[[str], Awaitable[m.SandboxInfo]]:
-            async def route(sandbox_id: str) -> m.SandboxInfo:
-                return await call(sandbox_id)
-
-            return route
-
-        router.add_api_route(f"/sandboxes/{{sandbox_id}}/{action}", make(call), methods=["POST"], name=action)
-
-    @router.post("/hibernations/{sandbox_id}/store")
-    async def store_hibernation(sandbox_id: str) -> m.StoredHibernation:
-        return await agent.store_hibernation(sandbox_id)
-
-    @router.post("/hibernations/{sandbox_id}/wake")
-    async def wake_stored(sandbox_id: str, body: m.WakeSpec) -> m.SandboxInfo:
-        if body.sandbox_id != sandbox_id:
-            raise InvalidArgument("the body's sandbox_id is not the one in the path", details={"id": sandbox_id})
-        return await agent.wake_stored(body)
-
-    @router.patch("/sandboxes/{sandbox_id}/lifecycle")
-    async def set_lifecycle(sandbox_id: str, body: m.LifecyclePatch) -> m.SandboxInfo:
-        return await agent.set_lifecycle(sandbox_id, body)
-
-    @router.post("/sandboxes/{sandbox_id}/exec")
-    async def exec_(sandbox_id: str, body: m.ExecRequest) -> m.ExecResult:
-        return await agent.exec(sandbox_id, body)
-
-    @router.post("/sandboxes/{sandbox_id}/files/op")
-    async def file_op(sandbox_id: str, body: FileOpBody) -> dict[str, Any]:
-        if body.op not in FILE_OPS:
-            raise InvalidArgument(f"unknown file op {body.op!r}", details={"ops": sorted(FILE_OPS)})
-        return await agent.file_op(sandbox_id, body.op, body.path)
-
-    @router.get("/sandboxes/{sandbox_id}/net")
-    async def inspect_net(sandbox_id: str) -> dict[str, Any]:
-        return await agent.inspect_net(sandbox_id)
-
-
-def _snapshot_routes(router: APIRouter, agent: Agent) -> None:
-    @router.post("/sandboxes/{sandbox_id}/snapshots")
-    async def snapshot(sandbox_id: str, body: m.SnapshotRequest) -> m.SnapshotInfo:
-        return await agent.snapshot(sandbox_id, body)
-
-    @router.post("/sandboxes/{sandbox_id}/fork")
-    async def fork(sandbox_id: str, body: m.ForkRequest) -> m.SandboxInfo:
-        return await agent.fork(sandbox_id, body)
-
-    @router.post("/sandboxes/{sandbox_id}/fork-tree")
-    async def fork_tree(sandbox_id: str, body: m.TreeRequest) -> m.TreeResult:
-        return await agent.fork_tree(sandbox_id, body)
-
-    @router.post("/snapshots/prune")
-    async def prune_snapshots(body: PruneBody) -> PruneResult:
-        return PruneResult(removed=await agent.prune_snapshots(body.keep))
-
-    @router.post("/snapshots/{snapshot_id}/store")
-    async def store_snapshot(snapshot_id: str) -> m.StoredSnapshot:
-        return await agent.store_snapshot(snapshot_id)
-
-    @router.delete("/snapshots/{snapshot_id}", status_code=204)
-    async def delete_snapshot(snapshot_id: str, from_store: bool = Query(False)) -> Response:
-        await agent.delete_snapshot(snapshot_id, from_store=from_store)
-        return _no_content()
-
-    @router.get("/snapshots/{snapshot_id}/evidence")
-    async def evidence_list(snapshot_id: str) -> list[m.EvidenceEntry]:
-        return await agent.evidence_list(snapshot_id)
+# --- the app ------------------------------------------------------------------------------------------------------
 
 
 def create_agent_app(agent: Agent, token: str, *, metrics_text: MetricsText | None = None) -> FastAPI:
@@ -333,11 +190,12 @@ def create_agent_app(agent: Agent, token: str, *, metrics_text: MetricsText | No
         raise InvalidArgument("the agent's node token must be a non-empty string without surrounding whitespace")
     app = FastAPI(title="cryobox agent", docs_url=None, redoc_url=None, openapi_url=None)
     router = APIRouter(prefix=PREFIX, route_class=_AgentRoute)
-    _host_routes(router, agent, metrics_text)
-    _sandbox_routes(router, agent)
-    _snapshot_routes(router, agent)
-    add_stream_routes(router, agent)
-    add_proc_routes(router, agent)
+
+    @router.get("/healthz")
+    async def healthz() -> dict[str, bool]:
+        return {"ok": True}
+
+    add_operation_routes(router, agent, {"metrics_text": metrics_text} if metrics_text is not None else None)
     app.include_router(router)
     add_port_routes(app, agent, token=token)
     _install_error_handlers(app)

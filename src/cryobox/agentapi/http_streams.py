@@ -1,5 +1,5 @@
-"""The agent HTTP server's streamed and raw-body routes: NDJSON streams (exec, terminals, template builds),
-raw file and evidence bodies, terminal input.
+"""The agent HTTP server's framing of streams and raw bodies: NDJSON answers (exec, terminals, processes, watches,
+template builds) and reading raw request bodies (files, evidence, terminal input) up to a limit.
 
 A stream is ``application/x-ndjson``, one JSON object per line: ``{"event": <model>}`` per item, and, if the agent
 fails after the first item, a last ``{"error": <CryoboxError.to_wire()>}`` line (``HostUnavailable`` and
@@ -15,28 +15,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from starlette.background import BackgroundTask
 
 from ..errors import CryoboxError, HostUnavailable, PayloadTooLarge, QuotaExceeded
-from . import models as m
-from .interface import Agent
 
 log = logging.getLogger(__name__)
 
 NDJSON = "application/x-ndjson"
-MAX_FILE_BYTES = 64 << 20
-"""The largest file (or evidence) body the agent accepts; the guest enforces the same limit."""
-MAX_PTY_INPUT_BYTES = 1 << 20
-PathQuery = Query(min_length=1, max_length=4096, description="absolute path inside the guest")
-UserQuery = Query(default=None, min_length=1, max_length=64, description="the guest user to own what is written")
-
-
-class PtyResize(BaseModel):
-    cols: int
-    rows: int
 
 
 def _dumps(value: Any) -> bytes:
@@ -115,64 +103,8 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-def add_stream_routes(router: APIRouter, agent: Agent) -> None:
-    """Streams and raw bodies: exec/stream, files, terminals, evidence, template builds."""
-
-    @router.post("/sandboxes/{sandbox_id}/exec/stream", response_class=StreamingResponse)
-    async def exec_stream(sandbox_id: str, body: m.ExecRequest) -> Response:
-        return await ndjson_response(agent.exec_stream(sandbox_id, body))
-
-    @router.get("/sandboxes/{sandbox_id}/files", response_class=Response)
-    async def read_file(sandbox_id: str, path: str = PathQuery) -> Response:
-        data = await agent.read_file(sandbox_id, path)
-        return Response(content=data, media_type="application/octet-stream")
-
-    @router.put("/sandboxes/{sandbox_id}/files")
-    async def write_file(
-        sandbox_id: str, request: Request, path: str = PathQuery, user: str | None = UserQuery
-    ) -> m.WriteResult:
-        data = await read_body(request, MAX_FILE_BYTES)
-        return await agent.write_file(sandbox_id, path, data, user=user)
-
-    @router.post("/sandboxes/{sandbox_id}/pty", response_class=StreamingResponse)
-    async def pty_open(sandbox_id: str, body: m.PtyOpen) -> Response:
-        return await ndjson_response(agent.pty_open(sandbox_id, body))
-
-    @router.post("/sandboxes/{sandbox_id}/pty/{session}/input", status_code=204)
-    async def pty_input(sandbox_id: str, session: str, request: Request) -> Response:
-        await agent.pty_input(sandbox_id, session, await read_body(request, MAX_PTY_INPUT_BYTES))
-        return Response(status_code=204)
-
-    @router.post("/sandboxes/{sandbox_id}/pty/{session}/resize", status_code=204)
-    async def pty_resize(sandbox_id: str, session: str, body: PtyResize) -> Response:
-        await agent.pty_resize(sandbox_id, session, body.cols, body.rows)
-        return Response(status_code=204)
-
-    @router.post("/sandboxes/{sandbox_id}/pty/{session}/close", status_code=204)
-    async def pty_close(sandbox_id: str, session: str) -> Response:
-        await agent.pty_close(sandbox_id, session)
-        return Response(status_code=204)
-
-    @router.get("/snapshots/{snapshot_id}/evidence/{name:path}", response_class=Response)
-    async def evidence_read(snapshot_id: str, name: str) -> Response:
-        data = await agent.evidence_read(snapshot_id, name)
-        return Response(content=data, media_type="application/octet-stream")
-
-    @router.put("/snapshots/{snapshot_id}/evidence/{name:path}")
-    async def evidence_put(snapshot_id: str, name: str, request: Request) -> dict[str, int]:
-        data = await read_body(request, MAX_FILE_BYTES)
-        return {"bytes": await agent.evidence_put(snapshot_id, name, data)}
-
-    @router.post("/templates", response_class=StreamingResponse)
-    async def build_template(body: m.TemplateBuild) -> Response:
-        return await ndjson_response(agent.build_template(body))
-
-
 __all__ = [
-    "MAX_FILE_BYTES",
     "NDJSON",
-    "PtyResize",
-    "add_stream_routes",
     "error_line",
     "event_line",
     "ndjson_response",

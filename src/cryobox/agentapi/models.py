@@ -12,7 +12,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from ..proxy.target import PortTarget as PortTarget
+from . import models_guest as _guest
 from . import models_procs as _procs
+from . import models_templates as _templates
 
 SandboxState = Literal["starting", "running", "paused", "hibernated", "stopped", "error"]
 
@@ -246,29 +249,6 @@ class EvidenceEntry(_Model):
     source: str = ""
 
 
-class TemplateInfo(_Model):
-    name: str
-    generation: str
-    cpus: int
-    memory_mib: int
-    created_at: float
-    path: str = ""
-
-
-class TemplateBuild(_Model):
-    """A custom template build: the public request as JSON (see ``models.TemplateCreateRequest``)."""
-
-    request: dict[str, Any]
-
-
-class BuildEvent(_Model):
-    """A template build's progress line, or its end (``template`` on success, ``error`` on failure)."""
-
-    progress: str = ""
-    template: TemplateInfo | None = None
-    error: str | None = None
-
-
 class Capacity(_Model):
     """An agent's capacity as it reports it in every heartbeat."""
 
@@ -333,10 +313,10 @@ class HeartbeatReply(_Model):
     reconciled: bool = False
 
 
-# the models of long-lived processes, watches, file ops and ports (models_procs.py), in this one namespace
+# the models of long-lived processes, watches and file ops (models_procs.py), in this one namespace
+# (and PortTarget, above: the port proxy's own value, proxy/target.py)
 FsEvent = _procs.FsEvent
 FsRequest = _procs.FsRequest
-PortTarget = _procs.PortTarget
 ProcEvent = _procs.ProcEvent
 ProcInfo = _procs.ProcInfo
 ProcInput = _procs.ProcInput
@@ -346,3 +326,13 @@ ProcSignal = _procs.ProcSignal
 ProcStart = _procs.ProcStart
 PtySize = _procs.PtySize
 WatchRequest = _procs.WatchRequest
+
+# the guest's answers (models_guest.py) and the template models (models_templates.py), in this one namespace
+FsChange = _guest.FsChange
+FsEntry = _guest.FsEntry
+FsReply = _guest.FsReply
+NetInspection = _guest.NetInspection
+BuildEvent = _templates.BuildEvent
+BuildSpec = _templates.BuildSpec
+TemplateBuild = _templates.TemplateBuild
+TemplateInfo = _templates.TemplateInfo

@@ -1,4 +1,4 @@
-"""Wire models of long-lived guest processes, file-system watches, richer file ops and port targets.
+"""Wire models of long-lived guest processes, file-system watches and richer file ops.
 
 Re-exported by :mod:`.models`; kept apart so each file stays one concept. A process started with
 :class:`ProcStart` lives in the guest independently of any stream: closing a start or connect stream only
@@ -130,11 +130,3 @@ class FsEvent(_Model):
 
     kind: Literal["start", "create", "write", "remove", "rename", "chmod"]
     name: str = ""
-
-
-class PortTarget(_Model):
-    """Where the control plane sends a sandbox port's traffic: ``url`` (``http://host:port`` plus a path
-    prefix, no trailing slash) with ``headers`` added to every request (an agent's node token)."""
-
-    url: str
-    headers: dict[str, str] = Field(default_factory=dict)

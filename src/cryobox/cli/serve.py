@@ -17,7 +17,7 @@ from ..agent.host.startup import HostConfig
 from ..agent.memory.settings import StorageConfig
 from ..agent.sandbox.admission import AdmissionConfig
 from ..agent.sandbox.factory import PoolMode
-from ..agentapi import InProcessAgent
+from ..agentapi import Agent, InProcessAgent
 from ..compose.app import Intervals, create_app
 from ..compose.parts import GRACEFUL_STOP_S, AgentOptions, boot_agent, build_control, fleet_config, on_stop_mode
 from ..config import Paths
@@ -107,7 +107,7 @@ def serve(options: ServeOptions, console: Console) -> None:
                 ),
                 progress,
             )
-        local = InProcessAgent(agent)
+        local: Agent = InProcessAgent(agent)
         metrics = Metrics()
 
         async def agent_metrics() -> str:

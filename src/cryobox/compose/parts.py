@@ -27,7 +27,7 @@ from ..server.control.placement import DEFAULT_RESERVATION_TTL_S, Placement
 from ..server.control.quotas import QuotaGuard
 from ..server.control.sandboxes import ControlPlane
 from ..server.control.snapshots import RetentionPolicy, SnapshotControl
-from ..server.control.templates import TemplateJobs, spec_from_json
+from ..server.control.templates import TemplateJobs
 from ..server.metrics import Metrics
 from ..util.proc import Progress
 
@@ -79,7 +79,6 @@ async def boot_agent(
         vcpus=options.vcpus,
         max_sandboxes=options.max_sandboxes,
         builder=functools.partial(prepare_template, config, queue=BuildQueue.from_env()),
-        spec_from_request=spec_from_json,
         metrics_sources=[metrics.text],
         isolation="tcg" if config.accel.value == "tcg" else "kvm",
     )

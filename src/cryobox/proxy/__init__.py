@@ -1,7 +1,7 @@
 """The port proxy: a server a sandbox runs on any TCP port, reachable from outside, HTTP and WebSocket, streamed
 both ways. :func:`forward` is the ASGI-level engine (a scope in, the upstream's answer out); :class:`PortProxy`
 owns the HTTP client it uses. The routes in ``server/routes/ports.py`` (control plane) and
-``agentapi/http_ports.py`` (a host agent) resolve the :class:`~cryobox.agentapi.models_procs.PortTarget` and
+``agentapi/http_ports.py`` (a host agent) resolve the :class:`~.target.PortTarget` and
 call it.
 
 Modules: :mod:`.headers` (what crosses, both ways), :mod:`.urls` (the upstream URL, and a route's path
@@ -16,11 +16,11 @@ from http.cookiejar import CookieJar, DefaultCookiePolicy
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from ..agentapi.models_procs import PortTarget
 from ..errors import CryoboxError, InvalidArgument
 from .headers import CREDENTIALS, HOP_BY_HOP, request_headers
 from .http import forward_http
 from .replies import reply_error
+from .target import PortTarget
 from .urls import route_suffix, upstream_url
 from .websocket import HANDSHAKE_TIMEOUT_S, MAX_MESSAGE_BYTES, forward_websocket
 
@@ -148,6 +148,7 @@ __all__ = [
     "HOP_BY_HOP",
     "MAX_MESSAGE_BYTES",
     "PortProxy",
+    "PortTarget",
     "forward",
     "parse_port",
     "reply_error",

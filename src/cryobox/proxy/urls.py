@@ -13,8 +13,8 @@ from urllib.parse import quote, unquote
 import httpx
 from starlette.types import Scope
 
-from ..agentapi.models_procs import PortTarget
 from ..errors import InvalidArgument
+from .target import PortTarget
 
 _SCHEMES = {"http": "ws", "https": "wss"}
 

@@ -20,8 +20,10 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import ValidationError
 
-from cryobox.agentapi import Agent, HttpAgent, InProcessAgent, create_agent_app
+from cryobox import models
+from cryobox.agentapi import MAX_FILE_BYTES, Agent, HttpAgent, InProcessAgent, create_agent_app
 from cryobox.agentapi import models as m
+from cryobox.agentapi.models_templates import spec_from_request
 from cryobox.errors import (
     CryoboxError,
     GuestError,
@@ -32,7 +34,7 @@ from cryobox.errors import (
     PayloadTooLarge,
     StateError,
 )
-from tests.support.fake_agent import MAX_FILE_BYTES, FakeAgent
+from tests.support.fake_agent import FakeAgent
 
 TOKEN = "node-token-for-tests"
 T = TypeVar("T")
@@ -259,20 +261,21 @@ async def test_files(pair: Pair) -> None:
     assert await agent.read_file("sb-1", "/work/empty") == b""
     with pytest.raises(NotFound):
         await agent.read_file("sb-1", "/nope")
-    assert await agent.file_op("sb-1", "mkdir", "/work/sub") == {"path": "/work/sub"}
+    made = await agent.file_op("sb-1", "mkdir", "/work/sub")
+    assert made.model_dump() == {"path": "/work/sub"}  # the guest's keys, and only those, cross
     listing = await agent.file_op("sb-1", "list_dir", "/work")
-    entries = listing["entries"]
-    assert isinstance(entries, list) and [e["name"] for e in entries] == ["data.bin", "empty", "sub"]
+    entries = listing.entries
+    assert isinstance(entries, list) and [e.name for e in entries] == ["data.bin", "empty", "sub"]
     stat = await agent.file_op("sb-1", "stat", "/work/data.bin")
-    assert stat["size"] == len(data) and stat["is_dir"] is False
-    assert await agent.file_op("sb-1", "delete", "/work/data.bin") == {}
+    assert stat.size == len(data) and stat.is_dir is False
+    assert (await agent.file_op("sb-1", "delete", "/work/data.bin")).model_dump() == {}
     with pytest.raises(NotFound):
         await agent.read_file("sb-1", "/work/data.bin")
     with pytest.raises(InvalidArgument):
         await agent.file_op("sb-1", "chmod", "/work")
     with pytest.raises(InvalidArgument):
         await agent.write_file("sb-1", "relative", b"x")
-    net = await agent.inspect_net("sb-1")
+    net = (await agent.inspect_net("sb-1")).model_dump()
     assert net["egress"] == ["*"] and net["ip"] == pair.fake.sandboxes["sb-1"].guest_ip
 
 
@@ -443,14 +446,14 @@ async def test_fork_and_tree(pair: Pair) -> None:
 
 async def test_templates_build_and_remove(pair: Pair) -> None:
     agent = pair.agent
-    events = await collect(agent.build_template(m.TemplateBuild(request={"name": "py", "cpus": 2})))
+    events = await collect(agent.build_template(m.TemplateBuild(spec=m.BuildSpec(name="py", cpus=2))))
     assert [e.progress for e in events[:3]] == ["py: resolving packages", "py: building rootfs", "py: baking snapshot"]
     assert events[-1].template is not None and events[-1].template.cpus == 2
     assert {t.name for t in await agent.templates()} == {"base", "py"}
-    failed = await collect(agent.build_template(m.TemplateBuild(request={"name": "fail-build"})))
+    failed = await collect(agent.build_template(m.TemplateBuild(spec=m.BuildSpec(name="fail-build"))))
     assert failed[-1].error and failed[-1].template is None
     with pytest.raises(InvalidArgument):
-        await collect(agent.build_template(m.TemplateBuild(request={})))
+        await collect(agent.build_template(m.TemplateBuild(spec=m.BuildSpec(name=""))))
     await agent.remove_template("py")
     with pytest.raises(NotFound):
         await agent.remove_template("py")
@@ -473,8 +476,10 @@ async def test_no_shared_objects(pair: Pair) -> None:
     assert fake.sandboxes["sb-1"].metadata == {"a": "1"} and fake.sandboxes["sb-1"].env == {}
     assert (await agent.get("sb-1")).metadata == {"a": "1"}
     net = await agent.inspect_net("sb-1")
-    net["egress"] = []
-    assert fake.net["sb-1"]["egress"] == ["*"]
+    assert net.model_extra is not None
+    net.model_extra["egress"].clear()
+    net.interfaces[0]["addresses"] = []
+    assert (fake.net["sb-1"].model_extra or {})["egress"] == ["*"] and fake.net["sb-1"].interfaces[0]["addresses"]
     tree = await agent.fork_tree("sb-1", m.TreeRequest(snapshot_id="s", child_ids=["c"], tree_id="t"))
     tree.snapshot.labels["x"] = "y"
     tree.children[0].metadata.clear()
@@ -567,7 +572,7 @@ async def test_http_unexpected_errors(http_fake: tuple[str, FakeAgent]) -> None:
         await agent.create(spec())
         fake.fail_next["build_template"] = ValueError("boom")
         with pytest.raises(CryoboxError) as before:
-            await collect(agent.build_template(m.TemplateBuild(request={"name": "t"})))
+            await collect(agent.build_template(m.TemplateBuild(spec=m.BuildSpec(name="t"))))
         assert before.value.message == "internal error"
 
 
@@ -652,8 +657,8 @@ async def test_fs_watch_and_ports(pair: Pair) -> None:
     agent = pair.agent
     await agent.create(spec())
     moved = await agent.fs("sb-1", m.FsRequest(op="move", path="/a", destination="/b/c"))
-    assert moved == {"path": "/b/c", "name": "c"}
-    assert (await agent.fs("sb-1", m.FsRequest(op="list_dir", path="/w", depth=3)))["depth"] == 3
+    assert moved.model_dump() == {"path": "/b/c", "name": "c"}
+    assert (await agent.fs("sb-1", m.FsRequest(op="list_dir", path="/w", depth=3))).model_dump()["depth"] == 3
     watch = agent.fs_watch("sb-1", m.WatchRequest(path="/w", recursive=True))
     assert (await anext(watch)).kind == "start"
     pair.fake.watch_queues["sb-1"].put_nowait(m.FsEvent(kind="create", name="sub/x.txt"))
@@ -667,3 +672,32 @@ async def test_fs_watch_and_ports(pair: Pair) -> None:
         assert target == m.PortTarget(url="http://127.0.0.1:9/8000")
     with pytest.raises(InvalidArgument):
         await agent.port_target("sb-1", 0)
+
+
+async def test_http_template_build_from_a_previous_control_plane(http_fake: tuple[str, FakeAgent]) -> None:
+    """A control plane of the previous version sends only the public request: the agent reads it into the spec."""
+    url, fake = http_fake
+    public = {"name": "py", "base": "base", "packages": ["jq"], "cpu": 2}
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as client:
+        built = await client.post("/agent/v1/templates", json={"request": public})
+        refused = await client.post("/agent/v1/templates", json={"request": {"name": "Not A Name"}})
+    assert built.status_code == 200 and '"template":{"name":"py"' in built.text.splitlines()[-1]
+    [build] = [args[0] for name, args in fake.calls if name == "build_template"]
+    expected = spec_from_request(models.TemplateCreateRequest.model_validate(public))
+    assert build.spec.template_spec() == expected and build.spec.cpus == 2
+    assert refused.status_code == 400 and refused.json()["code"] == "invalid_argument"
+
+
+async def test_http_guest_answers_cross_as_the_guest_sent_them(http_fake: tuple[str, FakeAgent]) -> None:
+    url, fake = http_fake
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as client:
+        await client.post("/agent/v1/sandboxes", json=spec().model_dump(mode="json"))
+        await client.put("/agent/v1/sandboxes/sb-1/files", params={"path": "/w/f"}, content=b"abc")
+        stat = await client.post("/agent/v1/sandboxes/sb-1/files/op", json={"op": "stat", "path": "/w/f"})
+        made = await client.post("/agent/v1/sandboxes/sb-1/files/op", json={"op": "mkdir", "path": "/w/d"})
+        net = await client.get("/agent/v1/sandboxes/sb-1/net")
+    entry = {"name": "f", "is_dir": False, "size": 3, "mode": 0o644, "mtime": 0.0, "path": "/w/f"}
+    assert stat.json() == entry and made.json() == {"path": "/w/d"}  # no declared field the guest did not send
+    ip = fake.sandboxes["sb-1"].guest_ip
+    interfaces = [{"name": "eth0", "mac": "02:00:00:00:00:01", "addresses": [f"{ip}/30"]}]
+    assert net.json() == {"sockets": [], "interfaces": interfaces, "ip": ip, "egress": ["*"]}

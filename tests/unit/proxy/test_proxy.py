@@ -20,10 +20,10 @@ from websockets.asyncio.server import Server, serve
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.typing import Subprotocol
 
-from cryobox.agentapi.models_procs import PortTarget
 from cryobox.errors import InvalidArgument
 from cryobox.proxy import PortProxy, route_suffix
 from cryobox.proxy.headers import request_headers, response_headers
+from cryobox.proxy.target import PortTarget
 from cryobox.proxy.urls import upstream_url
 from tests.support.upstream import BLOB, Upstream, free_port, pick_subprotocol, proxy_app, serving, ws_gate
 

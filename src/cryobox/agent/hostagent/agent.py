@@ -37,7 +37,6 @@ from .snapshots import SnapshotOps
 
 log = logging.getLogger(__name__)
 TemplateBuilder = Callable[[TemplateSpec, Progress], Awaitable[Template]]
-SpecFromRequest = Callable[[dict[str, object]], TemplateSpec]
 PTY_CALL_TIMEOUT_S = 30.0
 
 
@@ -55,7 +54,6 @@ class HostAgent(HibernationEndpoints, ProcEndpoints):
         vcpus: int | None = None,
         max_sandboxes: int = 256,
         builder: TemplateBuilder | None = None,
-        spec_from_request: SpecFromRequest | None = None,
         metrics_sources: list[Callable[[], Awaitable[str]]] | None = None,
         isolation: str = "",
     ) -> None:
@@ -70,7 +68,6 @@ class HostAgent(HibernationEndpoints, ProcEndpoints):
         self.vcpus_total = vcpus or os.cpu_count() or 1
         self.max_sandboxes = max_sandboxes
         self.builder = builder
-        self.spec_from_request = spec_from_request
         self.metrics_sources = list(metrics_sources or [])
         self.isolation = isolation
         self.snapshots = SnapshotOps(host, self.service.clock)
@@ -269,15 +266,15 @@ class HostAgent(HibernationEndpoints, ProcEndpoints):
             result = await self.service.write_file(sandbox_id, path, data, user=user)
         return am.WriteResult(path=str(result.get("path", path)), bytes=int(result.get("bytes", len(data))))
 
-    async def file_op(self, sandbox_id: str, op: str, path: str) -> dict[str, object]:
+    async def file_op(self, sandbox_id: str, op: str, path: str) -> am.FsReply:
         if op not in FILE_OPS:
             raise InvalidArgument(f"unknown file operation {op!r}", details={"op": op})
         async with self._busy(sandbox_id):
-            return dict(await self.service.file_op(sandbox_id, op, path))
+            return am.FsReply.from_guest(await self.service.file_op(sandbox_id, op, path))
 
-    async def inspect_net(self, sandbox_id: str) -> dict[str, object]:
+    async def inspect_net(self, sandbox_id: str) -> am.NetInspection:
         async with self._busy(sandbox_id):
-            return dict(await self.service.inspect_net(sandbox_id))
+            return am.NetInspection.from_guest(await self.service.inspect_net(sandbox_id))
 
     async def pty_open(self, sandbox_id: str, request: am.PtyOpen) -> AsyncIterator[am.PtyEvent]:
         args: dict[str, object] = {"cols": request.cols, "rows": request.rows}
@@ -341,9 +338,9 @@ class HostAgent(HibernationEndpoints, ProcEndpoints):
     # -- templates -----------------------------------------------------------------------------------------
 
     async def build_template(self, build: am.TemplateBuild) -> AsyncIterator[am.BuildEvent]:
-        if self.builder is None or self.spec_from_request is None:
+        if self.builder is None:
             raise InvalidArgument("this agent cannot build templates")
-        spec = self.spec_from_request(dict(build.request))
+        spec = build.spec.template_spec()
         lines: asyncio.Queue[str] = asyncio.Queue(maxsize=1000)
 
         def progress(line: str) -> None:

@@ -118,7 +118,7 @@ class ProcEndpoints:
         size = {"cols": request.size.cols, "rows": request.size.rows}
         await self._call(sandbox_id, "proc_resize", {**selector_args(request.process), **size})
 
-    async def fs(self, sandbox_id: str, request: am.FsRequest) -> dict[str, object]:
+    async def fs(self, sandbox_id: str, request: am.FsRequest) -> am.FsReply:
         if request.op.startswith("watch_") and request.op != "watch_create":
             if not request.watcher:
                 raise InvalidArgument(f"{request.op} needs 'watcher'")
@@ -137,7 +137,7 @@ class ProcEndpoints:
                 args["recursive"] = request.recursive
             if request.user is not None and request.op in ("mkdir", "move"):
                 args["user"] = request.user
-        return dict(await self._call(sandbox_id, request.op, args, max_reply=LISTING_REPLY))
+        return am.FsReply.from_guest(await self._call(sandbox_id, request.op, args, max_reply=LISTING_REPLY))
 
     async def fs_watch(self, sandbox_id: str, request: am.WatchRequest) -> AsyncIterator[am.FsEvent]:
         if not request.path.startswith("/") or "\x00" in request.path:

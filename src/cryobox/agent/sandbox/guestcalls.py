@@ -9,13 +9,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from ...agentapi.interface import MAX_FILE_BYTES
 from ...errors import PayloadTooLarge
 from ...util.encoding import b64, unb64
 from ..guest.client import FILE_REPLY, LISTING_REPLY, GuestClient
 from ..guest.exec import ExecEvent, ExecResult, ExecSpec, run_exec, stream_exec
 from .sandbox import Sandbox, SandboxState
-
-MAX_FILE_BYTES = 64 << 20
 
 
 class GuestCalls:

@@ -34,7 +34,6 @@ from ..templates.bake import Template
 from ..vm import MicroVM
 from .factory import PoolMode, PrespawnPool, RestoreSource, VmFactory, new_id
 from .fidelity import rejoin
-from .guestcalls import MAX_FILE_BYTES as MAX_FILE_BYTES  # importable from here, as before
 from .guestcalls import GuestCalls
 from .lifecycle import ADOPTED_GUEST_TIMEOUT_S as ADOPTED_GUEST_TIMEOUT_S
 from .lifecycle import Lifecycle, RestoreGate

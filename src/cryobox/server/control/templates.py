@@ -20,35 +20,15 @@ from typing import Any
 from ... import models
 from ...agentapi import Agent
 from ...agentapi import models as am
+from ...agentapi.models_templates import spec_from_request
 from ...errors import BuildQueueFull, CryoboxError, HostUnavailable, InvalidArgument, NotFound, StateError
 from ...image.buildpolicy import BuildAllowlist, BuildLimits
-from ...image.specs import TemplateSpec, by_name, derived_spec
 from ...registry import Registry, TemplateRow
 from .fleet import Fleet
 from .quotas import QuotaGuard
 
 log = logging.getLogger(__name__)
 ROW_CACHE_S = 5.0
-
-
-def spec_from_request(request: models.TemplateCreateRequest) -> TemplateSpec:
-    base = by_name(request.base)
-    if base is None:  # pragma: no cover - the request model only admits built-in names
-        raise InvalidArgument(f"unknown base template {request.base!r}")
-    return derived_spec(
-        request.name,
-        base,
-        packages=tuple(request.packages),
-        pip=tuple(request.pip),
-        files=dict(request.files),
-        warmup=tuple(request.warmup),
-        cpus=request.cpu,
-        memory_mib=request.memory_mb,
-    )
-
-
-def spec_from_json(raw: dict[str, object]) -> TemplateSpec:
-    return spec_from_request(models.TemplateCreateRequest.model_validate(raw))
 
 
 def row_for_template(template: am.TemplateInfo, workspace_id: str | None, spec: dict[str, Any] | None) -> TemplateRow:
@@ -204,7 +184,8 @@ class TemplateJobs:
         error: str | None = None
         built: am.TemplateInfo | None = None
         try:
-            async for event in agent.build_template(am.TemplateBuild(request=spec)):
+            # the public request, as the registry keeps it, read into the template spec the agent builds
+            async for event in agent.build_template(am.TemplateBuild.of_request(spec)):
                 if event.progress and not keep_status:
                     self.progress[name] = event.progress[:200]
                 if event.error is not None:

@@ -25,7 +25,6 @@ from urllib.parse import quote
 import httpx
 
 from ...agentapi.interface import Agent
-from ...agentapi.models_procs import PortTarget
 from ...errors import (
     ERRORS_BY_CODE,
     CryoboxError,
@@ -37,6 +36,7 @@ from ...errors import (
     StateError,
     Unauthorized,
 )
+from ...proxy.target import PortTarget
 from .deps import Caller
 
 PORT = 49999

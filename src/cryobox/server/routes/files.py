@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Request, Response
 
 from ... import models
-from ...agent.sandbox.service import MAX_FILE_BYTES
+from ...agentapi import MAX_FILE_BYTES
+from ...agentapi import models as am
 from ...errors import InvalidArgument, PayloadTooLarge
 from .deps import Ctx
 from .errors import ERROR_RESPONSES
@@ -52,11 +53,8 @@ async def delete_file(sandbox_id: str, ctx: Ctx, path: str = PathQuery) -> Respo
 
 @router.get("/dir", response_model=models.DirListing)
 async def list_dir(sandbox_id: str, ctx: Ctx, path: str = PathQuery) -> models.DirListing:
-    raw = await _op(ctx, sandbox_id, "list_dir", path)
-    entries = raw.get("entries", [])
-    return models.DirListing(
-        path=path, entries=[file_entry(e) for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
-    )
+    listing = await _op(ctx, sandbox_id, "list_dir", path)
+    return models.DirListing(path=path, entries=[file_entry(e) for e in listing.entries or []])
 
 
 @router.get("/stat", response_model=models.FileEntry)
@@ -64,6 +62,6 @@ async def stat(sandbox_id: str, ctx: Ctx, path: str = PathQuery) -> models.FileE
     return file_entry(await _op(ctx, sandbox_id, "stat", path))
 
 
-async def _op(ctx: Ctx, sandbox_id: str, op: str, path: str) -> dict[str, object]:
+async def _op(ctx: Ctx, sandbox_id: str, op: str, path: str) -> am.FsReply:
     checked(path)
     return await (await ctx.control.agent_for(sandbox_id, ctx.workspace_id)).file_op(sandbox_id, op, path)

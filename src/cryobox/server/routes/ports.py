@@ -24,9 +24,9 @@ from fastapi import APIRouter, Request
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
-from ...agentapi.models_procs import PortTarget
 from ...errors import CryoboxError, InvalidArgument, Unauthorized
 from ...proxy import parse_port, reply_error, route_suffix
+from ...proxy.target import PortTarget
 from ..access.gate import bearer_key
 from .deps import AppContext, authenticated
 

@@ -82,7 +82,8 @@ async def delete_sandbox(sandbox_id: str, ctx: Ctx, keep_snapshots: bool = False
 async def inspect_net(sandbox_id: str, ctx: Ctx) -> dict[str, Any]:
     """ext: the guest's sockets, neighbour table, resolver config, interfaces, wall and monotonic clocks and
     instance id (``cryobox inspect net``): compare one taken before a snapshot with one after a restore."""
-    return await (await ctx.control.agent_for(sandbox_id, ctx.workspace_id)).inspect_net(sandbox_id)
+    net = await (await ctx.control.agent_for(sandbox_id, ctx.workspace_id)).inspect_net(sandbox_id)
+    return net.model_dump(mode="json")
 
 
 def _lifecycle(info: am.SandboxInfo) -> models.Lifecycle:

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ... import models
+from ...agentapi import models as am
 
 
-def file_entry(raw: dict[str, Any]) -> models.FileEntry:
+def file_entry(entry: am.FsEntry) -> models.FileEntry:
     return models.FileEntry(
-        name=str(raw["name"]),
-        is_dir=bool(raw["is_dir"]),
-        size=int(raw["size"]),
-        mode=int(raw["mode"]),
-        mtime=float(raw["mtime"]),
+        name=entry.name,
+        is_dir=entry.is_dir,
+        size=entry.size,
+        mode=entry.mode,
+        mtime=entry.mtime if entry.mtime is not None else 0.0,
     )

@@ -11,8 +11,10 @@ import pytest
 from cryobox import models
 from cryobox.agentapi import models as am
 from cryobox.agentapi.heartbeat import heartbeat_of
+from cryobox.agentapi.models_templates import spec_from_request
 from cryobox.errors import BuildQueueFull, Forbidden, NotFound
 from cryobox.image.buildpolicy import BuildAllowlist
+from cryobox.image.specs import by_name
 from cryobox.registry import Registry
 from cryobox.server.control.fleet import Fleet, FleetConfig
 from cryobox.server.control.templates import TemplateJobs
@@ -118,3 +120,26 @@ async def test_a_built_template_is_servable_before_the_agents_next_heartbeat(
     assert registry.get_template("fresh").status == "ready"
     served = registry.fleet.get_agent("a").capacity["templates_ready"]
     assert served["fresh"] == agent.template_infos["fresh"].generation  # no heartbeat was sent since the first
+
+
+async def test_the_agent_gets_the_spec_read_from_the_request_and_the_request_for_older_agents(
+    jobs: tuple[TemplateJobs, HeldAgent], registry: Registry
+) -> None:
+    templates, agent = jobs
+    ws = registry.ensure_workspace("alpha").id
+    asked = request("typed", base="code-interpreter", packages=["jq"], pip=["requests"], cpu=2, memory_mb=2048)
+    await templates.start_build(ws, asked)
+    agent.release.set()
+    for _ in range(500):
+        if templates.progress.get("typed") == "ready":
+            break
+        await asyncio.sleep(0.01)
+    [build] = [args[0] for name, args in agent.calls if name == "build_template"]
+    assert isinstance(build, am.TemplateBuild)
+    spec = build.spec.template_spec()
+    assert spec == spec_from_request(asked) and am.BuildSpec.of(spec) == build.spec
+    assert (spec.base, spec.cpus, spec.memory_mib, spec.pip) == ("code-interpreter", 2, 2048, ("requests",))
+    base = by_name("code-interpreter")
+    assert base is not None and spec.packages[-1] == "jq" and spec.warmup == base.warmup
+    assert build.request == asked.model_dump()  # what an agent of the previous version reads
+    assert registry.get_template("typed").spec == asked.model_dump()  # the registry keeps the public request

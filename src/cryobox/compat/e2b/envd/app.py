@@ -21,8 +21,7 @@ from typing import Protocol
 
 from starlette.types import Receive, Scope, Send
 
-from ....agent.sandbox.service import MAX_FILE_BYTES
-from ....agentapi.interface import Agent
+from ....agentapi.interface import MAX_FILE_BYTES, Agent
 from ....errors import InvalidArgument
 from ..access import PORT_HEADER, SANDBOX_HEADER, TOKEN_HEADER, TRAFFIC_TOKEN_HEADER
 from .errors import ErrorInterceptor

@@ -1,9 +1,9 @@
 """The guest's file entries and watch events as envd's ``EntryInfo`` / ``FilesystemEvent``.
 
-A guest entry is a dict with ``name, path, type ("file"|"dir"|"symlink"), size, mode, permissions, owner, group,
-mtime (epoch seconds), symlink_target``; missing values read as empty (an older guest's ``is_dir`` stands in for
-``type``). ``mode`` carries the permission bits as envd's does (``0o777`` at most) and ``permissions`` is Go's
-``FileMode.String()`` (``drwxr-xr-x``) unless the guest sent its own.
+A guest entry (:class:`~cryobox.agentapi.models_guest.FsEntry`) has ``name, path, type ("file"|"dir"|"symlink"),
+size, mode, permissions, owner, group, mtime (epoch seconds), symlink_target``; missing values read as empty (an
+older guest's ``is_dir`` stands in for ``type``). ``mode`` carries the permission bits as envd's does (``0o777``
+at most) and ``permissions`` is Go's ``FileMode.String()`` (``drwxr-xr-x``) unless the guest sent its own.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from protobuf.wkt import Timestamp
 
 from ....agentapi import models_procs as mp
+from ....agentapi.models_guest import FsEntry, FsReply
 from ....errors import GuestError
 from .gen.filesystem import filesystem_pb as pb
 
@@ -32,21 +33,10 @@ EVENT_TYPES: Mapping[str, pb.EventType] = {
 }
 
 
-def _str(raw: Mapping[str, object], key: str) -> str:
-    value = raw.get(key)
-    return value if isinstance(value, str) else ""
-
-
-def _int(raw: Mapping[str, object], key: str) -> int:
-    value = raw.get(key)
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
-
-
-def entry_type(raw: Mapping[str, object]) -> str:
-    kind = raw.get("type")
-    if isinstance(kind, str) and kind in FILE_TYPES:
-        return kind
-    return "dir" if raw.get("is_dir") is True else "file"
+def entry_type(entry: FsEntry) -> str:
+    if entry.type in FILE_TYPES:
+        return entry.type
+    return "dir" if entry.is_dir else "file"
 
 
 def permissions(kind: str, mode: int) -> str:
@@ -55,44 +45,38 @@ def permissions(kind: str, mode: int) -> str:
     return TYPE_LETTERS.get(kind, "-") + bits
 
 
-def _mtime(raw: Mapping[str, object]) -> Timestamp | None:
-    value = raw.get("mtime")
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+def _mtime(entry: FsEntry) -> Timestamp | None:
+    if entry.mtime is None or not math.isfinite(entry.mtime):
         return None
-    return Timestamp.from_seconds(float(value))
+    return Timestamp.from_seconds(entry.mtime)
 
 
-def entry_info(raw: Mapping[str, object]) -> pb.EntryInfo:
-    kind = entry_type(raw)
-    mode = _int(raw, "mode") & 0o777
-    target = raw.get("symlink_target")
+def entry_info(entry: FsEntry) -> pb.EntryInfo:
+    kind = entry_type(entry)
+    mode = entry.mode & 0o777
     return pb.EntryInfo(
-        name=_str(raw, "name"),
+        name=entry.name,
         type=FILE_TYPES[kind],
-        path=_str(raw, "path"),
-        size=_int(raw, "size"),
+        path=entry.path,
+        size=entry.size,
         mode=mode,
-        permissions=_str(raw, "permissions") or permissions(kind, mode),
-        owner=_str(raw, "owner"),
-        group=_str(raw, "group"),
-        modified_time=_mtime(raw),
-        symlink_target=target if isinstance(target, str) else None,
+        permissions=entry.permissions or permissions(kind, mode),
+        owner=entry.owner,
+        group=entry.group,
+        modified_time=_mtime(entry),
+        symlink_target=entry.symlink_target,
     )
 
 
-def answer_entry(answer: Mapping[str, object]) -> Mapping[str, object]:
+def answer_entry(answer: FsReply) -> FsEntry:
     """The entry in a guest answer: its ``entry`` member, or the answer itself (``stat`` answers the entry)."""
-    entry = answer.get("entry")
-    if isinstance(entry, Mapping):
-        return entry
-    return answer
+    return answer.entry if answer.entry is not None else answer
 
 
-def answer_entries(answer: Mapping[str, object]) -> list[pb.EntryInfo]:
-    entries = answer.get("entries")
-    if not isinstance(entries, list):
+def answer_entries(answer: FsReply) -> list[pb.EntryInfo]:
+    if answer.entries is None:
         raise GuestError("the guest's listing has no entries")
-    return [entry_info(e) for e in entries if isinstance(e, Mapping)]
+    return [entry_info(e) for e in answer.entries]
 
 
 def watch_event(event: mp.FsEvent, entry: pb.EntryInfo | None = None) -> pb.FilesystemEvent | None:

@@ -27,7 +27,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from ....agent.sandbox.service import MAX_FILE_BYTES
+from ....agentapi import MAX_FILE_BYTES
 from ....errors import InvalidArgument, NotFound, PayloadTooLarge
 from ..access import SANDBOX_HEADER, TOKEN_HEADER
 from . import multipart

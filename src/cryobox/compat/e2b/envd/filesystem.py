@@ -18,7 +18,7 @@ import base64
 import binascii
 import json
 import posixpath
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -30,6 +30,7 @@ from protobuf import Oneof
 from pydantic import ValidationError
 
 from ....agentapi import models_procs as mp
+from ....agentapi.models_guest import FsReply
 from ....errors import GuestError, InvalidArgument, NotFound
 from .entries import answer_entries, answer_entry, entry_info, watch_event
 from .gen.filesystem import filesystem_pb as pb
@@ -83,9 +84,9 @@ class WatcherRef:
         return cls(guest_id=guest_id, path=path, include_entry=entry)
 
 
-def _guest_watcher_id(answer: Mapping[str, object]) -> str:
-    for key in ("watcher", "watcher_id", "id"):
-        value = answer.get(key)
+def _guest_watcher_id(answer: FsReply) -> str:
+    extra = answer.model_extra or {}
+    for value in (answer.watcher, extra.get("watcher_id"), extra.get("id")):
         if isinstance(value, str) and value:
             return value
     raise GuestError("the guest did not name the watcher it created")
@@ -99,16 +100,16 @@ class FilesystemService(Filesystem):
     async def _target(self, ctx: RequestContext[Any, Any]) -> Target:
         return await open_target(self._opener, ctx.request_headers, default_user=self._default_user)
 
-    async def _fs(self, target: Target, **fields: object) -> dict[str, object]:
+    async def _fs(self, target: Target, **fields: object) -> FsReply:
         request = mp.FsRequest.model_validate({"user": target.user, **fields})
         return await target.agent.fs(target.sandbox_id, request)
 
     async def _stat(self, target: Target, path: str) -> pb.EntryInfo:
         return entry_info(answer_entry(await self._fs(target, op="stat", path=path)))
 
-    async def _entry_or_stat(self, target: Target, answer: Mapping[str, object], path: str) -> pb.EntryInfo:
+    async def _entry_or_stat(self, target: Target, answer: FsReply, path: str) -> pb.EntryInfo:
         entry = answer_entry(answer)
-        if "type" in entry or "is_dir" in entry:
+        if entry.model_fields_set & {"type", "is_dir"}:
             return entry_info(entry)
         return await self._stat(target, path)
 
@@ -125,10 +126,10 @@ class FilesystemService(Filesystem):
         target = await self._target(ctx)
         path = target.resolve(request.path)
         answer = await self._fs(target, op="mkdir", path=path)
-        if answer.get("created") is False:
+        if answer.created is False:
             raise ConnectError(Code.ALREADY_EXISTS, f"directory already exists: {path}")
         entry = answer_entry(answer)
-        if "type" in entry:
+        if "type" in entry.model_fields_set:
             return pb.MakeDirResponse(entry=entry_info(entry))
         name = posixpath.basename(path.rstrip("/")) or "/"
         return pb.MakeDirResponse(entry=pb.EntryInfo(name=name, type=pb.FileType.DIRECTORY, path=path))
@@ -205,11 +206,10 @@ class FilesystemService(Filesystem):
         target = await self._target(ctx)
         ref = WatcherRef.decode(request.watcher_id)
         answer = await self._fs(target, op="watch_events", watcher=ref.guest_id)
-        raw = answer.get("events")
         events: list[pb.FilesystemEvent] = []
-        for item in raw if isinstance(raw, list) else []:
+        for item in answer.events or []:
             try:
-                event = mp.FsEvent.model_validate(item)
+                event = mp.FsEvent.model_validate(item.model_dump())
             except ValidationError:
                 continue  # a kind of change envd has no name for
             change = await self._event(target, ref.path, event, ref.include_entry)

@@ -13,11 +13,13 @@ from connectrpc.codec import proto_json_codec
 from connectrpc.errors import ConnectError
 
 from cryobox.agentapi import models_procs as mp
+from cryobox.agentapi.models_guest import FsEntry
 from cryobox.compat.e2b.envd import create_envd_app
 from cryobox.compat.e2b.envd.entries import entry_info, permissions
 from cryobox.compat.e2b.envd.filesystem import WatcherRef
 from cryobox.compat.e2b.envd.gen.filesystem import filesystem_pb as pb
 from cryobox.compat.e2b.envd.gen.filesystem.filesystem_connect import FilesystemClient
+from cryobox.errors import GuestError
 from tests.support.envd import HEADERS, FakeAccess, FakeEnvdAgent, Node, mounted, no_forward, serve, until
 
 
@@ -161,7 +163,9 @@ async def test_watcher_trio(env: Env) -> None:
 
 def test_entry_info_from_guest_dicts() -> None:
     link = entry_info(
-        {"name": "l", "path": "/l", "type": "symlink", "mode": 0o120777, "symlink_target": "/t", "mtime": 1.5}
+        FsEntry.from_guest(
+            {"name": "l", "path": "/l", "type": "symlink", "mode": 0o120777, "symlink_target": "/t", "mtime": 1.5}
+        )
     )
     assert (link.type, link.mode, link.permissions, link.symlink_target) == (
         pb.FileType.SYMLINK,
@@ -169,6 +173,8 @@ def test_entry_info_from_guest_dicts() -> None:
         "Lrwxrwxrwx",
         "/t",
     )
-    legacy = entry_info({"name": "d", "is_dir": True, "mode": 0o755, "mtime": "bad"})
+    legacy = entry_info(FsEntry.from_guest({"name": "d", "is_dir": True, "mode": 0o755, "mtime": float("nan")}))
     assert (legacy.type, legacy.permissions, legacy.modified_time) == (pb.FileType.DIRECTORY, "drwxr-xr-x", None)
+    with pytest.raises(GuestError):  # a time that is no number is refused where the guest's answer is read
+        FsEntry.from_guest({"name": "d", "is_dir": True, "mode": 0o755, "mtime": "bad"})
     assert permissions("file", 0o640) == "-rw-r-----"

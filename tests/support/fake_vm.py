@@ -36,6 +36,7 @@ from cryobox.agent.vm.states import require
 from cryobox.errors import GuestError, VmmError
 from cryobox.util.encoding import b64, unb64
 from cryobox.util.sealing import Sealer
+from tests.support.clock import FakeClock
 
 MACHINE = MachineConfig(512, 2, Accel.TCG, Path("/k"), Path("/i"), 1, True)
 
@@ -257,14 +258,6 @@ class StepLog(CrashPoints):
         return [step for step, _ in self.steps]
 
 
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @dataclass
 class Rig:
     service: SandboxService
@@ -301,7 +294,7 @@ def make_rig(root: Path) -> Rig:
     records = SandboxRecords(root / "vol" / "sandboxes", sealer=Sealer.ephemeral())
     steps = StepLog(records)
     template = make_template(root)
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     service = SandboxService(
         {template.name: template},
         cast(VmFactory, factory),

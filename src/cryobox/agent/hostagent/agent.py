@@ -16,18 +16,20 @@ import os
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from ... import __version__
 from ...agentapi import models as am
 from ...agentapi.interface import FILE_OPS
-from ...errors import CryoboxError, InvalidArgument, NotFound
+from ...errors import InvalidArgument, NotFound
 from ...image.specs import TemplateSpec
 from ...util.encoding import b64, unb64
 from ...util.proc import Progress
 from ..guest.exec import ExecSpec
 from ..host.startup import Host
 from ..sandbox.admission import AdmissionController
+from ..sandbox.lifecycle import UNCHANGED
 from ..sandbox.sandbox import Sandbox, SandboxState
 from ..templates.bake import Template
 from .hibernations import HibernationEndpoints
@@ -188,35 +190,14 @@ class HostAgent(HibernationEndpoints, ProcEndpoints):
         return self._info(await self.service.wake(sandbox_id))
 
     async def set_lifecycle(self, sandbox_id: str, patch: am.LifecyclePatch) -> am.SandboxInfo:
-        sandbox = self.service.get(sandbox_id)
-        if patch.set_ttl:
-            sandbox.ttl_s = patch.ttl_s
-        if patch.persistent is not None:
-            sandbox.persistent = patch.persistent
-        sandbox.touch(self.service.clock())
-        return self._info(sandbox)
+        ttl_s: int | None | object = patch.ttl_s if patch.set_ttl else UNCHANGED
+        return self._info(await self.service.set_lifecycle(sandbox_id, ttl_s=ttl_s, persistent=patch.persistent))
 
     async def touch(self, sandbox_id: str) -> am.SandboxInfo:
-        sandbox = self.service.get(sandbox_id)
-        sandbox.touch(self.service.clock())
-        return self._info(sandbox)
+        return self._info(self.service.touch(sandbox_id))
 
-    @contextlib.asynccontextmanager
-    async def _busy(self, sandbox_id: str) -> AsyncIterator[Sandbox]:
-        """A request in flight: the sandbox cannot expire until it ends (and its idle clock restarts then)."""
-        sandbox = self.service.get(sandbox_id)
-        sandbox.in_flight += 1
-        sandbox.touch(self.service.clock())
-        try:
-            yield sandbox
-        except CryoboxError as err:
-            if self.service.sandboxes.get(sandbox_id) is not sandbox and not isinstance(err, NotFound):
-                # deleted while the request ran (its VM went away under it): that, not a guest error
-                raise NotFound(f"sandbox {sandbox_id} was deleted", details={"id": sandbox_id}) from err
-            raise
-        finally:
-            sandbox.in_flight -= 1
-            sandbox.touch(self.service.clock())
+    def _busy(self, sandbox_id: str) -> AbstractAsyncContextManager[Sandbox]:
+        return self.service.busy(sandbox_id)
 
     # -- commands, files, terminals ------------------------------------------------------------------------
 

@@ -35,6 +35,8 @@ from .sandbox import Sandbox, SandboxState
 
 log = logging.getLogger(__name__)
 ADOPTED_GUEST_TIMEOUT_S = 15.0
+UNCHANGED = object()
+"""``set_lifecycle``'s "leave the TTL as it is" (``None`` is a TTL: never expire)."""
 RestoreGate = Callable[[], AbstractAsyncContextManager[None]]
 """An admission slot for a restore the service starts by itself (a wake): ``AdmissionController.slot``."""
 
@@ -119,6 +121,23 @@ class Lifecycle:
             if mapped is not None:
                 await asyncio.to_thread(self.factory.hot.drop, mapped)
             log.info("sandbox %s hibernated (%d bytes)", sandbox.id, image.size_bytes)
+        return sandbox
+
+    async def set_lifecycle(
+        self, sandbox_id: str, *, ttl_s: int | None | object = UNCHANGED, persistent: bool | None = None
+    ) -> Sandbox:
+        """Change the idle TTL (``None``: never expires) and/or persistence, durably (a restarted agent adopts the
+        sandbox with them); counts as activity."""
+        sandbox = self.get(sandbox_id)
+        async with sandbox.lock:
+            if ttl_s is not UNCHANGED:
+                if ttl_s is not None and not isinstance(ttl_s, int):
+                    raise TypeError(f"ttl_s must be an int or None, not {type(ttl_s).__name__}")
+                sandbox.ttl_s = ttl_s
+            if persistent is not None:
+                sandbox.persistent = persistent
+            sandbox.touch(self.clock())
+            await self.persist(sandbox)
         return sandbox
 
     async def wake(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:

@@ -23,11 +23,11 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from ...errors import NotFound, StateError
+from ...errors import CryoboxError, NotFound, StateError
 from ..crashpoints import CrashPoints
 from ..snapshot.store import SnapshotImage, SnapshotStore
 from ..templates.bake import Template
@@ -252,6 +252,31 @@ class SandboxService(Lifecycle, GuestCalls):
 
     def all(self) -> list[Sandbox]:
         return sorted(self._sandboxes.values(), key=lambda s: s.created_at)
+
+    # -- activity: what keeps a sandbox from expiring ----------------------------------------------------------
+
+    def touch(self, sandbox_id: str) -> Sandbox:
+        """Record activity (the idle clock restarts)."""
+        sandbox = self.get(sandbox_id)
+        sandbox.touch(self.clock())
+        return sandbox
+
+    @contextlib.asynccontextmanager
+    async def busy(self, sandbox_id: str) -> AsyncIterator[Sandbox]:
+        """A request in flight: the sandbox cannot expire until it ends (and its idle clock restarts then). A
+        guest error raised while the sandbox was deleted under the request is that deletion (``NotFound``)."""
+        sandbox = self.get(sandbox_id)
+        sandbox.in_flight += 1
+        sandbox.touch(self.clock())
+        try:
+            yield sandbox
+        except CryoboxError as err:
+            if self._sandboxes.get(sandbox_id) is not sandbox and not isinstance(err, NotFound):
+                raise NotFound(f"sandbox {sandbox_id} was deleted", details={"id": sandbox_id}) from err
+            raise
+        finally:
+            sandbox.in_flight -= 1
+            sandbox.touch(self.clock())
 
     def running(self) -> int:
         """Sandboxes whose QEMU is alive."""

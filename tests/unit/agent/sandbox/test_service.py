@@ -111,6 +111,40 @@ async def test_pause_and_resume_move_between_running_and_paused(rig: Rig) -> Non
     assert (await rig.service.resume("sb-1")).state is SandboxState.RUNNING  # a running one stays as it is
 
 
+async def test_a_lifecycle_change_is_durable_and_counts_as_activity(rig: Rig) -> None:
+    """A restarted agent adopts the sandbox from its record: a TTL or persistence change must be in it."""
+    await rig.service.create("base", sandbox_id="sb-1", ttl_s=60)
+    rig.clock.now = 1500.0
+    changed = await rig.service.set_lifecycle("sb-1", ttl_s=None, persistent=True)
+    assert (changed.ttl_s, changed.persistent, changed.last_active) == (None, True, 1500.0)
+    [record] = rig.records.load_all()
+    assert (record.ttl_s, record.persistent) == (None, True)
+    await rig.service.set_lifecycle("sb-1", ttl_s=300)  # persistence left as it is
+    [record] = rig.records.load_all()
+    assert (record.ttl_s, record.persistent) == (300, True)
+    await rig.service.set_lifecycle("sb-1", persistent=False)  # the TTL left as it is
+    [record] = rig.records.load_all()
+    assert (record.ttl_s, record.persistent) == (300, False)
+    with pytest.raises(NotFound):
+        await rig.service.set_lifecycle("sb-gone", ttl_s=1)
+
+
+async def test_a_request_in_flight_keeps_the_sandbox_from_expiring(rig: Rig) -> None:
+    sandbox = await rig.service.create("base", sandbox_id="sb-1", ttl_s=10)
+    rig.clock.now = 2000.0
+    async with rig.service.busy("sb-1") as busy:
+        assert busy is sandbox and sandbox.in_flight == 1
+        assert not sandbox.expired(5000.0) and sandbox.idle_s(5000.0) == 0.0
+    assert sandbox.in_flight == 0 and sandbox.last_active == 2000.0 and sandbox.expired(2010.0)
+    rig.clock.now = 2100.0
+    assert rig.service.touch("sb-1").last_active == 2100.0
+    with pytest.raises(NotFound, match="was deleted"):  # the guest failing because the sandbox went away
+        async with rig.service.busy("sb-1"):
+            await rig.service.delete("sb-1")
+            raise GuestError("connection reset")
+    assert sandbox.in_flight == 0
+
+
 async def test_hibernate_records_before_killing_and_any_request_wakes_it(rig: Rig) -> None:
     await rig.service.create("base", sandbox_id="sb-1", egress=["10.0.0.0/8"])
     first = rig.vm("sb-1")

@@ -10,6 +10,7 @@ in :mod:`cryobox.compat.e2b.views`). The agent's side of the same mapping is :mo
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from .. import models
 from ..agentapi import models as am
@@ -54,6 +55,20 @@ def live_row(row: SandboxRow, info: am.SandboxInfo) -> SandboxRow:
         persistent=info.persistent,
         guest_ip=info.guest_ip,
         vm_id=info.vm_id,
+    )
+
+
+def template_row(template: am.TemplateInfo, workspace_id: str | None, spec: dict[str, Any] | None) -> TemplateRow:
+    return TemplateRow(
+        name=template.name,
+        generation=template.generation,
+        cpus=template.cpus,
+        memory_mib=template.memory_mib,
+        status="ready",
+        path=template.path,
+        created_at=template.created_at,
+        workspace_id=workspace_id,
+        spec=spec,
     )
 
 

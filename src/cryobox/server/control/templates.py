@@ -24,25 +24,12 @@ from ...agentapi.models_templates import spec_from_request
 from ...errors import BuildQueueFull, CryoboxError, HostUnavailable, InvalidArgument, NotFound, StateError
 from ...image.buildpolicy import BuildAllowlist, BuildLimits
 from ...registry import Registry, TemplateRow
+from ..mapping import template_row
 from .fleet import Fleet
 from .quotas import QuotaGuard
 
 log = logging.getLogger(__name__)
 ROW_CACHE_S = 5.0
-
-
-def row_for_template(template: am.TemplateInfo, workspace_id: str | None, spec: dict[str, Any] | None) -> TemplateRow:
-    return TemplateRow(
-        name=template.name,
-        generation=template.generation,
-        cpus=template.cpus,
-        memory_mib=template.memory_mib,
-        status="ready",
-        path=template.path,
-        created_at=template.created_at,
-        workspace_id=workspace_id,
-        spec=spec,
-    )
 
 
 class TemplateJobs:
@@ -104,7 +91,7 @@ class TemplateJobs:
             except NotFound:
                 existing = None
             if existing is None or existing.workspace_id is None:
-                await asyncio.to_thread(self.registry.upsert_template, row_for_template(template, None, None))
+                await asyncio.to_thread(self.registry.upsert_template, template_row(template, None, None))
                 self._forget(template.name)
         for row in await asyncio.to_thread(self.registry.list_templates):
             if row.workspace_id is None or row.spec is None or row.status == "error" or row.name in serving:
@@ -211,7 +198,7 @@ class TemplateJobs:
             log.warning("template %s: could not refresh %s's capacity: %s", name, agent_name, err.message)
         with contextlib.suppress(NotFound):
             current = await asyncio.to_thread(self.registry.get_template, name)
-            await asyncio.to_thread(self.registry.upsert_template, row_for_template(built, workspace_id, current.spec))
+            await asyncio.to_thread(self.registry.upsert_template, template_row(built, workspace_id, current.spec))
         self._forget(name)
         self.progress[name] = "ready"
 

@@ -110,9 +110,11 @@ def test_list_filters_by_metadata_and_status(api: Api) -> None:
 def test_lifecycle_get_and_patch(sandbox: Sandbox) -> None:
     life = sandbox.lifecycle()
     assert life.ttl_seconds is None and life.persistent is False and life.expires_at is None
-    assert life.idle_seconds >= 0
-    life = sandbox.set_ttl(300)
-    assert life.ttl_seconds == 300 and life.expires_at is not None
+    time.sleep(1.0)
+    idle = sandbox.lifecycle().idle_seconds  # reading the lifecycle is not activity: the idle clock runs on
+    assert idle >= life.idle_seconds + 1.0
+    life = sandbox.set_ttl(300)  # changing it is: the idle clock restarts
+    assert life.ttl_seconds == 300 and life.expires_at is not None and life.idle_seconds < idle
     life = sandbox.set_persistent(True)
     assert life.persistent is True and life.expires_at is None
     assert sandbox.refresh().persistent is True

@@ -85,8 +85,9 @@ class FsReply(FsEntry):
     events: list[FsChange] | None = None
     dropped: int = 0
     """Changes the watcher's bounded buffer discarded since the last ``watch_events``."""
-    ended: bool = False
-    """The watcher stopped (its directory went away): no more events will come."""
+    ended: str | None = None
+    """Why the watcher stopped (``removed``: its directory went away), ``None`` while it runs: after an ``ended``
+    answer no more events come."""
 
 
 class NetInspection(GuestAnswer):

@@ -27,6 +27,7 @@ from cryobox.agent.memory.hot import HotImages
 from cryobox.agent.net.slots import Slot
 from cryobox.agent.sandbox.factory import RestoreSource, VmFactory
 from cryobox.agent.sandbox.forking import Forking
+from cryobox.agent.sandbox.mapping import vm_record
 from cryobox.agent.sandbox.records import SandboxRecords, VmRecord
 from cryobox.agent.sandbox.service import SandboxService
 from cryobox.agent.snapshot.store import CaptureInfo, SnapshotImage, SnapshotStore
@@ -164,18 +165,7 @@ class FakeFactory:
         self.egress[vm.vm_id] = list(cidrs)
 
     def vm_record(self, vm: MicroVM) -> VmRecord:
-        assert vm.pid is not None and vm.start_ticks is not None
-        return VmRecord(
-            vm_id=vm.vm_id,
-            pid=vm.pid,
-            start_ticks=vm.start_ticks,
-            root=str(vm.paths.root),
-            disk=str(vm.disk),
-            memory_path=str(vm.memory.path),
-            memory_share=vm.memory.share,
-            write_trackable=vm.memory.write_trackable,
-            machine=vm.config.to_json(),
-        )
+        return vm_record(vm, None, None)
 
     async def adopt(self, record: VmRecord) -> MicroVM:
         return self._make(MachineConfig.from_json(record.machine), VmState.RUNNING, prefix="adopted")

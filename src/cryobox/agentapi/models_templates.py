@@ -11,6 +11,7 @@ instead (``{"request": {...}}``), so during a rolling upgrade the control plane 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -64,28 +65,10 @@ class BuildSpec(_Model):
 
     @classmethod
     def of(cls, spec: TemplateSpec) -> BuildSpec:
-        return cls(
-            name=spec.name,
-            packages=spec.packages,
-            memory_mib=spec.memory_mib,
-            cpus=spec.cpus,
-            warmup=spec.warmup,
-            files=dict(spec.files),
-            pip=spec.pip,
-            base=spec.base,
-        )
+        return cls.model_validate(dataclasses.asdict(spec))
 
     def template_spec(self) -> TemplateSpec:
-        return TemplateSpec(
-            name=self.name,
-            packages=self.packages,
-            memory_mib=self.memory_mib,
-            cpus=self.cpus,
-            warmup=self.warmup,
-            files=dict(self.files),
-            pip=self.pip,
-            base=self.base,
-        )
+        return TemplateSpec(**self.model_dump())
 
 
 class TemplateBuild(_Model):

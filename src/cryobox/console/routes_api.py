@@ -14,11 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..server.access import cookies as auth
 from ..server.access.gate import bearer_key
 from ..server.control.forks import MAX_TREE
-from ..server.mapping import sandbox_view, template_view
+from ..server.mapping import sandbox_view, snapshot_view, template_view
 from ..server.routes.deps import Caller, Ctx
 from ..server.routes.errors import ERROR_RESPONSES
 from ..server.routes.fleet import agent_views
-from ..server.routes.snapshots import snapshot_view
 from .events import event_stream
 from .state import ConsoleState, console_state
 

@@ -14,8 +14,9 @@ from typing import Any
 
 from .. import models
 from ..agentapi import models as am
-from ..registry import SandboxRow, TemplateRow
+from ..registry import SandboxRow, SnapshotRow, TemplateRow
 from ..util.times import rfc3339
+from . import wire
 
 
 def row_for(info: am.SandboxInfo, host: str) -> SandboxRow:
@@ -106,4 +107,46 @@ def template_view(row: TemplateRow, progress: str | None = None) -> models.Templ
             "progress": progress if row.status == "building" else None,
             "error": row.error,
         }
+    )
+
+
+def snapshot_row(
+    info: am.SnapshotInfo, workspace_id: str, retain: bool, labels: dict[str, str], host: str
+) -> SnapshotRow:
+    return SnapshotRow(
+        id=info.id,
+        workspace_id=workspace_id,
+        template=info.template,
+        path=info.path,
+        sandbox_id=info.sandbox_id,
+        parent_id=info.parent_id,
+        size_bytes=info.size_bytes,
+        # an agent from before layering does not send it: all of the snapshot is its own, as its manifest says
+        unique_bytes=info.unique_bytes if "unique_bytes" in info.model_fields_set else info.size_bytes,
+        shared_bytes=info.shared_bytes,
+        pause_ms=info.pause_ms,
+        labels=dict(labels),
+        retain=retain,
+        created_at=info.created_at,
+        host=host,
+        location="local",
+        generation=info.generation,
+    )
+
+
+def snapshot_view(row: SnapshotRow) -> wire.Snapshot:
+    return wire.Snapshot(
+        id=row.id,
+        sandbox_id=row.sandbox_id,
+        template=row.template,
+        size_bytes=row.size_bytes,
+        unique_bytes=row.unique_bytes,
+        shared_bytes=row.shared_bytes,
+        created_at=rfc3339(row.created_at),
+        labels=row.labels,
+        retain=row.retain,
+        parent_id=row.parent_id,
+        pause_ms=row.pause_ms,
+        location=row.location,
+        host=row.host or None,
     )

@@ -59,16 +59,16 @@ def test_a_snapshot_publish_returns_the_hash_of_the_manifest_it_uploaded(tmp_pat
     store = file_store(tmp_path)
     template_a, _ = _templates(tmp_path)
     image = make_snapshot(tmp_path / "a" / "snapshots", template_a, template_a.machine)
-    published = publish_snapshot(store, image, template_a, tmp_path / "w")
+    published = publish_snapshot(store, image, template_a)
     assert published.manifest_sha256 == _sha(store, SNAP)
     assert recorded_manifest(image.path, SNAP) == published.manifest_sha256
 
     puts = store.stats.puts
-    assert publish_snapshot(store, image, template_a, tmp_path / "w") == published  # idempotent: nothing uploaded
+    assert publish_snapshot(store, image, template_a) == published  # idempotent: nothing uploaded
     assert store.stats.puts == puts
 
     store.put(SNAP, b'{"replaced": true}')  # the store no longer holds what this host uploaded: published again
-    again = publish_snapshot(store, image, template_a, tmp_path / "w")
+    again = publish_snapshot(store, image, template_a)
     assert store.stats.puts > puts and again.manifest_sha256 == _sha(store, SNAP)
     assert json.loads(store.get(SNAP))["id"] == "snap-1"
 
@@ -79,7 +79,7 @@ def test_a_snapshot_manifest_replaced_with_its_pins_is_refused_when_the_row_pins
     store = file_store(tmp_path)
     template_a, template_b = _templates(tmp_path)
     image = make_snapshot(tmp_path / "a" / "snapshots", template_a, template_a.machine)
-    pinned = publish_snapshot(store, image, template_a, tmp_path / "w").manifest_sha256
+    pinned = publish_snapshot(store, image, template_a).manifest_sha256
     _replace_consistently(store, "snapshots/snap-1", b"evil device state")
 
     gets = store.stats.gets
@@ -101,9 +101,7 @@ def test_an_unpinned_legacy_snapshot_still_imports_with_a_warning(
 ) -> None:
     store = file_store(tmp_path)
     template_a, template_b = _templates(tmp_path)
-    publish_snapshot(
-        store, make_snapshot(tmp_path / "a" / "snapshots", template_a, template_a.machine), template_a, tmp_path
-    )
+    publish_snapshot(store, make_snapshot(tmp_path / "a" / "snapshots", template_a, template_a.machine), template_a)
     with caplog.at_level(logging.WARNING, logger="cryobox.objstore.manifests"):
         local = import_snapshot(store, "snap-1", tmp_path / "b" / "snapshots", template_b, None)
     assert (local / "vmstate").read_bytes() == b"device state"
@@ -116,7 +114,7 @@ def test_a_pinned_import_checks_the_bytes_before_parsing_them(tmp_path: Path) ->
     store = file_store(tmp_path)
     template_a, template_b = _templates(tmp_path)
     image = make_snapshot(tmp_path / "a" / "snapshots", template_a, template_a.machine)
-    pinned = publish_snapshot(store, image, template_a, tmp_path / "w").manifest_sha256
+    pinned = publish_snapshot(store, image, template_a).manifest_sha256
     genuine = store.get(SNAP)
     store.put(SNAP, b"\x00 not json at all")
     with pytest.raises(IntegrityError, match="registry pins"):  # not a JSON error: never parsed
@@ -130,11 +128,11 @@ def test_a_hibernation_manifest_replaced_with_its_pins_does_not_wake(tmp_path: P
     store = file_store(tmp_path)
     template_a, template_b = _templates(tmp_path)
     image = make_hibernation(tmp_path / "a" / "hibernate", "sb-1.h1", template_a, template_a.machine, b"page")
-    published = publish_hibernation(store, "sb-1", image, template_a, tmp_path / "w")
+    published = publish_hibernation(store, "sb-1", image, template_a)
     assert published.manifest_sha256 == _sha(store, HIB) == recorded_manifest(image.path, HIB)
     assert (image.path / STORED_MANIFEST).is_file()
     puts = store.stats.puts
-    assert publish_hibernation(store, "sb-1", image, template_a, tmp_path / "w") == published
+    assert publish_hibernation(store, "sb-1", image, template_a) == published
     assert store.stats.puts == puts
 
     _replace_consistently(store, "hibernations/sb-1", b"evil device state")
@@ -147,7 +145,7 @@ def test_a_hibernation_manifest_replaced_with_its_pins_does_not_wake(tmp_path: P
     assert (tmp_path / "c" / legacy / "vmstate").read_bytes() == b"evil device state"
 
     # publishing again repairs the store (the manifest there is not the recorded one) and answers its new hash
-    repaired = publish_hibernation(store, "sb-1", image, template_a, tmp_path / "w")
+    repaired = publish_hibernation(store, "sb-1", image, template_a)
     assert repaired.manifest_sha256 == _sha(store, HIB) != published.manifest_sha256
     woken = import_hibernation(store, "sb-1", tmp_path / "d", template_b, repaired.manifest_sha256)
     assert (tmp_path / "d" / woken / "vmstate").read_bytes() == b"device state page"

@@ -111,8 +111,7 @@ async def prepare_template(
     images = await images_for(build_host, spec, progress)
     template = await baker.ensure(spec, images, machine_for(spec, images, config.accel, tsc_khz))
     store = await asyncio.to_thread(open_store, config.resolved_store_url)
-    work = config.paths.cache_dir / ".publish"
-    pins = await asyncio.to_thread(publish_template, store, template, config.paths.images_dir, work, progress)
+    pins = await asyncio.to_thread(publish_template, store, template, config.paths.images_dir, progress)
     return await asyncio.to_thread(record_pins, template, pins.to_json())  # lazy restores name the index by it
 
 

@@ -54,9 +54,8 @@ class HibernationOps:
                     state=sandbox.state.value,
                     required="hibernated",
                 )
-            work = service.hibernation.root / ".publish"
             started = time.monotonic()
-            published = await asyncio.to_thread(publish_hibernation, self.host.store, sandbox_id, image, template, work)
+            published = await asyncio.to_thread(publish_hibernation, self.host.store, sandbox_id, image, template)
         log.info("hibernation of %s stored as %s in %.1f s", sandbox_id, published.key, time.monotonic() - started)
         return am.StoredHibernation(
             id=sandbox_id,

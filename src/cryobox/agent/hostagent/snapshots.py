@@ -97,8 +97,7 @@ class SnapshotOps:
             sha = await asyncio.to_thread(recorded_manifest, image.path, f"{prefix}/manifest.json")
             return am.StoredSnapshot(id=snapshot_id, store=self.host.store.url, key=prefix, manifest_sha256=sha)
         template = self.host.service.template(image.template)
-        work = self.host.snapshots.root / ".publish"
-        published = await self.background.run(publish_snapshot, self.host.store, image, template, work)
+        published = await self.background.run(publish_snapshot, self.host.store, image, template)
         await self.background.run(self._store_evidence, image)
         return am.StoredSnapshot(
             id=snapshot_id, store=self.host.store.url, key=published.key, manifest_sha256=published.manifest_sha256

@@ -50,14 +50,13 @@ def publish_hibernation(
     sandbox_id: str,
     image: SnapshotImage,
     template: Template,
-    work_dir: Path,
     *,
     timing: LeaseTiming = DEFAULT_TIMING,
 ) -> Published:
     """Upload ``sandbox_id``'s hibernation ``image`` (over ``template``'s disk); the manifest goes last, and the
     sha256 of its bytes is returned (the registry pins it). Idempotent: nothing is uploaded while the store holds
     the manifest this image was published with; another image of the sandbox is replaced (its chunks stay until
-    ``cryobox gc --store`` finds them unreferenced). ``work_dir`` is no longer used."""
+    ``cryobox gc --store`` finds them unreferenced)."""
     return publish_image(store, hibernation_image(sandbox_id), image, template, timing)
 
 

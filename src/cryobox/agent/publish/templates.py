@@ -98,7 +98,6 @@ def publish_template(
     store: ObjectStore,
     template: Template,
     images_dir: Path,
-    work_dir: Path,
     progress: Progress,
     *,
     timing: LeaseTiming = DEFAULT_TIMING,
@@ -106,8 +105,7 @@ def publish_template(
     """Upload ``template`` (skipping chunks and base images already there); the manifest goes last. Returns the
     pins its manifest records (:func:`local_pins` when it is published already), for the local manifest to keep
     (``templates.record_pins``): lazy restores of the template name its memory index by its pin. A generation
-    published in an earlier layout is published again, over it. ``work_dir`` is no longer used (chunks go up
-    straight from the image files)."""
+    published in an earlier layout is published again, over it. Chunks go up straight from the image files."""
     prefix = template_prefix(template.name, template.generation)
     stored = _stored_manifest(store, f"{prefix}/manifest.json")
     if stored is not None and stored.get("layout") == LAYOUT_VERSION:
@@ -253,15 +251,13 @@ def publish_snapshot(
     store: ObjectStore,
     image: SnapshotImage,
     template: Template,
-    work_dir: Path,
     *,
     timing: LeaseTiming = DEFAULT_TIMING,
 ) -> Published:
     """Upload a snapshot of ``template`` (memory chunked, vmstate, disk overlay); the manifest goes last, and the
     sha256 of its bytes is returned (the registry pins it). Idempotent: nothing is uploaded while the store holds
     the manifest this host uploaded; otherwise (none, or another one) the snapshot is uploaded again. Chunks the
-    store has (its template's, its siblings') are not uploaded again (:func:`.images.publish_image`).
-    ``work_dir`` is no longer used."""
+    store has (its template's, its siblings') are not uploaded again (:func:`.images.publish_image`)."""
     return publish_image(store, snapshot_image(image.id), image, template, timing)
 
 

@@ -31,6 +31,7 @@ from ..templates.bake import Template
 from ..vm import MachineConfig, MemoryBacking, MicroVM, NetAttach, VmPaths, VmState
 from ..vm.jail import EXTRA_UIDS, JailSettings, VmJail
 from .fidelity import rejoin
+from .mapping import vm_record
 from .memsource import MemorySource
 from .records import VmRecord
 
@@ -207,26 +208,8 @@ class VmFactory:
 
     def vm_record(self, vm: MicroVM) -> VmRecord:
         """What a later agent needs to adopt ``vm`` (see :mod:`.records`)."""
-        if vm.pid is None or vm.start_ticks is None:
-            raise VmmError(f"VM {vm.vm_id} has no process to record")
         slot = self.slot_of(vm)
-        return VmRecord(
-            vm_id=vm.vm_id,
-            pid=vm.pid,
-            start_ticks=vm.start_ticks,
-            root=str(vm.paths.root),
-            disk=str(vm.disk),
-            memory_path=str(vm.memory.path),
-            memory_share=vm.memory.share,
-            write_trackable=vm.memory.write_trackable,
-            memory_origin=str(vm.memory.origin) if vm.memory.origin is not None else None,
-            machine=vm.config.to_json(),
-            netns=vm.net.netns if vm.net is not None else None,
-            tap=vm.net.tap if vm.net is not None else "tap0",
-            slot_index=slot.index if slot is not None else None,
-            slot_cidr=self.slots.plan.cidr if slot is not None else None,
-            uid=vm.jail.uid if vm.jail is not None else None,
-        )
+        return vm_record(vm, slot, self.slots.plan.cidr if slot is not None else None)
 
     async def adopt(self, record: VmRecord) -> MicroVM:
         """Take over the recorded QEMU (started by an earlier agent) and its network slot."""

@@ -4,13 +4,15 @@
 Every field that crosses from one shape to another keeps its name and unit (``cpus``, ``memory_mib``, ``ttl_s``,
 ``created_at`` and ``last_active`` in epoch seconds, ``boot_ms``, ``instance_id``, ``egress``, …), and this module
 is the only place that copies them field by field: a record written, a sandbox adopted from its record, the info
-reported, a fork child made from its parent, a sandbox hibernated elsewhere taken in from its ``WakeSpec``. The
-record's JSON keys are the record's field names, so records written by earlier versions load unchanged.
+reported, a fork child made from its parent, a sandbox hibernated elsewhere taken in from its ``WakeSpec``, and
+its QEMU's record (:func:`vm_record`). A record's JSON keys are its field names, so records written by earlier
+versions load unchanged.
 """
 
 from __future__ import annotations
 
 from ...agentapi import models as am
+from ...errors import VmmError
 from ..net.slots import Slot
 from ..snapshot.store import SnapshotImage
 from ..vm import MicroVM
@@ -20,6 +22,29 @@ from .sandbox import Sandbox, SandboxState
 
 def _cidrs(egress: list[str] | None) -> list[str] | None:
     return list(egress) if egress is not None else None
+
+
+def vm_record(vm: MicroVM, slot: Slot | None, slot_cidr: str | None) -> VmRecord:
+    """What a later agent needs to adopt ``vm``, on ``slot`` of the plan ``slot_cidr`` (see :mod:`.records`)."""
+    if vm.pid is None or vm.start_ticks is None:
+        raise VmmError(f"VM {vm.vm_id} has no process to record")
+    return VmRecord(
+        vm_id=vm.vm_id,
+        pid=vm.pid,
+        start_ticks=vm.start_ticks,
+        root=str(vm.paths.root),
+        disk=str(vm.disk),
+        memory_path=str(vm.memory.path),
+        memory_share=vm.memory.share,
+        write_trackable=vm.memory.write_trackable,
+        memory_origin=str(vm.memory.origin) if vm.memory.origin is not None else None,
+        machine=vm.config.to_json(),
+        netns=vm.net.netns if vm.net is not None else None,
+        tap=vm.net.tap if vm.net is not None else "tap0",
+        slot_index=slot.index if slot is not None else None,
+        slot_cidr=slot_cidr if slot is not None else None,
+        uid=vm.jail.uid if vm.jail is not None else None,
+    )
 
 
 def sandbox_record(sandbox: Sandbox, vm: VmRecord | None) -> SandboxRecord:

@@ -31,6 +31,7 @@ from ...objstore.client import ObjectStore
 from ...objstore.keys import evidence_key, evidence_prefix, manifest_key, snapshot_prefix
 from ...objstore.manifests import delete_published
 from ...registry import Registry, SnapshotRow
+from ..mapping import snapshot_row
 from .fleet import Fleet
 from .quotas import QuotaGuard
 
@@ -73,30 +74,6 @@ class RetentionPolicy:
         if policy.sweep_interval_s < 0.1:
             raise InvalidArgument("the orphan sweep interval must be at least 0.1 s")
         return policy
-
-
-def snapshot_row(
-    info: am.SnapshotInfo, workspace_id: str, retain: bool, labels: dict[str, str], host: str
-) -> SnapshotRow:
-    return SnapshotRow(
-        id=info.id,
-        workspace_id=workspace_id,
-        template=info.template,
-        path=info.path,
-        sandbox_id=info.sandbox_id,
-        parent_id=info.parent_id,
-        size_bytes=info.size_bytes,
-        # an agent from before layering does not send it: all of the snapshot is its own, as its manifest says
-        unique_bytes=info.unique_bytes if "unique_bytes" in info.model_fields_set else info.size_bytes,
-        shared_bytes=info.shared_bytes,
-        pause_ms=info.pause_ms,
-        labels=dict(labels),
-        retain=retain,
-        created_at=info.created_at,
-        host=host,
-        location="local",
-        generation=info.generation,
-    )
 
 
 def snapshot_ref(row: SnapshotRow) -> am.SnapshotRef:

@@ -10,9 +10,9 @@ from pydantic import ValidationError
 
 from ...agentapi import models as am
 from ...errors import InvalidArgument, Unauthorized
+from .. import wire
 from ..control.hibernations import DrainReport
 from ..control.sandboxes import ControlPlane
-from . import wire
 from .deps import Ctx, PublicCtx
 from .errors import ERROR_RESPONSES
 

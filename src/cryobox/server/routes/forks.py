@@ -8,8 +8,8 @@ from fastapi import APIRouter, Body, Response
 
 from ...agentapi import models as am
 from ...errors import CryoboxError, NotFound
+from .. import wire
 from ..mapping import sandbox_view
-from . import wire
 from .deps import Ctx
 from .errors import ERROR_RESPONSES
 

@@ -6,7 +6,7 @@ from dataclasses import asdict
 
 from fastapi import APIRouter
 
-from . import wire
+from .. import wire
 from .deps import Ctx
 from .errors import ERROR_RESPONSES
 

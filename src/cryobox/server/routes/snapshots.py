@@ -6,31 +6,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Request, Response
 
-from ...registry import SnapshotRow
-from ...util.times import rfc3339
-from . import wire
+from .. import wire
+from ..mapping import snapshot_view
 from .deps import Ctx
 from .errors import ERROR_RESPONSES
 
 router = APIRouter(prefix="/v1", tags=["snapshots"], responses=ERROR_RESPONSES)
-
-
-def snapshot_view(row: SnapshotRow) -> wire.Snapshot:
-    return wire.Snapshot(
-        id=row.id,
-        sandbox_id=row.sandbox_id,
-        template=row.template,
-        size_bytes=row.size_bytes,
-        unique_bytes=row.unique_bytes,
-        shared_bytes=row.shared_bytes,
-        created_at=rfc3339(row.created_at),
-        labels=row.labels,
-        retain=row.retain,
-        parent_id=row.parent_id,
-        pause_ms=row.pause_ms,
-        location=row.location,
-        host=row.host or None,
-    )
 
 
 @router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201, response_model=wire.Snapshot)

@@ -23,8 +23,7 @@ from cryobox.agent.sandbox.sandbox import SandboxState
 from cryobox.agent.snapshot.store import SnapshotImage
 from cryobox.agentapi import models as am
 from cryobox.registry import Registry
-from cryobox.server.control.snapshots import snapshot_row
-from cryobox.server.routes.snapshots import snapshot_view
+from cryobox.server.mapping import snapshot_row, snapshot_view
 from tests.support import registry as registry_support
 from tests.support.app import Env, agent, env, quota
 from tests.support.control import Fleetish, made

@@ -64,7 +64,7 @@ def _swap(store: ObjectStore, tmp_path: Path, prefix: str) -> None:
 def test_a_template_published_here_records_the_pin_its_lazy_restores_name(tmp_path: Path) -> None:
     store = file_store(tmp_path)
     template = baked_template(tmp_path / "a")
-    pins = publish_template(store, template, tmp_path / "a" / "images", tmp_path / "work", lambda _: None)
+    pins = publish_template(store, template, tmp_path / "a" / "images", lambda _: None)
     assert pins.pin(IDX).sha256 == hashlib.sha256(store.get(IDX)).hexdigest()
     recorded = record_pins(template, pins.to_json())
     on_disk = json.loads((template.path / "manifest.json").read_text())
@@ -85,16 +85,16 @@ def test_a_template_published_here_records_the_pin_its_lazy_restores_name(tmp_pa
 def test_a_bake_published_before_pins_were_kept_is_pinned_from_its_own_memory(tmp_path: Path) -> None:
     store = file_store(tmp_path)
     template = baked_template(tmp_path / "a")
-    published = publish_template(store, template, tmp_path / "a" / "images", tmp_path / "work", lambda _: None)
+    published = publish_template(store, template, tmp_path / "a" / "images", lambda _: None)
     gets = store.stats.gets
-    again = publish_template(store, template, tmp_path / "a" / "images", tmp_path / "work", lambda _: None)
+    again = publish_template(store, template, tmp_path / "a" / "images", lambda _: None)
     # the store's manifest is read (is it in the current layout, which index does it pin?), nothing else
     assert again.to_json() == {IDX: published.pin(IDX).to_json()} and store.stats.gets == gets + 1
     assert _loads(store, _name(_lazy(tmp_path), record_pins(template, again.to_json()))) > 0
 
     other = baked_template(tmp_path / "b")  # another host's bake of the same generation: other RAM, same store name
     sparse_image(other.memory, 2, {1: b"another bake's guest ram"})
-    pins = publish_template(store, other, tmp_path / "b" / "images", tmp_path / "work", lambda _: None)
+    pins = publish_template(store, other, tmp_path / "b" / "images", lambda _: None)
     assert pins.pin(IDX) != published.pin(IDX)
     with pytest.raises(IntegrityError):  # its vmstate does not go with the stored RAM: refused, not paged
         _loads(store, _name(_lazy(tmp_path / "b"), record_pins(other, pins.to_json())))
@@ -102,9 +102,7 @@ def test_a_bake_published_before_pins_were_kept_is_pinned_from_its_own_memory(tm
 
 def test_a_fetched_template_keeps_its_manifests_pin(tmp_path: Path) -> None:
     store = file_store(tmp_path)
-    publish_template(
-        store, baked_template(tmp_path / "a"), tmp_path / "a" / "images", tmp_path / "work", lambda _: None
-    )
+    publish_template(store, baked_template(tmp_path / "a"), tmp_path / "a" / "images", lambda _: None)
     fetched = fetch_base(store, tmp_path)
     assert not fetched.memory.exists()
     name = _name(_lazy(tmp_path), fetched)
@@ -119,9 +117,7 @@ def test_an_imported_snapshot_keeps_its_manifests_pin(tmp_path: Path) -> None:
     store = file_store(tmp_path)
     machine = machine_config(tmp_path)
     template_a = make_template(tmp_path / "a" / "templates", machine, "g1")
-    publish_snapshot(
-        store, make_snapshot(tmp_path / "a" / "snapshots", template_a, machine), template_a, tmp_path / "w"
-    )
+    publish_snapshot(store, make_snapshot(tmp_path / "a" / "snapshots", template_a, machine), template_a)
     template_b = make_template(tmp_path / "b" / "templates", machine, "g1")
     path = import_snapshot(store, "snap-1", tmp_path / "b" / "snapshots", template_b)
     image = SnapshotImage("snap-1", path, machine, json.loads((path / "manifest.json").read_text()))

@@ -44,7 +44,7 @@ from tests.support.images import (
 def _published(tmp_path: Path) -> tuple[ObjectStore, Template]:
     store = file_store(tmp_path)
     template = baked_template(tmp_path / "a")
-    publish_template(store, template, tmp_path / "a" / "images", tmp_path / "work", lambda _: None)
+    publish_template(store, template, tmp_path / "a" / "images", lambda _: None)
     return store, template
 
 
@@ -140,7 +140,7 @@ def test_a_manifest_without_pins_is_refused_before_any_download(tmp_path: Path) 
 def test_a_second_template_over_a_stored_rootfs_pins_it_after_checking_it(tmp_path: Path) -> None:
     store, _ = _published(tmp_path)
     second = baked_template(tmp_path / "a", "g2")  # the same rootfs, already in the store
-    publish_template(store, second, tmp_path / "a" / "images", tmp_path / "work", lambda _: None)
+    publish_template(store, second, tmp_path / "a" / "images", lambda _: None)
     first_pins = _manifest(tmp_path, "templates/base/g1/manifest.json")["pins"]
     second_pins = _manifest(tmp_path, "templates/base/g2/manifest.json")["pins"]
     assert second_pins[f"images/{ROOTFS}.idx"] == first_pins[f"images/{ROOTFS}.idx"]
@@ -154,7 +154,7 @@ def test_a_stored_rootfs_index_that_differs_from_the_local_image_is_not_pinned(t
     upload_image(store, f"images/{ROOTFS}", evil, f"images/{ROOTFS}", PinSet())
     second = baked_template(tmp_path / "a", "g2")
     with pytest.raises(IntegrityError, match="does not describe the local image"):
-        publish_template(store, second, tmp_path / "a" / "images", tmp_path / "work", lambda _: None)
+        publish_template(store, second, tmp_path / "a" / "images", lambda _: None)
     assert not store.exists("templates/base/g2/manifest.json")
 
 
@@ -162,9 +162,7 @@ def test_a_tampered_snapshot_overlay_is_not_imported(tmp_path: Path) -> None:
     store = file_store(tmp_path)
     machine = machine_config(tmp_path)
     template_a = make_template(tmp_path / "a" / "templates", machine, "g1")
-    publish_snapshot(
-        store, make_snapshot(tmp_path / "a" / "snapshots", template_a, machine), template_a, tmp_path / "w"
-    )
+    publish_snapshot(store, make_snapshot(tmp_path / "a" / "snapshots", template_a, machine), template_a)
     assert "snapshots/snap-1/memory.idx" in _manifest(tmp_path, "snapshots/snap-1/manifest.json")["pins"]
     template_b = make_template(tmp_path / "b" / "templates", machine, "g1")
     _flip(tmp_path / "store", "snapshots/snap-1/disk.qcow2", at=200)
@@ -182,7 +180,7 @@ def test_a_hibernation_with_a_flipped_index_byte_does_not_wake(tmp_path: Path) -
     machine = machine_config(tmp_path)
     template_a = make_template(tmp_path / "a" / "templates", machine, "g1")
     image = make_hibernation(tmp_path / "a" / "hibernate", "sb-1.h1", template_a, machine, b"page")
-    publish_hibernation(store, "sb-1", image, template_a, tmp_path / "w")
+    publish_hibernation(store, "sb-1", image, template_a)
     template_b = make_template(tmp_path / "b" / "templates", machine, "g1")
     idx = tmp_path / "store" / "hibernations/sb-1/memory.idx"
     data = bytearray(idx.read_bytes())
@@ -200,7 +198,7 @@ def test_a_hibernation_whose_vmstate_grew_does_not_wake(tmp_path: Path) -> None:
     machine = machine_config(tmp_path)
     template_a = make_template(tmp_path / "a" / "templates", machine, "g1")
     image = make_hibernation(tmp_path / "a" / "hibernate", "sb-1.h1", template_a, machine, b"page")
-    publish_hibernation(store, "sb-1", image, template_a, tmp_path / "w")
+    publish_hibernation(store, "sb-1", image, template_a)
     store.put("hibernations/sb-1/vmstate", image.vmstate.read_bytes() + os.urandom(16))
     template_b = make_template(tmp_path / "b" / "templates", machine, "g1")
     with pytest.raises(IntegrityError, match="vmstate"):

@@ -25,11 +25,11 @@ def test_a_stored_hibernation_imports_whole_onto_another_hosts_template(tmp_path
     machine = machine_config(tmp_path)
     template_a = make_template(tmp_path / "a" / "templates", machine, "g1")
     image = make_hibernation(tmp_path / "a" / "hibernate", "sb-1.h1", template_a, machine, b"first")
-    assert publish_hibernation(store, "sb-1", image, template_a, tmp_path / "work").key == "hibernations/sb-1"
+    assert publish_hibernation(store, "sb-1", image, template_a).key == "hibernations/sb-1"
     keys = sorted(store.list("hibernations/sb-1"))
     assert keys == [f"hibernations/sb-1/{n}" for n in ("disk.qcow2", "manifest.json", "memory.idx", "vmstate")]
     put = store.stats.puts
-    publish_hibernation(store, "sb-1", image, template_a, tmp_path / "work")
+    publish_hibernation(store, "sb-1", image, template_a)
     assert store.stats.puts == put  # the same image: nothing uploaded again
 
     machine_b = machine_config(tmp_path / "b")
@@ -47,7 +47,7 @@ def test_a_stored_hibernation_imports_whole_onto_another_hosts_template(tmp_path
     assert [p.name for p in root.iterdir()] == [image_id]  # no work directory left
 
     later = make_hibernation(tmp_path / "a" / "hibernate", "sb-1.h2", template_a, machine, b"second")
-    publish_hibernation(store, "sb-1", later, template_a, tmp_path / "work")  # a later hibernation replaces it
+    publish_hibernation(store, "sb-1", later, template_a)  # a later hibernation replaces it
     assert stored_manifest(store, "sb-1")["id"] == "sb-1.h2"  # type: ignore[index]
     again = import_hibernation(store, "sb-1", tmp_path / "c", template_b)
     assert (tmp_path / "c" / again / "vmstate").read_bytes() == b"device state second"
@@ -66,9 +66,9 @@ def test_a_hibernation_over_another_generation_does_not_move(tmp_path: Path) -> 
     new = make_template(tmp_path / "t", machine, "g2")
     image = make_hibernation(tmp_path / "h", "sb-1.h1", old, machine, b"x")
     with pytest.raises(StateError, match="current generation"):
-        publish_hibernation(store, "sb-1", image, new, tmp_path / "work")
+        publish_hibernation(store, "sb-1", image, new)
     assert store.list("hibernations") == []
-    publish_hibernation(store, "sb-1", image, old, tmp_path / "work")
+    publish_hibernation(store, "sb-1", image, old)
     with pytest.raises(StateError, match="this host serves"):
         import_hibernation(store, "sb-1", tmp_path / "other", new)
     assert not (tmp_path / "other").exists() or list((tmp_path / "other").iterdir()) == []

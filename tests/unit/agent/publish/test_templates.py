@@ -53,7 +53,7 @@ def test_a_published_snapshot_imports_onto_another_hosts_template(tmp_path: Path
     machine = machine_config(tmp_path)
     template_a = make_template(tmp_path / "a" / "templates", machine, "g1")
     image = make_snapshot(tmp_path / "a" / "snapshots", template_a, machine)
-    assert publish_snapshot(store, image, template_a, tmp_path / "work").key == "snapshots/snap-1"
+    assert publish_snapshot(store, image, template_a).key == "snapshots/snap-1"
 
     template_b = make_template(tmp_path / "b" / "templates", machine, "g1")  # the same generation, elsewhere
     local = import_snapshot(store, "snap-1", tmp_path / "b" / "snapshots", template_b)
@@ -73,9 +73,9 @@ def test_snapshots_of_another_template_generation_are_refused(tmp_path: Path) ->
     new = make_template(tmp_path / "t", machine, "g2")
     image = make_snapshot(tmp_path / "s", old, machine)
     with pytest.raises(StateError, match="current generation"):
-        publish_snapshot(store, image, new, tmp_path / "work")
+        publish_snapshot(store, image, new)
     assert store.list("snapshots") == []
-    publish_snapshot(store, image, old, tmp_path / "work")
+    publish_snapshot(store, image, old)
     with pytest.raises(StateError, match="this host serves"):
         import_snapshot(store, "snap-1", tmp_path / "other", new)
     assert not (tmp_path / "other" / "snap-1").exists()

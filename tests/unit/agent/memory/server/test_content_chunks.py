@@ -57,7 +57,7 @@ def _digests(path: Path) -> set[str]:
 def test_a_store_holds_each_distinct_chunk_once(tmp_path: Path) -> None:
     store = file_store(tmp_path)
     template = make_template(tmp_path)
-    publish_template(store, template, tmp_path / "a" / "images", tmp_path / "work", lambda _: None)
+    publish_template(store, template, tmp_path / "a" / "images", lambda _: None)
     rootfs = tmp_path / "a" / "images" / ROOTFS
     assert len(_chunk_objects(store)) == len(_digests(template.memory) | _digests(rootfs)) == 5 + 2
 
@@ -65,11 +65,11 @@ def test_a_store_holds_each_distinct_chunk_once(tmp_path: Path) -> None:
     one = _snapshot_of(template, tmp_path / "snaps", "snap-1", {3: b"changed stack", 6: b"fresh"})
     two = _snapshot_of(template, tmp_path / "snaps", "snap-2", {4: b"other heap", 6: b"fresh"})
     puts = store.stats.puts
-    publish_snapshot(store, one, template, tmp_path / "work")
+    publish_snapshot(store, one, template)
     # uploaded: the 2 chunks the store lacked, the lease, the index, vmstate, disk, manifest
     assert store.stats.puts - puts == 2 + 5
     puts = store.stats.puts
-    publish_snapshot(store, two, template, tmp_path / "work")
+    publish_snapshot(store, two, template)
     assert store.stats.puts - puts == 1 + 5  # only chunk 4's new bytes: 6 is snap-1's
 
     every = _digests(template.memory) | _digests(rootfs) | _digests(one.memory) | _digests(two.memory)
@@ -112,9 +112,9 @@ def _read_all(server: MemoryServer, name: str) -> bytes:
 def test_chunks_a_templates_restores_cached_are_hits_for_its_snapshots(tmp_path: Path) -> None:
     store = file_store(tmp_path)
     template = make_template(tmp_path)
-    publish_template(store, template, tmp_path / "a" / "images", tmp_path / "work", lambda _: None)
+    publish_template(store, template, tmp_path / "a" / "images", lambda _: None)
     snap = _snapshot_of(template, tmp_path / "snaps", "snap-1", {3: b"changed stack", 6: b"fresh"})
-    publish_snapshot(store, snap, template, tmp_path / "work")
+    publish_snapshot(store, snap, template)
 
     server = _serve(store, tmp_path)
     assert _read_all(server, _name(store, "templates/base/g1")) == template.memory.read_bytes()
@@ -137,7 +137,7 @@ def test_republishing_a_generation_in_the_earlier_layout(tmp_path: Path) -> None
     that bakes it publishes it again in the current layout (never treating it as published)."""
     store = file_store(tmp_path)
     template = make_template(tmp_path)
-    first = publish_template(store, template, tmp_path / "a" / "images", tmp_path / "work", lambda _: None)
+    first = publish_template(store, template, tmp_path / "a" / "images", lambda _: None)
     manifest = json.loads(store.get("templates/base/g1/manifest.json"))
     store.put("templates/base/g1/manifest.json", json.dumps({**manifest, "layout": 1}).encode())
     store.put("templates/base/g1/memory.idx", b'CRYOIDX1{"version":1}')
@@ -146,7 +146,7 @@ def test_republishing_a_generation_in_the_earlier_layout(tmp_path: Path) -> None
         store.delete(key)  # the earlier layout had none
 
     messages: list[str] = []
-    again = publish_template(store, template, tmp_path / "a" / "images", tmp_path / "work", messages.append)
+    again = publish_template(store, template, tmp_path / "a" / "images", messages.append)
     assert "again (layout 1 -> 2)" in messages[0]
     assert json.loads(store.get("templates/base/g1/manifest.json"))["layout"] == 2
     index = ChunkIndex.from_bytes(store.get("templates/base/g1/memory.idx"))

@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from ...models import Metadata, Sandbox, SandboxStatus
+from ..models import Metadata, Sandbox, SandboxStatus
 
 LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 LabelValue = Annotated[str, StringConstraints(max_length=1024)]

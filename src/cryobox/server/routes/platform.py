@@ -59,7 +59,7 @@ async def info(ctx: PublicCtx) -> models.Info:
         version=ctx.version,
         accelerator=_accelerator(
             [row.info.get("accelerator") for row, _ in agents]
-            + [row.info.get("accelerator") for row in await ctx.control.fleet.agents()]
+            or [row.info.get("accelerator") for row in await ctx.control.fleet.agents()]
         ),
         hosts=[row.name for row, _ in agents],
         isolation={row.name: row.info.get("jail") or {} for row, _ in agents},
@@ -80,8 +80,8 @@ async def info(ctx: PublicCtx) -> models.Info:
 
 
 def _accelerator(reported: list[object]) -> Literal["kvm", "tcg"]:
-    """What the agents run guests with, as they report it (live ones first, then any registered one): the control
-    plane's own host says nothing about theirs. With no agent ever registered: ``tcg``, the weaker claim."""
+    """What the agents run guests with, as they report it (the live ones; with none live, any registered one): the
+    control plane's own host says nothing about theirs. With no agent ever registered: ``tcg``, the weaker claim."""
     for value in reported:
         if value in ("kvm", "tcg"):
             return "kvm" if value == "kvm" else "tcg"

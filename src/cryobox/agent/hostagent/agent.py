@@ -16,7 +16,6 @@ import os
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from ... import __version__
@@ -196,9 +195,6 @@ class HostAgent(HibernationEndpoints, ProcEndpoints):
     async def touch(self, sandbox_id: str) -> am.SandboxInfo:
         return self._info(self.service.touch(sandbox_id))
 
-    def _busy(self, sandbox_id: str) -> AbstractAsyncContextManager[Sandbox]:
-        return self.service.busy(sandbox_id)
-
     # -- commands, files, terminals ------------------------------------------------------------------------
 
     @staticmethod
@@ -209,7 +205,7 @@ class HostAgent(HibernationEndpoints, ProcEndpoints):
         )
 
     async def exec(self, sandbox_id: str, request: am.ExecRequest) -> am.ExecResult:
-        async with self._busy(sandbox_id):
+        async with self.service.busy(sandbox_id):
             result = await self.service.exec(sandbox_id, self._spec(request))
         return am.ExecResult(
             exit_code=result.exit_code,
@@ -220,7 +216,7 @@ class HostAgent(HibernationEndpoints, ProcEndpoints):
         )
 
     async def exec_stream(self, sandbox_id: str, request: am.ExecRequest) -> AsyncIterator[am.ExecEvent]:
-        async with self._busy(sandbox_id):
+        async with self.service.busy(sandbox_id):
             async for event in self.service.exec_stream(sandbox_id, self._spec(request)):
                 if event.kind == "exit" and event.result is not None:
                     r = event.result
@@ -239,29 +235,29 @@ class HostAgent(HibernationEndpoints, ProcEndpoints):
                     yield am.ExecEvent(kind=event.kind, text=event.text)  # type: ignore[arg-type]
 
     async def read_file(self, sandbox_id: str, path: str) -> bytes:
-        async with self._busy(sandbox_id):
+        async with self.service.busy(sandbox_id):
             return await self.service.read_file(sandbox_id, path)
 
     async def write_file(self, sandbox_id: str, path: str, data: bytes, *, user: str | None = None) -> am.WriteResult:
-        async with self._busy(sandbox_id):
+        async with self.service.busy(sandbox_id):
             result = await self.service.write_file(sandbox_id, path, data, user=user)
         return am.WriteResult(path=str(result.get("path", path)), bytes=int(result.get("bytes", len(data))))
 
     async def file_op(self, sandbox_id: str, op: str, path: str) -> am.FsReply:
         if op not in FILE_OPS:
             raise InvalidArgument(f"unknown file operation {op!r}", details={"op": op})
-        async with self._busy(sandbox_id):
+        async with self.service.busy(sandbox_id):
             return am.FsReply.from_guest(await self.service.file_op(sandbox_id, op, path))
 
     async def inspect_net(self, sandbox_id: str) -> am.NetInspection:
-        async with self._busy(sandbox_id):
+        async with self.service.busy(sandbox_id):
             return am.NetInspection.from_guest(await self.service.inspect_net(sandbox_id))
 
     async def pty_open(self, sandbox_id: str, request: am.PtyOpen) -> AsyncIterator[am.PtyEvent]:
         args: dict[str, object] = {"cols": request.cols, "rows": request.rows}
         if request.cmd:
             args["cmd"] = request.cmd
-        async with self._busy(sandbox_id):
+        async with self.service.busy(sandbox_id):
             _, guest = await self.service.guest(sandbox_id)
             async for event in guest.stream("pty_open", args):
                 kind = event.get("event")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from ...agentapi import models as am
@@ -83,22 +82,19 @@ class ProcEndpoints:
 
     service: SandboxService
 
-    def _busy(self, sandbox_id: str) -> AbstractAsyncContextManager[Sandbox]:
-        raise NotImplementedError  # HostAgent's
-
     async def _call(self, sandbox_id: str, op: str, args: dict[str, Any], max_reply: int = 1 << 20) -> dict[str, Any]:
-        async with self._busy(sandbox_id):
+        async with self.service.busy(sandbox_id):
             _, guest = await self.service.guest(sandbox_id)
             return await guest.call(op, args, timeout=CALL_TIMEOUT_S, max_reply=max_reply)
 
     async def proc_start(self, sandbox_id: str, request: am.ProcStart) -> AsyncIterator[am.ProcEvent]:
-        async with self._busy(sandbox_id):
+        async with self.service.busy(sandbox_id):
             sandbox, guest = await self.service.guest(sandbox_id)
             async for event in proc_events(guest, "proc_start", start_args(sandbox, request)):
                 yield event
 
     async def proc_connect(self, sandbox_id: str, process: am.ProcSelector) -> AsyncIterator[am.ProcEvent]:
-        async with self._busy(sandbox_id):
+        async with self.service.busy(sandbox_id):
             _, guest = await self.service.guest(sandbox_id)
             async for event in proc_events(guest, "proc_connect", selector_args(process)):
                 yield event
@@ -142,7 +138,7 @@ class ProcEndpoints:
     async def fs_watch(self, sandbox_id: str, request: am.WatchRequest) -> AsyncIterator[am.FsEvent]:
         if not request.path.startswith("/") or "\x00" in request.path:
             raise InvalidArgument("path must be absolute", details={"path": request.path})
-        async with self._busy(sandbox_id):
+        async with self.service.busy(sandbox_id):
             _, guest = await self.service.guest(sandbox_id)
             async for event in guest.stream("watch_dir", {"path": request.path, "recursive": request.recursive}):
                 kind = event.get("event")

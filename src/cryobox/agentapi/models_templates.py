@@ -62,6 +62,9 @@ class BuildSpec(_Model):
     files: dict[str, str] = Field(default_factory=dict)
     pip: tuple[str, ...] = ()
     base: str = ""
+    recipe: dict[str, Any] | None = None
+    """A recipe build (:class:`cryobox.image.recipe.model.Recipe` as JSON); its context blobs are in the object
+    store (:func:`cryobox.objstore.keys.build_context`) before the build is sent."""
 
     @classmethod
     def of(cls, spec: TemplateSpec) -> BuildSpec:
@@ -99,11 +102,19 @@ class TemplateBuild(_Model):
 
 
 class BuildEvent(_Model):
-    """A template build's progress line, or its end (``template`` on success, ``error`` on failure)."""
+    """A template build's progress line, or its end (``template`` on success, ``error`` on failure).
+
+    A recipe build also streams its steps' output: ``log`` lines, each with the ``step`` it belongs to (E2B's
+    ``reason.step``: ``"base"``, the 1-based step index as a string, or ``"finalize"``) and a ``level``
+    (``info``/``error``). A failure's ``error`` names the step in ``step``.
+    """
 
     progress: str = ""
     template: TemplateInfo | None = None
     error: str | None = None
+    log: str | None = None
+    step: str | None = None
+    level: str = "info"
 
 
 __all__ = ["BuildEvent", "BuildSpec", "TemplateBuild", "TemplateInfo", "spec_from_request"]

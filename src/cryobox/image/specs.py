@@ -23,10 +23,13 @@ class TemplateSpec:
     base: str = ""
     """The built-in template a custom one derives from: its tree is the starting point, and whatever
     ``packages`` and ``pip`` add to it is installed in a build VM, never on the host."""
+    recipe: dict[str, Any] | None = None
+    """A Dockerfile's or E2B's steps (:class:`cryobox.image.recipe.model.Recipe` as JSON): the root filesystem
+    is what a build VM makes of them; ``packages`` and ``pip`` are then unused."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        for optional in ("pip", "base"):
+        for optional in ("pip", "base", "recipe"):
             if not data[optional]:
                 del data[optional]  # keeps the generations of specs that predate the field
         return data

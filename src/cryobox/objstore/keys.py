@@ -9,6 +9,7 @@
     hibernations/<sandbox id>/...       a hibernated sandbox's image, so it can wake on another host
     images/<kind>/<cache key>/<file>    kernel, initrd, rootfs base of the content-addressed image cache
     chunks/<sha256[:2]>/<sha256>        every distinct non-zero 4 MiB chunk of every image, stored once
+    build-contexts/<sha256>             a template recipe's COPY sources (gzip'd tar, named by its SHA-256)
     leases/..., gc/...                  publishes and store GCs announcing themselves (:mod:`.leases`)
 
 An image (a template generation, a snapshot, a hibernation) is whole exactly while its ``manifest.json`` exists:
@@ -32,6 +33,7 @@ CHUNKS = "chunks"
 MANIFEST = "manifest.json"
 LATEST = "latest"
 EVIDENCE = "evidence"
+BUILD_CONTEXTS = "build-contexts"
 
 IMAGE_ROOTS = {TEMPLATES: 3, SNAPSHOTS: 2, HIBERNATIONS: 2}
 """Top-level prefix -> how many key segments name one image (``templates/<name>/<generation>``, ``snapshots/<id>``)."""
@@ -46,6 +48,13 @@ def template_prefix(name: str, generation: str) -> str:
 def template_latest(name: str) -> str:
     """The key naming a template's newest published generation."""
     return f"{TEMPLATES}/{name}/{LATEST}"
+
+
+def build_context(sha256: str) -> str:
+    """A recipe's context blob (E2B's ``filesHash``): ``InvalidArgument`` unless ``sha256`` is 64 hex digits."""
+    if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        raise InvalidArgument(f"not a SHA-256 hex digest: {sha256[:80]!r}", details={"hash": sha256[:80]})
+    return f"{BUILD_CONTEXTS}/{sha256}"
 
 
 def snapshot_prefix(snapshot_id: str) -> str:

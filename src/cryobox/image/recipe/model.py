@@ -52,6 +52,8 @@ class Step:
     op: StepOp
     args: tuple[str, ...]
     user: str = ""
+    env: tuple[str, ...] = ()
+    """RUN: extra ``KEY=value`` pairs for this step only (a Dockerfile's ``ARG`` values in scope)."""
     context: str = ""
     """COPY: SHA-256 (hex) of the gzip'd tar holding this step's sources."""
     chown: str = ""
@@ -67,6 +69,7 @@ class Step:
             "op": self.op,
             "args": list(self.args),
             "user": self.user,
+            "env": list(self.env),
             "context": self.context,
             "chown": self.chown,
             "mode": self.mode,
@@ -86,6 +89,8 @@ class Recipe:
     expose: tuple[int, ...] = ()
     force: bool = False
     """Rebuild every step (``--no-cache``)."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """A Dockerfile's ``LABEL``s, recorded with the template."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,7 +98,10 @@ class Recipe:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Recipe:
         base = Base(**data["base"])
-        steps = tuple(Step(**{**s, "args": tuple(s.get("args", ()))}) for s in data.get("steps", ()))
+        steps = tuple(
+            Step(**{**s, "args": tuple(s.get("args", ())), "env": tuple(s.get("env", ()))})
+            for s in data.get("steps", ())
+        )
         return cls(
             base=base,
             steps=steps,
@@ -101,6 +109,7 @@ class Recipe:
             ready_cmd=str(data.get("ready_cmd", "")),
             expose=tuple(int(p) for p in data.get("expose", ())),
             force=bool(data.get("force", False)),
+            labels={str(k): str(v) for k, v in dict(data.get("labels", {})).items()},
         )
 
     def contexts(self) -> tuple[str, ...]:

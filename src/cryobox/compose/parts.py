@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..agent.host.startup import Host, HostConfig, prepare_template, start_host
+from ..agent.host.startup import Host, HostConfig, prepare_template, recipe_services, start_host
 from ..agent.host.stopmode import OnStop
 from ..agent.hostagent.agent import HostAgent
 from ..agent.hostagent.metrics import AgentMetrics
@@ -78,7 +78,7 @@ async def boot_agent(
         memory_mib=options.memory_mib,
         vcpus=options.vcpus,
         max_sandboxes=options.max_sandboxes,
-        builder=functools.partial(prepare_template, config, queue=BuildQueue.from_env()),
+        builder=functools.partial(prepare_template, config, queue=BuildQueue.from_env(), recipe=recipe_services(host)),
         metrics_sources=[metrics.text],
         isolation="tcg" if config.accel.value == "tcg" else "kvm",
     )

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...config import Paths
+from ...errors import InvalidArgument
 from ...image.builder import ImageSet
 from ...image.specs import DEFAULT_TEMPLATES, TemplateSpec
 from ...objstore.client import ObjectStore, open_store
@@ -23,6 +24,7 @@ from ..memory.client import MemoryServerProcess, MemServerConfig
 from ..memory.hot import HotImages, default_budget
 from ..memory.settings import MemoryMode, StorageConfig, TemplateSource
 from ..net.bakenet import bake_network, reclaim_bakes
+from ..net.buildnet import BuildNetwork
 from ..net.denylist import deny_networks, endpoint_networks, exceptions_from_env
 from ..net.firewall import Firewall
 from ..net.netlink import host_networks
@@ -41,6 +43,8 @@ from ..snapshot.store import SnapshotStore
 from ..templates.bake import Template, TemplateBaker, qemu_version, record_pins
 from ..templates.buildvm import BuildQueue, BuildVmHost, images_for
 from ..templates.localize import Localizer
+from ..templates.recipebuild import RecipeServices, StepLog, recipe_images
+from ..templates.startcmd import baked_spec
 from ..vm import Accel, MachineConfig, detect_accel, host_tsc_khz
 from ..vm.consolelog import LogCapper
 from ..vm.jail import JailSettings, prepare_host
@@ -94,11 +98,17 @@ def machine_for(spec: TemplateSpec, images: ImageSet, accel: Accel, tsc_khz: int
 
 
 async def prepare_template(
-    config: HostConfig, spec: TemplateSpec, progress: Progress, queue: BuildQueue | None = None
+    config: HostConfig,
+    spec: TemplateSpec,
+    progress: Progress,
+    queue: BuildQueue | None = None,
+    *,
+    recipe: RecipeServices | None = None,
+    step_log: StepLog | None = None,
 ) -> Template:
-    """Build the template's images (what a custom template adds, in a build VM waiting in ``queue``) and bake
-    it unless a finished bake with the same inputs exists; publish it to the object store unless it is there
-    already."""
+    """Build the template's images (what a custom template adds, or its recipe's steps, in a build VM waiting in
+    ``queue``) and bake it unless a finished bake with the same inputs exists; publish it to the object store
+    unless it is there already. ``recipe``: what a recipe build needs of the agent (its network, its store)."""
     config.paths.ensure()
     jail = JailSettings.for_tag(tag_for(config.paths.data_dir))
     if jail is not None:
@@ -108,11 +118,31 @@ async def prepare_template(
     build_host = BuildVmHost(
         config.paths.images_dir, config.paths.bake_dir, config.accel, tsc_khz, jail, queue or BuildQueue.from_env()
     )
-    images = await images_for(build_host, spec, progress)
+    if spec.recipe is not None:
+        if recipe is None:
+            raise InvalidArgument("this agent builds no recipe templates (no build services)")
+        log = step_log or (lambda step, level, line: progress(line))
+        built = await recipe_images(recipe, build_host, spec, progress, log)
+        images, spec = built.images, baked_spec(spec, built.config)
+    else:
+        images = await images_for(build_host, spec, progress)
     template = await baker.ensure(spec, images, machine_for(spec, images, config.accel, tsc_khz))
     store = await asyncio.to_thread(open_store, config.resolved_store_url)
     pins = await asyncio.to_thread(publish_template, store, template, config.paths.images_dir, progress)
     return await asyncio.to_thread(record_pins, template, pins.to_json())  # lazy restores name the index by it
+
+
+def recipe_services(host: Host) -> RecipeServices:
+    """What recipe builds need of a running host: its store, a pooled slot with egress and DNS per build VM, and
+    the root filesystems of the templates it serves (``FROM`` a custom template)."""
+
+    def template_rootfs(name: str) -> Path | None:
+        template = host.service.templates.get(name)
+        rootfs = template.manifest.get("rootfs") if template is not None else None
+        return Path(rootfs) if isinstance(rootfs, str) else None
+
+    network = BuildNetwork(host.slots, host.firewall)
+    return RecipeServices(store=host.store, network=network.attach, template_rootfs=template_rootfs)
 
 
 async def obtain_templates(config: HostConfig, store: ObjectStore, progress: Progress) -> dict[str, Template]:

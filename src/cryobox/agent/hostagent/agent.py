@@ -16,7 +16,7 @@ import os
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from ... import __version__
 from ...agentapi import models as am
@@ -37,7 +37,17 @@ from .procs import ProcEndpoints
 from .snapshots import SnapshotOps
 
 log = logging.getLogger(__name__)
-TemplateBuilder = Callable[[TemplateSpec, Progress], Awaitable[Template]]
+
+
+class TemplateBuilder(Protocol):
+    """Builds and bakes a template (:func:`cryobox.agent.host.startup.prepare_template` with the host bound);
+    a recipe build's step logs go to ``step_log`` as (step, level, line)."""
+
+    def __call__(
+        self, spec: TemplateSpec, progress: Progress, *, step_log: Callable[[str, str, str], None] | None = None
+    ) -> Awaitable[Template]: ...
+
+
 PTY_CALL_TIMEOUT_S = 30.0
 
 
@@ -318,27 +328,34 @@ class HostAgent(HibernationEndpoints, ProcEndpoints):
         if self.builder is None:
             raise InvalidArgument("this agent cannot build templates")
         spec = build.spec.template_spec()
-        lines: asyncio.Queue[str] = asyncio.Queue(maxsize=1000)
+        lines: asyncio.Queue[am.BuildEvent] = asyncio.Queue(maxsize=10000)
 
         def progress(line: str) -> None:
             with contextlib.suppress(asyncio.QueueFull):  # progress is advisory: drop lines past the cap
-                lines.put_nowait(line[:200])
+                lines.put_nowait(am.BuildEvent(progress=line[:200]))
 
-        job: asyncio.Future[Template] = asyncio.ensure_future(self.builder(spec, progress))
+        def step_log(step: str, level: str, line: str) -> None:
+            with contextlib.suppress(asyncio.QueueFull):
+                lines.put_nowait(am.BuildEvent(log=line[:4000], step=step, level=level))
+
+        job: asyncio.Future[Template] = asyncio.ensure_future(self.builder(spec, progress, step_log=step_log))
         try:
             while not job.done():
-                getter: asyncio.Future[str] = asyncio.ensure_future(lines.get())
+                getter: asyncio.Future[am.BuildEvent] = asyncio.ensure_future(lines.get())
                 waiting: set[asyncio.Future[object]] = {job, getter}  # type: ignore[arg-type]
                 await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 if getter.done():
-                    yield am.BuildEvent(progress=getter.result())
+                    yield getter.result()
                 else:
                     getter.cancel()
+            while not lines.empty():  # what the build said last, before its result
+                yield lines.get_nowait()
             try:
                 template = job.result()
             except Exception as err:  # a failed build is reported as the stream's last event
                 log.warning("template %s failed to build: %s", spec.name, err)
-                yield am.BuildEvent(error=str(err)[:4000])
+                step = getattr(err, "step", None) or ("finalize" if spec.recipe is not None else None)
+                yield am.BuildEvent(error=str(err)[:4000], step=step, level="error")
                 return
             self.service.add_template(template)
             yield am.BuildEvent(template=template_info(template))

@@ -108,7 +108,8 @@ def slot_ruleset(slot: Slot) -> str:
     * postrouting: the guest's own connections leave as ``address`` (so the host firewall can tell slots apart).
     * forward: only the guest's own source address leaves (no spoofing another slot's address past the host
       firewall), only DNAT'ed traffic and replies enter.
-    * input: the guest cannot talk to the namespace itself beyond ICMP (ARP is not IP and is unaffected).
+    * input: the guest cannot talk to the namespace itself beyond ICMP (ARP is not IP and is unaffected) and DNS
+      to the gateway address (answered by :mod:`.dnsrelay` when the agent runs one there, else refused at once).
     """
     return f"""\
 table inet {NS_TABLE} {{
@@ -130,6 +131,7 @@ table inet {NS_TABLE} {{
     type filter hook input priority filter; policy accept;
     iifname "{slot.tap}" ct state established,related accept
     iifname "{slot.tap}" meta l4proto icmp accept
+    iifname "{slot.tap}" ip daddr {GATEWAY_IP} meta l4proto {{ udp, tcp }} th dport 53 accept
     iifname "{slot.tap}" drop
   }}
 }}

@@ -42,6 +42,7 @@ from ..snapshot.layout import ImageFiles
 from ..vm import MachineConfig, MemoryBacking, MicroVM, NetAttach, VmPaths, qemu
 from ..vm.jail import JailSettings, VmJail, one_off_uid
 from .quiesce import require_quiesced
+from .startcmd import config_of, recipe_of, start_and_wait
 
 BakeNet = Callable[[], AbstractAsyncContextManager[NetAttach]]
 """Makes the private network a bake's NIC plugs into (a throwaway namespace with a tap), and removes it."""
@@ -179,6 +180,9 @@ class TemplateBaker:
                 if result.exit_code != 0:
                     raise CryoboxError(f"warm-up command failed ({result.exit_code}): {command}\n{result.stderr}")
                 phase.advance()
+            recipe, image_config = recipe_of(spec), config_of(spec)
+            if recipe is not None and image_config is not None:
+                await start_and_wait(guest, image_config, recipe, self.progress)
             await run_exec(guest, "sync", timeout_s=60)
             await require_quiesced(guest, "bake")
             self.progress("  snapshotting")

@@ -6,11 +6,12 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from ...errors import StateError
+from ...errors import CryoboxError, StateError
+from ...util.encoding import unb64
 from ..guest.client import GuestClient
-from ..guest.exec import run_exec
 
 ESTABLISHED = "01"
+LISTEN = "0A"
 
 
 @dataclass(frozen=True)
@@ -43,10 +44,35 @@ def established_connections(proc_net_tcp: str) -> list[TcpConnection]:
     return found
 
 
+def listening(proc_net_tcp: str) -> set[int]:
+    """The TCP ports something listens on, from the text of ``/proc/net/tcp{,6}``."""
+    ports = set()
+    for line in proc_net_tcp.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[0].endswith(":") and fields[3] == LISTEN:
+            ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+async def proc_net_tcp(guest: GuestClient) -> str:
+    """The guest's ``/proc/net/tcp`` and ``tcp6``, read by its agent (nothing of the image's userland runs)."""
+    text = ""
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            reply = await guest.call("read_file", {"path": path})
+        except CryoboxError:
+            continue  # no IPv6 in the guest
+        text += unb64(reply.get("content")).decode(errors="replace")
+    return text
+
+
+async def listening_ports(guest: GuestClient) -> set[int]:
+    return listening(await proc_net_tcp(guest))
+
+
 async def require_quiesced(guest: GuestClient, what: str) -> None:
     """Refuse ``what`` (StateError, listing them) while the guest holds established TCP connections."""
-    tcp = await run_exec(guest, "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null", timeout_s=30)
-    connections = established_connections(tcp.stdout)
+    connections = established_connections(await proc_net_tcp(guest))
     if connections:
         raise StateError(
             f"refusing to {what}: the guest holds established TCP connections: " + ", ".join(map(str, connections)),

@@ -202,6 +202,13 @@ class VmJail:
             binds.append((disk, "rw"))
         binds += [(p, "ro") for p in backing_chain(disk)]
         binds += [(p, "rw") for p in data_disks if not p.is_relative_to(paths.root)]
+        binds += [
+            (p, "ro")
+            for d in data_disks
+            if d.suffix == ".qcow2"
+            for p in backing_chain(d)
+            if not p.is_relative_to(paths.root)
+        ]
         spec: list[list[str]] = [["root", str(paths.root / "jail")]]
         if net is not None:
             spec += [["netns", f"/run/netns/{net.netns}"], ["tap", net.tap]]

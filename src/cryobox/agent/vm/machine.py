@@ -225,10 +225,11 @@ def qemu_argv(
         "-pidfile",
         str(paths.pidfile),
     ]
-    for index, data in enumerate(data_disks):  # raw, writable, after the root disk (the guest's vdb, vdc, ...)
+    for index, data in enumerate(data_disks):  # writable, after the root disk (the guest's vdb, vdc, ...)
+        fmt = "qcow2" if data.suffix == ".qcow2" else "raw"  # a build's target is a chain of qcow2 step layers
         argv += [
             "-drive",
-            f"id=data{index},file={data},format=raw,if=none,cache=writeback",
+            f"id=data{index},file={data},format={fmt},if=none,cache=writeback",
             "-device",
             f"virtio-blk-device,drive=data{index}",
         ]

@@ -18,6 +18,7 @@ import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from ...util.system import in_fresh_thread
 from .slots import GATEWAY_IP, NETNS_DIR
@@ -79,8 +80,7 @@ class _UdpRelay(asyncio.DatagramProtocol):
         self.pending: set[asyncio.Task[None]] = set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.DatagramTransport)
-        self.transport = transport
+        self.transport = cast(asyncio.DatagramTransport, transport)
 
     def datagram_received(self, data: bytes, addr: tuple[str | int, int]) -> None:
         task = asyncio.get_running_loop().create_task(self._forward(data, addr))

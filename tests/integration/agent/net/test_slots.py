@@ -22,16 +22,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from pyroute2 import IPRoute, netns
+from pyroute2 import IPRoute
 
 from cryobox.agent.net import (
     GATEWAY_IP,
     GATEWAY_MAC,
     GUEST_IP,
-    GUEST_MAC,
     Firewall,
     NetworkSetupError,
-    Slot,
     SlotPlan,
     SlotPool,
     create_slot,
@@ -40,7 +38,14 @@ from cryobox.agent.net import (
     reclaim,
 )
 from cryobox.agent.net.denylist import deny_networks
-from tests.support.netutil import OUTSIDE_RANGE, Listener, in_thread_netns, ns_fd, outside_network, probe
+from tests.support.netutil import (
+    OUTSIDE_RANGE,
+    Listener,
+    attach_fake_guest,
+    in_thread_netns,
+    outside_network,
+    probe,
+)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and nft need root")
 
@@ -48,37 +53,6 @@ T = TypeVar("T")
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 IFF_UP = 0x1
 DENIED = "timeout"  # nft drops: the peer never answers, so a denied connect times out (not refused)
-
-
-def attach_fake_guest(slot: Slot) -> str:
-    """Replace ``slot``'s tap0 with a veth whose peer is a guest netns carrying the baked guest identity."""
-    guest = f"{slot.netns}g"  # tagged name: reclaim(tag) removes it too
-    netns.create(guest)
-    fd = ns_fd(guest)
-    try:
-
-        def slot_side() -> None:
-            with IPRoute() as ipr:
-                ipr.link("del", index=ipr.link_lookup(ifname=slot.tap)[0])
-                ipr.link("add", ifname=slot.tap, kind="veth", peer={"ifname": "eth0", "net_ns_fd": fd})
-                idx = ipr.link_lookup(ifname=slot.tap)[0]
-                ipr.link("set", index=idx, address=GATEWAY_MAC, state="up")
-                ipr.addr("add", index=idx, address=GATEWAY_IP, prefixlen=30)
-
-        in_thread_netns(slot.netns, slot_side)
-    finally:
-        os.close(fd)
-
-    def guest_side() -> None:
-        with IPRoute() as ipr:
-            ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
-            idx = ipr.link_lookup(ifname="eth0")[0]
-            ipr.link("set", index=idx, address=GUEST_MAC, state="up")
-            ipr.addr("add", index=idx, address=GUEST_IP, prefixlen=30)
-            ipr.route("add", dst="0.0.0.0/0", gateway=GATEWAY_IP)
-
-    in_thread_netns(guest, guest_side)
-    return guest
 
 
 def host_link_names() -> set[str]:

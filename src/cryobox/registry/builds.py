@@ -100,8 +100,8 @@ class BuildRecords:
             return _record(row)
 
     def update(self, build_id: str, **changes: Any) -> BuildRecord:
-        """Set ``status``, ``finished_at``, ``error``, ``error_step``, ``tags`` or ``spec``."""
-        allowed = {"status", "finished_at", "error", "error_step", "tags", "spec"}
+        """Set ``status``, ``finished_at``, ``error``, ``error_step``, ``tags``, ``cpus``, ``memory_mib``, ``spec``."""
+        allowed = {"status", "finished_at", "error", "error_step", "tags", "cpus", "memory_mib", "spec"}
         unknown = set(changes) - allowed
         if unknown:
             raise ValueError(f"not updatable: {sorted(unknown)}")

@@ -63,6 +63,15 @@ def _in_range(field: str, value: int | None, bounds: tuple[int, int], default: i
     return value
 
 
+def _checked(name: str, cpus: int | None, memory_mib: int | None) -> tuple[int, int]:
+    if not NAME.fullmatch(name):
+        raise InvalidArgument(
+            f"template name {name!r}: 1-63 of a-z, 0-9 and '-', starting with a letter or digit",
+            details={"field": "name", "template": name},
+        )
+    return _in_range("cpus", cpus, CPU_RANGE, 1), _in_range("memory_mib", memory_mib, MEMORY_RANGE, 512)
+
+
 def recipe_contexts(spec: dict[str, Any] | None) -> set[str]:
     """The context blobs a stored spec (a row's or a build's) names."""
     inner = (spec or {}).get(RECIPE_KEY)
@@ -144,13 +153,8 @@ class RecipeBuilds:
     ) -> BuildRecord:
         """Start building ``recipe`` as template ``name``. Refusals write nothing: 400 (bad name, size or a
         context blob not in the store), 403 (allowlist), 409 (the name is building), 429 (quota, builder full)."""
-        if not NAME.fullmatch(name):
-            raise InvalidArgument(
-                f"template name {name!r}: 1-63 of a-z, 0-9 and '-', starting with a letter or digit",
-                details={"field": "name", "template": name},
-            )
-        cpu = _in_range("cpus", cpus, CPU_RANGE, 1)
-        memory = _in_range("memory_mib", memory_mib, MEMORY_RANGE, 512)
+        cpu, memory = _checked(name, cpus, memory_mib)
+        reserved = await self._reserved(workspace_id, name, build_id)
         for blob in recipe.contexts():
             if not await self.has_context(blob):
                 raise InvalidArgument(f"build context {blob} was never uploaded", details={"hash": blob})
@@ -161,7 +165,7 @@ class RecipeBuilds:
         latest = await asyncio.to_thread(self.records.latest, workspace_id, name)
         if self.templates.building(name) or (existing is not None and existing.status == "building"):
             raise StateError(f"template {name!r} is already building", state="building", required="ready|error")
-        if latest is not None and latest.status in ACTIVE and latest.build_id != build_id:
+        if latest is not None and latest.status in ACTIVE and latest.spec is not None and latest.build_id != build_id:
             raise StateError(f"template {name!r} is already building", state=latest.status, required="ready|error")
         quotas = self.templates.quotas
         admission = await quotas.admit_template(workspace_id, name) if quotas is not None else None
@@ -178,7 +182,12 @@ class RecipeBuilds:
                 memory_mib=memory,
                 spec=spec.model_dump(mode="json"),
             )
-            await asyncio.to_thread(self.records.add, record)
+            if reserved is None:
+                await asyncio.to_thread(self.records.add, record)
+            else:
+                record = await asyncio.to_thread(
+                    self.records.update, build_id, tags=record.tags, cpus=cpu, memory_mib=memory, spec=record.spec
+                )
             stored = {RECIPE_KEY: spec.model_dump(mode="json")}
             first = existing is None or existing.status != "ready"
             if first:
@@ -197,6 +206,44 @@ class RecipeBuilds:
                 self.templates.forget(name)
         watch = _Watch(self, record, first=first)
         self.templates.launch(agent_name, agent, stored, workspace_id, keep_status=not first, watch=watch)
+        return record
+
+    async def reserve_build(
+        self, workspace_id: str, *, name: str, cpus: int | None, memory_mib: int | None, tags: Sequence[str] = ()
+    ) -> BuildRecord:
+        """A build id for a build whose recipe comes later (E2B's ``POST /v3/templates``): a ``waiting`` record
+        without a spec, which :meth:`start_recipe_build` with that ``build_id`` takes over. Checks what it can
+        now (name, size, whether the name is another workspace's)."""
+        cpu, memory = _checked(name, cpus, memory_mib)
+        await self._existing(workspace_id, name)
+        record = BuildRecord(
+            build_id=str(uuid.uuid4()),
+            template=name,
+            workspace_id=workspace_id,
+            status="waiting",
+            created_at=self.clock(),
+            tags=tuple(tags) or ("default",),
+            cpus=cpu,
+            memory_mib=memory,
+        )
+        await asyncio.to_thread(self.records.add, record)
+        return record
+
+    async def _reserved(self, workspace_id: str, name: str, build_id: str | None) -> BuildRecord | None:
+        """The reservation ``build_id`` names, if it is one (409 if the id is a started build or another's)."""
+        if build_id is None:
+            return None
+        try:
+            record = await asyncio.to_thread(self.records.get, build_id, workspace_id)
+        except NotFound:
+            return None
+        if record.template != name or record.spec is not None or record.status != "waiting":
+            raise StateError(
+                f"build {build_id} was already started",
+                state=record.status,
+                required="waiting",
+                details={"build_id": build_id},
+            )
         return record
 
     async def _existing(self, workspace_id: str, name: str) -> TemplateRow | None:

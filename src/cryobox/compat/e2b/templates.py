@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
-import importlib
 from collections.abc import Mapping
 from typing import Annotated, Any
 
@@ -28,7 +27,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from ...errors import Forbidden, InvalidArgument, NotFound, PayloadTooLarge
-from ...image.recipe.model import Recipe
+from ...image.recipe.e2bsteps import recipe_from_e2b
 from ...registry.builds import BuildLogEntry, BuildRecord
 from ...server.routes.deps import AppContext, Caller, context
 from .routing import E2BCtx, E2BRoute
@@ -144,19 +143,11 @@ async def upload_files(token: str, request: Request, app: Annotated[AppContext, 
     return JSONResponse({}, status_code=200)
 
 
-def _recipe_of(body: Mapping[str, Any]) -> Recipe:
-    """E2B's TemplateBuildStartV2 read by the recipe parser (:mod:`cryobox.image.recipe.e2bsteps`)."""
-    parser = importlib.import_module("cryobox.image.recipe.e2bsteps")
-    recipe = parser.recipe_from_e2b(body)
-    assert isinstance(recipe, Recipe)
-    return recipe
-
-
 @router.post("/v2/templates/{template_id}/builds/{build_id}", status_code=202)
 async def start_build(template_id: str, build_id: str, request: Request, ctx: E2BCtx) -> Response:
     body = _body_object(await request.json())
     reserved = await _reservation(ctx, template_id, build_id)
-    recipe = _recipe_of(body)
+    recipe = recipe_from_e2b(body)
     steps = []
     for step in recipe.steps:
         if step.context:

@@ -23,7 +23,6 @@ from cryobox.objstore import keys
 from cryobox.objstore.client import open_store
 from cryobox.registry import Registry
 from cryobox.server.access.ratelimit import RateLimitConfig, RateLimiter
-from tests.support import e2bsteps_standin
 from tests.support import registry as registry_support
 from tests.support.control import close_control, control_plane
 from tests.support.e2b import e2b_env
@@ -59,7 +58,6 @@ class Served:
 
 @pytest.fixture
 async def served(registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Served]:
-    e2bsteps_standin.install(monkeypatch)
     objects = open_store("memory://")
     agent = FakeAgent(name="a", max_sandboxes=64, vcpus=64, memory_mib=1 << 20, objects=objects)
     agent.recipe_log_lines = 60  # 7 phases: 420 lines, five pages of the status route

@@ -102,8 +102,8 @@ class Placement:
     def place(self, context: Context, rel: str, dest: str) -> None:
         """Write context path ``rel`` at target path ``dest``."""
         member = context.entries.get(rel)
-        host = resolve_in_root(self.root, dest)
         if member is None or member.isdir():
+            host = resolve_in_root(self.root, dest, follow_final=True)  # an existing directory's link is followed
             created = make_dirs(self.root, host, self.uid, self.gid)
             if created and member is not None:
                 mode = self.mode if self.mode is not None else member.mode
@@ -112,6 +112,7 @@ class Placement:
         if not (member.isreg() or member.islnk() or member.issym()):
             self.log(f"COPY: skipped {rel} (not a file, directory or symbolic link)")
             return
+        host = resolve_in_root(self.root, dest)
         make_parents(self.root, host, self.uid, self.gid)
         clear(host, keep_dir=False)
         if member.issym():

@@ -299,10 +299,11 @@ def parse_entry(response: httpx.Response) -> models.FileEntry:
 
 # --- errors ----------------------------------------------------------------------------------------------------
 
+# a bare 502/503 is ambiguous for these (the store, an image registry): it stays a plain CryoboxError
 _BY_STATUS: dict[int, type[CryoboxError]] = {
     cls.http_status: cls
     for cls in ERRORS_BY_CODE.values()
-    if cls.http_status not in (200, 500) and not issubclass(cls, StoreError | ImagePullFailed)  # their 502/503 are ambiguous
+    if cls.http_status not in (200, 500) and not issubclass(cls, StoreError | ImagePullFailed)
 }
 
 

@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import tarfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ LAYER_TYPES = {
 }
 BUSYBOX = Path("/bin/busybox")
 
-Files = dict[str, "bytes | Link"]
+Files = Mapping[str, "bytes | Link"]
 
 
 @dataclass(frozen=True)

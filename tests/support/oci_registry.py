@@ -109,7 +109,7 @@ def _token_server(signer: _Signer, registry: OciRegistry) -> ThreadingHTTPServer
                 self.send_header("WWW-Authenticate", 'Basic realm="tokens"')
                 self.end_headers()
                 return
-            access = []
+            access: list[dict[str, object]] = []
             for scope in query.get("scope", []):
                 kind, _, rest = scope.partition(":")
                 name, _, actions = rest.rpartition(":")

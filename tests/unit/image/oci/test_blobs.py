@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ def test_write_blob_verifies_the_digest(tmp_path: Path) -> None:
 
 
 def test_write_blob_stops_at_its_limit(tmp_path: Path) -> None:
-    def endless() -> object:
+    def endless() -> Iterator[bytes]:
         while True:
             yield b"\0" * 65536
 

@@ -11,6 +11,7 @@
      ├── Forbidden           forbidden          403
      │    └── CsrfRefused    csrf               403  (a console session's write without its X-CSRF-Token)
      ├── PayloadTooLarge     payload_too_large  413
+     │    └── ImageTooLarge  image_too_large    413  (an OCI image exceeds a pull limit: layers, bytes)
      ├── QuotaExceeded       rate_limited       429  (the request rate: retry after ``Retry-After``)
      ├── WorkspaceQuotaExceeded quota_exceeded  429  (a workspace limit: no ``Retry-After``, nothing created)
      ├── HostUnavailable     capacity           503
@@ -18,6 +19,8 @@
      ├── VmmError            vmm_error          500  (QEMU / QMP failures)
      ├── GuestError          guest_error        500  (the guest agent failed or vanished)
      ├── ImageBuildError     image_build_failed 500
+     ├── ImagePullFailed     image_pull_failed  502  (a registry or image source failed or refused)
+     │    └── ImageDigestMismatch image_digest_mismatch 502  (a blob is not what its digest says)
      ├── SecretUnreadable    secret_unreadable  500  (a sealed secret at rest: wrong key, or tampered)
      ├── PortUnreachable     port_unreachable   502  (nothing accepted the proxy's connection to a sandbox port)
      └── StoreError          store_error        502  (the object store failed)
@@ -169,6 +172,28 @@ class ImageBuildError(CryoboxError):
     code = "image_build_failed"
 
 
+class ImageTooLarge(PayloadTooLarge):
+    """An OCI image exceeds one of the host's pull limits (layer count, a layer's compressed or uncompressed size,
+    the image's total). Nothing of it is kept. ``details``: ``{limit, max}`` (the limit's name and value)."""
+
+    code = "image_too_large"
+
+
+class ImagePullFailed(CryoboxError):
+    """An OCI image could not be pulled or loaded: the registry is unreachable, refused the credentials, answered
+    with an error, or the image (or local archive) is malformed or has no ``linux/amd64`` variant."""
+
+    code = "image_pull_failed"
+    http_status = 502
+
+
+class ImageDigestMismatch(ImagePullFailed):
+    """A blob (manifest, config or layer) does not hash to the digest that names it; the partial file is gone.
+    ``details``: ``{expected, actual}``."""
+
+    code = "image_digest_mismatch"
+
+
 class SecretUnreadable(CryoboxError):
     """A secret sealed at rest (a sandbox's ``env`` in the registry or in an agent's record) cannot be opened: it
     was sealed with another key than the one configured (``CRYOBOX_SECRET_KEY`` or the key file), or it was
@@ -231,6 +256,7 @@ ERRORS_BY_CODE: dict[str, type[CryoboxError]] = {
         StateError,
         CsrfRefused,  # before Forbidden: a bare 403 still maps to Forbidden
         Forbidden,
+        ImageTooLarge,  # before PayloadTooLarge: a bare 413 (no code) still maps to PayloadTooLarge
         PayloadTooLarge,
         WorkspaceQuotaExceeded,  # before QuotaExceeded: a bare 429 (no code) still maps to QuotaExceeded
         BuildQueueFull,
@@ -241,6 +267,8 @@ ERRORS_BY_CODE: dict[str, type[CryoboxError]] = {
         GuestError,
         ResumeHookFailed,
         ImageBuildError,
+        ImagePullFailed,
+        ImageDigestMismatch,
         SecretUnreadable,
         StoreError,
         ObjectNotFound,

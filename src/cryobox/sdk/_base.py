@@ -22,7 +22,15 @@ import httpx
 from pydantic import BaseModel
 
 from .. import models
-from ..errors import ERRORS_BY_CODE, CommandFailed, CryoboxError, HostUnavailable, QuotaExceeded, StoreError
+from ..errors import (
+    ERRORS_BY_CODE,
+    CommandFailed,
+    CryoboxError,
+    HostUnavailable,
+    ImagePullFailed,
+    QuotaExceeded,
+    StoreError,
+)
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 CONNECT_TIMEOUT_S = 10.0
@@ -291,10 +299,11 @@ def parse_entry(response: httpx.Response) -> models.FileEntry:
 
 # --- errors ----------------------------------------------------------------------------------------------------
 
+# a bare 502/503 is ambiguous for these (the store, an image registry): it stays a plain CryoboxError
 _BY_STATUS: dict[int, type[CryoboxError]] = {
     cls.http_status: cls
     for cls in ERRORS_BY_CODE.values()
-    if cls.http_status not in (200, 500) and not issubclass(cls, StoreError)  # 502/503 there are not unambiguous
+    if cls.http_status not in (200, 500) and not issubclass(cls, StoreError | ImagePullFailed)
 }
 
 

@@ -1,0 +1,114 @@
+"""Where a recipe build starts: a Debian or template root filesystem as it is, or an OCI image's layers.
+
+* ``debian`` (bookworm) and ``template`` bases are raw ext4 images already on this host; the first step's layer
+  goes over them.
+* ``image`` bases are pulled on the host (:mod:`cryobox.image.oci`: the host moves and verifies bytes, never
+  unpacks), and unpacked by the build VM onto an empty ext4 (``emptyfs``, made by the host from nothing) as the
+  build's ``base`` phase, whose result is cached like a step (keyed by the image's manifest digest). ``scratch``
+  is the empty image.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...errors import InvalidArgument
+from ...image.builder import ImageSet, build_images
+from ...image.cache import ContentCache
+from ...image.oci import ImageLimits, RegistrySettings, pull_image
+from ...image.recipe.model import ImageConfig, Recipe
+from ...image.rootfs import ROOT_LABEL
+from ...image.specs import by_name
+from ...util.proc import Progress
+
+BUILD_FORMAT = 1
+TARGET_BYTES = 8 << 30
+"""The virtual size of a built image's disk (sparse; the filesystem is grown to it in the build VM)."""
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    key: str
+    image: Path
+    """A raw ext4 the first layer goes over (for an ``image`` base: the empty filesystem)."""
+    config: ImageConfig | None
+    description: str
+    layers: tuple[Path, ...] | None = None
+    """An ``image`` base's layers (plain tars, in order) the build VM unpacks in the ``base`` phase."""
+    cleanup: Callable[[], None] = field(default=lambda: None)
+
+
+def digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def empty_fs(images_dir: Path) -> Path:
+    """An empty ext4 of :data:`TARGET_BYTES` (sparse), the base of every image unpack."""
+
+    def build(out: Path) -> None:
+        image = out / "rootfs.ext4"
+        subprocess.run(
+            ["mkfs.ext4", "-q", "-F", "-L", ROOT_LABEL, str(image), f"{TARGET_BYTES >> 20}M"],
+            check=True,
+            capture_output=True,
+        )
+        image.chmod(0o444)
+
+    path, _ = ContentCache(images_dir).get_or_build("emptyfs", {"bytes": TARGET_BYTES, "label": ROOT_LABEL}, build)
+    return path / "rootfs.ext4"
+
+
+async def resolve_base(
+    recipe: Recipe,
+    *,
+    images_dir: Path,
+    os_images: ImageSet,
+    work: Path,
+    template_rootfs: Callable[[str], Path | None],
+    progress: Progress,
+) -> BaseImage:
+    """The base of ``recipe`` on this host (pulling an image's layers into ``work``)."""
+    kind, ref = recipe.base.kind, recipe.base.ref
+    if kind == "debian":
+        if ref != "bookworm":
+            raise InvalidArgument(f"Debian {ref!r} is not a base cryobox builds (bookworm is)", details={"base": ref})
+        image = os_images.rootfs.image
+        return BaseImage(digest(str(BUILD_FORMAT), "rootfs", image.parent.name), image, None, "Debian bookworm")
+    if kind == "template":
+        builtin = by_name(ref)
+        if builtin is not None and not builtin.added_packages and not builtin.added_pip:
+            images = await asyncio.to_thread(build_images, images_dir, builtin, progress)
+            image = images.rootfs.image
+        else:
+            found = template_rootfs(ref)
+            if found is None:
+                raise InvalidArgument(f"no template {ref!r} to build from on this agent", details={"template": ref})
+            image = found
+        return BaseImage(digest(str(BUILD_FORMAT), "rootfs", str(image)), image, None, f"template {ref}")
+    empty = await asyncio.to_thread(empty_fs, images_dir)
+    if ref == "scratch":
+        return BaseImage(digest(str(BUILD_FORMAT), "scratch"), empty, None, "scratch", layers=())
+    settings = RegistrySettings.from_env(cache_dir=images_dir / "oci")
+    work.mkdir(parents=True, exist_ok=True)
+    pulled = await asyncio.to_thread(
+        pull_image, ref, work, settings=settings, limits=ImageLimits.from_env(), progress=progress
+    )
+    progress(
+        f"pulled {ref} ({pulled.digest[:19]}, {len(pulled.layers)} layers, "
+        f"{pulled.uncompressed_bytes >> 20} MiB unpacked, {pulled.downloaded_bytes >> 20} MiB downloaded)"
+    )
+    return BaseImage(
+        digest(str(BUILD_FORMAT), "image", pulled.digest),
+        empty,
+        pulled.config,
+        f"{ref} ({pulled.digest})",
+        layers=tuple(pulled.layers),
+    )
+
+
+__all__ = ["BUILD_FORMAT", "TARGET_BYTES", "BaseImage", "digest", "empty_fs", "resolve_base"]

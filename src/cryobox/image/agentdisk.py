@@ -57,6 +57,8 @@ STDLIB_DROP = frozenset(
         "lib2to3",
         "pydoc_data",
         "distutils",
+        "dist-packages",  # what a tree installed besides the stdlib (not the agent's)
+        "site-packages",
         "sitecustomize.py",  # Debian's is a link to /etc/python3.11 (the image's /etc)
         "EXTERNALLY-MANAGED",
     }

@@ -100,6 +100,9 @@ def in_tree(root: Path, path: Path, max_links: int = 40) -> Path:
         part = parts.pop(0)
         if part in ("", "."):
             continue
+        if part == "/":  # an absolute link target: the tree's root
+            done = root
+            continue
         if part == "..":
             done = done.parent if done != root else root
             continue
@@ -109,8 +112,6 @@ def in_tree(root: Path, path: Path, max_links: int = 40) -> Path:
             if links > max_links:
                 raise ImageBuildError(f"too many symlinks resolving {path} in {root}")
             target = os.readlink(candidate)
-            if target.startswith("/"):
-                done = root
             parts = list(Path(target).parts) + parts
             continue
         done = candidate

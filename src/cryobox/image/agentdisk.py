@@ -95,7 +95,7 @@ def build_agent_disk(cache: ContentCache, progress: Progress, runner: Runner = r
         "busybox": hashlib.sha256(BUSYBOX.read_bytes()).hexdigest(),
         "agent": tree_hash(GUEST_PACKAGE_DIR),
         "init": hashlib.sha256(init_script()).hexdigest(),
-        "layout": 1,
+        "layout": 2,
     }
 
     def build(out: Path) -> None:

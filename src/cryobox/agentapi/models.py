@@ -104,6 +104,11 @@ class ExecRequest(_Model):
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
     stdin_b64: str | None = None
+    user: str | None = Field(default=None, max_length=64)
+    """Run as this account; ``None``: the image's default user (``/etc/cryobox/defaults.json``), else
+    ``default_user``, else root."""
+    default_user: str | None = Field(default=None, max_length=64)
+    """The front door's default account, used only when neither ``user`` nor the image names one."""
 
 
 class ExecResult(_Model):

@@ -38,13 +38,16 @@ class ProcSelector(_Model):
 
 
 class ProcStart(_Model):
-    """Run ``cmd`` with ``args`` (no shell unless ``cmd`` is one) as ``user`` (``None``: root)."""
+    """Run ``cmd`` with ``args`` (no shell unless ``cmd`` is one) as ``user`` (``None``: the image's default user,
+    else ``default_user``, else root)."""
 
     cmd: str = Field(min_length=1, max_length=4096)
     args: list[str] = Field(default_factory=list, max_length=4096)
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
     user: str | None = Field(default=None, max_length=64)
+    default_user: str | None = Field(default=None, max_length=64)
+    """Used only when neither ``user`` nor the image's defaults (``/etc/cryobox/defaults.json``) name one."""
     tag: str | None = Field(default=None, min_length=1, max_length=256)
     pty: PtySize | None = None
     stdin: bool = False

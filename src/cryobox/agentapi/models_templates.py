@@ -65,6 +65,8 @@ class BuildSpec(_Model):
     recipe: dict[str, Any] | None = None
     """A recipe build (:class:`cryobox.image.recipe.model.Recipe` as JSON); its context blobs are in the object
     store (:func:`cryobox.objstore.keys.build_context`) before the build is sent."""
+    agent_disk: bool = False
+    """Boot from the agent disk (:mod:`cryobox.image.agentdisk`): the image needs no userland of its own."""
 
     @classmethod
     def of(cls, spec: TemplateSpec) -> BuildSpec:

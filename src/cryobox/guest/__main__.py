@@ -14,6 +14,7 @@ import time
 
 from .agent import GuestAgent, log
 from .protocol import PORT_NAME
+from .runtime import settle_environ
 
 DEV_PORT = f"/dev/virtio-ports/{PORT_NAME}"
 SYS_PORTS = "/sys/class/virtio-ports"
@@ -118,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--socket", metavar="PATH", help="connect to this unix socket instead of the port")
     group.add_argument("--fd", type=int, metavar="N", help="serve this already-open fd once, then exit")
     options = parser.parse_args(argv)
+    settle_environ(os.environ)
     agent = GuestAgent()
     try:
         if options.fd is not None:

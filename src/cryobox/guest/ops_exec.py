@@ -1,5 +1,8 @@
 """The ``exec`` op: run ``/bin/sh -c CMD`` in its own process group, capturing or streaming its output.
 
+Who runs it, where and with what environment: :func:`.launch.launch_context` (the request's ``user``/``cwd``/
+``env`` over the image's defaults); an image without ``/bin/sh`` answers ``not_found``.
+
 One selector loop in the request thread feeds stdin and reads stdout/stderr concurrently. The loop never
 waits forever on pipes: after a timeout kill it drains for at most ``KILL_GRACE`` seconds, and after a
 normal exit for at most ``EXIT_DRAIN`` seconds (a background grandchild may hold the pipes open).
@@ -14,13 +17,14 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any
 
-from .ops_files import OpError, b64, decode_b64, invalid, optional_bool
+from .launch import DEFAULT_HOME, DEFAULT_PATH, checked_cwd, launch_context, shell_argv
+from .ops_files import b64, decode_b64, invalid, optional_bool
 
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-DEFAULT_HOME = "/root"
+__all__ = ["DEFAULT_HOME", "DEFAULT_PATH", "ExecSpec", "checked_cwd", "op_exec", "parse_args", "run"]
+
 CHUNK = 64 * 1024
 MAX_CAPTURE = 16 * 1024 * 1024  # per stream, when not streaming
 KILL_GRACE = 0.5  # seconds the pipes may stay open after the timeout kill
@@ -39,19 +43,7 @@ class ExecSpec:
     stdin: bytes | None
     timeout: float | None
     stream: bool
-
-
-def checked_cwd(cwd: Any, home: str) -> str:
-    """A request's ``cwd``: an existing absolute directory, or (``None``) ``home`` if it exists, else ``/``."""
-    if cwd is None:
-        return home if os.path.isdir(home) else "/"
-    if not isinstance(cwd, str) or not os.path.isabs(cwd) or "\x00" in cwd:
-        raise invalid("'cwd' must be an absolute path or null")
-    if not os.path.exists(cwd):
-        raise OpError("not_found", f"cwd {cwd} does not exist")
-    if not os.path.isdir(cwd):
-        raise OpError("not_a_directory", f"cwd {cwd} is not a directory")
-    return cwd
+    ids: dict[str, Any] = field(default_factory=dict)  # Popen's user/group/extra_groups (none: the agent's)
 
 
 def parse_args(args: dict[str, Any]) -> ExecSpec:
@@ -66,25 +58,16 @@ def parse_args(args: dict[str, Any]) -> ExecSpec:
             raise invalid("'timeout_seconds' must not be negative")
         if math.isinf(timeout):
             timeout = None
-    extra = args.get("env")
-    if extra is None:
-        extra = {}
-    if not isinstance(extra, dict) or not all(
-        isinstance(k, str) and k and "=" not in k and isinstance(v, str) for k, v in extra.items()
-    ):
-        raise invalid("'env' must map variable names to strings")
-    env = {**os.environ, **extra}
-    env.setdefault("PATH", DEFAULT_PATH)
-    env.setdefault("HOME", DEFAULT_HOME)
-    cwd = checked_cwd(args.get("cwd"), DEFAULT_HOME)
+    launch = launch_context(args)
     stdin = args.get("stdin")
     return ExecSpec(
-        argv=["/bin/sh", "-c", cmd],
-        env=env,
-        cwd=cwd,
+        argv=shell_argv(cmd),
+        env=launch.env,
+        cwd=launch.cwd,
         stdin=None if stdin is None else decode_b64(stdin, "stdin"),
         timeout=None if timeout is None else float(timeout),
         stream=optional_bool(args, "stream", False),
+        ids=launch.ids(),
     )
 
 
@@ -210,6 +193,7 @@ def run(spec: ExecSpec, emit: Emit) -> dict[str, Any]:
             env=spec.env,
             start_new_session=True,
             close_fds=True,
+            **spec.ids,
         )
     except ValueError as exc:  # e.g. a NUL byte in cmd or env
         raise invalid(str(exc)) from exc

@@ -14,15 +14,14 @@ Processes are owned by a :class:`ProcTable` (one per agent), never by module sta
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from .ops_exec import DEFAULT_HOME, DEFAULT_PATH, checked_cwd
-from .ops_files import OpError, cancel_flag, decode_b64, invalid, lookup_user, optional_bool
+from .launch import launch_context
+from .ops_files import OpError, cancel_flag, decode_b64, invalid, optional_bool
 from .ops_pty import _dimension, set_winsize
 from .proc_io import POLL_MS, Proc, StartSpec, killpg, pump, spawn, write_all
 
@@ -43,43 +42,24 @@ def parse_start(args: dict[str, Any]) -> StartSpec:
         argv = []
     if not isinstance(argv, list) or not all(isinstance(a, str) and "\x00" not in a for a in argv):
         raise invalid("'args' must be a list of strings")
-    given = args.get("env")
-    if given is None:
-        given = {}
-    if not isinstance(given, dict) or not all(
-        isinstance(k, str) and k and "=" not in k and isinstance(v, str) for k, v in given.items()
-    ):
-        raise invalid("'env' must map variable names to strings")
     tag = args.get("tag")
     if tag is not None and (not isinstance(tag, str) or not tag):
         raise invalid("'tag' must be a non-empty string or null")
     pty = args.get("pty")
     if pty is not None and not isinstance(pty, dict):
         raise invalid("'pty' must be an object {cols, rows} or null")
-    user = lookup_user(args)
-    env = dict(os.environ)
-    if user is not None:
-        env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
-        home = user.pw_dir
-    else:
-        env.setdefault("HOME", DEFAULT_HOME)
-        home = DEFAULT_HOME
-    if pty is not None:
-        env["TERM"] = "xterm-256color"
-    env.update(given)
-    env.setdefault("PATH", DEFAULT_PATH)
-    cwd = checked_cwd(args.get("cwd"), home)
+    launch = launch_context(args, term=pty is not None)
     return StartSpec(
         cmd=cmd,
         args=list(argv),
-        env=env,
-        given_env=dict(given),
-        cwd=cwd,
+        env=launch.env,
+        given_env=launch.given_env,
+        cwd=launch.cwd,
         tag=tag,
         pty=None if pty is None else (_dimension(pty, "cols", 80), _dimension(pty, "rows", 24)),
         stdin=optional_bool(args, "stdin", False),
         attach=optional_bool(args, "attach", False),
-        user=user,
+        user=launch.user,
     )
 
 

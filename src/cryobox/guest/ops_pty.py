@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .ops_exec import DEFAULT_HOME, DEFAULT_PATH
+from .launch import launch_context
 from .ops_files import OpError, decode_b64, invalid
 
 Emit = Callable[[str, bytes], None]
@@ -42,9 +42,12 @@ MAX_DIM = 10_000
 
 
 def default_command() -> list[str]:
+    """A login bash, else the image's ``/bin/sh``. :raises OpError: ``not_found`` when the image has neither."""
     if os.path.exists("/bin/bash"):
         return ["/bin/bash", "-l"]
-    return ["/bin/sh"]
+    if os.path.exists("/bin/sh"):
+        return ["/bin/sh"]
+    raise OpError("not_found", "this image has neither /bin/bash nor /bin/sh: name the terminal's program")
 
 
 def set_winsize(fd: int, cols: int, rows: int) -> None:
@@ -149,26 +152,23 @@ class PtySessions:
         argv = _argv(args)
         cols = _dimension(args, "cols", 80)
         rows = _dimension(args, "rows", 24)
-        extra = args.get("env") or {}
-        if not isinstance(extra, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
-            raise invalid("'env' must map variable names to strings")
-        env = {**os.environ, "TERM": "xterm-256color", **extra}
-        env.setdefault("PATH", DEFAULT_PATH)
-        env.setdefault("HOME", DEFAULT_HOME)
-        cwd = DEFAULT_HOME if os.path.isdir(DEFAULT_HOME) else "/"
+        launch = launch_context(args, term=True)
         master, slave = os.openpty()
         try:
             set_winsize(master, cols, rows)
+            if launch.user is not None:
+                os.fchown(slave, launch.user.pw_uid, -1)
             proc = subprocess.Popen(
                 argv,
                 stdin=slave,
                 stdout=slave,
                 stderr=slave,
-                cwd=cwd,
-                env=env,
+                cwd=launch.cwd,
+                env=launch.env,
                 start_new_session=True,
                 preexec_fn=_take_controlling_tty,
                 close_fds=True,
+                **launch.ids(),
             )
         except FileNotFoundError as err:
             os.close(master)

@@ -26,10 +26,14 @@ class TemplateSpec:
     recipe: dict[str, Any] | None = None
     """A Dockerfile's or E2B's steps (:class:`cryobox.image.recipe.model.Recipe` as JSON): the root filesystem
     is what a build VM makes of them; ``packages`` and ``pip`` are then unused."""
+    agent_disk: bool = False
+    """Boot with the agent disk (:mod:`cryobox.image.agentdisk`): the guest agent runs from a read-only disk
+    of its own at ``/.cryobox`` and needs nothing of the image's userland (a static busybox or musl image boots).
+    Off for the built-in templates, whose images carry the agent and ``/sbin/cryobox-init`` themselves."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        for optional in ("pip", "base", "recipe"):
+        for optional in ("pip", "base", "recipe", "agent_disk"):
             if not data[optional]:
                 del data[optional]  # keeps the generations of specs that predate the field
         return data

@@ -21,13 +21,18 @@ class ExecSpec:
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
     stdin: bytes | None = None
+    user: str | None = None
+    """Run as this account (``None``: the image's default user, else ``default_user``, else root)."""
+    default_user: str | None = None
+    """The front door's default account, for when neither the request nor the image
+    (``/etc/cryobox/defaults.json``, ``cryobox_guest.defaults``) names one."""
 
     def to_args(self, stream: bool) -> dict[str, Any]:
         if not self.cmd:
             raise InvalidArgument("cmd must be a non-empty string")
         if self.timeout_s is not None and not 0 < self.timeout_s <= MAX_TIMEOUT_S:
             raise InvalidArgument(f"timeout_seconds must be in (0, {MAX_TIMEOUT_S}]")
-        return {
+        args: dict[str, Any] = {
             "cmd": self.cmd,
             "timeout_seconds": self.timeout_s,
             "env": self.env,
@@ -35,6 +40,11 @@ class ExecSpec:
             "stdin": b64(self.stdin) if self.stdin is not None else None,
             "stream": stream,
         }
+        if self.user is not None:
+            args["user"] = self.user
+        if self.default_user is not None:
+            args["default_user"] = self.default_user
+        return args
 
     @property
     def call_timeout_s(self) -> float | None:

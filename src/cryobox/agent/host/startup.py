@@ -94,6 +94,7 @@ def machine_for(spec: TemplateSpec, images: ImageSet, accel: Accel, tsc_khz: int
         tsc_khz=tsc_khz,
         norandmaps=accel.default_norandmaps,
         nic=True,
+        agent_disk=images.agent_disk.image if images.agent_disk is not None else None,
     )
 
 

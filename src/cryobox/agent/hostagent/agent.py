@@ -211,7 +211,13 @@ class HostAgent(HibernationEndpoints, ProcEndpoints):
     def _spec(request: am.ExecRequest) -> ExecSpec:
         stdin = unb64(request.stdin_b64) if request.stdin_b64 is not None else None
         return ExecSpec(
-            cmd=request.cmd, timeout_s=request.timeout_s, env=dict(request.env), cwd=request.cwd, stdin=stdin
+            cmd=request.cmd,
+            timeout_s=request.timeout_s,
+            env=dict(request.env),
+            cwd=request.cwd,
+            stdin=stdin,
+            user=request.user,
+            default_user=request.default_user,
         )
 
     async def exec(self, sandbox_id: str, request: am.ExecRequest) -> am.ExecResult:

@@ -36,6 +36,7 @@ def start_args(sandbox: Sandbox, request: am.ProcStart) -> dict[str, Any]:
         "env": {**sandbox.env, **request.env},
         "cwd": request.cwd,
         "user": request.user,
+        **({"default_user": request.default_user} if request.default_user is not None else {}),
         "tag": request.tag,
         "pty": {"cols": request.pty.cols, "rows": request.pty.rows} if request.pty is not None else None,
         "stdin": request.stdin,

@@ -187,7 +187,7 @@ def import_image(
     pins = PinSet.from_manifest(manifest, what)
     if (final / "manifest.json").exists():
         raise StateError(f"{stored.subject} is already on this host", details={"id": stored.ident})
-    machine = dict(manifest["machine"], kernel=str(template.machine.kernel), initrd=str(template.machine.initrd))
+    machine = dict(manifest["machine"], **template.machine.host_files())
     backing = (template.disk, "qcow2")
     if stored.memory_home:
         manifest.update(id=final.name, machine=machine, imported_from=store.url, imported_at=time.time())

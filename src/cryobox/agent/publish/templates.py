@@ -86,6 +86,22 @@ def local_pins(template: Template, published_sha256: str | None = None) -> PinSe
     return pins
 
 
+def _small_files(machine: MachineConfig) -> list[tuple[str, Path]]:
+    """The image files a template's machine boots from, besides its root filesystem, by role."""
+    files = [("kernel", machine.kernel), ("initrd", machine.initrd)]
+    if machine.agent_disk is not None:
+        files.append(("agentdisk", machine.agent_disk))
+    return files
+
+
+def _host_files(local: dict[str, Any]) -> dict[str, str]:
+    """The machine config's host paths from a manifest's (or fetch's) ``kernel``/``initrd``/``agentdisk``."""
+    files = {"kernel": str(local["kernel"]), "initrd": str(local["initrd"])}
+    if local.get("agentdisk"):
+        files["agent_disk"] = str(local["agentdisk"])
+    return files
+
+
 def _stored_manifest(store: ObjectStore, key: str) -> dict[str, Any] | None:
     try:
         found: dict[str, Any] = json.loads(store.get(key))
@@ -127,7 +143,7 @@ def publish_template(
     pins.put_file(store, f"{prefix}/vmstate", template.vmstate)
     pins.put_file(store, f"{prefix}/disk.qcow2", template.disk)
     files: dict[str, str] = {}
-    for role, path in (("kernel", template.machine.kernel), ("initrd", template.machine.initrd)):
+    for role, path in _small_files(template.machine):
         key = _image_key(images_dir, path)
         files[role] = key
         if store.exists(key):
@@ -188,7 +204,7 @@ def fetch_template(
     if found and "machine_config" not in found:
         # baked here (a cache dir shared with a building host): the same generation, files all local
         published: dict[str, Any] = json.loads(store.get(f"{prefix}/manifest.json"))
-        machine = dict(published["machine_config"], kernel=found["kernel"], initrd=found["initrd"])
+        machine = dict(published["machine_config"], **_host_files(found))
         if PINS_FIELD not in found and PINS_FIELD in published:
             # not (yet) recorded by the building host: lazy restores name the memory index by its pin, taken from
             # the published manifest that gives the machine config too
@@ -218,12 +234,13 @@ def fetch_template(
                 path.parent.mkdir(parents=True, exist_ok=True)
                 pins.fetch_file(store, key, path)
         local[role] = path
-    machine = dict(manifest["machine_config"], kernel=str(local["kernel"]), initrd=str(local["initrd"]))
+    machine = dict(manifest["machine_config"], **_host_files(local))
     manifest.update(
         machine_config=machine,
         kernel=str(local["kernel"]),
         initrd=str(local["initrd"]),
         rootfs=str(local["rootfs"]),
+        **({"agentdisk": str(local["agentdisk"])} if "agentdisk" in local else {}),
         memory_prefix=prefix,
         fetched_from=store.url,
     )

@@ -6,6 +6,7 @@ is not running (``StateError``) and touches its idle clock; the sandbox's own en
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -39,9 +40,7 @@ class GuestCalls:
     def _spec(self, sandbox: Sandbox, spec: ExecSpec) -> ExecSpec:
         if not sandbox.env:
             return spec
-        return ExecSpec(
-            cmd=spec.cmd, timeout_s=spec.timeout_s, env={**sandbox.env, **spec.env}, cwd=spec.cwd, stdin=spec.stdin
-        )
+        return dataclasses.replace(spec, env={**sandbox.env, **spec.env})
 
     async def exec(self, sandbox_id: str, spec: ExecSpec, workspace_id: str | None = None) -> ExecResult:
         sandbox, guest = await self.guest(sandbox_id, workspace_id)

@@ -206,6 +206,7 @@ class TemplateBaker:
                 "kernel": str(machine.kernel),
                 "initrd": str(machine.initrd),
                 "rootfs": str(images.rootfs.image),
+                **({"agentdisk": str(machine.agent_disk)} if machine.agent_disk is not None else {}),
                 "cold_boot_s": round(boot_s, 3),
                 "created_at": time.time(),
             }

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -23,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 
 from ...errors import BuildQueueFull, ImageBuildError
-from ...image.builder import ImageSet, build_images
+from ...image.builder import ImageSet, build_images, with_agent_disk
 from ...image.buildpolicy import BuildAllowlist, BuildLimits
 from ...image.cache import ContentCache
 from ...image.downloads import download_debs, download_wheels
@@ -102,6 +103,7 @@ async def images_for(host: BuildVmHost, spec: TemplateSpec, progress: Progress, 
     packages, pip = spec.added_packages, spec.added_pip
     host.allowlist.check(spec)
     images = await asyncio.to_thread(build_images, host.images_dir, base, progress, runner)
+    images = await asyncio.to_thread(with_agent_disk, host.images_dir, images, spec, progress, runner)
     if not packages and not pip:
         return images
     cache = ContentCache(host.images_dir)
@@ -122,7 +124,7 @@ async def images_for(host: BuildVmHost, spec: TemplateSpec, progress: Progress, 
         image.chmod(0o444)
 
     path, _ = await cache.aget_or_build("rootfs-vm", inputs, build)
-    return ImageSet(kernel=images.kernel, initramfs=images.initramfs, rootfs=Rootfs(path))
+    return dataclasses.replace(images, rootfs=Rootfs(path))
 
 
 def _prepare_image(

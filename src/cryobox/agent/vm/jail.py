@@ -195,6 +195,7 @@ class VmJail:
             *([(prefix, "ro")] if (prefix := qemu.install_prefix()) is not None else []),
             (config.kernel, "ro"),
             (config.initrd, "ro"),
+            *([(config.agent_disk, "ro")] if config.agent_disk is not None else []),
             (memory.path, "rw" if memory.share or not qemu.private_readonly() else "ro"),
             (paths.root, "rw"),
         ]

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...image.agentdisk import AGENT_DEVICE
 from . import qemu
 from .accel import Accel
 
@@ -48,6 +49,10 @@ class MachineConfig:
     norandmaps: bool
     nic: bool = False
     """A virtio-net device with the guest identity every sandbox shares (MAC ``GUEST_MAC``)."""
+    agent_disk: Path | None = None
+    """The read-only agent disk (:mod:`cryobox.image.agentdisk`), the second virtio disk of every VM of the
+    template (the guest's ``/dev/vdb``, named on the kernel command line): bake, restores, forks and wakes all
+    get it at the same place, so their device lists match the snapshot's."""
 
     @property
     def kernel_cmdline(self) -> str:
@@ -59,6 +64,8 @@ class MachineConfig:
             parts += [f"tsc_early_khz={self.tsc_khz}", "tsc=reliable", "clocksource=tsc"]
         if self.norandmaps:
             parts.append("norandmaps")
+        if self.agent_disk is not None:
+            parts.append(f"cryobox.agentdisk={AGENT_DEVICE}")
         return " ".join(parts)
 
     @property
@@ -77,6 +84,7 @@ class MachineConfig:
             "cpu": self.accel.cpu_model,
             "cmdline": self.kernel_cmdline,
             **({"nic": GUEST_MAC} if self.nic else {}),
+            **({"agent_disk": AGENT_DEVICE} if self.agent_disk is not None else {}),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -90,6 +98,7 @@ class MachineConfig:
             "tsc_khz": self.tsc_khz,
             "norandmaps": self.norandmaps,
             "nic": self.nic,
+            **({"agent_disk": str(self.agent_disk)} if self.agent_disk is not None else {}),
         }
 
     @classmethod
@@ -103,7 +112,17 @@ class MachineConfig:
             tsc_khz=int(data["tsc_khz"]),
             norandmaps=bool(data["norandmaps"]),
             nic=bool(data.get("nic", False)),
+            agent_disk=Path(data["agent_disk"]) if data.get("agent_disk") else None,
         )
+
+    def host_files(self) -> dict[str, str]:
+        """The host paths in :meth:`to_json` (kernel, initrd, agent disk): what a manifest made on another host
+        takes from this host's copy of the template."""
+        return {
+            "kernel": str(self.kernel),
+            "initrd": str(self.initrd),
+            **({"agent_disk": str(self.agent_disk)} if self.agent_disk is not None else {}),
+        }
 
 
 @dataclass(frozen=True)
@@ -150,6 +169,14 @@ class VmPaths:
     @property
     def disk(self) -> Path:
         return self.root / "disk.qcow2"
+
+
+def agent_disk_args(config: MachineConfig) -> list[str]:
+    """The agent disk right after the root disk (the guest's vdb), read-only, shared by every VM mapping it."""
+    if config.agent_disk is None:
+        return []
+    drive = f"id=agent,file={config.agent_disk},format=raw,if=none,readonly=on,cache=writeback"
+    return ["-drive", drive, "-device", "virtio-blk-device,drive=agent"]
 
 
 def qemu_argv(
@@ -204,6 +231,7 @@ def qemu_argv(
         f"id=root,file={disk},format=qcow2,if=none,cache=unsafe,discard=unmap",
         "-device",
         "virtio-blk-device,drive=root",
+        *agent_disk_args(config),
         "-device",
         "virtio-serial-device",
         "-chardev",
@@ -225,7 +253,7 @@ def qemu_argv(
         "-pidfile",
         str(paths.pidfile),
     ]
-    for index, data in enumerate(data_disks):  # writable, after the root disk (the guest's vdb, vdc, ...)
+    for index, data in enumerate(data_disks):  # writable, after the root (and agent) disk: vdb, vdc, ...
         fmt = "qcow2" if data.suffix == ".qcow2" else "raw"  # a build's target is a chain of qcow2 step layers
         argv += [
             "-drive",

@@ -122,6 +122,12 @@ def _make_parent(parent: str, owner: pwd.struct_passwd | None) -> None:
         raise OpError("not_a_directory", f"an ancestor of {parent} is not a directory") from err
 
 
+def op_sync(args: dict[str, Any]) -> dict[str, Any]:
+    """Flush every filesystem (``sync(2)``): the bake's last step, with nothing of the image's userland."""
+    os.sync()
+    return {}
+
+
 def op_read_file(args: dict[str, Any]) -> dict[str, Any]:
     path = require_path(args)
     with open(path, "rb") as handle:
@@ -239,6 +245,7 @@ def op_move(args: dict[str, Any]) -> dict[str, Any]:
 
 
 FILE_OPS: dict[str, FileOp] = {
+    "sync": op_sync,
     "read_file": op_read_file,
     "write_file": op_write_file,
     "list_dir": op_list_dir,

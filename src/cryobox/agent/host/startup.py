@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ...config import Paths
 from ...errors import InvalidArgument
-from ...image.builder import ImageSet
+from ...image.builder import ImageSet, with_agent_disk
 from ...image.specs import DEFAULT_TEMPLATES, TemplateSpec
 from ...objstore.client import ObjectStore, open_store
 from ...util.proc import Progress
@@ -124,7 +124,8 @@ async def prepare_template(
             raise InvalidArgument("this agent builds no recipe templates (no build services)")
         log = step_log or (lambda step, level, line: progress(line))
         built = await recipe_images(recipe, build_host, spec, progress, log)
-        images, spec = built.images, baked_spec(spec, built.config)
+        spec = baked_spec(spec, built.config)
+        images = await asyncio.to_thread(with_agent_disk, config.paths.images_dir, built.images, spec, progress)
     else:
         images = await images_for(build_host, spec, progress)
     template = await baker.ensure(spec, images, machine_for(spec, images, config.accel, tsc_khz))

@@ -183,7 +183,7 @@ class TemplateBaker:
             recipe, image_config = recipe_of(spec), config_of(spec)
             if recipe is not None and image_config is not None:
                 await start_and_wait(guest, image_config, recipe, self.progress)
-            await run_exec(guest, "sync", timeout_s=60)
+            await guest.call("sync", {}, timeout=60)
             await require_quiesced(guest, "bake")
             self.progress("  snapshotting")
             await vm.save_state(work / "vmstate")

@@ -1,12 +1,13 @@
 """Recipe builds: a Dockerfile's or E2B's steps turned into a template root filesystem, every step in a build VM.
 
 The host only moves bytes: it fetches the steps' context archives from the object store and an image's layers
-from a registry, writes them as opaque files onto the build VM's inputs disk, and copies qcow2 layers. The build
-VM (:mod:`.buildsession`) unpacks, copies and runs everything. Each step's result is a cached qcow2 layer
-(:mod:`.layercache`) keyed by (parent key, step, context hash), so a rebuild that changes only the last step redoes
-only that step; the finished image is flattened into one raw ext4 (``<images>/rootfs-recipe/<key>/``), which the
-template bakes from like any other root filesystem. Build logs carry the step they belong to (E2B's
-``reason.step``): ``base``, the 1-based step index, or ``finalize``.
+from a registry (:mod:`.recipebase`), writes them as opaque files onto the build VM's inputs disk, and copies
+qcow2 layers. The build VM (:mod:`.buildsession`) unpacks, copies and runs everything. The base (an image's
+unpacked layers) and each step's result are cached qcow2 layers (:mod:`.layercache`) keyed by (parent key, step,
+context hash), so a rebuild that changes only the last step redoes only that step; the finished image is flattened
+into one raw ext4 (``<images>/rootfs-recipe/<key>/``), which the template bakes from like any other root
+filesystem. Build logs carry the step they belong to (E2B's ``reason.step``): ``base``, the 1-based step index,
+or ``finalize``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
+import os
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -22,13 +23,13 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...errors import ImageBuildError, InvalidArgument
+from ...errors import CryoboxError, ImageBuildError, InvalidArgument
 from ...image.builder import ImageSet, build_images
 from ...image.cache import ContentCache
 from ...image.recipe.config import StepState, final_config, states
 from ...image.recipe.model import ImageConfig, Recipe, Step, step_key
 from ...image.rootfs import Rootfs, make_ext4
-from ...image.specs import BASE, TemplateSpec, by_name
+from ...image.specs import BASE, TemplateSpec
 from ...objstore import keys
 from ...objstore.client import ObjectStore
 from ...util.proc import Progress
@@ -37,10 +38,8 @@ from ..vm.jail import VmJail, one_off_uid
 from .buildsession import BUILD_MEMORY_MIB, BuildSession, StepFailed, build_session
 from .buildvm import BuildVmHost
 from .layercache import LayerCache, cache_budget
+from .recipebase import TARGET_BYTES, BaseImage, resolve_base
 
-BUILD_FORMAT = 1
-TARGET_BYTES = 8 << 30
-"""The virtual size of a built image's disk (sparse; the filesystem is grown to it in the build VM)."""
 INPUTS_LABEL = "cryoinputs"
 
 StepLog = Callable[[str, str, str], None]
@@ -67,67 +66,48 @@ class RecipeServices:
 
 
 @dataclass(frozen=True)
-class BaseImage:
-    key: str
-    image: Path
-    config: ImageConfig | None
-    description: str
-
-
-@dataclass(frozen=True)
 class RecipeImages:
     images: ImageSet
     config: ImageConfig
 
 
-def _digest(*parts: str) -> str:
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+@dataclass(frozen=True)
+class Plan:
+    """One build: the recipe, where it starts, every layer's key, and what each step runs with."""
+
+    recipe: Recipe
+    base: BaseImage
+    keys: list[str]
+    """``keys[0]`` names the base (an image's unpacked layers), ``keys[i]`` the image after step ``i``."""
+    states: list[StepState]
+    log: StepLog
+
+    @property
+    def total(self) -> int:
+        return len(self.recipe.steps)
 
 
-def step_label(index: int, step: Step) -> str:
-    args = " ".join(step.args[1:] if step.op == "RUN" and step.args[:1] == ("exec",) else step.args)
-    return f"{step.op} {args}"[:200]
+def step_label(step: Step) -> str:
+    args = step.args[1:] if step.op == "RUN" and step.args[:1] == ("exec",) else step.args
+    return f"{step.op} {' '.join(args)}"[:200]
 
 
-async def _base(
-    services: RecipeServices, host: BuildVmHost, recipe: Recipe, os_images: ImageSet, progress: Progress
-) -> BaseImage:
-    kind, ref = recipe.base.kind, recipe.base.ref
-    if kind == "debian":
-        if ref != "bookworm":
-            raise InvalidArgument(f"Debian {ref!r} is not a base cryobox builds (bookworm is)", details={"base": ref})
-        image = os_images.rootfs.image
-        return BaseImage(_digest(str(BUILD_FORMAT), "rootfs", image.parent.name), image, None, "Debian bookworm")
-    if kind == "template":
-        builtin = by_name(ref)
-        if builtin is not None and not builtin.added_packages and not builtin.added_pip:
-            images = await asyncio.to_thread(build_images, host.images_dir, builtin, progress)
-            image = images.rootfs.image
-        else:
-            found = services.template_rootfs(ref)
-            if found is None:
-                raise InvalidArgument(f"no template {ref!r} to build from on this agent", details={"template": ref})
-            image = found
-        return BaseImage(_digest(str(BUILD_FORMAT), "rootfs", str(image)), image, None, f"template {ref}")
-    raise InvalidArgument(
-        f"building from the image {ref!r} needs an OCI registry pull, which this agent does not offer yet",
-        details={"image": ref},
-    )
-
-
-def _cached_prefix(layers: LayerCache, recipe: Recipe, chain_keys: list[str]) -> list[Path]:
-    """The cached layers of steps 1..j (j as large as possible, stopping at a forced step)."""
+def _cached(layers: LayerCache, plan: Plan) -> tuple[Path | None, list[Path]]:
+    """The cached base layer (an image's unpack; ``None`` when it must be made) and steps 1..j."""
+    recipe = plan.recipe
+    if plan.base.layers is None:
+        start: Path | None = plan.base.image
+    else:
+        start = None if recipe.force else layers.lookup(plan.keys[0])
     found: list[Path] = []
-    if recipe.force:
-        return found
-    for step, key in zip(recipe.steps, chain_keys[1:], strict=True):
-        if step.force:
-            break
-        layer = layers.lookup(key)
+    if start is None or recipe.force:
+        return start, found
+    for step, key in zip(recipe.steps, plan.keys[1:], strict=True):
+        layer = None if step.force else layers.lookup(key)
         if layer is None:
             break
         found.append(layer)
-    return found
+    return start, found
 
 
 async def recipe_images(
@@ -139,32 +119,41 @@ async def recipe_images(
     recipe = Recipe.from_json(spec.recipe)
     images_dir = host.images_dir
     os_images = await asyncio.to_thread(build_images, images_dir, BASE, progress)
+    pulls = host.run_dir / f"pull-{os.getpid()}-{spec.name}"
     try:
-        base = await _base(services, host, recipe, os_images, progress)
-    except InvalidArgument as err:
-        raise RecipeBuildError(err.message, "base") from err
-    log("base", "info", f"FROM {base.description}")
-    chain_keys = [base.key]
-    for step in recipe.steps:
-        chain_keys.append(step_key(chain_keys[-1], step))
-    step_states = states(recipe, base.config)
-    layers = LayerCache(images_dir / "steps")
-
-    async def build(out: Path) -> None:
-        cached = _cached_prefix(layers, recipe, chain_keys)
-        for index, step in enumerate(recipe.steps[: len(cached)], start=1):
-            log(str(index), "info", f"[{index}/{len(recipe.steps)}] {step_label(index, step)} (cached)")
-        image = out / "rootfs.ext4"
-        if len(cached) < len(recipe.steps):
-            await _run_steps(
-                services, host, recipe, os_images, chain_keys, step_states, cached, base, layers, log, image
+        try:
+            base = await resolve_base(
+                recipe,
+                images_dir=images_dir,
+                os_images=os_images,
+                work=pulls,
+                template_rootfs=services.template_rootfs,
+                progress=lambda line: log("base", "info", line),
             )
-        else:
-            log("finalize", "info", "writing the root filesystem image")
-            await asyncio.to_thread(_flatten, cached[-1] if cached else base.image, image)
-        await asyncio.to_thread(layers.trim, cache_budget())
+        except CryoboxError as err:
+            raise RecipeBuildError(err.message, "base") from err
+        log("base", "info", f"FROM {base.description}")
+        chain = [base.key]
+        for step in recipe.steps:
+            chain.append(step_key(chain[-1], step))
+        plan = Plan(recipe, base, chain, states(recipe, base.config), log)
+        layers = LayerCache(images_dir / "steps")
 
-    path, built = await ContentCache(images_dir).aget_or_build("rootfs-recipe", {"recipe": chain_keys[-1]}, build)
+        async def build(out: Path) -> None:
+            start, cached = _cached(layers, plan)
+            for index, step in enumerate(recipe.steps[: len(cached)], start=1):
+                log(str(index), "info", f"[{index}/{plan.total}] {step_label(step)} (cached)")
+            image = out / "rootfs.ext4"
+            if start is None or len(cached) < plan.total:
+                await _run_in_vm(services, host, os_images, plan, start, cached, layers, image)
+            else:
+                log("finalize", "info", "writing the root filesystem image")
+                await asyncio.to_thread(_flatten, cached[-1] if cached else start, image)
+            await asyncio.to_thread(layers.trim, cache_budget())
+
+        path, built = await ContentCache(images_dir).aget_or_build("rootfs-recipe", {"recipe": chain[-1]}, build)
+    finally:
+        shutil.rmtree(pulls, ignore_errors=True)
     if not built:
         log("finalize", "info", "every step is cached")
     images = ImageSet(kernel=os_images.kernel, initramfs=os_images.initramfs, rootfs=Rootfs(path))
@@ -177,29 +166,28 @@ def _flatten(top: Path, image: Path) -> None:
     image.chmod(0o444)
 
 
-async def _run_steps(
+async def _run_in_vm(
     services: RecipeServices,
     host: BuildVmHost,
-    recipe: Recipe,
     os_images: ImageSet,
-    chain_keys: list[str],
-    step_states: list[StepState],
+    plan: Plan,
+    start: Path | None,
     cached: list[Path],
-    base: BaseImage,
     layers: LayerCache,
-    log: StepLog,
     image: Path,
 ) -> None:
-    """Run the steps after the cached prefix in one build VM and flatten the result into ``image``."""
+    """Run what is not cached in one build VM (the base's unpack when ``start`` is ``None``, then the steps after
+    ``cached``) and flatten the result into ``image``."""
     first = len(cached)
-    todo = recipe.steps[first:]
-    inputs_dir = host.run_dir / f"inputs-{chain_keys[-1][:16]}"
+    inputs_dir = host.run_dir / f"inputs-{plan.keys[-1][:16]}-{os.getpid()}"
     shutil.rmtree(inputs_dir, ignore_errors=True)
     inputs_dir.mkdir(parents=True)
+    unpack = plan.base.layers if start is None else None
     try:
-        await asyncio.to_thread(_stage_inputs, services.store, todo, inputs_dir / "staging")
+        await asyncio.to_thread(_stage_inputs, services.store, plan.recipe.steps[first:], unpack, inputs_dir)
         inputs = inputs_dir / "inputs.ext4"
         await asyncio.to_thread(make_ext4, inputs_dir / "staging", inputs, INPUTS_LABEL)
+        shutil.rmtree(inputs_dir / "staging")
         machine = MachineConfig(
             memory_mib=BUILD_MEMORY_MIB,
             cpus=1,
@@ -210,67 +198,60 @@ async def _run_steps(
             norandmaps=host.accel.default_norandmaps,
             nic=services.network is not None,
         )
-        async with host.queue.turn(lambda line: log("base", "info", line)), contextlib.AsyncExitStack() as stack:
+        base_log = _sink(plan.log, "base")
+        async with host.queue.turn(lambda line: plan.log("base", "info", line)), contextlib.AsyncExitStack() as stack:
             net = await stack.enter_async_context(services.network()) if services.network is not None else None
             uid = stack.enter_context(one_off_uid(host.jail, host.run_dir))
             jail = VmJail(host.jail, uid) if host.jail is not None and uid is not None else None
             session = await stack.enter_async_context(
                 build_session(
-                    name=f"recipe-{chain_keys[-1][:20]}",
+                    name=f"recipe-{plan.keys[-1][:20]}",
                     os_images=os_images,
                     machine=machine,
                     run_dir=host.run_dir,
-                    target_base=cached[-1] if cached else base.image,
+                    target_base=cached[-1] if cached else (start or plan.base.image),
                     target_bytes=TARGET_BYTES,
                     inputs=inputs,
                     net=net,
                     jail=jail,
-                    progress=lambda line: log("base", "info", line),
+                    progress=lambda line: plan.log("base", "info", line),
                 )
             )
-            last = await _steps_in(session, recipe, chain_keys, step_states, cached, base, layers, log)
-            log("finalize", "info", "writing the root filesystem image")
-            await asyncio.to_thread(_flatten, last, image)  # while the session's layers still exist
+            parent: Path | None = cached[-1] if cached else start
+            last: Path | None = None
+            try:
+                await session.driver(
+                    "prepare", {"target": "/dev/vdb", "inputs": "/dev/vdc", "fresh": unpack is not None}, base_log
+                )
+                if unpack is not None:
+                    await session.driver("unpack", {}, base_log)
+                    await session.driver("ensure-user", {}, base_log)
+                    last = await session.cut_layer(base_log)
+                    parent = await asyncio.to_thread(layers.store, plan.keys[0], last, plan.base.image)
+                else:
+                    await session.shell("resize2fs /dev/vdb", base_log)
+            except StepFailed as err:
+                raise RecipeBuildError(f"preparing the image failed: {err.message}", "base", err.tail) from err
+            for index in range(first + 1, plan.total + 1):
+                last = await _step(session, plan, index)
+                if parent is not None:
+                    parent = await asyncio.to_thread(layers.store, plan.keys[index], last, parent)
+            plan.log("finalize", "info", "writing the root filesystem image")
+            await asyncio.to_thread(_flatten, last or session.top, image)  # while the session's layers exist
     finally:
         shutil.rmtree(inputs_dir, ignore_errors=True)
 
 
-async def _steps_in(
-    session: BuildSession,
-    recipe: Recipe,
-    chain_keys: list[str],
-    step_states: list[StepState],
-    cached: list[Path],
-    base: BaseImage,
-    layers: LayerCache,
-    log: StepLog,
-) -> Path:
-    first = len(cached)
-    parent: Path | None = cached[-1] if cached else base.image
+async def _step(session: BuildSession, plan: Plan, index: int) -> Path:
+    step = plan.recipe.steps[index - 1]
+    label = str(index)
+    plan.log(label, "info", f"[{index}/{plan.total}] {step_label(step)}")
+    payload = {"step": _step_json(step), "state": plan.states[index - 1].to_json()}
     try:
-        await session.driver(
-            "prepare", {"target": "/dev/vdb", "inputs": "/dev/vdc", "fresh": False}, _sink(log, "base")
-        )
-        await session.shell("resize2fs /dev/vdb", _sink(log, "base"))
+        await session.driver("step", payload, _sink(plan.log, label))
     except StepFailed as err:
-        raise RecipeBuildError(f"preparing the build VM failed: {err.message}", "base", err.tail) from err
-    last: Path | None = None
-    for offset, step in enumerate(recipe.steps[first:]):
-        index = first + offset + 1
-        label = str(index)
-        log(label, "info", f"[{index}/{len(recipe.steps)}] {step_label(index, step)}")
-        payload = {"step": _step_json(step), "state": step_states[index - 1].to_json()}
-        try:
-            await session.driver("step", payload, _sink(log, label))
-        except StepFailed as err:
-            raise RecipeBuildError(
-                f"step {index} ({step_label(index, step)}) failed: {err.message}", label, err.tail
-            ) from err
-        last = await session.cut_layer(_sink(log, label))
-        if parent is not None:
-            parent = await asyncio.to_thread(layers.store, chain_keys[index], last, parent)
-    assert last is not None
-    return last
+        raise RecipeBuildError(f"step {index} ({step_label(step)}) failed: {err.message}", label, err.tail) from err
+    return await session.cut_layer(_sink(plan.log, label))
 
 
 def _sink(log: StepLog, step: str) -> Callable[[str, str], None]:
@@ -281,12 +262,17 @@ def _step_json(step: Step) -> dict[str, object]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(step).items()}
 
 
-def _stage_inputs(store: ObjectStore, steps: tuple[Step, ...], staging: Path) -> None:
-    """The inputs disk's files: each COPY step's context archive, as stored (opaque to the host)."""
-    contexts = staging / "contexts"
+def _stage_inputs(store: ObjectStore, steps: tuple[Step, ...], unpack: tuple[Path, ...] | None, work: Path) -> None:
+    """The inputs disk's files: each COPY step's context archive as stored and an image's layer tars (opaque)."""
+    contexts = work / "staging" / "contexts"
     contexts.mkdir(parents=True)
     for context in dict.fromkeys(s.context for s in steps if s.op == "COPY" and s.context):
         store.download(keys.build_context(context), contexts / f"{context}.tar.gz")
+    if unpack is not None:
+        layers = work / "staging" / "layers"
+        layers.mkdir()
+        for index, layer in enumerate(unpack):
+            shutil.copyfile(layer, layers / f"{index:03d}.tar")
 
 
-__all__ = ["RecipeBuildError", "RecipeImages", "RecipeServices", "StepLog", "recipe_images"]
+__all__ = ["RecipeBuildError", "RecipeImages", "RecipeServices", "StepLog", "recipe_images", "step_label"]

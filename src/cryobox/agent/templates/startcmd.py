@@ -59,8 +59,9 @@ def config_of(spec: TemplateSpec) -> ImageConfig | None:
 
 
 def baked_spec(spec: TemplateSpec, config: ImageConfig) -> TemplateSpec:
-    """``spec`` as baked: with the image's defaults file (so the generation covers them)."""
-    return dataclasses.replace(spec, files={**spec.files, DEFAULTS_PATH: defaults_json(config)})
+    """``spec`` as baked: with the image's defaults file (so the generation covers them), booted with the agent
+    disk (the guest agent never depends on what the recipe left in the image)."""
+    return dataclasses.replace(spec, files={**spec.files, DEFAULTS_PATH: defaults_json(config)}, agent_disk=True)
 
 
 def recipe_of(spec: TemplateSpec) -> Recipe | None:

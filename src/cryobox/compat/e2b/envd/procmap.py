@@ -51,13 +51,17 @@ def start_spec(request: pb.StartRequest, target: Target) -> mp.ProcStart:
     config = request.process
     if config is None or not config.cmd:
         raise InvalidArgument("the process config needs a cmd")
-    cwd = target.resolve(config.cwd) if config.has_field("cwd") and config.cwd else target.home
+    # no user or directory named: the image's USER and WORKDIR when its template has them, else E2B's defaults
+    cwd = target.resolve(config.cwd) if config.has_field("cwd") and config.cwd else None
+    if cwd is None and target.named:
+        cwd = target.home
     return mp.ProcStart(
         cmd=config.cmd,
         args=list(config.args),
         env=dict(config.envs),
         cwd=cwd,
-        user=target.user,
+        user=target.user if target.named else None,
+        default_user=None if target.named else target.user,
         tag=request.tag if request.has_field("tag") and request.tag else None,
         pty=pty_size(request.pty),
         stdin=request.stdin if request.has_field("stdin") else True,

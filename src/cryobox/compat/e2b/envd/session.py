@@ -64,6 +64,9 @@ class Target:
     sandbox_id: str
     agent: Agent
     user: str
+    named: bool = True
+    """Whether the call named ``user`` (else it is the front door's default, and a process started without a
+    user of its own runs as the image's ``USER`` when its template has one: ``default_user``)."""
 
     @property
     def home(self) -> str:
@@ -118,8 +121,9 @@ async def open_target(
     row, agent = await open_sandbox(opener, sandbox_id, headers.get(TOKEN_HEADER), wake=wake)
     if row.status not in USABLE_STATES:
         raise SandboxUnavailable(f"sandbox {sandbox_id} was not found running: it is {row.status}")
-    name = user or basic_auth_user(headers.get("authorization")) or default_user
-    return Target(sandbox_id=str(sandbox_id), agent=agent, user=check_user(name))
+    named = user or basic_auth_user(headers.get("authorization"))
+    name = named or default_user
+    return Target(sandbox_id=str(sandbox_id), agent=agent, user=check_user(name), named=bool(named))
 
 
 async def open_sandbox(

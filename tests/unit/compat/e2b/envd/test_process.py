@@ -142,12 +142,14 @@ async def test_start_streams_start_output_and_end(env: Env) -> None:
     end = end_of(events)
     assert (end.exit_code, end.exited, end.status, end.has_field("error")) == (0, True, "exit status 0", False)
     spec = env.agent.starts[0]
-    assert (spec.cmd, spec.args, spec.env, spec.user, spec.cwd) == (
+    # the SDK named no user and no directory: the image's USER/WORKDIR if it has them, else E2B's "user"
+    assert (spec.cmd, spec.args, spec.env, spec.user, spec.default_user, spec.cwd) == (
         "echo",
         ["hi", "there"],
         {"A": "1"},
+        None,
         "user",
-        "/home/user",
+        None,
     )
     assert spec.stdin is True, "stdin absent in the request: envd's default is a pipe"
     await until(lambda: env.agent.closed_streams == 1)

@@ -18,6 +18,7 @@ from cryobox import Sandbox
 from cryobox.agent.host.reclaim import find_own_qemus
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
+from tests.support.archives import archive_networks
 from tests.support.host import cache_dir, host_paths, templates
 from tests.support.netutil import OUTSIDE_RANGE
 from tests.support.serve import Api, Client
@@ -41,8 +42,10 @@ def server(
     tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, templates: dict[str, Template]
 ) -> Iterator[ServeProcess]:
     data_dir = tmp_path_factory.mktemp("serve")
-    # the operator exempts the suite's stand-in for the internet (tests/support/netutil.py) from the deny list
-    proc = ServeProcess(data_dir, cache_dir=cache_dir, extra_env={ALLOW_PRIVATE: OUTSIDE_RANGE}).start()
+    # the operator exempts the suite's stand-in for the internet (tests/support/netutil.py) from the deny list, and
+    # the package archive Dockerfile builds' apt-get reaches (resolved now: tests/support/archives.py)
+    allowed = ",".join([OUTSIDE_RANGE, *archive_networks()])
+    proc = ServeProcess(data_dir, cache_dir=cache_dir, extra_env={ALLOW_PRIVATE: allowed}).start()
     try:
         yield proc
     finally:

@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..agent.host.startup import Host, HostConfig, prepare_template, recipe_services, start_host
+from ..agent.host.recipes import recipe_services
+from ..agent.host.startup import Host, HostConfig, prepare_template, start_host
 from ..agent.host.stopmode import OnStop
 from ..agent.hostagent.agent import HostAgent
 from ..agent.hostagent.metrics import AgentMetrics

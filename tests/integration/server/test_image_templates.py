@@ -71,15 +71,14 @@ def test_an_image_without_python_or_glibc_works_like_base(
     files = busybox_root() if kind == "busybox" else musl_root(tmp_path)
     layout = tmp_path / "layout"
     writer = LayoutWriter(layout)
-    run = {"Env": ["PATH=/bin", "GREETING=hi from the image"], "WorkingDir": "/home/user", "User": "user"}
-    writer.tag("1", writer.image([files], **run))
+    desc = writer.image([files], Env=["PATH=/bin", "GREETING=hi from the image"], WorkingDir="/home/user", User="user")
+    writer.tag("1", desc)
     push_layout(oci_registry, layout, "1", f"{kind}-only:1")
     name = f"img-{kind}-{uuid.uuid4().hex[:8]}"
-    api = {"api_url": server.url, "api_key": server.api_key}
     built = build_from_image(server, f"{oci_registry.host}/{kind}-only:1", name)
     try:
         assert built["status"] == "ready", built["logs"][-30:]
-        with Sandbox.create(template=name, **api) as sbx:
+        with Sandbox.create(template=name, api_url=server.url, api_key=server.api_key) as sbx:
             probe = sbx.exec('echo "$GREETING"; id -un; pwd')
             assert probe.stdout.splitlines() == ["hi from the image", "user", "/home/user"], probe
             bare = sbx.exec("ls /usr/lib/python3* /lib/x86_64-linux-gnu/libc.so.6 2>&1; echo end")
@@ -89,7 +88,7 @@ def test_an_image_without_python_or_glibc_works_like_base(
             sbx.filesystem.write("/home/user/note.txt", "kept\n")
             assert sbx.filesystem.read_text("/home/user/note.txt") == "kept\n"
             snap = sbx.snapshot()
-            with Sandbox.create(from_snapshot=snap.id, **api) as restored:
+            with Sandbox.create(from_snapshot=snap.id, api_url=server.url, api_key=server.api_key) as restored:
                 assert restored.exec("cat note.txt").stdout == "kept\n"
             child = sbx.fork()
             try:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ...config import Paths
 from ...errors import InvalidArgument
-from ...image.builder import ImageSet, with_agent_disk
+from ...image.builder import ImageSet
 from ...image.specs import DEFAULT_TEMPLATES, TemplateSpec
 from ...objstore.client import ObjectStore, open_store
 from ...util.proc import Progress
@@ -24,7 +24,6 @@ from ..memory.client import MemoryServerProcess, MemServerConfig
 from ..memory.hot import HotImages, default_budget
 from ..memory.settings import MemoryMode, StorageConfig, TemplateSource
 from ..net.bakenet import bake_network, reclaim_bakes
-from ..net.buildnet import BuildNetwork
 from ..net.denylist import deny_networks, endpoint_networks, exceptions_from_env
 from ..net.firewall import Firewall
 from ..net.netlink import host_networks
@@ -43,14 +42,14 @@ from ..snapshot.store import SnapshotStore
 from ..templates.bake import Template, TemplateBaker, qemu_version, record_pins
 from ..templates.buildvm import BuildQueue, BuildVmHost, images_for
 from ..templates.localize import Localizer
-from ..templates.recipebuild import RecipeServices, StepLog, recipe_images
-from ..templates.startcmd import baked_spec
+from ..templates.recipebuild import RecipeServices, StepLog
 from ..vm import Accel, MachineConfig, detect_accel, host_tsc_khz
 from ..vm.consolelog import LogCapper
 from ..vm.jail import JailSettings, prepare_host
 from .adopt import adopt, survey, sweep_hibernation
 from .bakereclaim import reclaim_bakes_dirs
 from .ownership import Ownership
+from .recipes import build_recipe
 from .reclaim import reclaim
 from .stopmode import OnStop
 
@@ -122,29 +121,16 @@ async def prepare_template(
     if spec.recipe is not None:
         if recipe is None:
             raise InvalidArgument("this agent builds no recipe templates (no build services)")
-        log = step_log or (lambda step, level, line: progress(line))
-        built = await recipe_images(recipe, build_host, spec, progress, log)
-        spec = baked_spec(spec, built.config)
-        images = await asyncio.to_thread(with_agent_disk, config.paths.images_dir, built.images, spec, progress)
+        built = await build_recipe(config.paths, config.accel, recipe, build_host, spec, progress, step_log)
+        if isinstance(built, Template):
+            return built  # built and published by another agent: fetched
+        images, spec = built
     else:
         images = await images_for(build_host, spec, progress)
     template = await baker.ensure(spec, images, machine_for(spec, images, config.accel, tsc_khz))
     store = await asyncio.to_thread(open_store, config.resolved_store_url)
     pins = await asyncio.to_thread(publish_template, store, template, config.paths.images_dir, progress)
     return await asyncio.to_thread(record_pins, template, pins.to_json())  # lazy restores name the index by it
-
-
-def recipe_services(host: Host) -> RecipeServices:
-    """What recipe builds need of a running host: its store, a pooled slot with egress and DNS per build VM, and
-    the root filesystems of the templates it serves (``FROM`` a custom template)."""
-
-    def template_rootfs(name: str) -> Path | None:
-        template = host.service.templates.get(name)
-        rootfs = template.manifest.get("rootfs") if template is not None else None
-        return Path(rootfs) if isinstance(rootfs, str) else None
-
-    network = BuildNetwork(host.slots, host.firewall)
-    return RecipeServices(store=host.store, network=network.attach, template_rootfs=template_rootfs)
 
 
 async def obtain_templates(config: HostConfig, store: ObjectStore, progress: Progress) -> dict[str, Template]:

@@ -43,11 +43,15 @@ def published_build(store: ObjectStore, spec: TemplateSpec, *, qemu: str, accel:
         return False
     published = manifest.get("spec") or {}
     machine = manifest.get("machine_config") or {}
+    try:
+        same_recipe = Recipe.from_json(published["recipe"]) == Recipe.from_json(spec.recipe)
+    except (KeyError, TypeError, ValueError):
+        return False
     return (
-        manifest.get("layout") == LAYOUT_VERSION
+        same_recipe
+        and manifest.get("layout") == LAYOUT_VERSION
         and manifest.get("qemu") == qemu
         and machine.get("accel") == accel
-        and published.get("recipe") == spec.recipe
         and published.get("cpus") == spec.cpus
         and published.get("memory_mib") == spec.memory_mib
     )

@@ -95,6 +95,53 @@ class Template(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
+class TemplateBuild(Base):
+    """A recipe build of a custom template (revision 0010); kept after the build, also when a failed first build
+    left no template behind."""
+
+    __tablename__ = "template_builds"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(String(128))
+    template: Mapped[str] = mapped_column(NAME, index=True)
+    status: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[float] = mapped_column(Double)
+    finished_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    error_step: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    tags: Mapped[list[str]] = mapped_column(JSON)
+    cpus: Mapped[int] = mapped_column("cpu", Integer)
+    memory_mib: Mapped[int] = mapped_column("memory_mb", Integer)
+    spec: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    log_lines: Mapped[int] = mapped_column(Integer)
+    log_truncated: Mapped[bool] = mapped_column(Boolean)
+
+
+class TemplateBuildLog(Base):
+    """One log line of a build (revision 0010), ``seq`` from 0."""
+
+    __tablename__ = "template_build_logs"
+
+    build_id: Mapped[str] = mapped_column(String(64), ForeignKey("template_builds.id"), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    timestamp: Mapped[float] = mapped_column(Double)
+    level: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text)
+    step: Mapped[str] = mapped_column(String(32))
+
+
+class TemplateFile(Base):
+    """A workspace's uploaded context blob under the client's own files hash (revision 0010)."""
+
+    __tablename__ = "template_files"
+
+    workspace_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    files_hash: Mapped[str] = mapped_column(String(128), primary_key=True)
+    blob_sha256: Mapped[str] = mapped_column(String(64), index=True)
+    template: Mapped[str] = mapped_column(NAME)
+    created_at: Mapped[float] = mapped_column(Double)
+
+
 class Sandbox(Base):
     __tablename__ = "sandboxes"
 

@@ -313,10 +313,11 @@ async def list_snapshots(
 
 @router.delete("/templates/{template_id}", status_code=204)
 async def delete_template(template_id: str, ctx: E2BCtx) -> Response:
-    """E2B deletes snapshots as templates; cryobox's templates are removed with ``/v1/templates``."""
+    """E2B deletes snapshots as templates, and templates (a custom template of the workspace, by name)."""
     snapshot = await _snapshot_named(ctx, template_id)
     if snapshot is None:
-        raise NotFound(f"no snapshot {template_id}", details={"id": template_id})
+        await ctx.control.templates.delete(template_id.partition(":")[0], ctx.workspace_id)
+        return Response(status_code=204)
     await ctx.control.snapshots.delete(snapshot.id, ctx.workspace_id)
     return Response(status_code=204)
 

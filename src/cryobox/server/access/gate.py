@@ -27,6 +27,9 @@ MAX_JSON_BYTES = 1 << 20
 PUBLIC_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/redoc", "/docs/oauth2-redirect"})
 NODE_PREFIXES = ("/internal/",)
 """Agent-to-control-plane routes: authenticated by the node token in their own dependency."""
+SIGNED_PREFIXES = ("/e2b/template-uploads/",)
+"""Signed upload URLs (E2B's template files): the URL's token is the authorization, checked by the route before
+it reads the body (which it caps itself)."""
 UPLOAD = re.compile(r"^/v1/sandboxes/[^/]+/(files|fs|exec|ports|proxy)(/|$)")
 """Routes whose bodies are file contents, exec stdin or a guest port's traffic (proxied as it comes, never
 parsed): the large limit."""
@@ -99,7 +102,7 @@ class AuthGateMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = str(scope.get("path", ""))
-        if scope["type"] != "http" or path in PUBLIC_PATHS or path.startswith(NODE_PREFIXES):
+        if scope["type"] != "http" or path in PUBLIC_PATHS or path.startswith(NODE_PREFIXES + SIGNED_PREFIXES):
             await self.app(scope, receive, send)
             return
         if console_auth.is_console_asset(path):  # the console's static files: no data in them

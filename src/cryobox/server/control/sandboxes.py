@@ -33,6 +33,7 @@ from ...registry import (
 )
 from ..mapping import live_row, row_for
 from ..metrics import Metrics
+from .builds import RecipeBuilds
 from .fleet import Fleet
 from .hibernations import HibernationControl
 from .placement import Placement, PlacementRequest
@@ -80,6 +81,8 @@ class ControlPlane:
         self.metrics = metrics
         self.snapshots = snapshots
         self.templates = templates
+        self.builds = RecipeBuilds(registry, templates, snapshots.objects, clock=fleet.clock)
+        """Recipe builds of templates (context blobs, build records and logs): :mod:`.builds`."""
         self.hibernations = hibernations or HibernationControl(registry, fleet, placement, snapshots.objects)
         fleet.relocator = self.hibernations.relocate  # a stored hibernation wakes where there is room
         self.quotas = quotas or QuotaGuard(QuotaRecords(registry.database))  # defaults: CRYOBOX_QUOTA_* (env)

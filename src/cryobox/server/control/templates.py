@@ -14,8 +14,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from ... import models
 from ...agentapi import Agent
@@ -30,6 +30,32 @@ from .quotas import QuotaGuard
 
 log = logging.getLogger(__name__)
 ROW_CACHE_S = 5.0
+RECIPE_KEY = "build"
+"""A row's ``spec`` of a recipe build: ``{"build": <BuildSpec JSON>}``; any other spec is a public request."""
+
+
+def spec_name(spec: dict[str, Any]) -> str:
+    """The template name a stored spec builds."""
+    inner = spec.get(RECIPE_KEY)
+    return str(inner["name"]) if isinstance(inner, dict) else str(spec["name"])
+
+
+def build_of(spec: dict[str, Any]) -> am.TemplateBuild:
+    """The build a row's stored spec asks for: a recipe's ``BuildSpec``, or the public request read into one."""
+    inner = spec.get(RECIPE_KEY)
+    if isinstance(inner, dict):
+        return am.TemplateBuild(spec=am.BuildSpec.model_validate(inner))
+    return am.TemplateBuild.of_request(spec)
+
+
+class BuildWatch(Protocol):
+    """Who follows one build's events and settles its outcome (a recipe build's record, :mod:`.builds`)."""
+
+    async def event(self, event: am.BuildEvent) -> None: ...
+
+    async def failed(self, error: str, step: str | None) -> None: ...
+
+    async def succeeded(self) -> None: ...
 
 
 class TemplateJobs:
@@ -45,6 +71,8 @@ class TemplateJobs:
         self.allowlist = BuildAllowlist.from_env()
         self.max_builds = BuildLimits.from_env().per_agent
         """Builds (running and queued) one control plane sends to one agent at a time."""
+        self.on_deleted: Callable[[TemplateRow], Awaitable[None]] | None = None
+        """Called with a custom template's row once it is deleted (the recipe builds drop its context blobs)."""
 
     async def _row(self, name: str) -> TemplateRow:
         cached = self._rows.get(name)
@@ -123,7 +151,8 @@ class TemplateJobs:
         with await self.quotas.admit_template(workspace_id, request.name):  # held until the row is written
             return await self._start(workspace_id, request)
 
-    async def _start(self, workspace_id: str, request: models.TemplateCreateRequest) -> TemplateRow:
+    async def builder_with_room(self) -> tuple[str, Agent]:
+        """The agent a new build goes to; ``BuildQueueFull`` (429) when it has as many as it may take."""
         agent_name, agent = await self._builder()
         running = sum(1 for builder, _ in self._jobs if builder == agent_name)
         if running >= self.max_builds:
@@ -132,6 +161,14 @@ class TemplateJobs:
                 details={"agent": agent_name, "builds": running, "limit": self.max_builds},
                 retry_after_s=30.0,
             )
+        return agent_name, agent
+
+    def building(self, name: str) -> bool:
+        """Whether this control plane runs a build of ``name`` (on any agent)."""
+        return any(key[1] == name for key in self._jobs)
+
+    async def _start(self, workspace_id: str, request: models.TemplateCreateRequest) -> TemplateRow:
+        agent_name, agent = await self.builder_with_room()
         spec = spec_from_request(request)
         row = TemplateRow(
             name=request.name,
@@ -149,41 +186,76 @@ class TemplateJobs:
         self._launch(agent_name, agent, request.model_dump(), workspace_id, keep_status=False)
         return row
 
-    def _launch(
-        self, agent_name: str, agent: Agent, spec: dict[str, Any], workspace_id: str, *, keep_status: bool
+    def launch(
+        self,
+        agent_name: str,
+        agent: Agent,
+        spec: dict[str, Any],
+        workspace_id: str,
+        *,
+        keep_status: bool,
+        watch: BuildWatch | None = None,
     ) -> None:
-        name = str(spec["name"])
+        """Build ``spec`` (as a row stores it) on ``agent`` in the background; ``watch`` follows it."""
+        self._launch(agent_name, agent, spec, workspace_id, keep_status=keep_status, watch=watch)
+
+    def forget(self, name: str) -> None:
+        """Drop the cached row of ``name`` (it changed)."""
+        self._forget(name)
+
+    def _launch(
+        self,
+        agent_name: str,
+        agent: Agent,
+        spec: dict[str, Any],
+        workspace_id: str,
+        *,
+        keep_status: bool,
+        watch: BuildWatch | None = None,
+    ) -> None:
+        name = spec_name(spec)
         key = (agent_name, name)
         if key in self._jobs:
             return
         if not keep_status:
             self.progress[name] = "queued"
         task = asyncio.get_running_loop().create_task(
-            self._build(agent_name, agent, spec, workspace_id, keep_status), name=f"template-{name}@{agent_name}"
+            self._build(agent_name, agent, spec, workspace_id, keep_status, watch), name=f"template-{name}@{agent_name}"
         )
         self._jobs[key] = task
         task.add_done_callback(lambda _: self._jobs.pop(key, None))
 
     async def _build(
-        self, agent_name: str, agent: Agent, spec: dict[str, Any], workspace_id: str, keep_status: bool
+        self,
+        agent_name: str,
+        agent: Agent,
+        spec: dict[str, Any],
+        workspace_id: str,
+        keep_status: bool,
+        watch: BuildWatch | None = None,
     ) -> None:
-        name = str(spec["name"])
+        name = spec_name(spec)
         error: str | None = None
+        step: str | None = None
         built: am.TemplateInfo | None = None
         try:
-            # the public request, as the registry keeps it, read into the template spec the agent builds
-            async for event in agent.build_template(am.TemplateBuild.of_request(spec)):
+            # the stored spec (a recipe's BuildSpec, or the public request read into one) is what the agent builds
+            async for event in agent.build_template(build_of(spec)):
                 if event.progress and not keep_status:
                     self.progress[name] = event.progress[:200]
                 if event.error is not None:
-                    error = event.error
+                    error, step = event.error, event.step
                 if event.template is not None:
                     built = event.template
+                if watch is not None:
+                    await watch.event(event)
         except CryoboxError as err:
             error = err.message
         if built is None:
             log.warning("template %s failed to build: %s", name, error)
-            if not keep_status:
+            if watch is not None:
+                await watch.failed(error or "build failed", step)
+            elif not keep_status:
                 with contextlib.suppress(NotFound):
                     await asyncio.to_thread(
                         self.registry.update_template_status, name, "error", (error or "build failed")[:4000]
@@ -198,9 +270,12 @@ class TemplateJobs:
             log.warning("template %s: could not refresh %s's capacity: %s", name, agent_name, err.message)
         with contextlib.suppress(NotFound):
             current = await asyncio.to_thread(self.registry.get_template, name)
-            await asyncio.to_thread(self.registry.upsert_template, template_row(built, workspace_id, current.spec))
+            stored = spec if watch is not None else current.spec  # a recipe build's spec replaces the old one
+            await asyncio.to_thread(self.registry.upsert_template, template_row(built, workspace_id, stored))
         self._forget(name)
         self.progress[name] = "ready"
+        if watch is not None:
+            await watch.succeeded()
 
     async def delete(self, name: str, workspace_id: str) -> None:
         row = await self.visible(name, workspace_id)
@@ -219,6 +294,8 @@ class TemplateJobs:
         await asyncio.to_thread(self.registry.delete_template, name)
         self._forget(name)
         self.progress.pop(name, None)
+        if self.on_deleted is not None:
+            await self.on_deleted(row)
 
     async def close(self) -> None:
         for job in list(self._jobs.values()):

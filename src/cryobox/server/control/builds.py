@@ -1,0 +1,379 @@
+"""Recipe builds of custom templates: context blobs in the object store, build records and their logs in the
+registry, the build itself through :class:`~.templates.TemplateJobs` (same quotas, allowlist, per-agent bound).
+
+The front doors (E2B's template API, Dockerfile builds) read their requests into a
+:class:`~cryobox.image.recipe.model.Recipe` and call :meth:`RecipeBuilds.start_recipe_build`; the template row
+stores the recipe's :class:`~cryobox.agentapi.models_templates.BuildSpec` (``{"build": …}``), so an agent that
+registers later rebuilds it like any custom template. A failed *first* build of a name leaves no template (the row
+is deleted, the build record keeps the error); a failed *rebuild* leaves the previous ready template serving.
+Deleting a template deletes the context blobs no other template's spec names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ...agentapi import models as am
+from ...errors import InvalidArgument, NotFound, PayloadTooLarge, StateError, StoreError
+from ...image.recipe.model import Recipe
+from ...objstore import keys
+from ...objstore.client import ObjectStore
+from ...registry import Registry, TemplateRow
+from ...registry.builds import BuildLogEntry, BuildRecord, BuildRecords
+from .templates import RECIPE_KEY, TemplateJobs
+
+log = logging.getLogger(__name__)
+
+MAX_CONTEXT_ENV = "CRYOBOX_BUILD_CONTEXT_MAX_BYTES"
+DEFAULT_MAX_CONTEXT_BYTES = 256 << 20
+NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+"""What a template name may be (that of ``POST /v1/templates``)."""
+CPU_RANGE = (1, 8)
+MEMORY_RANGE = (256, 16384)
+FLUSH_LINES = 100
+FLUSH_S = 0.5
+ACTIVE = ("waiting", "building")
+
+
+def max_context_bytes(env: Mapping[str, str] | None = None) -> int:
+    raw = (env if env is not None else os.environ).get(MAX_CONTEXT_ENV, "")
+    try:
+        value = int(raw) if raw else DEFAULT_MAX_CONTEXT_BYTES
+    except ValueError:
+        raise InvalidArgument(f"{MAX_CONTEXT_ENV} must be a number of bytes, not {raw!r}") from None
+    if value <= 0:
+        raise InvalidArgument(f"{MAX_CONTEXT_ENV} must be positive, not {raw!r}")
+    return value
+
+
+def _in_range(field: str, value: int | None, bounds: tuple[int, int], default: int) -> int:
+    if value is None:
+        return default
+    if not bounds[0] <= value <= bounds[1]:
+        raise InvalidArgument(f"{field} must be {bounds[0]}..{bounds[1]}, not {value}", details={"field": field})
+    return value
+
+
+def _checked(name: str, cpus: int | None, memory_mib: int | None) -> tuple[int, int]:
+    if not NAME.fullmatch(name):
+        raise InvalidArgument(
+            f"template name {name!r}: 1-63 of a-z, 0-9 and '-', starting with a letter or digit",
+            details={"field": "name", "template": name},
+        )
+    return _in_range("cpus", cpus, CPU_RANGE, 1), _in_range("memory_mib", memory_mib, MEMORY_RANGE, 512)
+
+
+def recipe_contexts(spec: dict[str, Any] | None) -> set[str]:
+    """The context blobs a stored spec (a row's or a build's) names."""
+    inner = (spec or {}).get(RECIPE_KEY)
+    if not isinstance(inner, dict) or not isinstance(inner.get("recipe"), dict):
+        return set()
+    return set(Recipe.from_json(inner["recipe"]).contexts())
+
+
+class RecipeBuilds:
+    """``ctx.control.builds``: the service every front door's template builds go through."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        templates: TemplateJobs,
+        objects: ObjectStore | None,
+        *,
+        clock: Callable[[], float] = time.time,
+        max_bytes: int | None = None,
+    ) -> None:
+        self.registry = registry
+        self.templates = templates
+        self.objects = objects
+        self.clock = clock
+        self.records = BuildRecords(registry.database)
+        self.max_context_bytes = max_bytes if max_bytes is not None else max_context_bytes()
+        templates.on_deleted = self._deleted
+
+    def _store(self) -> ObjectStore:
+        if self.objects is None:
+            raise StateError(
+                "template recipes need an object store (CRYOBOX_OBJECT_STORE)", state="no_store", required="store"
+            )
+        return self.objects
+
+    # -- context blobs ---------------------------------------------------------------------------------------
+
+    async def put_context(self, workspace_id: str, data: bytes) -> str:
+        """Store a context blob (a gzip'd tar) under ``keys.build_context(sha256(data))``; returns the hash.
+        :raises PayloadTooLarge: over the limit (nothing stored)."""
+        if len(data) > self.max_context_bytes:
+            raise PayloadTooLarge(
+                f"build context of {len(data)} bytes exceeds {self.max_context_bytes}",
+                details={"limit": self.max_context_bytes, "workspace_id": workspace_id},
+            )
+        store = self._store()
+        digest = hashlib.sha256(data).hexdigest()
+        key = keys.build_context(digest)
+        if not await asyncio.to_thread(store.exists, key):
+            await asyncio.to_thread(store.put, key, bytes(data))
+        return digest
+
+    async def has_context(self, sha256: str) -> bool:
+        return await asyncio.to_thread(self._store().exists, keys.build_context(sha256))
+
+    async def record_file(self, workspace_id: str, files_hash: str, blob_sha256: str, template: str) -> None:
+        """Remember that ``files_hash`` (a client's own hash of its files) is blob ``blob_sha256`` here."""
+        await asyncio.to_thread(self.records.record_file, workspace_id, files_hash, blob_sha256, template, self.clock())
+
+    async def file_blob(self, workspace_id: str, files_hash: str) -> str | None:
+        """The blob uploaded for ``files_hash`` in this workspace whose object is still stored, if any."""
+        blob = await asyncio.to_thread(self.records.file_blob, workspace_id, files_hash)
+        if blob is None or not await self.has_context(blob):
+            return None
+        return blob
+
+    # -- builds ----------------------------------------------------------------------------------------------
+
+    async def start_recipe_build(
+        self,
+        workspace_id: str,
+        *,
+        name: str,
+        recipe: Recipe,
+        cpus: int | None,
+        memory_mib: int | None,
+        tags: Sequence[str] = (),
+        build_id: str | None = None,
+    ) -> BuildRecord:
+        """Start building ``recipe`` as template ``name``. Refusals write nothing: 400 (bad name, size or a
+        context blob not in the store), 403 (allowlist), 409 (the name is building), 429 (quota, builder full)."""
+        cpu, memory = _checked(name, cpus, memory_mib)
+        reserved = await self._reserved(workspace_id, name, build_id)
+        for blob in recipe.contexts():
+            if not await self.has_context(blob):
+                raise InvalidArgument(f"build context {blob} was never uploaded", details={"hash": blob})
+        spec = am.BuildSpec(name=name, cpus=cpu, memory_mib=memory, packages=(), recipe=recipe.to_json())
+        self.templates.allowlist.check(spec.template_spec())
+        build_id = build_id or str(uuid.uuid4())
+        existing = await self._existing(workspace_id, name)
+        latest = await asyncio.to_thread(self.records.latest, workspace_id, name)
+        if self.templates.building(name) or (existing is not None and existing.status == "building"):
+            raise StateError(f"template {name!r} is already building", state="building", required="ready|error")
+        if latest is not None and latest.status in ACTIVE and latest.spec is not None and latest.build_id != build_id:
+            raise StateError(f"template {name!r} is already building", state=latest.status, required="ready|error")
+        quotas = self.templates.quotas
+        admission = await quotas.admit_template(workspace_id, name) if quotas is not None else None
+        with admission if admission is not None else contextlib.nullcontext():  # held until the rows are written
+            agent_name, agent = await self.templates.builder_with_room()
+            record = BuildRecord(
+                build_id=build_id,
+                template=name,
+                workspace_id=workspace_id,
+                status="waiting",
+                created_at=max(self.clock(), latest.created_at + 1e-3) if latest is not None else self.clock(),
+                tags=tuple(tags) or ("default",),
+                cpus=cpu,
+                memory_mib=memory,
+                spec=spec.model_dump(mode="json"),
+            )
+            if reserved is None:
+                await asyncio.to_thread(self.records.add, record)
+            else:
+                record = await asyncio.to_thread(
+                    self.records.update, build_id, tags=record.tags, cpus=cpu, memory_mib=memory, spec=record.spec
+                )
+            stored = {RECIPE_KEY: spec.model_dump(mode="json")}
+            first = existing is None or existing.status != "ready"
+            if first:
+                row = TemplateRow(
+                    name=name,
+                    generation="",
+                    cpus=cpu,
+                    memory_mib=memory,
+                    status="building",
+                    path="",
+                    created_at=self.clock(),
+                    workspace_id=workspace_id,
+                    spec=stored,
+                )
+                await asyncio.to_thread(self.registry.upsert_template, row)
+                self.templates.forget(name)
+        watch = _Watch(self, record, first=first)
+        self.templates.launch(agent_name, agent, stored, workspace_id, keep_status=not first, watch=watch)
+        return record
+
+    async def reserve_build(
+        self, workspace_id: str, *, name: str, cpus: int | None, memory_mib: int | None, tags: Sequence[str] = ()
+    ) -> BuildRecord:
+        """A build id for a build whose recipe comes later (E2B's ``POST /v3/templates``): a ``waiting`` record
+        without a spec, which :meth:`start_recipe_build` with that ``build_id`` takes over. Checks what it can
+        now (name, size, whether the name is another workspace's)."""
+        cpu, memory = _checked(name, cpus, memory_mib)
+        await self._existing(workspace_id, name)
+        record = BuildRecord(
+            build_id=str(uuid.uuid4()),
+            template=name,
+            workspace_id=workspace_id,
+            status="waiting",
+            created_at=self.clock(),
+            tags=tuple(tags) or ("default",),
+            cpus=cpu,
+            memory_mib=memory,
+        )
+        await asyncio.to_thread(self.records.add, record)
+        return record
+
+    async def _reserved(self, workspace_id: str, name: str, build_id: str | None) -> BuildRecord | None:
+        """The reservation ``build_id`` names, if it is one (409 if the id is a started build or another's)."""
+        if build_id is None:
+            return None
+        try:
+            record = await asyncio.to_thread(self.records.get, build_id, workspace_id)
+        except NotFound:
+            return None
+        if record.template != name or record.spec is not None or record.status != "waiting":
+            raise StateError(
+                f"build {build_id} was already started",
+                state=record.status,
+                required="waiting",
+                details={"build_id": build_id},
+            )
+        return record
+
+    async def _existing(self, workspace_id: str, name: str) -> TemplateRow | None:
+        try:
+            row = await asyncio.to_thread(self.registry.get_template, name)
+        except NotFound:
+            return None
+        if row.workspace_id != workspace_id:
+            raise InvalidArgument(f"template name {name!r} is taken", details={"template": name})
+        return row
+
+    async def build(self, workspace_id: str, build_id: str) -> BuildRecord:
+        return await asyncio.to_thread(self.records.get, build_id, workspace_id)
+
+    async def build_logs(
+        self, workspace_id: str, build_id: str, offset: int, limit: int, level: str | None = None
+    ) -> list[BuildLogEntry]:
+        await self.build(workspace_id, build_id)  # 404 across workspaces
+        return await asyncio.to_thread(self.records.logs, build_id, max(0, offset), max(0, limit), level)
+
+    async def latest_build(self, workspace_id: str, name: str) -> BuildRecord | None:
+        return await asyncio.to_thread(self.records.latest, workspace_id, name)
+
+    async def builds_of(self, workspace_id: str, name: str) -> list[BuildRecord]:
+        return await asyncio.to_thread(self.records.of_template, workspace_id, name)
+
+    # -- tags ------------------------------------------------------------------------------------------------
+
+    async def assign_tags(self, workspace_id: str, name: str, source: str, tags: Sequence[str]) -> BuildRecord:
+        """Give ``tags`` to the build of ``name`` tagged ``source`` (taken from any other build of it)."""
+        builds = await self.builds_of(workspace_id, name)
+        target = next((b for b in reversed(builds) if source in b.tags and b.status == "ready"), None)
+        if target is None:
+            raise NotFound(f"template {name!r} has no ready build tagged {source!r}", details={"tag": source})
+        for build in builds:
+            if build.build_id != target.build_id and set(tags) & set(build.tags):
+                kept = tuple(t for t in build.tags if t not in tags)
+                await asyncio.to_thread(self.records.update, build.build_id, tags=kept)
+        merged = tuple(dict.fromkeys([*target.tags, *tags]))
+        return await asyncio.to_thread(self.records.update, target.build_id, tags=merged)
+
+    async def remove_tags(self, workspace_id: str, name: str, tags: Sequence[str]) -> None:
+        builds = await self.builds_of(workspace_id, name)
+        if not builds:
+            raise NotFound(f"template {name!r} not found", details={"template": name})
+        for build in builds:
+            if set(tags) & set(build.tags):
+                kept = tuple(t for t in build.tags if t not in tags)
+                await asyncio.to_thread(self.records.update, build.build_id, tags=kept)
+
+    # -- deletion --------------------------------------------------------------------------------------------
+
+    async def _deleted(self, row: TemplateRow) -> None:
+        """Drop the context blobs of a deleted template that no remaining template's spec names."""
+        mine = recipe_contexts(row.spec)
+        if row.workspace_id is not None:
+            for build in await self.builds_of(row.workspace_id, row.name):
+                mine |= recipe_contexts(build.spec)
+        if not mine or self.objects is None:
+            return
+        for other in await asyncio.to_thread(self.registry.list_templates):
+            mine -= recipe_contexts(other.spec)
+        for blob in sorted(mine):
+            try:
+                await asyncio.to_thread(self.objects.delete, keys.build_context(blob))
+            except StoreError as err:
+                log.warning("could not delete build context %s: %s", blob, err.message)
+        await asyncio.to_thread(self.records.forget_blobs, sorted(mine))
+
+
+class _Watch:
+    """One build's record: its log lines (flushed in batches), ``waiting`` → ``building`` → ``ready`` | ``error``."""
+
+    def __init__(self, builds: RecipeBuilds, record: BuildRecord, *, first: bool) -> None:
+        self.builds, self.record, self.first = builds, record, first
+        self.pending: list[BuildLogEntry] = []
+        self.flushed_at = builds.clock()
+        self.started = False
+        self.error_logged = False
+
+    async def _flush(self) -> None:
+        if self.pending:
+            lines, self.pending = self.pending, []
+            await asyncio.to_thread(self.builds.records.append_logs, self.record.build_id, lines)
+        self.flushed_at = self.builds.clock()
+
+    def _line(self, level: str, message: str, step: str | None) -> None:
+        self.pending.append(BuildLogEntry(0, self.builds.clock(), level, message, step or ""))
+
+    async def event(self, event: am.BuildEvent) -> None:
+        if not self.started:
+            self.started = True
+            await asyncio.to_thread(self.builds.records.update, self.record.build_id, status="building")
+        if event.log is not None:
+            self._line(event.level or "info", event.log, event.step)
+        elif event.progress:
+            self._line("info", event.progress, event.step)
+        if event.error is not None:
+            self._line("error", event.error, event.step)
+            self.error_logged = True
+        if len(self.pending) >= FLUSH_LINES or self.builds.clock() - self.flushed_at >= FLUSH_S:
+            await self._flush()
+
+    async def failed(self, error: str, step: str | None) -> None:
+        if not self.error_logged:
+            self._line("error", error, step)
+        await self._flush()
+        name = self.record.template
+        if self.first:  # a first build that failed leaves no template behind
+            try:
+                row = await asyncio.to_thread(self.builds.registry.get_template, name)
+            except NotFound:
+                row = None
+            if row is not None and row.status != "ready" and row.workspace_id == self.record.workspace_id:
+                await asyncio.to_thread(self.builds.registry.delete_template, name)
+            self.builds.templates.forget(name)
+        await asyncio.to_thread(
+            self.builds.records.update,
+            self.record.build_id,
+            status="error",
+            error=error[:4000],
+            error_step=step,
+            finished_at=self.builds.clock(),
+        )
+
+    async def succeeded(self) -> None:
+        await self._flush()
+        await asyncio.to_thread(
+            self.builds.records.update, self.record.build_id, status="ready", finished_at=self.builds.clock()
+        )
+
+
+__all__ = ["BuildLogEntry", "BuildRecord", "RecipeBuilds", "max_context_bytes", "recipe_contexts"]

@@ -221,6 +221,7 @@ async def read_build(request: Request, *, max_context_bytes: int) -> BuildOrder:
     body = await read_body(request, max_context_bytes + MAX_DOCKERFILE_BYTES + FORM_SLACK)
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     context: bytes | None = None
+    parts: set[str] = set()
     if kind == "application/json":
         try:
             parsed = json.loads(body)
@@ -234,6 +235,7 @@ async def read_build(request: Request, *, max_context_bytes: int) -> BuildOrder:
     elif kind == "multipart/form-data":
         form = await _form(request, body)
         try:
+            parts = {key for key, value in form.multi_items() if isinstance(value, UploadFile)}
             fields, context = await _multipart(form)
         finally:
             await form.close()
@@ -250,12 +252,14 @@ async def read_build(request: Request, *, max_context_bytes: int) -> BuildOrder:
     name = _text(fields, "name")
     if not name:
         raise _bad("name", "is required")
+    if context is not None and _text(fields, "dockerfile") is None:
+        if "rootfs" in parts:  # PandaStack's build(rootfs_tar=...)
+            raise _bad("rootfs", "cryobox builds templates from a Dockerfile or an image, not an uploaded rootfs")
+        raise _bad("context", "only a Dockerfile build takes a context")
     recipe = _recipe(fields)
     if _bool(fields, "no_cache"):
         recipe = replace(recipe, force=True)
     blobs: dict[str, bytes] = {}
-    if context is not None and _text(fields, "dockerfile") is None:
-        raise _bad("context", "an image build takes no context")
     if any(step.op == "COPY" and not step.context for step in recipe.steps):
         limits = ContextLimits(max_total_bytes=max_context_bytes)
         recipe, blobs = split_context(

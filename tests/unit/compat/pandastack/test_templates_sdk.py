@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pandastack
@@ -91,11 +92,12 @@ async def test_what_cryobox_cannot_do_is_refused_by_name(build_env: BuildEnv, tm
     def scenario() -> list[str]:
         client = client_of(build_env)
         errors: list[str] = []
-        for call in (
+        calls: list[Callable[[], object]] = [
             lambda: client.templates.build("r", rootfs_tar=str(rootfs)),
             lambda: client.templates.register("k", "debian:12", kernel="6.1"),
             lambda: client.templates.register("s", "debian:12", size_mb=100_000),
-        ):
+        ]
+        for call in calls:
             with pytest.raises(BadRequestError) as caught:
                 call()
             errors.append(str(caught.value))

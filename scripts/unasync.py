@@ -43,6 +43,8 @@ SUBS: dict[str, str] = {
     "AsyncProcesses": "Processes",
     "AsyncCodeContexts": "CodeContexts",
     "AsyncCodeInterpreter": "CodeInterpreter",
+    "AsyncTemplates": "Templates",
+    "AsyncBuild": "Build",
     "AsyncIterator": "Iterator",
     "AsyncGenerator": "Generator",
     "httpx.AsyncClient": "httpx.Client",

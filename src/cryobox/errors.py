@@ -279,6 +279,32 @@ ERRORS_BY_CODE: dict[str, type[CryoboxError]] = {
 }
 
 
+class TemplateBuildFailed(CryoboxError):
+    """A template build from a Dockerfile or an image ended in failure (raised by the SDK when it waits for one,
+    and the code of a build log stream's ``error`` event; never an HTTP status): ``step`` is where it stopped
+    (``base``, ``1``.., ``finalize``), ``line`` and ``instruction`` the Dockerfile's, ``log_tail`` its last lines."""
+
+    code = "build_failed"
+    http_status = 200
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        build_id: str,
+        template: str,
+        step: str | None = None,
+        line: int | None = None,
+        instruction: str | None = None,
+        log_tail: tuple[str, ...] = (),
+    ) -> None:
+        details = {"build_id": build_id, "template": template, "step": step, "line": line, "instruction": instruction}
+        super().__init__(message, details=details)
+        self.build_id, self.template = build_id, template
+        self.step, self.line, self.instruction = step, line, instruction
+        self.log_tail = log_tail
+
+
 class CommandFailed(CryoboxError):
     """``exec(..., check=True)`` saw a non-zero exit code (raised by the SDK, never sent on the wire)."""
 

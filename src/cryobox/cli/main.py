@@ -21,6 +21,7 @@ from .keys_cmds import keys_app
 from .mcp_cmd import mcp
 from .sandbox_cmds import sandbox_app, template_app
 from .snapshot_cmds import snapshot_app
+from .template_build import template_build
 from .template_cmds import template_create
 from .top_cmd import top
 
@@ -31,6 +32,7 @@ app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(template_app, name="template")
 template_app.command("create")(template_create)
+template_app.command("build")(template_build)
 app.add_typer(keys_app, name="keys")
 app.add_typer(inspect_app, name="inspect")
 app.add_typer(bench_app, name="bench")

@@ -19,6 +19,7 @@ from ..compat.e2b.api import router as e2b_router
 from ..compat.e2b.sandbox_url import mount_sandbox_url
 from ..compat.e2b.templates import router as e2b_templates_router
 from ..compat.pandastack.repl import router as repl_router
+from ..compat.pandastack.templates import router as pandastack_templates_router
 from ..console.bisect_jobs import BisectJobs
 from ..console.bisect_platform import ControlPlatform
 from ..console.routes_api import router as console_api_router
@@ -38,6 +39,7 @@ from ..server.control.forks import ForkControl
 from ..server.control.sandboxes import ControlPlane
 from ..server.execlog import ExecHistory
 from ..server.metrics import MetricsMiddleware
+from ..server.routes.builds import router as builds_router
 from ..server.routes.code import router as code_router
 from ..server.routes.deps import AppContext
 from ..server.routes.errors import install_error_handlers
@@ -192,6 +194,8 @@ def create_app(
     app.include_router(files_router)
     app.include_router(snapshots_router)
     app.include_router(forks_router)
+    app.include_router(pandastack_templates_router)  # before platform_router: /v1/templates/builds vs /{name}
+    app.include_router(builds_router)
     app.include_router(platform_router)
     app.include_router(pty_router)
     app.include_router(fleet_router)

@@ -9,6 +9,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from . import procs as _procs
+from .builds import *  # noqa: F403 (template builds, builds.py, in this one namespace)
+from .builds import FailedStep
 from .code import *  # noqa: F403 (the code interpreter's models, models_code.py, in this one namespace)
 
 MetaKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]
@@ -143,6 +145,10 @@ class Template(BaseModel):
     created_at: str
     progress: str | None = None
     error: str | None = None
+    build_id: str | None = None
+    """The latest build from a Dockerfile or an image (``POST /v1/templates/build``), if any."""
+    failed_step: FailedStep | None = None
+    """Where that build stopped, if it failed (the template may still be ``ready`` from an earlier build)."""
 
 
 class TemplateCreateRequest(BaseModel):

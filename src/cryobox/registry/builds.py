@@ -123,6 +123,17 @@ class BuildRecords:
             ).all()
             return [_record(r) for r in rows]
 
+    def recent(self, workspace_id: str, limit: int = 100) -> list[BuildRecord]:
+        """The workspace's builds of every template, newest first, at most ``limit``."""
+        with self._db.session(write=False) as s:
+            rows = s.scalars(
+                select(m.TemplateBuild)
+                .where(m.TemplateBuild.workspace_id == workspace_id)
+                .order_by(m.TemplateBuild.created_at.desc(), m.TemplateBuild.id)
+                .limit(max(0, limit))
+            ).all()
+            return [_record(r) for r in rows]
+
     def latest(self, workspace_id: str, template: str) -> BuildRecord | None:
         builds = self.of_template(workspace_id, template)
         return builds[-1] if builds else None

@@ -1,7 +1,8 @@
 """Python SDK over the public HTTP API: ``Sandbox`` / ``Snapshots`` (sync) and ``AsyncSandbox`` /
 ``AsyncSnapshots`` (asyncio); a sandbox's background processes are ``Process`` / ``AsyncProcess``
 (``sbx.processes``); its code interpreter is ``sbx.run_code`` → ``Execution`` and ``sbx.code_contexts``
-(``CodeContexts`` / ``AsyncCodeContexts`` of ``CodeContext``).
+(``CodeContexts`` / ``AsyncCodeContexts`` of ``CodeContext``); templates are built from a Dockerfile or an image
+by ``Templates`` / ``AsyncTemplates`` (a ``Build`` / ``AsyncBuild`` each).
 
 Both are built from one implementation: ``_async/`` is written by hand, ``_sync/`` is generated from it by
 ``scripts/unasync.py``, and the wire logic they share (requests, parsing, errors, retry planning) is in
@@ -9,15 +10,25 @@ Both are built from one implementation: ``_async/`` is written by hand, ``_sync/
 """
 
 from ..models import ForkTreeError, ProcessResult, PromoteFailure, PromoteResult, Snapshot
-from ._async import AsyncFilesystem, AsyncForkTree, AsyncProcess, AsyncProcesses, AsyncSandbox, AsyncSnapshots
+from ._async import (
+    AsyncBuild,
+    AsyncFilesystem,
+    AsyncForkTree,
+    AsyncProcess,
+    AsyncProcesses,
+    AsyncSandbox,
+    AsyncSnapshots,
+    AsyncTemplates,
+)
 from ._async.code import AsyncCodeContexts
 from ._base import ClientConfig, ExecResult, Lifecycle, RetryPolicy, StreamEvent
 from ._code import CodeContext, Execution, ExecutionError, Logs, Result
 from ._procs import FsWatchEvent
-from ._sync import Filesystem, ForkTree, Process, Processes, Sandbox, Snapshots
+from ._sync import Build, Filesystem, ForkTree, Process, Processes, Sandbox, Snapshots, Templates
 from ._sync.code import CodeContexts
 
 __all__ = [
+    "AsyncBuild",
     "AsyncCodeContexts",
     "AsyncFilesystem",
     "AsyncForkTree",
@@ -25,6 +36,8 @@ __all__ = [
     "AsyncProcesses",
     "AsyncSandbox",
     "AsyncSnapshots",
+    "AsyncTemplates",
+    "Build",
     "ClientConfig",
     "CodeContext",
     "CodeContexts",
@@ -48,4 +61,5 @@ __all__ = [
     "Snapshot",
     "Snapshots",
     "StreamEvent",
+    "Templates",
 ]

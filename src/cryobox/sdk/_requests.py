@@ -28,16 +28,22 @@ class ApiRequest:
     headers: dict[str, str] | None = None
     timeout: httpx.Timeout | None = None
     retry_capacity: bool = False
+    data: dict[str, str] | None = None
+    """Form fields (with ``files``: a multipart body)."""
+    files: list[tuple[str, tuple[str, bytes, str]]] | None = None
 
     def send_options(self) -> dict[str, Any]:
         """Keyword arguments for ``client.request`` / ``client.stream`` (besides method and path)."""
-        return {
+        options: dict[str, Any] = {
             "params": self.params,
             "json": self.json,
             "content": self.content,
             "headers": self.headers,
             "timeout": self.timeout if self.timeout is not None else httpx.USE_CLIENT_DEFAULT,
         }
+        if self.data is not None or self.files is not None:
+            options.update(data=self.data, files=self.files)
+        return options
 
 
 def _sandbox_path(sandbox_id: str, suffix: str = "") -> str:

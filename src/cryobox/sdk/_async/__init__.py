@@ -4,5 +4,15 @@ from .filesystem import AsyncFilesystem
 from .processes import AsyncProcess, AsyncProcesses
 from .sandbox import AsyncSandbox
 from .snapshots import AsyncForkTree, AsyncSnapshots
+from .templates import AsyncBuild, AsyncTemplates
 
-__all__ = ["AsyncFilesystem", "AsyncForkTree", "AsyncProcess", "AsyncProcesses", "AsyncSandbox", "AsyncSnapshots"]
+__all__ = [
+    "AsyncBuild",
+    "AsyncFilesystem",
+    "AsyncForkTree",
+    "AsyncProcess",
+    "AsyncProcesses",
+    "AsyncSandbox",
+    "AsyncSnapshots",
+    "AsyncTemplates",
+]

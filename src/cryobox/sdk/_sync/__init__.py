@@ -6,5 +6,15 @@ from .filesystem import Filesystem
 from .processes import Process, Processes
 from .sandbox import Sandbox
 from .snapshots import ForkTree, Snapshots
+from .templates import Build, Templates
 
-__all__ = ["Filesystem", "ForkTree", "Process", "Processes", "Sandbox", "Snapshots"]
+__all__ = [
+    "Build",
+    "Filesystem",
+    "ForkTree",
+    "Process",
+    "Processes",
+    "Sandbox",
+    "Snapshots",
+    "Templates",
+]

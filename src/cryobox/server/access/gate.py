@@ -33,6 +33,8 @@ it reads the body (which it caps itself)."""
 UPLOAD = re.compile(r"^/v1/sandboxes/[^/]+/(files|fs|exec|ports|proxy)(/|$)")
 """Routes whose bodies are file contents, exec stdin or a guest port's traffic (proxied as it comes, never
 parsed): the large limit."""
+BUILD_UPLOAD = "/v1/templates/build"
+"""A template build's Dockerfile and context: the route caps its body itself (the build context limit)."""
 SANDBOX_PREFIX = "/e2b/sandbox"
 """The E2B sandbox URL: authenticated by the sandbox's access token (``X-Access-Token`` with ``E2b-Sandbox-Id``),
 not by an API key; its file uploads and port traffic take the large limit, its RPCs the JSON cap."""
@@ -133,7 +135,7 @@ class AuthGateMiddleware:
             message = missing if key is None else "invalid or revoked API key"
             await _reply(send, 401, "unauthorized", message, path=path)
             return
-        if UPLOAD.match(path):
+        if UPLOAD.match(path) or path == BUILD_UPLOAD:
             await self.app(scope, receive, send)
             return
         await self._capped(scope, receive, send)

@@ -267,6 +267,10 @@ class RecipeBuilds:
     async def latest_build(self, workspace_id: str, name: str) -> BuildRecord | None:
         return await asyncio.to_thread(self.records.latest, workspace_id, name)
 
+    async def recent_builds(self, workspace_id: str, limit: int) -> list[BuildRecord]:
+        """The workspace's builds of every template, newest first."""
+        return await asyncio.to_thread(self.records.recent, workspace_id, limit)
+
     async def builds_of(self, workspace_id: str, name: str) -> list[BuildRecord]:
         return await asyncio.to_thread(self.records.of_template, workspace_id, name)
 
@@ -323,15 +327,31 @@ class _Watch:
         self.flushed_at = builds.clock()
         self.started = False
         self.error_logged = False
+        self.lock = asyncio.Lock()
+        self.timer: asyncio.Task[None] | None = None
 
     async def _flush(self) -> None:
-        if self.pending:
-            lines, self.pending = self.pending, []
-            await asyncio.to_thread(self.builds.records.append_logs, self.record.build_id, lines)
-        self.flushed_at = self.builds.clock()
+        async with self.lock:  # one append at a time, so lines keep their order
+            if self.pending:
+                lines, self.pending = self.pending, []
+                await asyncio.to_thread(self.builds.records.append_logs, self.record.build_id, lines)
+            self.flushed_at = self.builds.clock()
+
+    async def _flush_later(self) -> None:
+        """Lines pended before a quiet spell (a long step printing nothing) are written within :data:`FLUSH_S`."""
+        await asyncio.sleep(FLUSH_S)
+        self.timer = None
+        await self._flush()
+
+    def _stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def _line(self, level: str, message: str, step: str | None) -> None:
         self.pending.append(BuildLogEntry(0, self.builds.clock(), level, message, step or ""))
+        if self.timer is None:
+            self.timer = asyncio.create_task(self._flush_later())
 
     async def event(self, event: am.BuildEvent) -> None:
         if not self.started:
@@ -351,6 +371,7 @@ class _Watch:
         if not self.error_logged:
             self._line("error", error, step)
         await self._flush()
+        self._stop_timer()
         name = self.record.template
         if self.first:  # a first build that failed leaves no template behind
             try:
@@ -371,6 +392,7 @@ class _Watch:
 
     async def succeeded(self) -> None:
         await self._flush()
+        self._stop_timer()
         await asyncio.to_thread(
             self.builds.records.update, self.record.build_id, status="ready", finished_at=self.builds.clock()
         )

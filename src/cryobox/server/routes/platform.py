@@ -7,8 +7,10 @@ from typing import Literal
 from fastapi import APIRouter, Response
 
 from ... import models
-from ...errors import CryoboxError
+from ...errors import CryoboxError, InvalidArgument
+from ..buildviews import build_view
 from ..mapping import template_view
+from .builds import RESERVED
 from .deps import Ctx, PublicCtx
 from .errors import ERROR_RESPONSES
 
@@ -25,13 +27,21 @@ async def list_templates(ctx: Ctx) -> models.TemplateList:
 
 @router.get("/v1/templates/{name}", response_model=models.Template, responses=ERROR_RESPONSES)
 async def get_template(name: str, ctx: Ctx) -> models.Template:
+    """The template; with the id of its latest build from a Dockerfile or an image and where it failed, if so."""
     jobs = ctx.control.templates
-    return template_view(await jobs.visible(name, ctx.workspace_id), jobs.progress.get(name))
+    view = template_view(await jobs.visible(name, ctx.workspace_id), jobs.progress.get(name))
+    latest = await ctx.control.builds.latest_build(ctx.workspace_id, name)
+    if latest is None:
+        return view
+    build = build_view(latest)
+    return view.model_copy(update={"build_id": build.id, "failed_step": build.failed_step})
 
 
 @router.post("/v1/templates", status_code=202, response_model=models.Template, responses=ERROR_RESPONSES)
 async def create_template(body: models.TemplateCreateRequest, ctx: Ctx) -> models.Template:
     """Start building a custom template (images, then a bake); poll ``GET /v1/templates/{name}``."""
+    if body.name in RESERVED:
+        raise InvalidArgument(f"template name {body.name!r} is reserved", details={"field": "name"})
     row = await ctx.control.templates.start_build(ctx.workspace_id, body)
     return template_view(row, ctx.control.templates.progress.get(row.name))
 

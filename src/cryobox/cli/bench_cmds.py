@@ -50,6 +50,24 @@ def bench_create(
     _print_result(result, as_json)
 
 
+@bench_app.command("build")
+def bench_build(
+    n: Annotated[int, typer.Option("--n", help="creates per template measured")] = 10,
+    apt: Annotated[
+        str, typer.Option("--apt", help="a Debian package the heavy step installs (needs the archive)")
+    ] = "",
+    as_json: AsJson = False,
+    out_dir: OutDir = RESULTS_DIR,
+    cache_dir: CacheDir = None,
+) -> None:
+    """First build vs cached rebuild of a Dockerfile, creates from it vs from base, a busybox-only image."""
+    from ..bench.build import run_build_bench
+
+    with open_reporter(console, as_json=as_json) as progress:
+        result = run_build_bench(n=n, apt=apt, out_dir=out_dir, cache_dir=cache_dir, console=console, progress=progress)
+    _print_result(result, as_json)
+
+
 @bench_app.command("snapshot")
 def bench_snapshot(
     n: Annotated[int, typer.Option("--n", help="samples per pause-window measurement (restores: at least 10)")] = 5,

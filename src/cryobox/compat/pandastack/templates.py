@@ -49,7 +49,9 @@ async def get_build(build_id: str, ctx: Ctx) -> models.TemplateBuild:
     return build_view(await ctx.control.builds.build(ctx.workspace_id, build_id))
 
 
-@router.get("/v1/templates/builds/{build_id}/logs", response_class=StreamingResponse, responses=SSE)
+@router.get(
+    "/v1/templates/builds/{build_id}/logs", response_class=StreamingResponse, responses={**ERROR_RESPONSES, **SSE}
+)
 async def build_logs(
     build_id: str, ctx: Ctx, follow_: Annotated[str | None, Query(alias="follow")] = None
 ) -> StreamingResponse:

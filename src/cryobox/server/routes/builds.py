@@ -144,7 +144,11 @@ async def build_logs(
     )
 
 
-@router.get("/v1/templates/{name}/builds/{build_id}/logs/stream", response_class=StreamingResponse, responses=SSE)
+@router.get(
+    "/v1/templates/{name}/builds/{build_id}/logs/stream",
+    response_class=StreamingResponse,
+    responses={**ERROR_RESPONSES, **SSE},
+)
 async def stream_build_logs(
     name: str, build_id: str, request: Request, ctx: Ctx, offset: Annotated[int, Query(ge=0)] = 0
 ) -> StreamingResponse:

@@ -276,6 +276,27 @@ class RecipeBuilds:
         await self.build(workspace_id, build_id)  # 404 across workspaces
         return await asyncio.to_thread(self.records.logs, build_id, max(0, offset), max(0, limit), level)
 
+    async def build_logs_by_time(
+        self,
+        workspace_id: str,
+        build_id: str,
+        *,
+        cursor: float | None,
+        newest_first: bool,
+        limit: int,
+        min_level: str | None = None,
+    ) -> list[BuildLogEntry]:
+        """Lines by time (:meth:`~cryobox.registry.builds.BuildRecords.logs_by_time`); 404 across workspaces."""
+        await self.build(workspace_id, build_id)
+        return await asyncio.to_thread(
+            self.records.logs_by_time,
+            build_id,
+            cursor=cursor,
+            newest_first=newest_first,
+            limit=max(0, limit),
+            min_level=min_level,
+        )
+
     async def latest_build(self, workspace_id: str, name: str) -> BuildRecord | None:
         builds = await self.builds_of(workspace_id, name)
         return builds[-1] if builds else None

@@ -317,5 +317,5 @@ async def metrics(sandbox_id: str, ctx: E2BCtx) -> list[dict[str, Any]]:
 
 @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
 async def unserved(rest: str, request: Request, ctx: E2BCtx) -> Response:
-    """Anything else of E2B's API (volumes, templates builds, teams, network updates, …): a 404 in E2B's shape."""
+    """Anything else of E2B's API (volumes, teams, network updates, …): a 404 in E2B's shape."""
     raise NotFound(f"cryobox serves no E2B route {request.method} /{rest}", details={"path": rest})

@@ -16,6 +16,7 @@ from ..agentapi import models as am
 from ..agentapi.heartbeat import heartbeat_of
 from ..compat.e2b.access import SandboxAccess
 from ..compat.e2b.api import router as e2b_router
+from ..compat.e2b.catalog import router as e2b_catalog_router
 from ..compat.e2b.sandbox_url import mount_sandbox_url
 from ..compat.e2b.templates import router as e2b_templates_router
 from ..compat.pandastack.repl import router as repl_router
@@ -212,5 +213,6 @@ def create_app(
     # the sandbox URL first: the E2B API's catch-all 404 would otherwise answer for it
     app.state.envd = mount_sandbox_url(app, sandbox_access, app.state.ctx.proxy)
     app.include_router(e2b_templates_router)  # before e2b_router, whose last route catches the rest
+    app.include_router(e2b_catalog_router)
     app.include_router(e2b_router)
     return app

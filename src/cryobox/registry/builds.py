@@ -1,7 +1,10 @@
-"""Recipe builds in the registry (``template_builds``, ``template_build_logs``, ``template_files``; revision 0010).
+"""Recipe builds in the registry (``template_builds``, ``template_build_logs``, ``template_files``; revisions 0010,
+0011).
 
 A build row outlives its build (and, after a failed first build, its template); its log lines are numbered from 0
-and capped at :data:`MAX_LOG_LINES` per build, the cut marked by one last line. ``template_files`` maps a
+and capped at :data:`MAX_LOG_LINES` per build, the cut marked by one last line. ``updated_at`` is the heartbeat of
+the control plane running the build (:meth:`BuildRecords.touch`); :meth:`BuildRecords.fail_stale` fails a record
+whose heartbeat stopped, once, whichever replica asks first. ``template_files`` maps a
 client's own hash of its files (E2B's ``filesHash``) to the context blob (SHA-256 of the bytes) uploaded for it, per
 workspace. Every method is synchronous and runs one short transaction, like :class:`~.repo.Registry`.
 """
@@ -12,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 
 from ..errors import NotFound
 from . import models as m
@@ -20,6 +23,8 @@ from .db import Database
 
 MAX_LOG_LINES = 10_000
 BUILD_STATUSES = ("waiting", "building", "ready", "error")
+ACTIVE = ("waiting", "building")
+LEVEL_RANK = {"debug": 0, "info": 1, "warn": 2, "error": 3}
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,8 @@ class BuildRecord:
     memory_mib: int = 512
     spec: dict[str, Any] | None = None
     """The :class:`~cryobox.agentapi.models_templates.BuildSpec` the build ran, as JSON."""
+    updated_at: float | None = None
+    """Last refreshed (its heartbeat while it runs; any change); ``None`` on a new record: ``created_at``."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,7 @@ def _record(row: m.TemplateBuild) -> BuildRecord:
         cpus=row.cpus,
         memory_mib=row.memory_mib,
         spec=row.spec,
+        updated_at=row.updated_at,
     )
 
 
@@ -88,6 +96,7 @@ class BuildRecords:
                     spec=record.spec,
                     log_lines=0,
                     log_truncated=False,
+                    updated_at=record.updated_at if record.updated_at is not None else record.created_at,
                 )
             )
 
@@ -100,8 +109,9 @@ class BuildRecords:
             return _record(row)
 
     def update(self, build_id: str, **changes: Any) -> BuildRecord:
-        """Set ``status``, ``finished_at``, ``error``, ``error_step``, ``tags``, ``cpus``, ``memory_mib``, ``spec``."""
-        allowed = {"status", "finished_at", "error", "error_step", "tags", "cpus", "memory_mib", "spec"}
+        """Set ``status``, ``finished_at``, ``error``, ``error_step``, ``tags``, ``cpus``, ``memory_mib``, ``spec``,
+        ``updated_at``."""
+        allowed = {"status", "finished_at", "error", "error_step", "tags", "cpus", "memory_mib", "spec", "updated_at"}
         unknown = set(changes) - allowed
         if unknown:
             raise ValueError(f"not updatable: {sorted(unknown)}")
@@ -137,6 +147,60 @@ class BuildRecords:
     def latest(self, workspace_id: str, template: str) -> BuildRecord | None:
         builds = self.of_template(workspace_id, template)
         return builds[-1] if builds else None
+
+    def active(self, workspace_id: str) -> list[BuildRecord]:
+        """The workspace's ``waiting``/``building`` builds."""
+        with self._db.session(write=False) as s:
+            rows = s.scalars(
+                select(m.TemplateBuild).where(
+                    m.TemplateBuild.workspace_id == workspace_id, m.TemplateBuild.status.in_(ACTIVE)
+                )
+            ).all()
+            return [_record(r) for r in rows]
+
+    # -- heartbeats ------------------------------------------------------------------------------------------
+
+    def touch(self, build_id: str, now: float) -> bool:
+        """Refresh a running build's ``updated_at``; ``False`` when it is no longer ``waiting``/``building`` (e.g.
+        another replica failed it as stale: a late heartbeat never revives it)."""
+        with self._db.session(what=f"build {build_id!r}") as s:
+            done = s.execute(
+                update(m.TemplateBuild)
+                .where(m.TemplateBuild.id == build_id, m.TemplateBuild.status.in_(ACTIVE))
+                .values(updated_at=now)
+                .execution_options(synchronize_session=False)
+            )
+            return bool(getattr(done, "rowcount", 0))
+
+    def fail_stale(self, build_id: str, *, before: float, error: str, now: float) -> BuildRecord | None:
+        """Fail a started (``spec`` set) ``waiting``/``building`` build last refreshed before ``before``: status
+        ``error``, ``error``, ``error_step`` = the step of its last log line (``finalize`` when it logged none).
+        One compare-and-set, so of several replicas reading it at once exactly one gets the record back (and
+        settles its template); the others, and any call on a fresh or finished build, get ``None``."""
+        with self._db.session(what=f"build {build_id!r}") as s:
+            row = s.get(m.TemplateBuild, build_id)
+            if row is None or row.spec is None:  # a reservation: no build runs yet (its spec is set at start)
+                return None
+            last = s.scalars(
+                select(m.TemplateBuildLog.step)
+                .where(m.TemplateBuildLog.build_id == build_id, m.TemplateBuildLog.step != "")
+                .order_by(m.TemplateBuildLog.seq.desc())
+                .limit(1)
+            ).first()
+            done = s.execute(
+                update(m.TemplateBuild)
+                .where(
+                    m.TemplateBuild.id == build_id,
+                    m.TemplateBuild.status.in_(ACTIVE),
+                    m.TemplateBuild.updated_at < before,
+                )
+                .values(status="error", error=error, error_step=last or "finalize", finished_at=now, updated_at=now)
+                .execution_options(synchronize_session=False)
+            )
+            if not getattr(done, "rowcount", 0):
+                return None
+            s.refresh(row)
+            return _record(row)
 
     # -- logs ------------------------------------------------------------------------------------------------
 
@@ -178,6 +242,29 @@ class BuildRecords:
             rows = s.scalars(query.order_by(m.TemplateBuildLog.seq).limit(limit)).all()
             return [BuildLogEntry(r.seq, r.timestamp, r.level, r.message, r.step) for r in rows]
 
+    def logs_by_time(
+        self,
+        build_id: str,
+        *,
+        cursor: float | None,
+        newest_first: bool,
+        limit: int,
+        min_level: str | None = None,
+    ) -> list[BuildLogEntry]:
+        """Up to ``limit`` lines from ``cursor`` (a timestamp, inclusive) on, oldest first, or back from it, newest
+        first; ``min_level``: only lines at least that severe (``debug`` < ``info`` < ``warn`` < ``error``)."""
+        with self._db.session(write=False) as s:
+            query = select(m.TemplateBuildLog).where(m.TemplateBuildLog.build_id == build_id)
+            if cursor is not None:
+                at = m.TemplateBuildLog.timestamp
+                query = query.where(at <= cursor if newest_first else at >= cursor)
+            if min_level is not None:
+                levels = [name for name, rank in LEVEL_RANK.items() if rank >= LEVEL_RANK[min_level]]
+                query = query.where(m.TemplateBuildLog.level.in_(levels))
+            order = m.TemplateBuildLog.seq.desc() if newest_first else m.TemplateBuildLog.seq
+            rows = s.scalars(query.order_by(order).limit(max(0, limit))).all()
+            return [BuildLogEntry(r.seq, r.timestamp, r.level, r.message, r.step) for r in rows]
+
     def log_count(self, build_id: str) -> int:
         with self._db.session(write=False) as s:
             count = s.scalar(select(func.count()).where(m.TemplateBuildLog.build_id == build_id))
@@ -215,4 +302,4 @@ class BuildRecords:
             s.execute(delete(m.TemplateFile).where(m.TemplateFile.blob_sha256.in_(list(blobs))))
 
 
-__all__ = ["BUILD_STATUSES", "MAX_LOG_LINES", "BuildLogEntry", "BuildRecord", "BuildRecords"]
+__all__ = ["ACTIVE", "BUILD_STATUSES", "LEVEL_RANK", "MAX_LOG_LINES", "BuildLogEntry", "BuildRecord", "BuildRecords"]

@@ -115,6 +115,8 @@ class TemplateBuild(Base):
     spec: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     log_lines: Mapped[int] = mapped_column(Integer)
     log_truncated: Mapped[bool] = mapped_column(Boolean)
+    # revision 0011: refreshed by the control plane running the build (its heartbeat); stale = that one stopped
+    updated_at: Mapped[float] = mapped_column(Double, server_default="0")
 
 
 class TemplateBuildLog(Base):

@@ -16,8 +16,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import urllib.parse
 from typing import Annotated, Any
 
@@ -30,6 +28,7 @@ from ...server.control.sandboxes import CreateRequest
 from ...server.routes.deps import Caller
 from .access import SandboxAccess
 from .metrics import sample
+from .paging import page_offset, page_token
 from .routing import E2BCtx, E2BRoute
 from .views import (
     DEFAULT_TIMEOUT_S,
@@ -137,22 +136,6 @@ async def list_v1(ctx: E2BCtx, metadata: str | None = None) -> list[dict[str, An
     return [listed(r) for r in sorted(await _visible(ctx, metadata, {"running"}), key=lambda r: -r.created_at)]
 
 
-def _page_token(offset: int) -> str:
-    return base64.urlsafe_b64encode(f"o:{offset}".encode()).decode().rstrip("=")
-
-
-def _offset(token: str | None) -> int:
-    if not token:
-        return 0
-    try:
-        text = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
-        if not text.startswith("o:"):
-            raise ValueError(text)
-        return max(0, int(text[2:]))
-    except (ValueError, binascii.Error, UnicodeDecodeError) as err:
-        raise InvalidArgument("nextToken is not a token this server issued") from err
-
-
 @router.get("/v2/sandboxes")
 async def list_v2(
     request: Request,
@@ -171,10 +154,10 @@ async def list_v2(
         raise InvalidArgument(f"unknown state(s) {sorted(unknown)}: running or paused")
     rows = await _visible(ctx, metadata, states or {"running", "paused"})
     rows.sort(key=lambda r: (r.created_at, r.id), reverse=order != "asc")
-    start = _offset(next_token)
+    start = page_offset(next_token)
     page = rows[start : start + limit]
     if start + limit < len(rows):
-        response.headers["X-Next-Token"] = _page_token(start + limit)
+        response.headers["X-Next-Token"] = page_token(start + limit)
     response.headers["X-Total-Running"] = str(sum(1 for r in rows if r.status == "running"))
     return [listed(r) for r in page]
 
@@ -305,9 +288,9 @@ async def list_snapshots(
     if name:
         rows = [r for r in rows if name in (r.id, r.labels.get(SNAPSHOT_NAME_LABEL))]
     rows.sort(key=lambda r: (r.created_at, r.id), reverse=True)
-    start = _offset(next_token)
+    start = page_offset(next_token)
     if start + limit < len(rows):
-        response.headers["X-Next-Token"] = _page_token(start + limit)
+        response.headers["X-Next-Token"] = page_token(start + limit)
     return [snapshot_info(r) for r in rows[start : start + limit]]
 
 
@@ -334,5 +317,5 @@ async def metrics(sandbox_id: str, ctx: E2BCtx) -> list[dict[str, Any]]:
 
 @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
 async def unserved(rest: str, request: Request, ctx: E2BCtx) -> Response:
-    """Anything else of E2B's API (volumes, templates builds, teams, network updates, …): a 404 in E2B's shape."""
+    """Anything else of E2B's API (volumes, teams, network updates, …): a 404 in E2B's shape."""
     raise NotFound(f"cryobox serves no E2B route {request.method} /{rest}", details={"path": rest})

@@ -69,7 +69,7 @@ def _tags(value: Any, field: str = "tags") -> list[str]:
     return list(value)
 
 
-def _split(name: str) -> tuple[str, str | None]:
+def split_name(name: str) -> tuple[str, str | None]:
     """``name:tag`` -> (name, tag)."""
     base, sep, tag = name.partition(":")
     return base, (tag if sep else None)
@@ -82,7 +82,7 @@ async def request_build(request: Request, ctx: E2BCtx) -> JSONResponse:
     raw = body.get("name") or body.get("alias")
     if not isinstance(raw, str) or not raw:
         raise InvalidArgument("name is required", details={"field": "name"})
-    name, tag = _split(raw)
+    name, tag = split_name(raw)
     tags = _tags(body.get("tags")) + ([tag] if tag else [])
     record = await ctx.control.builds.reserve_build(
         ctx.workspace_id,
@@ -104,7 +104,7 @@ async def request_build(request: Request, ctx: E2BCtx) -> JSONResponse:
 
 async def _reservation(ctx: Caller, template_id: str, build_id: str) -> BuildRecord:
     record = await ctx.control.builds.build(ctx.workspace_id, build_id)
-    if record.template != _split(template_id)[0]:
+    if record.template != split_name(template_id)[0]:
         raise NotFound(f"build {build_id} is not a build of {template_id}", details={"build_id": build_id})
     return record
 
@@ -113,7 +113,7 @@ async def _reservation(ctx: Caller, template_id: str, build_id: str) -> BuildRec
 async def file_upload_link(template_id: str, files_hash: str, request: Request, ctx: E2BCtx) -> JSONResponse:
     if not files_hash or len(files_hash) > 128:
         raise InvalidArgument("files hash must be 1-128 characters", details={"hash": files_hash[:128]})
-    name = _split(template_id)[0]
+    name = split_name(template_id)[0]
     present = await ctx.control.builds.file_blob(ctx.workspace_id, files_hash) is not None
     grant = UploadGrant(ctx.workspace_id, name, files_hash, ctx.control.builds.clock() + TTL_S)
     token = sign(ctx.control.registry.sealer, grant)
@@ -174,7 +174,7 @@ def _rfc3339(epoch: float) -> str:
     return datetime.datetime.fromtimestamp(epoch, datetime.UTC).isoformat().replace("+00:00", "Z")
 
 
-def _entry(entry: BuildLogEntry) -> dict[str, Any]:
+def log_entry(entry: BuildLogEntry) -> dict[str, Any]:
     level = entry.level if entry.level in LEVELS else "info"
     out: dict[str, Any] = {"timestamp": _rfc3339(entry.timestamp), "level": level, "message": entry.message}
     if entry.step:
@@ -199,7 +199,7 @@ async def build_status(
         "templateID": record.template,
         "buildID": record.build_id,
         "status": record.status,
-        "logEntries": [_entry(e) for e in lines],
+        "logEntries": [log_entry(e) for e in lines],
         "logs": [],
     }
     if record.status == "error":
@@ -212,7 +212,7 @@ async def build_status(
 
 @router.get("/templates/aliases/{alias}")
 async def alias(alias: str, ctx: E2BCtx) -> dict[str, Any]:
-    name = _split(alias)[0]
+    name = split_name(alias)[0]
     try:
         row = await asyncio.to_thread(ctx.control.registry.get_template, name)
     except NotFound:
@@ -229,7 +229,7 @@ async def assign_tags(request: Request, ctx: E2BCtx) -> dict[str, Any]:
     target = body.get("target")
     if not isinstance(target, str) or not target:
         raise InvalidArgument("target is required (name:tag)", details={"field": "target"})
-    name, source = _split(target)
+    name, source = split_name(target)
     tags = _tags(body.get("tags"))
     record = await ctx.control.builds.assign_tags(ctx.workspace_id, name, source or "default", tags)
     return {"buildID": record.build_id, "tags": tags}
@@ -242,13 +242,13 @@ async def remove_tags(request: Request, ctx: E2BCtx) -> Response:
     name = body.get("name")
     if not isinstance(name, str) or not name:
         raise InvalidArgument("name is required", details={"field": "name"})
-    await ctx.control.builds.remove_tags(ctx.workspace_id, _split(name)[0], _tags(body.get("tags")))
+    await ctx.control.builds.remove_tags(ctx.workspace_id, split_name(name)[0], _tags(body.get("tags")))
     return Response(status_code=204)
 
 
 @router.get("/templates/{template_id}/tags")
 async def template_tags(template_id: str, ctx: E2BCtx) -> list[dict[str, Any]]:
-    name = _split(template_id)[0]
+    name = split_name(template_id)[0]
     await ctx.control.templates.visible(name, ctx.workspace_id)
     out = []
     for build in await ctx.control.builds.builds_of(ctx.workspace_id, name):
@@ -257,4 +257,4 @@ async def template_tags(template_id: str, ctx: E2BCtx) -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["router"]
+__all__ = ["LEVELS", "log_entry", "router", "split_name"]

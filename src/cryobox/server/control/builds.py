@@ -6,7 +6,8 @@ The front doors (E2B's template API, Dockerfile builds) read their requests into
 stores the recipe's :class:`~cryobox.agentapi.models_templates.BuildSpec` (``{"build": …}``), so an agent that
 registers later rebuilds it like any custom template. A failed *first* build of a name leaves no template (the row
 is deleted, the build record keeps the error); a failed *rebuild* leaves the previous ready template serving.
-Deleting a template deletes the context blobs no other template's spec names.
+Deleting a template deletes the context blobs no other template's spec names. A build whose control plane stopped
+(its record's heartbeat stale) is failed as interrupted wherever its record is read here (:mod:`.buildwatch`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from ...image.recipe.model import Recipe
 from ...objstore import keys
 from ...objstore.client import ObjectStore
 from ...registry import Registry, TemplateRow
-from ...registry.builds import BuildLogEntry, BuildRecord, BuildRecords
+from ...registry.builds import ACTIVE, BuildLogEntry, BuildRecord, BuildRecords
+from .buildwatch import HEARTBEAT_S, STALE_AFTER_S, RecordWatch, settle_stale
 from .templates import RECIPE_KEY, TemplateJobs
 
 log = logging.getLogger(__name__)
@@ -39,9 +41,6 @@ NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 """What a template name may be (that of ``POST /v1/templates``)."""
 CPU_RANGE = (1, 8)
 MEMORY_RANGE = (256, 16384)
-FLUSH_LINES = 100
-FLUSH_S = 0.5
-ACTIVE = ("waiting", "building")
 
 
 def max_context_bytes(env: Mapping[str, str] | None = None) -> int:
@@ -91,6 +90,8 @@ class RecipeBuilds:
         *,
         clock: Callable[[], float] = time.time,
         max_bytes: int | None = None,
+        stale_after_s: float = STALE_AFTER_S,
+        heartbeat_s: float = HEARTBEAT_S,
     ) -> None:
         self.registry = registry
         self.templates = templates
@@ -98,6 +99,10 @@ class RecipeBuilds:
         self.clock = clock
         self.records = BuildRecords(registry.database)
         self.max_context_bytes = max_bytes if max_bytes is not None else max_context_bytes()
+        self.stale_after_s = stale_after_s
+        """A started build whose record was not refreshed for this long lost its control plane."""
+        self.heartbeat_s = heartbeat_s
+        """How often the control plane running a build refreshes its record (well under :attr:`stale_after_s`)."""
         templates.on_deleted = self._deleted
 
     def _store(self) -> ObjectStore:
@@ -161,8 +166,9 @@ class RecipeBuilds:
         spec = am.BuildSpec(name=name, cpus=cpu, memory_mib=memory, packages=(), recipe=recipe.to_json())
         self.templates.allowlist.check(spec.template_spec())
         build_id = build_id or str(uuid.uuid4())
+        history = await self.builds_of(workspace_id, name)  # settles a build whose control plane stopped first
+        latest = history[-1] if history else None
         existing = await self._existing(workspace_id, name)
-        latest = await asyncio.to_thread(self.records.latest, workspace_id, name)
         if self.templates.building(name) or (existing is not None and existing.status == "building"):
             raise StateError(f"template {name!r} is already building", state="building", required="ready|error")
         if latest is not None and latest.status in ACTIVE and latest.spec is not None and latest.build_id != build_id:
@@ -186,7 +192,13 @@ class RecipeBuilds:
                 await asyncio.to_thread(self.records.add, record)
             else:
                 record = await asyncio.to_thread(
-                    self.records.update, build_id, tags=record.tags, cpus=cpu, memory_mib=memory, spec=record.spec
+                    self.records.update,
+                    build_id,
+                    tags=record.tags,
+                    cpus=cpu,
+                    memory_mib=memory,
+                    spec=record.spec,
+                    updated_at=self.clock(),
                 )
             stored = {RECIPE_KEY: spec.model_dump(mode="json")}
             first = existing is None or existing.status != "ready"
@@ -204,7 +216,7 @@ class RecipeBuilds:
                 )
                 await asyncio.to_thread(self.registry.upsert_template, row)
                 self.templates.forget(name)
-        watch = _Watch(self, record, first=first)
+        watch = RecordWatch(self, record, first=first)
         self.templates.launch(agent_name, agent, stored, workspace_id, keep_status=not first, watch=watch)
         return record
 
@@ -256,7 +268,7 @@ class RecipeBuilds:
         return row
 
     async def build(self, workspace_id: str, build_id: str) -> BuildRecord:
-        return await asyncio.to_thread(self.records.get, build_id, workspace_id)
+        return await settle_stale(self, await asyncio.to_thread(self.records.get, build_id, workspace_id))
 
     async def build_logs(
         self, workspace_id: str, build_id: str, offset: int, limit: int, level: str | None = None
@@ -264,15 +276,44 @@ class RecipeBuilds:
         await self.build(workspace_id, build_id)  # 404 across workspaces
         return await asyncio.to_thread(self.records.logs, build_id, max(0, offset), max(0, limit), level)
 
+    async def build_logs_by_time(
+        self,
+        workspace_id: str,
+        build_id: str,
+        *,
+        cursor: float | None,
+        newest_first: bool,
+        limit: int,
+        min_level: str | None = None,
+    ) -> list[BuildLogEntry]:
+        """Lines by time (:meth:`~cryobox.registry.builds.BuildRecords.logs_by_time`); 404 across workspaces."""
+        await self.build(workspace_id, build_id)
+        return await asyncio.to_thread(
+            self.records.logs_by_time,
+            build_id,
+            cursor=cursor,
+            newest_first=newest_first,
+            limit=max(0, limit),
+            min_level=min_level,
+        )
+
     async def latest_build(self, workspace_id: str, name: str) -> BuildRecord | None:
-        return await asyncio.to_thread(self.records.latest, workspace_id, name)
+        builds = await self.builds_of(workspace_id, name)
+        return builds[-1] if builds else None
 
     async def recent_builds(self, workspace_id: str, limit: int) -> list[BuildRecord]:
         """The workspace's builds of every template, newest first."""
-        return await asyncio.to_thread(self.records.recent, workspace_id, limit)
+        return [await settle_stale(self, r) for r in await asyncio.to_thread(self.records.recent, workspace_id, limit)]
 
     async def builds_of(self, workspace_id: str, name: str) -> list[BuildRecord]:
-        return await asyncio.to_thread(self.records.of_template, workspace_id, name)
+        """The template's builds in this workspace, oldest first."""
+        builds = await asyncio.to_thread(self.records.of_template, workspace_id, name)
+        return [await settle_stale(self, r) for r in builds]
+
+    async def settle_workspace(self, workspace_id: str) -> None:
+        """Fail the workspace's builds whose control plane stopped (before listing its templates)."""
+        for record in await asyncio.to_thread(self.records.active, workspace_id):
+            await settle_stale(self, record)
 
     # -- tags ------------------------------------------------------------------------------------------------
 
@@ -318,84 +359,4 @@ class RecipeBuilds:
         await asyncio.to_thread(self.records.forget_blobs, sorted(mine))
 
 
-class _Watch:
-    """One build's record: its log lines (flushed in batches), ``waiting`` → ``building`` → ``ready`` | ``error``."""
-
-    def __init__(self, builds: RecipeBuilds, record: BuildRecord, *, first: bool) -> None:
-        self.builds, self.record, self.first = builds, record, first
-        self.pending: list[BuildLogEntry] = []
-        self.flushed_at = builds.clock()
-        self.started = False
-        self.error_logged = False
-        self.lock = asyncio.Lock()
-        self.timer: asyncio.Task[None] | None = None
-
-    async def _flush(self) -> None:
-        async with self.lock:  # one append at a time, so lines keep their order
-            if self.pending:
-                lines, self.pending = self.pending, []
-                await asyncio.to_thread(self.builds.records.append_logs, self.record.build_id, lines)
-            self.flushed_at = self.builds.clock()
-
-    async def _flush_later(self) -> None:
-        """Lines pended before a quiet spell (a long step printing nothing) are written within :data:`FLUSH_S`."""
-        await asyncio.sleep(FLUSH_S)
-        self.timer = None
-        await self._flush()
-
-    def _stop_timer(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-    def _line(self, level: str, message: str, step: str | None) -> None:
-        self.pending.append(BuildLogEntry(0, self.builds.clock(), level, message, step or ""))
-        if self.timer is None:
-            self.timer = asyncio.create_task(self._flush_later())
-
-    async def event(self, event: am.BuildEvent) -> None:
-        if not self.started:
-            self.started = True
-            await asyncio.to_thread(self.builds.records.update, self.record.build_id, status="building")
-        if event.log is not None:
-            self._line(event.level or "info", event.log, event.step)
-        elif event.progress:
-            self._line("info", event.progress, event.step)
-        if event.error is not None:
-            self._line("error", event.error, event.step)
-            self.error_logged = True
-        if len(self.pending) >= FLUSH_LINES or self.builds.clock() - self.flushed_at >= FLUSH_S:
-            await self._flush()
-
-    async def failed(self, error: str, step: str | None) -> None:
-        if not self.error_logged:
-            self._line("error", error, step)
-        await self._flush()
-        self._stop_timer()
-        name = self.record.template
-        if self.first:  # a first build that failed leaves no template behind
-            try:
-                row = await asyncio.to_thread(self.builds.registry.get_template, name)
-            except NotFound:
-                row = None
-            if row is not None and row.status != "ready" and row.workspace_id == self.record.workspace_id:
-                await asyncio.to_thread(self.builds.registry.delete_template, name)
-            self.builds.templates.forget(name)
-        await asyncio.to_thread(
-            self.builds.records.update,
-            self.record.build_id,
-            status="error",
-            error=error[:4000],
-            error_step=step,
-            finished_at=self.builds.clock(),
-        )
-
-    async def succeeded(self) -> None:
-        await self._flush()
-        self._stop_timer()
-        await asyncio.to_thread(
-            self.builds.records.update, self.record.build_id, status="ready", finished_at=self.builds.clock()
-        )
-
-
-__all__ = ["BuildLogEntry", "BuildRecord", "RecipeBuilds", "max_context_bytes", "recipe_contexts"]
+__all__ = ["ACTIVE", "BuildLogEntry", "BuildRecord", "RecipeBuilds", "max_context_bytes", "recipe_contexts"]

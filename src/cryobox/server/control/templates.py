@@ -53,6 +53,9 @@ class BuildWatch(Protocol):
 
     async def event(self, event: am.BuildEvent) -> None: ...
 
+    async def heartbeat(self) -> None:
+        """Runs alongside the build (cancelled when it ends): keeps the build's record fresh."""
+
     async def failed(self, error: str, step: str | None) -> None: ...
 
     async def succeeded(self) -> None: ...
@@ -233,6 +236,24 @@ class TemplateJobs:
         workspace_id: str,
         keep_status: bool,
         watch: BuildWatch | None = None,
+    ) -> None:
+        beat = asyncio.create_task(watch.heartbeat(), name="build-heartbeat") if watch is not None else None
+        try:
+            await self._run(agent_name, agent, spec, workspace_id, keep_status, watch)
+        finally:
+            if beat is not None:
+                beat.cancel()
+                with contextlib.suppress(BaseException):
+                    await beat
+
+    async def _run(
+        self,
+        agent_name: str,
+        agent: Agent,
+        spec: dict[str, Any],
+        workspace_id: str,
+        keep_status: bool,
+        watch: BuildWatch | None,
     ) -> None:
         name = spec_name(spec)
         error: str | None = None

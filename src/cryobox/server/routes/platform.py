@@ -20,6 +20,7 @@ router = APIRouter(tags=["platform"])
 @router.get("/v1/templates", response_model=models.TemplateList, responses=ERROR_RESPONSES)
 async def list_templates(ctx: Ctx) -> models.TemplateList:
     jobs = ctx.control.templates
+    await ctx.control.builds.settle_workspace(ctx.workspace_id)  # a build whose control plane stopped: failed
     return models.TemplateList(
         items=[template_view(r, jobs.progress.get(r.name)) for r in await jobs.list(ctx.workspace_id)]
     )
@@ -29,8 +30,8 @@ async def list_templates(ctx: Ctx) -> models.TemplateList:
 async def get_template(name: str, ctx: Ctx) -> models.Template:
     """The template; with the id of its latest build from a Dockerfile or an image and where it failed, if so."""
     jobs = ctx.control.templates
+    latest = await ctx.control.builds.latest_build(ctx.workspace_id, name)  # first: it settles an interrupted build
     view = template_view(await jobs.visible(name, ctx.workspace_id), jobs.progress.get(name))
-    latest = await ctx.control.builds.latest_build(ctx.workspace_id, name)
     if latest is None:
         return view
     build = build_view(latest)
@@ -42,6 +43,7 @@ async def create_template(body: models.TemplateCreateRequest, ctx: Ctx) -> model
     """Start building a custom template (images, then a bake); poll ``GET /v1/templates/{name}``."""
     if body.name in RESERVED:
         raise InvalidArgument(f"template name {body.name!r} is reserved", details={"field": "name"})
+    await ctx.control.builds.latest_build(ctx.workspace_id, body.name)  # settles a build whose control plane stopped
     row = await ctx.control.templates.start_build(ctx.workspace_id, body)
     return template_view(row, ctx.control.templates.progress.get(row.name))
 

@@ -5,81 +5,21 @@ exist or not; the agent got the recipe with the context blob in the store."""
 
 from __future__ import annotations
 
-import asyncio
 import io
-import json
 import tarfile
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx
-import pytest
 
-from cryobox.agentapi.heartbeat import heartbeat_of
-from cryobox.compose.app import create_app, wire_registration
 from cryobox.image.recipe.model import Recipe
 from cryobox.objstore import keys
-from cryobox.objstore.client import open_store
-from cryobox.registry import Registry
-from cryobox.server.access.ratelimit import RateLimitConfig, RateLimiter
+from tests.support import e2b_templates
 from tests.support import registry as registry_support
-from tests.support.control import close_control, control_plane
-from tests.support.e2b import e2b_env
-from tests.support.fake_agent import FakeAgent
-from tests.support.paths import APPS
-from tests.support.serving import serving
+from tests.support.e2b_templates import Served, context_dir
 
 registry = registry_support.sqlite_registry
-PYTHON = Path("/var/cache/cryobox/venvs/e2b-2.63.0-ci-2.11.5/bin/python")
-pytestmark = pytest.mark.skipif(not PYTHON.exists(), reason="the pinned e2b SDK's virtualenv is not there")
-
-
-class Served:
-    def __init__(self, url: str, key: str, agent: FakeAgent, home: Path) -> None:
-        self.url, self.key, self.agent, self.home = url, key, agent, home
-
-    async def run(self, context: Path, name: str, expect: str) -> dict[str, Any]:
-        proc = await asyncio.create_subprocess_exec(
-            str(PYTHON),
-            str(APPS / "e2b_template_app.py"),
-            str(context),
-            name,
-            expect,
-            env=e2b_env(self.url, self.key, self.home),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(proc.communicate(), 120)
-        assert out.strip(), err.decode()[-4000:]
-        report: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
-        return report
-
-
-@pytest.fixture
-async def served(registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Served]:
-    objects = open_store("memory://")
-    agent = FakeAgent(name="a", max_sandboxes=64, vcpus=64, memory_mib=1 << 20, objects=objects)
-    agent.recipe_log_lines = 60  # 7 phases: 420 lines, five pages of the status route
-    control = control_plane(registry, {"a": agent}, objects=objects)
-    wire_registration(control)
-    app = create_app(control, limiter=RateLimiter.from_config(RateLimitConfig.from_env({})), host="x")
-    await control.fleet.heartbeat(await heartbeat_of(agent))
-    ws = registry.ensure_workspace("alpha").id
-    _, key = registry.create_key(ws)
-    try:
-        async with serving(app) as url:
-            yield Served(url, key, agent, tmp_path)
-    finally:
-        await close_control(control)
-
-
-def context_dir(tmp_path: Path) -> Path:
-    app = tmp_path / "ctx" / "app"
-    app.mkdir(parents=True)
-    (app / "requirements.txt").write_text("flask\n")
-    (app / "main.py").write_text("print('hi')\n")
-    return tmp_path / "ctx"
+served = e2b_templates.served
+pytestmark = e2b_templates.needs_sdk
 
 
 async def test_the_sdk_builds_a_template_and_reads_every_log_line_once(served: Served, tmp_path: Path) -> None:

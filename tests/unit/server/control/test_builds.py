@@ -6,66 +6,26 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator
 
 import pytest
 
 from cryobox.agentapi import models as am
-from cryobox.agentapi.heartbeat import heartbeat_of
-from cryobox.compose.app import wire_registration
 from cryobox.errors import BuildQueueFull, InvalidArgument, NotFound, PayloadTooLarge, StateError
 from cryobox.image.recipe.model import Base, Recipe, Step
 from cryobox.objstore import keys
-from cryobox.objstore.client import ObjectStore, open_store
 from cryobox.registry import Registry
 from cryobox.registry.builds import BuildLogEntry, BuildRecord, BuildRecords
-from cryobox.server.control.sandboxes import ControlPlane
+from tests.support import recipebuilds
 from tests.support import registry as registry_support
-from tests.support.clock import FakeClock
 from tests.support.control import close_control, control_plane
 from tests.support.fake_agent import FakeAgent
+from tests.support.recipebuilds import Setup
 
 registry = registry_support.sqlite_registry
 clock = registry_support.clock
 
 
-class Setup:
-    def __init__(self, registry: Registry, clock: FakeClock) -> None:
-        self.registry, self.clock = registry, clock
-        self.objects: ObjectStore = open_store("memory://")
-        self.agent = FakeAgent(name="a", clock=clock, objects=self.objects)
-        self.control: ControlPlane = control_plane(registry, {"a": self.agent}, clock=clock, objects=self.objects)
-        wire_registration(self.control)
-        self.ws = registry.ensure_workspace("alpha").id
-
-    def recipe(self, blob: str) -> Recipe:
-        return Recipe(
-            base=Base("debian", "bookworm"),
-            steps=(
-                Step("COPY", ("app", "/app"), context=blob),
-                Step("RUN", ("make -C /app",)),
-                Step("ENV", ("A", "1")),
-            ),
-            start_cmd="python3 -m http.server 8000",
-        )
-
-    async def finished(self, build_id: str) -> BuildRecord:
-        async with asyncio.timeout(5):
-            while True:
-                record = await self.control.builds.build(self.ws, build_id)
-                if record.status in ("ready", "error") and not self.control.templates.building(record.template):
-                    return record
-                await asyncio.sleep(0.01)
-
-
-@pytest.fixture
-async def setup(registry: Registry, clock: FakeClock) -> AsyncIterator[Setup]:
-    made = Setup(registry, clock)
-    await made.control.fleet.heartbeat(await heartbeat_of(made.agent))
-    try:
-        yield made
-    finally:
-        await close_control(made.control)
+setup = recipebuilds.setup
 
 
 async def test_a_context_blob_is_stored_under_its_sha256_and_a_too_large_one_is_refused(setup: Setup) -> None:

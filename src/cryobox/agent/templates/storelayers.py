@@ -5,7 +5,8 @@ The store side's layout and budget are :mod:`cryobox.objstore.buildsteps`'s. Her
 * :meth:`StoreLayers.find` is the step cache's lookup: a local entry, else the stored layer of that key, if it was
   built on exactly the parent this host has (the parent's key and version; for the first layer of a chain, a raw
   base image whose content identity, :meth:`StoreLayers.base_identity`, matches). The layer is downloaded next to
-  the cache, its size and sha256 checked against the meta before it is renamed into place, and rebased
+  the cache, its size and sha256 checked against the meta before it is renamed into place, checked to be a plain
+  qcow2 (no external data file), and rebased
   (``qemu-img rebase -u``) onto the local parent. Anything that does not fit or fails is a miss (the step is built).
 * :meth:`StoreLayers.after_build` publishes the build's chain root first (the layer object, then the meta) where
   the store lacks it, stops at a key the store holds in another version (our descendants sit on ours), rewrites a
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import secrets
 import subprocess
@@ -96,6 +98,7 @@ class StoreLayers:
         tmp = self.layers.root / f".fetch-{key}.{os.getpid()}.{secrets.token_hex(4)}.qcow2"
         try:
             self.store.download(meta.layer_key, tmp, verify=_pinned(meta))
+            _check_layer(tmp, meta.layer_key)
             path = self.layers.store(key, tmp, parent, version=meta.version, move=True)
         finally:
             tmp.unlink(missing_ok=True)
@@ -192,6 +195,18 @@ def _pinned(meta: StepMeta) -> Callable[[int, str], None]:
             )
 
     return verify
+
+
+def _check_layer(path: Path, key: str) -> None:
+    """A stored layer is a plain qcow2 (no external data file: QEMU would open a host path the store named)."""
+    info = json.loads(
+        subprocess.run(
+            ["qemu-img", "info", "--output=json", "-f", "qcow2", str(path)], check=True, capture_output=True
+        ).stdout
+    )
+    data = info.get("format-specific", {}).get("data", {})
+    if info.get("format") != "qcow2" or "data-file" in data or data.get("corrupt"):
+        raise IntegrityError(f"stored step layer {key} is not a plain qcow2 layer", details={"key": key})
 
 
 def _hash_file(path: Path) -> tuple[int, str]:

@@ -4,8 +4,11 @@ after a build the store is touched at most hourly and trimmed to its budget."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -87,6 +90,18 @@ def test_a_corrupted_stored_layer_is_refused(tmp_path: Path, store: ObjectStore)
     assert b.find(K1, b_base) is None
     assert any("is not what its meta pins" in line for line in lines), lines
     assert not b.layers.root.exists() or list(b.layers.root.iterdir()) == []  # nothing half-fetched is left
+    # pinned right, but a qcow2 with an external data file (a host path QEMU would open): refused too
+    evil = tmp_path / "evil.qcow2"
+    subprocess.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", "-o", f"data_file={tmp_path / 'host-file'}", str(evil), "1M"],
+        check=True,
+    )
+    data = evil.read_bytes()
+    forged = dataclasses.replace(meta, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    store.put(forged.layer_key, data)
+    store.put(build_step_meta(K1), forged.to_bytes())
+    assert b.find(K1, b_base) is None
+    assert any("not a plain qcow2 layer" in line for line in lines), lines
 
 
 def test_a_chain_over_a_base_or_parent_this_host_lacks_is_a_miss(tmp_path: Path, store: ObjectStore) -> None:

@@ -9,6 +9,7 @@ import sys
 import typer
 from rich.console import Console
 
+from ..objstore.buildsteps import store_budget
 from ..objstore.client import open_store
 from ..objstore.gc import KINDS, GcPolicy, GcReport, collect
 from ..objstore.leases import REFRESH_S
@@ -31,7 +32,7 @@ def run_store_gc(url: str, *, grace: str, keep_generations: int, dry_run: bool, 
     grace_s = parse_duration(grace)
     if grace_s < MIN_GRACE_S:
         raise typer.BadParameter(f"--grace must be at least {MIN_GRACE_S:g}s (publishes re-put their leases)")
-    policy = GcPolicy(grace_s=grace_s, keep_generations=keep_generations, dry_run=dry_run)
+    policy = GcPolicy(grace_s=grace_s, keep_generations=keep_generations, dry_run=dry_run, step_budget=store_budget())
     report = collect(open_store(url), policy)
     if as_json:
         sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")

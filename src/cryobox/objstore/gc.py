@@ -15,7 +15,10 @@ A run (:func:`collect`) scans the store (:mod:`.gcscan`) and removes, in this or
 4. **chunk objects** that no index of a live or base image names and no fresh lease names, older than the grace
    period. A chunk a live index names is never deleted: the referenced set is taken from every live index
    before any deletion, and only grows;
-5. expired leases and markers of GCs that died (older than the grace period).
+5. expired leases and markers of GCs that died (older than the grace period);
+6. **build step layers** (:mod:`.buildsteps`) beyond the step cache's budget (``step_budget``, by default
+   ``CRYOBOX_BUILD_CACHE_STORE_BYTES`` or 50 GiB), least recently used first with their descendants; broken
+   chains; layer objects no meta names, older than the grace period. Nothing else refers to them.
 
 Concurrent publishes are safe by the lease protocol of :mod:`.leases`: this run announces itself under ``gc/``
 before it lists ``leases/``, keeps whatever a fresh lease names, and sends each delete within ``GC_WINDOW_S`` of
@@ -41,13 +44,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import InvalidArgument, ObjectNotFound, StoreError
+from .buildsteps import DEFAULT_STEP_BYTES, StepRemoval, plan_steps
 from .client import ObjectMeta, ObjectStore
 from .gcscan import MANIFEST, ImageGroup, StoreView, scan
 from .leases import GC_WINDOW_S, GcMarker, Leases, read_leases
 
 log = logging.getLogger(__name__)
 
-KINDS = ("generation", "stray", "legacy", "chunk", "lease", "marker")
+KINDS = ("generation", "stray", "legacy", "chunk", "lease", "marker", "step")
 
 
 @dataclass(frozen=True)
@@ -56,10 +60,11 @@ class GcPolicy:
     keep_generations: int = 2
     dry_run: bool = False
     window_s: float = GC_WINDOW_S
+    step_budget: int = DEFAULT_STEP_BYTES
 
     def __post_init__(self) -> None:
-        if self.grace_s < 0 or self.keep_generations < 1 or self.window_s <= 0:
-            raise InvalidArgument("grace must be >= 0, keep_generations >= 1 and the window > 0")
+        if self.grace_s < 0 or self.keep_generations < 1 or self.window_s <= 0 or self.step_budget < 0:
+            raise InvalidArgument("grace must be >= 0, keep_generations >= 1, the window > 0, the step budget >= 0")
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,7 @@ class GcPlan:
     protected: set[str]  # digests every live image that stays (and every fresh lease) names
     expired: list[ObjectMeta]  # leases and dead GCs' markers
     notes: list[str]
+    steps: list[StepRemoval] = field(default_factory=list)  # build step objects (metas first, children first)
 
 
 def plan(view: StoreView, leases: Leases, now: float, policy: GcPolicy, own_marker: str = "") -> GcPlan:
@@ -165,7 +171,8 @@ def plan(view: StoreView, leases: Leases, now: float, policy: GcPolicy, own_mark
         chunk_candidates=candidates,
         protected=protected,
         expired=expired,
-        notes=notes + ([] if not unsafe else ["no chunk or template generation deleted this run"]),
+        notes=notes + ([] if not unsafe else ["no chunk or template generation deleted this run"]) + view.step_problems,
+        steps=plan_steps(view.steps, policy.step_budget, now, policy.grace_s),
     )
 
 
@@ -252,6 +259,7 @@ def _would(report: GcReport, todo: GcPlan) -> None:
     report.removed += [Removal(m.key, m.size, "legacy") for m in todo.legacy]
     report.removed += [Removal(m.key, m.size, "chunk") for m in todo.chunk_candidates.values()]
     report.removed += [Removal(m.key, m.size, _protocol_kind(m.key)) for m in todo.expired]
+    report.removed += [Removal(r.key, r.size, "step") for r in todo.steps]
 
 
 def _apply(store: ObjectStore, todo: GcPlan, fence: _Fence, report: GcReport) -> None:
@@ -281,6 +289,9 @@ def _apply(store: ObjectStore, todo: GcPlan, fence: _Fence, report: GcReport) ->
     for meta in todo.expired:
         if _still_expired(store, meta, fence):
             _delete(store, Removal(meta.key, meta.size, _protocol_kind(meta.key)), fence, report)
+    for step in todo.steps:
+        if not _delete(store, Removal(step.key, step.size, "step"), fence, report):
+            break
 
 
 def _still_expired(store: ObjectStore, meta: ObjectMeta, fence: _Fence) -> bool:

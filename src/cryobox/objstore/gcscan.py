@@ -8,6 +8,7 @@ every index a live image or a base image has. Nothing is decided here (:mod:`.gc
     snapshots/<id>/...                  a snapshot                 (an image)
     hibernations/<sandbox id>/...       a stored hibernation       (an image)
     images/<kind>/<key>/<file>[.idx]    base images (kernel, initrd, rootfs; never deleted: their indexes are roots)
+    build-steps/<key>/...               recipe builds' step layers and their metas (read: :mod:`.buildsteps`)
     chunks/<sha[:2]>/<sha>              chunk objects
     leases/..., gc/...                  publishes and GCs in progress (:mod:`.leases`)
 """
@@ -19,8 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ObjectNotFound, StoreError
+from .buildsteps import StepEntry, group_steps, read_metas
 from .chunkfmt import ChunkIndex, digest_of_key, index_format
 from .client import ObjectMeta, ObjectStore
+from .keys import BUILD_STEPS
 from .leases import GC_PREFIX, LEASES_PREFIX
 
 IMAGE_ROOTS = {"templates": 3, "snapshots": 2, "hibernations": 2}  # top-level prefix -> segments naming an image
@@ -83,6 +86,9 @@ class StoreView:
     legacy_packs: list[ObjectMeta] = field(default_factory=list)  # format-1 packs nothing reads any more
     leases: list[ObjectMeta] = field(default_factory=list)
     markers: list[ObjectMeta] = field(default_factory=list)
+    steps: dict[str, StepEntry] = field(default_factory=dict)  # build-steps/ by step key, metas read
+    step_problems: list[str] = field(default_factory=list)  # step metas that could not be read (they only stop
+    # the step trim; reported)
     other: list[ObjectMeta] = field(default_factory=list)  # kept, unexamined (latest pointers, unknown keys)
     problems: list[str] = field(default_factory=list)
     """Why deleting chunks or template generations would be unsafe this run (something could not be read)."""
@@ -92,9 +98,15 @@ def scan(store: ObjectStore) -> StoreView:
     """List the store and read what the GC needs (latest pointers, manifests of images, indexes of live and base
     images)."""
     view = StoreView()
+    steps: list[ObjectMeta] = []
     for meta in store.list_meta(""):
         view.listed.append(meta)
-        _place(view, meta)
+        if meta.key.startswith(f"{BUILD_STEPS}/"):
+            steps.append(meta)
+        else:
+            _place(view, meta)
+    view.steps = group_steps(steps)
+    view.step_problems = read_metas(store, view.steps)
     _read_latest(store, view)
     for group in view.groups.values():
         if not group.has_manifest:

@@ -10,6 +10,9 @@
     images/<kind>/<cache key>/<file>    kernel, initrd, rootfs base of the content-addressed image cache
     chunks/<sha256[:2]>/<sha256>        every distinct non-zero 4 MiB chunk of every image, stored once
     build-contexts/<sha256>             a template recipe's COPY sources (gzip'd tar, named by its SHA-256)
+    build-steps/<key>/<sha256>.qcow2    a recipe build step's cached qcow2 layer, named by the sha256 of its bytes
+    build-steps/<key>/meta.json         that step's meta, written last (layer, version, parent or base, last used:
+                                        :mod:`.buildsteps`); ``<key>`` is the step's cache key (64 hex digits)
     leases/..., gc/...                  publishes and store GCs announcing themselves (:mod:`.leases`)
 
 An image (a template generation, a snapshot, a hibernation) is whole exactly while its ``manifest.json`` exists:
@@ -34,6 +37,8 @@ MANIFEST = "manifest.json"
 LATEST = "latest"
 EVIDENCE = "evidence"
 BUILD_CONTEXTS = "build-contexts"
+BUILD_STEPS = "build-steps"
+STEP_META = "meta.json"
 
 IMAGE_ROOTS = {TEMPLATES: 3, SNAPSHOTS: 2, HIBERNATIONS: 2}
 """Top-level prefix -> how many key segments name one image (``templates/<name>/<generation>``, ``snapshots/<id>``)."""
@@ -55,6 +60,25 @@ def build_context(sha256: str) -> str:
     if not re.fullmatch(r"[0-9a-f]{64}", sha256):
         raise InvalidArgument(f"not a SHA-256 hex digest: {sha256[:80]!r}", details={"hash": sha256[:80]})
     return f"{BUILD_CONTEXTS}/{sha256}"
+
+
+def _hex64(value: str, what: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise InvalidArgument(f"not a {what} (64 hex digits): {value[:80]!r}", details={"value": value[:80]})
+    return value
+
+
+def build_step_prefix(key: str) -> str:
+    """Where a recipe build step's cached layer lives (``key``: the step's cache key, 64 hex digits)."""
+    return f"{BUILD_STEPS}/{_hex64(key, 'build step key')}"
+
+
+def build_step_meta(key: str) -> str:
+    return f"{build_step_prefix(key)}/{STEP_META}"
+
+
+def build_step_layer(key: str, sha256: str) -> str:
+    return f"{build_step_prefix(key)}/{_hex64(sha256, 'SHA-256 hex digest')}.qcow2"
 
 
 def snapshot_prefix(snapshot_id: str) -> str:

@@ -6,12 +6,17 @@ VM on the last cached layer and runs only the steps after it. An entry is whole 
 in a temporary sibling, renamed into place); a lookup also checks that its whole backing chain still exists.
 :meth:`LayerCache.trim` keeps the cache under a byte budget (``CRYOBOX_BUILD_CACHE_BYTES``, default 20 GiB),
 least recently used first (a lookup touches an entry).
+
+Each entry also holds its ``version`` (a random token given when the layer is cut here, or the stored version of a
+layer fetched from the object store, :mod:`.storelayers`): a child layer is a diff over exactly one parent, and
+the versions are how a host tells its own build of a key from another host's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,6 +27,7 @@ from ..disk.qcow2 import backing_chain
 CACHE_BYTES_ENV = "CRYOBOX_BUILD_CACHE_BYTES"
 DEFAULT_CACHE_BYTES = 20 << 30
 LAYER = "layer.qcow2"
+VERSION = "version"
 
 
 def cache_budget(env: dict[str, str] | None = None) -> int:
@@ -35,6 +41,25 @@ class LayerCache:
 
     def path(self, key: str) -> Path:
         return self.root / key / LAYER
+
+    def key_of(self, path: Path) -> str | None:
+        """The key whose layer ``path`` is, or ``None`` (a base image)."""
+        return path.parent.name if path.name == LAYER and path.parent.parent == self.root else None
+
+    def version(self, key: str) -> str:
+        """The version of ``key``'s layer (an entry stored before versions existed gets one now)."""
+        mark = self.root / key / VERSION
+        with contextlib.suppress(FileNotFoundError):
+            return mark.read_text().strip()
+        tmp = mark.with_name(f".{VERSION}.{os.getpid()}.{secrets.token_hex(4)}")
+        tmp.write_text(secrets.token_hex(16))
+        try:
+            os.link(tmp, mark)  # the first writer's version stands
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+        return mark.read_text().strip()
 
     def lookup(self, key: str) -> Path | None:
         """The layer of ``key`` if it and its whole backing chain exist (touched as used)."""
@@ -51,9 +76,12 @@ class LayerCache:
             os.utime(layer.parent)
         return layer
 
-    def store(self, key: str, layer: Path, parent: Path) -> Path | None:
+    def store(
+        self, key: str, layer: Path, parent: Path, *, version: str | None = None, move: bool = False
+    ) -> Path | None:
         """Keep ``layer`` (a closed step layer) as ``key``'s entry with ``parent`` as its backing file; ``None``
-        if another build stored the key first (then later steps must not build on ours: they are not cached)."""
+        if another build stored the key first (then later steps must not build on ours: they are not cached).
+        ``version``: the layer's (a fresh one when ``None``); ``move``: take ``layer`` itself rather than a copy."""
         final = self.root / key
         if final.exists():
             return None
@@ -63,7 +91,11 @@ class LayerCache:
         work.mkdir()
         try:
             copy = work / LAYER
-            shutil.copyfile(layer, copy)
+            if move:
+                os.replace(layer, copy)
+            else:
+                shutil.copyfile(layer, copy)
+            (work / VERSION).write_text(version or secrets.token_hex(16))
             fmt = "qcow2" if parent.suffix == ".qcow2" else "raw"
             subprocess.run(
                 ["qemu-img", "rebase", "-u", "-f", "qcow2", "-F", fmt, "-b", str(parent), str(copy)],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,9 @@ from ...util.proc import Progress
 BUILD_FORMAT = 1
 TARGET_BYTES = 8 << 30
 """The virtual size of a built image's disk (sparse; the filesystem is grown to it in the build VM)."""
+FS_UUID = "c2b0b0c5-0000-4000-8000-000000000001"
+FS_TIME = 1_700_000_000
+"""The empty filesystem's UUID, hash seed and timestamps (it must be the same bytes on every host)."""
 
 
 @dataclass(frozen=True)
@@ -48,18 +52,23 @@ def digest(*parts: str) -> str:
 
 
 def empty_fs(images_dir: Path) -> Path:
-    """An empty ext4 of :data:`TARGET_BYTES` (sparse), the base of every image unpack."""
+    """An empty ext4 of :data:`TARGET_BYTES` (sparse), the base of every image unpack. Made reproducibly (a fixed
+    UUID, hash seed and time), so hosts with the same mke2fs hold the same bytes and share the step layers built
+    over it through the object store (:mod:`.storelayers` checks the content)."""
 
     def build(out: Path) -> None:
         image = out / "rootfs.ext4"
         subprocess.run(
-            ["mkfs.ext4", "-q", "-F", "-L", ROOT_LABEL, str(image), f"{TARGET_BYTES >> 20}M"],
+            ["mkfs.ext4", "-q", "-F", "-L", ROOT_LABEL, "-U", FS_UUID, "-E", f"hash_seed={FS_UUID}"]
+            + [str(image), f"{TARGET_BYTES >> 20}M"],
             check=True,
             capture_output=True,
+            env={**os.environ, "E2FSPROGS_FAKE_TIME": str(FS_TIME)},
         )
         image.chmod(0o444)
 
-    path, _ = ContentCache(images_dir).get_or_build("emptyfs", {"bytes": TARGET_BYTES, "label": ROOT_LABEL}, build)
+    params = {"bytes": TARGET_BYTES, "label": ROOT_LABEL, "uuid": FS_UUID, "time": FS_TIME}
+    path, _ = ContentCache(images_dir).get_or_build("emptyfs", params, build)
     return path / "rootfs.ext4"
 
 

@@ -4,10 +4,10 @@ The host only moves bytes: it fetches the steps' context archives from the objec
 from a registry (:mod:`.recipebase`), writes them as opaque files onto the build VM's inputs disk, and copies
 qcow2 layers. The build VM (:mod:`.buildsession`) unpacks, copies and runs everything. The base (an image's
 unpacked layers) and each step's result are cached qcow2 layers (:mod:`.layercache`) keyed by (parent key, step,
-context hash), so a rebuild that changes only the last step redoes only that step; the finished image is flattened
-into one raw ext4 (``<images>/rootfs-recipe/<key>/``), which the template bakes from like any other root
-filesystem. Build logs carry the step they belong to (E2B's ``reason.step``): ``base``, the 1-based step index,
-or ``finalize``.
+context hash), on the host and in the object store (:mod:`.storelayers`), so a rebuild that changes only the last
+step redoes only that step, on any host; the finished image is flattened into one raw ext4
+(``<images>/rootfs-recipe/<key>/``), which the template bakes from like any other root filesystem. Build logs carry
+the step they belong to (E2B's ``reason.step``): ``base``, the 1-based step index, or ``finalize``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from ...image.recipe.model import ImageConfig, Recipe, Step, step_key
 from ...image.rootfs import Rootfs, make_ext4
 from ...image.specs import BASE, TemplateSpec
 from ...objstore import keys
+from ...objstore.buildsteps import store_budget
 from ...objstore.client import ObjectStore
 from ...util.proc import Progress
 from ..vm import MachineConfig, NetAttach
@@ -39,6 +40,7 @@ from .buildsession import BUILD_MEMORY_MIB, BuildSession, StepFailed, build_sess
 from .buildvm import BuildVmHost
 from .layercache import LayerCache, cache_budget
 from .recipebase import TARGET_BYTES, BaseImage, resolve_base
+from .storelayers import StoreLayers
 
 INPUTS_LABEL = "cryoinputs"
 
@@ -92,18 +94,19 @@ def step_label(step: Step) -> str:
     return f"{step.op} {' '.join(args)}"[:200]
 
 
-def _cached(layers: LayerCache, plan: Plan) -> tuple[Path | None, list[Path]]:
-    """The cached base layer (an image's unpack; ``None`` when it must be made) and steps 1..j."""
+def _cached(layers: StoreLayers, plan: Plan) -> tuple[Path | None, list[Path]]:
+    """The cached base layer (an image's unpack; ``None`` when it must be made) and steps 1..j (from this host's
+    cache or the store's)."""
     recipe = plan.recipe
     if plan.base.layers is None:
         start: Path | None = plan.base.image
     else:
-        start = None if recipe.force else layers.lookup(plan.keys[0])
+        start = None if recipe.force else layers.find(plan.keys[0], plan.base.image)
     found: list[Path] = []
     if start is None or recipe.force:
         return start, found
     for step, key in zip(recipe.steps, plan.keys[1:], strict=True):
-        layer = None if step.force else layers.lookup(key)
+        layer = None if step.force else layers.find(key, found[-1] if found else start)
         if layer is None:
             break
         found.append(layer)
@@ -138,9 +141,10 @@ async def recipe_images(
             chain.append(step_key(chain[-1], step))
         plan = Plan(recipe, base, chain, states(recipe, base.config), log)
         layers = LayerCache(images_dir / "steps")
+        shared = StoreLayers(services.store, layers, log=lambda line: log("finalize", "info", line))
 
         async def build(out: Path) -> None:
-            start, cached = _cached(layers, plan)
+            start, cached = await asyncio.to_thread(_cached, shared, plan)
             for index, step in enumerate(recipe.steps[: len(cached)], start=1):
                 log(str(index), "info", f"[{index}/{plan.total}] {step_label(step)} (cached)")
             image = out / "rootfs.ext4"
@@ -149,6 +153,7 @@ async def recipe_images(
             else:
                 log("finalize", "info", "writing the root filesystem image")
                 await asyncio.to_thread(_flatten, cached[-1] if cached else start, image)
+            await asyncio.to_thread(shared.after_build, plan.keys, store_budget())
             await asyncio.to_thread(layers.trim, cache_budget())
 
         path, built = await ContentCache(images_dir).aget_or_build("rootfs-recipe", {"recipe": chain[-1]}, build)

@@ -10,21 +10,7 @@ from pathlib import Path
 from cryobox.agent.disk.qcow2 import backing_chain
 from cryobox.agent.templates.buildsession import qcow2_overlay
 from cryobox.agent.templates.layercache import LayerCache
-
-
-def make_base(tmp: Path) -> Path:
-    base = tmp / "base.raw"
-    with open(base, "wb") as fh:
-        fh.truncate(1 << 20)
-    return base
-
-
-def write(layer: Path, offset: int, data: bytes) -> None:
-    subprocess.run(
-        ["qemu-io", "-f", "qcow2", "-c", f"write -P {data[0]} {offset} {len(data)}", str(layer)],
-        check=True,
-        capture_output=True,
-    )
+from tests.support.qcowlayers import make_base, write
 
 
 def test_store_rebases_and_lookup_follows_the_chain(tmp_path: Path) -> None:

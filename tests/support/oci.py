@@ -2,7 +2,8 @@
 
 :class:`LayoutWriter` writes an OCI image layout (``oci-layout``, ``index.json``, ``blobs/sha256/…``) blob by blob:
 layers (plain, gzip or zstd), configs, manifests, indexes; :func:`busybox_files` is a root filesystem of the
-host's static busybox (package ``busybox-static``). :func:`write_docker_archive` writes a legacy ``docker save``.
+host's static busybox (package ``busybox-static``). :func:`write_docker_archive` writes a legacy ``docker save``;
+:func:`layout_tar` a tar of a layout (``skopeo``'s ``oci-archive:``).
 """
 
 from __future__ import annotations
@@ -119,6 +120,15 @@ class LayoutWriter:
         (self.root / "index.json").write_text(json.dumps(doc))
 
 
+def layout_tar(root: Path, path: Path) -> Path:
+    """A tar of the OCI layout at ``root`` as ``tar -C root -cf path .`` writes it (names start ``./``)."""
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for file in sorted(root.rglob("*")):
+            if file.is_file():
+                tar.add(file, arcname=f"./{file.relative_to(root).as_posix()}")
+    return path
+
+
 def write_docker_archive(path: Path, layers: list[Files], *, tags: list[str], **run: Any) -> str:
     """A legacy ``docker save`` archive (``manifest.json``, ``<id>.json``, ``<id>/layer.tar``); the config digest."""
     tars = [tar_bytes(files) for files in layers]
@@ -137,4 +147,13 @@ def write_docker_archive(path: Path, layers: list[Files], *, tags: list[str], **
     return f"sha256:{config_hex}"
 
 
-__all__ = ["Link", "LayoutWriter", "busybox_files", "compress", "digest", "tar_bytes", "write_docker_archive"]
+__all__ = [
+    "Link",
+    "LayoutWriter",
+    "busybox_files",
+    "compress",
+    "digest",
+    "layout_tar",
+    "tar_bytes",
+    "write_docker_archive",
+]

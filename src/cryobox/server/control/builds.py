@@ -152,6 +152,11 @@ class RecipeBuilds:
         if not await asyncio.to_thread(store.exists, key):
             await asyncio.to_thread(store.put_file, key, path)
 
+    @staticmethod
+    def check_order(name: str, cpus: int | None, memory_mib: int | None) -> None:
+        """What :meth:`start_recipe_build` refuses of a build's name and size (400), before anything is stored."""
+        _checked(name, cpus, memory_mib)
+
     async def has_context(self, sha256: str) -> bool:
         return await asyncio.to_thread(self._store().exists, keys.build_context(sha256))
 

@@ -117,6 +117,7 @@ async def build_template(request: Request, ctx: Ctx) -> models.TemplateBuild:
     )
     try:
         _reserved(order.name)
+        builds.check_order(order.name, order.cpu, order.memory_mb)
         if order.archive is not None:
             await builds.put_archive(ctx.workspace_id, order.archive.path, order.archive.sha256)
         for blob in order.blobs.values():

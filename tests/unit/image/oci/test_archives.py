@@ -1,5 +1,6 @@
 """``archive_kind`` and ``load_archive``: a legacy ``docker save`` tar and a tar of an OCI layout (``./`` names)
-recognised by their members and loaded into the same layer tars; an archive of several images read by name; a tar
+recognised by their members and loaded into the same layer tars; archives of several images (``docker save``, an
+OCI layout) read by name; a tar
 that is neither, and a file that is no tar, refused."""
 
 from __future__ import annotations
@@ -11,7 +12,14 @@ import pytest
 
 from cryobox.errors import ImagePullFailed
 from cryobox.image.oci import ImageLimits, archive_kind, load_archive
-from tests.support.oci import LayoutWriter, digest, layout_tar, tar_bytes, write_docker_archive
+from tests.support.oci import (
+    LayoutWriter,
+    digest,
+    layout_tar,
+    merge_docker_archives,
+    tar_bytes,
+    write_docker_archive,
+)
 
 ONE = {"etc/one": b"one\n"}
 TWO = {"etc/two": b"two\n"}
@@ -32,6 +40,16 @@ def test_a_docker_save_archive_is_recognised_and_loaded(tmp_path: Path) -> None:
     assert named.digest == config
     with pytest.raises(ImagePullFailed, match="no image tagged"):
         load_archive(archive, tmp_path / "out3", limits=ImageLimits(), progress=lambda _: None, ref="acme/app:2")
+
+
+def test_a_docker_save_archive_of_two_images_is_read_by_tag(tmp_path: Path) -> None:
+    write_docker_archive(tmp_path / "a.tar", [ONE], tags=["a:1"])
+    other = write_docker_archive(tmp_path / "b.tar", [TWO], tags=["b:2"])
+    both = merge_docker_archives(tmp_path / "both.tar", [tmp_path / "a.tar", tmp_path / "b.tar"])
+    with pytest.raises(ImagePullFailed, match="holds 2 images"):
+        load_archive(both, tmp_path / "out", limits=ImageLimits(), progress=lambda _: None)
+    image = load_archive(both, tmp_path / "out", limits=ImageLimits(), progress=lambda _: None, ref="b:2")
+    assert image.digest == other and _layer_bytes(image.layers) == [tar_bytes(TWO)]
 
 
 def test_an_oci_layout_tar_is_recognised_and_picks_an_image_by_name(tmp_path: Path) -> None:

@@ -324,7 +324,7 @@ async def read_build(request: Request, *, max_context_bytes: int, max_archive_by
     if kind not in ("application/json", "multipart/form-data", "application/x-www-form-urlencoded"):
         raise _bad("content-type", "send multipart/form-data, application/x-www-form-urlencoded or JSON")
     if kind != "multipart/form-data":
-        body = await read_body(request, max_context_bytes + MAX_DOCKERFILE_BYTES + FORM_SLACK)
+        body = await read_body(request, MAX_DOCKERFILE_BYTES + FORM_SLACK)  # no context: the fields alone
         fields = _fields(body) if kind == "application/json" else _form_fields(await _form(request, body))
         return _order(fields, None, set(), max_context_bytes)
     limit = max_context_bytes + max_archive_bytes + MAX_DOCKERFILE_BYTES + FORM_SLACK

@@ -29,6 +29,9 @@ router = APIRouter(tags=["templates"])
 RESERVED = frozenset({"builds", "build"})
 """Names a template cannot have: ``/v1/templates/builds…`` are PandaStack's build routes."""
 MAX_PAGE = 1000
+OWN_BODY_LIMITS = frozenset({("POST", "/v1/templates/build")})
+"""Routes that cap their bodies themselves (:mod:`.buildform`: an image archive streams to disk, past the API's
+usual body cap), exempt from :class:`~cryobox.server.access.limits.BodyLimitMiddleware`."""
 
 _BODY = {
     "requestBody": {
@@ -194,4 +197,4 @@ async def stream_build_logs(
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-__all__ = ["RESERVED", "router", "sse"]
+__all__ = ["OWN_BODY_LIMITS", "RESERVED", "router", "sse"]

@@ -1,9 +1,10 @@
 """``POST /v1/templates/build`` with an ``image_archive`` part, over a served control plane with a fake agent: a
-``docker save`` tar alone, an OCI layout tar with ``image`` naming one of its images, a Dockerfile ``FROM archive``
-with a context on top of one; the archive stored as a blob named by its SHA-256 (the agent fetches it) and deleted
-with the template; refusals (not an archive, over the archive limit, over the body limit, a Dockerfile not ``FROM
-archive``, ``FROM archive`` without one, the archive as a text or JSON field, twice, with build arguments or a
-context but no Dockerfile) that name the field, answer 400 or 413, and leave nothing stored or staged."""
+``docker save`` tar alone, an OCI layout tar with ``image`` naming one of its images (a failing base named by the
+archive's hash), a Dockerfile ``FROM archive`` with a context on top of one; the archive stored as a blob named by
+its SHA-256 (the agent fetches it) and deleted with the template; refusals (not an archive, over the archive limit,
+over the body limit, a Dockerfile not ``FROM archive``, ``FROM archive`` without one, the archive as a text or JSON
+field, twice, with build arguments or a context but no Dockerfile) that name the field, answer 400 or 413, and leave
+nothing stored or staged."""
 
 from __future__ import annotations
 
@@ -84,6 +85,11 @@ async def test_an_oci_layout_tar_with_the_image_named(build_env: BuildEnv, tmp_p
     await build_env.wait_build("laid", reply.json()["id"])
     (recipe,) = build_env.recipes()
     assert recipe.base == Base("archive", hashlib.sha256(data).hexdigest(), "2.0") and recipe.force
+    build_env.agent.recipe_fail_step = "base"
+    reply = await _post(build_env, data={"name": "failing"}, files={"image_archive": ("layout.tar", data, TAR)})
+    failed = await build_env.wait_build("failing", reply.json()["id"])
+    instruction = "FROM archive " + recipe.base.ref[:12]
+    assert failed["failed_step"] == {"step": "base", "line": None, "instruction": instruction}
 
 
 async def test_a_dockerfile_from_archive_runs_its_steps_on_it(build_env: BuildEnv, tmp_path: Path) -> None:

@@ -92,7 +92,7 @@ class FakeAgent(FakeProcs):
         self.recipe_log_lines = 1
         """Log lines a recipe build prints per step."""
         self.build_contexts: dict[str, bytes] = {}
-        """Context blobs recipe builds fetched from ``objects``, by SHA-256."""
+        """Context blobs (and image archives) recipe builds fetched from ``objects``, by SHA-256."""
         self.build_gate: asyncio.Event | None = None
         """When set, a recipe build waits for it after its first step's logs."""
         self._ids = itertools.count(1)
@@ -644,13 +644,20 @@ class FakeAgent(FakeProcs):
 
     async def _recipe_build(self, spec: m.BuildSpec) -> AsyncIterator[m.BuildEvent]:
         """A recipe build: ``base``, each step, ``finalize`` (``recipe_log_lines`` lines each, on ``clock``), then
-        the template, or an error at ``recipe_fail_step``; COPY contexts are fetched from ``objects``."""
+        the template, or an error at ``recipe_fail_step``; COPY contexts and an archive base are fetched from
+        ``objects``."""
         recipe = spec.recipe or {}
         base = recipe.get("base", {})
         phases: list[tuple[str, str]] = [("base", f"FROM {base.get('kind')} {base.get('ref')}")]
         for index, step in enumerate(recipe.get("steps", ()), start=1):
             phases.append((str(index), f"{step['op']} {' '.join(step.get('args', ()))}"))
         phases.append(("finalize", f"start: {recipe.get('start_cmd', '')}"))
+        if base.get("kind") == "archive":
+            try:
+                self.build_contexts[base["ref"]] = self.objects.get(f"build-contexts/{base['ref']}")
+            except CryoboxError as err:
+                yield m.BuildEvent(error=f"image archive: {err.message}", step="base")
+                return
         for index, step in enumerate(recipe.get("steps", ()), start=1):
             if step.get("context"):
                 try:

@@ -2,7 +2,9 @@
 
 :class:`LayoutWriter` writes an OCI image layout (``oci-layout``, ``index.json``, ``blobs/sha256/…``) blob by blob:
 layers (plain, gzip or zstd), configs, manifests, indexes; :func:`busybox_files` is a root filesystem of the
-host's static busybox (package ``busybox-static``). :func:`write_docker_archive` writes a legacy ``docker save``.
+host's static busybox (package ``busybox-static``). :func:`write_docker_archive` writes a legacy ``docker save``;
+:func:`merge_docker_archives` one of several images; :func:`layout_tar` a tar of a layout (``skopeo``'s
+``oci-archive:``).
 """
 
 from __future__ import annotations
@@ -119,6 +121,15 @@ class LayoutWriter:
         (self.root / "index.json").write_text(json.dumps(doc))
 
 
+def layout_tar(root: Path, path: Path) -> Path:
+    """A tar of the OCI layout at ``root`` as ``tar -C root -cf path .`` writes it (names start ``./``)."""
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for file in sorted(root.rglob("*")):
+            if file.is_file():
+                tar.add(file, arcname=f"./{file.relative_to(root).as_posix()}")
+    return path
+
+
 def write_docker_archive(path: Path, layers: list[Files], *, tags: list[str], **run: Any) -> str:
     """A legacy ``docker save`` archive (``manifest.json``, ``<id>.json``, ``<id>/layer.tar``); the config digest."""
     tars = [tar_bytes(files) for files in layers]
@@ -127,7 +138,7 @@ def write_docker_archive(path: Path, layers: list[Files], *, tags: list[str], **
     members: dict[str, bytes] = {f"{config_hex}.json": config}
     names = []
     for n, data in enumerate(tars):
-        layer_id = hashlib.sha256(f"layer{n}".encode()).hexdigest()
+        layer_id = hashlib.sha256(f"layer{n}".encode() + data).hexdigest()
         members[f"{layer_id}/layer.tar"] = data
         names.append(f"{layer_id}/layer.tar")
     members["manifest.json"] = json.dumps(
@@ -137,4 +148,35 @@ def write_docker_archive(path: Path, layers: list[Files], *, tags: list[str], **
     return f"sha256:{config_hex}"
 
 
-__all__ = ["Link", "LayoutWriter", "busybox_files", "compress", "digest", "tar_bytes", "write_docker_archive"]
+def merge_docker_archives(dest: Path, archives: list[Path]) -> Path:
+    """One ``docker save`` tar holding the images of several (``manifest.json`` entries concatenated; a member
+    more than one has, a layer or config named by its content, is written once)."""
+    entries: list[Any] = []
+    members: dict[str, bytes] = {}
+    for path in archives:
+        with tarfile.open(path) as tar:
+            for member in tar.getmembers():
+                stream = tar.extractfile(member) if member.isfile() else None
+                if stream is None:
+                    continue
+                data = stream.read()
+                if member.name == "manifest.json":
+                    entries += json.loads(data)
+                else:
+                    members.setdefault(member.name, data)
+    members["manifest.json"] = json.dumps(entries).encode()
+    dest.write_bytes(tar_bytes(members))
+    return dest
+
+
+__all__ = [
+    "Link",
+    "LayoutWriter",
+    "busybox_files",
+    "compress",
+    "digest",
+    "layout_tar",
+    "merge_docker_archives",
+    "tar_bytes",
+    "write_docker_archive",
+]

@@ -1,7 +1,9 @@
-"""``cryobox template build -f Dockerfile [--name N] DIR`` (or ``--image REF``): build a template on the server
-through the SDK (``Templates``), with its log lines live and a progress bar over its steps (``base``, each step,
-``finalize``). DIR is packed client-side honouring its ``.dockerignore`` (the server applies it again). Exits 1 when
-the build fails, printing the failing step, its Dockerfile line and the log's last lines."""
+"""``cryobox template build -f Dockerfile [--name N] DIR`` (or ``--image REF``, or ``--image-archive FILE [--image
+REF]``): build a template on the server through the SDK (``Templates``), with its log lines live and a progress bar
+over its steps (``base``, each step, ``finalize``). DIR is packed client-side honouring its ``.dockerignore`` (the
+server applies it again). An image archive (``docker save``, an OCI layout tar) is the template as it is, or, with
+``-f`` (a Dockerfile ``FROM archive``) and DIR, the base of the Dockerfile's steps. Exits 1 when the build fails,
+printing the failing step, its Dockerfile line and the log's last lines."""
 
 from __future__ import annotations
 
@@ -19,10 +21,12 @@ from ._common import ApiKey, ApiUrl, Json, err, fail, out, parse_pairs, print_js
 TAIL_SHOWN = 10
 
 
-def _name_of(name: str | None, directory: Path | None, image: str | None) -> str:
+def _name_of(name: str | None, directory: Path | None, image: str | None, archive: Path | None = None) -> str:
     if name:
         return name
-    if image:
+    if archive is not None and not image:
+        base = archive.name.split(".")[0]
+    elif image:
         base = image.split("@")[0].rsplit("/", 1)[-1].split(":")[0]
     else:
         base = (directory or Path(".")).resolve().name
@@ -60,7 +64,14 @@ def template_build(
         Path | None, typer.Argument(help="the build context (a directory); default: the Dockerfile's directory")
     ] = None,
     file: Annotated[Path | None, typer.Option("-f", "--file", help="the Dockerfile (default: DIR/Dockerfile)")] = None,
-    image: Annotated[str | None, typer.Option("--image", help="build from this image reference instead")] = None,
+    image: Annotated[
+        str | None,
+        typer.Option("--image", help="build from this image reference instead (with --image-archive: the image in it)"),
+    ] = None,
+    image_archive: Annotated[
+        Path | None,
+        typer.Option("--image-archive", help="build from this docker save tar or OCI layout tar (-f: FROM archive)"),
+    ] = None,
     name: Annotated[str | None, typer.Option("--name", help="the template's name (default: DIR's name)")] = None,
     build_arg: Annotated[
         list[str] | None, typer.Option("--build-arg", help="KEY=VALUE for an ARG (repeatable)")
@@ -73,22 +84,44 @@ def template_build(
     api_url: ApiUrl = None,
     api_key: ApiKey = None,
 ) -> None:
-    """Build a template from a Dockerfile and its context directory (or from an image with --image), on the
-    server. Shows the build's log live; exits 1 when the build fails."""
-    if image is not None and (file is not None or directory is not None or build_arg or no_cache):
+    """Build a template from a Dockerfile and its context directory (or from an image with --image, or from an
+    image archive with --image-archive), on the server. Shows the build's log live; exits 1 when the build fails."""
+    by_ref = image is not None and image_archive is None
+    dockerfile: Path | None = None
+    context: Path | None = None
+    if by_ref and (file is not None or directory is not None or build_arg or no_cache):
         raise typer.BadParameter("--image takes no Dockerfile, DIR, --build-arg or --no-cache")
-    if image is None:
+    if image_archive is not None:
+        if not image_archive.is_file():
+            raise typer.BadParameter(f"no image archive at {image_archive}")
+        if file is None and (directory is not None or build_arg):
+            raise typer.BadParameter("--image-archive takes DIR and --build-arg only with -f (FROM archive)")
+        dockerfile, context = file, directory
+    elif image is None:
         dockerfile = file if file is not None else (directory or Path(".")) / "Dockerfile"
-        if not dockerfile.is_file():
-            raise typer.BadParameter(f"no Dockerfile at {dockerfile} (give -f)")
         context = directory if directory is not None else dockerfile.parent
-    template = _name_of(name, directory if image is None else None, image)
+    if dockerfile is not None and not dockerfile.is_file():
+        raise typer.BadParameter(f"no Dockerfile at {dockerfile} (give -f)")
+    template = _name_of(name, directory if image is None else None, image, image_archive)
     args = parse_pairs(build_arg, "--build-arg")
     try:
         with Templates(api_url=api_url, api_key=api_key) as templates:
-            if image is not None:
+            if image_archive is not None:
+                build = templates.build_from_image_archive(
+                    template,
+                    image_archive,
+                    image=image,
+                    dockerfile=dockerfile,
+                    context=context,
+                    build_args=args,
+                    no_cache=no_cache,
+                    cpu=cpu,
+                    memory_mb=memory_mb,
+                )
+            elif image is not None:
                 build = templates.build_from_image(template, image, cpu=cpu, memory_mb=memory_mb)
             else:
+                assert dockerfile is not None
                 build = templates.build_from_dockerfile(
                     template,
                     dockerfile=dockerfile,

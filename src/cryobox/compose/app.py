@@ -40,6 +40,7 @@ from ..server.control.forks import ForkControl
 from ..server.control.sandboxes import ControlPlane
 from ..server.execlog import ExecHistory
 from ..server.metrics import MetricsMiddleware
+from ..server.routes.builds import OWN_BODY_LIMITS
 from ..server.routes.builds import router as builds_router
 from ..server.routes.code import router as code_router
 from ..server.routes.deps import AppContext
@@ -180,7 +181,7 @@ def create_app(
         execs=ExecHistory(),
     )
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware)
+    app.add_middleware(BodyLimitMiddleware, own_limits=OWN_BODY_LIMITS)
     # outside the body limit: a request's key is checked before anything reads its body
     sandbox_access = SandboxAccess(control, limiter)
     app.add_middleware(

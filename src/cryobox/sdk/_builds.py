@@ -58,6 +58,21 @@ def pack_context(directory: str | os.PathLike[str]) -> tuple[bytes, int]:
     return gzip.compress(raw.getvalue(), mtime=0), count
 
 
+def _form(body: Mapping[str, object]) -> dict[str, str]:
+    return {
+        k: json.dumps(v) if isinstance(v, dict) else str(v).lower() if isinstance(v, bool) else str(v)
+        for k, v in body.items()
+    }
+
+
+def _sizes(body: dict[str, object], cpu: int | None, memory_mb: int | None) -> dict[str, object]:
+    if cpu is not None:
+        body["cpu"] = cpu
+    if memory_mb is not None:
+        body["memory_mb"] = memory_mb
+    return body
+
+
 def dockerfile_request(
     name: str,
     dockerfile: str,
@@ -73,27 +88,44 @@ def dockerfile_request(
     body: dict[str, object] = {"name": name, "dockerfile": dockerfile, "no_cache": no_cache}
     if build_args:
         body["build_args"] = dict(build_args)
-    if cpu is not None:
-        body["cpu"] = cpu
-    if memory_mb is not None:
-        body["memory_mb"] = memory_mb
+    _sizes(body, cpu, memory_mb)
     if context is None:
         return ApiRequest("POST", BUILD_PATH, json=body)
-    data = {
-        k: json.dumps(v) if isinstance(v, dict) else str(v).lower() if isinstance(v, bool) else str(v)
-        for k, v in body.items()
-    }
     files = [("context", ("context.tar.gz", context, "application/gzip"))]
-    return ApiRequest("POST", BUILD_PATH, data=data, files=files)
+    return ApiRequest("POST", BUILD_PATH, data=_form(body), files=files)
+
+
+def archive_request(
+    name: str,
+    archive: bytes,
+    *,
+    filename: str,
+    image: str | None,
+    dockerfile: str | None,
+    context: bytes | None,
+    build_args: Mapping[str, str] | None,
+    no_cache: bool,
+    cpu: int | None,
+    memory_mb: int | None,
+) -> ApiRequest:
+    """``POST /v1/templates/build`` with the image archive as the ``image_archive`` part (a Dockerfile, if any,
+    starts ``FROM archive``; ``image`` names the image inside)."""
+    body: dict[str, object] = {"name": name, "no_cache": no_cache}
+    if image is not None:
+        body["image"] = image
+    if dockerfile is not None:
+        body["dockerfile"] = dockerfile
+    if build_args:
+        body["build_args"] = dict(build_args)
+    _sizes(body, cpu, memory_mb)
+    files = [("image_archive", (filename, archive, "application/x-tar"))]
+    if context is not None:
+        files.append(("context", ("context.tar.gz", context, "application/gzip")))
+    return ApiRequest("POST", BUILD_PATH, data=_form(body), files=files)
 
 
 def image_request(name: str, image: str, *, cpu: int | None, memory_mb: int | None) -> ApiRequest:
-    body: dict[str, object] = {"name": name, "image": image}
-    if cpu is not None:
-        body["cpu"] = cpu
-    if memory_mb is not None:
-        body["memory_mb"] = memory_mb
-    return ApiRequest("POST", BUILD_PATH, json=body)
+    return ApiRequest("POST", BUILD_PATH, json=_sizes({"name": name, "image": image}, cpu, memory_mb))
 
 
 def get_build_request(name: str, build_id: str) -> ApiRequest:

@@ -36,7 +36,9 @@ def _failed_step(record: BuildRecord, recipe: Recipe | None) -> models.FailedSte
         return None
     step = record.error_step or ""
     if recipe is not None and step == "base":
-        return models.FailedStep(step=step, instruction=f"FROM {recipe.base.ref}")
+        base = recipe.base
+        source = f"archive {base.name or base.ref[:12]}" if base.kind == "archive" else base.ref
+        return models.FailedStep(step=step, instruction=f"FROM {source}")
     if recipe is not None and step.isdigit() and 1 <= int(step) <= len(recipe.steps):
         found = recipe.steps[int(step) - 1]
         text = " ".join(found.args[1:] if found.op == "RUN" and found.args[:1] == ("exec",) else found.args)

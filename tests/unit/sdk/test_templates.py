@@ -1,12 +1,15 @@
 """cryobox's SDK builds templates (``AsyncTemplates`` and the generated ``Templates``) against a served control
 plane with a fake agent: a Dockerfile with a context directory packed client-side honouring ``.dockerignore``, live
 log lines in order ending with the build, ``wait()`` → done; a failed build raises ``TemplateBuildFailed`` with the
-step, Dockerfile line, instruction and the log tail; an image build; a bad Dockerfile is ``InvalidArgument`` naming
-its line; the pure context packer."""
+step, Dockerfile line, instruction and the log tail; an image build; image archive builds (a ``docker save`` tar
+alone by the sync SDK, an OCI layout tar with a named image and a ``FROM archive`` Dockerfile with a context by the
+async one; a file that is no archive is ``InvalidArgument``); a bad Dockerfile is ``InvalidArgument`` naming its
+line; the pure context packer."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import tarfile
 from pathlib import Path
@@ -19,6 +22,7 @@ from cryobox.sdk import AsyncTemplates, Templates
 from cryobox.sdk._builds import pack_context
 from tests.support.buildapp import BuildEnv, build_env, registry, write_context
 from tests.support.contexttar import blob_members
+from tests.support.oci import LayoutWriter, layout_tar, write_docker_archive
 
 __all__ = ["build_env", "registry"]  # fixtures
 
@@ -84,3 +88,45 @@ async def test_the_sync_sdk_builds_from_an_image(build_env: BuildEnv) -> None:
     assert status == "done" and ref == "docker.io/library/python:3.12-slim" and lines
     (recipe,) = build_env.recipes()
     assert recipe.base == Base("image", "docker.io/library/python:3.12-slim") and recipe.steps == ()
+
+
+async def test_the_sync_sdk_builds_from_a_docker_save_archive(build_env: BuildEnv, tmp_path: Path) -> None:
+    archive = tmp_path / "busybox.tar"
+    write_docker_archive(archive, [{"etc/hello": b"hi\n"}], tags=["busybox:latest"])
+
+    def scenario() -> str:
+        with Templates(api_url=build_env.url, api_key=build_env.key) as templates:
+            return templates.build_from_image_archive("boxed", archive, cpu=2).wait().status
+
+    assert await asyncio.to_thread(scenario) == "done"
+    (recipe,) = build_env.recipes()
+    sha = hashlib.sha256(archive.read_bytes()).hexdigest()
+    assert recipe.base == Base("archive", sha) and recipe.steps == ()
+    assert build_env.agent.build_contexts[sha] == archive.read_bytes()
+
+
+async def test_an_archive_with_a_named_image_under_a_dockerfile(build_env: BuildEnv, tmp_path: Path) -> None:
+    layout = LayoutWriter(tmp_path / "layout")
+    layout.tag("a", layout.image([{"etc/a": b"a"}]))
+    layout.tag("b", layout.image([{"etc/b": b"b"}]))
+    archive = layout_tar(layout.root, tmp_path / "layout.tar")
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "run.sh").write_text("echo hi\n")
+    async with AsyncTemplates(api_url=build_env.url, api_key=build_env.key) as templates:
+        build = await templates.build_from_image_archive(
+            "onb",
+            archive,
+            image="b",
+            dockerfile="FROM archive\nCOPY run.sh /run.sh\n",
+            context=tmp_path / "ctx",
+            no_cache=True,
+        )
+        assert (await build.wait()).status == "done"
+        with pytest.raises(InvalidArgument, match="image_archive"):
+            await templates.build_from_image_archive("junk", tmp_path / "ctx" / "run.sh")
+        with pytest.raises(InvalidArgument, match="not a file"):
+            await templates.build_from_image_archive("none", tmp_path / "missing.tar")
+    (recipe,) = build_env.recipes()
+    assert recipe.base == Base("archive", hashlib.sha256(archive.read_bytes()).hexdigest(), "b") and recipe.force
+    assert [s.op for s in recipe.steps] == ["COPY"]
+    assert "run.sh" in blob_members(build_env.agent.build_contexts[recipe.steps[0].context])

@@ -6,6 +6,10 @@
   unpacks), and unpacked by the build VM onto an empty ext4 (``emptyfs``, made by the host from nothing) as the
   build's ``base`` phase, whose result is cached like a step (keyed by the image's manifest digest). ``scratch``
   is the empty image.
+* ``archive`` bases (an uploaded ``docker save`` tar or OCI layout tar) are fetched from the object store (where
+  the control plane keeps them like context blobs, verified against their SHA-256), read in place into the same
+  plain layer tars (:func:`cryobox.image.oci.load_archive`), and from there on are an ``image`` base (the same
+  cache key for the same image: its manifest digest, or a legacy ``docker save``'s config digest).
 """
 
 from __future__ import annotations
@@ -18,13 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...errors import InvalidArgument
+from ...errors import IntegrityError, InvalidArgument, StateError
 from ...image.builder import ImageSet, build_images
 from ...image.cache import ContentCache
-from ...image.oci import ImageLimits, RegistrySettings, pull_image
+from ...image.oci import ImageLimits, PulledImage, RegistrySettings, load_archive, pull_image
 from ...image.recipe.model import ImageConfig, Recipe
 from ...image.rootfs import ROOT_LABEL
 from ...image.specs import by_name
+from ...objstore import keys
+from ...objstore.client import ObjectStore
 from ...util.proc import Progress
 
 BUILD_FORMAT = 1
@@ -72,6 +78,25 @@ def empty_fs(images_dir: Path) -> Path:
     return path / "rootfs.ext4"
 
 
+def fetch_archive_image(
+    store: ObjectStore, sha256: str, name: str, work: Path, *, limits: ImageLimits, progress: Progress
+) -> PulledImage:
+    """The image in the archive blob ``sha256`` (``name`` picks one of several) as plain layer tars in ``work``;
+    the downloaded archive is deleted once read."""
+    archive = work / f"archive-{sha256[:16]}.tar"
+
+    def verify(size: int, actual: str) -> None:
+        if actual != sha256:
+            raise IntegrityError(f"image archive {sha256} downloaded as {actual}", details={"hash": sha256})
+
+    progress(f"fetching the image archive {sha256[:12]}")
+    store.download(keys.build_context(sha256), archive, verify=verify)
+    try:
+        return load_archive(archive, work, limits=limits, progress=progress, ref=name or None)
+    finally:
+        archive.unlink(missing_ok=True)
+
+
 async def resolve_base(
     recipe: Recipe,
     *,
@@ -80,8 +105,10 @@ async def resolve_base(
     work: Path,
     template_rootfs: Callable[[str], Path | None],
     progress: Progress,
+    store: ObjectStore | None = None,
 ) -> BaseImage:
-    """The base of ``recipe`` on this host (pulling an image's layers into ``work``)."""
+    """The base of ``recipe`` on this host (pulling an image's layers, or reading an archive's, into ``work``;
+    an ``archive`` base needs ``store``)."""
     kind, ref = recipe.base.kind, recipe.base.ref
     if kind == "debian":
         if ref != "bookworm":
@@ -99,25 +126,33 @@ async def resolve_base(
                 raise InvalidArgument(f"no template {ref!r} to build from on this agent", details={"template": ref})
             image = found
         return BaseImage(digest(str(BUILD_FORMAT), "rootfs", str(image)), image, None, f"template {ref}")
+    if kind == "archive" and store is None:
+        raise StateError("an image archive base needs the object store", state="no_store", required="store")
     empty = await asyncio.to_thread(empty_fs, images_dir)
-    if ref == "scratch":
+    if kind == "image" and ref == "scratch":
         return BaseImage(digest(str(BUILD_FORMAT), "scratch"), empty, None, "scratch", layers=())
-    settings = RegistrySettings.from_env(cache_dir=images_dir / "oci")
     work.mkdir(parents=True, exist_ok=True)
-    pulled = await asyncio.to_thread(
-        pull_image, ref, work, settings=settings, limits=ImageLimits.from_env(), progress=progress
-    )
-    progress(
-        f"pulled {ref} ({pulled.digest[:19]}, {len(pulled.layers)} layers, "
-        f"{pulled.uncompressed_bytes >> 20} MiB unpacked, {pulled.downloaded_bytes >> 20} MiB downloaded)"
-    )
+    limits = ImageLimits.from_env()
+    if kind == "archive" and store is not None:
+        name = recipe.base.name
+        pulled = await asyncio.to_thread(fetch_archive_image, store, ref, name, work, limits=limits, progress=progress)
+        source = f"archive {ref[:12]}" + (f" ({name})" if name else "")
+        progress(f"loaded {source} ({pulled.digest[:19]}, {len(pulled.layers)} layers)")
+    else:
+        settings = RegistrySettings.from_env(cache_dir=images_dir / "oci")
+        pulled = await asyncio.to_thread(pull_image, ref, work, settings=settings, limits=limits, progress=progress)
+        source = ref
+        progress(
+            f"pulled {ref} ({pulled.digest[:19]}, {len(pulled.layers)} layers, "
+            f"{pulled.uncompressed_bytes >> 20} MiB unpacked, {pulled.downloaded_bytes >> 20} MiB downloaded)"
+        )
     return BaseImage(
         digest(str(BUILD_FORMAT), "image", pulled.digest),
         empty,
         pulled.config,
-        f"{ref} ({pulled.digest})",
+        f"{source} ({pulled.digest})",
         layers=tuple(pulled.layers),
     )
 
 
-__all__ = ["BUILD_FORMAT", "TARGET_BYTES", "BaseImage", "digest", "empty_fs", "resolve_base"]
+__all__ = ["BUILD_FORMAT", "TARGET_BYTES", "BaseImage", "digest", "empty_fs", "fetch_archive_image", "resolve_base"]

@@ -1,11 +1,11 @@
 """Recipe builds: a Dockerfile's or E2B's steps turned into a template root filesystem, every step in a build VM.
 
-The host only moves bytes: it fetches the steps' context archives from the object store and an image's layers
-from a registry (:mod:`.recipebase`), writes them as opaque files onto the build VM's inputs disk, and copies
-qcow2 layers. The build VM (:mod:`.buildsession`) unpacks, copies and runs everything. The base (an image's
-unpacked layers) and each step's result are cached qcow2 layers (:mod:`.layercache`) keyed by (parent key, step,
-context hash), on the host and in the object store (:mod:`.storelayers`), so a rebuild that changes only the last
-step redoes only that step, on any host; the finished image is flattened into one raw ext4
+The host only moves bytes: it fetches the steps' context archives from the object store and an image's layers from a
+registry or from an uploaded image archive (:mod:`.recipebase`), writes them as opaque files onto the build VM's
+inputs disk, and copies qcow2 layers. The build VM (:mod:`.buildsession`) unpacks, copies and runs everything. The
+base (an image's unpacked layers) and each step's result are cached qcow2 layers (:mod:`.layercache`) keyed by
+(parent key, step, context hash), on the host and in the object store (:mod:`.storelayers`), so a rebuild that
+changes only the last step redoes only that step, on any host; the finished image is flattened into one raw ext4
 (``<images>/rootfs-recipe/<key>/``), which the template bakes from like any other root filesystem. Build logs carry
 the step they belong to (E2B's ``reason.step``): ``base``, the 1-based step index, or ``finalize``.
 """
@@ -132,6 +132,7 @@ async def recipe_images(
                 work=pulls,
                 template_rootfs=services.template_rootfs,
                 progress=lambda line: log("base", "info", line),
+                store=services.store,
             )
         except CryoboxError as err:
             raise RecipeBuildError(err.message, "base") from err

@@ -18,7 +18,7 @@ from typing import Any, Literal
 StepOp = Literal["RUN", "COPY", "ENV", "WORKDIR", "USER"]
 """What a step does. ``ARG`` is resolved while parsing; ``EXPOSE``, ``CMD`` and ``ENTRYPOINT`` are recipe fields."""
 
-BaseKind = Literal["template", "debian", "image"]
+BaseKind = Literal["template", "debian", "image", "archive"]
 
 
 @dataclass(frozen=True)
@@ -30,10 +30,16 @@ class Base:
     * ``debian``: a Debian root filesystem cryobox builds itself from Debian's archive (``ref`` is the suite,
       e.g. ``bookworm``; ``slim`` variants map to the same minbase tree).
     * ``image``: an OCI image (``ref`` is the reference as written: ``registry/name:tag`` or ``name@sha256:…``).
+    * ``archive``: an image from an uploaded archive, a ``docker save`` tar or a tar of an OCI image layout (``ref``
+      is the SHA-256 of the archive, stored like a context blob; ``name`` picks the image when it holds several:
+      one of its ``RepoTags``, or an OCI layout's ``org.opencontainers.image.ref.name``).
     """
 
     kind: BaseKind
     ref: str
+    name: str = ""
+    """``archive``: which image of the archive (empty: its only one). Left out of :meth:`Recipe.to_json` when
+    empty, so a recipe of any other base reads as it did before there were archives."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,10 @@ class Recipe:
     """A Dockerfile's ``LABEL``s, recorded with the template."""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if not self.base.name:
+            del data["base"]["name"]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Recipe:
@@ -119,6 +128,11 @@ class Recipe:
             if step.context:
                 seen.setdefault(step.context, None)
         return tuple(seen)
+
+    def blobs(self) -> tuple[str, ...]:
+        """Every blob the recipe needs from the object store: an ``archive`` base's, then its context blobs."""
+        archive = (self.base.ref,) if self.base.kind == "archive" else ()
+        return tuple(dict.fromkeys((*archive, *self.contexts())))
 
 
 @dataclass(frozen=True)

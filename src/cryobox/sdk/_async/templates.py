@@ -1,5 +1,6 @@
-"""``AsyncTemplates``: building the workspace's templates from a Dockerfile (+ a context directory) or an image
-reference, and ``AsyncBuild``, one build: its live log lines and its result.
+"""``AsyncTemplates``: building the workspace's templates from a Dockerfile (+ a context directory), an image
+reference or an image archive (``docker save``, an OCI layout tar), and ``AsyncBuild``, one build: its live log
+lines and its result.
 
 The build runs on the server; the call that starts it returns at once. ``logs()`` follows it (resuming from the
 last line seen if the connection drops), ``wait()`` returns the finished build or raises
@@ -27,7 +28,7 @@ from types import TracebackType
 import httpx
 
 from ... import models
-from ...errors import HostUnavailable
+from ...errors import HostUnavailable, InvalidArgument
 from .. import _builds, _requests
 from .._base import DEFAULT_RETRY, ClientConfig
 from ._http import open_client, send, stream_lines
@@ -148,6 +149,47 @@ class AsyncTemplates:
     ) -> AsyncBuild:
         """Start building template ``name`` from the OCI image ``image`` (``[registry/]name[:tag][@digest]``)."""
         request = _builds.image_request(name, image, cpu=cpu, memory_mb=memory_mb)
+        return AsyncBuild(self, _builds.parse_build((await self._send(request)).json()))
+
+    async def build_from_image_archive(
+        self,
+        name: str,
+        path: str | PathLike[str],
+        *,
+        image: str | None = None,
+        dockerfile: str | PathLike[str] | None = None,
+        context: str | PathLike[str] | None = None,
+        build_args: Mapping[str, str] | None = None,
+        no_cache: bool = False,
+        cpu: int | None = None,
+        memory_mb: int | None = None,
+    ) -> AsyncBuild:
+        """Start building template ``name`` from the image archive at ``path``: a ``docker save`` tar or a tar of
+        an OCI image layout (``image`` names the image inside when it holds several: a tag). With ``dockerfile``
+        (a path or its text; it starts ``FROM archive``) and ``context``, the Dockerfile's steps run on the image.
+
+        :raises InvalidArgument: not an image archive, or a field.
+        :raises PayloadTooLarge: the archive is over the server's limit."""
+        archive = Path(path)
+        if not archive.is_file():
+            raise InvalidArgument(f"image archive {str(archive)!r} is not a file", details={"field": "image_archive"})
+        text = None
+        if dockerfile is not None:
+            file = Path(dockerfile)
+            text = file.read_text() if "\n" not in str(dockerfile) and file.is_file() else str(dockerfile)
+        packed = _builds.pack_context(context)[0] if context is not None else None
+        request = _builds.archive_request(
+            name,
+            archive.read_bytes(),
+            filename=archive.name,
+            image=image,
+            dockerfile=text,
+            context=packed,
+            build_args=build_args,
+            no_cache=no_cache,
+            cpu=cpu,
+            memory_mb=memory_mb,
+        )
         return AsyncBuild(self, _builds.parse_build((await self._send(request)).json()))
 
     async def get_build(self, name: str, build_id: str) -> AsyncBuild:

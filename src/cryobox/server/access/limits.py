@@ -1,4 +1,7 @@
-"""Request-size limit as pure ASGI middleware: bodies past the limit get 413 before the app reads them all."""
+"""Request-size limit as pure ASGI middleware: bodies past the limit get 413 before the app reads them all.
+
+Routes that cap their own bodies while they stream them to disk (a template build's image archive, up to
+gigabytes) are named in ``own_limits`` and left to do so."""
 
 from __future__ import annotations
 
@@ -22,12 +25,16 @@ def _413(limit: int) -> tuple[bytes, list[tuple[bytes, bytes]]]:
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES, own_limits: frozenset[tuple[str, str]] = frozenset()
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.own_limits = own_limits
+        """``(method, path)`` of the routes that enforce a limit of their own as they read."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or (scope.get("method", ""), scope.get("path", "")) in self.own_limits:
             await self.app(scope, receive, send)
             return
         for name, value in scope.get("headers", []):

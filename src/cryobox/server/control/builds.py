@@ -21,6 +21,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from ...agentapi import models as am
@@ -37,21 +38,32 @@ log = logging.getLogger(__name__)
 
 MAX_CONTEXT_ENV = "CRYOBOX_BUILD_CONTEXT_MAX_BYTES"
 DEFAULT_MAX_CONTEXT_BYTES = 256 << 20
+MAX_ARCHIVE_ENV = "CRYOBOX_BUILD_ARCHIVE_MAX_BYTES"
+DEFAULT_MAX_ARCHIVE_BYTES = 4 << 30
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 """What a template name may be (that of ``POST /v1/templates``)."""
 CPU_RANGE = (1, 8)
 MEMORY_RANGE = (256, 16384)
 
 
-def max_context_bytes(env: Mapping[str, str] | None = None) -> int:
-    raw = (env if env is not None else os.environ).get(MAX_CONTEXT_ENV, "")
+def _max_bytes(env: Mapping[str, str] | None, var: str, default: int) -> int:
+    raw = (env if env is not None else os.environ).get(var, "")
     try:
-        value = int(raw) if raw else DEFAULT_MAX_CONTEXT_BYTES
+        value = int(raw) if raw else default
     except ValueError:
-        raise InvalidArgument(f"{MAX_CONTEXT_ENV} must be a number of bytes, not {raw!r}") from None
+        raise InvalidArgument(f"{var} must be a number of bytes, not {raw!r}") from None
     if value <= 0:
-        raise InvalidArgument(f"{MAX_CONTEXT_ENV} must be positive, not {raw!r}")
+        raise InvalidArgument(f"{var} must be positive, not {raw!r}")
     return value
+
+
+def max_context_bytes(env: Mapping[str, str] | None = None) -> int:
+    return _max_bytes(env, MAX_CONTEXT_ENV, DEFAULT_MAX_CONTEXT_BYTES)
+
+
+def max_archive_bytes(env: Mapping[str, str] | None = None) -> int:
+    """The largest image archive (``docker save``, OCI layout tar) a build may upload."""
+    return _max_bytes(env, MAX_ARCHIVE_ENV, DEFAULT_MAX_ARCHIVE_BYTES)
 
 
 def _in_range(field: str, value: int | None, bounds: tuple[int, int], default: int) -> int:
@@ -72,11 +84,11 @@ def _checked(name: str, cpus: int | None, memory_mib: int | None) -> tuple[int, 
 
 
 def recipe_contexts(spec: dict[str, Any] | None) -> set[str]:
-    """The context blobs a stored spec (a row's or a build's) names."""
+    """The blobs (context blobs, an image archive) a stored spec (a row's or a build's) names."""
     inner = (spec or {}).get(RECIPE_KEY)
     if not isinstance(inner, dict) or not isinstance(inner.get("recipe"), dict):
         return set()
-    return set(Recipe.from_json(inner["recipe"]).contexts())
+    return set(Recipe.from_json(inner["recipe"]).blobs())
 
 
 class RecipeBuilds:
@@ -92,6 +104,7 @@ class RecipeBuilds:
         max_bytes: int | None = None,
         stale_after_s: float = STALE_AFTER_S,
         heartbeat_s: float = HEARTBEAT_S,
+        max_archive: int | None = None,
     ) -> None:
         self.registry = registry
         self.templates = templates
@@ -103,6 +116,7 @@ class RecipeBuilds:
         """A started build whose record was not refreshed for this long lost its control plane."""
         self.heartbeat_s = heartbeat_s
         """How often the control plane running a build refreshes its record (well under :attr:`stale_after_s`)."""
+        self.max_archive_bytes = max_archive if max_archive is not None else max_archive_bytes()
         templates.on_deleted = self._deleted
 
     def _store(self) -> ObjectStore:
@@ -128,6 +142,25 @@ class RecipeBuilds:
         if not await asyncio.to_thread(store.exists, key):
             await asyncio.to_thread(store.put, key, bytes(data))
         return digest
+
+    async def put_archive(self, workspace_id: str, path: Path, sha256: str) -> None:
+        """Store an image archive (``path``, whose SHA-256 is ``sha256``) under ``keys.build_context(sha256)``,
+        streamed from the file. :raises PayloadTooLarge: over :attr:`max_archive_bytes` (nothing stored)."""
+        size = path.stat().st_size
+        if size > self.max_archive_bytes:
+            raise PayloadTooLarge(
+                f"image archive of {size} bytes exceeds {self.max_archive_bytes}",
+                details={"field": "image_archive", "limit": self.max_archive_bytes, "workspace_id": workspace_id},
+            )
+        store = self._store()
+        key = keys.build_context(sha256)
+        if not await asyncio.to_thread(store.exists, key):
+            await asyncio.to_thread(store.put_file, key, path)
+
+    @staticmethod
+    def check_order(name: str, cpus: int | None, memory_mib: int | None) -> None:
+        """What :meth:`start_recipe_build` refuses of a build's name and size (400), before anything is stored."""
+        _checked(name, cpus, memory_mib)
 
     async def has_context(self, sha256: str) -> bool:
         return await asyncio.to_thread(self._store().exists, keys.build_context(sha256))
@@ -160,7 +193,7 @@ class RecipeBuilds:
         context blob not in the store), 403 (allowlist), 409 (the name is building), 429 (quota, builder full)."""
         cpu, memory = _checked(name, cpus, memory_mib)
         reserved = await self._reserved(workspace_id, name, build_id)
-        for blob in recipe.contexts():
+        for blob in recipe.blobs():
             if not await self.has_context(blob):
                 raise InvalidArgument(f"build context {blob} was never uploaded", details={"hash": blob})
         spec = am.BuildSpec(name=name, cpus=cpu, memory_mib=memory, packages=(), recipe=recipe.to_json())
@@ -359,4 +392,12 @@ class RecipeBuilds:
         await asyncio.to_thread(self.records.forget_blobs, sorted(mine))
 
 
-__all__ = ["ACTIVE", "BuildLogEntry", "BuildRecord", "RecipeBuilds", "max_context_bytes", "recipe_contexts"]
+__all__ = [
+    "ACTIVE",
+    "BuildLogEntry",
+    "BuildRecord",
+    "RecipeBuilds",
+    "max_archive_bytes",
+    "max_context_bytes",
+    "recipe_contexts",
+]

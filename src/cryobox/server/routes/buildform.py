@@ -15,7 +15,18 @@ Fields: ``name`` (required); exactly one of ``dockerfile`` (its text) and ``imag
 reference ``[registry/]name[:tag][@sha256:…]``); ``build_args`` (a JSON object of strings; in a form, its JSON
 text); ``no_cache`` (bool); ``cpu``; ``memory_mb``; ``size_mb`` (PandaStack: the root disk's size, at most
 :data:`DISK_MIB`, which every recipe-built template's disk is). Anything else, ``kernel`` included, is a 400 naming
-it. The whole body is capped (the context limit plus the Dockerfile's); past it a 413 before anything is written.
+it.
+
+An image *archive* as the base (multipart only): an ``image_archive`` file part, a ``docker save`` tar or a tar of
+an OCI image layout (:mod:`.buildarchive`), with ``image`` then naming the image inside when it holds several (one
+of its ``RepoTags``, or a layout's ``ref.name``). Alone it is the template as the image is; with a ``dockerfile``
+whose ``FROM`` is the literal ``archive`` (``FROM archive``), the Dockerfile's steps run on it (a ``FROM archive``
+without the part is a 400).
+
+Sizes: JSON and form bodies are capped (the context limit plus the Dockerfile's); a multipart body is read as it
+streams, capped at the context and archive limits together, and each part is checked against its own (the
+``context`` part and the context's files against the context limit, ``image_archive`` against the archive limit).
+Past a limit: a 413, and nothing is stored.
 """
 
 from __future__ import annotations
@@ -31,11 +42,13 @@ from typing import Any
 from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
 
-from ...errors import InvalidArgument, PayloadTooLarge
+from ...errors import CryoboxError, InvalidArgument, PayloadTooLarge
 from ...image.recipe.contexts import ContextLimits, split_context
 from ...image.recipe.dockerfile import MAX_DOCKERFILE_BYTES, parse_dockerfile
 from ...image.recipe.model import Base, Recipe
 from ...image.recipe.tarblob import member_name
+from .buildarchive import FIELD as ARCHIVE
+from .buildarchive import StagedArchive, stage_archive
 
 FIELDS = frozenset(
     {"name", "dockerfile", "image", "image_ref", "build_args", "no_cache", "cpu", "memory_mb", "size_mb"}
@@ -51,6 +64,9 @@ IMAGE_REF = re.compile(
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$"
 )
 TAR_TYPES = frozenset({"application/x-tar", "application/tar", "application/gzip", "application/x-gzip"})
+FROM_ARCHIVE = Base("image", "archive")
+"""What ``FROM archive`` parses to: the uploaded ``image_archive``."""
+MAX_IMAGE_NAME = 512
 
 
 @dataclass(frozen=True)
@@ -60,6 +76,12 @@ class BuildOrder:
     blobs: dict[str, bytes]
     cpu: int | None
     memory_mb: int | None
+    archive: StagedArchive | None = None
+    """The uploaded image archive (a temporary file: the caller stores it, then discards it)."""
+
+    def discard(self) -> None:
+        if self.archive is not None:
+            self.archive.discard()
 
 
 def _bad(field: str, problem: str) -> InvalidArgument:
@@ -127,6 +149,38 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def _over(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"request body exceeds {limit} bytes", details={"limit": limit})
+
+
+async def _streamed_form(request: Request, limit: int) -> FormData:
+    """A multipart body parsed as it arrives (file parts spool to disk), refused (413) past ``limit`` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _over(limit)
+    seen = 0
+    upstream = request.receive
+
+    async def receive() -> dict[str, Any]:
+        nonlocal seen
+        message = dict(await upstream())
+        seen += len(message.get("body", b""))
+        if seen > limit:
+            raise _over(limit)
+        return message
+
+    return await _parse(Request(request.scope, receive))
+
+
+async def _parse(replay: Request) -> FormData:
+    try:
+        return await replay.form(max_files=MAX_PARTS, max_fields=64, max_part_size=MAX_DOCKERFILE_BYTES)
+    except CryoboxError:
+        raise
+    except Exception as exc:  # starlette's parser raises its own (HTTP/multipart) errors: a malformed body
+        raise InvalidArgument(f"the form could not be read: {exc}", details={"field": "body"}) from exc
+
+
 async def _form(request: Request, body: bytes) -> FormData:
     sent = False
 
@@ -137,11 +191,7 @@ async def _form(request: Request, body: bytes) -> FormData:
         sent = True
         return {"type": "http.request", "body": body, "more_body": False}
 
-    replay = Request(request.scope, receive)
-    try:
-        return await replay.form(max_files=MAX_PARTS, max_fields=64, max_part_size=MAX_DOCKERFILE_BYTES)
-    except Exception as exc:  # starlette's parser raises its own (HTTP/multipart) errors: a malformed body
-        raise InvalidArgument(f"the form could not be read: {exc}", details={"field": "body"}) from exc
+    return await _parse(Request(request.scope, receive))
 
 
 def _files_tar(files: list[tuple[str, bytes]]) -> bytes:
@@ -158,12 +208,38 @@ def _files_tar(files: list[tuple[str, bytes]]) -> bytes:
     return buffer.getvalue()
 
 
-async def _multipart(form: FormData) -> tuple[dict[str, Any], bytes | None]:
+@dataclass
+class _Parts:
+    fields: dict[str, Any]
+    context: bytes | None
+    archive: UploadFile | None
+
+
+def _context_too_large(size: int, limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"context: {size} bytes exceed the build context limit of {limit}", details={"field": "context", "limit": limit}
+    )
+
+
+async def _multipart(form: FormData, max_context_bytes: int) -> _Parts:
     fields: dict[str, Any] = {}
     tar: bytes | None = None
+    archive: UploadFile | None = None
     files: list[tuple[str, bytes]] = []
+    context_bytes = 0
     for key, value in form.multi_items():
         if isinstance(value, UploadFile):
+            if key == ARCHIVE:
+                if archive is not None:
+                    raise _bad(ARCHIVE, "given more than once")
+                archive = value
+                continue
+            size = value.size or 0
+            if key == "dockerfile" and size > MAX_DOCKERFILE_BYTES:
+                raise _bad("dockerfile", f"larger than {MAX_DOCKERFILE_BYTES} bytes")
+            context_bytes += size if key != "dockerfile" else 0
+            if context_bytes > max_context_bytes:
+                raise _context_too_large(context_bytes, max_context_bytes)
             data = await value.read()
             kind = (value.content_type or "").split(";")[0].strip().lower()
             if key == "dockerfile":
@@ -181,19 +257,39 @@ async def _multipart(form: FormData) -> tuple[dict[str, Any], bytes | None]:
         fields[key] = value
     if tar is not None and files:
         raise _bad("context", "send the context as one tar part or as one part per file, not both")
-    return fields, (tar if tar is not None else _files_tar(files) if files else None)
+    return _Parts(fields, tar if tar is not None else _files_tar(files) if files else None, archive)
 
 
-def _recipe(fields: Mapping[str, Any]) -> Recipe:
+def _archive_recipe(dockerfile: str | None, image: str | None, build_args: dict[str, str]) -> Recipe:
+    """The recipe of an ``image_archive`` build, its base's ``ref`` left for the archive's hash."""
+    name = ""
+    if image is not None:
+        name = image.strip()
+        if not name or len(name) > MAX_IMAGE_NAME or not name.isprintable():
+            raise _bad("image", f"with an {ARCHIVE}, names the image inside it (a tag), at most {MAX_IMAGE_NAME}")
+    base = Base("archive", "", name)
+    if dockerfile is None:
+        if build_args:
+            raise _bad("build_args", "only a Dockerfile build takes build arguments")
+        return Recipe(base=base)
+    recipe = parse_dockerfile(dockerfile, build_args=build_args)
+    if recipe.base != FROM_ARCHIVE:
+        raise _bad("dockerfile", f"with an {ARCHIVE}, the Dockerfile starts FROM archive")
+    return replace(recipe, base=base)
+
+
+def _recipe(fields: Mapping[str, Any], *, archive: bool) -> Recipe:
     dockerfile = _text(fields, "dockerfile")
     image = _text(fields, "image")
     alias = _text(fields, "image_ref")
     if image is not None and alias is not None:
         raise _bad("image_ref", "give image or image_ref, not both")
     image = image if image is not None else alias
+    build_args = _build_args(fields.get("build_args"))
+    if archive:
+        return _archive_recipe(dockerfile, image, build_args)
     if (dockerfile is None) == (image is None):
         raise _bad("dockerfile", "give exactly one of dockerfile and image")
-    build_args = _build_args(fields.get("build_args"))
     if image is not None:
         if build_args:
             raise _bad("build_args", "only a Dockerfile build takes build arguments")
@@ -201,10 +297,15 @@ def _recipe(fields: Mapping[str, Any]) -> Recipe:
         if len(ref) > 512 or not IMAGE_REF.fullmatch(ref):
             raise _bad("image", f"{image[:512]!r} is not an image reference ([registry/]name[:tag][@sha256:digest])")
         return Recipe(base=Base("image", ref))
-    return parse_dockerfile(dockerfile or "", build_args=build_args)
+    recipe = parse_dockerfile(dockerfile or "", build_args=build_args)
+    if recipe.base == FROM_ARCHIVE:
+        raise _bad(ARCHIVE, "the Dockerfile is FROM archive: send the image archive as an image_archive file part")
+    return recipe
 
 
 def _checked_fields(fields: Mapping[str, Any]) -> None:
+    if ARCHIVE in fields:
+        raise _bad(ARCHIVE, "the image archive travels as a multipart file part")
     unknown = sorted(set(fields) - FIELDS)
     if unknown:
         raise InvalidArgument(
@@ -216,38 +317,56 @@ def _checked_fields(fields: Mapping[str, Any]) -> None:
         raise _bad("size_mb", f"must be 1..{DISK_MIB} (every template built so has a {DISK_MIB} MiB disk)")
 
 
-async def read_build(request: Request, *, max_context_bytes: int) -> BuildOrder:
-    """The build ``request`` orders; 400 naming the field or Dockerfile line, 413 past a limit; nothing stored."""
-    body = await read_body(request, max_context_bytes + MAX_DOCKERFILE_BYTES + FORM_SLACK)
+async def read_build(request: Request, *, max_context_bytes: int, max_archive_bytes: int) -> BuildOrder:
+    """The build ``request`` orders; 400 naming the field or Dockerfile line, 413 past a limit; nothing stored.
+    An uploaded archive is in a temporary file the caller must :meth:`BuildOrder.discard`."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    context: bytes | None = None
-    parts: set[str] = set()
-    if kind == "application/json":
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            raise _bad("body", "not valid JSON") from None
-        if not isinstance(parsed, dict):
-            raise _bad("body", "must be a JSON object")
-        if "context" in parsed:
-            raise _bad("context", "a context travels as a multipart part, not in JSON")
-        fields: dict[str, Any] = parsed
-    elif kind == "multipart/form-data":
-        form = await _form(request, body)
-        try:
-            parts = {key for key, value in form.multi_items() if isinstance(value, UploadFile)}
-            fields, context = await _multipart(form)
-        finally:
-            await form.close()
-    elif kind == "application/x-www-form-urlencoded":
-        form = await _form(request, body)
-        fields = {}
-        for key, value in form.multi_items():
-            if key in fields:
-                raise _bad(key, "given more than once")
-            fields[key] = value
-    else:
+    if kind not in ("application/json", "multipart/form-data", "application/x-www-form-urlencoded"):
         raise _bad("content-type", "send multipart/form-data, application/x-www-form-urlencoded or JSON")
+    if kind != "multipart/form-data":
+        body = await read_body(request, MAX_DOCKERFILE_BYTES + FORM_SLACK)  # no context: the fields alone
+        fields = _fields(body) if kind == "application/json" else _form_fields(await _form(request, body))
+        return _order(fields, None, set(), max_context_bytes)
+    limit = max_context_bytes + max_archive_bytes + MAX_DOCKERFILE_BYTES + FORM_SLACK
+    form = await _streamed_form(request, limit)
+    try:
+        partnames = {key for key, value in form.multi_items() if isinstance(value, UploadFile)}
+        parts = await _multipart(form, max_context_bytes)
+        archive = parts.archive is not None
+        order = _order(parts.fields, parts.context, partnames, max_context_bytes, archive=archive)
+        if parts.archive is None:
+            return order
+        staged = await stage_archive(parts.archive, max_archive_bytes)
+        base = replace(order.recipe.base, ref=staged.sha256)
+        return replace(order, recipe=replace(order.recipe, base=base), archive=staged)
+    finally:
+        await form.close()
+
+
+def _fields(body: bytes) -> dict[str, Any]:
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        raise _bad("body", "not valid JSON") from None
+    if not isinstance(parsed, dict):
+        raise _bad("body", "must be a JSON object")
+    if "context" in parsed:
+        raise _bad("context", "a context travels as a multipart part, not in JSON")
+    return parsed
+
+
+def _form_fields(form: FormData) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for key, value in form.multi_items():
+        if key in fields:
+            raise _bad(key, "given more than once")
+        fields[key] = value
+    return fields
+
+
+def _order(
+    fields: dict[str, Any], context: bytes | None, parts: set[str], max_context_bytes: int, *, archive: bool = False
+) -> BuildOrder:
     _checked_fields(fields)
     name = _text(fields, "name")
     if not name:
@@ -256,7 +375,7 @@ async def read_build(request: Request, *, max_context_bytes: int) -> BuildOrder:
         if "rootfs" in parts:  # PandaStack's build(rootfs_tar=...)
             raise _bad("rootfs", "cryobox builds templates from a Dockerfile or an image, not an uploaded rootfs")
         raise _bad("context", "only a Dockerfile build takes a context")
-    recipe = _recipe(fields)
+    recipe = _recipe(fields, archive=archive)
     if _bool(fields, "no_cache"):
         recipe = replace(recipe, force=True)
     blobs: dict[str, bytes] = {}

@@ -29,6 +29,9 @@ router = APIRouter(tags=["templates"])
 RESERVED = frozenset({"builds", "build"})
 """Names a template cannot have: ``/v1/templates/builds…`` are PandaStack's build routes."""
 MAX_PAGE = 1000
+OWN_BODY_LIMITS = frozenset({("POST", "/v1/templates/build")})
+"""Routes that cap their bodies themselves (:mod:`.buildform`: an image archive streams to disk, past the API's
+usual body cap), exempt from :class:`~cryobox.server.access.limits.BodyLimitMiddleware`."""
 
 _BODY = {
     "requestBody": {
@@ -41,7 +44,17 @@ _BODY = {
                     "properties": {
                         "name": {"type": "string"},
                         "dockerfile": {"type": "string", "description": "the Dockerfile's text"},
-                        "image": {"type": "string", "description": "an OCI image reference instead of a Dockerfile"},
+                        "image": {
+                            "type": "string",
+                            "description": "an OCI image reference instead of a Dockerfile; with image_archive, "
+                            "which image of the archive (a tag)",
+                        },
+                        "image_archive": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "an image archive as the base: a docker save tar or a tar of an OCI "
+                            "image layout; alone, or with a Dockerfile that starts FROM archive",
+                        },
                         "image_ref": {"type": "string", "description": "PandaStack's name for image"},
                         "context": {
                             "type": "string",
@@ -98,16 +111,25 @@ def _reserved(name: str) -> None:
     openapi_extra=_BODY,
 )
 async def build_template(request: Request, ctx: Ctx) -> models.TemplateBuild:
-    """Build a template from a Dockerfile (+ context) or an image reference; 202 with the build, which goes on in
-    the background. 400 names the field or the Dockerfile line; 413 past a size limit, with nothing stored."""
+    """Build a template from a Dockerfile (+ context), an image reference or an uploaded image archive
+    (``image_archive``: ``docker save`` or an OCI layout tar); 202 with the build, which goes on in the background.
+    400 names the field or the Dockerfile line; 413 past a size limit, with nothing stored."""
     builds = ctx.control.builds
-    order = await read_build(request, max_context_bytes=builds.max_context_bytes)
-    _reserved(order.name)
-    for blob in order.blobs.values():
-        await builds.put_context(ctx.workspace_id, blob)
-    record = await builds.start_recipe_build(
-        ctx.workspace_id, name=order.name, recipe=order.recipe, cpus=order.cpu, memory_mib=order.memory_mb
+    order = await read_build(
+        request, max_context_bytes=builds.max_context_bytes, max_archive_bytes=builds.max_archive_bytes
     )
+    try:
+        _reserved(order.name)
+        builds.check_order(order.name, order.cpu, order.memory_mb)
+        if order.archive is not None:
+            await builds.put_archive(ctx.workspace_id, order.archive.path, order.archive.sha256)
+        for blob in order.blobs.values():
+            await builds.put_context(ctx.workspace_id, blob)
+        record = await builds.start_recipe_build(
+            ctx.workspace_id, name=order.name, recipe=order.recipe, cpus=order.cpu, memory_mib=order.memory_mb
+        )
+    finally:
+        order.discard()
     return build_view(record)
 
 
@@ -179,4 +201,4 @@ async def stream_build_logs(
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-__all__ = ["RESERVED", "router", "sse"]
+__all__ = ["OWN_BODY_LIMITS", "RESERVED", "router", "sse"]

@@ -45,7 +45,9 @@ def server(
     # the operator exempts the suite's stand-in for the internet (tests/support/netutil.py) from the deny list, and
     # the package archive Dockerfile builds' apt-get reaches (resolved now: tests/support/archives.py)
     allowed = ",".join([OUTSIDE_RANGE, *archive_networks()])
-    proc = ServeProcess(data_dir, cache_dir=cache_dir, extra_env={ALLOW_PRIVATE: allowed}).start()
+    # the suite's builds share the host's step caches: keep them small (the defaults are an operator's 20/50 GiB)
+    budgets = {"CRYOBOX_BUILD_CACHE_BYTES": str(2 << 30), "CRYOBOX_BUILD_CACHE_STORE_BYTES": str(2 << 30)}
+    proc = ServeProcess(data_dir, cache_dir=cache_dir, extra_env={ALLOW_PRIVATE: allowed, **budgets}).start()
     try:
         yield proc
     finally:

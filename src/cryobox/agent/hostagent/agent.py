@@ -16,6 +16,7 @@ import os
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from ... import __version__
@@ -388,6 +389,14 @@ class HostAgent(HibernationEndpoints, ProcEndpoints):
                         return
         shutil.rmtree(template.path, ignore_errors=True)
         log.info("removed the bake of template %s (%s)", template.name, template.path)
+        rootfs = Path(str(template.manifest.get("rootfs", "")))
+        if rootfs.parent.parent != paths.images_dir / "rootfs-recipe":
+            return
+        for manifest in paths.templates_dir.glob("*/manifest.json"):  # every bake on this host (any data dir)
+            with contextlib.suppress(OSError):
+                if str(rootfs) in manifest.read_text():
+                    return
+        shutil.rmtree(rootfs.parent, ignore_errors=True)  # a recipe's flattened image no bake uses any more
 
     async def close(self) -> None:
         """Nothing to release: the agent's owner stops the host (:meth:`Host.close`)."""

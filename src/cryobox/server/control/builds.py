@@ -29,6 +29,7 @@ from ...errors import InvalidArgument, NotFound, PayloadTooLarge, StateError, St
 from ...image.recipe.model import Recipe
 from ...objstore import keys
 from ...objstore.client import ObjectStore
+from ...objstore.manifests import delete_published
 from ...registry import Registry, TemplateRow
 from ...registry.builds import ACTIVE, BuildLogEntry, BuildRecord, BuildRecords
 from .buildwatch import HEARTBEAT_S, STALE_AFTER_S, RecordWatch, settle_stale
@@ -375,7 +376,16 @@ class RecipeBuilds:
     # -- deletion --------------------------------------------------------------------------------------------
 
     async def _deleted(self, row: TemplateRow) -> None:
-        """Drop the context blobs of a deleted template that no remaining template's spec names."""
+        """Drop what a deleted template left in the store: its published generations (unless a snapshot taken from
+        it still needs them to restore on another host; the chunks go with ``cryobox gc --store``) and the context
+        blobs no remaining template's spec names."""
+        if self.objects is not None:
+            snapshots = await asyncio.to_thread(self.registry.list_snapshots)
+            if not any(snapshot.template == row.name for snapshot in snapshots):
+                try:
+                    await asyncio.to_thread(delete_published, self.objects, f"{keys.TEMPLATES}/{row.name}/")
+                except StoreError as err:
+                    log.warning("could not delete the published template %s: %s", row.name, err.message)
         mine = recipe_contexts(row.spec)
         if row.workspace_id is not None:
             for build in await self.builds_of(row.workspace_id, row.name):

@@ -13,7 +13,7 @@ from cryobox.agentapi import models as am
 from cryobox.errors import BuildQueueFull, InvalidArgument, NotFound, PayloadTooLarge, StateError
 from cryobox.image.recipe.model import Base, Recipe, Step
 from cryobox.objstore import keys
-from cryobox.registry import Registry
+from cryobox.registry import Registry, SnapshotRow
 from cryobox.registry.builds import BuildLogEntry, BuildRecord, BuildRecords
 from tests.support import recipebuilds
 from tests.support import registry as registry_support
@@ -190,3 +190,19 @@ def test_log_lines_are_capped_with_a_marker(registry: Registry) -> None:
     kept = records.logs("b1", 0, 100)
     assert [e.message for e in kept] == ["line 0", "line 1", "line 2", "log truncated after 3 lines"]
     assert [e.offset for e in kept] == [0, 1, 2, 3]
+
+
+async def test_deleting_a_template_drops_its_published_generations_unless_a_snapshot_needs_them(setup: Setup) -> None:
+    builds = setup.control.builds
+    for name in ("gone", "kept"):
+        started = await builds.start_recipe_build(
+            setup.ws, name=name, recipe=Recipe(Base("debian", "bookworm")), cpus=1, memory_mib=512
+        )
+        await setup.finished(started.build_id)
+        for key in (f"templates/{name}/g1/manifest.json", f"templates/{name}/g1/vmstate", f"templates/{name}/latest"):
+            setup.objects.put(key, b"{}")
+    setup.control.registry.add_snapshot(SnapshotRow(id="snap-1", workspace_id=setup.ws, template="kept", path=""))
+    await setup.control.templates.delete("gone", setup.ws)
+    await setup.control.templates.delete("kept", setup.ws)
+    assert setup.objects.list("templates/gone/") == []  # the chunks go with `cryobox gc --store`
+    assert len(setup.objects.list("templates/kept/")) == 3  # a snapshot of it may restore on another host

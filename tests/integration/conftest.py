@@ -18,6 +18,8 @@ from cryobox import Sandbox
 from cryobox.agent.host.reclaim import find_own_qemus
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
+from cryobox.objstore.client import open_store
+from cryobox.objstore.gc import GcPolicy, collect
 from tests.support.archives import archive_networks
 from tests.support.host import cache_dir, host_paths, templates
 from tests.support.netutil import OUTSIDE_RANGE
@@ -54,6 +56,9 @@ def server(
         proc.stop()
         leaked = find_own_qemus(data_dir / "vol" / "run")
         proc.cleanup()
+        # the suite's builds and snapshots publish into the host's shared store: collect what earlier runs left
+        # there (the store GC's grace, an hour, keeps anything a run still going may need)
+        collect(open_store(f"file://{cache_dir / 'store'}"), GcPolicy(step_budget=2 << 30))
         assert not leaked, f"cryobox serve left QEMU processes behind: {leaked}"
 
 

@@ -321,6 +321,26 @@ def test_templates_page(console: Console) -> None:
     no_dialogs(console)
 
 
+def test_a_dockerfile_build_from_the_templates_page_streams_its_log(console: Console) -> None:
+    """The Dockerfile editor posts a real build (a build VM runs its RUN); the log view shows the step's output
+    live, then the build's end, and the new template is listed ready."""
+    page = console.page
+    name = f"ui-df-{secrets.token_hex(3)}"
+    marker = f"hello-from-the-ui-{secrets.token_hex(3)}"
+    console.go("templates", "page-templates")
+    page.get_by_test_id("dockerfile-name").fill(name)
+    page.get_by_test_id("dockerfile-text").fill(f"FROM debian:bookworm\nRUN echo {marker} > /built\nRUN cat /built\n")
+    page.get_by_test_id("dockerfile-build").click()
+    try:
+        expect(page.get_by_test_id("build-log")).to_contain_text(marker, timeout=600_000)
+        expect(page.get_by_test_id("build-log-status")).to_contain_text("done", timeout=600_000)
+        row = page.locator(f"[data-testid=template-row][data-name='{name}']")
+        expect(row).to_have_attribute("data-status", "ready", timeout=UI_WAIT_MS)
+        console.shot("template-build")
+    finally:
+        console.http.delete(f"/v1/templates/{name}")
+
+
 def test_logout_ends_the_session(console: Console) -> None:
     page = console.page
     cookies = {c["name"]: c["value"] for c in page.context.cookies() if c["name"] == "cryobox_session"}

@@ -29,6 +29,7 @@ from ..guest.client import GuestClient
 from ..guest.exec import ExecSpec, stream_exec
 from ..vm import MachineConfig, MemoryBacking, MicroVM, NetAttach, VmPaths
 from ..vm.jail import VmJail
+from .builder import Builder, restore_builder
 
 BOOT_TIMEOUT_S = 180.0
 BUILD_MEMORY_MIB = 1024
@@ -165,27 +166,39 @@ async def build_session(
     net: NetAttach | None,
     jail: VmJail | None,
     progress: Callable[[str], None],
+    builder: Builder | None = None,
 ) -> AsyncIterator[BuildSession]:
-    """A running build VM whose target is a new layer over ``target_base``; everything is removed on exit."""
+    """A running build VM whose target is a new layer over ``target_base``; everything is removed on exit.
+    With ``builder`` it is restored from the host's baked build VM (:mod:`.builder`; ``inputs`` must then be
+    :data:`~.builder.INPUTS_BYTES` long), else cold-booted."""
     paths = VmPaths(run_dir / name)
     shutil.rmtree(paths.root, ignore_errors=True)
     paths.root.mkdir(parents=True)
     vm: MicroVM | None = None
     try:
-        disk = paths.root / "os.qcow2"
-        qcow2_overlay(disk, os_images.rootfs.image)
         top = paths.root / "layer-000.qcow2"
         qcow2_overlay(top, target_base, target_bytes)
-        memory = paths.root / "memory"
-        with open(memory, "wb") as fh:
-            fh.truncate(machine.memory_mib << 20)
-        vm = MicroVM(name, machine, paths, MemoryBacking(memory, share=True), disk, net, jail, data_disks=(top, inputs))
         started = time.monotonic()
-        await vm.start(incoming=False)
-        await vm.wait_guest_ready(BOOT_TIMEOUT_S)
-        progress(f"build VM up after {time.monotonic() - started:.1f}s")
-        guest = await vm.connect_guest()
-        yield BuildSession(vm, guest, paths, jail, top)
+        if builder is not None:
+            vm, guest = await restore_builder(builder, name, machine, paths, top, inputs, net, jail)
+            progress(f"build VM restored in {time.monotonic() - started:.2f}s")
+        else:
+            disk = paths.root / "os.qcow2"
+            qcow2_overlay(disk, os_images.rootfs.image)
+            memory = paths.root / "memory"
+            with open(memory, "wb") as fh:
+                fh.truncate(machine.memory_mib << 20)
+            vm = MicroVM(
+                name, machine, paths, MemoryBacking(memory, share=True), disk, net, jail, data_disks=(top, inputs)
+            )
+            await vm.start(incoming=False)
+            await vm.wait_guest_ready(BOOT_TIMEOUT_S)
+            progress(f"build VM up after {time.monotonic() - started:.1f}s")
+            guest = await vm.connect_guest()
+        session = BuildSession(vm, guest, paths, jail, top)
+        # a restored guest may hold its placeholder disks' first blocks in the page cache: drop them first
+        await session.shell("blockdev --flushbufs /dev/vdb /dev/vdc", lambda stream, line: progress(line))
+        yield session
     finally:
         if vm is not None:
             await vm.kill()

@@ -34,8 +34,10 @@ from ...objstore import keys
 from ...objstore.buildsteps import store_budget
 from ...objstore.client import ObjectStore
 from ...util.proc import Progress
+from ..net.bakenet import bake_network
 from ..vm import MachineConfig, NetAttach
 from ..vm.jail import VmJail, one_off_uid
+from .builder import INPUTS_BYTES, Builder, ensure_builder
 from .buildsession import BUILD_MEMORY_MIB, BuildSession, StepFailed, build_session
 from .buildvm import BuildVmHost
 from .layercache import LayerCache, cache_budget
@@ -191,8 +193,11 @@ async def _run_in_vm(
     unpack = plan.base.layers if start is None else None
     try:
         await asyncio.to_thread(_stage_inputs, services.store, plan.recipe.steps[first:], unpack, inputs_dir)
+        staged = sum(p.stat().st_size for p in (inputs_dir / "staging").rglob("*") if p.is_file())
+        restorable = services.network is not None and staged < INPUTS_BYTES * 3 // 4
         inputs = inputs_dir / "inputs.ext4"
-        await asyncio.to_thread(make_ext4, inputs_dir / "staging", inputs, INPUTS_LABEL)
+        size = INPUTS_BYTES if restorable else None
+        await asyncio.to_thread(_make_inputs, inputs_dir / "staging", inputs, size)
         shutil.rmtree(inputs_dir / "staging")
         machine = MachineConfig(
             memory_mib=BUILD_MEMORY_MIB,
@@ -207,6 +212,7 @@ async def _run_in_vm(
         base_log = _sink(plan.log, "base")
         async with host.queue.turn(lambda line: plan.log("base", "info", line)), contextlib.AsyncExitStack() as stack:
             net = await stack.enter_async_context(services.network()) if services.network is not None else None
+            builder = await _builder(host, os_images, machine, plan) if restorable else None
             uid = stack.enter_context(one_off_uid(host.jail, host.run_dir))
             jail = VmJail(host.jail, uid) if host.jail is not None and uid is not None else None
             session = await stack.enter_async_context(
@@ -221,6 +227,7 @@ async def _run_in_vm(
                     net=net,
                     jail=jail,
                     progress=lambda line: plan.log("base", "info", line),
+                    builder=builder,
                 )
             )
             parent: Path | None = cached[-1] if cached else start
@@ -246,6 +253,35 @@ async def _run_in_vm(
             await asyncio.to_thread(_flatten, last or session.top, image)  # while the session's layers exist
     finally:
         shutil.rmtree(inputs_dir, ignore_errors=True)
+
+
+def _make_inputs(staging: Path, image: Path, size: int | None) -> None:
+    """The inputs disk: exactly :data:`INPUTS_BYTES` (sparse) for a restored build VM, else sized to fit."""
+    if size is None:
+        make_ext4(staging, image, INPUTS_LABEL)
+        return
+    subprocess.run(
+        ["mkfs.ext4", "-q", "-F", "-L", INPUTS_LABEL, "-d", str(staging), str(image), f"{size >> 20}M"],
+        check=True,
+        capture_output=True,
+    )
+
+
+async def _builder(host: BuildVmHost, os_images: ImageSet, machine: MachineConfig, plan: Plan) -> Builder | None:
+    """The host's baked build VM (baked now if this is the first build); ``None``: boot cold this time."""
+    try:
+        return await ensure_builder(
+            host.images_dir,
+            os_images,
+            machine,
+            host.run_dir,
+            host.jail,
+            bake_network,
+            lambda line: plan.log("base", "info", line),
+        )
+    except (CryoboxError, OSError, subprocess.CalledProcessError) as err:
+        plan.log("base", "info", f"no baked build VM ({err}); booting one")
+        return None
 
 
 async def _step(session: BuildSession, plan: Plan, index: int) -> Path:

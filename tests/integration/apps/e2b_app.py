@@ -239,6 +239,16 @@ def fleet() -> int:
     return 0
 
 
+def network_refused() -> dict[str, Any]:
+    """E2B's network rules are not enforced by cryobox yet: the create must fail naming the field, not succeed."""
+    try:
+        extra = Sandbox.create(network={"allow_out": ["example.org"], "deny_out": ["0.0.0.0/0"]})
+    except Exception as err:
+        return {"class": type(err).__name__, "message": str(err)}
+    extra.kill()
+    return {"created": True}
+
+
 def main() -> int:
     if sys.argv[1:] == ["fleet"]:
         return fleet()
@@ -250,6 +260,7 @@ def main() -> int:
         for part in (commands, files, lifecycle, snapshots_and_forks):
             step(part.__name__, lambda part=part: part(sbx))  # type: ignore[misc]
         step("true_ms", lambda: latency(sbx))
+        step("network_refused", network_refused)
         step("kill", sbx.kill)
         step("after_kill", lambda: Sandbox.get_info(sbx.sandbox_id))
     finally:

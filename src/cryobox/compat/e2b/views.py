@@ -6,10 +6,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ...registry import SandboxRow, SnapshotRow
 from ...util.times import rfc3339
+from .refusals import refuse_unenforced
 
 ENVD_VERSION = "0.6.4"
 """What every sandbox reports as its envd version: the highest the pinned SDK gates a feature on (watching network
@@ -27,12 +28,21 @@ class _Body(BaseModel):
 
 
 class NewSandbox(_Body):
+    """E2B's create request (``NewSandbox``/``NewSandboxV2``); what cryobox does not enforce is refused first."""
+
     template_id: str = Field(default="base", alias="templateID", min_length=1, max_length=256)
     timeout: int | None = Field(default=None, ge=0, le=MAX_TIMEOUT_S)
     auto_pause: bool = Field(default=False, alias="autoPause")
     metadata: dict[str, str] | None = None
     env_vars: dict[str, str] | None = Field(default=None, alias="envVars")
     allow_internet_access: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            refuse_unenforced(data)
+        return data
 
 
 class TimeoutBody(_Body):

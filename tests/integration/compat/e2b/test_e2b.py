@@ -57,6 +57,7 @@ def test_e2b_sdk_application_runs_unchanged(e2b_python: Path, server: ServeProce
     assert fork["entropy"][0] != fork["entropy"][1], "fork children must not share entropy"
     assert report["kill"] is True
     assert "NotFound" in report["after_kill"]["error"]
+    assert "created" not in report["network_refused"] and "network" in report["network_refused"]["message"]
 
 
 CODE_APP = APPS / "e2b_code_app.py"

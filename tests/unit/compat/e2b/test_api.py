@@ -24,7 +24,7 @@ async def create(env: Env, **body: object) -> httpx.Response:
 
 
 async def test_create_get_list_kill(env: Env) -> None:
-    made = await create(env, metadata={"app": "e2b", "n": "1"}, envVars={"X": "1"}, timeout=120, unknownField=3)
+    made = await create(env, metadata={"app": "e2b", "n": "1"}, envVars={"X": "1"}, timeout=120)
     assert made.status_code == 201, made.text
     body = made.json()
     sid = body["sandboxID"]
@@ -166,3 +166,30 @@ async def test_the_traffic_token_opens_guest_ports_but_never_envd(env: Env) -> N
     # through the gate and the envd app to the proxy: the fake guest's port 8000 (127.0.0.1:9/8000) is closed
     assert port.status_code == 502 and port.json()["code"] == "port_unreachable", port.text
     assert ("port_target", (sid, 8000)) in env.agent.calls
+
+
+async def test_create_fields_cryobox_does_not_enforce_are_refused_naming_them_and_create_nothing(env: Env) -> None:
+    """E2B's ``network`` rules, ``autoPause``, ``autoResume``, MCP, IAM, volume mounts and ``secure: false`` would
+    be silently dropped (unrestricted egress, deletion at the timeout); they are 400s naming the field, and no
+    sandbox exists afterwards. Values that ask for nothing pass."""
+    refused = {
+        "network": {"allowOut": ["example.org"], "denyOut": ["0.0.0.0/0"]},
+        "autoPause": True,
+        "autoResume": {"enabled": True},
+        "mcp": {"github": {"token": "x"}},
+        "iam": {"aws": {"role": "r"}},
+        "volumeMounts": [{"name": "data", "path": "/data"}],
+        "secure": False,
+        "frobnicate": 1,
+    }
+    for field, value in refused.items():
+        response = await create(env, **{field: value, "allow_internet_access": True})
+        assert response.status_code == 400, (field, response.text)
+        assert field in response.json()["message"], response.json()
+    listed = await env.client.get("/e2b/v2/sandboxes", headers=e2b(env))
+    assert listed.json() == []
+    fine = await create(
+        env, network={}, autoPause=False, autoPauseMemory=True, autoResume={"enabled": False}, mcp=None, secure=True
+    )
+    assert fine.status_code == 201, fine.text
+    assert (await env.client.delete(f"/e2b/sandboxes/{fine.json()['sandboxID']}", headers=e2b(env))).status_code == 204

@@ -85,7 +85,8 @@ class TemplateJobs:
         self._rows[name] = (self.clock() + ROW_CACHE_S, row)
         return row
 
-    def _forget(self, name: str) -> None:
+    def forget(self, name: str) -> None:
+        """Drop the cached row of ``name`` (it changed)."""
         self._rows.pop(name, None)
 
     async def visible(self, name: str, workspace_id: str) -> TemplateRow:
@@ -101,7 +102,7 @@ class TemplateJobs:
     async def require_ready(self, name: str, workspace_id: str) -> TemplateRow:
         row = await self.visible(name, workspace_id)
         if row.status != "ready":
-            self._forget(name)  # a build may have finished on another replica
+            self.forget(name)  # a build may have finished on another replica
             row = await self.visible(name, workspace_id)
         if row.status != "ready":
             raise StateError(f"template {name!r} is {row.status}", state=row.status, required="ready")
@@ -123,11 +124,11 @@ class TemplateJobs:
                 existing = None
             if existing is None or existing.workspace_id is None:
                 await asyncio.to_thread(self.registry.upsert_template, template_row(template, None, None))
-                self._forget(template.name)
+                self.forget(template.name)
         for row in await asyncio.to_thread(self.registry.list_templates):
             if row.workspace_id is None or row.spec is None or row.status == "error" or row.name in serving:
                 continue
-            self._launch(name, agent, row.spec, row.workspace_id, keep_status=row.status == "ready")
+            self.launch(name, agent, row.spec, row.workspace_id, keep_status=row.status == "ready")
 
     # -- builds ----------------------------------------------------------------------------------------------
 
@@ -185,8 +186,8 @@ class TemplateJobs:
             spec=request.model_dump(),
         )
         await asyncio.to_thread(self.registry.upsert_template, row)
-        self._forget(request.name)
-        self._launch(agent_name, agent, request.model_dump(), workspace_id, keep_status=False)
+        self.forget(request.name)
+        self.launch(agent_name, agent, request.model_dump(), workspace_id, keep_status=False)
         return row
 
     def launch(
@@ -200,22 +201,6 @@ class TemplateJobs:
         watch: BuildWatch | None = None,
     ) -> None:
         """Build ``spec`` (as a row stores it) on ``agent`` in the background; ``watch`` follows it."""
-        self._launch(agent_name, agent, spec, workspace_id, keep_status=keep_status, watch=watch)
-
-    def forget(self, name: str) -> None:
-        """Drop the cached row of ``name`` (it changed)."""
-        self._forget(name)
-
-    def _launch(
-        self,
-        agent_name: str,
-        agent: Agent,
-        spec: dict[str, Any],
-        workspace_id: str,
-        *,
-        keep_status: bool,
-        watch: BuildWatch | None = None,
-    ) -> None:
         name = spec_name(spec)
         key = (agent_name, name)
         if key in self._jobs:
@@ -281,7 +266,7 @@ class TemplateJobs:
                     await asyncio.to_thread(
                         self.registry.update_template_status, name, "error", (error or "build failed")[:4000]
                     )
-            self._forget(name)
+            self.forget(name)
             return
         # placement reads what agents serve from their rows: record it now, or a create right after "ready"
         # would be refused until the agent's next heartbeat
@@ -293,7 +278,7 @@ class TemplateJobs:
             current = await asyncio.to_thread(self.registry.get_template, name)
             stored = spec if watch is not None else current.spec  # a recipe build's spec replaces the old one
             await asyncio.to_thread(self.registry.upsert_template, template_row(built, workspace_id, stored))
-        self._forget(name)
+        self.forget(name)
         self.progress[name] = "ready"
         if watch is not None:
             await watch.succeeded()
@@ -313,7 +298,7 @@ class TemplateJobs:
             except CryoboxError as err:
                 log.warning("removing template %s on %s failed: %s", name, agent_row.name, err.message)
         await asyncio.to_thread(self.registry.delete_template, name)
-        self._forget(name)
+        self.forget(name)
         self.progress.pop(name, None)
         if self.on_deleted is not None:
             await self.on_deleted(row)

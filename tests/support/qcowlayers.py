@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from cryobox.agent.templates.buildsession import qcow2_overlay
+from cryobox.agent.disk.qcow2 import create_overlay
 from cryobox.agent.templates.layercache import LayerCache
 
 
@@ -31,7 +31,7 @@ def cut(cache: LayerCache, key: str, parent: Path, offset: int, byte: int, work:
     """A layer over ``parent`` holding 512 bytes of ``byte`` at ``offset``, stored in ``cache`` as ``key``."""
     work.mkdir(parents=True, exist_ok=True)
     session = work / f"{key}.qcow2"
-    qcow2_overlay(session, parent, 8 << 20 if parent.suffix != ".qcow2" else None)
+    create_overlay(session, parent, 8 << 20 if parent.suffix != ".qcow2" else None)
     write(session, offset, bytes([byte]) * 512)
     stored = cache.store(key, session, parent)
     session.unlink()

@@ -5,7 +5,7 @@ written by hand.
 
 A reply of ``None`` is ``204`` without a body, ``bytes`` the raw body, a stream NDJSON
 (:func:`~.http_streams.ndjson_response`); raw request bodies are read up to the operation's ``max_body``
-(:func:`~.http_streams.read_body`). Operations declared ``custom`` get no route here (the port route is
+(:func:`cryobox.util.httpbody.read_body`). Operations declared ``custom`` get no route here (the port route is
 :mod:`.http_ports`).
 """
 
@@ -19,7 +19,8 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from ..errors import InvalidArgument
-from .http_streams import ndjson_response, read_body
+from ..util.httpbody import read_body
+from .http_streams import ndjson_response
 from .interface import OPERATIONS, Agent
 from .operations import Arg, Op, Param, Reply
 

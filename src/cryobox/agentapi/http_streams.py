@@ -15,12 +15,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
-from fastapi import Request, Response
+from fastapi import Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from starlette.background import BackgroundTask
 
-from ..errors import CryoboxError, HostUnavailable, PayloadTooLarge, QuotaExceeded
+from ..errors import CryoboxError, HostUnavailable, QuotaExceeded
 
 log = logging.getLogger(__name__)
 
@@ -90,23 +90,9 @@ async def ndjson_response(stream: AsyncIterator[BaseModel]) -> Response:
     return StreamingResponse(_lines(first, stream), media_type=NDJSON, headers=headers, background=closer)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body, refused with ``PayloadTooLarge`` as soon as it (declared or received) passes ``limit``."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"body of {declared} bytes exceeds {limit}", details={"limit": limit})
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise PayloadTooLarge(f"body exceeds {limit} bytes", details={"limit": limit})
-    return bytes(body)
-
-
 __all__ = [
     "NDJSON",
     "error_line",
     "event_line",
     "ndjson_response",
-    "read_body",
 ]

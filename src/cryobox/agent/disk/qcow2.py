@@ -1,14 +1,24 @@
-"""The backing chain of a qcow2 image, read from the headers (what a jail must bind for QEMU to open a disk)."""
+"""qcow2 overlays: making one over a backing image, and reading a backing chain from the headers (what a jail
+must bind for QEMU to open a disk)."""
 
 from __future__ import annotations
 
 import struct
+import subprocess
 from pathlib import Path
 
 from ...errors import VmmError
 
 MAGIC = b"QFI\xfb"
 MAX_DEPTH = 32
+
+
+def create_overlay(path: Path, backing: Path, size_bytes: int | None = None) -> None:
+    """A new qcow2 ``path`` over ``backing`` (qcow2 or raw, by its suffix), ``size_bytes`` long if given (else as
+    long as the backing image)."""
+    fmt = "qcow2" if backing.suffix == ".qcow2" else "raw"
+    argv = ["qemu-img", "create", "-q", "-f", "qcow2", "-F", fmt, "-b", str(backing), str(path)]
+    subprocess.run([*argv, *([str(size_bytes)] if size_bytes is not None else [])], check=True, capture_output=True)
 
 
 def backing_file(image: Path) -> Path | None:

@@ -21,7 +21,6 @@ import fcntl
 import json
 import os
 import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -37,6 +36,7 @@ from ...util.encoding import b64
 from ...util.files import fsync_dir, stable_hash, write_json_atomic
 from ...util.proc import Progress
 from ...util.progress import as_reporter
+from ..disk.qcow2 import create_overlay
 from ..guest.exec import run_exec
 from ..snapshot.layout import ImageFiles
 from ..vm import MachineConfig, MemoryBacking, MicroVM, NetAttach, VmPaths, qemu
@@ -149,10 +149,7 @@ class TemplateBaker:
         stack = contextlib.AsyncExitStack()
         try:
             disk = work / "disk.qcow2"
-            subprocess.run(
-                ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(images.rootfs.image), str(disk)],
-                check=True,
-            )
+            create_overlay(disk, images.rootfs.image)
             memory = work / "memory"
             with open(memory, "wb") as fh:
                 fh.truncate(machine.memory_mib << 20)

@@ -25,43 +25,27 @@ from ...image.builder import ImageSet
 from ...image.cache import ContentCache
 from ...util.encoding import b64
 from ...util.files import stable_hash
+from ..disk.qcow2 import create_overlay
 from ..guest.client import GuestClient
+from ..snapshot.layout import ImageFiles
 from ..vm import MachineConfig, MemoryBacking, MicroVM, NetAttach, VmPaths
 from ..vm.jail import JailSettings, VmJail, one_off_uid
 from .bake import qemu_version
+from .buildvm import BOOT_TIMEOUT_S
 
 TARGET_BYTES = 8 << 30
 INPUTS_BYTES = 16 << 30
-BOOT_TIMEOUT_S = 180.0
-FORMAT = 1
+FORMAT = 2
 RESUME_TIMEOUT_S = 30.0
 
 BakeNet = Callable[[], AbstractAsyncContextManager[NetAttach]]
 
 
 @dataclass(frozen=True)
-class Builder:
-    """A baked build VM: its RAM (``memory``), device state (``vmstate``) and OS disk overlay (``os.qcow2``)."""
+class Builder(ImageFiles):
+    """A baked build VM: its RAM, device state and OS disk overlay (``disk.qcow2``), like any restorable image."""
 
     path: Path
-
-    @property
-    def memory(self) -> Path:
-        return self.path / "memory"
-
-    @property
-    def vmstate(self) -> Path:
-        return self.path / "vmstate"
-
-    @property
-    def os_disk(self) -> Path:
-        return self.path / "os.qcow2"
-
-
-def _overlay(path: Path, backing: Path, size: int | None = None) -> None:
-    fmt = "qcow2" if backing.suffix == ".qcow2" else "raw"
-    argv = ["qemu-img", "create", "-q", "-f", "qcow2", "-F", fmt, "-b", str(backing), str(path)]
-    subprocess.run([*argv, *([str(size)] if size is not None else [])], check=True, capture_output=True)
 
 
 async def ensure_builder(
@@ -104,8 +88,8 @@ async def _bake(
     vm: MicroVM | None = None
     try:
         async with contextlib.AsyncExitStack() as stack:
-            os_disk = out / "os.qcow2"
-            _overlay(os_disk, os_images.rootfs.image)
+            os_disk = out / "disk.qcow2"
+            create_overlay(os_disk, os_images.rootfs.image)
             memory = out / "memory"
             with open(memory, "wb") as fh:
                 fh.truncate(machine.memory_mib << 20)
@@ -129,7 +113,7 @@ async def _bake(
             await vm.save_state(out / "vmstate")
             await vm.kill()
             vm = None
-            for name in ("memory", "vmstate", "os.qcow2"):
+            for name in ("memory", "vmstate", "disk.qcow2"):
                 with open(out / name, "rb+") as fh:
                     os.fsync(fh.fileno())
                 os.chown(out / name, os.getuid(), os.getgid())
@@ -153,7 +137,7 @@ async def restore_builder(
 ) -> tuple[MicroVM, GuestClient]:
     """A build VM restored from ``builder`` with ``target`` and ``inputs`` behind its data disks, rejoined."""
     disk = paths.root / "os.qcow2"
-    _overlay(disk, builder.os_disk)
+    create_overlay(disk, builder.disk)
     vm = MicroVM(name, machine, paths, MemoryBacking(builder.memory, share=False), disk, net, jail, (target, inputs))
     try:
         await vm.start(incoming=True)

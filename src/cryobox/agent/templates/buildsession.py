@@ -16,7 +16,6 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -25,14 +24,14 @@ from typing import Any
 
 from ...errors import CryoboxError
 from ...image.builder import ImageSet
+from ..disk.qcow2 import create_overlay
 from ..guest.client import GuestClient
 from ..guest.exec import ExecSpec, stream_exec
 from ..vm import MachineConfig, MemoryBacking, MicroVM, NetAttach, VmPaths
 from ..vm.jail import VmJail
 from .builder import Builder, restore_builder
+from .buildvm import BOOT_TIMEOUT_S
 
-BOOT_TIMEOUT_S = 180.0
-BUILD_MEMORY_MIB = 1024
 STEP_TIMEOUT_S = 3600.0
 DRIVER = "python3 -m cryobox_guest.build"
 TARGET_DEVICE = "/dev/vdb"
@@ -50,15 +49,6 @@ class StepFailed(CryoboxError):
         super().__init__(message, details={"exit_code": exit_code})
         self.exit_code = exit_code
         self.tail = tail
-
-
-def qcow2_overlay(path: Path, backing: Path, size_bytes: int | None = None) -> None:
-    """A new qcow2 ``path`` over ``backing`` (raw or qcow2, by suffix)."""
-    fmt = "qcow2" if backing.suffix == ".qcow2" else "raw"
-    argv = ["qemu-img", "create", "-q", "-f", "qcow2", "-F", fmt, "-b", str(backing), str(path)]
-    if size_bytes is not None:
-        argv.append(str(size_bytes))
-    subprocess.run(argv, check=True, capture_output=True)
 
 
 @dataclass
@@ -104,23 +94,14 @@ class BuildSession:
         cmd = f"{DRIVER} {command}"
         if payload is not None:
             cmd += " " + shlex.quote(json.dumps(payload, separators=(",", ":")))
-        lines = _Lines(sink, [], {})
-        result = None
-        async for event in stream_exec(self.guest, ExecSpec(cmd=cmd, timeout_s=STEP_TIMEOUT_S)):
-            if event.kind == "exit":
-                result = event.result
-            else:
-                lines.feed(event.kind, event.text)
-        lines.flush()
-        if result is None:
-            raise StepFailed(f"the build driver's {command} ended without a result", -1, lines.tail)
-        if result.timed_out:
-            raise StepFailed(f"{command} timed out after {STEP_TIMEOUT_S:.0f}s", result.exit_code, lines.tail)
-        if result.exit_code != 0:
-            raise StepFailed(f"{command} failed with exit code {result.exit_code}", result.exit_code, lines.tail)
+        await self._run(cmd, command, sink, STEP_TIMEOUT_S)
 
     async def shell(self, cmd: str, sink: OutputSink, timeout_s: float = 600.0) -> None:
         """A command of the builder's own OS (as root, outside the target)."""
+        await self._run(cmd, cmd.split()[0], sink, timeout_s)
+
+    async def _run(self, cmd: str, what: str, sink: OutputSink, timeout_s: float) -> None:
+        """``cmd`` streamed line by line into ``sink``; :class:`StepFailed` (naming ``what``) unless it exits 0."""
         lines = _Lines(sink, [], {})
         result = None
         async for event in stream_exec(self.guest, ExecSpec(cmd=cmd, timeout_s=timeout_s)):
@@ -129,16 +110,19 @@ class BuildSession:
             else:
                 lines.feed(event.kind, event.text)
         lines.flush()
-        if result is None or result.exit_code != 0:
-            code = -1 if result is None else result.exit_code
-            raise StepFailed(f"{cmd.split()[0]} failed with exit code {code}", code, lines.tail)
+        if result is None:
+            raise StepFailed(f"{what} ended without a result", -1, lines.tail)
+        if result.timed_out:
+            raise StepFailed(f"{what} timed out after {timeout_s:.0f}s", result.exit_code, lines.tail)
+        if result.exit_code != 0:
+            raise StepFailed(f"{what} failed with exit code {result.exit_code}", result.exit_code, lines.tail)
 
     async def cut_layer(self, sink: OutputSink) -> Path:
         """Close the current layer (returned: it holds every write since the previous cut) and go on in a new one."""
         self.cut += 1
         closed = self.top
         following = self.paths.root / f"layer-{self.cut:03d}.qcow2"
-        qcow2_overlay(following, closed)
+        create_overlay(following, closed)
         if self.jail is not None:
             os.chown(following, self.jail.uid, self.jail.uid)
         await self.driver("freeze", None, sink)
@@ -177,14 +161,14 @@ async def build_session(
     vm: MicroVM | None = None
     try:
         top = paths.root / "layer-000.qcow2"
-        qcow2_overlay(top, target_base, target_bytes)
+        create_overlay(top, target_base, target_bytes)
         started = time.monotonic()
         if builder is not None:
             vm, guest = await restore_builder(builder, name, machine, paths, top, inputs, net, jail)
             progress(f"build VM restored in {time.monotonic() - started:.2f}s")
         else:
             disk = paths.root / "os.qcow2"
-            qcow2_overlay(disk, os_images.rootfs.image)
+            create_overlay(disk, os_images.rootfs.image)
             memory = paths.root / "memory"
             with open(memory, "wb") as fh:
                 fh.truncate(machine.memory_mib << 20)
@@ -205,4 +189,4 @@ async def build_session(
         shutil.rmtree(paths.root, ignore_errors=True)
 
 
-__all__ = ["BuildSession", "OutputSink", "StepFailed", "build_session", "qcow2_overlay"]
+__all__ = ["BuildSession", "OutputSink", "StepFailed", "build_session"]

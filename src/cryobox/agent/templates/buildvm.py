@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import subprocess
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from ...image.rootfs import Rootfs, build_tree, guest_inputs, make_ext4, mirror,
 from ...image.specs import TemplateSpec
 from ...util.encoding import b64
 from ...util.proc import Progress, Runner, run
+from ..disk.qcow2 import create_overlay
 from ..guest.exec import run_exec
 from ..vm import Accel, MachineConfig, MemoryBacking, MicroVM, VmPaths
 from ..vm.jail import JailSettings, VmJail, one_off_uid
@@ -95,6 +95,19 @@ class BuildVmHost:
     queue: BuildQueue
     allowlist: BuildAllowlist = field(default_factory=BuildAllowlist.from_env)
 
+    def machine(self, images: ImageSet, *, nic: bool = False) -> MachineConfig:
+        """A build VM's machine: ``images``' kernel and initramfs, :data:`BUILD_MEMORY_MIB`, one vCPU."""
+        return MachineConfig(
+            memory_mib=BUILD_MEMORY_MIB,
+            cpus=1,
+            accel=self.accel,
+            kernel=images.kernel.vmlinuz,
+            initrd=images.initramfs.image,
+            tsc_khz=self.tsc_khz,
+            norandmaps=self.accel.default_norandmaps,
+            nic=nic,
+        )
+
 
 async def images_for(host: BuildVmHost, spec: TemplateSpec, progress: Progress, runner: Runner = run) -> ImageSet:
     """``spec``'s images: its base's (built on the host from a fixed package set), plus a root filesystem
@@ -157,15 +170,7 @@ async def _install_in_vm(host: BuildVmHost, images: ImageSet, image: Path, progr
     paths = VmPaths(host.run_dir / name)
     shutil.rmtree(paths.root, ignore_errors=True)
     paths.root.mkdir(parents=True)
-    machine = MachineConfig(
-        memory_mib=BUILD_MEMORY_MIB,
-        cpus=1,
-        accel=host.accel,
-        kernel=images.kernel.vmlinuz,
-        initrd=images.initramfs.image,
-        tsc_khz=host.tsc_khz,
-        norandmaps=host.accel.default_norandmaps,
-    )
+    machine = host.machine(images)
     with one_off_uid(host.jail, host.run_dir) as uid:
         jail = VmJail(host.jail, uid) if host.jail is not None and uid is not None else None
         await _run_install(name, machine, paths, images, image, jail, progress)
@@ -186,8 +191,7 @@ async def _run_install(
     vm: MicroVM | None = None
     try:
         disk = paths.root / "disk.qcow2"
-        base = str(images.rootfs.image)
-        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, str(disk)], check=True)
+        create_overlay(disk, images.rootfs.image)
         memory = paths.root / "memory"
         with open(memory, "wb") as fh:
             fh.truncate(BUILD_MEMORY_MIB << 20)

@@ -38,7 +38,7 @@ from ..net.bakenet import bake_network
 from ..vm import MachineConfig, NetAttach
 from ..vm.jail import VmJail, one_off_uid
 from .builder import INPUTS_BYTES, Builder, ensure_builder
-from .buildsession import BUILD_MEMORY_MIB, BuildSession, StepFailed, build_session
+from .buildsession import BuildSession, StepFailed, build_session
 from .buildvm import BuildVmHost
 from .layercache import LayerCache, cache_budget
 from .recipebase import TARGET_BYTES, BaseImage, resolve_base
@@ -199,16 +199,7 @@ async def _run_in_vm(
         size = INPUTS_BYTES if restorable else None
         await asyncio.to_thread(_make_inputs, inputs_dir / "staging", inputs, size)
         shutil.rmtree(inputs_dir / "staging")
-        machine = MachineConfig(
-            memory_mib=BUILD_MEMORY_MIB,
-            cpus=1,
-            accel=host.accel,
-            kernel=os_images.kernel.vmlinuz,
-            initrd=os_images.initramfs.image,
-            tsc_khz=host.tsc_khz,
-            norandmaps=host.accel.default_norandmaps,
-            nic=services.network is not None,
-        )
+        machine = host.machine(os_images, nic=services.network is not None)
         base_log = _sink(plan.log, "base")
         async with host.queue.turn(lambda line: plan.log("base", "info", line)), contextlib.AsyncExitStack() as stack:
             net = await stack.enter_async_context(services.network()) if services.network is not None else None

@@ -26,10 +26,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from ...errors import Forbidden, InvalidArgument, NotFound, PayloadTooLarge
+from ...errors import Forbidden, InvalidArgument, NotFound
 from ...image.recipe.e2bsteps import recipe_from_e2b
 from ...registry.builds import BuildLogEntry, BuildRecord
 from ...server.routes.deps import AppContext, Caller, context
+from ...util.httpbody import read_body
 from .routing import E2BCtx, E2BRoute
 from .uploads import TTL_S, UploadGrant, sign, verify
 
@@ -126,19 +127,9 @@ async def upload_files(token: str, request: Request, app: Annotated[AppContext, 
     """The signed URL's PUT: no API key, the token is checked before the body is read."""
     builds = app.control.builds
     grant = verify(app.control.registry.sealer, token, builds.clock())
-    limit = builds.max_context_bytes
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"upload of {declared} bytes exceeds {limit}", details={"limit": limit})
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"upload exceeds {limit} bytes", details={"limit": limit})
-        chunks.append(chunk)
+    data = await read_body(request, builds.max_context_bytes)
     app.limiter.check(grant.workspace_id)
-    blob = await builds.put_context(grant.workspace_id, b"".join(chunks))
+    blob = await builds.put_context(grant.workspace_id, data)
     await builds.record_file(grant.workspace_id, grant.files_hash, blob, grant.template)
     return JSONResponse({}, status_code=200)
 

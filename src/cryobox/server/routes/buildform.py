@@ -47,6 +47,7 @@ from ...image.recipe.contexts import ContextLimits, split_context
 from ...image.recipe.dockerfile import MAX_DOCKERFILE_BYTES, parse_dockerfile
 from ...image.recipe.model import Base, Recipe
 from ...image.recipe.tarblob import member_name
+from ...util.httpbody import read_body
 from .buildarchive import FIELD as ARCHIVE
 from .buildarchive import StagedArchive, stage_archive
 
@@ -132,21 +133,6 @@ def _text(fields: Mapping[str, Any], field: str) -> str | None:
     if not isinstance(value, str):
         raise _bad(field, "must be a string")
     return value
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request's body, refused (413) past ``limit`` bytes, before any of it is used."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body exceeds {limit} bytes", details={"limit": limit})
-    chunks: list[bytes] = []
-    seen = 0
-    async for chunk in request.stream():
-        seen += len(chunk)
-        if seen > limit:
-            raise PayloadTooLarge(f"request body exceeds {limit} bytes", details={"limit": limit})
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _over(limit: int) -> PayloadTooLarge:
@@ -389,4 +375,4 @@ def _order(
     )
 
 
-__all__ = ["DISK_MIB", "FIELDS", "BuildOrder", "read_build", "read_body"]
+__all__ = ["DISK_MIB", "FIELDS", "BuildOrder", "read_build"]

@@ -7,7 +7,8 @@ from fastapi import APIRouter, Query, Request, Response
 from ... import models
 from ...agentapi import MAX_FILE_BYTES
 from ...agentapi import models as am
-from ...errors import InvalidArgument, PayloadTooLarge
+from ...errors import InvalidArgument
+from ...util.httpbody import read_body
 from .deps import Ctx
 from .errors import ERROR_RESPONSES
 from .views import file_entry
@@ -33,15 +34,8 @@ async def read_file(sandbox_id: str, ctx: Ctx, path: str = PathQuery) -> Respons
 async def write_file(sandbox_id: str, request: Request, ctx: Ctx, path: str = PathQuery) -> models.WriteResult:
     checked(path)
     agent = await ctx.control.agent_for(sandbox_id, ctx.workspace_id)
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_FILE_BYTES:
-        raise PayloadTooLarge(f"body of {declared} bytes exceeds {MAX_FILE_BYTES}", details={"limit": MAX_FILE_BYTES})
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_FILE_BYTES:
-            raise PayloadTooLarge(f"body exceeds {MAX_FILE_BYTES} bytes", details={"limit": MAX_FILE_BYTES})
-    result = await agent.write_file(sandbox_id, path, bytes(body))
+    body = await read_body(request, MAX_FILE_BYTES)
+    result = await agent.write_file(sandbox_id, path, body)
     return models.WriteResult(path=result.path, bytes=result.bytes)
 
 

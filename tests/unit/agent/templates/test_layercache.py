@@ -7,8 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from cryobox.agent.disk.qcow2 import backing_chain
-from cryobox.agent.templates.buildsession import qcow2_overlay
+from cryobox.agent.disk.qcow2 import backing_chain, create_overlay
 from cryobox.agent.templates.layercache import LayerCache
 from tests.support.qcowlayers import make_base, write
 
@@ -18,9 +17,9 @@ def test_store_rebases_and_lookup_follows_the_chain(tmp_path: Path) -> None:
     session = tmp_path / "session"
     session.mkdir()
     first, second = session / "l1.qcow2", session / "l2.qcow2"
-    qcow2_overlay(first, base, 8 << 20)
+    create_overlay(first, base, 8 << 20)
     write(first, 0, b"\x01" * 512)
-    qcow2_overlay(second, first)
+    create_overlay(second, first)
     write(second, 4096, b"\x02" * 512)
     cache = LayerCache(tmp_path / "steps")
     one = cache.store("k1", first, base)
@@ -40,7 +39,7 @@ def test_store_rebases_and_lookup_follows_the_chain(tmp_path: Path) -> None:
 def test_lookup_refuses_a_broken_chain_and_trim_drops_least_recently_used(tmp_path: Path) -> None:
     base = make_base(tmp_path)
     layer = tmp_path / "l.qcow2"
-    qcow2_overlay(layer, base, 8 << 20)
+    create_overlay(layer, base, 8 << 20)
     cache = LayerCache(tmp_path / "steps")
     kept = [cache.store(key, layer, base) for key in ("old", "mid", "new")]
     assert all(kept)

@@ -45,6 +45,7 @@ SUBS: dict[str, str] = {
     "AsyncCodeInterpreter": "CodeInterpreter",
     "AsyncTemplates": "Templates",
     "AsyncBuild": "Build",
+    "AsyncApiClient": "ApiClient",
     "AsyncIterator": "Iterator",
     "AsyncGenerator": "Generator",
     "httpx.AsyncClient": "httpx.Client",

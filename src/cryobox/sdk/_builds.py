@@ -28,6 +28,12 @@ def _build_path(name: str, build_id: str, suffix: str = "") -> str:
     return f"/v1/templates/{quote(name, safe='')}/builds/{quote(build_id, safe='')}{suffix}"
 
 
+def dockerfile_text(dockerfile: str | os.PathLike[str]) -> str:
+    """A Dockerfile given as a path to one (read), or as its text (a string with a newline, or no such file)."""
+    path = Path(dockerfile)
+    return path.read_text() if "\n" not in str(dockerfile) and path.is_file() else str(dockerfile)
+
+
 def pack_context(directory: str | os.PathLike[str]) -> tuple[bytes, int]:
     """The gzip'd tar of ``directory`` (names relative to it, sorted; owner 0:0) without what its
     ``.dockerignore`` leaves out (``.dockerignore`` itself is kept, so the server re-checks it); and the number of

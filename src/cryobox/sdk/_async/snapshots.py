@@ -26,43 +26,23 @@ from __future__ import annotations
 import builtins
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
-
-import httpx
 
 from ... import models
 from ...errors import SandboxTimeout
 from .. import _requests, _snapshots
-from .._base import DEFAULT_RETRY, ClientConfig
-from ._http import open_client, send
+from .._base import DEFAULT_RETRY
+from ._resource import AsyncApiClient
 
 if TYPE_CHECKING:
     from .sandbox import AsyncSandbox
 
 
-class AsyncSnapshots:
+class AsyncSnapshots(AsyncApiClient):
     """The workspace's snapshots. Build one per API endpoint; ``aclose()`` (or ``async with``) releases it.
 
     ``http`` is an optional client to use (custom transport, tests); this object takes ownership of it.
     """
-
-    def __init__(
-        self,
-        *,
-        api_url: str | None = None,
-        api_key: str | None = None,
-        timeout_s: float = 300.0,
-        http: httpx.AsyncClient | None = None,
-    ) -> None:
-        self._config = ClientConfig.resolve(api_url, api_key, timeout_s)
-        self._http = http if http is not None else open_client(self._config)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._config.api_url!r})"
-
-    async def _send(self, request: _requests.ApiRequest) -> httpx.Response:
-        return await send(self._http, request, DEFAULT_RETRY)
 
     async def list(
         self, *, sandbox_id: str | None = None, labels: Mapping[str, str] | None = None
@@ -158,18 +138,6 @@ class AsyncSnapshots:
         payload = data.encode() if isinstance(data, str) else data
         response = await self._send(_requests.evidence_request(snapshot_id, name, content=payload))
         return int(response.json()["size"])
-
-    async def aclose(self) -> None:
-        """Release the HTTP connections."""
-        await self._http.aclose()
-
-    async def __aenter__(self) -> AsyncSnapshots:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
 
 @dataclass(frozen=True)

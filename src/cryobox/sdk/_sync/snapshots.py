@@ -28,43 +28,23 @@ from __future__ import annotations
 import builtins
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
-
-import httpx
 
 from ... import models
 from ...errors import SandboxTimeout
 from .. import _requests, _snapshots
-from .._base import DEFAULT_RETRY, ClientConfig
-from ._http import open_client, send
+from .._base import DEFAULT_RETRY
+from ._resource import ApiClient
 
 if TYPE_CHECKING:
     from .sandbox import Sandbox
 
 
-class Snapshots:
+class Snapshots(ApiClient):
     """The workspace's snapshots. Build one per API endpoint; ``close()`` (or ``with``) releases it.
 
     ``http`` is an optional client to use (custom transport, tests); this object takes ownership of it.
     """
-
-    def __init__(
-        self,
-        *,
-        api_url: str | None = None,
-        api_key: str | None = None,
-        timeout_s: float = 300.0,
-        http: httpx.Client | None = None,
-    ) -> None:
-        self._config = ClientConfig.resolve(api_url, api_key, timeout_s)
-        self._http = http if http is not None else open_client(self._config)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._config.api_url!r})"
-
-    def _send(self, request: _requests.ApiRequest) -> httpx.Response:
-        return send(self._http, request, DEFAULT_RETRY)
 
     def list(self, *, sandbox_id: str | None = None, labels: Mapping[str, str] | None = None) -> list[models.Snapshot]:
         """Snapshots, newest first: only ``sandbox_id``'s when given, only those whose labels contain ``labels``."""
@@ -158,18 +138,6 @@ class Snapshots:
         payload = data.encode() if isinstance(data, str) else data
         response = self._send(_requests.evidence_request(snapshot_id, name, content=payload))
         return int(response.json()["size"])
-
-    def close(self) -> None:
-        """Release the HTTP connections."""
-        self._http.close()
-
-    def __enter__(self) -> Snapshots:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 @dataclass(frozen=True)

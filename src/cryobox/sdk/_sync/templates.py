@@ -25,15 +25,12 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from os import PathLike
 from pathlib import Path
-from types import TracebackType
-
-import httpx
 
 from ... import models
 from ...errors import HostUnavailable, InvalidArgument
-from .. import _builds, _requests
-from .._base import DEFAULT_RETRY, ClientConfig
-from ._http import open_client, send, stream_lines
+from .. import _builds
+from ._http import stream_lines
+from ._resource import ApiClient
 
 LOG_TAIL = 20
 RESUMES = 5
@@ -99,28 +96,11 @@ class Build:
         return self.info
 
 
-class Templates:
+class Templates(ApiClient):
     """The workspace's template builds. Build one per API endpoint; ``close()`` (or ``with``) releases it.
 
     ``http`` is an optional client to use (custom transport, tests); this object takes ownership of it.
     """
-
-    def __init__(
-        self,
-        *,
-        api_url: str | None = None,
-        api_key: str | None = None,
-        timeout_s: float = 300.0,
-        http: httpx.Client | None = None,
-    ) -> None:
-        self._config = ClientConfig.resolve(api_url, api_key, timeout_s)
-        self._http = http if http is not None else open_client(self._config)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._config.api_url!r})"
-
-    def _send(self, request: _requests.ApiRequest) -> httpx.Response:
-        return send(self._http, request, DEFAULT_RETRY)
 
     def build_from_dockerfile(
         self,
@@ -138,8 +118,7 @@ class Templates:
 
         :raises InvalidArgument: the Dockerfile (the message names the line) or a field.
         :raises PayloadTooLarge: the context is over the server's limit."""
-        path = Path(dockerfile)
-        text = path.read_text() if "\n" not in str(dockerfile) and path.is_file() else str(dockerfile)
+        text = _builds.dockerfile_text(dockerfile)
         packed = _builds.pack_context(context)[0] if context is not None else None
         request = _builds.dockerfile_request(
             name, text, context=packed, build_args=build_args, no_cache=no_cache, cpu=cpu, memory_mb=memory_mb
@@ -175,8 +154,7 @@ class Templates:
             raise InvalidArgument(f"image archive {str(archive)!r} is not a file", details={"field": "image_archive"})
         text = None
         if dockerfile is not None:
-            file = Path(dockerfile)
-            text = file.read_text() if "\n" not in str(dockerfile) and file.is_file() else str(dockerfile)
+            text = _builds.dockerfile_text(dockerfile)
         packed = _builds.pack_context(context)[0] if context is not None else None
         request = _builds.archive_request(
             name,
@@ -196,17 +174,6 @@ class Templates:
         """:raises NotFound: no such build of ``name`` in this workspace."""
         request = _builds.get_build_request(name, build_id)
         return Build(self, _builds.parse_build((self._send(request)).json()))
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> Templates:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 __all__ = ["Build", "Templates"]

@@ -40,6 +40,7 @@ from cryobox.errors import (
     StateError,
 )
 from cryobox.objstore.client import ObjectStore, open_store
+from tests.support.fake_builds import FakeRecipeBuilds
 from tests.support.fake_procs import FakeProcs
 
 DEFAULT_TEMPLATE = m.TemplateInfo(name="base", generation="g1", cpus=1, memory_mib=512, created_at=0.0)
@@ -54,7 +55,7 @@ def _net(ip: str | None, egress: list[str] | None) -> m.NetInspection:
     )
 
 
-class FakeAgent(FakeProcs):
+class FakeAgent(FakeProcs, FakeRecipeBuilds):
     def __init__(
         self,
         *,
@@ -87,16 +88,9 @@ class FakeAgent(FakeProcs):
         self.pty_sizes: dict[str, tuple[int, int]] = {}
         self.closed_streams: list[str] = []
         self.closed = False
-        self.recipe_fail_step: str | None = None
-        """A recipe build fails at this step (``"base"``, ``"1"``.., ``"finalize"``)."""
-        self.recipe_log_lines = 1
-        """Log lines a recipe build prints per step."""
-        self.build_contexts: dict[str, bytes] = {}
-        """Context blobs (and image archives) recipe builds fetched from ``objects``, by SHA-256."""
-        self.build_gate: asyncio.Event | None = None
-        """When set, a recipe build waits for it after its first step's logs."""
         self._ids = itertools.count(1)
         self._init_procs()
+        self._init_builds()
 
     # -- helpers -------------------------------------------------------------------------------------------------
 
@@ -640,48 +634,6 @@ class FakeAgent(FakeProcs):
             created_at=self.clock(),
         )
         self.template_infos[name] = info
-        yield m.BuildEvent(template=info)
-
-    async def _recipe_build(self, spec: m.BuildSpec) -> AsyncIterator[m.BuildEvent]:
-        """A recipe build: ``base``, each step, ``finalize`` (``recipe_log_lines`` lines each, on ``clock``), then
-        the template, or an error at ``recipe_fail_step``; COPY contexts and an archive base are fetched from
-        ``objects``."""
-        recipe = spec.recipe or {}
-        base = recipe.get("base", {})
-        phases: list[tuple[str, str]] = [("base", f"FROM {base.get('kind')} {base.get('ref')}")]
-        for index, step in enumerate(recipe.get("steps", ()), start=1):
-            phases.append((str(index), f"{step['op']} {' '.join(step.get('args', ()))}"))
-        phases.append(("finalize", f"start: {recipe.get('start_cmd', '')}"))
-        if base.get("kind") == "archive":
-            try:
-                self.build_contexts[base["ref"]] = self.objects.get(f"build-contexts/{base['ref']}")
-            except CryoboxError as err:
-                yield m.BuildEvent(error=f"image archive: {err.message}", step="base")
-                return
-        for index, step in enumerate(recipe.get("steps", ()), start=1):
-            if step.get("context"):
-                try:
-                    self.build_contexts[step["context"]] = self.objects.get(f"build-contexts/{step['context']}")
-                except CryoboxError as err:
-                    yield m.BuildEvent(error=f"context of step {index}: {err.message}", step=str(index))
-                    return
-        for number, (phase, text) in enumerate(phases):
-            for line in range(self.recipe_log_lines):
-                yield m.BuildEvent(log=f"{text} [{line}]", step=phase, level="info")
-            if number == 0 and self.build_gate is not None:
-                await self.build_gate.wait()
-            await asyncio.sleep(0)
-            if phase == self.recipe_fail_step:
-                yield m.BuildEvent(error=f"step {phase} failed: exit status 1", step=phase)
-                return
-        info = m.TemplateInfo(
-            name=spec.name,
-            generation=f"g{next(self._ids)}",
-            cpus=spec.cpus,
-            memory_mib=spec.memory_mib,
-            created_at=self.clock(),
-        )
-        self.template_infos[spec.name] = info
         yield m.BuildEvent(template=info)
 
     async def remove_template(self, name: str) -> None:

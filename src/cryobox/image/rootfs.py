@@ -108,10 +108,19 @@ def stage(tree: Path, staging: Path, runner: Runner = run) -> None:
     add_user(staging, *SANDBOX_USER)
 
 
-def make_ext4(staging: Path, image: Path, label: str, runner: Runner = run, extra_bytes: int = 0) -> int:
-    """Write ``staging`` into a new sparse ext4 ``image`` with room to spare; returns its size in MiB."""
-    used = sum(p.lstat().st_size for p in staging.rglob("*") if p.is_file() and not p.is_symlink())
-    size_mib = int(used * 1.25 + extra_bytes) // (1 << 20) + 1024
+def make_ext4(
+    staging: Path,
+    image: Path,
+    label: str,
+    runner: Runner = run,
+    extra_bytes: int = 0,
+    size_mib: int | None = None,
+) -> int:
+    """Write ``staging`` into a new sparse ext4 ``image`` with room to spare (or exactly ``size_mib`` MiB long);
+    returns its size in MiB."""
+    if size_mib is None:
+        used = sum(p.lstat().st_size for p in staging.rglob("*") if p.is_file() and not p.is_symlink())
+        size_mib = int(used * 1.25 + extra_bytes) // (1 << 20) + 1024
     runner(["mkfs.ext4", "-q", "-F", "-L", label, "-d", str(staging), str(image), f"{size_mib}M"])
     return size_mib
 

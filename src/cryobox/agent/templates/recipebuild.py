@@ -196,8 +196,9 @@ async def _run_in_vm(
         staged = sum(p.stat().st_size for p in (inputs_dir / "staging").rglob("*") if p.is_file())
         restorable = services.network is not None and staged < INPUTS_BYTES * 3 // 4
         inputs = inputs_dir / "inputs.ext4"
-        size = INPUTS_BYTES if restorable else None
-        await asyncio.to_thread(_make_inputs, inputs_dir / "staging", inputs, size)
+        size = INPUTS_BYTES >> 20 if restorable else None
+        # exactly INPUTS_BYTES (sparse) for a restored build VM, whose inputs disk has that size; else sized to fit
+        await asyncio.to_thread(make_ext4, inputs_dir / "staging", inputs, INPUTS_LABEL, size_mib=size)
         shutil.rmtree(inputs_dir / "staging")
         machine = host.machine(os_images, nic=services.network is not None)
         base_log = _sink(plan.log, "base")
@@ -244,18 +245,6 @@ async def _run_in_vm(
             await asyncio.to_thread(_flatten, last or session.top, image)  # while the session's layers exist
     finally:
         shutil.rmtree(inputs_dir, ignore_errors=True)
-
-
-def _make_inputs(staging: Path, image: Path, size: int | None) -> None:
-    """The inputs disk: exactly :data:`INPUTS_BYTES` (sparse) for a restored build VM, else sized to fit."""
-    if size is None:
-        make_ext4(staging, image, INPUTS_LABEL)
-        return
-    subprocess.run(
-        ["mkfs.ext4", "-q", "-F", "-L", INPUTS_LABEL, "-d", str(staging), str(image), f"{size >> 20}M"],
-        check=True,
-        capture_output=True,
-    )
 
 
 async def _builder(host: BuildVmHost, os_images: ImageSet, machine: MachineConfig, plan: Plan) -> Builder | None:

@@ -78,9 +78,13 @@ class _UdpRelay(asyncio.DatagramProtocol):
         self.upstream = upstream
         self.transport: asyncio.DatagramTransport | None = None
         self.pending: set[asyncio.Task[None]] = set()
+        self.closed = asyncio.Event()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.DatagramTransport, transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed.set()  # the socket is closed only now (asyncio closes it a loop turn after close())
 
     def datagram_received(self, data: bytes, addr: tuple[str | int, int]) -> None:
         task = asyncio.get_running_loop().create_task(self._forward(data, addr))
@@ -153,6 +157,7 @@ async def dns_relay(netns: str, upstream: Upstream | None = None, *, address: st
             task.cancel()
         with contextlib.suppress(Exception):
             await server.wait_closed()
+        await protocol.closed.wait()  # gone when the context ends: a later query is refused, not queued
 
 
 __all__ = ["Upstream", "dns_relay", "host_resolvers"]

@@ -11,7 +11,8 @@ A run (:func:`collect`) scans the store (:mod:`.gcscan`) and removes, in this or
 2. **leftovers of images without a manifest** (a publish that died, a deletion cut short) whose every object is
    older than the grace period and that no fresh lease names (a publish in progress has no manifest yet);
 3. **format-1 packs** (``memory.pack``, ``images/**.pack``) beside an index that has been published again in the
-   current format, older than the grace period;
+   current format, older than the grace period; and **recipe root filesystems** (``images/rootfs-recipe/``, made
+   for one template) that no manifest staying in the store names, all of them older than the grace period;
 4. **chunk objects** that no index of a live or base image names and no fresh lease names, older than the grace
    period. A chunk a live index names is never deleted: the referenced set is taken from every live index
    before any deletion, and only grows;
@@ -51,7 +52,10 @@ from .leases import GC_WINDOW_S, GcMarker, Leases, read_leases
 
 log = logging.getLogger(__name__)
 
-KINDS = ("generation", "stray", "legacy", "chunk", "lease", "marker", "step")
+KINDS = ("generation", "stray", "legacy", "image", "chunk", "lease", "marker", "step")
+COLLECTABLE_IMAGES = ("images/rootfs-recipe/",)
+"""Base images made for one recipe template (its flattened root filesystem): collected once no manifest names
+them. The others (kernels, initramfs, the built-ins' root filesystems) are shared roots and always kept."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,8 @@ class GcPlan:
     expired: list[ObjectMeta]  # leases and dead GCs' markers
     notes: list[str]
     steps: list[StepRemoval] = field(default_factory=list)  # build step objects (metas first, children first)
+    images: list[ObjectMeta] = field(default_factory=list)  # recipe root filesystems no manifest names any more
+    image_chunks: set[str] = field(default_factory=set)  # what their indexes name (kept if a delete fails)
 
 
 def plan(view: StoreView, leases: Leases, now: float, policy: GcPolicy, own_marker: str = "") -> GcPlan:
@@ -152,8 +158,11 @@ def plan(view: StoreView, leases: Leases, now: float, policy: GcPolicy, own_mark
     for group in live.values():
         if group.prefix not in dead_prefixes:
             protected |= group.index.digests
-    for refs in view.base_indexes.values():
-        protected |= refs.digests
+    orphans = [] if unsafe else _orphan_images(view, live, dead_prefixes, leases, old, now)
+    gone = {m.key for m in orphans}
+    for key, refs in view.base_indexes.items():
+        if key not in gone:
+            protected |= refs.digests
     strays = [
         g
         for g in view.groups.values()
@@ -173,7 +182,38 @@ def plan(view: StoreView, leases: Leases, now: float, policy: GcPolicy, own_mark
         expired=expired,
         notes=notes + ([] if not unsafe else ["no chunk or template generation deleted this run"]) + view.step_problems,
         steps=plan_steps(view.steps, policy.step_budget, now, policy.grace_s),
+        images=orphans,
+        image_chunks={d for key, refs in view.base_indexes.items() if key in gone for d in refs.digests},
     )
+
+
+def _image_dir(key: str) -> str:
+    """``images/<kind>/<cache key>``: the content-addressed image a key under ``images/`` belongs to."""
+    return "/".join(key.split("/")[:3])
+
+
+def _orphan_images(
+    view: StoreView, live: dict[str, ImageGroup], dead: set[str], leases: Leases, old: float, now: float
+) -> list[ObjectMeta]:
+    """Objects of collectable base images (:data:`COLLECTABLE_IMAGES`) that no manifest staying in the store names
+    (by the image's directory), no lease names, and nothing of which is younger than the grace period."""
+    named: set[str] = set()
+    for group in live.values():
+        if group.prefix in dead:
+            continue
+        files = (group.manifest or {}).get("files")
+        if isinstance(files, dict):
+            named |= {_image_dir(str(key)) for key in files.values()}
+    by_dir: dict[str, list[ObjectMeta]] = {}
+    for meta in view.base:
+        if meta.key.startswith(COLLECTABLE_IMAGES):
+            by_dir.setdefault(_image_dir(meta.key), []).append(meta)
+    orphans: list[ObjectMeta] = []
+    for directory, objects in by_dir.items():
+        fresh = any(_modified(m, now) > old for m in objects)
+        if directory not in named and not fresh and not leases.names_prefix(directory):
+            orphans += sorted(objects, key=lambda m: not m.key.endswith(".idx"))  # the index first
+    return orphans
 
 
 def _modified(meta: ObjectMeta, now: float) -> float:
@@ -257,6 +297,7 @@ def _would(report: GcReport, todo: GcPlan) -> None:
     for group in todo.strays:
         report.removed += [Removal(m.key, m.size, "stray", group.prefix) for m in group.objects]
     report.removed += [Removal(m.key, m.size, "legacy") for m in todo.legacy]
+    report.removed += [Removal(m.key, m.size, "image") for m in todo.images]
     report.removed += [Removal(m.key, m.size, "chunk") for m in todo.chunk_candidates.values()]
     report.removed += [Removal(m.key, m.size, _protocol_kind(m.key)) for m in todo.expired]
     report.removed += [Removal(r.key, r.size, "step") for r in todo.steps]
@@ -275,6 +316,10 @@ def _apply(store: ObjectStore, todo: GcPlan, fence: _Fence, report: GcReport) ->
     protected = set(todo.protected)
     for group in kept_generations:  # its manifest is still there: it is live
         protected |= group.index.digests
+    for meta in todo.images:
+        if not _delete(store, Removal(meta.key, meta.size, "image"), fence, report):
+            protected |= todo.image_chunks  # an image stays (the run stopped): every orphan's chunks stay too
+            break
     for sha, meta in todo.chunk_candidates.items():
         if sha in protected:
             continue

@@ -7,7 +7,7 @@ every index a live image or a base image has. Nothing is decided here (:mod:`.gc
     templates/<name>/latest             which generation is newest  (always kept)
     snapshots/<id>/...                  a snapshot                 (an image)
     hibernations/<sandbox id>/...       a stored hibernation       (an image)
-    images/<kind>/<key>/<file>[.idx]    base images (kernel, initrd, rootfs; never deleted: their indexes are roots)
+    images/<kind>/<key>/<file>[.idx]    base images (kernel, initrd, rootfs: roots; a recipe's rootfs only while named)
     build-steps/<key>/...               recipe builds' step layers and their metas (read: :mod:`.buildsteps`)
     chunks/<sha[:2]>/<sha>              chunk objects
     leases/..., gc/...                  publishes and GCs in progress (:mod:`.leases`)

@@ -243,3 +243,39 @@ def test_the_cli_prints_a_summary_and_lists_on_a_dry_run(store: ObjectStore, tmp
     done = CliRunner().invoke(app, [*url, "--grace", "60m", "--keep-generations", "2"])
     assert done.exit_code == 0 and f"removed {removed} objects" in done.output and "kept 20 objects" in done.output
     assert not store.exists(orphan) and not store.exists("templates/base/g2/manifest.json")
+
+
+def test_a_recipe_root_filesystem_no_manifest_names_is_collected_with_its_chunks(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    """A recipe template's flattened root filesystem is a base image made for that template alone: once no manifest
+    names it (its template deleted) and it is older than the grace period, it goes with the chunks only it names.
+    One a live template names stays, as do the built-ins' shared base images and a young one."""
+    named = put_image(store, tmp_path, "images/rootfs-recipe/named/rootfs.ext4", {0: b"named rootfs"}, None)
+    orphan = put_image(
+        store, tmp_path, "images/rootfs-recipe/gone/rootfs.ext4", {0: b"deleted template's rootfs"}, None
+    )
+    young = put_image(store, tmp_path, "images/rootfs-recipe/young/rootfs.ext4", {0: b"being published"}, None)
+    shared = put_image(store, tmp_path, "images/rootfs/builtin/rootfs.ext4", {0: b"base's rootfs"}, None)
+    for key in store.list("images/rootfs-recipe/young") + [young.key(0)]:
+        age(store, key, -2 * HOUR)
+    put_image(
+        store,
+        tmp_path,
+        "templates/web/g1",
+        {0: b"web memory"},
+        {"name": "web", "generation": "g1", "files": {"rootfs": "images/rootfs-recipe/named/rootfs.ext4"}},
+    )
+    store.put("templates/web/latest", json.dumps({"generation": "g1"}).encode())
+
+    report = collect(store, GcPolicy(grace_s=HOUR), hours_later(2))
+
+    listed = set(store.list(""))
+    assert not store.list("images/rootfs-recipe/gone")
+    assert orphan.key(0) not in listed  # its chunk: only the orphan named it
+    for index in (named, young, shared):
+        assert index.key(0) in listed
+    assert store.list("images/rootfs-recipe/named") and store.list("images/rootfs-recipe/young")
+    assert store.list("images/rootfs/builtin")
+    assert live_problems(store) == []
+    assert report.by_kind()["image"][0] == len({r.key for r in report.removed if r.kind == "image"}) >= 1

@@ -364,7 +364,12 @@ class HostAgent(HibernationEndpoints, ProcEndpoints):
                 step = getattr(err, "step", None) or ("finalize" if spec.recipe is not None else None)
                 yield am.BuildEvent(error=str(err)[:4000], step=step, level="error")
                 return
+            replaced = self.service.templates.get(template.name)
             self.service.add_template(template)
+            if replaced is not None and replaced.path != template.path and not self.service.uses_template(spec.name):
+                # a rebuild: the previous generation's bake goes, as a delete's would (kept while sandboxes of
+                # the name run, or a snapshot or hibernation builds on it)
+                await asyncio.to_thread(self._remove_bake, replaced)
             yield am.BuildEvent(template=template_info(template))
         finally:
             if not job.done():

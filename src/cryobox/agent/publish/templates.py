@@ -134,9 +134,8 @@ def publish_template(
     rootfs_path = Path(template.manifest["rootfs"])
     rootfs_key = _image_key(images_dir, rootfs_path)
     rootfs = scan_image(rootfs_path, rootfs_key)
-    rootfs_stored = stored_index_matches(
-        store, rootfs_key, rootfs
-    )  # shared base images are never collected (a recipe's: while a manifest names it)
+    # shared base images are never collected (a recipe's rootfs: while a manifest names it)
+    rootfs_stored = stored_index_matches(store, rootfs_key, rootfs)
     chunks = [*memory.digests(), *([] if rootfs_stored else rootfs.digests())]
     lease = PublishLease.begin(store, [prefix], chunks, timing)
     pins = PinSet()

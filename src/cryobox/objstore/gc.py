@@ -317,6 +317,10 @@ def _apply(store: ObjectStore, todo: GcPlan, fence: _Fence, report: GcReport) ->
     for group in kept_generations:  # its manifest is still there: it is live
         protected |= group.index.digests
     for meta in todo.images:
+        if fence.open() and fence.leases.names_prefix(_image_dir(meta.key)):
+            report.skipped.append(f"{_image_dir(meta.key)}: named by a lease that appeared during the run")
+            protected |= todo.image_chunks
+            break
         if not _delete(store, Removal(meta.key, meta.size, "image"), fence, report):
             protected |= todo.image_chunks  # an image stays (the run stopped): every orphan's chunks stay too
             break

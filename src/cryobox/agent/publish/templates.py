@@ -137,7 +137,8 @@ def publish_template(
     # shared base images are never collected (a recipe's rootfs: while a manifest names it)
     rootfs_stored = stored_index_matches(store, rootfs_key, rootfs)
     chunks = [*memory.digests(), *([] if rootfs_stored else rootfs.digests())]
-    lease = PublishLease.begin(store, [prefix], chunks, timing)
+    # the lease names the rootfs image too: a GC must not collect a recipe's rootfs this publish found stored
+    lease = PublishLease.begin(store, [prefix, rootfs_key.rsplit("/", 1)[0]], chunks, timing)
     pins = PinSet()
     upload_image(store, f"{prefix}/memory", template.memory, template.generation, pins, lease=lease, index=memory)
     phase.advance()

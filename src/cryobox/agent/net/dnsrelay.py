@@ -147,14 +147,22 @@ async def dns_relay(netns: str, upstream: Upstream | None = None, *, address: st
     loop = asyncio.get_running_loop()
     protocol = _UdpRelay(upstream)
     transport, _ = await loop.create_datagram_endpoint(lambda: protocol, sock=udp)
-    server = await asyncio.start_server(lambda r, w: _tcp_client(r, w, upstream), sock=tcp)
+    clients: set[asyncio.Task[None]] = set()
+
+    def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = loop.create_task(_tcp_client(reader, writer, upstream))
+        clients.add(task)
+        task.add_done_callback(clients.discard)
+
+    server = await asyncio.start_server(accept, sock=tcp)
     try:
         yield
     finally:
         server.close()
         transport.close()
-        for task in list(protocol.pending):
+        for task in [*protocol.pending, *clients]:  # every connection ends with the relay, its sockets closed
             task.cancel()
+        await asyncio.gather(*protocol.pending, *clients, return_exceptions=True)
         with contextlib.suppress(Exception):
             await server.wait_closed()
         await protocol.closed.wait()  # gone when the context ends: a later query is refused, not queued

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.teardown import reclaim_previous_run
+
 HostState = dict[str, set[str]]
 BEFORE = pytest.StashKey[HostState]()
 LEAKS = pytest.StashKey[dict[str, list[str]]]()
@@ -63,6 +65,16 @@ def leaks(before: dict[str, set[str]], after: dict[str, set[str]]) -> dict[str, 
 def _checks(config: pytest.Config) -> bool:
     """The process that owns the run: a plain pytest, or xdist's controller (never one of its workers)."""
     return not hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before xdist's workers (or pytest itself) empty the base temp dir: reclaim what an interrupted earlier run
+    left in it — a mount point there stops the whole run before its first test."""
+    basetemp = config.option.basetemp
+    if basetemp and _checks(config):
+        gone = reclaim_previous_run(Path(basetemp))
+        if gone:
+            print(f"reclaimed from an earlier run under {basetemp}: {', '.join(gone)}")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

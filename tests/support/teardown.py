@@ -42,3 +42,63 @@ def reclaim_data_dir(data_dir: Path, cache_dir: Path | None) -> None:
     tag = tag_for(data_dir)
     reclaim_net(tag)
     subprocess.run(["nft", "delete", "table", "inet", f"cryobox_{tag}"], capture_output=True, check=False)
+
+
+def reclaim_previous_run(root: Path) -> list[str]:
+    """What an interrupted earlier run left under the suite's base temp dir ``root`` (the process killed, the
+    host restarted mid-run): its processes, its mounts (pytest's own cleanup of ``root`` fails on a mount point,
+    before any test runs) and the network objects of every data dir under it. Returns what went."""
+    if not root.is_dir():
+        return []
+    gone: list[str] = []
+    for pid in processes_naming(root):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            gone.append(f"process {pid}")
+    for point in _mounts_under(root):  # deepest first
+        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+        gone.append(f"mount {point}")
+    tags = _live_tags()
+    for directory in _dirs(root, depth=4):
+        tag = tag_for(directory)
+        if tag in tags:
+            reclaim_net(tag)
+            subprocess.run(["nft", "delete", "table", "inet", f"cryobox_{tag}"], capture_output=True, check=False)
+            gone.append(f"network objects tagged {tag}")
+            tags.discard(tag)
+    return gone
+
+
+def _mounts_under(root: Path) -> list[str]:
+    prefix = str(root.resolve()) + "/"
+    points = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        point = line.split()[1].replace("\\040", " ")
+        if point.startswith(prefix):
+            points.append(point)
+    return sorted(points, key=lambda p: p.count("/"), reverse=True)
+
+
+def _live_tags() -> set[str]:
+    """Tags named by a ``cryobox-<tag>-…`` network namespace or a ``cryobox_<tag>`` nft table on this host."""
+    tags: set[str] = set()
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    tags.update(line.split()[0][8:14] for line in netns.splitlines() if line.startswith("cryobox-"))
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=False).stdout
+    tags.update(line.split()[-1][8:14] for line in tables.splitlines() if " cryobox_" in line)
+    return tags
+
+
+def _dirs(root: Path, depth: int) -> list[Path]:
+    found, level = [root], [root]
+    for _ in range(depth):
+        level = [child for parent in level for child in _subdirs(parent)]
+        found.extend(level)
+    return found
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        return [child for child in path.iterdir() if child.is_dir() and not child.is_symlink()]
+    except OSError:
+        return []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 
 def parse_cidrs(cidrs: Iterable[object]) -> list[ipaddress.IPv4Network]:

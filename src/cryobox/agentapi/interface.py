@@ -21,6 +21,8 @@ from ..errors import InvalidArgument
 from ..proxy.target import PortTarget
 from . import operations as op
 from .models import (
+    EgressLog,
+    NetworkUpdate,
     AgentInfo,
     BuildEvent,
     Capacity,
@@ -67,6 +69,7 @@ MAX_PTY_INPUT_BYTES = 1 << 20
 METRICS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 GUEST_PATH = op.Query(min_length=1, max_length=4096, description="absolute path inside the guest")
 GUEST_USER = op.Query(min_length=1, max_length=64, description="the guest user to own what is written")
+EGRESS_LIMIT = op.Query(max_length=6, description="at most this many of the newest decisions (0-1000)")
 LONG, NONE, EXEC = op.Timeout.LONG, op.Timeout.NONE, op.Timeout.EXEC
 
 
@@ -141,6 +144,16 @@ class Agent(Protocol):
     @op.patch("/sandboxes/{sandbox_id}/lifecycle")
     async def set_lifecycle(self, sandbox_id: str, patch: LifecyclePatch) -> SandboxInfo:
         """Change TTL/persistence; counts as activity (the idle clock restarts)."""
+        ...
+
+    @op.put("/sandboxes/{sandbox_id}/network")
+    async def set_network(self, sandbox_id: str, update: NetworkUpdate) -> SandboxInfo:
+        """Replace the sandbox's network policy: new connections see it at once, open ones it denies are cut."""
+        ...
+
+    @op.get("/sandboxes/{sandbox_id}/egress", query={"limit": EGRESS_LIMIT})
+    async def egress_log(self, sandbox_id: str, limit: int | None = None) -> EgressLog:
+        """The sandbox's newest egress decisions (at most ``limit``), oldest first."""
         ...
 
     @op.post("/sandboxes/{sandbox_id}/touch")

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, computed_field
 
+from ..netpolicy import EgressPolicy, legacy_policy
 from ..proxy.target import PortTarget as PortTarget
 from . import models_guest as _guest
 from . import models_procs as _procs
@@ -23,6 +24,10 @@ SandboxState = Literal["starting", "running", "paused", "hibernated", "stopped",
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
+
+Policy = Annotated[EgressPolicy | None, BeforeValidator(legacy_policy)]
+"""A sandbox's network policy; ``None``: nothing allowed (a value of before policies, a list of CIDRs the guest
+may reach, reads as a policy allowing exactly those)."""
 
 SHA256_HEX = r"^[0-9a-f]{64}$"
 ManifestSha256 = Annotated[str, Field(pattern=SHA256_HEX)]
@@ -53,7 +58,7 @@ class CreateSpec(_Model):
     env: dict[str, str] = Field(default_factory=dict)
     ttl_s: int | None = None
     persistent: bool = False
-    egress: list[str] | None = None
+    egress: Policy = None
 
 
 class SandboxInfo(_Model):
@@ -84,8 +89,8 @@ class SandboxInfo(_Model):
     idle_s: float = 0.0
     expired: bool = False
     """Idle past its TTL with nothing in flight: the control plane's reaper deletes it."""
-    egress: list[str] | None = None
-    """CIDRs the guest may reach (``None``: egress denied)."""
+    egress: Policy = None
+    """The network policy in force (``None``: nothing allowed)."""
     adopted: bool = False
     """The agent took this sandbox over from its previous process at start (its VM outlived a restart)."""
 
@@ -214,7 +219,7 @@ class WakeSpec(_Model):
     env: dict[str, str] = Field(default_factory=dict)
     ttl_s: int | None = None
     persistent: bool = False
-    egress: list[str] | None = None
+    egress: Policy = None
     from_snapshot: str | None = None
     boot_mode: Literal["restore", "cold"] = "restore"
     manifest_sha256: ManifestSha256 | None = None
@@ -341,3 +346,36 @@ BuildEvent = _templates.BuildEvent
 BuildSpec = _templates.BuildSpec
 TemplateBuild = _templates.TemplateBuild
 TemplateInfo = _templates.TemplateInfo
+
+
+class EgressDecision(_Model):
+    """One decision of a sandbox's egress proxy or name server."""
+
+    time: float
+    """When the connection (or query) arrived, epoch seconds."""
+    name: str | None = None
+    """The name it carried (TLS SNI, HTTP ``Host``, the DNS query), if any."""
+    ip: str | None = None
+    """The address judged (and, when allowed, connected to); none for a DNS query."""
+    port: int
+    allowed: bool
+    reason: str
+    """``floor``, ``port``, ``deny-name``, ``deny-cidr``, ``allow-name``, ``allow-cidr``, ``default``,
+    ``unresolved``, ``limit`` (too many open connections) or ``dns`` (a query for a name that may not resolve)."""
+    bytes_out: int = 0
+    bytes_in: int = 0
+    error: str | None = None
+    """``unreachable`` (allowed, but the destination did not answer) or ``cut`` (ended by a policy change)."""
+
+
+class EgressLog(_Model):
+    """A sandbox's newest decisions, oldest first; ``dropped`` older ones no longer kept."""
+
+    items: list[EgressDecision]
+    dropped: int = 0
+
+
+class NetworkUpdate(_Model):
+    """A sandbox's whole new network policy (anything omitted is cleared)."""
+
+    policy: EgressPolicy

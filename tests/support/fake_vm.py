@@ -35,6 +35,7 @@ from cryobox.agent.templates.bake import Template
 from cryobox.agent.vm import Accel, MachineConfig, MemoryBacking, MicroVM, VmPaths, VmState
 from cryobox.agent.vm.states import require
 from cryobox.errors import GuestError, VmmError
+from cryobox.netpolicy import EgressPolicy
 from cryobox.util.encoding import b64, unb64
 from cryobox.util.sealing import Sealer
 from tests.support.clock import FakeClock
@@ -137,7 +138,8 @@ class FakeFactory:
         self.hot = HotImages(root / "hot")
         self.made: list[FakeVm] = []
         self.destroyed: list[str] = []
-        self.egress: dict[str, list[str]] = {}
+        self.egress: dict[str, EgressPolicy | None] = {}
+        self.forgotten: list[str] = []
         self.cold_disks: list[bytes] = []
         """What each cold-booted VM's disk held when it was spawned."""
         self.rejoin_error = ""
@@ -161,8 +163,11 @@ class FakeFactory:
     def slot_of(self, vm: MicroVM) -> Slot | None:
         return None
 
-    async def allow_egress(self, vm: MicroVM, cidrs: list[str]) -> None:
-        self.egress[vm.vm_id] = list(cidrs)
+    async def apply_egress(self, vm: MicroVM, sandbox_id: str, policy: EgressPolicy | None) -> None:
+        self.egress[vm.vm_id] = policy
+
+    async def forget_egress(self, sandbox_id: str) -> None:
+        self.forgotten.append(sandbox_id)
 
     def vm_record(self, vm: MicroVM) -> VmRecord:
         return vm_record(vm, None, None)

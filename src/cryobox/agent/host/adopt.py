@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..memory.hot import HotImages
+from ..net.netlink import load_slot_rules
 from ..net.slots import Slot, SlotPlan
 from ..sandbox.fidelity import rejoin
 from ..sandbox.mapping import adopted_sandbox
@@ -50,13 +51,6 @@ class Survey:
 
     def slots(self, plan: SlotPlan) -> list[Slot]:
         return [plan.slot(r.vm.slot_index) for r in self.live if r.vm is not None and r.vm.slot_index is not None]
-
-    def egress(self, plan: SlotPlan) -> dict[Slot, list[str]]:
-        return {
-            plan.slot(r.vm.slot_index): list(r.egress)
-            for r in self.live
-            if r.vm is not None and r.vm.slot_index is not None and r.egress
-        }
 
     def hot_keys(self, hot: HotImages) -> set[str]:
         keys = {hot.key_of(Path(r.vm.memory_path)) for r in self.live if r.vm is not None}
@@ -98,10 +92,14 @@ async def _adopt_live(service: SandboxService, record: SandboxRecord) -> Sandbox
             # the guest reopens its port when it sees the old agent's connection close; a ping that arrives
             # while it is closed is dropped, so ping until one is answered
             await vm.wait_guest_ready(ADOPT_GUEST_TIMEOUT_S)
+        sandbox = adopted_sandbox(record, vm, now, state=wanted, slot=service.factory.slot_of(vm))
+        if sandbox.slot is not None:  # today's slot rules (an older agent built it), its policy served again
+            await asyncio.to_thread(load_slot_rules, sandbox.slot)
+            await service.factory.apply_egress(vm, sandbox.id, sandbox.egress)
     except BaseException:
         await service.factory.destroy(vm)
         raise
-    return adopted_sandbox(record, vm, now, state=wanted, slot=service.factory.slot_of(vm))
+    return sandbox
 
 
 def _kill_recorded(record: SandboxRecord) -> None:

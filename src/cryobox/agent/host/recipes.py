@@ -90,7 +90,7 @@ def recipe_services(host: Host) -> RecipeServices:
         rootfs = template.manifest.get("rootfs") if template is not None else None
         return Path(rootfs) if isinstance(rootfs, str) else None
 
-    network = BuildNetwork(host.slots, host.firewall)
+    network = BuildNetwork(host.slots, host.egress)
     return RecipeServices(store=host.store, network=network.attach, template_rootfs=template_rootfs)
 
 

@@ -25,6 +25,10 @@ from ..memory.hot import HotImages, default_budget
 from ..memory.settings import MemoryMode, StorageConfig, TemplateSource
 from ..net.bakenet import bake_network, reclaim_bakes
 from ..net.denylist import deny_networks, endpoint_networks, exceptions_from_env
+from ..net.egress.metrics import EgressMetrics
+from ..net.egress.proxy import ProxyEnv
+from ..net.egress.resolver import Resolver, upstream_from_env
+from ..net.egress.service import EgressService
 from ..net.firewall import Firewall
 from ..net.netlink import host_networks
 from ..net.netlink import reclaim as reclaim_net
@@ -179,6 +183,7 @@ class Host:
     forking: Forking
     slots: SlotPool
     firewall: Firewall
+    egress: EgressService
     store: ObjectStore
     memserver: MemoryServerProcess
     localizer: Localizer
@@ -214,6 +219,7 @@ class Host:
             on_stop = OnStop.KEEP if failed else OnStop.HIBERNATE
         keep = on_stop is not OnStop.KILL
         await self.service.close(keep=keep)
+        await self.egress.close()  # with KEEP too: the next agent serves the adopted slots again
         if self.warming is not None:
             self.warming.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -241,6 +247,7 @@ class _Started:
 
     slots: SlotPool | None = None
     firewall: Firewall | None = None
+    egress: EgressService | None = None
     memserver: MemoryServerProcess | None = None
     volume: Volume | None = None
     ownership: Ownership | None = None
@@ -255,6 +262,8 @@ class _Started:
                 self.ownership.release()
 
     async def _undo(self, data_dir: Path) -> None:
+        if self.egress is not None:
+            await self.egress.close()
         if self.adopted:
             if self.slots is not None:
                 await self.slots.detach()
@@ -317,8 +326,12 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
     own = await asyncio.to_thread(host_networks)
     deny = deny_networks([*own, *endpoints], exceptions_from_env())
     firewall = started.firewall = Firewall(plan, deny=deny)
-    await asyncio.to_thread(functools.partial(firewall.ensure, fresh=True, egress=found.egress(plan)))
-    slots = started.slots = SlotPool(plan, size=config.net_pool, egress=firewall)
+    await asyncio.to_thread(functools.partial(firewall.ensure, fresh=True))
+    slots = started.slots = SlotPool(plan, size=config.net_pool)
+    egress_metrics = EgressMetrics()
+    egress = started.egress = EgressService(
+        ProxyEnv(Resolver(upstream_from_env()), floor=deny, observer=egress_metrics), metrics=egress_metrics
+    )
     progress(f"network slots from {plan.cidr} (tag {plan.tag}, {config.net_pool} pre-built)")
     hot = HotImages(paths.hot_dir, default_budget(paths.hot_dir))
     await asyncio.to_thread(hot.wipe, found.hot_keys(hot))
@@ -343,7 +356,7 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
         paths.run_dir,
         hot,
         slots,
-        firewall,
+        egress,
         MemorySource(hot, memserver, config.storage.memory_mode, config.storage.prefetch),
         jail,
     )
@@ -399,6 +412,7 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
         forking,
         slots,
         firewall,
+        egress,
         store,
         memserver,
         localizer,

@@ -50,6 +50,7 @@ class TemplateBuilder(Protocol):
 
 
 PTY_CALL_TIMEOUT_S = 30.0
+MAX_EGRESS_LOG = 1000
 
 
 class HostAgent(HibernationEndpoints, ProcEndpoints):
@@ -145,7 +146,8 @@ class HostAgent(HibernationEndpoints, ProcEndpoints):
 
     async def metrics_text(self) -> bytes:
         parts: list[str] = []
-        for source in [self.host.memserver.metrics_text, *self.metrics_sources]:
+        egress = [self.host.egress.metrics.text] if self.host.egress.metrics is not None else []
+        for source in [self.host.memserver.metrics_text, *egress, *self.metrics_sources]:
             try:
                 parts.append(await source())
             except Exception as err:  # a scrape never fails because one source did
@@ -175,7 +177,7 @@ class HostAgent(HibernationEndpoints, ProcEndpoints):
                 ttl_s=spec.ttl_s,
                 persistent=spec.persistent,
                 workspace_id=spec.workspace_id,
-                egress=list(spec.egress) if spec.egress is not None else None,
+                egress=spec.egress,
                 sandbox_id=spec.sandbox_id,
             )
         return self._info(sandbox)
@@ -202,6 +204,15 @@ class HostAgent(HibernationEndpoints, ProcEndpoints):
     async def set_lifecycle(self, sandbox_id: str, patch: am.LifecyclePatch) -> am.SandboxInfo:
         ttl_s: int | None | object = patch.ttl_s if patch.set_ttl else UNCHANGED
         return self._info(await self.service.set_lifecycle(sandbox_id, ttl_s=ttl_s, persistent=patch.persistent))
+
+    async def set_network(self, sandbox_id: str, update: am.NetworkUpdate) -> am.SandboxInfo:
+        return self._info(await self.service.set_network(sandbox_id, update.policy))
+
+    async def egress_log(self, sandbox_id: str, limit: int | None = None) -> am.EgressLog:
+        self.service.get(sandbox_id)  # 404 for a sandbox this agent does not hold
+        if limit is not None and not 0 <= limit <= MAX_EGRESS_LOG:
+            raise InvalidArgument(f"limit must be 0-{MAX_EGRESS_LOG}", details={"limit": limit})
+        return self.host.egress.read_log(sandbox_id, limit)
 
     async def touch(self, sandbox_id: str) -> am.SandboxInfo:
         return self._info(self.service.touch(sandbox_id))

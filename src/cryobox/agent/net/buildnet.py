@@ -1,23 +1,22 @@
-"""The network a template build VM runs in: a slot of the agent's pool with egress and a DNS relay.
+"""The network a template build VM runs in: a slot of the agent's pool served by the egress service.
 
 A Dockerfile's ``RUN apt-get install`` or ``pip install`` needs the network. The build VM gets a pooled slot like
-any sandbox: the host firewall's floor (private ranges, link-local and metadata addresses, the host: see
-:mod:`.denylist`) applies before any grant, so a build can never reach them; within it the slot is granted
-``CRYOBOX_BUILD_EGRESS`` (comma-separated CIDRs, default ``0.0.0.0/0``; empty = no egress), and
-:mod:`.dnsrelay` answers its resolver. The grant is cleared and the slot recycled when the build ends.
+any sandbox, under a policy of its own: ``CRYOBOX_BUILD_EGRESS`` (comma-separated CIDRs, default ``0.0.0.0/0``;
+empty = no egress) allowed, beyond the host's floor (private ranges, link-local and metadata addresses, the host:
+see :mod:`.denylist`), which no policy opens. Its resolver is answered by the egress service's name server. The
+slot is detached and recycled when the build ends.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import itertools
 import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
-from ...netpolicy import parse_cidrs
+from ...netpolicy import EgressPolicy, parse_cidrs
 from ..vm import NetAttach
-from .dnsrelay import dns_relay
 from .slots import Slot
 
 BUILD_EGRESS_ENV = "CRYOBOX_BUILD_EGRESS"
@@ -30,8 +29,10 @@ class SlotLease(Protocol):
     async def release(self, slot: Slot) -> None: ...
 
 
-class EgressGrant(Protocol):
-    def allow_egress(self, slot: Slot, cidrs: list[str]) -> None: ...
+class SlotPolicies(Protocol):
+    async def attach(self, sandbox_id: str, netns: str, policy: EgressPolicy) -> None: ...
+
+    async def forget(self, sandbox_id: str) -> None: ...
 
 
 def build_egress(env: Mapping[str, str] | None = None) -> list[str]:
@@ -47,21 +48,24 @@ def build_egress(env: Mapping[str, str] | None = None) -> list[str]:
 class BuildNetwork:
     """Lends build VMs a slot with egress and DNS (one per build, returned when it ends)."""
 
-    def __init__(self, slots: SlotLease, firewall: EgressGrant, egress: list[str] | None = None) -> None:
+    def __init__(self, slots: SlotLease, egress: SlotPolicies, allow: list[str] | None = None) -> None:
         self.slots = slots
-        self.firewall = firewall
-        self.egress = build_egress() if egress is None else egress
+        self.egress = egress
+        self.policy = EgressPolicy(allow=build_egress() if allow is None else allow)
+        self._ids = itertools.count()
 
     @contextlib.asynccontextmanager
     async def attach(self) -> AsyncIterator[NetAttach]:
         slot = await self.slots.acquire()
+        owner = f"build-{slot.netns}-{next(self._ids)}"
         try:
-            if self.egress:
-                await asyncio.to_thread(self.firewall.allow_egress, slot, self.egress)
-            async with dns_relay(slot.netns):
-                yield NetAttach(slot.netns, slot.tap)
+            await self.egress.attach(owner, slot.netns, self.policy)
+            yield NetAttach(slot.netns, slot.tap)
         finally:
-            await self.slots.release(slot)  # clears the grant before the slot is reused
+            try:
+                await self.egress.forget(owner)
+            finally:
+                await self.slots.release(slot)
 
 
 __all__ = ["BUILD_EGRESS_ENV", "BuildNetwork", "build_egress"]

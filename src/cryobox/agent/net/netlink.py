@@ -51,6 +51,7 @@ from .slots import (
     GUEST_IP,
     GUEST_PREFIXLEN,
     NETNS_DIR,
+    PROXY_PORT,
     Slot,
     check_tag,
     link_prefix,
@@ -102,20 +103,25 @@ def in_netns(name: str, *argv: str) -> list[str]:
 
 
 def slot_ruleset(slot: Slot) -> str:
-    """The slot netns' own nft table.
+    """The slot netns' own nft table (loaded whole: re-loading it replaces the previous one atomically).
 
-    * prerouting: the host reaches the guest at ``address``: DNAT it to the one baked ``GUEST_IP``.
-    * postrouting: the guest's own connections leave as ``address`` (so the host firewall can tell slots apart).
-    * forward: only the guest's own source address leaves (no spoofing another slot's address past the host
-      firewall), only DNAT'ed traffic and replies enter.
-    * input: the guest cannot talk to the namespace itself beyond ICMP (ARP is not IP and is unaffected) and DNS
-      to the gateway address (answered by :mod:`.dnsrelay` when the agent runs one there, else refused at once).
+    * prerouting: the host reaches the guest at ``address``: DNAT it to the one baked ``GUEST_IP``; every TCP
+      connection the guest opens to anything but its gateway is redirected to the egress proxy
+      (:mod:`.egress`, on ``GATEWAY_IP:PROXY_PORT`` in this namespace), which judges it by the sandbox's policy
+      and, if allowed, makes the connection itself from the host.
+    * forward: nothing the guest starts is routed out (UDP other than DNS, QUIC, ICMP, IPv6 are all dropped here:
+      only the proxy and the name server speak for it); only DNAT'ed traffic from the host and replies enter.
+    * input: the guest reaches the proxy only through the redirect, and DNS on the gateway address (answered by
+      the egress service's name server, per policy); nothing else of the namespace itself.
     """
     return f"""\
+table inet {NS_TABLE}
+delete table inet {NS_TABLE}
 table inet {NS_TABLE} {{
   chain prerouting {{
     type nat hook prerouting priority dstnat; policy accept;
     iifname "{slot.ns_veth}" ip daddr {slot.address} dnat ip to {GUEST_IP}
+    iifname "{slot.tap}" ip daddr != {GATEWAY_IP} meta l4proto tcp redirect to :{PROXY_PORT}
   }}
   chain postrouting {{
     type nat hook postrouting priority srcnat; policy accept;
@@ -124,13 +130,12 @@ table inet {NS_TABLE} {{
   chain forward {{
     type filter hook forward priority filter; policy drop;
     ct state established,related accept
-    iifname "{slot.tap}" oifname "{slot.ns_veth}" ip saddr {GUEST_IP} accept
     iifname "{slot.ns_veth}" oifname "{slot.tap}" ip daddr {GUEST_IP} ct status dnat accept
   }}
   chain input {{
     type filter hook input priority filter; policy accept;
     iifname "{slot.tap}" ct state established,related accept
-    iifname "{slot.tap}" meta l4proto icmp accept
+    iifname "{slot.tap}" meta l4proto tcp th dport {PROXY_PORT} ct status dnat accept
     iifname "{slot.tap}" ip daddr {GATEWAY_IP} meta l4proto {{ udp, tcp }} th dport 53 accept
     iifname "{slot.tap}" drop
   }}
@@ -189,6 +194,12 @@ def _build_in_new_netns(slot: Slot, progress: set[str]) -> None:
             host.link("set", index=veth, state="up")
     finally:
         os.close(host_fd)
+
+
+def load_slot_rules(slot: Slot, *, runner: Runner = run_command) -> None:
+    """(Re)load the slot's nft table as :func:`slot_ruleset` has it now: an adopted VM's slot, built by an
+    agent of an older version, gets today's rules (the table is replaced in one transaction)."""
+    runner(in_netns(slot.netns, "nft", "-f", "-"), slot_ruleset(slot))
 
 
 def create_slot(slot: Slot, *, runner: Runner = run_command) -> None:

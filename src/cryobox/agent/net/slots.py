@@ -31,6 +31,10 @@ GUEST_MAC = "02:cb:00:00:00:02"
 # The tap's MAC. Fixed so the ARP entry a guest cached for its gateway before a snapshot stays valid in any slot.
 GATEWAY_MAC = "02:cb:00:00:00:01"
 
+PROXY_PORT = 15001
+"""Where the slot's nft ``redirect`` sends the guest's TCP: the egress proxy's listener on ``GATEWAY_IP`` inside
+the slot's namespace."""
+
 DEFAULT_CIDR = "10.200.0.0/16"
 CIDR_ENV = "CRYOBOX_NET_CIDR"
 NETNS_DIR = Path("/run/netns")

@@ -19,11 +19,12 @@ import shutil
 from pathlib import Path
 
 from ...errors import CryoboxError, VmmError
+from ...netpolicy import EgressPolicy
 from ..disk.volume import clone_file
 from ..guest.exec import run_exec
 from ..memory.hot import HotImages
 from ..memory.settings import MemoryMode
-from ..net.firewall import Firewall
+from ..net.egress.service import EgressService
 from ..net.pool import IndexAllocator, SlotPool
 from ..net.slots import Slot
 from ..snapshot.store import SnapshotImage
@@ -51,7 +52,7 @@ class VmFactory:
         run_dir: Path,
         hot: HotImages,
         slots: SlotPool,
-        firewall: Firewall,
+        egress: EgressService,
         memory: MemorySource | None = None,
         jail: JailSettings | None = None,
     ) -> None:
@@ -62,7 +63,9 @@ class VmFactory:
         self.hot = hot
         self.memory = memory if memory is not None else MemorySource(hot, None, MemoryMode.HOT)
         self.slots = slots
-        self.firewall = firewall
+        self.egress = egress
+        self._egress_of: dict[str, str] = {}
+        """vm id -> the sandbox whose policy its slot is served under."""
         self._seed_locks: dict[Path, asyncio.Lock] = {}
         self._leases: dict[str, Slot] = {}
         self._vms: dict[str, MicroVM] = {}
@@ -101,11 +104,22 @@ class VmFactory:
             self._extra[vm_id] = index
         return VmJail(self.jail, uid)
 
-    async def allow_egress(self, vm: MicroVM, cidrs: list[str]) -> None:
+    async def apply_egress(self, vm: MicroVM, sandbox_id: str, policy: EgressPolicy | None) -> None:
+        """Serve ``vm``'s slot under ``sandbox_id``'s policy (``None``: nothing allowed): its proxy and name
+        server start, or the policy in force is replaced. :raises VmmError: the VM has no slot."""
         slot = self.slot_of(vm)
         if slot is None:
             raise VmmError(f"VM {vm.vm_id} has no network slot")
-        await asyncio.to_thread(self.firewall.allow_egress, slot, cidrs)
+        wanted = policy if policy is not None else EgressPolicy()
+        if self._egress_of.get(vm.vm_id) == sandbox_id:
+            self.egress.update(sandbox_id, wanted)
+            return
+        await self.egress.attach(sandbox_id, slot.netns, wanted)
+        self._egress_of[vm.vm_id] = sandbox_id
+
+    async def forget_egress(self, sandbox_id: str) -> None:
+        """The sandbox is gone: its decision log and policy go too."""
+        await self.egress.forget(sandbox_id)
 
     async def _empty_overlay(self, template: Template) -> Path:
         """An empty overlay over the template's disk, made once per template; copies are ~200 KiB.
@@ -257,6 +271,9 @@ class VmFactory:
         extra = self._extra.pop(vm_id, None)
         if extra is not None:
             self._extra_uids.give(extra)
+        owner = self._egress_of.pop(vm_id, None)
+        if owner is not None:
+            await self.egress.detach(owner)
         slot = self._leases.pop(vm_id, None)
         if slot is not None:
             await self.slots.release(slot)

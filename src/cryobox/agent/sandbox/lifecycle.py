@@ -26,6 +26,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
 from ...errors import StateError
+from ...netpolicy import EgressPolicy
 from ..crashpoints import CrashPoints
 from ..snapshot.store import CaptureInfo, SnapshotImage, SnapshotStore
 from ..vm import MicroVM, VmState
@@ -140,6 +141,18 @@ class Lifecycle:
             await self.persist(sandbox)
         return sandbox
 
+    async def set_network(self, sandbox_id: str, policy: EgressPolicy) -> Sandbox:
+        """Replace the sandbox's network policy, durably. A sandbox with a VM (running or paused) has it enforced
+        at once: new connections and queries see it, open connections it denies are cut. A hibernated one gets it
+        when it wakes."""
+        sandbox = self.get(sandbox_id)
+        async with sandbox.lock:
+            sandbox.egress = policy
+            if self.factory.slot_of(sandbox.vm) is not None:
+                await self.factory.apply_egress(sandbox.vm, sandbox.id, policy)
+            await self.persist(sandbox)
+        return sandbox
+
     async def wake(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:
         """Restore a hibernated sandbox; any other sandbox is returned as it is."""
         sandbox = self.get(sandbox_id, workspace_id)
@@ -163,8 +176,7 @@ class Lifecycle:
         vm = await self.factory.spawn_incoming(image)
         try:
             self.crash("wake.spawned")
-            if sandbox.egress is not None:
-                await self.factory.allow_egress(vm, sandbox.egress)
+            await self.factory.apply_egress(vm, sandbox.id, sandbox.egress)
             await self._bring_up(vm, image, sandbox.instance_id)
             self.crash("wake.restored")
             sandbox.vm = vm

@@ -11,8 +11,11 @@ versions load unchanged.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ...agentapi import models as am
 from ...errors import VmmError
+from ...netpolicy import EgressPolicy, legacy_policy
 from ..net.slots import Slot
 from ..snapshot.store import SnapshotImage
 from ..vm import MicroVM
@@ -20,8 +23,13 @@ from .records import SandboxRecord, VmRecord
 from .sandbox import Sandbox, SandboxState
 
 
-def _cidrs(egress: list[str] | None) -> list[str] | None:
-    return list(egress) if egress is not None else None
+def _stored(policy: EgressPolicy | None) -> dict[str, Any] | None:
+    return policy.model_dump(mode="json") if policy is not None else None
+
+
+def _policy(stored: object) -> EgressPolicy | None:
+    """A record's policy (a list of CIDRs from before policies reads as a policy allowing exactly those)."""
+    return EgressPolicy.model_validate(legacy_policy(stored)) if stored is not None else None
 
 
 def vm_record(vm: MicroVM, slot: Slot | None, slot_cidr: str | None) -> VmRecord:
@@ -65,7 +73,7 @@ def sandbox_record(sandbox: Sandbox, vm: VmRecord | None) -> SandboxRecord:
         ttl_s=sandbox.ttl_s,
         from_snapshot=sandbox.from_snapshot,
         instance_id=sandbox.instance_id,
-        egress=_cidrs(sandbox.egress),
+        egress=_stored(sandbox.egress),
         vm=vm,
         hibernation=str(sandbox.hibernation.path) if sandbox.hibernation is not None else None,
         mapped_image=sandbox.mapped_image,
@@ -101,7 +109,7 @@ def adopted_sandbox(
         last_active=now,
         from_snapshot=record.from_snapshot,
         instance_id=record.instance_id,
-        egress=_cidrs(record.egress),
+        egress=_policy(record.egress),
         slot=slot,
         hibernation=hibernation,
         mapped_image=record.mapped_image if hibernation is None else None,
@@ -135,7 +143,7 @@ def fork_child(
         last_active=now,
         instance_id=instance_id,
         slot=slot,
-        egress=_cidrs(parent.egress),
+        egress=parent.egress,
     )
 
 
@@ -160,7 +168,7 @@ def stored_wake(spec: am.WakeSpec, image: SnapshotImage, vm: MicroVM, now: float
         last_active=now,
         from_snapshot=spec.from_snapshot,
         instance_id=spec.instance_id,
-        egress=_cidrs(spec.egress),
+        egress=spec.egress,
         hibernation=image,
     )
 
@@ -190,6 +198,6 @@ def sandbox_info(sandbox: Sandbox, now: float) -> am.SandboxInfo:
         expires_at=sandbox.expires_at,
         idle_s=round(sandbox.idle_s(now), 3),
         expired=sandbox.expired(now),
-        egress=_cidrs(sandbox.egress),
+        egress=sandbox.egress,
         adopted=sandbox.adopted,
     )

@@ -77,7 +77,8 @@ class SandboxRecord:
     ttl_s: int | None = None
     from_snapshot: str | None = None
     instance_id: str = ""
-    egress: list[str] | None = None
+    egress: dict[str, Any] | list[str] | None = None
+    """The network policy (``EgressPolicy`` as JSON; a list of CIDRs in records of before policies)."""
     vm: VmRecord | None = None
     hibernation: str | None = None
     """Path of the hibernation image (state ``hibernated``)."""

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from ...errors import StateError
+from ...netpolicy import EgressPolicy
 from ..net.slots import Slot
 from ..snapshot.store import SnapshotImage
 from ..vm import MicroVM
@@ -51,8 +52,8 @@ class Sandbox:
     from_snapshot: str | None = None
     instance_id: str = ""
     """New for every sandbox (every restore); written to ``/run/cryobox/instance-id`` in the guest."""
-    egress: list[str] | None = None
-    """CIDRs the guest may reach (NAT through the host); ``None``: egress denied."""
+    egress: EgressPolicy | None = None
+    """The network policy its egress proxy and name server enforce; ``None``: nothing allowed."""
     slot: Slot | None = None
     """The network slot the sandbox's QEMU runs in; the host reaches the guest at ``slot.address``."""
     hibernation: SnapshotImage | None = None

@@ -28,6 +28,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ...errors import CryoboxError, NotFound, StateError
+from ...netpolicy import EgressPolicy
 from ..crashpoints import CrashPoints
 from ..snapshot.store import SnapshotImage, SnapshotStore
 from ..templates.bake import Template
@@ -171,7 +172,7 @@ class SandboxService(Lifecycle, GuestCalls):
         ttl_s: int | None = None,
         persistent: bool = False,
         workspace_id: str = "default",
-        egress: list[str] | None = None,
+        egress: EgressPolicy | None = None,
         sandbox_id: str | None = None,
     ) -> Sandbox:
         """Restore a new sandbox from ``template`` (its warm pool) or from ``from_snapshot`` (a fresh QEMU
@@ -204,12 +205,11 @@ class SandboxService(Lifecycle, GuestCalls):
                 from_snapshot=from_snapshot.id if from_snapshot is not None else None,
                 instance_id=uuid.uuid4().hex,
                 slot=self.factory.slot_of(vm),
-                egress=list(egress) if egress is not None else None,
+                egress=egress,
             )
             try:
                 self._take(sandbox)
-                if egress is not None:
-                    await self.factory.allow_egress(vm, egress)
+                await self.factory.apply_egress(vm, sandbox_id, egress)
                 step_ns = await self._bring_up(vm, source, sandbox.instance_id)
                 sandbox.boot_ms = round((time.monotonic() - started) * 1000, 1)
                 sandbox.state = SandboxState.RUNNING
@@ -300,8 +300,7 @@ class SandboxService(Lifecycle, GuestCalls):
         destroyed)."""
         try:
             self._take(child)
-            if child.egress is not None:
-                await self.factory.allow_egress(child.vm, child.egress)
+            await self.factory.apply_egress(child.vm, child.id, child.egress)
             await child.vm.wait_guest_ready(boot_timeout_s)
             await rejoin(await child.vm.connect_guest(), child.instance_id)
         except BaseException:
@@ -349,6 +348,7 @@ class SandboxService(Lifecycle, GuestCalls):
             self.crash("delete.killed")
             await self.forget_record(sandbox.id)
             await self._drop_images(sandbox)
+            await self.factory.forget_egress(sandbox.id)
 
     async def _drop_images(self, sandbox: Sandbox) -> None:
         if sandbox.hibernation is not None:
@@ -376,3 +376,4 @@ class SandboxService(Lifecycle, GuestCalls):
         for sandbox in sandboxes:
             await self.forget_record(sandbox.id)
             await self._drop_images(sandbox)
+            await self.factory.forget_egress(sandbox.id)

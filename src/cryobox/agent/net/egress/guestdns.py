@@ -22,8 +22,8 @@ import dns.message
 import dns.rcode
 
 from ....agentapi.models import EgressDecision
-from ....netpolicy import EgressPolicy, name_resolves, normalize_name
 from ....errors import InvalidArgument
+from ....netpolicy import EgressPolicy, name_resolves, normalize_name
 from .decisions import DecisionLog, DecisionObserver
 from .resolver import Resolver
 

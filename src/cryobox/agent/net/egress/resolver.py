@@ -9,12 +9,14 @@ connection right after the guest's own lookup costs no second round trip.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import dns.asyncquery
 import dns.exception
@@ -24,13 +26,24 @@ import dns.name
 import dns.rdatatype
 
 from ....errors import InvalidArgument
-from ..dnsrelay import host_resolvers
 
 UPSTREAM_ENV = "CRYOBOX_DNS_UPSTREAM"
 TIMEOUT_S = 3.0
 MAX_TTL_S = 300.0
 NEGATIVE_TTL_S = 5.0
 MAX_CACHE = 4096
+RESOLV_CONF = Path("/etc/resolv.conf")
+
+
+def host_resolvers(resolv_conf: Path = RESOLV_CONF) -> list[str]:
+    """The host's IPv4 name servers (``nameserver`` lines of ``resolv.conf``), loopback stubs included."""
+    servers: list[str] = []
+    with contextlib.suppress(OSError):
+        for line in resolv_conf.read_text().splitlines():
+            fields = line.split()
+            if len(fields) >= 2 and fields[0] == "nameserver" and ":" not in fields[1]:
+                servers.append(fields[1])
+    return servers
 
 
 @dataclass(frozen=True)
@@ -132,4 +145,4 @@ class Resolver:
             self._cache.popitem(last=False)
 
 
-__all__ = ["UPSTREAM_ENV", "Resolver", "Upstream", "upstream_from_env"]
+__all__ = ["UPSTREAM_ENV", "Resolver", "Upstream", "host_resolvers", "upstream_from_env"]

@@ -23,15 +23,14 @@ from dataclasses import dataclass
 from ....agentapi.models import EgressLog
 from ....netpolicy import EgressPolicy
 from ....util.system import in_fresh_thread
-from ..slots import GATEWAY_IP, NETNS_DIR
+from ..slots import GATEWAY_IP, NETNS_DIR, PROXY_PORT
 from .decisions import DecisionLog
 from .guestdns import DnsServer, GuestDns
+from .metrics import EgressMetrics
 from .proxy import ProxyEnv, SlotProxy
 
 log = logging.getLogger(__name__)
 CLONE_NEWNET = 0x40000000
-PROXY_PORT = 15001
-"""Where the slot's ``redirect`` sends the guest's TCP (on the gateway address, inside the slot's namespace)."""
 DNS_PORT = 53
 
 
@@ -48,7 +47,11 @@ def _bind_in_netns(netns: str, address: str) -> tuple[socket.socket, socket.sock
             os.close(fd)
         made: list[socket.socket] = []
         try:
-            for kind, port in ((socket.SOCK_STREAM, PROXY_PORT), (socket.SOCK_DGRAM, DNS_PORT), (socket.SOCK_STREAM, DNS_PORT)):
+            for kind, port in (
+                (socket.SOCK_STREAM, PROXY_PORT),
+                (socket.SOCK_DGRAM, DNS_PORT),
+                (socket.SOCK_STREAM, DNS_PORT),
+            ):
                 sock = socket.socket(socket.AF_INET, kind)
                 made.append(sock)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -76,8 +79,9 @@ class _Attached:
 class EgressService:
     """Attaches sandboxes' policies to their slots; one per host agent."""
 
-    def __init__(self, env: ProxyEnv) -> None:
+    def __init__(self, env: ProxyEnv, metrics: EgressMetrics | None = None) -> None:
         self.env = env
+        self.metrics = metrics
         self._attached: dict[str, _Attached] = {}
         self._policies: dict[str, EgressPolicy] = {}
         self._logs: dict[str, DecisionLog] = {}
@@ -90,7 +94,9 @@ class EgressService:
         await self.detach(sandbox_id)
         proxy_sock, udp, tcp = await asyncio.to_thread(_bind_in_netns, netns, GATEWAY_IP)
         proxy = SlotProxy(sandbox_id, policy, self.env, self.log_of(sandbox_id))
-        dns = DnsServer(GuestDns(lambda: proxy.policy, self.env.resolver, lambda: self.log_of(sandbox_id), self.env.observer, self.env.clock))
+        dns = DnsServer(
+            GuestDns(lambda: proxy.policy, self.env.resolver, lambda: self.log_of(sandbox_id), self.env.observer)
+        )
         try:
             server = await asyncio.start_server(proxy.accept, sock=proxy_sock, limit=65536)
             try:

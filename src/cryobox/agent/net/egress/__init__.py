@@ -1,0 +1,1 @@
+"""The host-side egress proxy of the guests' network policy."""

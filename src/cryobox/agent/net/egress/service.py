@@ -118,6 +118,10 @@ class EgressService:
         attached = self._attached.get(sandbox_id)
         return attached.proxy.set_policy(policy) if attached is not None else 0
 
+    def open_connections(self, sandbox_id: str) -> int:
+        attached = self._attached.get(sandbox_id)
+        return len(attached.proxy.flows) if attached is not None else 0
+
     def policy(self, sandbox_id: str) -> EgressPolicy | None:
         return self._policies.get(sandbox_id)
 

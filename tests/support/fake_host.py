@@ -10,6 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from cryobox.agent.net.egress.decisions import NoObserver
+from cryobox.agent.net.egress.proxy import ProxyEnv
+from cryobox.agent.net.egress.resolver import Resolver
+from cryobox.agent.net.egress.service import EgressService
 from cryobox.agent.host.startup import Host, HostConfig
 from cryobox.agent.hostagent.agent import HostAgent
 from cryobox.agent.memory.client import MemoryServerProcess
@@ -55,6 +59,7 @@ def make_agent(
         forking=rig.forking,
         slots=absent,
         firewall=absent,
+        egress=EgressService(ProxyEnv(Resolver(None), floor=(), observer=NoObserver())),
         store=open_store("memory://"),
         memserver=cast(MemoryServerProcess, FakeMemoryServer()),
         localizer=absent,

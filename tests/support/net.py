@@ -1,11 +1,8 @@
-"""Fakes of a host's network plumbing for unit tests without root: an nft that keeps an egress set the way the
-kernel would (from the scripts the firewall sends), a slot builder and an egress clearer that only record."""
+"""Fakes of a host's network plumbing for unit tests without root: an nft that records the scripts the firewall
+sends, and a slot builder that only records."""
 
 from __future__ import annotations
 
-import ipaddress
-import json
-import re
 import threading
 from collections.abc import Sequence
 
@@ -13,40 +10,17 @@ from cryobox.agent.net import Slot
 
 
 class FakeNft:
-    """Keeps an egress set the way the kernel would, from the scripts ``Firewall`` sends."""
+    """Records the scripts ``Firewall`` sends (``nft -f -``); lists no tables."""
 
     def __init__(self) -> None:
         self.scripts: list[str] = []
-        self.elements: set[tuple[str, str]] = set()
 
     def __call__(self, argv: Sequence[str], stdin: str | None) -> str:
-        if list(argv[:3]) == ["nft", "-j", "list"]:
-            elems = [{"concat": [a, self._member(n)]} for a, n in sorted(self.elements)]
-            return json.dumps({"nftables": [{"metainfo": {}}, {"set": {"name": "egress", "elem": elems}}]})
         if list(argv[:3]) == ["nft", "list", "tables"]:
             return ""
         assert list(argv) == ["nft", "-f", "-"] and stdin is not None
         self.scripts.append(stdin)
-        for line in stdin.splitlines():
-            m = re.match(r"(add|delete) element inet \S+ egress \{ (.*) \}$", line)
-            if not m:
-                continue
-            for item in m.group(2).split(", "):
-                addr, net = item.split(" . ")
-                key = (addr, str(ipaddress.IPv4Network(net)))
-                if m.group(1) == "add":
-                    self.elements.add(key)
-                else:
-                    assert key in self.elements, f"kernel would refuse deleting missing {key}"
-                    self.elements.remove(key)
         return ""
-
-    @staticmethod
-    def _member(net: str) -> object:
-        n = ipaddress.IPv4Network(net)
-        if n.prefixlen == 32:
-            return str(n.network_address)
-        return {"prefix": {"addr": str(n.network_address), "len": n.prefixlen}}
 
 
 class FakeBuilder:
@@ -70,14 +44,3 @@ class FakeBuilder:
     def destroy(self, slot: Slot) -> None:
         self.live.discard(slot.index)
         self.destroyed.append(slot.index)
-
-
-class FakeEgress:
-    def __init__(self) -> None:
-        self.cleared: list[int] = []
-        self.fail = False
-
-    def clear_egress(self, slot: Slot) -> None:
-        if self.fail:
-            raise OSError("nft went away")
-        self.cleared.append(slot.index)

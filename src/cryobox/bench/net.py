@@ -74,7 +74,7 @@ async def measure_slots(s: Samples, console: Console, progress: Reporter) -> Non
     firewall = Firewall(plan)
     try:
         await asyncio.to_thread(firewall.ensure, fresh=True)
-        warm = SlotPool(plan, size=SLOT_POOL_SIZE, egress=firewall)
+        warm = SlotPool(plan, size=SLOT_POOL_SIZE)
         try:
             await warm.wait_warm(timeout=300)
             slots = []
@@ -96,7 +96,7 @@ async def measure_slots(s: Samples, console: Console, progress: Reporter) -> Non
             await warm.close()
         console.print(f"  warm acquire p50 {stats_n(s.acquire_warm_us)['p50']} µs")
 
-        cold = SlotPool(plan, size=0, egress=firewall)
+        cold = SlotPool(plan, size=0)
         try:
             slots = []
             with progress.phase("cold slots: acquire, destroy", 2 * SLOT_N) as phase:

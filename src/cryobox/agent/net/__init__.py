@@ -2,7 +2,8 @@
 
 * :mod:`.slots` — pure arithmetic: index -> addresses and names (no I/O, no root).
 * :mod:`.netlink` — build/destroy/reclaim slots with pyroute2 (root).
-* :mod:`.firewall` — the host nft table: guests reach neither the host nor each other; egress per slot.
+* :mod:`.firewall` — the host nft table: guests reach neither the host nor each other, nor route through it.
+* :mod:`.egress` — what a guest may reach: the proxy its TCP is redirected to, its name server, per policy.
 * :mod:`.pool` — keeps slots pre-built so acquiring one is a deque pop.
 
 ``netlink`` and ``firewall`` are imported lazily (PEP 562 ``__getattr__``) so pure code and unit tests can use
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .pool import EgressControl, IndexAllocator, PoolStats, SlotBuilder, SlotPool
+from .pool import IndexAllocator, PoolStats, SlotBuilder, SlotPool
 from .slots import CIDR_ENV, DEFAULT_CIDR, GATEWAY_IP, GATEWAY_MAC, GUEST_IP, GUEST_MAC, Slot, SlotPlan, tag_for
 
 if TYPE_CHECKING:
@@ -48,7 +49,6 @@ __all__ = [
     "GATEWAY_MAC",
     "GUEST_IP",
     "GUEST_MAC",
-    "EgressControl",
     "Firewall",
     "IndexAllocator",
     "NetlinkBuilder",

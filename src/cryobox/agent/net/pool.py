@@ -2,15 +2,15 @@
 
 * A background task keeps ``size`` idle slots built (one build at a time, on a worker thread).
 * ``acquire`` pops an idle slot (O(1)); only when the pool is drained does it build one inline.
-* ``release`` clears the slot's egress grants and puts it back (recycled: its netns, veth and tap stay), unless
-  ``max_idle`` slots are already idle, in which case it is destroyed and its index freed.
+* ``release`` puts it back (recycled: its netns, veth and tap stay), unless ``max_idle`` slots are already idle,
+  in which case it is destroyed and its index freed.
 * Indices come from :class:`IndexAllocator`: lowest free index first, and an index is never handed to two live
-  slots. A slot whose egress could not be cleared is destroyed and its index *quarantined* (never reused by this
-  pool), so a later slot can never inherit grants it was not given.
+  slots.
 * ``close`` destroys every slot the pool built, idle or leased.
 
-Invariant: an idle slot has no egress grants (fresh slots never had any once the firewall was created with
-``ensure(fresh=True)``; released slots were cleared; leased slots are cleared at ``close``).
+A slot holds no grant of its own: what a guest may reach is the egress service's policy for the sandbox it
+serves, detached before the slot comes back (:meth:`..sandbox.factory.VmFactory.destroy`); a slot nobody serves
+answers every connection of its guest with a reset.
 """
 
 from __future__ import annotations
@@ -38,10 +38,6 @@ class SlotBuilder(Protocol):
     def create(self, slot: Slot) -> None: ...
 
     def destroy(self, slot: Slot) -> None: ...
-
-
-class EgressControl(Protocol):
-    def clear_egress(self, slot: Slot) -> None: ...
 
 
 class IndexAllocator:
@@ -119,7 +115,6 @@ class SlotPool:
         size: int = 8,
         builder: SlotBuilder | None = None,
         *,
-        egress: EgressControl | None = None,
         max_idle: int | None = None,
         retry_s: float = 1.0,
         clock: Clock = time.perf_counter,
@@ -134,7 +129,6 @@ class SlotPool:
         self.size = size
         self.max_idle = max(size, 2 * size if max_idle is None else max_idle)
         self._builder = builder
-        self._egress = egress
         self._retry_s = retry_s
         self._clock = clock
         self._indices = IndexAllocator(plan.capacity)
@@ -183,13 +177,7 @@ class SlotPool:
             self._forget(slot)
 
     def _teardown(self, leased: list[Slot], slots: list[Slot]) -> list[Slot]:
-        """Worker thread: clear leased slots' egress, destroy everything; returns the slots actually destroyed."""
-        for slot in leased:
-            try:
-                if self._egress is not None:
-                    self._egress.clear_egress(slot)
-            except Exception:
-                log.exception("clearing egress of %s at close failed", slot.netns)
+        """Worker thread: destroy everything; returns the slots actually destroyed."""
         destroyed = []
         for slot in slots:
             try:
@@ -254,19 +242,10 @@ class SlotPool:
         return slot
 
     async def release(self, slot: Slot) -> None:
-        """Give ``slot`` back: egress cleared, then recycled as idle (or destroyed beyond ``max_idle``)."""
+        """Give ``slot`` back: recycled as idle (or destroyed beyond ``max_idle``)."""
         if self._leased.get(slot.index) != slot:
             raise StateError(f"slot {slot.netns} is not leased from this pool", state="free", required="leased")
         del self._leased[slot.index]
-        if self._egress is not None:
-            try:
-                await asyncio.to_thread(self._egress.clear_egress, slot)
-            except Exception:
-                log.exception("clearing egress of %s failed: destroying it and quarantining index", slot.netns)
-                await asyncio.to_thread(self._builder.destroy, slot)
-                self._built.pop(slot.index, None)
-                self._destroyed += 1
-                raise
         if self._closed or len(self._idle) >= self.max_idle:
             await asyncio.to_thread(self._builder.destroy, slot)
             self._forget(slot)
@@ -329,7 +308,12 @@ class SlotPool:
                     log.exception("building a network slot failed; retrying in %.1fs", self._retry_s)
                     await asyncio.sleep(self._retry_s)
                     continue
-                if not self._closed:
+                if self._closed:
+                    continue
+                if len(self._idle) >= self.max_idle:  # releases filled the pool while this one was building
+                    await asyncio.to_thread(self._builder.destroy, slot)
+                    self._forget(slot)
+                else:
                     self._idle.append(slot)
             self._wake.clear()
             await self._wake.wait()

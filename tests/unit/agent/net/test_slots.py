@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import json
 import re
 from pathlib import Path
 
 import pytest
 
 from cryobox.agent.net import GUEST_IP, Slot, SlotPlan, SlotPool, tag_for
-from cryobox.agent.net.firewall import Firewall, parse_egress_json
+from cryobox.agent.net.firewall import Firewall
 from cryobox.agent.net.netlink import in_netns, slot_ruleset
 from cryobox.agent.net.pool import IndexAllocator
-from cryobox.agent.net.slots import IFNAME_MAX, MAX_SLOTS
+from cryobox.agent.net.slots import IFNAME_MAX, MAX_SLOTS, PROXY_PORT
 from cryobox.errors import HostUnavailable, InvalidArgument, StateError
 from cryobox.netpolicy import parse_cidrs
-from tests.support.net import FakeBuilder, FakeEgress, FakeNft
+from tests.support.net import FakeBuilder, FakeNft
 
 TAG = "0a1b2c"
 
@@ -102,91 +101,39 @@ def test_slot_netns_ruleset_nats_to_the_baked_guest() -> None:
     rules = slot_ruleset(slot)
     assert f'iifname "eth0" ip daddr 10.23.0.6 dnat ip to {GUEST_IP}' in rules
     assert f'oifname "eth0" ip saddr {GUEST_IP} snat ip to 10.23.0.6' in rules
+    assert f'iifname "tap0" ip daddr != 172.16.0.1 meta l4proto tcp redirect to :{PROXY_PORT}' in rules
+    assert "type filter hook forward priority filter; policy drop;" in rules
+    assert rules.startswith("table inet cryobox\ndelete table inet cryobox\n")  # a reload replaces it whole
     assert in_netns(slot.netns, "nft", "-f", "-")[:2] == ["nsenter", "--net=/run/netns/cryobox-0a1b2c-1"]
 
 
 # -- firewall against a fake nft ---------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def fake_fw(tmp_path: Path) -> tuple[Firewall, FakeNft, Path]:
+def test_firewall_ensure_and_remove() -> None:
     nft = FakeNft()
-    ip_forward = tmp_path / "ip_forward"
-    ip_forward.write_text("0\n")
-    return Firewall(SlotPlan(TAG, "10.23.0.0/16"), runner=nft, ip_forward=ip_forward), nft, ip_forward
-
-
-def test_firewall_ensure_and_remove(fake_fw: tuple[Firewall, FakeNft, Path]) -> None:
-    fw, nft, ip_forward = fake_fw
+    fw = Firewall(SlotPlan(TAG, "10.23.0.0/16"), runner=nft)
     fw.ensure()
-    assert ip_forward.read_text().strip() == "1"
     script = nft.scripts[-1]
-    assert script.startswith("table inet cryobox_0a1b2c {")  # not fresh: keeps the set's elements
+    assert script.startswith("table inet cryobox_0a1b2c {")
     for rule in (
         'iifname "cb0a1b2ch*" ct state established,related accept',
-        'iifname "cb0a1b2ch*" oifname "cb*" drop',
-        'iifname "cb0a1b2ch*" ip saddr . ip daddr @egress accept',
-        'ip saddr 10.23.0.0/16 oifname != "cb*" masquerade',
+        'iifname "cb0a1b2ch*" drop',
+        'oifname "cb0a1b2ch*" ct state established,related accept',
     ):
         assert rule in script
+    assert "masquerade" not in script and "@egress" not in script  # nothing routes out: the proxy connects
     fw.ensure(fresh=True)
     assert nft.scripts[-1].startswith("add table inet cryobox_0a1b2c\ndelete table inet cryobox_0a1b2c\n")
     fw.remove()
     assert nft.scripts[-1] == "add table inet cryobox_0a1b2c\ndelete table inet cryobox_0a1b2c\n"
 
 
-def test_allow_egress_merges_and_clear_removes_only_that_slot(fake_fw: tuple[Firewall, FakeNft, Path]) -> None:
-    fw, nft, _ = fake_fw
-    a, b = fw.plan.slot(0), fw.plan.slot(1)
-    fw.allow_egress(a, ["10.1.0.0/16", "1.2.3.4"])
-    fw.allow_egress(b, ["192.168.0.0/24"])
-    fw.allow_egress(a, ["10.0.0.0/8"])  # swallows 10.1/16: the interval set would refuse the overlap
-    assert sorted(fw.egress(a)) == ["1.2.3.4/32", "10.0.0.0/8"]
-    n_scripts = len(nft.scripts)
-    fw.allow_egress(a, ["10.9.0.0/16"])  # already covered: nothing to send
-    fw.allow_egress(a, [])
-    assert len(nft.scripts) == n_scripts
-    fw.clear_egress(a)
-    fw.clear_egress(a)
-    assert fw.egress(a) == []
-    assert fw.egress(b) == ["192.168.0.0/24"]
-
-
-@pytest.mark.parametrize("bad", [["nope"], ["10.0.0.1/8"], ["fd00::/8"], [""], [42], "10.0.0.0/8"])
-def test_bad_egress_cidrs_are_invalid_arguments(bad: object, fake_fw: tuple[Firewall, FakeNft, Path]) -> None:
-    fw, nft, _ = fake_fw
-    with pytest.raises(InvalidArgument):
-        fw.allow_egress(fw.plan.slot(0), bad)  # type: ignore[arg-type]
-    assert nft.scripts == []
-
-
-def test_egress_refuses_foreign_slots(fake_fw: tuple[Firewall, FakeNft, Path]) -> None:
-    fw, _, _ = fake_fw
-    with pytest.raises(InvalidArgument):
-        fw.allow_egress(SlotPlan("ffffff", "10.23.0.0/16").slot(0), ["10.0.0.0/8"])
-
-
-def test_parse_egress_json_shapes() -> None:
-    text = json.dumps(
-        {
-            "nftables": [
-                {"metainfo": {"version": "1.0.6"}},
-                {
-                    "set": {
-                        "elem": [
-                            {"concat": ["10.23.0.2", "1.2.3.4"]},
-                            {"concat": ["10.23.0.2", {"prefix": {"addr": "10.0.0.0", "len": 8}}]},
-                            {"concat": ["10.23.0.6", {"range": ["10.0.0.0", "10.0.0.5"]}]},
-                            {"elem": {"val": {"concat": ["10.23.0.6", "9.9.9.9"]}, "timeout": 5}},
-                        ]
-                    }
-                },
-            ]
-        }
-    )
-    got = {k: sorted(str(n) for n in v) for k, v in parse_egress_json(text).items()}
-    assert got == {"10.23.0.2": ["1.2.3.4/32", "10.0.0.0/8"], "10.23.0.6": ["10.0.0.0/30", "10.0.0.4/31", "9.9.9.9/32"]}
+def test_parse_cidrs_normalizes() -> None:
     assert [str(n) for n in parse_cidrs(["1.2.3.4", " 10.0.0.0/8"])] == ["1.2.3.4/32", "10.0.0.0/8"]
+    for bad in (["nope"], ["10.0.0.1/8"], ["fd00::/8"], [""], [42], "10.0.0.0/8"):
+        with pytest.raises(InvalidArgument):
+            parse_cidrs(bad)  # type: ignore[arg-type]
 
 
 # -- pool with a fake builder ------------------------------------------------------------------------------------
@@ -196,8 +143,8 @@ PLAN = SlotPlan(TAG, "10.23.0.0/16")
 
 
 async def test_warm_acquire_is_a_pop_and_never_waits_for_a_build() -> None:
-    builder, egress = FakeBuilder(), FakeEgress()
-    async with SlotPool(PLAN, size=4, builder=builder, egress=egress) as pool:
+    builder = FakeBuilder()
+    async with SlotPool(PLAN, size=4, builder=builder) as pool:
         await pool.wait_warm()
         assert sorted(builder.created) == [0, 1, 2, 3]
         builder.gate.clear()  # from now on every build hangs
@@ -218,14 +165,14 @@ async def test_warm_acquire_is_a_pop_and_never_waits_for_a_build() -> None:
     assert sorted(builder.created) == sorted(builder.destroyed)
 
 
-async def test_release_recycles_and_clears_egress() -> None:
-    builder, egress = FakeBuilder(), FakeEgress()
-    async with SlotPool(PLAN, size=1, builder=builder, egress=egress) as pool:
+async def test_release_recycles() -> None:
+    builder = FakeBuilder()
+    async with SlotPool(PLAN, size=1, builder=builder) as pool:
         await pool.wait_warm()
         slot = await pool.acquire()
         await pool.wait_warm()  # the filler replaced it
         await pool.release(slot)
-        assert egress.cleared == [0] and builder.destroyed == []
+        assert builder.destroyed == []
         assert pool.stats().recycled == 1 and pool.stats().idle == 2
         again = [await pool.acquire(), await pool.acquire()]
         assert slot in again  # the same netns/veth/tap, not a rebuilt one
@@ -251,9 +198,9 @@ async def test_beyond_the_cap_slots_are_destroyed_and_lowest_index_is_reused() -
             await pool.release(s)
 
 
-async def test_close_destroys_everything_and_clears_leased_egress() -> None:
-    builder, egress = FakeBuilder(), FakeEgress()
-    pool = SlotPool(PLAN, size=3, builder=builder, egress=egress)
+async def test_close_destroys_everything() -> None:
+    builder = FakeBuilder()
+    pool = SlotPool(PLAN, size=3, builder=builder)
     await pool.wait_warm()
     leased = [await pool.acquire() for _ in range(5)]
     released = leased.pop()
@@ -261,7 +208,6 @@ async def test_close_destroys_everything_and_clears_leased_egress() -> None:
     await pool.close()
     assert builder.live == set()
     assert sorted(builder.destroyed) == sorted(builder.created)
-    assert sorted(egress.cleared) == sorted([released.index] + [s.index for s in leased])
     with pytest.raises(StateError):
         await pool.acquire()
     await pool.close()  # idempotent
@@ -279,18 +225,6 @@ async def test_capacity_exhaustion_and_build_failure() -> None:
             await pool.acquire()
         await pool.release(slots[2])
         assert (await pool.acquire()).index == 2
-
-
-async def test_failed_egress_clear_quarantines_the_index() -> None:
-    builder, egress = FakeBuilder(), FakeEgress()
-    async with SlotPool(PLAN, size=0, builder=builder, egress=egress) as pool:
-        slot = await pool.acquire()
-        egress.fail = True
-        with pytest.raises(OSError):
-            await pool.release(slot)
-        egress.fail = False
-        assert builder.destroyed == [0]
-        assert (await pool.acquire()).index == 1  # 0 may still carry grants: never reused
 
 
 async def test_random_churn_never_shares_an_index() -> None:

@@ -15,6 +15,7 @@ import pytest
 from cryobox.agent.sandbox.sandbox import SandboxState
 from cryobox.agent.vm import VmState
 from cryobox.errors import GuestError, InvalidArgument, StateError
+from cryobox.netpolicy import EgressPolicy
 from tests.support.fake_vm import Rig, make_rig
 
 
@@ -24,14 +25,20 @@ def rig(tmp_path: Path) -> Rig:
 
 
 async def test_a_fork_child_boots_from_the_parents_disk_under_a_fresh_id(rig: Rig) -> None:
-    parent = await rig.service.create("base", sandbox_id="sb-p", env={"A": "1"}, egress=["10.0.0.0/8"], ttl_s=60)
+    parent = await rig.service.create(
+        "base", sandbox_id="sb-p", env={"A": "1"}, egress=EgressPolicy(allow=["10.0.0.0/8"]), ttl_s=60
+    )
     child = await rig.forking.fork("sb-p", metadata={"role": "child"})
     assert child.id.startswith("sb-") and child.id != parent.id and rig.service.get(child.id) is child
     assert (child.state, child.boot_mode, child.workspace_id) == (SandboxState.RUNNING, "cold", parent.workspace_id)
-    assert (child.env, child.egress, child.metadata) == ({"A": "1"}, ["10.0.0.0/8"], {"role": "child"})
+    assert (child.env, child.egress, child.metadata) == (
+        {"A": "1"},
+        EgressPolicy(allow=["10.0.0.0/8"]),
+        {"role": "child"},
+    )
     assert child.ttl_s is None and child.instance_id not in ("", parent.instance_id)
     assert rig.factory.cold_disks == [parent.vm.disk.read_bytes()]  # a copy of the parent's disk
-    assert rig.factory.egress[child.vm.vm_id] == ["10.0.0.0/8"]
+    assert rig.factory.egress[child.vm.vm_id] == EgressPolicy(allow=["10.0.0.0/8"])
     assert rig.vm(child.id).fake_guest.calls[0][1]["instance_id"] == child.instance_id  # rejoined as itself
     assert parent.vm.state is VmState.RUNNING  # paused for the copy only
     assert rig.recorded() == {"sb-p": "running", child.id: "running"}
@@ -74,7 +81,7 @@ async def test_a_fork_child_never_takes_an_id_held(rig: Rig) -> None:
 
 
 async def test_fork_tree_restores_its_children_from_one_snapshot(rig: Rig) -> None:
-    parent = await rig.service.create("base", sandbox_id="sb-p", egress=["10.0.0.0/8"])
+    parent = await rig.service.create("base", sandbox_id="sb-p", egress=EgressPolicy(allow=["10.0.0.0/8"]))
     tree = await rig.forking.fork_tree("sb-p", count=3, metadata={"m": "1"}, tree_id="tree-1")
     ids = [c.id for c in tree.children]
     assert len(set(ids)) == 3 and parent.id not in ids and tree.errors == []
@@ -83,7 +90,7 @@ async def test_fork_tree_restores_its_children_from_one_snapshot(rig: Rig) -> No
         assert rig.service.get(child.id) is child and child.state is SandboxState.RUNNING
         assert rig.vm(child.id).restored_from == tree.snapshot.vmstate
         assert child.metadata == {"m": "1", "cryobox.tree_id": "tree-1", "cryobox.parent_id": "sb-p"}
-        assert child.from_snapshot == tree.snapshot.id and child.egress == ["10.0.0.0/8"]
+        assert child.from_snapshot == tree.snapshot.id and child.egress == EgressPolicy(allow=["10.0.0.0/8"])
     assert rig.recorded() == {"sb-p": "running", **dict.fromkeys(ids, "running")}
     names = rig.steps.names()
     assert names.index("fork_tree.captured") < names.index("fork_tree.children")

@@ -13,6 +13,7 @@ from cryobox.agent.sandbox.records import SandboxRecord, SandboxRecords
 from cryobox.agent.sandbox.sandbox import Sandbox, SandboxState
 from cryobox.agent.snapshot.store import SnapshotImage
 from cryobox.agent.vm import VmState
+from cryobox.netpolicy import EgressPolicy
 from cryobox.agentapi import models as am
 from cryobox.util.sealing import Sealer
 from tests.support.fake_vm import MACHINE, FakeFactory
@@ -47,7 +48,7 @@ def _sandbox(factory: FakeFactory) -> Sandbox:
         last_active=20.0,
         from_snapshot="snap-1",
         instance_id="inst",
-        egress=["10.0.0.0/8"],
+        egress=EgressPolicy(allow=["10.0.0.0/8", "example.org"]),
         mapped_image="sb-1.h1",
     )
 
@@ -60,7 +61,8 @@ def test_a_record_round_trips_through_adoption(tmp_path: Path) -> None:
     adopted = adopted_sandbox(record, sandbox.vm, 99.0, state=SandboxState.PAUSED)
     assert sandbox_record(adopted, record.vm) == record
     assert adopted.adopted and adopted.last_active == 99.0  # a restart grants a fresh idle period
-    assert adopted.egress is not record.egress and adopted.metadata is not record.metadata  # copies, not shared
+    assert adopted.egress == sandbox.egress and adopted.metadata is not record.metadata  # copies, not shared
+    assert record.egress == {**EgressPolicy().model_dump(mode="json"), "allow": ["10.0.0.0/8", "example.org"]}
 
 
 def test_info_reports_the_sandbox_at_a_time(tmp_path: Path) -> None:
@@ -82,7 +84,7 @@ def test_a_fork_child_and_a_stored_wake_take_what_they_should(tmp_path: Path) ->
     assert (child.template, child.cpus, child.memory_mib, child.workspace_id) == ("base", 2, 512, "ws")
     assert (child.env, child.egress, child.metadata, child.boot_mode) == (
         {"E": "1"},
-        ["10.0.0.0/8"],
+        EgressPolicy(allow=["10.0.0.0/8", "example.org"]),
         {"m": "1"},
         "cold",
     )
@@ -99,7 +101,8 @@ def test_a_fork_child_and_a_stored_wake_take_what_they_should(tmp_path: Path) ->
     )
     woken = stored_wake(spec, image, factory.placeholder("sb-9", MACHINE), 40.0)
     assert (woken.id, woken.state, woken.hibernation, woken.memory_mib) == ("sb-9", SandboxState.HIBERNATED, image, 512)
-    assert (woken.instance_id, woken.ttl_s, woken.egress, woken.last_active) == ("i9", 5, [], 40.0)
+    # a list of CIDRs (a control plane of before policies) reads as a policy allowing exactly those
+    assert (woken.instance_id, woken.ttl_s, woken.egress, woken.last_active) == ("i9", 5, EgressPolicy(), 40.0)
 
 
 def test_a_record_an_earlier_version_wrote_still_loads(tmp_path: Path) -> None:
@@ -122,7 +125,7 @@ def test_a_record_an_earlier_version_wrote_still_loads(tmp_path: Path) -> None:
         "ttl_s": 30,
         "from_snapshot": None,
         "instance_id": "i",
-        "egress": None,
+        "egress": ["10.0.0.0/8"],  # before policies: the CIDRs the guest may reach
         "vm": None,
         "hibernation": "/data/vol/hibernate/sb-old.h1",
         "mapped_image": None,
@@ -135,6 +138,9 @@ def test_a_record_an_earlier_version_wrote_still_loads(tmp_path: Path) -> None:
         {"E": "1"},
         written["hibernation"],
     )
+    placeholder = FakeFactory(tmp_path).placeholder("sb-old", MACHINE)
+    adopted = adopted_sandbox(record, placeholder, 5.0, state=SandboxState.HIBERNATED)
+    assert adopted.egress == EgressPolicy(allow=["10.0.0.0/8"])
     stored = json.loads((records.root / "sb-old.json").read_text())  # sealed now, every other key as it was
     assert set(stored) == set(written) and {k: v for k, v in stored.items() if k != "env"} == {
         k: v for k, v in written.items() if k != "env"

@@ -22,6 +22,7 @@ from cryobox.agent.snapshot.store import CaptureInfo
 from cryobox.agent.vm import MicroVM, VmState
 from cryobox.agentapi import models as am
 from cryobox.errors import GuestError, NotFound, PayloadTooLarge, StateError
+from cryobox.netpolicy import EgressPolicy
 from tests.support.fake_vm import MACHINE, FakeVm, Rig, make_rig
 
 
@@ -146,7 +147,7 @@ async def test_a_request_in_flight_keeps_the_sandbox_from_expiring(rig: Rig) -> 
 
 
 async def test_hibernate_records_before_killing_and_any_request_wakes_it(rig: Rig) -> None:
-    await rig.service.create("base", sandbox_id="sb-1", egress=["10.0.0.0/8"])
+    await rig.service.create("base", sandbox_id="sb-1", egress=EgressPolicy(allow=["10.0.0.0/8"]))
     first = rig.vm("sb-1")
     sandbox = await rig.service.hibernate("sb-1")
     image = sandbox.hibernation
@@ -163,7 +164,9 @@ async def test_hibernate_records_before_killing_and_any_request_wakes_it(rig: Ri
     result = await rig.service.exec("sb-1", ExecSpec(cmd="true"))  # a request wakes it
     second = rig.vm("sb-1")
     assert result.exit_code == 0 and second is not first and second.state is VmState.RUNNING
-    assert second.restored_from == image.vmstate and rig.factory.egress[second.vm_id] == ["10.0.0.0/8"]
+    assert second.restored_from == image.vmstate and rig.factory.egress[second.vm_id] == EgressPolicy(
+        allow=["10.0.0.0/8"]
+    )
     assert state_of(sandbox) is SandboxState.RUNNING and (sandbox.hibernation, sandbox.mapped_image) == (None, image.id)
     assert rig.recorded() == {"sb-1": "running"} and rig.hibernation.ids() == []  # recorded, then the image went
     assert rig.steps.names()[-2:] == ["wake.spawned", "wake.restored"]
@@ -254,7 +257,7 @@ def _wake_spec(sandbox_id: str) -> am.WakeSpec:
         metadata={"m": "1"},
         env={"E": "2"},
         ttl_s=90,
-        egress=["10.1.0.0/16"],
+        egress=EgressPolicy(allow=["10.1.0.0/16"]),
     )
 
 
@@ -273,7 +276,7 @@ async def test_wake_here_records_then_wakes_a_stored_hibernation(rig: Rig) -> No
     assert woken is rig.service.get("sb-9") and woken.state is SandboxState.RUNNING and woken.boot_ms >= 2000
     assert dict(rig.steps.steps)["wake.spawned"] == {"sb-9": "hibernated"}  # recorded here before it wakes
     assert rig.vm("sb-9").fake_guest.calls[0][1]["instance_id"] == "inst-1"  # the identity it had elsewhere
-    assert rig.factory.egress[rig.vm("sb-9").vm_id] == ["10.1.0.0/16"]
+    assert rig.factory.egress[rig.vm("sb-9").vm_id] == EgressPolicy(allow=["10.1.0.0/16"])
     [record] = rig.records.load_all()
     assert (record.state, record.workspace_id, record.env, record.ttl_s) == ("running", "ws-a", {"E": "2"}, 90)
     assert rig.hibernation.ids() == []

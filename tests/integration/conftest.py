@@ -7,6 +7,7 @@ Ladder: ``templates`` (built/baked once, cached across runs) -> ``server`` (a re
 from __future__ import annotations
 
 import fcntl
+import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,12 +17,14 @@ import pytest
 
 from cryobox import Sandbox
 from cryobox.agent.host.reclaim import find_own_qemus
+from cryobox.agent.net.egress.resolver import UPSTREAM_ENV as DNS_UPSTREAM
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
 from cryobox.objstore.client import open_store
 from cryobox.objstore.gc import GcPolicy, collect
-from tests.support.archives import archive_networks
+from tests.support.archives import archive_names, archive_networks
 from tests.support.host import cache_dir, host_paths, templates
+from tests.support.internet import Internet, internet
 from tests.support.netutil import OUTSIDE_RANGE
 from tests.support.serve import Api, Client
 
@@ -40,8 +43,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
+def suite_internet() -> Iterator[Internet]:
+    """The suite's stand-in internet (tests/support/internet.py): the shared server's guests resolve names in it
+    (``CRYOBOX_DNS_UPSTREAM``) and reach its servers; it also answers for the package archives builds reach."""
+    with internet(secrets.token_hex(3)) as net:
+        for name, addresses in archive_names().items():
+            net.add_name(name, ipv4=addresses)
+        yield net
+
+
+@pytest.fixture(scope="session")
 def server(
-    tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, templates: dict[str, Template]
+    tmp_path_factory: pytest.TempPathFactory,
+    cache_dir: Path,
+    templates: dict[str, Template],
+    suite_internet: Internet,
 ) -> Iterator[ServeProcess]:
     data_dir = tmp_path_factory.mktemp("serve")
     # the operator exempts the suite's stand-in for the internet (tests/support/netutil.py) from the deny list, and
@@ -49,7 +65,8 @@ def server(
     allowed = ",".join([OUTSIDE_RANGE, *archive_networks()])
     # the suite's builds share the host's step caches: keep them small (the defaults are an operator's 20/50 GiB)
     budgets = {"CRYOBOX_BUILD_CACHE_BYTES": str(2 << 30), "CRYOBOX_BUILD_CACHE_STORE_BYTES": str(2 << 30)}
-    proc = ServeProcess(data_dir, cache_dir=cache_dir, extra_env={ALLOW_PRIVATE: allowed, **budgets}).start()
+    env = {ALLOW_PRIVATE: allowed, DNS_UPSTREAM: suite_internet.dns, **budgets}
+    proc = ServeProcess(data_dir, cache_dir=cache_dir, extra_env=env).start()
     try:
         yield proc
     finally:

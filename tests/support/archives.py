@@ -12,6 +12,26 @@ from urllib.parse import urlsplit
 from cryobox.image.rootfs import mirror
 
 
+def _addresses(host: str) -> list[str]:
+    try:
+        infos = socket.getaddrinfo(host, 80, socket.AF_INET, socket.SOCK_STREAM)
+    except OSError:
+        return []
+    return sorted({str(info[4][0]) for info in infos})
+
+
+def archive_names() -> dict[str, list[str]]:
+    """Name -> IPv4 addresses now, for the package archives a build VM's ``apt-get`` and ``pip`` use: the Debian
+    mirror the images are built from and pip's default index and file hosts (read from pip itself). The suite's
+    own name server answers these (and only these) beyond its stand-in internet, so builds resolve them while no
+    test query leaves the machine."""
+    from pip._internal.models.index import PyPI  # the index pip in a build VM uses by default
+
+    hosts = [urlsplit(mirror()).hostname, PyPI.netloc, PyPI.file_storage_domain]
+    found = {host: _addresses(host) for host in hosts if host}
+    return {host: addresses for host, addresses in found.items() if addresses}
+
+
 def archive_networks() -> list[str]:
     """``<address>/32`` for every IPv4 address the Debian mirror's host name resolves to now."""
     host = urlsplit(mirror()).hostname

@@ -26,13 +26,14 @@ GUEST_PROBE = (
     "python3 -c 'import socket, sys\n"
     "s = socket.socket(); s.settimeout(3)\n"
     "try:\n"
-    '    s.connect((sys.argv[1], int(sys.argv[2]))); print("ok", s.recv(2).decode())\n'
+    '    s.connect((sys.argv[1], int(sys.argv[2]))); g = s.recv(2); print("ok", g.decode()) if g else print("blocked")\n'
     "except OSError as e:\n"
     '    print("blocked", type(e).__name__)\' {addr} {port}'
 )
 # Probes every ADDR:PORT given at once (one thread each), printing "ADDR:PORT ok <greeting>" or
 # "ADDR:PORT blocked <error>": a denied connect costs its 3 s timeout once for all targets, not once per target.
-# Only a failed connect counts as blocked (a peer that connects but sends nothing is still "ok").
+# A failed connect is blocked, and so is a connection reset or closed before the greeting every listener here sends:
+# the egress proxy accepts every connection of the guest, then resets the ones its policy denies.
 GUEST_PROBES = """\
 import concurrent.futures, socket, sys
 
@@ -45,9 +46,12 @@ def probe(target):
         except OSError as e:
             return "blocked " + type(e).__name__
         try:
-            return "ok " + s.recv(2).decode()
+            greeting = s.recv(2)
+        except ConnectionResetError:
+            return "blocked reset"
         except OSError as e:
             return "ok (no greeting: " + type(e).__name__ + ")"
+        return "ok " + greeting.decode() if greeting else "blocked closed"
 
 with concurrent.futures.ThreadPoolExecutor(len(sys.argv) - 1) as pool:
     for target, outcome in zip(sys.argv[1:], pool.map(probe, sys.argv[1:])):

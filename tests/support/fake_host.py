@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from cryobox.agent.host.startup import Host, HostConfig
+from cryobox.agent.hostagent.agent import HostAgent
+from cryobox.agent.memory.client import MemoryServerProcess
 from cryobox.agent.net.egress.decisions import NoObserver
 from cryobox.agent.net.egress.proxy import ProxyEnv
 from cryobox.agent.net.egress.resolver import Resolver
 from cryobox.agent.net.egress.service import EgressService
-from cryobox.agent.host.startup import Host, HostConfig
-from cryobox.agent.hostagent.agent import HostAgent
-from cryobox.agent.memory.client import MemoryServerProcess
 from cryobox.agent.sandbox.admission import AdmissionConfig, AdmissionController
 from cryobox.agent.vm import Accel
 from cryobox.config import Paths

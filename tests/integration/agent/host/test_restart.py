@@ -16,6 +16,9 @@ import pytest
 from cryobox.agent.host.reclaim import find_own_qemus
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
+from tests.support.guestnet import reached
+from tests.support.internet import Internet
+from tests.support.netutil import OUTSIDE_RANGE
 from tests.support.serve import Client
 from tests.support.teardown import reclaim_data_dir
 
@@ -36,20 +39,25 @@ def _states(client: Client) -> dict[str, str]:
     return {s["id"]: s["status"] for s in client.call("GET", "/v1/sandboxes")["items"]}
 
 
-def test_sandboxes_survive_sigkill_and_sigterm(tmp_path: Path, cache_dir: Path, templates: dict[str, Template]) -> None:
+def test_sandboxes_survive_sigkill_and_sigterm(
+    tmp_path: Path, cache_dir: Path, templates: dict[str, Template], suite_internet: Internet
+) -> None:
     data_dir = tmp_path / "data"
+    names = {"CRYOBOX_DNS_UPSTREAM": suite_internet.dns, "CRYOBOX_EGRESS_ALLOW_PRIVATE": OUTSIDE_RANGE}
     run_dir = data_dir / "vol" / "run"
     started: list[ServeProcess] = []
 
     def serve(env: dict[str, str]) -> ServeProcess:
-        proc = ServeProcess(data_dir, cache_dir=cache_dir, prespawn=1, extra_args=SMALL, extra_env=env)
+        proc = ServeProcess(data_dir, cache_dir=cache_dir, prespawn=1, extra_args=SMALL, extra_env={**names, **env})
         started.append(proc)
         return proc.start()
 
     try:
         first = serve(KEEP)
         client = Client(first.url, first.api_key)
-        running, hibernated, paused = (client.create()["id"] for _ in range(3))
+        policy = {"allow": ["example.org"]}
+        running, hibernated, paused = (client.create(network=policy)["id"] for _ in range(3))
+        assert reached(client, running) == {"example.org"}
         for sandbox_id in (running, hibernated, paused):  # a process and a file in guest RAM (tmpfs /run)
             client.sh(sandbox_id, f"echo {sandbox_id} > /run/mark; (sleep 100000 &) ; pgrep -n sleep > /root/pid")
         client.call("POST", f"/v1/sandboxes/{hibernated}/hibernate")
@@ -65,6 +73,7 @@ def test_sandboxes_survive_sigkill_and_sigterm(tmp_path: Path, cache_dir: Path, 
         assert _states(client) == {running: "running", hibernated: "hibernated", paused: "paused"}
         check = "cat /run/mark; kill -0 $(cat /root/pid) && echo alive"
         assert client.sh(running, check) == f"{running}\nalive\n"  # same process, same memory
+        assert reached(client, running) == {"example.org"}  # its policy served again by the new agent
         client.call("POST", f"/v1/sandboxes/{paused}/resume", 204)
         assert client.sh(paused, check) == f"{paused}\nalive\n"
         assert client.sh(hibernated, check) == f"{hibernated}\nalive\n"  # woken by the exec

@@ -13,8 +13,8 @@ from cryobox.agent.sandbox.records import SandboxRecord, SandboxRecords
 from cryobox.agent.sandbox.sandbox import Sandbox, SandboxState
 from cryobox.agent.snapshot.store import SnapshotImage
 from cryobox.agent.vm import VmState
-from cryobox.netpolicy import EgressPolicy
 from cryobox.agentapi import models as am
+from cryobox.netpolicy import EgressPolicy
 from cryobox.util.sealing import Sealer
 from tests.support.fake_vm import MACHINE, FakeFactory
 

@@ -26,7 +26,8 @@ GUEST_PROBE = (
     "python3 -c 'import socket, sys\n"
     "s = socket.socket(); s.settimeout(3)\n"
     "try:\n"
-    '    s.connect((sys.argv[1], int(sys.argv[2]))); g = s.recv(2); print("ok", g.decode()) if g else print("blocked")\n'
+    "    s.connect((sys.argv[1], int(sys.argv[2]))); g = s.recv(2)\n"
+    '    print("ok", g.decode()) if g else print("blocked")\n'
     "except OSError as e:\n"
     '    print("blocked", type(e).__name__)\' {addr} {port}'
 )

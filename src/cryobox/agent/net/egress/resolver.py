@@ -94,7 +94,7 @@ class Resolver:
         :raises dns.exception.DNSException | OSError: no answer in time, or no upstream.
         """
         if self.upstream is None:
-            raise dns.exception.Timeout("no upstream name server")
+            raise dns.exception.Timeout("no upstream name server")  # type: ignore[no-untyped-call]
         where, port = self.upstream.address, self.upstream.port
         answer = await dns.asyncquery.udp(query, where, timeout=self._timeout, port=port)
         if answer.flags & dns.flags.TC:

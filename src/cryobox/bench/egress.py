@@ -173,16 +173,19 @@ def _remove(rig: Rig) -> None:
     """Delete everything ``rig`` may have built (idempotent)."""
     from pyroute2 import IPRoute, netns
 
-    from ..agent.net.netlink import reclaim
+    from ..agent.net import SlotPlan
+    from ..agent.net.netlink import destroy_slot, reclaim
 
+    slot = SlotPlan(rig.tag, rig.slot_cidr).slot(0)
     with IPRoute() as ipr:
         for link in rig.links:
             for idx in ipr.link_lookup(ifname=link):
                 ipr.link("del", index=idx)
-    for name in (rig.server_ns, rig.direct_ns):
+    for name in (rig.server_ns, rig.direct_ns, f"{slot.netns}g"):
         if (NETNS_DIR / name).exists():
             netns.remove(name)
-    reclaim(rig.tag)  # the slot and its fake guest
+    destroy_slot(slot)
+    reclaim(rig.tag)  # whatever else carries the tag
 
 
 def _leftovers(rig: Rig) -> list[str]:

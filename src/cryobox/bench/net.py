@@ -13,6 +13,9 @@
    translating the guest's inspect code in the new QEMU). The clock step the server applied is read from its log.
 3. Create latency with networking and the full resume sequence: creates of ``base`` from the warm pool
    (pre-spawn 2), each started once the pool is full again, to the first ``exec true`` answered.
+4. The egress proxy's cost, host-side like part 1 (no VM, no server): connect latency, HTTP by name and bulk
+   throughput of a real slot's guest through the proxy against a guest the host kernel routes (:mod:`.egress`).
+   ``--only egress`` runs this part alone (its JSON then has only the ``egress_*`` keys and the machine).
 
 Everything goes through the HTTP API with plain ``httpx``; everything created is deleted in ``finally``.
 """
@@ -32,6 +35,8 @@ from rich.console import Console
 
 from ..config import DEFAULT_CACHE_DIR, Paths
 from ..util.progress import Reporter
+from .egress import measure_egress
+from .egress_result import EGRESS_NOTES, EgressSamples, build_egress_result, egress_table
 from .net_result import (
     Samples,
     age_key,
@@ -55,6 +60,8 @@ CLOCK_PRESPAWN = 1
 CREATE_PRESPAWN = 2
 DEFAULT_AGES = "10,60"
 POOL_WAIT_S = 600.0
+SECTIONS = ("egress",)
+"""What ``--only`` may name."""
 
 
 def _us_since(started_ns: int) -> float:
@@ -268,6 +275,31 @@ def measure_creates(api: Api, prespawn: int, creates: int, s: Samples, console: 
 # --- the result ----------------------------------------------------------------------------------------------------
 
 
+def _egress(console: Console, progress: Reporter) -> dict[str, Any]:
+    """Part 4: the egress section's keys for the result (printed as a table of their own)."""
+    console.print("egress proxy vs direct routing: connect, HTTP by name, throughput (no VM)")
+    samples = EgressSamples()
+    asyncio.run(measure_egress(samples, console, progress))
+    part = build_egress_result(samples)
+    console.print(egress_table(part))
+    return part
+
+
+def _egress_only(out_dir: Path, console: Console, progress: Reporter) -> dict[str, Any]:
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    part = _egress(console, progress)
+    result = {
+        "only": ["egress"],
+        "machine": {"cores": os.cpu_count() or 0},
+        **part,
+        "load_avg": {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]},
+        "notes": dict(EGRESS_NOTES),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    console.print(f"written to {write_result(out_dir, 'net', result)}")
+    return result
+
+
 def run_net_bench(
     *,
     n: int,
@@ -277,9 +309,14 @@ def run_net_bench(
     console: Console,
     progress: Reporter,
     creates: int = CREATES,
+    only: str | None = None,
 ) -> dict[str, Any]:
     if n < 1 or creates < 1:
         raise BenchError("--n and the number of creates must be at least 1")
+    if only is not None:
+        if only not in SECTIONS:
+            raise BenchError(f"--only: {only!r} is not one of {', '.join(SECTIONS)}")
+        return _egress_only(out_dir, console, progress)
     age_list = parse_ages(ages)
     qemu = qemu_version()
     s = Samples()
@@ -287,6 +324,7 @@ def run_net_bench(
     info: dict[str, Any] = {}
     console.print(f"slot acquire: {SLOT_N} warm (pool of {SLOT_POOL_SIZE}), {SLOT_N} cold (pool of 0)")
     asyncio.run(measure_slots(s, console, progress))
+    egress = _egress(console, progress)
 
     with tempfile.TemporaryDirectory(prefix="cryobox-bench-net-") as tmp:
         for prespawn in (CLOCK_PRESPAWN, CREATE_PRESPAWN):
@@ -315,8 +353,10 @@ def run_net_bench(
         server_version=str(info["version"]),
         measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
+    result = {**result, **egress, "notes": {**result["notes"], **EGRESS_NOTES}}
     out = write_result(out_dir, "net", result)
     console.print(result_table(result))
+    console.print(egress_table(result))
     console.print(f"written to {out}")
     if s.leftovers:
         raise BenchError("a server left network objects behind (removed now): " + "; ".join(s.leftovers))

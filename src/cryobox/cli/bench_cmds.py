@@ -113,15 +113,21 @@ def bench_code(
 def bench_net(
     n: Annotated[int, typer.Option("--n", help="creates per snapshot age for the clock error")] = 5,
     ages: Annotated[str, typer.Option("--ages", help="snapshot ages in seconds, comma-separated")] = "10,60",
+    only: Annotated[
+        str | None, typer.Option("--only", help="run one section alone: egress (the egress proxy's cost, no VM)")
+    ] = None,
     as_json: AsJson = False,
     out_dir: OutDir = RESULTS_DIR,
     cache_dir: CacheDir = None,
 ) -> None:
-    """Network slot acquire (warm vs cold pool), guest clock error right after create, create latency, in one run."""
+    """Network slot acquire (warm vs cold pool), the egress proxy's cost against direct routing, guest clock error
+    right after create, create latency, in one run."""
     from ..bench.net import run_net_bench
 
     with open_reporter(console, as_json=as_json) as progress:
-        result = run_net_bench(n=n, ages=ages, out_dir=out_dir, cache_dir=cache_dir, console=console, progress=progress)
+        result = run_net_bench(
+            n=n, ages=ages, out_dir=out_dir, cache_dir=cache_dir, console=console, progress=progress, only=only
+        )
     _print_result(result, as_json)
 
 

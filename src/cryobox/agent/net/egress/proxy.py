@@ -66,13 +66,19 @@ class Flow:
     cut: bool = False
 
 
-def _reset(writer: asyncio.StreamWriter) -> None:
-    """Close with a TCP RST (SO_LINGER 0): the guest sees the connection refused, not a clean end."""
-    sock = writer.get_extra_info("socket")
+def _hard_abort(transport: asyncio.WriteTransport) -> None:
+    """Close with a TCP RST (SO_LINGER 0): the peer sees the connection reset, never a clean end — a plain close
+    would send what is still buffered and then a FIN, which a cut download could take for a complete one."""
+    sock = transport.get_extra_info("socket")
     with contextlib.suppress(OSError):
         if sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    writer.transport.abort()
+    transport.abort()
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Refuse the guest's connection with a reset: it sees the connection refused, not a clean end."""
+    _hard_abort(writer.transport)
 
 
 class SlotProxy:
@@ -94,7 +100,7 @@ class SlotProxy:
             if not decide(policy, name=flow.name, ip=flow.ip, port=flow.port, floor=self.env.floor).allowed:
                 flow.cut = True
                 for transport in flow.transports:
-                    transport.abort()
+                    _hard_abort(transport)
                 cut += 1
         return cut
 
@@ -161,7 +167,7 @@ class SlotProxy:
         finally:
             self.flows.discard(flow)
             for transport in flow.transports:
-                transport.abort() if flow.cut else transport.close()
+                _hard_abort(transport) if flow.cut else transport.close()
             self._record(
                 started, name, target, port, Verdict(True, verdict.reason), flow, error="cut" if flow.cut else None
             )

@@ -22,11 +22,12 @@ import socket
 import struct
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ....agentapi.models import EgressDecision
 from ....netpolicy import EgressPolicy, Verdict, decide
 from .decisions import DecisionLog, DecisionObserver
+from .relay import pump
 from .resolver import Resolver
 from .sniff import MAX_SNIFF, original_dst, sniff
 
@@ -35,7 +36,6 @@ FIRST_BYTES_S = 0.5
 CONNECT_TIMEOUT_S = 10.0
 MAX_OPEN = 512
 """Connections one sandbox may have open through the proxy at a time."""
-CHUNK = 256 * 1024
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -62,23 +62,22 @@ class Flow:
     reason: str
     sent: int = 0
     received: int = 0
-    transports: list[asyncio.WriteTransport] = field(default_factory=list)
+    pumping: asyncio.Future[tuple[None, None]] | None = None
     cut: bool = False
 
+    def add_sent(self, n: int) -> None:
+        self.sent += n
 
-def _hard_abort(transport: asyncio.WriteTransport) -> None:
-    """Close with a TCP RST (SO_LINGER 0): the peer sees the connection reset, never a clean end — a plain close
-    would send what is still buffered and then a FIN, which a cut download could take for a complete one."""
-    sock = transport.get_extra_info("socket")
+    def add_received(self, n: int) -> None:
+        self.received += n
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with a TCP RST (SO_LINGER 0): the peer sees the connection reset, never a clean end (a plain close
+    would send what is still buffered and a FIN, which a cut download could take for a complete one)."""
     with contextlib.suppress(OSError):
-        if sock is not None:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    transport.abort()
-
-
-def _reset(writer: asyncio.StreamWriter) -> None:
-    """Refuse the guest's connection with a reset: it sees the connection refused, not a clean end."""
-    _hard_abort(writer.transport)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
 
 
 class SlotProxy:
@@ -99,91 +98,111 @@ class SlotProxy:
         for flow in list(self.flows):
             if not decide(policy, name=flow.name, ip=flow.ip, port=flow.port, floor=self.env.floor).allowed:
                 flow.cut = True
-                for transport in flow.transports:
-                    _hard_abort(transport)
+                if flow.pumping is not None:
+                    flow.pumping.cancel()
                 cut += 1
         return cut
 
-    def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.get_running_loop().create_task(self._handle(reader, writer))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    async def serve(self, listener: socket.socket) -> None:
+        """Accept the guest's (redirected) connections on ``listener`` until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            conn, _ = await loop.sock_accept(listener)
+            conn.setblocking(False)
+            task = loop.create_task(self._handle(conn))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
         """End every connection (their tasks are cancelled and awaited)."""
-        for flow in self.flows:
-            for transport in flow.transports:
-                transport.abort()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _handle(self, conn: socket.socket) -> None:
         try:
-            await self._serve(reader, writer)
+            await self._serve(conn)
         except Exception:  # one guest connection must never take the proxy down
             log.exception("egress proxy: connection of %s failed", self.sandbox_id)
-            writer.transport.abort()
+            _reset(conn)
+        except BaseException:
+            _reset(conn)
+            raise
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(self, conn: socket.socket) -> None:
         started = self.env.clock()
         try:
-            asked_ip, port = original_dst(writer.get_extra_info("socket"))
+            asked_ip, port = original_dst(conn)
         except OSError:
-            writer.transport.abort()
+            _reset(conn)
             return
         asked = ipaddress.IPv4Address(asked_ip)
         policy = self.policy
         if len(self.flows) >= self.env.max_open:
             self._record(started, None, asked, port, Verdict(False, "limit"))
-            _reset(writer)
+            _reset(conn)
             return
-        head, name = (await self._read_name(reader)) if policy.has_names else (b"", None)
+        head, name = (await self._read_name(conn)) if policy.has_names else (b"", None)
         policy = self.policy  # the one in force once the name is known
         target, verdict = await self._judge(policy, name, asked, port)
         if not verdict.allowed:
             self._record(started, name, target, port, verdict)
-            _reset(writer)
+            _reset(conn)
             return
-        try:
-            up_reader, up_writer = await asyncio.wait_for(
-                asyncio.open_connection(str(target), port, limit=CHUNK), self.env.connect_timeout_s
-            )
-        except (OSError, TimeoutError):
-            self._record(started, name, target, port, Verdict(True, verdict.reason), error="unreachable")
-            _reset(writer)
+        up = await self._connect(target, port)
+        if up is None:
+            self._record(started, name, target, port, verdict, error="unreachable")
+            _reset(conn)
             return
-        flow = Flow(name, target, port, started, verdict.reason, transports=[writer.transport, up_writer.transport])
+        flow = Flow(name, target, port, started, verdict.reason)
         self.flows.add(flow)
+        failed = False
         try:
             if head:
-                up_writer.write(head)
-                flow.sent += len(head)
-            await asyncio.gather(
-                self._pipe(reader, up_writer, flow, outbound=True),
-                self._pipe(up_reader, writer, flow, outbound=False),
-            )
+                await asyncio.get_running_loop().sock_sendall(up, head)
+                flow.add_sent(len(head))
+            pumping = flow.pumping = asyncio.gather(pump(conn, up, flow.add_sent), pump(up, conn, flow.add_received))
+            await pumping
+        except asyncio.CancelledError:
+            if not flow.cut:  # the proxy is closing: the guest's connection ends with it
+                failed = True
+                raise
+        except OSError:  # reset by either end: the other direction ends too
+            failed = True
         finally:
             self.flows.discard(flow)
-            for transport in flow.transports:
-                _hard_abort(transport) if flow.cut else transport.close()
-            self._record(
-                started, name, target, port, Verdict(True, verdict.reason), flow, error="cut" if flow.cut else None
-            )
+            if flow.pumping is not None and not flow.pumping.done():
+                flow.pumping.cancel()
+                await asyncio.gather(flow.pumping, return_exceptions=True)
+            for sock in (up, conn):
+                _reset(sock) if flow.cut or failed else sock.close()
+            self._record(started, name, target, port, verdict, flow, error="cut" if flow.cut else None)
 
-    async def _read_name(self, reader: asyncio.StreamReader) -> tuple[bytes, str | None]:
+    async def _connect(self, target: ipaddress.IPv4Address, port: int) -> socket.socket | None:
+        up = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        up.setblocking(False)
+        try:
+            connecting = asyncio.get_running_loop().sock_connect(up, (str(target), port))
+            await asyncio.wait_for(connecting, self.env.connect_timeout_s)
+        except (OSError, TimeoutError):
+            up.close()
+            return None
+        return up
+
+    async def _read_name(self, conn: socket.socket) -> tuple[bytes, str | None]:
+        loop = asyncio.get_running_loop()
         head = b""
-        deadline = asyncio.get_running_loop().time() + self.env.first_bytes_s
+        deadline = loop.time() + self.env.first_bytes_s
         while len(head) < MAX_SNIFF:
             found = sniff(head)
             if found.state != "more":
                 return head, found.name
-            left = deadline - asyncio.get_running_loop().time()
+            left = deadline - loop.time()
             if left <= 0:
                 break
             try:
-                chunk = await asyncio.wait_for(reader.read(MAX_SNIFF - len(head)), left)
+                chunk = await asyncio.wait_for(loop.sock_recv(conn, MAX_SNIFF - len(head)), left)
             except TimeoutError:
                 break
             if not chunk:
@@ -204,23 +223,6 @@ class SlotProxy:
             if verdict.allowed:
                 return address, verdict
         return verdicts[0]
-
-    async def _pipe(
-        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, flow: Flow, *, outbound: bool
-    ) -> None:
-        try:
-            while chunk := await source.read(CHUNK):
-                sink.write(chunk)
-                if outbound:
-                    flow.sent += len(chunk)
-                else:
-                    flow.received += len(chunk)
-                await sink.drain()
-            if sink.can_write_eof():
-                sink.write_eof()
-        except (OSError, RuntimeError):  # reset by either end, or written after a cut
-            for transport in flow.transports:
-                transport.abort()
 
     def _record(
         self,
@@ -251,4 +253,4 @@ class SlotProxy:
         )
 
 
-__all__ = ["CHUNK", "FIRST_BYTES_S", "MAX_OPEN", "ProxyEnv", "SlotProxy"]
+__all__ = ["FIRST_BYTES_S", "MAX_OPEN", "ProxyEnv", "SlotProxy"]

@@ -12,7 +12,6 @@ log until it is deleted, :meth:`EgressService.forget`); they are kept in memory 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import logging
 import os
@@ -72,7 +71,8 @@ def _bind_in_netns(netns: str, address: str) -> tuple[socket.socket, socket.sock
 class _Attached:
     netns: str
     proxy: SlotProxy
-    server: asyncio.Server
+    listener: socket.socket
+    accepting: asyncio.Task[None]
     dns: DnsServer
 
 
@@ -98,18 +98,14 @@ class EgressService:
             GuestDns(lambda: proxy.policy, self.env.resolver, lambda: self.log_of(sandbox_id), self.env.observer)
         )
         try:
-            server = await asyncio.start_server(proxy.accept, sock=proxy_sock, limit=65536)
-            try:
-                await dns.start(udp, tcp)
-            except BaseException:
-                server.close()
-                raise
+            await dns.start(udp, tcp)
         except BaseException:
             for sock in (proxy_sock, udp, tcp):
                 sock.close()
             raise
+        accepting = asyncio.get_running_loop().create_task(proxy.serve(proxy_sock))
         self._policies[sandbox_id] = policy
-        self._attached[sandbox_id] = _Attached(netns, proxy, server, dns)
+        self._attached[sandbox_id] = _Attached(netns, proxy, proxy_sock, accepting, dns)
 
     def update(self, sandbox_id: str, policy: EgressPolicy) -> int:
         """Put ``policy`` in force for ``sandbox_id`` now; returns how many open connections it cut. A sandbox
@@ -133,11 +129,11 @@ class EgressService:
         attached = self._attached.pop(sandbox_id, None)
         if attached is None:
             return
-        attached.server.close()
+        attached.accepting.cancel()
+        await asyncio.gather(attached.accepting, return_exceptions=True)
+        attached.listener.close()
         await attached.proxy.close()
         await attached.dns.close()
-        with contextlib.suppress(Exception):
-            await attached.server.wait_closed()
 
     async def forget(self, sandbox_id: str) -> None:
         """The sandbox is gone: detach it and drop its log and policy."""

@@ -21,12 +21,11 @@ from ..errors import InvalidArgument
 from ..proxy.target import PortTarget
 from . import operations as op
 from .models import (
-    EgressLog,
-    NetworkUpdate,
     AgentInfo,
     BuildEvent,
     Capacity,
     CreateSpec,
+    EgressLog,
     EvidenceEntry,
     ExecEvent,
     ExecRequest,
@@ -35,6 +34,7 @@ from .models import (
     FsReply,
     LifecyclePatch,
     NetInspection,
+    NetworkUpdate,
     PtyEvent,
     PtyOpen,
     SandboxInfo,

@@ -31,6 +31,7 @@ from cryobox.agentapi import models_procs as mp
 from cryobox.agentapi.interface import Agent
 from cryobox.agentapi.models import FsReply, WriteResult
 from cryobox.errors import InvalidArgument, NotFound, StateError, Unauthorized
+from cryobox.netpolicy import EgressPolicy
 
 SANDBOX = "sbx-1"
 TOKEN = "token-1"
@@ -45,6 +46,7 @@ def b64(data: bytes) -> str:
 @dataclass(frozen=True)
 class Row:
     status: str = "running"
+    egress: EgressPolicy | None = None
 
 
 class FakeAccess:
@@ -337,7 +339,9 @@ class FakeEnvdAgent:
             self.closed_streams += 1
 
 
-async def no_forward(scope: Scope, receive: Receive, send: Send, agent: Agent, sandbox_id: str, port: int) -> None:
+async def no_forward(
+    scope: Scope, receive: Receive, send: Send, agent: Agent, sandbox_id: str, port: int, *, host: str | None = None
+) -> None:
     raise AssertionError("nothing is forwarded here")
 
 

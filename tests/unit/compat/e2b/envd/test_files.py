@@ -27,7 +27,15 @@ class FakeForward:
     paths: list[tuple[str, bytes, str, bytes]] = field(default_factory=list)
 
     async def __call__(
-        self, scope: Scope, receive: Receive, send: Send, agent: Agent, sandbox_id: str, port: int
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        agent: Agent,
+        sandbox_id: str,
+        port: int,
+        *,
+        host: str | None = None,
     ) -> None:
         self.calls.append((scope["type"], sandbox_id, port, agent))
         self.paths.append((scope["path"], scope["raw_path"], scope["root_path"], scope["query_string"]))

@@ -57,6 +57,8 @@ class FakeAccess:
         self.tokens = {SANDBOX: TOKEN, "sbx-gone": "token-gone"}
         self.gone = {"sbx-gone"}
         self.status = status
+        self.egress: EgressPolicy | None = None
+        """The network policy the opened sandbox's row has."""
         self.opened: list[tuple[str | None, bool]] = []
 
     async def open(
@@ -69,7 +71,7 @@ class FakeAccess:
         if sandbox_id in self.gone:
             raise NotFound(f"sandbox {sandbox_id} not found")
         self.opened.append((sandbox_id, wake))
-        return Row(self.status), cast(Agent, self.agent)
+        return Row(self.status, self.egress), cast(Agent, self.agent)
 
 
 # -- processes -----------------------------------------------------------------------------------------------

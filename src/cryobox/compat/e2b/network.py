@@ -38,7 +38,12 @@ REFUSED = {
     "dnsServers": "the guest's resolver is cryobox's own (it answers only names the policy lets through)",
     "httpsPorts": "the port proxy speaks plain HTTP to the guest",
 }
-_WIRE = {"allow": "allowOut", "deny": "denyOut", "public_traffic": "allowPublicTraffic"}
+_WIRE = {
+    "allow": "allowOut",
+    "deny": "denyOut",
+    "public_traffic": "allowPublicTraffic",
+    "mask_request_host": "maskRequestHost",
+}
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from cryobox.agentapi import models as am
 from cryobox.agentapi.heartbeat import heartbeat_of
 from cryobox.compose.app import wire_registration
 from cryobox.compose.parts import build_control
+from cryobox.netpolicy import EgressPolicy
 from cryobox.objstore.client import ObjectStore, open_store
 from cryobox.registry import QuotaRecords, Registry, SandboxRow
 from cryobox.server.control.fleet import FleetConfig
@@ -101,7 +102,7 @@ class Fleetish:
             env={"E": f"v{n}"},
             ttl_s=600 + n,
             persistent=False,
-            egress=[f"10.{n}.0.0/16"],
+            egress=EgressPolicy(allow=[f"10.{n}.0.0/16"]),
         )
         row = await self.control.create(request)
         await self.agents[row.host].write_file(row.id, "/root/file", f"content {n}".encode())

@@ -31,6 +31,7 @@ from cryobox.agentapi import models_procs as mp
 from cryobox.agentapi.interface import Agent
 from cryobox.agentapi.models import FsReply, WriteResult
 from cryobox.errors import InvalidArgument, NotFound, StateError, Unauthorized
+from cryobox.netpolicy import EgressPolicy
 
 SANDBOX = "sbx-1"
 TOKEN = "token-1"
@@ -45,6 +46,7 @@ def b64(data: bytes) -> str:
 @dataclass(frozen=True)
 class Row:
     status: str = "running"
+    egress: EgressPolicy | None = None
 
 
 class FakeAccess:
@@ -55,6 +57,8 @@ class FakeAccess:
         self.tokens = {SANDBOX: TOKEN, "sbx-gone": "token-gone"}
         self.gone = {"sbx-gone"}
         self.status = status
+        self.egress: EgressPolicy | None = None
+        """The network policy the opened sandbox's row has."""
         self.opened: list[tuple[str | None, bool]] = []
 
     async def open(
@@ -67,7 +71,7 @@ class FakeAccess:
         if sandbox_id in self.gone:
             raise NotFound(f"sandbox {sandbox_id} not found")
         self.opened.append((sandbox_id, wake))
-        return Row(self.status), cast(Agent, self.agent)
+        return Row(self.status, self.egress), cast(Agent, self.agent)
 
 
 # -- processes -----------------------------------------------------------------------------------------------
@@ -337,7 +341,9 @@ class FakeEnvdAgent:
             self.closed_streams += 1
 
 
-async def no_forward(scope: Scope, receive: Receive, send: Send, agent: Agent, sandbox_id: str, port: int) -> None:
+async def no_forward(
+    scope: Scope, receive: Receive, send: Send, agent: Agent, sandbox_id: str, port: int, *, host: str | None = None
+) -> None:
     raise AssertionError("nothing is forwarded here")
 
 

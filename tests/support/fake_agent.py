@@ -39,6 +39,7 @@ from cryobox.errors import (
     PayloadTooLarge,
     StateError,
 )
+from cryobox.netpolicy import EgressPolicy
 from cryobox.objstore.client import ObjectStore, open_store
 from tests.support.fake_builds import FakeRecipeBuilds
 from tests.support.fake_procs import FakeProcs
@@ -46,13 +47,12 @@ from tests.support.fake_procs import FakeProcs
 DEFAULT_TEMPLATE = m.TemplateInfo(name="base", generation="g1", cpus=1, memory_mib=512, created_at=0.0)
 
 
-def _net(ip: str | None, egress: list[str] | None) -> m.NetInspection:
-    """What ``inspect_net`` answers: the guest's keys, plus the fake's own ``ip`` and ``egress`` (extra keys, as
-    a newer guest's would be)."""
+def _net(ip: str | None, egress: EgressPolicy | None) -> m.NetInspection:
+    """What ``inspect_net`` answers: the guest's keys, plus the fake's own ``ip`` and ``egress`` (the networks it
+    allows, ``["*"]`` when none: extra keys, as a newer guest's would be)."""
     interfaces: list[dict[str, object]] = [{"name": "eth0", "mac": "02:00:00:00:00:01", "addresses": [f"{ip}/30"]}]
-    return m.NetInspection.model_validate(
-        {"sockets": [], "interfaces": interfaces, "ip": ip, "egress": list(egress or ["*"])}
-    )
+    allowed = list(egress.allow) if egress is not None and egress.allow else ["*"]
+    return m.NetInspection.model_validate({"sockets": [], "interfaces": interfaces, "ip": ip, "egress": allowed})
 
 
 class FakeAgent(FakeProcs, FakeRecipeBuilds):
@@ -84,6 +84,7 @@ class FakeAgent(FakeProcs, FakeRecipeBuilds):
         self.evidence: dict[str, dict[str, bytes]] = {}
         self.template_infos: dict[str, m.TemplateInfo] = {t.name: t for t in templates or [DEFAULT_TEMPLATE]}
         self.net: dict[str, m.NetInspection] = {}
+        self.egress_decisions: dict[str, list[m.EgressDecision]] = {}
         self.ptys: dict[str, tuple[str, asyncio.Queue[bytes | None]]] = {}
         self.pty_sizes: dict[str, tuple[int, int]] = {}
         self.closed_streams: list[str] = []
@@ -160,7 +161,7 @@ class FakeAgent(FakeProcs, FakeRecipeBuilds):
             ttl_s=spec.ttl_s,
             persistent=spec.persistent,
             last_active=now,
-            egress=list(spec.egress) if spec.egress is not None else None,
+            egress=spec.egress,
         )
         self.sandboxes[spec.sandbox_id] = info
         source = self.snapshot_files.get(spec.from_snapshot.id, {}) if spec.from_snapshot else {}
@@ -304,7 +305,7 @@ class FakeAgent(FakeProcs, FakeRecipeBuilds):
             ttl_s=spec.ttl_s,
             persistent=spec.persistent,
             last_active=now,
-            egress=list(spec.egress) if spec.egress is not None else None,
+            egress=spec.egress,
         )
         self.files[spec.sandbox_id] = {p: base64.b64decode(d) for p, d in manifest["files"].items()}
         self.dirs[spec.sandbox_id] = {"/"}
@@ -317,6 +318,24 @@ class FakeAgent(FakeProcs, FakeRecipeBuilds):
         ttl = patch.ttl_s if patch.set_ttl else info.ttl_s
         persistent = info.persistent if patch.persistent is None else patch.persistent
         return self._update(sandbox_id, ttl_s=ttl, persistent=persistent, last_active=self.clock())
+
+    async def set_network(self, sandbox_id: str, update: m.NetworkUpdate) -> m.SandboxInfo:
+        """Stores the policy of a running or paused sandbox; a hibernated one is refused (``wrong_state``), so the
+        control plane's path that keeps the change for the wake is the one its tests see."""
+        self._record("set_network", sandbox_id, update)
+        self._require(sandbox_id, "running", "paused", "starting")
+        info = self._update(sandbox_id, egress=update.policy)
+        self.net[sandbox_id] = _net(info.guest_ip, update.policy)
+        return info
+
+    async def egress_log(self, sandbox_id: str, limit: int | None = None) -> m.EgressLog:
+        """An empty log (the fake has no egress proxy); ``egress_decisions[id]`` when a test put some there."""
+        self._record("egress_log", sandbox_id, limit)
+        self._sandbox(sandbox_id)
+        items = self.egress_decisions.get(sandbox_id, [])
+        keep = len(items) if limit is None else min(limit, len(items))
+        kept = items[len(items) - keep :]
+        return m.EgressLog(items=kept, dropped=len(items) - len(kept))
 
     async def touch(self, sandbox_id: str) -> m.SandboxInfo:
         self._record("touch", sandbox_id)
@@ -561,6 +580,7 @@ class FakeAgent(FakeProcs, FakeRecipeBuilds):
             from_snapshot=ref,
             metadata=metadata,
             env=dict(parent.env),
+            egress=parent.egress,  # a child keeps its parent's network policy, as the real agent's do
         )
 
     async def fork(self, sandbox_id: str, request: m.ForkRequest) -> m.SandboxInfo:

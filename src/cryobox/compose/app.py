@@ -17,6 +17,7 @@ from ..agentapi.heartbeat import heartbeat_of
 from ..compat.e2b.access import SandboxAccess
 from ..compat.e2b.api import router as e2b_router
 from ..compat.e2b.catalog import router as e2b_catalog_router
+from ..compat.e2b.network import E2BSettings
 from ..compat.e2b.sandbox_url import mount_sandbox_url
 from ..compat.e2b.templates import router as e2b_templates_router
 from ..compat.pandastack.repl import router as repl_router
@@ -48,6 +49,7 @@ from ..server.routes.errors import install_error_handlers
 from ..server.routes.files import router as files_router
 from ..server.routes.fleet import router as fleet_router
 from ..server.routes.forks import router as forks_router
+from ..server.routes.network import router as network_router
 from ..server.routes.platform import router as platform_router
 from ..server.routes.ports import router as ports_router
 from ..server.routes.procs import router as procs_router
@@ -91,9 +93,12 @@ def create_app(
     host: str,
     intervals: Intervals | None = None,
     local_agents: dict[str, Agent] | None = None,
+    e2b: E2BSettings | None = None,
 ) -> FastAPI:
     """``local_agents`` are in-process agents (``cryobox serve``): registered before the app serves, and
-    heartbeating from here."""
+    heartbeating from here. ``e2b``: the E2B front door's settings (default: from the environment, read now:
+    ``CRYOBOX_E2B_INTERNET``)."""
+    e2b_settings = e2b if e2b is not None else E2BSettings.from_env()  # a bad value fails here, at start
     every_s = intervals or Intervals()
     local = dict(local_agents or {})
     control.fleet.local.update(local)
@@ -169,6 +174,7 @@ def create_app(
         bisects=BisectJobs(ControlPlatform(control, forks)),
     )
     app.state.console = console
+    app.state.e2b = e2b_settings
     app.state.ctx = AppContext(
         control=control,
         forks=forks,
@@ -193,6 +199,7 @@ def create_app(
     )
     app.add_middleware(MetricsMiddleware, metrics=control.metrics)
     app.include_router(sandboxes_router)
+    app.include_router(network_router)
     app.include_router(files_router)
     app.include_router(snapshots_router)
     app.include_router(forks_router)

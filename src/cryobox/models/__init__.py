@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
+from ..netpolicy import EgressPolicy
 from . import procs as _procs
 from .builds import *  # noqa: F403 (template builds, builds.py, in this one namespace)
 from .builds import FailedStep
@@ -34,10 +36,35 @@ SandboxStatus = Literal["starting", "running", "paused", "hibernated", "stopped"
 BootMode = Literal["restore", "cold"]
 
 
+NetworkPolicy = EgressPolicy
+"""A sandbox's network policy (``network`` of create, of the ``Sandbox`` view and of ``PUT …/network``)."""
+
+
 class NetworkSpec(BaseModel):
+    """The network shape of before policies: ``{"egress": "deny"|"allow", "allow": [cidr…]}``, still accepted by
+    create (:func:`network_policy` translates it)."""
+
     model_config = ConfigDict(extra="forbid")
     egress: Literal["deny", "allow"] = "deny"
     allow: list[str] = Field(default_factory=list)
+
+
+_POLICY_ONLY = frozenset(EgressPolicy.model_fields) - {"allow"}
+
+
+def network_policy(value: Any) -> Any:
+    """Create's ``network`` as a policy mapping: the policy shape passes; the shape of before policies (it has
+    ``egress``) is translated: ``allow`` with no list allows ``0.0.0.0/0``, with a list exactly that list, ``deny``
+    allows nothing; the default is deny either way. A mapping mixing both shapes is refused (``ValueError``)."""
+    if not isinstance(value, Mapping) or "egress" not in value:
+        return value
+    mixed = sorted(_POLICY_ONLY & set(value))
+    if mixed:
+        raise ValueError(f"mixes the legacy shape (egress) with the policy shape ({', '.join(mixed)}): use one")
+    legacy = NetworkSpec.model_validate(value)
+    if legacy.egress == "deny":
+        return {"default": "deny"}
+    return {"default": "deny", "allow": list(legacy.allow) or ["0.0.0.0/0"]}
 
 
 class CreateSandboxRequest(BaseModel):
@@ -48,7 +75,9 @@ class CreateSandboxRequest(BaseModel):
     metadata: Metadata = Field(default_factory=dict)
     from_snapshot: str | None = None
     env: Env = Field(default_factory=dict)
-    network: NetworkSpec | None = None
+    network: Annotated[NetworkPolicy | None, BeforeValidator(network_policy)] = None
+    """The policy (``null`` or absent: nothing allowed, or, from a snapshot, the snapshot's recorded policy); the
+    legacy ``{"egress", "allow"}`` shape is accepted too."""
 
 
 class Sandbox(BaseModel):
@@ -67,6 +96,33 @@ class Sandbox(BaseModel):
     expires_at: str | None = None
     host: str | None = None
     instance_id: str | None = None
+    network: NetworkPolicy = Field(default_factory=NetworkPolicy)
+    """The network policy in force (nothing allowed when the sandbox has none)."""
+
+
+class EgressDecision(BaseModel):
+    """One decision of the sandbox's egress proxy or name server (``GET /v1/sandboxes/{id}/egress``)."""
+
+    time: float
+    """When the connection (or query) arrived, epoch seconds."""
+    name: str | None = None
+    """The name it carried (TLS SNI, HTTP ``Host``, the DNS query), if any."""
+    ip: str | None = None
+    port: int
+    allowed: bool
+    reason: str
+    """``floor``, ``port``, ``deny-name``, ``deny-cidr``, ``allow-name``, ``allow-cidr``, ``default``,
+    ``unresolved``, ``limit`` or ``dns``."""
+    bytes_out: int = 0
+    bytes_in: int = 0
+    error: str | None = None
+
+
+class EgressLog(BaseModel):
+    """A sandbox's newest egress decisions, oldest first; ``dropped``: older ones no longer kept."""
+
+    items: list[EgressDecision]
+    dropped: int = 0
 
 
 class SandboxList(BaseModel):

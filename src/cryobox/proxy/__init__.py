@@ -50,6 +50,7 @@ async def forward(
     strip: Collection[str] = (),
     trust_forwarded: bool = False,
     port: int | None = None,
+    host: str | None = None,
 ) -> None:
     """Forward the HTTP request or WebSocket in ``scope`` to ``target.url`` + ``path`` (percent-encoded, starting
     with ``/``; the query string is the scope's) and relay the answer.
@@ -57,7 +58,8 @@ async def forward(
     Credentials are stripped (``Authorization``, ``X-API-Key``, ``X-Access-Token``, ``E2b-Traffic-Access-Token``,
     ``Proxy-Authorization``, and every header and cookie named in ``strip``), then ``target.headers`` added.
     ``trust_forwarded``: keep the ``X-Forwarded-*`` headers the caller sent (a hop behind another proxy of ours).
-    ``port`` names the sandbox port in error messages (default: the target URL's). Every failure is answered here
+    ``port`` names the sandbox port in error messages (default: the target URL's). ``host``: the ``Host`` an HTTP
+    request carries upstream (a WebSocket handshake keeps the upstream's own). Every failure is answered here
     (502 ``port_unreachable`` "port is not open" when nothing accepts the connection, 400 for a path that leaves
     the target); nothing is raised for them.
     """
@@ -71,7 +73,14 @@ async def forward(
     except CryoboxError as error:
         await reply_error(scope, send, error)
         return
-    headers = request_headers(scope, target.headers, strip=strip, trust_forwarded=trust_forwarded, websocket=websocket)
+    headers = request_headers(
+        scope,
+        target.headers,
+        strip=strip,
+        trust_forwarded=trust_forwarded,
+        websocket=websocket,
+        host=None if websocket else host,
+    )
     if websocket:
         await forward_websocket(scope, receive, send, url, headers, port=shown)
     else:
@@ -117,6 +126,7 @@ class PortProxy:
         strip: Collection[str] = (),
         trust_forwarded: bool = False,
         port: int | None = None,
+        host: str | None = None,
     ) -> None:
         """:func:`forward` with this proxy's client."""
         await forward(
@@ -129,6 +139,7 @@ class PortProxy:
             strip=strip,
             trust_forwarded=trust_forwarded,
             port=port,
+            host=host,
         )
 
     async def aclose(self) -> None:

@@ -7,7 +7,8 @@ in ``strip`` and every cookie named in ``strip`` (names compared case-insensitiv
 headers (an agent's node token) are added. ``Host`` is left to the HTTP client (the upstream's address);
 ``X-Forwarded-For``/``-Proto``/``-Host`` say who asked. An untrusted hop (the control plane, facing clients)
 replaces whatever forwarding headers the client sent; a trusted one (an agent, whose callers hold the node
-token) keeps them and appends to ``X-Forwarded-For``.
+token) keeps them and appends to ``X-Forwarded-For``. A ``host`` given (a sandbox policy's ``mask_request_host``)
+is sent as ``Host`` instead of the upstream's address.
 
 Towards the client: hop-by-hop headers are removed, and ``Date``/``Server`` (the ASGI server adds its own).
 """
@@ -84,8 +85,10 @@ def request_headers(
     strip: Collection[str] = (),
     trust_forwarded: bool = False,
     websocket: bool = False,
+    host: str | None = None,
 ) -> Headers:
-    """The headers to send upstream for the request in ``scope``, ``extra`` (the target's) added last."""
+    """The headers to send upstream for the request in ``scope``, ``extra`` (the target's) added last; ``host``:
+    the ``Host`` the upstream gets (default: its own address, set by the HTTP client)."""
     incoming = _decoded(scope.get("headers", []))
     stripped = _lower(strip)
     dropped = HOP_BY_HOP | CREDENTIALS | REQUEST_ONLY | stripped
@@ -119,6 +122,8 @@ def request_headers(
     extra_names = _lower(extra)
     out = [(name, value) for name, value in out if name not in extra_names]
     out.extend((name.lower(), value) for name, value in extra.items())
+    if host is not None:
+        out = [("host", host), *[(name, value) for name, value in out if name != "host"]]
     return out
 
 

@@ -170,10 +170,11 @@ class Sandbox(Base):
     guest_ip: Mapped[str | None] = mapped_column(String(64))
     instance_id: Mapped[str | None] = mapped_column(String(64))
     # portable hibernation (revision 0005): ``local`` (the image is on ``host`` only) or ``stored`` (in the object
-    # store too, so any agent serving ``hibernation_generation`` can wake it); the egress CIDRs (NULL: denied)
+    # store too, so any agent serving ``hibernation_generation`` can wake it); the network policy (a mapping,
+    # ``EgressPolicy``; a list of CIDRs in rows of before policies; NULL: nothing allowed)
     hibernation: Mapped[str | None] = mapped_column(String(32), nullable=True)
     hibernation_generation: Mapped[str | None] = mapped_column(NAME, nullable=True)
-    egress: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    egress: Mapped[dict[str, Any] | list[str] | None] = mapped_column(JSON, nullable=True)
     # the sha256 of the stored hibernation's manifest (revision 0007; NULL: stored before manifests were pinned)
     hibernation_manifest_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
@@ -205,6 +206,8 @@ class Snapshot(Base):
     generation: Mapped[str | None] = mapped_column(NAME, nullable=True)
     # the sha256 of its manifest in the object store (revision 0007; NULL: not stored, or before pinning)
     manifest_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # the network policy of the sandbox it was taken from (revision 0012; NULL: nothing allowed, or from before)
+    egress: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class Agent(Base):

@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import delete, select, update
 
+from ..netpolicy import EgressPolicy
 from ..util.sealing import Sealer
 from . import envseal
 from . import models as m
@@ -35,8 +36,9 @@ class MoveRecords:
         checked = envseal.seal_changes(_check_fields(SandboxRow, changes), self._sealer)
         return {_attr(name): value for name, value in checked.items()}
 
-    def hibernated(self, sandbox_id: str, host: str, egress: list[str] | None) -> bool:
-        """The row of ``sandbox_id`` on ``host`` is hibernated there (image local); ``False`` when no such row."""
+    def hibernated(self, sandbox_id: str, host: str, egress: EgressPolicy | None) -> bool:
+        """The row of ``sandbox_id`` on ``host`` is hibernated there (image local), with the network policy its
+        agent hibernated it with (what a wake elsewhere applies); ``False`` when no such row."""
         changes = {"status": HIBERNATED, "hibernation": HIBERNATION_LOCAL, "egress": egress}
         values = self._values({**changes, "hibernation_manifest_sha256": None})  # a stored one is not this image
         with self._db.session(what=f"sandbox {sandbox_id}") as s:

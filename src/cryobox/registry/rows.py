@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import types
 from collections.abc import Iterable, Mapping
@@ -9,7 +10,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from ..errors import InvalidArgument
+from ..netpolicy import EgressPolicy, legacy_policy
 from . import models as m
+
+log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------------------------
 # rows
@@ -78,8 +82,8 @@ class SandboxRow:
     """``local`` (a hibernated sandbox whose image only its host has), ``stored`` (in the object store as well:
     any agent serving ``hibernation_generation`` can wake it), ``None`` (not hibernated)."""
     hibernation_generation: str | None = None
-    egress: list[str] | None = None
-    """CIDRs the guest may reach (``None``: egress denied)."""
+    egress: EgressPolicy | None = None
+    """The network policy (``None``: nothing allowed); stored as its JSON mapping (:func:`_stored`)."""
     hibernation_manifest_sha256: str | None = None
     """The sha256 of the stored hibernation's manifest (revision 0007): a wake elsewhere refuses any other bytes;
     ``None`` for a stored hibernation from before manifests were pinned (trusted as fetched, with a warning)."""
@@ -114,6 +118,9 @@ class SnapshotRow:
     manifest_sha256: str | None = None
     """The sha256 of its manifest in the object store (revision 0007), set when it is stored: an import on another
     agent refuses any other bytes; ``None`` for snapshots stored before manifests were pinned (or not yet)."""
+    egress: EgressPolicy | None = None
+    """The network policy of the sandbox it was taken from (revision 0012), which a create from it that names no
+    network inherits; ``None``: nothing allowed (also snapshots from before, and imported ones)."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +219,10 @@ LOST = "lost"
 _IMMUTABLE = frozenset({"id", "workspace_id"})
 _CHUNK = 500  # ids per IN (...) clause
 
+_POLICY_FIELDS: Mapping[type, frozenset[str]] = types.MappingProxyType(
+    {SandboxRow: frozenset({"egress"}), SnapshotRow: frozenset({"egress"})}
+)
+"""The fields of each row class that hold a network policy (an ``EgressPolicy``, stored as its JSON mapping)."""
 _Row = TypeVar("_Row", SandboxRow, SnapshotRow, TemplateRow, AgentRow, ReservationRow)
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -257,7 +268,9 @@ def _check_fields(cls: type[Any], values: Mapping[str, Any]) -> dict[str, Any]:
                 f"{cls.__name__}.{name} must be {getattr(hint, '__name__', hint)}, not {type(value).__name__}",
                 details={"field": name},
             )
-        if isinstance(value, dict):
+        if isinstance(value, EgressPolicy):
+            value = value.model_dump(mode="json")
+        elif isinstance(value, dict):
             value = dict(value)
         elif isinstance(value, list):
             value = list(value)
@@ -272,10 +285,26 @@ def _to_orm(row: _Row, orm_cls: type[m.Base]) -> m.Base:
     return orm_cls(**{_attr(name): value for name, value in values.items()})
 
 
+def _stored_policy(value: Any, where: str) -> EgressPolicy | None:
+    """A policy column as stored: a mapping, a list of CIDRs (rows of before policies) or NULL. A value that no
+    longer validates reads as ``None`` (nothing allowed), with a warning: the safe side, never a failed read."""
+    if value is None:
+        return None
+    try:
+        return EgressPolicy.model_validate(legacy_policy(value))
+    except ValueError as err:
+        log.warning("%s holds a network policy that does not validate (read as nothing allowed): %s", where, err)
+        return None
+
+
 def _from_orm(obj: m.Base, cls: type[_Row]) -> _Row:
     values: dict[str, Any] = {}
+    policies = _POLICY_FIELDS.get(cls, frozenset())
     for f in fields(cls):
         value = getattr(obj, _attr(f.name))
+        if f.name in policies:
+            values[f.name] = _stored_policy(value, f"{cls.__name__} {getattr(obj, 'id', '?')}.{f.name}")
+            continue
         values[f.name] = dict(value) if isinstance(value, dict) else list(value) if isinstance(value, list) else value
     return cls(**values)
 

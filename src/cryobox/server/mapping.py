@@ -14,6 +14,7 @@ from typing import Any
 
 from .. import models
 from ..agentapi import models as am
+from ..netpolicy import EgressPolicy
 from ..registry import SandboxRow, SnapshotRow, TemplateRow
 from ..util.times import rfc3339
 from . import wire
@@ -41,7 +42,7 @@ def row_for(info: am.SandboxInfo, host: str) -> SandboxRow:
         from_snapshot=info.from_snapshot,
         guest_ip=info.guest_ip,
         instance_id=info.instance_id,
-        egress=list(info.egress) if info.egress is not None else None,
+        egress=info.egress,
     )
 
 
@@ -91,6 +92,7 @@ def sandbox_view(row: SandboxRow) -> models.Sandbox:
             "expires_at": rfc3339(row.expires_at) if row.expires_at is not None else None,
             "host": row.host,
             "instance_id": row.instance_id,
+            "network": row.egress if row.egress is not None else models.NetworkPolicy(),
         }
     )
 
@@ -111,7 +113,12 @@ def template_view(row: TemplateRow, progress: str | None = None) -> models.Templ
 
 
 def snapshot_row(
-    info: am.SnapshotInfo, workspace_id: str, retain: bool, labels: dict[str, str], host: str
+    info: am.SnapshotInfo,
+    workspace_id: str,
+    retain: bool,
+    labels: dict[str, str],
+    host: str,
+    egress: EgressPolicy | None = None,
 ) -> SnapshotRow:
     return SnapshotRow(
         id=info.id,
@@ -131,6 +138,7 @@ def snapshot_row(
         host=host,
         location="local",
         generation=info.generation,
+        egress=egress,
     )
 
 

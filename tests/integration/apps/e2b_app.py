@@ -239,14 +239,51 @@ def fleet() -> int:
     return 0
 
 
-def network_refused() -> dict[str, Any]:
-    """E2B's network rules are not enforced by cryobox yet: the create must fail naming the field, not succeed."""
+def _refusal(fn: Callable[[], Any]) -> dict[str, Any]:
+    """What a call cryobox must refuse raised (its class and message); ``created`` if it did not raise."""
     try:
-        extra = Sandbox.create(network={"allow_out": ["example.org"], "deny_out": ["0.0.0.0/0"]})
+        made = fn()
     except Exception as err:
         return {"class": type(err).__name__, "message": str(err)}
-    extra.kill()
+    if isinstance(made, Sandbox):
+        made.kill()
     return {"created": True}
+
+
+def _network(info: Any) -> dict[str, Any]:
+    net = info.network or {}
+    return {"internet": info.allow_internet_access, "allow_out": net.get("allow_out"), "deny_out": net.get("deny_out")}
+
+
+def network() -> dict[str, Any]:
+    """E2B's network options through the SDK: allow/deny lists and ``allow_internet_access`` at create,
+    ``update_network``, and a refusal naming each option cryobox does not enforce. Nothing here needs the guest
+    to resolve names or reach anything (checked elsewhere)."""
+    out: dict[str, Any] = {}
+    sbx = Sandbox.create(network={"allow_out": ["1.1.1.1"], "deny_out": ["0.0.0.0/0"]})
+    try:
+        out["create"] = _network(Sandbox.get_info(sbx.sandbox_id))
+        sbx.update_network({"allow_out": ["example.org"], "deny_out": ["0.0.0.0/0"]})
+        out["updated"] = _network(Sandbox.get_info(sbx.sandbox_id))
+        out["update_refused"] = _refusal(lambda: sbx.update_network({"dns_servers": ["1.1.1.1"]}))
+        out["still_runs"] = sbx.commands.run("echo ok").stdout
+    finally:
+        sbx.kill()
+    closed = Sandbox.create(allow_internet_access=False)
+    try:
+        out["no_internet"] = _network(Sandbox.get_info(closed.sandbox_id))
+    finally:
+        closed.kill()
+    refused: dict[str, Any] = {
+        "rules": {"api.example.org": [{"transform": {"headers": {"X-Key": "k"}}}]},
+        "egress_proxy": {"address": "proxy.example.org:1080"},
+        "dns_servers": ["1.1.1.1"],
+        "https_ports": [3000],
+    }
+    for name, value in refused.items():
+        options: dict[str, Any] = {"allow_out": ["api.example.org"], name: value}
+        out[f"refused_{name}"] = _refusal(lambda options=options: Sandbox.create(network=options))  # type: ignore[misc]
+    return out
 
 
 def main() -> int:
@@ -260,7 +297,7 @@ def main() -> int:
         for part in (commands, files, lifecycle, snapshots_and_forks):
             step(part.__name__, lambda part=part: part(sbx))  # type: ignore[misc]
         step("true_ms", lambda: latency(sbx))
-        step("network_refused", network_refused)
+        step("network", network)
         step("kill", sbx.kill)
         step("after_kill", lambda: Sandbox.get_info(sbx.sandbox_id))
     finally:

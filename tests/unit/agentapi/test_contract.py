@@ -34,6 +34,7 @@ from cryobox.errors import (
     PayloadTooLarge,
     StateError,
 )
+from cryobox.netpolicy import EgressPolicy
 from tests.support.fake_agent import FakeAgent
 
 TOKEN = "node-token-for-tests"
@@ -378,7 +379,7 @@ async def test_hibernation_stored_and_woken_as_the_same_sandbox(pair: Pair) -> N
         metadata={"team": "a"},
         env={"A": "1"},
         ttl_s=600,
-        egress=["10.9.0.0/16"],
+        egress=EgressPolicy(allow=["10.9.0.0/16"]),
         manifest_sha256=stored.manifest_sha256,
     )
     again = await agent.wake_stored(wake)  # it never left: the call wakes the one here
@@ -395,7 +396,8 @@ async def test_hibernation_stored_and_woken_as_the_same_sandbox(pair: Pair) -> N
         "ws-1",
         made.instance_id,
     )
-    assert (woken.metadata, woken.env, woken.ttl_s, woken.egress) == ({"team": "a"}, {"A": "1"}, 600, ["10.9.0.0/16"])
+    policy = EgressPolicy(allow=["10.9.0.0/16"])  # the create's list of before policies read as this policy
+    assert (woken.metadata, woken.env, woken.ttl_s, woken.egress) == ({"team": "a"}, {"A": "1"}, 600, policy)
     assert woken.created_at == made.created_at and woken.vm_id != made.vm_id
     assert await agent.read_file("sb-1", "/state") == b"kept"
     assert ("wake_stored", (wake,)) in pair.fake.calls

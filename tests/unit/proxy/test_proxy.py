@@ -366,3 +366,11 @@ def test_route_suffix_keeps_the_raw_encoding() -> None:
     scope: Scope = {"raw_path": b"/v1/sandboxes/s/ports/80/a%2Fb/", "path": "/v1/sandboxes/s/ports/80/a/b/"}
     assert route_suffix(scope, 5) == "/a%2Fb/"
     assert route_suffix({"raw_path": b"/v1/sandboxes/s/ports/80"}, 5) == "/"
+
+
+def test_request_headers_send_a_given_host_first_and_once() -> None:
+    headers = [(b"host", b"ctl.example:8080"), (b"accept", b"*/*")]
+    masked = request_headers(_scope(headers), {}, host="3000-app.example.org")
+    assert masked[0] == ("host", "3000-app.example.org") and [n for n, _ in masked].count("host") == 1
+    assert dict(masked)["x-forwarded-host"] == "ctl.example:8080"
+    assert "host" not in dict(request_headers(_scope(headers), {}))  # the HTTP client's own, by default

@@ -18,6 +18,7 @@ from alembic import command
 from sqlalchemy import text
 
 from cryobox.errors import HostUnavailable, InvalidArgument, NotFound
+from cryobox.netpolicy import EgressPolicy
 from cryobox.registry import AgentLoad, HeartbeatOutcome, MoveRecords, Registry, ReservationRow, SandboxRow, SnapshotRow
 from tests.support import registry as registry_support
 from tests.support.registry import open_registry, sandbox, snapshot
@@ -122,11 +123,12 @@ def test_0005_leaves_existing_sandboxes_without_a_hibernation(db_url: str) -> No
         reg.migrate()
         old = reg.get_sandbox("sb-old")
         assert (old.hibernation, old.hibernation_generation, old.egress) == (None, None, None)
-        changed = reg.update_sandbox("sb-old", hibernation="stored", hibernation_generation="g1", egress=["10.0.0.0/8"])
+        policy = EgressPolicy(allow=["10.0.0.0/8"])
+        changed = reg.update_sandbox("sb-old", hibernation="stored", hibernation_generation="g1", egress=policy)
         assert reg.get_sandbox("sb-old") == changed
-        assert (changed.hibernation, changed.hibernation_generation, changed.egress) == ("stored", "g1", ["10.0.0.0/8"])
+        assert (changed.hibernation, changed.hibernation_generation, changed.egress) == ("stored", "g1", policy)
         with pytest.raises(InvalidArgument):
-            reg.update_sandbox("sb-old", egress=[1])
+            reg.update_sandbox("sb-old", egress=["10.0.0.0/8"])  # a policy, not a list
         with db.engine.begin() as conn:  # the downgrade works too
             cfg.attributes["connection"] = conn
             command.downgrade(cfg, "0004")
@@ -301,13 +303,14 @@ def test_stored_hibernations_are_never_lost_and_move_by_compare_and_swap(registr
     assert moves.move(held.id, "sb-stored", from_host="h1", to_host="h2", changes={"status": "running"}) is None
     assert moves.elsewhere("h1", ["sb-stored", "sb-run", "sb-none"]) == ["sb-stored"]
     assert not moves.stored("sb-run", "h1", "g1")  # not hibernated
-    assert moves.hibernated("sb-run", "h1", ["10.0.0.0/8"]) and moves.stored("sb-run", "h1", "g1")
+    policy = EgressPolicy(allow=["10.0.0.0/8"])
+    assert moves.hibernated("sb-run", "h1", policy) and moves.stored("sb-run", "h1", "g1")
     row = registry.get_sandbox("sb-run")
     assert (row.status, row.hibernation, row.hibernation_generation, row.egress) == (
         "hibernated",
         "stored",
         "g1",
-        ["10.0.0.0/8"],
+        policy,
     )
     assert not moves.hibernated("sb-run", "h2", None)  # another host's row
 

@@ -9,10 +9,13 @@ learns nothing about whether the sandbox exists.
 
 from __future__ import annotations
 
+import asyncio
+
 from ...agentapi import Agent
-from ...errors import InvalidArgument, Unauthorized
+from ...errors import InvalidArgument, NotFound, Unauthorized
 from ...registry import SandboxRow
 from ...server.access.ratelimit import RateLimiter
+from ...server.control.network import in_force
 from ...server.control.sandboxes import ControlPlane
 
 PURPOSE = "e2b-envd-access"
@@ -46,14 +49,26 @@ class SandboxAccess:
             return True
         return traffic and sealer.verify_mac(TRAFFIC_PURPOSE, sandbox_id, token)
 
+    async def _public(self, sandbox_id: str) -> bool:
+        """Whether the sandbox's policy lets its ports take traffic without a token (``public_traffic``); ``False``
+        for an unknown sandbox, so a refusal says nothing about whether it exists."""
+        try:
+            row = await asyncio.to_thread(self._control.registry.get_sandbox, sandbox_id)
+        except NotFound:
+            return False
+        return in_force(row.egress).public_traffic
+
     async def open(
         self, sandbox_id: str | None, token: str | None, *, wake: bool = True, traffic: bool = False
     ) -> tuple[SandboxRow, Agent]:
         """The sandbox's row and agent, once ``token`` is its access token (rate-limited like its workspace's
-        API calls). :raises Unauthorized: no or a wrong token. :raises NotFound: no such sandbox."""
+        API calls); a guest port's ``traffic`` without a token, once the sandbox's policy makes its ports public.
+        :raises Unauthorized: no or a wrong token. :raises NotFound: no such sandbox."""
         if not sandbox_id:
             raise InvalidArgument("missing the E2b-Sandbox-Id header")
-        if not self.verify(sandbox_id, token, traffic=traffic):
+        if not self.verify(sandbox_id, token, traffic=traffic) and not (
+            traffic and not token and await self._public(sandbox_id)
+        ):
             raise Unauthorized("missing or invalid sandbox access token (X-Access-Token)")
         row, agent = await self._control.route(sandbox_id, None, wake=wake)
         self._limiter.check(row.workspace_id)

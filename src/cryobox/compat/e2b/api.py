@@ -4,7 +4,9 @@
 - create (``POST /sandboxes``, ``/v2/sandboxes``): ``templateID`` names a template (``base``,
   ``code-interpreter-v1`` is ``code-interpreter``) or a snapshot (by id or by the name it was taken with), which
   is then restored; ``timeout`` is the sandbox's TTL (default 300 s), ``metadata`` and ``envVars`` as on ``/v1``;
-  ``allow_internet_access: true`` grants egress (the deny list still applies), otherwise egress stays denied.
+  ``allow_internet_access`` and ``network`` become the sandbox's network policy (:mod:`.network`; a create that
+  says nothing gets the operator's ``CRYOBOX_E2B_INTERNET``, or from a snapshot the snapshot's policy).
+- ``PUT /sandboxes/{id}/network`` (``update_network``) replaces the egress rules of a sandbox, running or paused.
 - pause is a hibernation (memory and disk to the host's disk, QEMU stopped: a paused sandbox costs no RAM, as in
   E2B) and connect (``/v2/sandboxes/{id}/connect``) or resume wakes it; a sandbox frozen with ``/v1`` pause
   reads ``paused`` too and connect resumes it.
@@ -19,15 +21,17 @@ from __future__ import annotations
 import urllib.parse
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from ...errors import InvalidArgument, NotFound, StateError
 from ...registry import SandboxRow, SnapshotRow
-from ...server.control.sandboxes import CreateRequest
+from ...server.control.sandboxes import INHERIT, CreateRequest
 from ...server.routes.deps import Caller
 from .access import SandboxAccess
 from .metrics import sample
+from .network import UPDATE_KEYS, E2BSettings, default_policy, to_policy
+from .network import refuse_unenforced as refuse_network
 from .paging import page_offset, page_token
 from .routing import E2BCtx, E2BRoute
 from .views import (
@@ -70,13 +74,24 @@ async def _snapshot_named(ctx: Caller, name: str) -> SnapshotRow | None:
     return max(rows, key=lambda r: r.created_at) if rows else None
 
 
-async def _create(ctx: Caller, body: NewSandbox) -> JSONResponse:
+def settings(request: Request) -> E2BSettings:
+    """The front door's settings, read when the app was built (``app.state.e2b``)."""
+    found = getattr(request.app.state, "e2b", None)
+    return found if isinstance(found, E2BSettings) else E2BSettings()
+
+
+Settings = Annotated[E2BSettings, Depends(settings)]
+
+
+async def _create(ctx: Caller, body: NewSandbox, e2b: E2BSettings) -> JSONResponse:
     template = TEMPLATE_ALIASES.get(body.template_id, body.template_id)
     from_snapshot: str | None = None
     if template not in TEMPLATE_ALIASES.values():
         snapshot = await _snapshot_named(ctx, body.template_id)
         if snapshot is not None:
             from_snapshot, template = snapshot.id, snapshot.template
+    asked = to_policy(body.allow_internet_access, body.network, e2b)
+    egress = asked if asked is not None else INHERIT if from_snapshot is not None else default_policy(e2b)
     row = await ctx.control.create(
         CreateRequest(
             template=template,
@@ -86,20 +101,36 @@ async def _create(ctx: Caller, body: NewSandbox) -> JSONResponse:
             ttl_s=body.timeout if body.timeout is not None else DEFAULT_TIMEOUT_S,
             persistent=False,
             from_snapshot=from_snapshot,
-            egress=["0.0.0.0/0"] if body.allow_internet_access else None,
+            egress=egress,
         )
     )
     return JSONResponse(_sandbox(ctx, row), status_code=201)
 
 
 @router.post("/sandboxes")
-async def create_v1(body: NewSandbox, ctx: E2BCtx) -> JSONResponse:
-    return await _create(ctx, body)
+async def create_v1(body: NewSandbox, ctx: E2BCtx, e2b: Settings) -> JSONResponse:
+    return await _create(ctx, body, e2b)
 
 
 @router.post("/v2/sandboxes")
-async def create_v2(body: NewSandbox, ctx: E2BCtx) -> JSONResponse:
-    return await _create(ctx, body)
+async def create_v2(body: NewSandbox, ctx: E2BCtx, e2b: Settings) -> JSONResponse:
+    return await _create(ctx, body, e2b)
+
+
+@router.put("/sandboxes/{sandbox_id}/network", status_code=204)
+async def update_network(
+    sandbox_id: str, ctx: E2BCtx, e2b: Settings, body: Annotated[dict[str, Any], Body(default_factory=dict)]
+) -> Response:
+    """``update_network``: the new egress rules replace the old ones (a field left out is cleared; saying nothing
+    about the internet is the operator's default); the ports' public access and host mask stay."""
+    refuse_network(body, UPDATE_KEYS, "network")
+    internet = body.get("allow_internet_access")
+    if internet is not None and not isinstance(internet, bool):
+        raise InvalidArgument("allow_internet_access must be a boolean", details={"field": "allow_internet_access"})
+    current = await ctx.control.network.policy(sandbox_id, ctx.workspace_id)  # 404: the SDK's "sandbox not found"
+    policy = to_policy(internet, body, e2b, keep=current) or default_policy(e2b)
+    await ctx.control.set_network(sandbox_id, ctx.workspace_id, policy)
+    return Response(status_code=204)
 
 
 @router.get("/sandboxes/{sandbox_id}")
@@ -317,5 +348,5 @@ async def metrics(sandbox_id: str, ctx: E2BCtx) -> list[dict[str, Any]]:
 
 @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
 async def unserved(rest: str, request: Request, ctx: E2BCtx) -> Response:
-    """Anything else of E2B's API (volumes, teams, network updates, …): a 404 in E2B's shape."""
+    """Anything else of E2B's API (volumes, teams, …): a 404 in E2B's shape."""
     raise NotFound(f"cryobox serves no E2B route {request.method} /{rest}", details={"path": rest})

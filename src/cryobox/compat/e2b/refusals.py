@@ -1,6 +1,7 @@
 """What E2B's create request may ask that cryobox does not carry out yet: refused with 400 naming the field,
-never parsed and dropped. A caller that sends ``network`` rules, ``autoPause``/``autoResume``, MCP servers, IAM,
-volume mounts or ``secure: false`` must learn that they do not hold, instead of getting a sandbox that silently
+never parsed and dropped. A caller that sends ``autoPause``/``autoResume``, MCP servers, IAM, volume mounts,
+``secure: false`` or the ``network`` options cryobox does not enforce (:mod:`.network`: request rules, an egress
+proxy, DNS servers, HTTPS ports) must learn that they do not hold, instead of getting a sandbox that silently
 differs from what it asked for (unrestricted egress, deletion at the timeout, ...). Values that ask for nothing
 (absent, ``null``, empty, ``false``) pass; the default create of the 2.63 SDK sends none of these.
 ``autoPauseMemory`` only shapes what ``autoPause`` does, so it passes whenever ``autoPause`` does."""
@@ -11,6 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...errors import InvalidArgument
+from .network import CREATE_KEYS
+from .network import refuse_unenforced as refuse_network
 
 KNOWN = frozenset(
     {
@@ -30,8 +33,6 @@ KNOWN = frozenset(
     }
 )
 NOT_YET = {
-    "network": "egress rules by host name or CIDR through E2B's `network` are not enforced by cryobox yet; "
-    "use allow_internet_access (all public egress, the host's floor still applies) or leave it off",
     "autoPause": "a sandbox that pauses at its timeout is not supported yet: at its timeout it is killed",
     "autoResume": "auto-resume is not supported yet",
     "mcp": "MCP servers started in the sandbox are not supported",
@@ -65,6 +66,11 @@ def refuse_unenforced(body: Mapping[str, Any]) -> None:
             if named is not None:
                 details["keys"] = named
             raise InvalidArgument(f"{field}: {why}", details=details)
+    network = body.get("network")
+    if network is not None and not isinstance(network, Mapping):
+        raise InvalidArgument("network must be an object", details={"field": "network"})
+    if network is not None:
+        refuse_network(network, CREATE_KEYS, "network")
     if body.get("secure") is False:
         raise InvalidArgument(
             "secure: false is not supported: cryobox's envd always requires the sandbox's access token",

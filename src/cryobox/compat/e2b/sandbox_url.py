@@ -23,14 +23,23 @@ class PortForward:
         self._proxy = proxy
 
     async def __call__(
-        self, scope: Scope, receive: Receive, send: Send, agent: Agent, sandbox_id: str, port: int
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        agent: Agent,
+        sandbox_id: str,
+        port: int,
+        *,
+        host: str | None = None,
     ) -> None:
         try:
             target = await agent.port_target(sandbox_id, port)
         except CryoboxError as error:
             await reply_error(scope, send, error)
             return
-        await self._proxy.forward(scope, receive, send, target, str(scope.get("path") or "/"), port=port)
+        path = str(scope.get("path") or "/")
+        await self._proxy.forward(scope, receive, send, target, path, port=port, host=host)
 
 
 def mount_sandbox_url(app: FastAPI, access: SandboxAccess, proxy: PortProxy) -> EnvdApp:

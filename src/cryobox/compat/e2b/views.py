@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ...registry import SandboxRow, SnapshotRow
 from ...util.times import rfc3339
+from .network import network_info
 from .refusals import refuse_unenforced
 
 ENVD_VERSION = "0.6.4"
@@ -36,6 +37,8 @@ class NewSandbox(_Body):
     metadata: dict[str, str] | None = None
     env_vars: dict[str, str] | None = Field(default=None, alias="envVars")
     allow_internet_access: bool | None = None
+    network: dict[str, Any] | None = None
+    """E2B's ``SandboxNetworkConfig`` (camelCase keys), checked by :mod:`.refusals`, mapped by :mod:`.network`."""
 
     @model_validator(mode="before")
     @classmethod
@@ -76,9 +79,11 @@ def template_id(row: SandboxRow) -> str:
 
 def sandbox(row: SandboxRow, token: str, traffic_token: str | None = None) -> dict[str, Any]:
     """``Sandbox``: what create, connect and fork return. ``trafficAccessToken`` opens the sandbox's ports (not
-    envd): the code-interpreter SDK sends only it to port 49999's context routes."""
+    envd), and is returned, as by E2B, only when the policy keeps them private (``allowPublicTraffic: false``):
+    public ports need no token (the code-interpreter SDK then sends none to port 49999's context routes)."""
+    public = row.egress is None or row.egress.public_traffic
     return {
-        "trafficAccessToken": traffic_token,
+        "trafficAccessToken": None if public else traffic_token,
         "templateID": template_id(row),
         "sandboxID": row.id,
         "clientID": row.host or "cryobox",
@@ -116,8 +121,15 @@ def listed(row: SandboxRow) -> dict[str, Any]:
 
 
 def detail(row: SandboxRow, token: str) -> dict[str, Any]:
-    """``SandboxDetail``."""
-    return {**listed(row), "envdAccessToken": token, "domain": None, "allowInternetAccess": row.egress is not None}
+    """``SandboxDetail``, with the network policy as E2B's ``allowInternetAccess`` and ``network``."""
+    internet, network = network_info(row.egress)
+    return {
+        **listed(row),
+        "envdAccessToken": token,
+        "domain": None,
+        "allowInternetAccess": internet,
+        "network": network,
+    }
 
 
 def snapshot_info(row: SnapshotRow) -> dict[str, Any]:

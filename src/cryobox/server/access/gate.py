@@ -37,7 +37,9 @@ BUILD_UPLOAD = "/v1/templates/build"
 """A template build's Dockerfile and context: the route caps its body itself (the build context limit)."""
 SANDBOX_PREFIX = "/e2b/sandbox"
 """The E2B sandbox URL: authenticated by the sandbox's access token (``X-Access-Token`` with ``E2b-Sandbox-Id``),
-not by an API key; its file uploads and port traffic take the large limit, its RPCs the JSON cap."""
+not by an API key; its file uploads and port traffic take the large limit, its RPCs the JSON cap. A guest port's
+traffic without any token goes on to the app, which serves it only for a sandbox whose policy makes its ports
+public (and answers 401 for every other sandbox id, known or not)."""
 SANDBOX_UPLOAD = re.compile(r"^/e2b/sandbox/files/?$")
 ENVD_PORT = "49983"
 
@@ -164,6 +166,9 @@ class AuthGateMiddleware:
         port = headers.get("e2b-sandbox-port", "").strip()
         traffic = bool(port) and port != ENVD_PORT  # a guest port's traffic: the traffic token will do
         verify = self.sandbox_token
+        if traffic and not token and sandbox_id:  # a public port needs no token: the envd app reads the policy
+            await self.app(scope, receive, send)
+            return
         if verify is None or not sandbox_id or not token or not verify(sandbox_id, token, traffic=traffic):
             self.failures.failed(client)
             message = "missing or invalid sandbox access token (X-Access-Token)"

@@ -114,7 +114,7 @@ class ForkControl:
                     await self.control.placement.release(reservation)
             raise
         snapshot = await self.control.snapshots.record(
-            tree.snapshot, workspace_id, False, {"cryobox.tree_id": tree_id}, parent.host
+            tree.snapshot, workspace_id, False, {"cryobox.tree_id": tree_id}, parent.host, parent.egress
         )
         outcome = TreeOutcome(tree_id=tree_id, snapshot=snapshot, errors=errors)
         made = {c.id: c for c in tree.children}
@@ -129,12 +129,8 @@ class ForkControl:
                     await self.control.placement.release(reservation)
         if remote:
             child_meta = {**metadata, "cryobox.tree_id": tree_id, "cryobox.parent_id": parent.id}
-            egress = next(iter(made.values())).egress if made else None
-            if egress is None:
-                with contextlib.suppress(CryoboxError):
-                    egress = (await agent.get(sandbox_id)).egress
-            remote_results = await asyncio.gather(
-                *(self._remote_child(snapshot, parent, child_id, r, child_meta, egress) for _, child_id, r in remote)
+            remote_results = await asyncio.gather(  # the parent's policy, as its row has it
+                *(self._remote_child(snapshot, parent, child_id, r, child_meta) for _, child_id, r in remote)
             )
             for (index, _, _), result in zip(remote, remote_results, strict=True):
                 results[index] = result
@@ -160,7 +156,6 @@ class ForkControl:
         child_id: str,
         reservation: ReservationRow,
         metadata: dict[str, str],
-        egress: list[str] | None,
     ) -> SandboxRow | str:
         """A child on another agent: it restores the tree's snapshot from the object store."""
         try:
@@ -177,7 +172,7 @@ class ForkControl:
                     from_snapshot=snapshot_ref(stored),
                     metadata=metadata,
                     env=parent.env,
-                    egress=egress,
+                    egress=parent.egress,
                 )
             )
         except CryoboxError as err:

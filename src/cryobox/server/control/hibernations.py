@@ -70,7 +70,7 @@ def wake_spec(row: SandboxRow) -> am.WakeSpec:
         env=dict(row.env),
         ttl_s=row.ttl_s,
         persistent=row.persistent,
-        egress=list(row.egress) if row.egress is not None else None,
+        egress=row.egress,
         from_snapshot=row.from_snapshot,
         boot_mode="cold" if row.boot_mode == "cold" else "restore",
         manifest_sha256=row.hibernation_manifest_sha256,

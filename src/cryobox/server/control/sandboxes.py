@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import secrets
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from ...agentapi import Agent
 from ...agentapi import models as am
 from ...errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound, WorkspaceQuotaExceeded
+from ...netpolicy import EgressPolicy
 from ...registry import (
     HIBERNATED,
     HIBERNATION_LOCAL,
@@ -36,6 +39,7 @@ from ..metrics import Metrics
 from .builds import RecipeBuilds
 from .fleet import Fleet
 from .hibernations import HibernationControl
+from .network import NetworkControl, reconcile
 from .placement import Placement, PlacementRequest
 from .quotas import QuotaGuard, check_ttl
 from .snapshots import SnapshotControl
@@ -51,6 +55,15 @@ def new_sandbox_id() -> str:
     return f"sb-{secrets.token_hex(6)}"
 
 
+class Inherit(enum.Enum):
+    """A create that names no network: from a snapshot it gets the snapshot's recorded policy, else none."""
+
+    INHERIT = "inherit"
+
+
+INHERIT = Inherit.INHERIT
+
+
 @dataclass(frozen=True)
 class CreateRequest:
     template: str
@@ -60,7 +73,8 @@ class CreateRequest:
     ttl_s: int | None
     persistent: bool
     from_snapshot: str | None = None
-    egress: list[str] | None = None
+    egress: EgressPolicy | None | Literal[Inherit.INHERIT] = INHERIT
+    """The network policy (``None``: nothing allowed); :data:`INHERIT`: the snapshot's, if any."""
 
 
 class ControlPlane:
@@ -91,6 +105,8 @@ class ControlPlane:
         self.hibernations.quotas = snapshots.quotas = templates.quotas = self.quotas
         self._states: dict[str, int] = {}
         metrics.set_sandbox_state_provider(lambda: self._states)
+        self.network = NetworkControl(registry, fleet)
+        """Network policies changed live, egress decisions: :mod:`.network`."""
 
     # -- routing -------------------------------------------------------------------------------------------
 
@@ -108,7 +124,7 @@ class ControlPlane:
     async def _wake(self, row: SandboxRow, agent: Agent) -> SandboxRow:
         """Wake hibernated ``row`` on ``agent`` (the fleet's ``waker``): its vCPUs and memory count again."""
         with await self.quotas.admit(row.workspace_id, row.cpus, row.memory_mib, sandbox_ids=[row.id], wake=True):
-            info = await agent.wake(row.id)
+            info = await reconcile(agent, row, await agent.wake(row.id))  # a policy changed while it slept
             await self.record_state(row.id, info)
         woken = live_row(row, info)
         if info.state != HIBERNATED:
@@ -122,9 +138,12 @@ class ControlPlane:
         started = time.monotonic()
         ttl_s = await self.quotas.ttl(request.workspace_id, request.ttl_s, request.persistent)  # 400 first
         ref: am.SnapshotRef | None = None
+        egress = None if request.egress is INHERIT else request.egress
         if request.from_snapshot is not None:  # 404 before anything is reserved
             snap, ref = await self.snapshots.ref(request.from_snapshot, request.workspace_id)
             template = snap.template
+            if request.egress is INHERIT:
+                egress = snap.egress
             cpus, memory = await self.templates.size(template)
             placement = PlacementRequest(
                 memory_mib=memory,
@@ -155,7 +174,7 @@ class ControlPlane:
             env=request.env,
             ttl_s=ttl_s,
             persistent=request.persistent,
-            egress=request.egress,
+            egress=egress,
         )
         try:
             with await self.quotas.admit(
@@ -203,6 +222,16 @@ class ControlPlane:
                 await agent.delete(info.id)
             raise
         return row
+
+    # -- network -------------------------------------------------------------------------------------------
+
+    async def set_network(self, sandbox_id: str, workspace_id: str, policy: EgressPolicy) -> SandboxRow:
+        """Replace the sandbox's network policy (:meth:`.network.NetworkControl.set_network`)."""
+        return await self.network.set_network(sandbox_id, workspace_id, policy)
+
+    async def egress_log(self, sandbox_id: str, workspace_id: str, limit: int = 100) -> am.EgressLog:
+        """The sandbox's newest egress decisions (:meth:`.network.NetworkControl.egress_log`)."""
+        return await self.network.egress_log(sandbox_id, workspace_id, limit)
 
     # -- reads ---------------------------------------------------------------------------------------------
 

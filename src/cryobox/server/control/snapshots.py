@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from ...agentapi import Agent
 from ...agentapi import models as am
 from ...errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound, ObjectNotFound, StateError
+from ...netpolicy import EgressPolicy
 from ...objstore.client import ObjectStore
 from ...objstore.keys import evidence_key, evidence_prefix, manifest_key, snapshot_prefix
 from ...objstore.manifests import delete_published
@@ -165,12 +166,19 @@ class SnapshotControl:
         sandbox, agent = await self.fleet.route(sandbox_id, workspace_id, wake=True)  # a hibernated one wakes first
         request = am.SnapshotRequest(snapshot_id=new_snapshot_id(), labels=labels, quiesce=quiesce)
         info = await agent.snapshot(sandbox_id, request)
-        return await self.record(info, workspace_id, retain, labels, sandbox.host)
+        return await self.record(info, workspace_id, retain, labels, sandbox.host, sandbox.egress)
 
     async def record(
-        self, info: am.SnapshotInfo, workspace_id: str, retain: bool, labels: dict[str, str], host: str
+        self,
+        info: am.SnapshotInfo,
+        workspace_id: str,
+        retain: bool,
+        labels: dict[str, str],
+        host: str,
+        egress: EgressPolicy | None = None,
     ) -> SnapshotRow:
-        row = snapshot_row(info, workspace_id, retain, labels, host)
+        """Write the row of a snapshot an agent took, with the network policy of its sandbox at that moment."""
+        row = snapshot_row(info, workspace_id, retain, labels, host, egress)
         try:
             await asyncio.to_thread(self.registry.add_snapshot, row)
         except BaseException:

@@ -6,7 +6,8 @@ the agent's own port route for a remote one.
 Authentication is the API key (``Authorization: Bearer <key>``) like every ``/v1`` route, for WebSockets too; it
 is consumed here and never reaches the guest. Then the port (1-65535, else 400), the sandbox (404 for another
 workspace's; a hibernated one is woken), its agent's :meth:`~cryobox.agentapi.Agent.port_target`, and the
-request goes on with the path after the port as the client sent it and the same query string. Nothing
+request goes on with the path after the port as the client sent it and the same query string (and, when the
+sandbox's policy has a ``mask_request_host``, that ``Host``). Nothing
 listening there: 502 ``port_unreachable`` ("port is not open"). A refused WebSocket gets the same answers as
 HTTP responses to its handshake.
 
@@ -28,6 +29,7 @@ from ...errors import CryoboxError, InvalidArgument, Unauthorized
 from ...proxy import parse_port, reply_error, route_suffix
 from ...proxy.target import PortTarget
 from ..access.gate import bearer_key
+from ..control.network import request_host
 from .deps import AppContext, authenticated
 
 PREFIX_SEGMENTS = 5
@@ -57,14 +59,14 @@ def guest_path(scope: Scope) -> str:
     return suffix
 
 
-async def _resolve(scope: Scope, receive: Receive, ctx: AppContext) -> tuple[PortTarget, int, str]:
+async def _resolve(scope: Scope, receive: Receive, ctx: AppContext) -> tuple[PortTarget, int, str, str | None]:
     workspace_id = await _workspace(scope, receive, ctx)
     params = scope.get("path_params", {})
     port = parse_port(str(params.get("port", "")))
     path = guest_path(scope)
     sandbox_id = str(params["sandbox_id"])
-    agent = await ctx.control.agent_for(sandbox_id, workspace_id)
-    return await agent.port_target(sandbox_id, port), port, path
+    row, agent = await ctx.control.route(sandbox_id, workspace_id)
+    return await agent.port_target(sandbox_id, port), port, path, request_host(row.egress, port)
 
 
 class PortEndpoint:
@@ -80,14 +82,14 @@ class PortEndpoint:
         scope.setdefault("route", self)
         ctx: AppContext = scope["app"].state.ctx
         if scope["type"] == "http":
-            target, port, path = await _resolve(scope, receive, ctx)
+            target, port, path, host = await _resolve(scope, receive, ctx)
         else:
             try:
-                target, port, path = await _resolve(scope, receive, ctx)
+                target, port, path, host = await _resolve(scope, receive, ctx)
             except CryoboxError as error:
                 await reply_error(scope, send, error)
                 return
-        await ctx.proxy.forward(scope, receive, send, target, path, port=port)
+        await ctx.proxy.forward(scope, receive, send, target, path, port=port, host=host)
 
 
 def _routes() -> APIRouter:

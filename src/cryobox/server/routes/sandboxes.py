@@ -14,9 +14,8 @@ from fastapi.responses import StreamingResponse
 from ... import models
 from ...agentapi import models as am
 from ...errors import CryoboxError, SandboxTimeout
-from ...netpolicy import parse_cidrs
 from ...util.times import rfc3339
-from ..control.sandboxes import UNSET, CreateRequest
+from ..control.sandboxes import INHERIT, UNSET, CreateRequest
 from ..execlog import ExecRecord
 from ..mapping import sandbox_view
 from .deps import Ctx
@@ -35,10 +34,9 @@ async def create_sandbox(
     control plane (``control``: auth, placement, registry) and the agent (``agent``: the restore itself)."""
     started = time.monotonic()
     timing: dict[str, float] = {}
-    egress: list[str] | None = None
-    if body.network is not None and body.network.egress == "allow":
-        # validated before anything is created; an empty list means every destination
-        egress = [str(n) for n in parse_cidrs(body.network.allow or ["0.0.0.0/0"])]
+    # validated (and a legacy shape translated) before anything is created; none given: nothing allowed, or the
+    # snapshot's recorded policy
+    egress = body.network if body.network is not None else INHERIT
     row = await ctx.control.create(
         CreateRequest(
             template=body.template,

@@ -57,7 +57,18 @@ def test_e2b_sdk_application_runs_unchanged(e2b_python: Path, server: ServeProce
     assert fork["entropy"][0] != fork["entropy"][1], "fork children must not share entropy"
     assert report["kill"] is True
     assert "NotFound" in report["after_kill"]["error"]
-    assert "created" not in report["network_refused"] and "network" in report["network_refused"]["message"]
+    net = report["network"]
+    assert net["create"] == {"internet": False, "allow_out": ["1.1.1.1/32"], "deny_out": ["0.0.0.0/0"]}, net
+    assert net["updated"] == {"internet": False, "allow_out": ["example.org"], "deny_out": ["0.0.0.0/0"]}, net
+    assert net["no_internet"]["internet"] is False and net["still_runs"] == "ok\n", net
+    assert "network.dnsServers" in net["update_refused"].get("message", ""), net
+    for name, field in (
+        ("rules", "network.rules"),
+        ("egress_proxy", "network.egressProxy"),
+        ("dns_servers", "network.dnsServers"),
+        ("https_ports", "network.httpsPorts"),
+    ):
+        assert field in net[f"refused_{name}"].get("message", ""), (name, net[f"refused_{name}"])
 
 
 CODE_APP = APPS / "e2b_code_app.py"

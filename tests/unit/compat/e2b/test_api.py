@@ -139,9 +139,9 @@ async def test_the_sandbox_url_needs_the_sandbox_token_before_anything_runs(env:
 
 async def test_unserved_routes_are_404_in_e2b_shape_and_metrics_parse(env: Env) -> None:
     sid = (await create(env)).json()["sandboxID"]
-    network = await env.client.put(f"/e2b/sandboxes/{sid}/network", json={}, headers=e2b(env))
-    assert network.status_code == 404 and network.json()["code"] == 404
-    assert "PUT /sandboxes/" in network.json()["message"]
+    volumes = await env.client.put(f"/e2b/sandboxes/{sid}/volumes", json={}, headers=e2b(env))
+    assert volumes.status_code == 404 and volumes.json()["code"] == 404
+    assert "PUT /sandboxes/" in volumes.json()["message"]
     sample = (
         "cpu  100 0 100 800 0 0 0 0 0 0\nMemTotal: 1000 kB\nMemAvailable: 600 kB\nCached: 100 kB\n"
         "8000000 2000000\ncpu  150 0 150 900 0 0 0 0 0 0\n"
@@ -152,7 +152,7 @@ async def test_unserved_routes_are_404_in_e2b_shape_and_metrics_parse(env: Env) 
 
 
 async def test_the_traffic_token_opens_guest_ports_but_never_envd(env: Env) -> None:
-    made = (await create(env)).json()
+    made = (await create(env, network={"allowPublicTraffic": False})).json()
     sid, traffic = made["sandboxID"], made["trafficAccessToken"]
     assert traffic and traffic != made["envdAccessToken"]
     base = {"E2b-Sandbox-Id": sid, "E2B-Traffic-Access-Token": traffic, "Authorization": ""}
@@ -169,11 +169,11 @@ async def test_the_traffic_token_opens_guest_ports_but_never_envd(env: Env) -> N
 
 
 async def test_create_fields_cryobox_does_not_enforce_are_refused_naming_them_and_create_nothing(env: Env) -> None:
-    """E2B's ``network`` rules, ``autoPause``, ``autoResume``, MCP, IAM, volume mounts and ``secure: false`` would
-    be silently dropped (unrestricted egress, deletion at the timeout); they are 400s naming the field, and no
-    sandbox exists afterwards. Values that ask for nothing pass."""
+    """E2B's ``network`` request rules, ``autoPause``, ``autoResume``, MCP, IAM, volume mounts and ``secure: false``
+    would be silently dropped (unrestricted egress, deletion at the timeout); they are 400s naming the field, and
+    no sandbox exists afterwards. Values that ask for nothing pass."""
     refused = {
-        "network": {"allowOut": ["example.org"], "denyOut": ["0.0.0.0/0"]},
+        "network": {"allowOut": ["example.org"], "rules": {"example.org": [{}]}},
         "autoPause": True,
         "autoResume": {"enabled": True},
         "mcp": {"github": {"token": "x"}},

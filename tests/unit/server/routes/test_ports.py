@@ -145,6 +145,17 @@ async def test_a_closed_guest_port_is_502_port_unreachable(api: Api) -> None:
     assert str(CLOSED_PORT) in body["error"]
 
 
+async def test_the_policys_host_mask_is_the_host_the_guest_sees_and_the_key_is_still_needed(api: Api) -> None:
+    plain = _seen(await api.client.get(f"/v1/sandboxes/{api.sandbox}/ports/{HTTP_PORT}/echo"))
+    assert plain["host"].startswith("127.0.0.1:")
+    masked = {"default": "deny", "mask_request_host": "${PORT}-app.example.org", "public_traffic": True}
+    assert (await api.client.put(f"/v1/sandboxes/{api.sandbox}/network", json=masked)).status_code == 200
+    seen = _seen(await api.client.get(f"/v1/sandboxes/{api.sandbox}/ports/{HTTP_PORT}/echo"))
+    assert seen["host"] == f"{HTTP_PORT}-app.example.org" and seen["x-forwarded-host"] != seen["host"]
+    async with httpx.AsyncClient(base_url=api.url) as anonymous:  # public traffic opens E2B's URL, not /v1
+        assert (await anonymous.get(f"/v1/sandboxes/{api.sandbox}/ports/{HTTP_PORT}/echo")).status_code == 401
+
+
 async def test_no_key_is_401_and_another_workspace_is_404(api: Api) -> None:
     async with httpx.AsyncClient(base_url=api.url) as anonymous:
         missing = await anonymous.get(f"/v1/sandboxes/{api.sandbox}/ports/{HTTP_PORT}/echo")

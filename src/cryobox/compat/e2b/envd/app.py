@@ -5,7 +5,8 @@ The SDK sends every sandbox call to that one URL and says where it is going in h
 services (``/process.Process/*``, ``/filesystem.Filesystem/*``, JSON or binary, unary and streams) and the REST
 routes (``/files``, ``/health``); every call is checked against the sandbox's access token before its agent is
 touched. Any other port goes to the injected :class:`Forward` (the reverse proxy into the guest) with the
-sandbox's agent, once the token (``X-Access-Token``, else ``E2b-Traffic-Access-Token``) checks out.
+sandbox's agent, once the token (``X-Access-Token``, else ``E2b-Traffic-Access-Token``) checks out, or without
+one when the sandbox's policy makes its ports public (``public_traffic``).
 
 Mounted (Starlette ``Mount``) the scope's ``path`` may still carry the mount's prefix, with ``root_path`` naming
 it; both that and a bare ``path`` below the prefix work, and so does ``prefix`` itself when nothing set
@@ -23,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from ....agentapi.interface import MAX_FILE_BYTES, Agent
 from ....errors import InvalidArgument
+from ....server.control.network import request_host
 from ..access import PORT_HEADER, SANDBOX_HEADER, TOKEN_HEADER, TRAFFIC_TOKEN_HEADER
 from .errors import ErrorInterceptor
 from .files import EnvdFiles, header_map, send_error
@@ -44,10 +46,19 @@ class Forward(Protocol):
     ``agent`` (e.g. to :meth:`~cryobox.agentapi.interface.Agent.port_target`)."""
 
     def __call__(
-        self, scope: Scope, receive: Receive, send: Send, agent: Agent, sandbox_id: str, port: int
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        agent: Agent,
+        sandbox_id: str,
+        port: int,
+        *,
+        host: str | None = None,
     ) -> Awaitable[None]:
         """``scope`` is the request's, with ``path``/``raw_path`` below the mount (the guest's path) and an empty
-        ``root_path``; its headers still carry the ``E2b-*`` and ``X-Access-Token`` ones."""
+        ``root_path``; its headers still carry the ``E2b-*`` and ``X-Access-Token`` ones. ``host``: the ``Host``
+        the guest is to see (the sandbox policy's ``mask_request_host``), if any."""
         ...
 
 
@@ -145,11 +156,12 @@ class EnvdApp:
         sandbox_id = headers.get(SANDBOX_HEADER)
         token = headers.get(TOKEN_HEADER) or headers.get(TRAFFIC_TOKEN_HEADER)
         try:
-            _, agent = await open_sandbox(self._access, sandbox_id, token, traffic=True)
+            row, agent = await open_sandbox(self._access, sandbox_id, token, traffic=True)
         except Exception as exc:
             await self._refuse(scope, send, exc)
             return
-        await self._forward(below_mount(scope, self._prefix), receive, send, agent, str(sandbox_id), port)
+        host = request_host(row.egress, port)
+        await self._forward(below_mount(scope, self._prefix), receive, send, agent, str(sandbox_id), port, host=host)
 
     async def _refuse(self, scope: Scope, send: Send, exc: Exception) -> None:
         if scope["type"] == "websocket":

@@ -21,6 +21,7 @@ from typing import Protocol
 
 from ....agentapi.interface import Agent
 from ....errors import CryoboxError, InvalidArgument, NotFound, StateError
+from ....netpolicy import EgressPolicy
 from ..access import SANDBOX_HEADER, TOKEN_HEADER
 
 DEFAULT_USER = "user"
@@ -40,6 +41,9 @@ class SandboxUnavailable(CryoboxError):
 class SandboxRowLike(Protocol):
     @property
     def status(self) -> str: ...
+
+    @property
+    def egress(self) -> EgressPolicy | None: ...
 
 
 class SandboxOpener(Protocol):

@@ -15,7 +15,8 @@ from starlette.types import Receive, Scope, Send
 from cryobox.agentapi.interface import Agent
 from cryobox.compat.e2b.envd import EnvdApp, create_envd_app
 from cryobox.compat.e2b.envd.multipart import parse
-from tests.support.envd import HEADERS, SANDBOX, FakeAccess, FakeEnvdAgent, Node, mounted, serve
+from cryobox.netpolicy import EgressPolicy
+from tests.support.envd import HEADERS, SANDBOX, TOKEN, FakeAccess, FakeEnvdAgent, Node, mounted, serve
 
 MAX = 1 << 20
 BINARY = bytes(range(256)) * 64 + b"\r\n--boundary\r\n\r\n--" + bytes(range(255, -1, -1))
@@ -24,12 +25,22 @@ BINARY = bytes(range(256)) * 64 + b"\r\n--boundary\r\n\r\n--" + bytes(range(255,
 @dataclass
 class FakeForward:
     calls: list[tuple[str, str, int, Agent]] = field(default_factory=list)
+    hosts: list[str | None] = field(default_factory=list)
     paths: list[tuple[str, bytes, str, bytes]] = field(default_factory=list)
 
     async def __call__(
-        self, scope: Scope, receive: Receive, send: Send, agent: Agent, sandbox_id: str, port: int
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        agent: Agent,
+        sandbox_id: str,
+        port: int,
+        *,
+        host: str | None = None,
     ) -> None:
         self.calls.append((scope["type"], sandbox_id, port, agent))
+        self.hosts.append(host)
         self.paths.append((scope["path"], scope["raw_path"], scope["root_path"], scope["query_string"]))
         body = f"forwarded {scope['path']} to {port}".encode()
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
@@ -150,6 +161,14 @@ async def test_health(env: Env) -> None:
     env.access.status = "hibernated"
     assert "was not found" in assert_envd_error(await env.http.get("/health"), 502)["message"]
     assert_envd_error(await env.http.get("/files", params={"path": "a"}), 502)
+
+
+async def test_a_policys_host_mask_goes_to_the_forward(env: Env) -> None:
+    traffic = {"E2b-Sandbox-Port": "3000", "X-Access-Token": TOKEN}
+    assert (await env.http.get("/", headers=traffic)).status_code == 200
+    env.access.egress = EgressPolicy(mask_request_host="${PORT}-app.example.org")
+    assert (await env.http.get("/", headers=traffic)).status_code == 200
+    assert env.forward.hosts == [None, "3000-app.example.org"]
 
 
 async def test_other_ports_go_to_the_forward(env: Env) -> None:

@@ -8,10 +8,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from . import network as _network
 from . import procs as _procs
 from .builds import *  # noqa: F403 (template builds, builds.py, in this one namespace)
 from .builds import FailedStep
 from .code import *  # noqa: F403 (the code interpreter's models, models_code.py, in this one namespace)
+from .network import PolicyView
 
 MetaKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 MetaValue = Annotated[str, StringConstraints(max_length=1024)]
@@ -30,11 +32,19 @@ ProcessPty = _procs.ProcessPty
 ProcessResult = _procs.ProcessResult
 ProcessSignal = _procs.ProcessSignal
 
+# a sandbox's network policy and egress decision log (network.py), in this one namespace
+NetworkPolicy = _network.NetworkPolicy
+EgressDecision = _network.EgressDecision
+EgressLog = _network.EgressLog
+
 SandboxStatus = Literal["starting", "running", "paused", "hibernated", "stopped", "error", "lost"]
 BootMode = Literal["restore", "cold"]
 
 
 class NetworkSpec(BaseModel):
+    """The network of a create before policies (still accepted): ``egress: allow`` with ``allow`` CIDRs (none:
+    everywhere), or ``deny``. A :data:`NetworkPolicy` says the same and more."""
+
     model_config = ConfigDict(extra="forbid")
     egress: Literal["deny", "allow"] = "deny"
     allow: list[str] = Field(default_factory=list)
@@ -67,6 +77,8 @@ class Sandbox(BaseModel):
     expires_at: str | None = None
     host: str | None = None
     instance_id: str | None = None
+    network: PolicyView | None = None
+    """The network policy in force (``None`` from a server that predates policies)."""
 
 
 class SandboxList(BaseModel):

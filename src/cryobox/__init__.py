@@ -29,7 +29,16 @@ from .errors import (
     VmmError,
     WorkspaceQuotaExceeded,
 )
-from .models import ForkTreeError, ProcessResult, PromoteFailure, PromoteResult, Snapshot
+from .models import (
+    EgressDecision,
+    EgressLog,
+    ForkTreeError,
+    NetworkPolicy,
+    ProcessResult,
+    PromoteFailure,
+    PromoteResult,
+    Snapshot,
+)
 from .sdk import (
     AsyncCodeContexts,
     AsyncFilesystem,
@@ -70,6 +79,8 @@ __all__ = [
     "CodeContexts",
     "CommandFailed",
     "CryoboxError",
+    "EgressDecision",
+    "EgressLog",
     "ExecResult",
     "Execution",
     "ExecutionError",
@@ -81,6 +92,7 @@ __all__ = [
     "HostUnavailable",
     "InvalidArgument",
     "Logs",
+    "NetworkPolicy",
     "NotFound",
     "PayloadTooLarge",
     "Process",

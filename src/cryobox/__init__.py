@@ -11,7 +11,9 @@ Snapshots and forks: ``sbx.snapshot()``, ``Sandbox.create(from_snapshot=...)``, 
 processes: ``sbx.processes.start(cmd)`` or ``sbx.exec(cmd, background=True)`` → ``Process`` (``stream``,
 ``wait``, ``send_stdin``, ``signal``, ``kill``); directory watches: ``sbx.filesystem.watch(path)``. The code
 interpreter (template ``code-interpreter``): ``sbx.run_code(code)`` → ``Execution`` (rich ``Result``s, ``logs``,
-``error``), ``sbx.code_contexts`` (``create``, ``list``, ``remove``, ``restart`` of ``CodeContext``s).
+``error``), ``sbx.code_contexts`` (``create``, ``list``, ``remove``, ``restart`` of ``CodeContext``s). Network:
+``Sandbox.create(network=NetworkPolicy(...))``, ``sbx.set_network(...)`` (replaces the whole policy, live) and
+``sbx.egress_log()`` → ``EgressLog`` of ``EgressDecision``s.
 """
 
 from .errors import (

@@ -43,6 +43,7 @@ SUBS: dict[str, str] = {
     "AsyncProcesses": "Processes",
     "AsyncCodeContexts": "CodeContexts",
     "AsyncCodeInterpreter": "CodeInterpreter",
+    "AsyncNetworkControl": "NetworkControl",
     "AsyncTemplates": "Templates",
     "AsyncBuild": "Build",
     "AsyncApiClient": "ApiClient",

@@ -11,7 +11,9 @@ Snapshots and forks: ``sbx.snapshot()``, ``Sandbox.create(from_snapshot=...)``, 
 processes: ``sbx.processes.start(cmd)`` or ``sbx.exec(cmd, background=True)`` → ``Process`` (``stream``,
 ``wait``, ``send_stdin``, ``signal``, ``kill``); directory watches: ``sbx.filesystem.watch(path)``. The code
 interpreter (template ``code-interpreter``): ``sbx.run_code(code)`` → ``Execution`` (rich ``Result``s, ``logs``,
-``error``), ``sbx.code_contexts`` (``create``, ``list``, ``remove``, ``restart`` of ``CodeContext``s).
+``error``), ``sbx.code_contexts`` (``create``, ``list``, ``remove``, ``restart`` of ``CodeContext``s). Network:
+``Sandbox.create(network=NetworkPolicy(...))``, ``sbx.set_network(...)`` (replaces the whole policy, live) and
+``sbx.egress_log()`` → ``EgressLog`` of ``EgressDecision``s.
 """
 
 from .errors import (
@@ -29,7 +31,16 @@ from .errors import (
     VmmError,
     WorkspaceQuotaExceeded,
 )
-from .models import ForkTreeError, ProcessResult, PromoteFailure, PromoteResult, Snapshot
+from .models import (
+    EgressDecision,
+    EgressLog,
+    ForkTreeError,
+    NetworkPolicy,
+    ProcessResult,
+    PromoteFailure,
+    PromoteResult,
+    Snapshot,
+)
 from .sdk import (
     AsyncCodeContexts,
     AsyncFilesystem,
@@ -70,6 +81,8 @@ __all__ = [
     "CodeContexts",
     "CommandFailed",
     "CryoboxError",
+    "EgressDecision",
+    "EgressLog",
     "ExecResult",
     "Execution",
     "ExecutionError",
@@ -81,6 +94,7 @@ __all__ = [
     "HostUnavailable",
     "InvalidArgument",
     "Logs",
+    "NetworkPolicy",
     "NotFound",
     "PayloadTooLarge",
     "Process",

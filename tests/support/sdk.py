@@ -41,6 +41,14 @@ INFO: dict[str, Any] = {
     "expires_at": "2024-05-01T13:00:00Z",
     "host": "local",
     "instance_id": "5f0c6a1e2b3d4c5e8f9a0b1c2d3e4f50",
+    "network": {
+        "default": "deny",
+        "allow": ["203.0.113.0/24", "pypi.org"],
+        "deny": [],
+        "ports": [443],
+        "public_traffic": True,
+        "mask_request_host": None,
+    },
 }
 LIFECYCLE = {"ttl_seconds": 600, "persistent": True, "idle_seconds": 12.5, "expires_at": "2024-05-01T13:10:00Z"}
 ENTRY = {"name": "a.txt", "is_dir": False, "size": 3, "mode": 0o100644, "mtime": 1.5}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -14,6 +16,7 @@ from rich.table import Table
 
 from .. import models
 from ..errors import CryoboxError
+from ..sdk.sandbox import Sandbox
 
 PIPE_WIDTH = 1000
 """Output that is not a terminal (a pipe, a file, a test's runner) is never cut at 80 columns: scripts read it."""
@@ -38,6 +41,21 @@ _SNAPSHOT = TypeAdapter(models.Snapshot)
 def fail(error: CryoboxError) -> NoReturn:
     err.print(f"[red]error[/red] ({error.code}): {error.message}")
     raise typer.Exit(2)
+
+
+@contextmanager
+def connected(sandbox_id: str, api_url: str | None, api_key: str | None) -> Iterator[Sandbox]:
+    """The sandbox, closed afterwards; an API error on the way exits with its message."""
+    try:
+        sbx = Sandbox.connect(sandbox_id, api_url=api_url, api_key=api_key)
+    except CryoboxError as error:
+        fail(error)
+    try:
+        yield sbx
+    except CryoboxError as error:
+        fail(error)
+    finally:
+        sbx.close()
 
 
 def print_json(value: Any) -> None:

@@ -19,6 +19,8 @@ from .gc_cmd import gc
 from .inspect_cmds import inspect_app
 from .keys_cmds import keys_app
 from .mcp_cmd import mcp
+from .network_cmds import egress as sandbox_egress
+from .network_cmds import network as sandbox_network
 from .sandbox_cmds import sandbox_app, template_app
 from .snapshot_cmds import snapshot_app
 from .template_build import template_build
@@ -29,6 +31,8 @@ app = typer.Typer(help="cryobox: microVM sandboxes where every create is a snaps
 image_app = typer.Typer(help="Guest images and templates.", no_args_is_help=True)
 app.add_typer(image_app, name="image")
 app.add_typer(sandbox_app, name="sandbox")
+sandbox_app.command("network")(sandbox_network)
+sandbox_app.command("egress")(sandbox_egress)
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(template_app, name="template")
 template_app.command("create")(template_create)

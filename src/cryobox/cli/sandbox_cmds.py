@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -19,27 +17,25 @@ from ..sdk._base import DEFAULT_RETRY
 from ..sdk._sync._http import send
 from ..sdk._transport import ClientConfig, raise_for_error
 from ..sdk.sandbox import Sandbox
-from ._common import ApiKey, ApiUrl, Json, err, fail, out, parse_pairs, print_json, sandbox_table, snapshot_json
+from ._common import (
+    ApiKey,
+    ApiUrl,
+    Json,
+    connected,
+    err,
+    fail,
+    out,
+    parse_pairs,
+    print_json,
+    sandbox_table,
+    snapshot_json,
+)
+from .network_cmds import AllowOpt, DefaultOpt, DenyOpt, MaskOpt, PortOpt, PublicOpt, policy_from_options
 
 sandbox_app = typer.Typer(help="Create, inspect, use and delete sandboxes.", no_args_is_help=True)
 template_app = typer.Typer(help="Templates.", no_args_is_help=True)
 
 Metadata = Annotated[list[str] | None, typer.Option("--metadata", "-m", help="KEY=VALUE (repeatable)")]
-
-
-@contextmanager
-def _connected(sandbox_id: str, api_url: str | None, api_key: str | None) -> Iterator[Sandbox]:
-    """The sandbox, closed afterwards; an API error on the way exits with its message."""
-    try:
-        sbx = Sandbox.connect(sandbox_id, api_url=api_url, api_key=api_key)
-    except CryoboxError as error:
-        fail(error)
-    try:
-        yield sbx
-    except CryoboxError as error:
-        fail(error)
-    finally:
-        sbx.close()
 
 
 @sandbox_app.command("create")
@@ -50,11 +46,21 @@ def create(
     ] = None,
     ttl: Annotated[int | None, typer.Option("--ttl", help="idle TTL in seconds")] = None,
     metadata: Metadata = None,
+    default: DefaultOpt = None,
+    allow: AllowOpt = None,
+    deny: DenyOpt = None,
+    port: PortOpt = None,
+    public_traffic: PublicOpt = None,
+    mask_host: MaskOpt = None,
     as_json: Json = False,
     api_url: ApiUrl = None,
     api_key: ApiKey = None,
 ) -> None:
-    """Create a sandbox (a restore of the template's snapshot, or of --from-snapshot) and print its id."""
+    """Create a sandbox (a restore of the template's snapshot, or of --from-snapshot) and print its id.
+
+    With any network option the sandbox starts with that network policy (options not given take their defaults:
+    --default deny, no rules, any port); without one, the server's default. Change it later with `network`.
+    """
     what = f"snapshot {from_snapshot}" if from_snapshot else f"a {template} sandbox"
     try:
         with err.status(f"restoring {what}"):
@@ -63,6 +69,7 @@ def create(
                 from_snapshot=from_snapshot,
                 ttl_seconds=ttl,
                 metadata=parse_pairs(metadata),
+                network=policy_from_options(default, allow, deny, port, public_traffic, mask_host),
                 api_url=api_url,
                 api_key=api_key,
             )
@@ -92,7 +99,7 @@ def list_(as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None)
 @sandbox_app.command("get")
 def get(sandbox_id: str, as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
     """Show one sandbox."""
-    with _connected(sandbox_id, api_url, api_key) as sbx:
+    with connected(sandbox_id, api_url, api_key) as sbx:
         pass
     if as_json:
         print_json(sbx.info.model_dump())
@@ -175,7 +182,7 @@ def cp(
 
 
 def _power(action: str, sandbox_id: str, as_json: bool, api_url: str | None, api_key: str | None) -> None:
-    with _connected(sandbox_id, api_url, api_key) as sbx:
+    with connected(sandbox_id, api_url, api_key) as sbx:
         getattr(sbx, action)()
     if as_json:
         print_json({"id": sbx.id, "status": sbx.info.status})
@@ -219,7 +226,7 @@ def snapshot(
 ) -> None:
     """Snapshot a sandbox (memory and disk; it keeps running) and print the snapshot id."""
     labels = parse_pairs(label, "label")
-    with _connected(sandbox_id, api_url, api_key) as sbx, err.status(f"snapshotting {sandbox_id}"):
+    with connected(sandbox_id, api_url, api_key) as sbx, err.status(f"snapshotting {sandbox_id}"):
         snap = sbx.snapshot(labels, retain=retain, quiesce=quiesce)
     if as_json:
         print_json(snapshot_json(snap))
@@ -234,7 +241,7 @@ def fork(
     sandbox_id: str, metadata: Metadata = None, as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None
 ) -> None:
     """Create a sandbox booted from a copy of this one's disk (not its memory) and print its id."""
-    with _connected(sandbox_id, api_url, api_key) as sbx, err.status(f"forking {sandbox_id}"):
+    with connected(sandbox_id, api_url, api_key) as sbx, err.status(f"forking {sandbox_id}"):
         child = sbx.fork(parse_pairs(metadata))
         child.close()
     if as_json:
@@ -253,7 +260,7 @@ def fork_tree(
     api_key: ApiKey = None,
 ) -> None:
     """Restore COUNT children from one snapshot of a sandbox (memory and disk); exit 1 if some failed."""
-    with _connected(sandbox_id, api_url, api_key) as sbx, err.status(f"forking {sandbox_id} x{count}"):
+    with connected(sandbox_id, api_url, api_key) as sbx, err.status(f"forking {sandbox_id} x{count}"):
         tree = sbx.fork_tree(count, metadata=parse_pairs(metadata))
         tree.close()
     if as_json:
@@ -285,7 +292,7 @@ def promote(
     api_key: ApiKey = None,
 ) -> None:
     """Make a fork-tree child the winner (deleting its siblings by default); exit 1 if some could not be deleted."""
-    with _connected(sandbox_id, api_url, api_key) as sbx:
+    with connected(sandbox_id, api_url, api_key) as sbx:
         result = sbx.promote(tree_id, cleanup_siblings=cleanup)
     if as_json:
         print_json(

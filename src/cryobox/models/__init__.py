@@ -10,10 +10,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
 from ..netpolicy import EgressPolicy
+from . import network as _network
 from . import procs as _procs
 from .builds import *  # noqa: F403 (template builds, builds.py, in this one namespace)
 from .builds import FailedStep
 from .code import *  # noqa: F403 (the code interpreter's models, models_code.py, in this one namespace)
+from .network import PolicyView
 
 MetaKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 MetaValue = Annotated[str, StringConstraints(max_length=1024)]
@@ -32,12 +34,13 @@ ProcessPty = _procs.ProcessPty
 ProcessResult = _procs.ProcessResult
 ProcessSignal = _procs.ProcessSignal
 
+# a sandbox's network policy and egress decision log (network.py), in this one namespace
+NetworkPolicy = _network.NetworkPolicy
+EgressDecision = _network.EgressDecision
+EgressLog = _network.EgressLog
+
 SandboxStatus = Literal["starting", "running", "paused", "hibernated", "stopped", "error", "lost"]
 BootMode = Literal["restore", "cold"]
-
-
-NetworkPolicy = EgressPolicy
-"""A sandbox's network policy (``network`` of create, of the ``Sandbox`` view and of ``PUT …/network``)."""
 
 
 class NetworkSpec(BaseModel):
@@ -96,33 +99,8 @@ class Sandbox(BaseModel):
     expires_at: str | None = None
     host: str | None = None
     instance_id: str | None = None
-    network: NetworkPolicy = Field(default_factory=NetworkPolicy)
-    """The network policy in force (nothing allowed when the sandbox has none)."""
-
-
-class EgressDecision(BaseModel):
-    """One decision of the sandbox's egress proxy or name server (``GET /v1/sandboxes/{id}/egress``)."""
-
-    time: float
-    """When the connection (or query) arrived, epoch seconds."""
-    name: str | None = None
-    """The name it carried (TLS SNI, HTTP ``Host``, the DNS query), if any."""
-    ip: str | None = None
-    port: int
-    allowed: bool
-    reason: str
-    """``floor``, ``port``, ``deny-name``, ``deny-cidr``, ``allow-name``, ``allow-cidr``, ``default``,
-    ``unresolved``, ``limit`` or ``dns``."""
-    bytes_out: int = 0
-    bytes_in: int = 0
-    error: str | None = None
-
-
-class EgressLog(BaseModel):
-    """A sandbox's newest egress decisions, oldest first; ``dropped``: older ones no longer kept."""
-
-    items: list[EgressDecision]
-    dropped: int = 0
+    network: PolicyView | None = None
+    """The network policy in force (this server always says; ``None`` only from one that predates policies)."""
 
 
 class SandboxList(BaseModel):

@@ -9,7 +9,16 @@ Both are built from one implementation: ``_async/`` is written by hand, ``_sync/
 ``_base.py``, ``_requests.py``, ``_snapshots.py``, ``_procs.py`` and ``_code.py``.
 """
 
-from ..models import ForkTreeError, ProcessResult, PromoteFailure, PromoteResult, Snapshot
+from ..models import (
+    EgressDecision,
+    EgressLog,
+    ForkTreeError,
+    NetworkPolicy,
+    ProcessResult,
+    PromoteFailure,
+    PromoteResult,
+    Snapshot,
+)
 from ._async import (
     AsyncBuild,
     AsyncFilesystem,
@@ -41,6 +50,8 @@ __all__ = [
     "ClientConfig",
     "CodeContext",
     "CodeContexts",
+    "EgressDecision",
+    "EgressLog",
     "ExecResult",
     "Execution",
     "ExecutionError",
@@ -50,6 +61,7 @@ __all__ = [
     "FsWatchEvent",
     "Lifecycle",
     "Logs",
+    "NetworkPolicy",
     "Process",
     "ProcessResult",
     "Processes",

@@ -9,8 +9,6 @@ from urllib.parse import quote
 
 import httpx
 
-from .. import models
-from ..errors import InvalidArgument
 from ._base import CONNECT_TIMEOUT_S, EXEC_READ_MARGIN_S
 
 # --- requests --------------------------------------------------------------------------------------------------
@@ -57,9 +55,10 @@ def create_request(
     persistent: bool,
     metadata: Mapping[str, str] | None,
     env: Mapping[str, str] | None,
-    network: models.NetworkSpec | Mapping[str, Any] | None,
+    network: Mapping[str, Any] | None,
     from_snapshot: str | None,
 ) -> ApiRequest:
+    """``network`` is the field as sent, already validated (``_network.create_body``)."""
     body: dict[str, Any] = {
         "template": template,
         "persistent": persistent,
@@ -71,11 +70,7 @@ def create_request(
     if from_snapshot is not None:
         body["from_snapshot"] = from_snapshot
     if network is not None:
-        try:
-            spec = network if isinstance(network, models.NetworkSpec) else models.NetworkSpec.model_validate(network)
-        except ValueError as err:
-            raise InvalidArgument(f"invalid network spec: {err}") from err
-        body["network"] = spec.model_dump()
+        body["network"] = dict(network)
     return ApiRequest("POST", "/v1/sandboxes", json=body, retry_capacity=True)
 
 

@@ -185,6 +185,53 @@ def test_files_upload_download_and_hostile_names(console: Console, tmp_path: Pat
     no_dialogs(console)
 
 
+def test_network_policy_form_and_egress_log(console: Console) -> None:
+    """The sandbox page shows the policy in force, replaces it from the form (PUT with the session's CSRF
+    token), shows a 400's message, and lists egress decisions newest first (a denied DNS query among them)."""
+    page = console.page
+    sandbox_id = console.facts["sandbox"]
+    before = console.http.get(f"/v1/sandboxes/{sandbox_id}/network").json()
+    expect(page.get_by_test_id("network-default")).to_have_text(before["default"])
+    page.get_by_test_id("network-form-default").select_option("deny")
+    page.get_by_test_id("network-form-allow").fill("example.org\n 203.0.113.0/24 \n")
+    page.get_by_test_id("network-form-deny").fill("")
+    page.get_by_test_id("network-form-ports").fill("443, 80")
+    page.get_by_test_id("network-form-save").click()
+    expect(page.get_by_test_id("network-form-saved")).to_be_visible()
+    assert console.http.get(f"/v1/sandboxes/{sandbox_id}/network").json() == {
+        "default": "deny",
+        "allow": ["example.org", "203.0.113.0/24"],
+        "deny": [],
+        "ports": [80, 443],
+        "public_traffic": True,
+        "mask_request_host": None,
+    }
+    expect(page.get_by_test_id("network-allow")).to_have_text("example.org 203.0.113.0/24")
+
+    # a policy the server refuses: its message is shown, the policy in force is unchanged
+    page.get_by_test_id("network-form-allow").fill("2001:db8::/32")
+    page.get_by_test_id("network-form-save").click()
+    expect(page.get_by_test_id("network-form-error")).to_contain_text("network.allow")
+    expect(page.get_by_test_id("network-form-error")).to_contain_text("HTTP 400")
+    assert console.http.get(f"/v1/sandboxes/{sandbox_id}/network").json()["allow"] == ["example.org", "203.0.113.0/24"]
+
+    # a name the policy does not allow: the guest's query is denied and logged
+    done = console.http.post(
+        f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": "getent hosts blocked.example.net || true"}
+    )
+    assert done.status_code == 200, done.text
+    page.get_by_test_id("egress-refresh").click()
+    denied = page.locator("[data-testid=egress-row][data-allowed=false]", has_text="blocked.example.net")
+    expect(denied.first).to_be_visible(timeout=30_000)
+    expect(denied.first).to_contain_text("denied")
+    times = page.locator("[data-testid=egress-row] td:first-child").all_inner_texts()
+    assert times == sorted(times, reverse=True), times  # newest first
+    console.shot("sandbox-network")
+    no_dialogs(console)
+    restored = console.http.put(f"/v1/sandboxes/{sandbox_id}/network", json=before)  # for the tests after this one
+    assert restored.status_code == 200, restored.text
+
+
 def test_snapshot_and_restore(console: Console) -> None:
     page = console.page
     page.get_by_test_id("action-snapshot").click()

@@ -354,6 +354,8 @@ def test_public_surface() -> None:
         "CodeContexts",
         "CommandFailed",
         "CryoboxError",
+        "EgressDecision",
+        "EgressLog",
         "ExecResult",
         "Execution",
         "ExecutionError",
@@ -365,6 +367,7 @@ def test_public_surface() -> None:
         "HostUnavailable",
         "InvalidArgument",
         "Logs",
+        "NetworkPolicy",
         "NotFound",
         "PayloadTooLarge",
         "Process",
@@ -392,6 +395,7 @@ def test_public_surface() -> None:
     assert cryobox.AsyncSandbox is AsyncSandbox
     assert cryobox.RetryPolicy is RetryPolicy
     assert cryobox.Snapshot is models.Snapshot
+    assert cryobox.NetworkPolicy is models.NetworkPolicy is cryobox.netpolicy.EgressPolicy
 
 
 # --- configuration ---------------------------------------------------------------------------------------------

@@ -25,25 +25,28 @@ import httpx
 
 from ... import models
 from ...errors import CryoboxError, NotFound
-from .. import _base, _requests, _snapshots, _sse
+from .. import _base, _network, _requests, _snapshots, _sse
 from .._base import DEFAULT_RETRY, ClientConfig, ExecResult, Lifecycle, RetryPolicy, SharedClient, StreamEvent
+from .._network import CreateNetwork
 from .._procs import PortUrls
 from .._sse import OutputCallback
 from ._http import open_client, output_stream, send
 from .code import AsyncCodeInterpreter
 from .filesystem import AsyncFilesystem
+from .network import AsyncNetworkControl
 from .processes import AsyncProcess, AsyncProcesses
 from .snapshots import AsyncForkTree
 
 __all__ = ["AsyncFilesystem", "AsyncProcess", "AsyncProcesses", "AsyncSandbox"]
 
 
-class AsyncSandbox(PortUrls, AsyncCodeInterpreter):
+class AsyncSandbox(PortUrls, AsyncCodeInterpreter, AsyncNetworkControl):
     """One sandbox. Build it with ``create`` or ``connect``; ``async with`` kills it on exit.
 
     ``filesystem`` and ``processes`` are its files and background processes; ``run_code`` and ``code_contexts``
     its code interpreter (``AsyncCodeInterpreter``, template ``code-interpreter``); ``port_url(port)`` / ``get_host``
-    (no IO, from ``_procs.PortUrls``) address its ports through the control plane (send ``Authorization: Bearer``).
+    (no IO, from ``_procs.PortUrls``) address its ports through the control plane (send ``Authorization: Bearer``);
+    ``network``, ``get_network``, ``set_network`` and ``egress_log`` its network policy (``AsyncNetworkControl``).
 
     The object owns its HTTP client: ``aclose()`` releases it and leaves the sandbox running, ``kill()`` deletes
     the sandbox and releases it. Forks share their parent's client; the last of them to be closed closes it.
@@ -93,7 +96,7 @@ class AsyncSandbox(PortUrls, AsyncCodeInterpreter):
         persistent: bool = False,
         metadata: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
-        network: models.NetworkSpec | Mapping[str, Any] | None = None,
+        network: CreateNetwork | None = None,
         from_snapshot: str | None = None,
         api_url: str | None = None,
         api_key: str | None = None,
@@ -105,11 +108,14 @@ class AsyncSandbox(PortUrls, AsyncCodeInterpreter):
 
         Capacity refusals (503 / 429 with ``Retry-After``) are retried with jitter within ``retry.budget_s``.
         ``api_url`` / ``api_key`` default to ``$CRYOBOX_API_URL`` / ``$CRYOBOX_API_KEY``. ``http`` is an optional
-        client to use (custom transport, tests); the returned sandbox takes ownership of it.
+        client to use (custom transport, tests); the returned sandbox takes ownership of it. ``network`` is the
+        sandbox's network policy (a ``NetworkPolicy`` or a mapping of its fields, see ``set_network``; the older
+        ``{"egress": "allow"|"deny", "allow": [cidrs]}`` is still accepted); none: the server's default.
 
         :raises HostUnavailable: no capacity within the retry budget (``retry_after_s`` says when to try again).
         :raises QuotaExceeded: rate limited beyond the retry budget.
         :raises NotFound: unknown template or snapshot.
+        :raises InvalidArgument: ``network`` is not a valid policy (nothing is sent).
         """
         request = _requests.create_request(
             template,
@@ -117,7 +123,7 @@ class AsyncSandbox(PortUrls, AsyncCodeInterpreter):
             persistent=persistent,
             metadata=metadata,
             env=env,
-            network=network,
+            network=None if network is None else _network.create_body(network),
             from_snapshot=from_snapshot,
         )
         return await cls._attach(ClientConfig.resolve(api_url, api_key, timeout_s), http, request, retry)

@@ -71,6 +71,10 @@ export class Api {
     return this.request("PATCH", path, { json });
   }
 
+  put(path, json) {
+    return this.request("PUT", path, { json });
+  }
+
   del(path) {
     return this.request("DELETE", path);
   }

@@ -1,10 +1,11 @@
-// #/sandboxes/<id>: facts, actions (with confirmations), terminal, files, exec box + history.
+// #/sandboxes/<id>: facts, actions (with confirmations), terminal, files, exec box + history, network policy + egress log.
 import { errorText, sbxPath } from "../api.js";
 import { fmtTime, h, link, pairs, replace, statusBadge, table } from "../dom.js";
 import { confirmDialog, toast } from "../ui.js";
 import { TerminalPanel } from "../terminal.js";
 import { FilesPanel } from "../files.js";
 import { ExecPanel } from "../execs.js";
+import { NetworkPanel } from "../network.js";
 
 const ACTIONS = [
   // [testid, label, confirmation, run(api, id, answer) -> result node or text]
@@ -112,6 +113,7 @@ export function sandboxPage(app, root, id) {
   const terminal = new TerminalPanel(app.api, id);
   const files = new FilesPanel(app.api, id);
   const execs = new ExecPanel(app.api, id);
+  const network = new NetworkPanel(app.api, id);
   let current = null;
 
   function show(s) {
@@ -142,18 +144,21 @@ export function sandboxPage(app, root, id) {
         h("div", { class: "card col-narrow" }, h("h3", null, "Files"), files.el),
       ),
       h("div", { class: "card" }, h("h3", null, "Exec"), execs.el),
+      h("div", { class: "card", testid: "network-card" }, h("h3", null, "Network"), network.el),
     ),
   );
   terminal.mount();
   const off = app.live.on("sandboxes", (data) => {
     const s = data.sandboxes.find((x) => x.id === id);
     if (s && (!current || s.status !== current.status || s.expires_at !== current.expires_at)) show(s);
+    if (s && s.network) network.show(s.network);
   });
   refresh().then(() => {
     if (current && current.status === "running") terminal.connect();
   });
   files.load();
   execs.loadHistory();
+  network.load();
   return () => {
     off();
     terminal.dispose();

@@ -4,12 +4,11 @@ host enforces it."""
 
 from .cidrs import parse_cidrs
 from .decide import Verdict, decide, name_resolves
-from .model import EgressPolicy, PolicyUpdate, legacy_policy
+from .model import EgressPolicy, legacy_policy
 from .names import matches_name, normalize_name
 
 __all__ = [
     "EgressPolicy",
-    "PolicyUpdate",
     "Verdict",
     "decide",
     "legacy_policy",

@@ -129,13 +129,6 @@ class EgressPolicy(BaseModel):
             raise InvalidArgument(f"{where}: {message}", details={"field": where}) from err
 
 
-class PolicyUpdate(BaseModel):
-    """The body of ``PUT /v1/sandboxes/{id}/network``: the whole new policy (anything omitted is cleared)."""
-
-    model_config = ConfigDict(extra="forbid")
-    network: EgressPolicy
-
-
 def _rules(value: Any, *, allow: bool) -> Any:
     if isinstance(value, str | bytes):
         raise ValueError("must be a list of strings, not a single string")
@@ -166,4 +159,4 @@ def legacy_policy(value: Any) -> Any:
     return value
 
 
-__all__ = ["MAX_PORTS", "MAX_RULES", "EgressPolicy", "PolicyUpdate", "legacy_policy"]
+__all__ = ["MAX_PORTS", "MAX_RULES", "EgressPolicy", "legacy_policy"]

@@ -133,7 +133,7 @@ def test_parse_cidrs_normalizes() -> None:
     assert [str(n) for n in parse_cidrs(["1.2.3.4", " 10.0.0.0/8"])] == ["1.2.3.4/32", "10.0.0.0/8"]
     for bad in (["nope"], ["10.0.0.1/8"], ["fd00::/8"], [""], [42], "10.0.0.0/8"):
         with pytest.raises(InvalidArgument):
-            parse_cidrs(bad)  # type: ignore[arg-type]
+            parse_cidrs(bad)
 
 
 # -- pool with a fake builder ------------------------------------------------------------------------------------

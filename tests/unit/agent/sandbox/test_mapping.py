@@ -97,7 +97,13 @@ def test_a_fork_child_and_a_stored_wake_take_what_they_should(tmp_path: Path) ->
 
     image = SnapshotImage("sb-9.h1", tmp_path / "img", MACHINE, {"template": "base"})
     spec = am.WakeSpec(
-        sandbox_id="sb-9", template="base", workspace_id="ws", created_at=3.0, instance_id="i9", ttl_s=5, egress=[]
+        sandbox_id="sb-9",
+        template="base",
+        workspace_id="ws",
+        created_at=3.0,
+        instance_id="i9",
+        ttl_s=5,
+        egress=[],  # type: ignore[arg-type]
     )
     woken = stored_wake(spec, image, factory.placeholder("sb-9", MACHINE), 40.0)
     assert (woken.id, woken.state, woken.hibernation, woken.memory_mib) == ("sb-9", SandboxState.HIBERNATED, image, 512)

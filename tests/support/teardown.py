@@ -51,7 +51,8 @@ def reclaim_previous_run(root: Path) -> list[str]:
     if not root.is_dir():
         return []
     gone: list[str] = []
-    for pid in processes_naming(root):
+    ours = _ancestors()  # this run's own command line names the base temp dir, and so may its wrappers'
+    for pid in (p for p in processes_naming(root) if p not in ours):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
             gone.append(f"process {pid}")
@@ -67,6 +68,18 @@ def reclaim_previous_run(root: Path) -> list[str]:
             gone.append(f"network objects tagged {tag}")
             tags.discard(tag)
     return gone
+
+
+def _ancestors() -> set[int]:
+    found, pid = set(), os.getpid()
+    while pid > 1 and pid not in found:
+        found.add(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return found
 
 
 def _mounts_under(root: Path) -> list[str]:

@@ -9,7 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
-from ..netpolicy import EgressPolicy
+from ..errors import InvalidArgument
+from ..netpolicy import EgressPolicy, parse_cidrs
 from . import network as _network
 from . import procs as _procs
 from .builds import *  # noqa: F403 (template builds, builds.py, in this one namespace)
@@ -65,6 +66,10 @@ def network_policy(value: Any) -> Any:
     if mixed:
         raise ValueError(f"mixes the legacy shape (egress) with the policy shape ({', '.join(mixed)}): use one")
     legacy = NetworkSpec.model_validate(value)
+    try:
+        parse_cidrs(legacy.allow)  # the legacy shape's rules are networks only
+    except InvalidArgument as err:
+        raise ValueError(err.message) from err
     if legacy.egress == "deny":
         return {"default": "deny"}
     return {"default": "deny", "allow": list(legacy.allow) or ["0.0.0.0/0"]}

@@ -9,6 +9,7 @@ under its name instead of stopping the run, so one broken method never hides the
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 import traceback
@@ -255,10 +256,30 @@ def _network(info: Any) -> dict[str, Any]:
     return {"internet": info.allow_internet_access, "allow_out": net.get("allow_out"), "deny_out": net.get("deny_out")}
 
 
+FETCH = """
+import json, sys, urllib.request
+out = {}
+for name in sys.argv[1:]:
+    try:
+        with urllib.request.urlopen("http://" + name + "/", timeout=8) as r:
+            out[name] = json.loads(r.read())["host"] == name
+    except Exception:
+        out[name] = False
+print(json.dumps(out))
+"""
+
+
+def _reached(sbx: Sandbox) -> dict[str, bool]:
+    """Which names the guest reaches now (resolved by its name server, through its egress proxy)."""
+    result = sbx.commands.run(f"python3 -c {shlex.quote(FETCH)} example.org other.example.com", timeout=90)
+    reached: dict[str, bool] = json.loads(result.stdout)
+    return reached
+
+
 def network() -> dict[str, Any]:
     """E2B's network options through the SDK: allow/deny lists and ``allow_internet_access`` at create,
-    ``update_network``, and a refusal naming each option cryobox does not enforce. Nothing here needs the guest
-    to resolve names or reach anything (checked elsewhere)."""
+    ``update_network``, and a refusal naming each option cryobox does not enforce; and what the guest then
+    reaches by name (the test server's guests resolve in the suite's own internet)."""
     out: dict[str, Any] = {}
     sbx = Sandbox.create(network={"allow_out": ["1.1.1.1"], "deny_out": ["0.0.0.0/0"]})
     try:
@@ -267,6 +288,7 @@ def network() -> dict[str, Any]:
         out["updated"] = _network(Sandbox.get_info(sbx.sandbox_id))
         out["update_refused"] = _refusal(lambda: sbx.update_network({"dns_servers": ["1.1.1.1"]}))
         out["still_runs"] = sbx.commands.run("echo ok").stdout
+        out["reached"] = _reached(sbx)
     finally:
         sbx.kill()
     closed = Sandbox.create(allow_internet_access=False)

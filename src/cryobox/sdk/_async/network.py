@@ -6,7 +6,7 @@ and ``deny`` rules (IPv4 networks and addresses, host names, ``*.example.org``; 
 ``ports`` egress may use (empty: any), plus who may reach the guest's ports (``public_traffic``) and the ``Host``
 the port proxy sends (``mask_request_host``). Example::
 
-    await sbx.set_network(default="deny", allow=["pypi.org", "*.pythonhosted.org"], ports=[443])
+    await sbx.set_network(default="deny", allow=["api.example.com", "*.example.net"], ports=[443])
     await sbx.exec("pip download requests")
     log = await sbx.egress_log(limit=20)
     for decision in log.items:

@@ -8,7 +8,7 @@ and ``deny`` rules (IPv4 networks and addresses, host names, ``*.example.org``; 
 ``ports`` egress may use (empty: any), plus who may reach the guest's ports (``public_traffic``) and the ``Host``
 the port proxy sends (``mask_request_host``). Example::
 
-    sbx.set_network(default="deny", allow=["pypi.org", "*.pythonhosted.org"], ports=[443])
+    sbx.set_network(default="deny", allow=["api.example.com", "*.example.net"], ports=[443])
     sbx.exec("pip download requests")
     log = sbx.egress_log(limit=20)
     for decision in log.items:

@@ -61,6 +61,7 @@ def test_e2b_sdk_application_runs_unchanged(e2b_python: Path, server: ServeProce
     assert net["create"] == {"internet": False, "allow_out": ["1.1.1.1/32"], "deny_out": ["0.0.0.0/0"]}, net
     assert net["updated"] == {"internet": False, "allow_out": ["example.org"], "deny_out": ["0.0.0.0/0"]}, net
     assert net["no_internet"]["internet"] is False and net["still_runs"] == "ok\n", net
+    assert net["reached"] == {"example.org": True, "other.example.com": False}, net  # enforced in the guest
     assert "network.dnsServers" in net["update_refused"].get("message", ""), net
     for name, field in (
         ("rules", "network.rules"),

@@ -34,7 +34,7 @@ LOG: dict[str, Any] = {
     "items": [
         {
             "time": 1714564800.25,
-            "name": "pypi.org",
+            "name": "api.example.com",
             "ip": "151.101.0.223",
             "port": 443,
             "allowed": True,
@@ -189,11 +189,11 @@ def test_egress_prints_a_table(api: FakeApi) -> None:
         "in",
         "error",
     ]
-    allowed = next(line for line in lines if "pypi.org" in line)
+    allowed = next(line for line in lines if "api.example.com" in line)
     assert allowed.replace("│", " ").split() == [
         "2024-05-01",
         "12:00:00.250Z",
-        "pypi.org",
+        "api.example.com",
         "151.101.0.223",
         "443",
         "allowed",

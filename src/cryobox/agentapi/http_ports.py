@@ -56,10 +56,12 @@ class AgentPortEndpoint:
                 raise InvalidArgument("ambiguous percent-encoding in the sandbox id or port")
             sandbox_id = str(params["sandbox_id"])
             target = await self.agent.port_target(sandbox_id, port)
+            policy = (await self.agent.get(sandbox_id)).egress  # this hop sends the masked Host too (a fleet)
         except CryoboxError as error:
             await reply_error(scope, send, error)
             return
-        await self.proxy.forward(scope, receive, send, target, path, trust_forwarded=True, port=port)
+        host = policy.request_host(port) if policy is not None else None
+        await self.proxy.forward(scope, receive, send, target, path, trust_forwarded=True, port=port, host=host)
 
 
 def add_port_routes(app: FastAPI, agent: Agent, proxy: PortProxy | None = None, *, token: str | None = None) -> None:

@@ -115,6 +115,11 @@ class EgressPolicy(BaseModel):
         """Nothing can ever be allowed (default deny, no allow rule)."""
         return self.default == "deny" and not self.allow
 
+    def request_host(self, port: int) -> str | None:
+        """The ``Host`` the port proxy sends to the guest's port ``port``: ``mask_request_host`` with ``${PORT}``
+        replaced; ``None`` (the upstream's own address) when the policy masks nothing."""
+        return self.mask_request_host.replace("${PORT}", str(port)) if self.mask_request_host is not None else None
+
     @classmethod
     def parse(cls, value: Any, *, field: str = "network") -> EgressPolicy:
         """Validate a request value. :raises InvalidArgument: naming the field and what is wrong with it."""

@@ -38,9 +38,7 @@ def in_force(policy: EgressPolicy | None) -> EgressPolicy:
 def request_host(policy: EgressPolicy | None, port: int) -> str | None:
     """The ``Host`` the port proxy sends to the guest's port ``port``: the policy's ``mask_request_host`` with
     ``${PORT}`` replaced; ``None`` (the upstream's own address) when the policy masks nothing."""
-    if policy is None or policy.mask_request_host is None:
-        return None
-    return policy.mask_request_host.replace("${PORT}", str(port))
+    return policy.request_host(port) if policy is not None else None
 
 
 async def reconcile(agent: Agent, row: SandboxRow, info: am.SandboxInfo) -> am.SandboxInfo:

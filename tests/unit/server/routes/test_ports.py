@@ -24,6 +24,7 @@ from cryobox.agentapi.http_ports import add_port_routes
 from cryobox.agentapi.http_server import AgentGuard
 from cryobox.compose.app import create_app
 from cryobox.errors import InvalidArgument
+from cryobox.netpolicy import EgressPolicy
 from cryobox.proxy import PortProxy
 from cryobox.registry import Registry
 from cryobox.server.access.ratelimit import RateLimitConfig, RateLimiter
@@ -209,6 +210,7 @@ class AgentSide:
     url: str
     sandbox: str
     upstream: Upstream
+    agent: PortAgent
 
     def target(self, port: int, token: str = NODE_TOKEN) -> m.PortTarget:
         """What ``HttpAgent.port_target`` names: the agent's own port route, with the node token."""
@@ -226,7 +228,7 @@ async def agent_side(upstreams: Upstreams) -> AsyncIterator[AgentSide]:
     add_port_routes(app, agent, PortProxy(), token=NODE_TOKEN)
     app.add_middleware(AgentGuard, token=NODE_TOKEN)
     async with serving(app) as url:
-        yield AgentSide(url, info.id, upstreams.state)
+        yield AgentSide(url, info.id, upstreams.state, agent)
 
 
 async def test_the_agent_route_needs_the_node_token_for_http_and_websocket(agent_side: AgentSide) -> None:
@@ -278,3 +280,16 @@ async def test_two_hops_control_plane_proxy_to_agent_to_guest(agent_side: AgentS
                 pass
         assert refused.value.response.status_code == 502
         assert json.loads(bytes(refused.value.response.body or b""))["code"] == "port_unreachable"
+
+
+async def test_the_agent_hop_sends_the_policys_host_mask_too(agent_side: AgentSide) -> None:
+    """In a fleet the agent's route proxies again: it sends the masked Host as the control plane's hop does."""
+    route = f"{agent_side.url}/agent/v1/sandboxes/{agent_side.sandbox}/ports/{HTTP_PORT}/echo"
+    auth = {"Authorization": f"Bearer {NODE_TOKEN}"}
+    async with httpx.AsyncClient() as client:
+        plain = await client.get(route, headers=auth)
+        assert _seen(plain)["host"].startswith("127.0.0.1:")
+        policy = EgressPolicy(mask_request_host="${PORT}-app.example.org")
+        await agent_side.agent.set_network(agent_side.sandbox, m.NetworkUpdate(policy=policy))
+        masked = await client.get(route, headers=auth)
+        assert _seen(masked)["host"] == f"{HTTP_PORT}-app.example.org"

@@ -72,7 +72,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         problems = [
-            {"loc": [str(p) for p in err.get("loc", ())], "msg": str(err.get("msg", ""))} for err in exc.errors()
+            {"loc": [str(p) for p in err.get("loc", ())], "msg": str(err.get("msg", "")).removeprefix("Value error, ")}
+            for err in exc.errors()
         ]
         first = problems[0] if problems else {"loc": [], "msg": "invalid request"}
         message = f"invalid request: {'.'.join(first['loc'])}: {first['msg']}"

@@ -76,7 +76,10 @@ def network_policy(value: Any) -> Any:
 
 
 class CreateSandboxRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """A field cryobox does not carry out (``volumes`` before issue 34's volumes, a typo) is a 400 naming it, never
+    parsed and dropped."""
+
+    model_config = ConfigDict(extra="forbid")
     template: str = Field(default="code-interpreter", min_length=1, max_length=128)
     ttl_seconds: int | None = Field(default=None, ge=1, le=30 * 24 * 3600)
     persistent: bool = False
@@ -126,7 +129,7 @@ class LifecyclePatch(BaseModel):
 
 
 class ExecRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
     cmd: str = Field(min_length=1, max_length=1 << 20)
     timeout_seconds: float | None = Field(default=60.0, gt=0, le=24 * 3600)
     env: Env = Field(default_factory=dict)
@@ -141,7 +144,7 @@ class ProcessStartRequest(BaseModel):
     ``/dev/null``. With ``pty`` it runs on a terminal of that size (its output is the ``pty`` stream).
     """
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
     cmd: str = Field(min_length=1, max_length=1 << 20)
     env: Env = Field(default_factory=dict)
     cwd: str | None = Field(default=None, min_length=1, max_length=4096)

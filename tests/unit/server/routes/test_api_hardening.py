@@ -96,3 +96,16 @@ async def test_importing_another_workspaces_snapshot_is_a_404_that_confirms_noth
     with pytest.raises(NotFound):  # exactly what an id that exists nowhere gives
         await theirs("snap-nowhere", env.ws, labels={}, retain=False)
     assert env.registry.get_snapshot("snap-theirs").workspace_id == other
+
+
+async def test_a_field_cryobox_does_not_carry_out_is_a_400_naming_it(env: Env) -> None:
+    """PandaStack's SDK sends ``volumes`` (volumes are issue 34's): refused by name, never parsed and dropped."""
+    before = env.calls("create")
+    for extra, named in (({"volumes": [{"name": "data", "read_only": False}]}, "volumes"), ({"ttl": 5}, "ttl")):
+        refused = await env.create(**extra)
+        assert refused.status_code == 400 and named in refused.json()["error"], refused.text
+    assert env.calls("create") == before and env.rows() == 0
+    made = await env.create()
+    sid = made.json()["id"]
+    refused = await env.client.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true", "user": "root"})
+    assert refused.status_code == 400 and "user" in refused.json()["error"], refused.text

@@ -13,6 +13,7 @@ from pathlib import Path
 from PIL import Image
 from playwright.sync_api import BrowserContext, Dialog, Page, Playwright, sync_playwright
 
+from tests.support.loopfwd import LoopbackNamespace
 from tests.support.teardown import processes_naming
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -36,8 +37,12 @@ MAX_DOMINANT_SHARE = 0.98
 class Chromium:
     """One browser (one profile, one context) for a whole test module."""
 
-    def __init__(self, profile: Path) -> None:
+    def __init__(self, profile: Path, ports: list[int] | None = None) -> None:
+        """``ports``: run the browser in a network namespace of its own where ``127.0.0.1:<port>`` reaches the
+        host's (:class:`~tests.support.loopfwd.LoopbackNamespace`): no other test's network slots disturb it."""
         self.profile = profile
+        self.ports = ports
+        self.netns: LoopbackNamespace | None = None
         self.playwright: Playwright | None = None
         self.context: BrowserContext | None = None
         self.dialogs: list[str] = []
@@ -46,10 +51,14 @@ class Chromium:
     def start(self) -> Page:
         assert CHROMIUM.exists(), f"{CHROMIUM} is missing: apt-get install chromium (make setup does)"
         self.profile.mkdir(parents=True, exist_ok=True)
+        executable = CHROMIUM
+        if self.ports is not None:
+            self.netns = LoopbackNamespace(self.ports)
+            executable = self.netns.wrapper(CHROMIUM, self.profile.parent)
         self.playwright = sync_playwright().start()
         self.context = self.playwright.chromium.launch_persistent_context(
             str(self.profile),
-            executable_path=str(CHROMIUM),
+            executable_path=str(executable),
             args=CHROMIUM_ARGS,
             headless=True,
             viewport={"width": VIEWPORT["width"], "height": VIEWPORT["height"]},
@@ -59,6 +68,11 @@ class Chromium:
         page.on("dialog", self._dialog)
         page.on("pageerror", lambda error: self.page_errors.append(str(error)))
         return page
+
+    def forward(self, port: int) -> None:
+        """Let the browser reach the host's ``127.0.0.1:port`` too (a server started after it)."""
+        if self.netns is not None:
+            self.netns.add(port)
 
     def _dialog(self, dialog: Dialog) -> None:
         self.dialogs.append(f"{dialog.type}: {dialog.message}")
@@ -76,6 +90,8 @@ class Chromium:
         finally:
             left = self._reap()
             shutil.rmtree(self.profile, ignore_errors=True)
+            if self.netns is not None:
+                self.netns.close()
         assert not left, f"Chromium processes outlived the browser: {left}"
 
     def _reap(self) -> list[int]:

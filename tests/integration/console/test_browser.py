@@ -82,7 +82,8 @@ class Console:
 @pytest.fixture(scope="module")
 def console(server: ServeProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    browser = Chromium(tmp_path_factory.mktemp("chromium-profile"))
+    # a namespace of its own: Chromium aborts requests whenever an interface of its namespace changes
+    browser = Chromium(tmp_path_factory.mktemp("chromium-profile"), ports=[int(server.url.rsplit(":", 1)[1])])
     http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.api_key}"}, timeout=300)
     try:
         page = browser.start()
@@ -426,6 +427,7 @@ def test_herd_counters_move_after_a_burst(
 
 def _burst_and_watch(console: Console, serve: ServeProcess, http: httpx.Client, made: list[str]) -> None:
     page = console.page
+    console.browser.forward(int(serve.url.rsplit(":", 1)[1]))
     page.goto(f"{serve.url}/ui/#/login")
     page.get_by_test_id("login-key").fill(serve.api_key)
     page.get_by_test_id("login-submit").click()

@@ -13,8 +13,9 @@ from typing import TypeVar
 
 from pyroute2 import IPRoute, netns
 
-from cryobox.agent.net import GATEWAY_IP, GATEWAY_MAC, GUEST_IP, GUEST_MAC, Slot
+from cryobox.bench.fakeguest import attach_fake_guest
 
+__all__ = ["attach_fake_guest"]  # the slots' stand-in guest lives with the bench that measures with it
 T = TypeVar("T")
 
 
@@ -134,34 +135,3 @@ def outside_network(tag: str, network: str | None = None) -> Iterator[tuple[str,
                 ipr.link("del", index=idx)
         if os.path.exists(f"/run/netns/{name}"):
             netns.remove(name)
-
-
-def attach_fake_guest(slot: Slot) -> str:
-    """Replace ``slot``'s tap0 with a veth whose peer is a guest netns carrying the baked guest identity."""
-    guest = f"{slot.netns}g"  # tagged name: reclaim(tag) removes it too
-    netns.create(guest)
-    fd = ns_fd(guest)
-    try:
-
-        def slot_side() -> None:
-            with IPRoute() as ipr:
-                ipr.link("del", index=ipr.link_lookup(ifname=slot.tap)[0])
-                ipr.link("add", ifname=slot.tap, kind="veth", peer={"ifname": "eth0", "net_ns_fd": fd})
-                idx = ipr.link_lookup(ifname=slot.tap)[0]
-                ipr.link("set", index=idx, address=GATEWAY_MAC, state="up")
-                ipr.addr("add", index=idx, address=GATEWAY_IP, prefixlen=30)
-
-        in_thread_netns(slot.netns, slot_side)
-    finally:
-        os.close(fd)
-
-    def guest_side() -> None:
-        with IPRoute() as ipr:
-            ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
-            idx = ipr.link_lookup(ifname="eth0")[0]
-            ipr.link("set", index=idx, address=GUEST_MAC, state="up")
-            ipr.addr("add", index=idx, address=GUEST_IP, prefixlen=30)
-            ipr.route("add", dst="0.0.0.0/0", gateway=GATEWAY_IP)
-
-    in_thread_netns(guest, guest_side)
-    return guest

@@ -37,6 +37,7 @@ from ..util.progress import Reporter
 from ..util.system import in_fresh_thread
 from .egress_peer import run_client, setns
 from .egress_result import EgressSamples
+from .fakeguest import attach_fake_guest
 from .snapshot_report import BenchError
 
 SANDBOX = "sb-bench-egress"
@@ -131,42 +132,6 @@ def _linked_ns(name: str, link: str, host_ip: str, inner_ip: str) -> None:
             ipr.route("add", dst="0.0.0.0/0", gateway=host_ip)
 
     _in_ns(name, inside)
-
-
-def attach_fake_guest(slot: Any) -> str:
-    """Replace ``slot``'s tap0 with a veth whose peer is a guest netns carrying the baked guest identity (the
-    egress integration tests' helper, which bench code cannot import)."""
-    from pyroute2 import IPRoute, netns
-
-    from ..agent.net import GATEWAY_IP, GATEWAY_MAC, GUEST_IP, GUEST_MAC
-
-    guest = f"{slot.netns}g"  # tagged: reclaim(tag) removes it too
-    netns.create(guest)
-    fd = os.open(NETNS_DIR / guest, os.O_RDONLY)
-    try:
-
-        def slot_side() -> None:
-            with IPRoute() as ipr:
-                ipr.link("del", index=ipr.link_lookup(ifname=slot.tap)[0])
-                ipr.link("add", ifname=slot.tap, kind="veth", peer={"ifname": "eth0", "net_ns_fd": fd})
-                idx = ipr.link_lookup(ifname=slot.tap)[0]
-                ipr.link("set", index=idx, address=GATEWAY_MAC, state="up")
-                ipr.addr("add", index=idx, address=GATEWAY_IP, prefixlen=30)
-
-        _in_ns(slot.netns, slot_side)
-    finally:
-        os.close(fd)
-
-    def guest_side() -> None:
-        with IPRoute() as ipr:
-            ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
-            idx = ipr.link_lookup(ifname="eth0")[0]
-            ipr.link("set", index=idx, address=GUEST_MAC, state="up")
-            ipr.addr("add", index=idx, address=GUEST_IP, prefixlen=30)
-            ipr.route("add", dst="0.0.0.0/0", gateway=GATEWAY_IP)
-
-    _in_ns(guest, guest_side)
-    return guest
 
 
 def _remove(rig: Rig) -> None:

@@ -7,6 +7,7 @@ it may override ``agent`` (another fake) or ``quota`` (:func:`limits`) by defini
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -69,10 +70,12 @@ def agent() -> FakeAgent:
     return FakeAgent(name="a", max_sandboxes=64, vcpus=64, memory_mib=1 << 20)
 
 
-@pytest.fixture
-async def env(registry: Registry, quota: Quota, agent: FakeAgent) -> AsyncIterator[Env]:
+@contextlib.asynccontextmanager
+async def app_env(registry: Registry, agent: FakeAgent, quota: Quota, **app_options: Any) -> AsyncIterator[Env]:
+    """A control plane with ``agent``, its app (``app_options`` go to ``create_app``) and a client of workspace
+    ``alpha``."""
     control = control_plane(registry, {"a": agent}, quota=quota)
-    app = create_app(control, limiter=RateLimiter.from_config(RateLimitConfig.from_env({})), host="x")
+    app = create_app(control, limiter=RateLimiter.from_config(RateLimitConfig.from_env({})), host="x", **app_options)
     await control.fleet.heartbeat(await heartbeat_of(agent))
     ws = registry.ensure_workspace("alpha").id
     _, key = registry.create_key(ws)
@@ -84,6 +87,12 @@ async def env(registry: Registry, quota: Quota, agent: FakeAgent) -> AsyncIterat
             yield Env(registry, control, agent, client, ws)
         finally:
             await close_control(control)
+
+
+@pytest.fixture
+async def env(registry: Registry, quota: Quota, agent: FakeAgent) -> AsyncIterator[Env]:
+    async with app_env(registry, agent, quota) as made:
+        yield made
 
 
 @pytest.fixture

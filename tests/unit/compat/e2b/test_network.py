@@ -10,16 +10,12 @@ from typing import Any
 import httpx
 import pytest
 
-from cryobox.agentapi.heartbeat import heartbeat_of
 from cryobox.compat.e2b.network import E2BSettings, network_info, to_policy
-from cryobox.compose.app import create_app
 from cryobox.errors import InvalidArgument
 from cryobox.netpolicy import EgressPolicy
 from cryobox.registry import Registry
-from cryobox.server.access.ratelimit import RateLimitConfig, RateLimiter
 from cryobox.server.control.quotas import Quota
-from tests.support.app import Env, agent, env, quota, registry
-from tests.support.control import close_control, control_plane
+from tests.support.app import Env, agent, app_env, env, quota, registry
 from tests.support.fake_agent import FakeAgent
 
 __all__ = ["agent", "env", "quota", "registry"]  # fixtures
@@ -174,20 +170,8 @@ async def test_public_ports_need_no_token_private_ones_the_traffic_token(env: En
 @pytest.fixture
 async def closed_env(registry: Registry) -> AsyncIterator[Env]:
     """An app built with ``CRYOBOX_E2B_INTERNET=deny``."""
-    fake = FakeAgent(name="a")
-    control = control_plane(registry, {"a": fake}, quota=Quota())
-    app = create_app(control, limiter=RateLimiter.from_config(RateLimitConfig.from_env({})), host="x", e2b=OFF)
-    await control.fleet.heartbeat(await heartbeat_of(fake))
-    ws = registry.ensure_workspace("alpha").id
-    _, key = registry.create_key(ws)
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(
-        transport=transport, base_url="http://ctl", headers={"Authorization": f"Bearer {key}"}
-    ) as client:
-        try:
-            yield Env(registry, control, fake, client, ws)
-        finally:
-            await close_control(control)
+    async with app_env(registry, FakeAgent(name="a"), Quota(), e2b=OFF) as made:
+        yield made
 
 
 async def test_the_operator_can_make_unsaid_internet_off(closed_env: Env) -> None:

@@ -17,7 +17,7 @@ NOTES = {
     "slot_acquire_cold_ms": "SlotPool(size=0).acquire(): builds the slot inline (netns, veth, tap, nft) on a thread",
     "slot_destroy_ms": "release() of a size-0 pool's slot: destroy_slot on a worker thread (host veth, netns)",
     "slot_release_warm_ms": (
-        "release() of a warm pool's slot: clear its egress grants (nft) and recycle it as idle; the pool's "
+        "release() of a warm pool's slot: recycle it as idle (it holds no grant); the pool's "
         "filler is rebuilding the 8 slots just taken at the same time"
     ),
     "clock_error_ms": (

@@ -4,7 +4,7 @@ At start, before anything is reclaimed, :func:`survey` sorts the records: a runn
 still runs (same pid *and* start time, pidfile in our run directory) is *live*; a hibernated one whose image is
 complete is *hibernated*; anything else is *lost* (its QEMU died with or after the agent; the control plane
 marks it ``lost`` when the agent's report omits it). Reclaim then spares exactly the live VMs' processes, run
-directories, network slots, firewall grants and hot memory. :func:`adopt` reconnects each live VM (QMP, guest
+directories, network slots and hot memory. :func:`adopt` reconnects each live VM (QMP, guest
 agent), rebuilds its :class:`~.sandbox.Sandbox` from the record (:mod:`..sandbox.mapping`) and hands it to the
 service (``SandboxService.adopt``); a VM that does not answer is killed and counted lost.
 """

@@ -199,7 +199,7 @@ class Host:
     _closed: bool = False
 
     async def close(self, on_stop: OnStop = OnStop.KILL, release: bool = True) -> None:
-        """Stop the agent's host side. ``KEEP`` leaves running sandboxes' QEMUs, slots, firewall grants, hot
+        """Stop the agent's host side. ``KEEP`` leaves running sandboxes' QEMUs, slots, hot
         memory, the memory server and the volume mount in place for the next agent; ``HIBERNATE`` hibernates
         every sandbox first and then stops everything but their images and records; ``KILL`` removes it all."""
         if self._closed:
@@ -252,7 +252,7 @@ class _Started:
     volume: Volume | None = None
     ownership: Ownership | None = None
     adopted: bool = False
-    """VMs of the previous agent run on: leave their slots, grants, memory server and volume for the next try."""
+    """VMs of the previous agent run on: leave their slots, memory server and volume for the next try."""
 
     async def undo(self, data_dir: Path) -> None:
         try:

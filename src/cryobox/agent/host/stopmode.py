@@ -7,7 +7,7 @@ import enum
 
 class OnStop(enum.Enum):
     KEEP = "keep"
-    """Default. QEMUs, their network slots, firewall grants, hot memory and the memory server keep running; the
+    """Default. QEMUs, their network slots, hot memory and the memory server keep running; the
     next agent on this data dir adopts them. The agent exits within seconds whatever the load."""
     HIBERNATE = "hibernate"
     """Hibernate every sandbox to disk first (takes a capture per sandbox), then stop everything; the next agent

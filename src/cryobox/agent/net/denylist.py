@@ -1,10 +1,10 @@
-"""Destinations no guest may reach, whatever its egress grants: applied before any tenant allow rule.
+"""Destinations no guest may reach, whatever its network policy: judged before any tenant allow rule.
 
 The default set is every range that is not the public internet — this-network, loopback, link-local (the
 cloud metadata service at ``169.254.169.254``), RFC 1918, CGNAT (RFC 6598), benchmarking, IETF protocol
 assignments, multicast and reserved space — plus the host's own networks (its routing table) and the
 control plane's dependencies (the object store's and the database's addresses). Only the operator can
-carve exceptions (``CRYOBOX_EGRESS_ALLOW_PRIVATE=10.199.0.0/16,...``): a tenant's ``egress: allow`` with
+carve exceptions (``CRYOBOX_EGRESS_ALLOW_PRIVATE=10.199.0.0/16,...``): a tenant's policy allowing
 ``0.0.0.0/0`` still cannot reach any of it.
 """
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.teardown import reclaim_previous_run
+from tests.support.teardown import reclaim_dead_postgres, reclaim_previous_run
 
 HostState = dict[str, set[str]]
 BEFORE = pytest.StashKey[HostState]()
@@ -69,12 +69,14 @@ def _checks(config: pytest.Config) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Before xdist's workers (or pytest itself) empty the base temp dir: reclaim what an interrupted earlier run
-    left in it — a mount point there stops the whole run before its first test."""
+    left in it — a mount point there stops the whole run before its first test — and the directories of its
+    throwaway PostgreSQL servers in /tmp."""
     basetemp = config.option.basetemp
-    if basetemp and _checks(config):
-        gone = reclaim_previous_run(Path(basetemp))
+    if _checks(config):
+        gone = reclaim_previous_run(Path(basetemp)) if basetemp else []
+        gone += [f"postgres dir {d}" for d in reclaim_dead_postgres(Path("/tmp"))]
         if gone:
-            print(f"reclaimed from an earlier run under {basetemp}: {', '.join(gone)}")
+            print(f"reclaimed from an earlier run: {', '.join(gone)}")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -123,6 +123,8 @@ def throwaway_postgres() -> Iterator[PostgresServer]:
         options = (
             f"-k {root} -p {SOCKET_PORT} -c listen_addresses='' "
             "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+            # dynamic shared memory in the data dir, not /dev/shm: a killed server leaves nothing outside its dir
+            " -c dynamic_shared_memory_type=mmap"
         )
         started = True  # from here on a server may be running, whatever pg_ctl says
         proc = subprocess.run(

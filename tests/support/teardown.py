@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -67,6 +68,23 @@ def reclaim_previous_run(root: Path) -> list[str]:
             subprocess.run(["nft", "delete", "table", "inet", f"cryobox_{tag}"], capture_output=True, check=False)
             gone.append(f"network objects tagged {tag}")
             tags.discard(tag)
+    return gone
+
+
+def reclaim_dead_postgres(parent: Path, *, min_age_s: float = 600.0) -> list[Path]:
+    """The directories of throwaway PostgreSQL servers (``tests/support/pg.py``) a killed run left in ``parent``:
+    no postmaster alive for them and older than ``min_age_s`` (a younger one may be another run's initdb)."""
+    gone = []
+    for root in parent.glob("cbxpg-*"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            pid = int((root / "data" / "postmaster.pid").read_text().splitlines()[0])
+            if Path(f"/proc/{pid}").exists():
+                continue
+        with contextlib.suppress(OSError):
+            if time.time() - root.stat().st_mtime < min_age_s:
+                continue
+            shutil.rmtree(root)
+            gone.append(root)
     return gone
 
 

@@ -3,11 +3,12 @@ reclaimed before pytest empties it (a mount point left there once stopped a CI r
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 from cryobox.agent.net.slots import tag_for
-from tests.support.teardown import reclaim_previous_run
+from tests.support.teardown import reclaim_dead_postgres, reclaim_previous_run
 
 
 def _mounted(path: Path) -> bool:
@@ -36,3 +37,23 @@ def test_a_previous_runs_mounts_and_tagged_namespaces_are_reclaimed(tmp_path: Pa
 
 def test_a_missing_base_temp_dir_is_nothing_to_reclaim(tmp_path: Path) -> None:
     assert reclaim_previous_run(tmp_path / "absent") == []
+
+
+def test_a_killed_runs_postgres_dirs_go_and_a_live_or_young_ones_stay(tmp_path: Path) -> None:
+    def pg_dir(name: str, pid: int | None, age_s: float) -> Path:
+        root = tmp_path / name
+        (root / "data").mkdir(parents=True)
+        if pid is not None:
+            (root / "data" / "postmaster.pid").write_text(f"{pid}\n/some/data\n")
+        then = root.stat().st_mtime - age_s
+        os.utime(root, (then, then))
+        return root
+
+    dead = pg_dir("cbxpg-dead", 2**22 + 17, 3600)  # above pid_max's default: no such process
+    no_pid = pg_dir("cbxpg-nopid", None, 3600)
+    live = pg_dir("cbxpg-live", os.getpid(), 3600)
+    young = pg_dir("cbxpg-young", None, 0)
+    other = pg_dir("not-postgres", None, 3600)
+    assert sorted(reclaim_dead_postgres(tmp_path)) == sorted([dead, no_pid])
+    assert not dead.exists() and not no_pid.exists()
+    assert live.exists() and young.exists() and other.exists()

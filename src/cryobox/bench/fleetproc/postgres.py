@@ -86,6 +86,7 @@ class PostgresProcess:
             options = (
                 f"-k {root} -p {PG_SOCKET_PORT} -c listen_addresses='' "
                 "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+                " -c dynamic_shared_memory_type=mmap"  # nothing in /dev/shm, should the server be killed
             )
             self._started = True  # from here on a server may be running, whatever pg_ctl says
             timeout = int(self.start_timeout_s)

@@ -49,8 +49,20 @@ INFO: dict[str, Any] = {
         "public_traffic": True,
         "mask_request_host": None,
     },
+    "on_timeout": "kill",
+    "auto_wake": True,
+    "hibernated_at": None,
 }
-LIFECYCLE = {"ttl_seconds": 600, "persistent": True, "idle_seconds": 12.5, "expires_at": "2024-05-01T13:10:00Z"}
+LIFECYCLE = {
+    "ttl_seconds": 600,
+    "persistent": True,
+    "idle_seconds": 12.5,
+    "expires_at": "2024-05-01T13:10:00Z",
+    "on_timeout": "kill",
+    "auto_wake": True,
+    "hibernated_at": None,
+    "retained_until": None,
+}
 ENTRY = {"name": "a.txt", "is_dir": False, "size": 3, "mode": 0o100644, "mtime": 1.5}
 SNAP: dict[str, Any] = {
     "id": "snp_0001",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,9 @@ from rich.table import Table
 from .. import models
 from ..errors import CryoboxError
 from ..sdk.sandbox import Sandbox
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 PIPE_WIDTH = 1000
 """Output that is not a terminal (a pipe, a file, a test's runner) is never cut at 80 columns: scripts read it."""
@@ -116,3 +120,11 @@ def snapshot_table(items: list[models.Snapshot]) -> Table:
             format_pairs(s.labels),
         )
     return table
+
+
+def parse_duration(text: str) -> float:
+    """``"3600"``, ``"90m"``, ``"1h"``, ``"2d"`` -> seconds."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise typer.BadParameter(f"not a duration: {text!r} (e.g. 3600, 90m, 1h, 2d)")
+    return float(match[1]) * _UNITS[match[2]]

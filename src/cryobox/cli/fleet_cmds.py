@@ -191,6 +191,9 @@ def control(
     reap_interval: Annotated[float, typer.Option(help="seconds between TTL reaper sweeps")] = 5.0,
     snapshot_grace: Annotated[float | None, typer.Option(help="seconds an orphaned snapshot is kept")] = None,
     orphan_sweep_interval: Annotated[float | None, typer.Option(help="seconds between orphan sweeps")] = None,
+    paused_retention: Annotated[
+        str | None, typer.Option(help="how long a hibernated sandbox is kept: 3600, 90m, 12h, 30d (default 30d)")
+    ] = None,
 ) -> None:
     """Run the control plane alone: the public API, placement and the registry; agents register with it."""
     from ..compose.app import Intervals, create_app
@@ -202,12 +205,14 @@ def control(
     from ..server.access.ratelimit import RateLimitConfig, RateLimiter
     from ..server.control.snapshots import RetentionPolicy
     from ..server.metrics import Metrics
+    from ._common import parse_duration
 
     _token()
     host, port = _split(listen)
     paths = Paths.from_env(data_dir, cache_dir)
     paths.data_dir.mkdir(parents=True, exist_ok=True)
-    retention = RetentionPolicy.from_env(snapshot_grace, orphan_sweep_interval)
+    paused_s = parse_duration(paused_retention) if paused_retention is not None else None
+    retention = RetentionPolicy.from_env(snapshot_grace, orphan_sweep_interval, paused_s=paused_s)
     limiter = RateLimiter.from_config(RateLimitConfig.from_env())
     registry = Registry.for_data_dir(paths.data_dir)
     _log_to_stderr()

@@ -107,8 +107,9 @@ def revoke(key_id: str, data_dir: DataDir = None) -> None:
 @keys_app.command("quota")
 def quota(
     workspace: Annotated[str, typer.Option(help="workspace name")] = "default",
-    sandboxes: Annotated[int | None, typer.Option(min=0, help="sandboxes (starting|running|paused|hibernated)")] = None,
+    sandboxes: Annotated[int | None, typer.Option(min=0, help="sandboxes (starting|running|paused)")] = None,
     vcpus: Annotated[int | None, typer.Option(min=0, help="vCPUs of its sandboxes (hibernated ones hold none)")] = None,
+    hibernated: Annotated[int | None, typer.Option(min=0, help="hibernated (paused) sandboxes it may keep")] = None,
     memory_mib: Annotated[int | None, typer.Option("--memory-mib", min=0, help="memory of its sandboxes")] = None,
     snapshot_bytes: Annotated[int | None, typer.Option("--snapshot-bytes", min=0, help="bytes of snapshots")] = None,
     templates: Annotated[int | None, typer.Option(min=0, help="custom templates")] = None,
@@ -135,6 +136,7 @@ def quota(
         "templates": templates,
         "default_ttl_s": default_ttl_s,
         "max_ttl_s": max_ttl_s,
+        "hibernated": hibernated,
     }
     changes = {name: value for name, value in given.items() if value is not None}
     with _registry(data_dir) as registry:

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from ._common import CacheDir
+from ._common import CacheDir, parse_duration
 from .agent_cmds import agent_app
 from .bench_cmds import bench_app
 from .capture_cmds import capture
@@ -84,6 +84,13 @@ def serve(
     orphan_sweep_interval: Annotated[
         float | None,
         typer.Option(help="seconds between orphan sweeps (env CRYOBOX_ORPHAN_SWEEP_INTERVAL_S, default 900)"),
+    ] = None,
+    paused_retention: Annotated[
+        str | None,
+        typer.Option(
+            help="how long a hibernated (paused) sandbox is kept before it is deleted: 3600, 90m, 12h, 30d "
+            "(env CRYOBOX_PAUSED_RETENTION_S, default 30d)"
+        ),
     ] = None,
     store: Annotated[
         str | None,
@@ -183,6 +190,7 @@ def serve(
         net_pool=net_pool,
         snapshot_grace_s=snapshot_grace,
         orphan_sweep_interval_s=orphan_sweep_interval,
+        paused_retention_s=parse_duration(paused_retention) if paused_retention is not None else None,
         storage=StorageConfig(
             store_url=store,
             memory_mode=memory_mode,

@@ -47,6 +47,7 @@ class ServeOptions:
     net_pool: int = 16
     snapshot_grace_s: float | None = None
     orphan_sweep_interval_s: float | None = None
+    paused_retention_s: float | None = None
     storage: StorageConfig = field(default_factory=StorageConfig)
     templates: tuple[TemplateSpec, ...] = DEFAULT_TEMPLATES
     max_sandboxes: int = 256
@@ -74,7 +75,9 @@ def serve(options: ServeOptions, console: Console) -> None:
         timeout_s=options.admission_timeout_s,
     )
     limiter = RateLimiter.from_config(RateLimitConfig.from_env())
-    retention = RetentionPolicy.from_env(options.snapshot_grace_s, options.orphan_sweep_interval_s)
+    retention = RetentionPolicy.from_env(
+        options.snapshot_grace_s, options.orphan_sweep_interval_s, paused_s=options.paused_retention_s
+    )
     on_stop = on_stop_mode(options.on_stop)
     paths.ensure()
     registry = Registry.for_data_dir(paths.data_dir)

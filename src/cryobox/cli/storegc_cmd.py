@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import sys
 
 import typer
@@ -13,19 +12,10 @@ from ..objstore.buildsteps import store_budget
 from ..objstore.client import open_store
 from ..objstore.gc import KINDS, GcPolicy, GcReport, collect
 from ..objstore.leases import REFRESH_S
+from ._common import parse_duration
 
 out = Console(soft_wrap=True)  # a line per object or summary, never broken at the terminal width (scripts grep it)
 MIN_GRACE_S = 5 * REFRESH_S  # leases are re-put every REFRESH_S: a shorter grace could expire a live one
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(text: str) -> float:
-    """``"3600"``, ``"90m"``, ``"1h"``, ``"2d"`` -> seconds."""
-    match = _DURATION.fullmatch(text.strip())
-    if match is None:
-        raise typer.BadParameter(f"not a duration: {text!r} (e.g. 3600, 90m, 1h, 2d)")
-    return float(match[1]) * _UNITS[match[2]]
 
 
 def run_store_gc(url: str, *, grace: str, keep_generations: int, dry_run: bool, as_json: bool) -> GcReport:

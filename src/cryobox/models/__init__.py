@@ -75,6 +75,10 @@ def network_policy(value: Any) -> Any:
     return {"default": "deny", "allow": list(legacy.allow) or ["0.0.0.0/0"]}
 
 
+OnTimeoutAction = Literal["kill", "hibernate"]
+"""What a sandbox's TTL expiry does."""
+
+
 class CreateSandboxRequest(BaseModel):
     """A field cryobox does not carry out (``volumes`` before issue 34's volumes, a typo) is a 400 naming it, never
     parsed and dropped."""
@@ -89,6 +93,12 @@ class CreateSandboxRequest(BaseModel):
     network: Annotated[NetworkPolicy | None, BeforeValidator(network_policy)] = None
     """The policy (``null`` or absent: nothing allowed, or, from a snapshot, the snapshot's recorded policy); the
     legacy ``{"egress", "allow"}`` shape is accepted too."""
+    on_timeout: OnTimeoutAction = "kill"
+    """What the TTL's expiry does: ``kill`` deletes the sandbox; ``hibernate`` keeps it hibernated (memory and
+    disk, no RAM held) until it is resumed, or deleted after the server's paused retention."""
+    auto_wake: bool = True
+    """Whether any request for it (exec, files, ports, envd) wakes it when hibernated; ``false``: only an explicit
+    ``resume``/``wake`` does (other requests get 409)."""
 
 
 class Sandbox(BaseModel):
@@ -109,6 +119,10 @@ class Sandbox(BaseModel):
     instance_id: str | None = None
     network: PolicyView | None = None
     """The network policy in force (this server always says; ``None`` only from one that predates policies)."""
+    on_timeout: OnTimeoutAction = "kill"
+    auto_wake: bool = True
+    hibernated_at: str | None = None
+    """When it was hibernated (``null`` unless it is)."""
 
 
 class SandboxList(BaseModel):
@@ -120,12 +134,20 @@ class Lifecycle(BaseModel):
     persistent: bool
     idle_seconds: float
     expires_at: str | None
+    """When its TTL runs out if it stays idle (``null``: never; a hibernated sandbox's TTL does not run)."""
+    on_timeout: OnTimeoutAction = "kill"
+    auto_wake: bool = True
+    hibernated_at: str | None = None
+    retained_until: str | None = None
+    """A hibernated sandbox is deleted then (the server's paused retention), unless resumed before."""
 
 
 class LifecyclePatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ttl_seconds: int | None = Field(default=None, ge=1, le=30 * 24 * 3600)
     persistent: bool | None = None
+    on_timeout: OnTimeoutAction | None = None
+    auto_wake: bool | None = None
 
 
 class ExecRequest(BaseModel):

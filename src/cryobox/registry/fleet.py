@@ -16,6 +16,7 @@ Every method is synchronous, runs one short transaction and returns frozen datac
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -318,9 +319,11 @@ class FleetRecords:
                         "hibernation": None,
                         "hibernation_generation": None,
                         "hibernation_manifest_sha256": None,
+                        "hibernated_at": None,
                     }
                     if status == HIBERNATED:  # it was not before: its image is on its host only
                         changes["hibernation"] = HIBERNATION_LOCAL
+                        changes["hibernated_at"] = time.time()
                     s.execute(update(m.Sandbox).where(m.Sandbox.host == host, m.Sandbox.id.in_(chunk)).values(changes))
             for chunk in _chunks(gone):
                 s.execute(delete(m.Snapshot).where(m.Snapshot.id.in_(chunk), *_local_snapshots(host)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Boolean, Double, ForeignKey, Integer, MetaData, String, Text
+from sqlalchemy import true as sa_true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 NAMING_CONVENTION = {
@@ -49,6 +50,7 @@ class WorkspaceQuota(Base):
     templates: Mapped[int | None] = mapped_column(Integer, nullable=True)
     default_ttl_s: Mapped[int | None] = mapped_column(Integer, nullable=True)  # 0: no default TTL
     max_ttl_s: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    hibernated: Mapped[int | None] = mapped_column(Integer, nullable=True)  # revision 0013
     updated_at: Mapped[float] = mapped_column(Double)
 
 
@@ -177,6 +179,10 @@ class Sandbox(Base):
     egress: Mapped[dict[str, Any] | list[str] | None] = mapped_column(JSON, nullable=True)
     # the sha256 of the stored hibernation's manifest (revision 0007; NULL: stored before manifests were pinned)
     hibernation_manifest_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # timeout actions (revision 0013): what the TTL's expiry does, whether requests wake it, since when hibernated
+    on_timeout: Mapped[str] = mapped_column(String(16), server_default="kill")
+    auto_wake: Mapped[bool] = mapped_column(Boolean, server_default=sa_true())
+    hibernated_at: Mapped[float | None] = mapped_column(Double, nullable=True)
 
 
 class Snapshot(Base):

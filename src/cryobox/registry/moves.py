@@ -12,6 +12,7 @@ Every method is synchronous and runs one short transaction, like :class:`~.repo.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -39,7 +40,8 @@ class MoveRecords:
     def hibernated(self, sandbox_id: str, host: str, egress: EgressPolicy | None) -> bool:
         """The row of ``sandbox_id`` on ``host`` is hibernated there (image local), with the network policy its
         agent hibernated it with (what a wake elsewhere applies); ``False`` when no such row."""
-        changes = {"status": HIBERNATED, "hibernation": HIBERNATION_LOCAL, "egress": egress}
+        changes: dict[str, Any] = {"status": HIBERNATED, "hibernation": HIBERNATION_LOCAL, "egress": egress}
+        changes["hibernated_at"] = time.time()
         values = self._values({**changes, "hibernation_manifest_sha256": None})  # a stored one is not this image
         with self._db.session(what=f"sandbox {sandbox_id}") as s:
             done = s.execute(update(m.Sandbox).where(m.Sandbox.id == sandbox_id, m.Sandbox.host == host).values(values))
@@ -70,7 +72,13 @@ class MoveRecords:
         """Point the row at ``to_host`` (with ``changes``, its hibernation cleared) and delete the reservation, in
         one transaction; only if the row still names ``from_host`` and its stored image. ``None`` (nothing changed,
         the reservation kept for the caller to release) otherwise."""
-        cleared = {"hibernation": None, "hibernation_generation": None, "hibernation_manifest_sha256": None}
+        cleared = {
+            "hibernation": None,
+            "hibernation_generation": None,
+            "hibernation_manifest_sha256": None,
+        }
+        if changes.get("status") != HIBERNATED:
+            cleared["hibernated_at"] = None
         values = self._values({**changes, "host": to_host, **cleared})
         with self._db.session(what=f"sandbox {sandbox_id}") as s:
             done = s.execute(

@@ -17,7 +17,16 @@ from ..errors import InvalidArgument, NotFound
 from . import models as m
 from .db import Database
 
-QUOTA_FIELDS = ("sandboxes", "vcpus", "memory_mib", "snapshot_bytes", "templates", "default_ttl_s", "max_ttl_s")
+QUOTA_FIELDS = (
+    "sandboxes",
+    "vcpus",
+    "memory_mib",
+    "snapshot_bytes",
+    "templates",
+    "default_ttl_s",
+    "max_ttl_s",
+    "hibernated",
+)
 COUNTED_STATUSES = ("starting", "running", "paused", "hibernated")
 """Sandbox rows that count as sandboxes of their workspace (``lost``, ``stopped`` and ``error`` do not)."""
 HOLDING_STATUSES = ("starting", "running", "paused")
@@ -36,6 +45,7 @@ class QuotaOverrides:
     templates: int | None = None
     default_ttl_s: int | None = None
     max_ttl_s: int | None = None
+    hibernated: int | None = None
 
     def values(self) -> dict[str, int | None]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

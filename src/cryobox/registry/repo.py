@@ -26,6 +26,7 @@ from . import models as m
 from .db import AlreadyExists, Database, url_for_data_dir
 from .fleet import FleetRecords
 from .rows import (
+    HIBERNATED,
     STOPPED_STATUSES,
     ApiKeyInfo,
     ReconcileReport,
@@ -276,12 +277,18 @@ class Registry:
             s.add(envseal.to_orm(row, self._sealer))
 
     def update_sandbox(self, sandbox_id: str, **fields_: Any) -> SandboxRow:
-        """Set some fields of a sandbox row and return the result."""
+        """Set some fields of a sandbox row and return the result. A ``status`` change to ``hibernated`` stamps
+        ``hibernated_at`` (unless given); one to anything else clears it."""
         values = envseal.seal_changes(_changes(SandboxRow, fields_), self._sealer)
         with self._db.session(what=f"sandbox {sandbox_id}") as s:
             obj = s.get(m.Sandbox, sandbox_id)
             if obj is None:
                 raise NotFound(f"sandbox {sandbox_id} not found", details={"sandbox_id": sandbox_id})
+            if "status" in values and "hibernated_at" not in values:
+                if values["status"] != HIBERNATED:
+                    values["hibernated_at"] = None
+                elif obj.status != HIBERNATED or obj.hibernated_at is None:
+                    values["hibernated_at"] = time.time()
             for name, value in values.items():
                 setattr(obj, _attr(name), value)
             envseal.reseal(obj, self._sealer)  # a row of an older version: sealed by its first update

@@ -15,6 +15,11 @@ from . import models as m
 
 log = logging.getLogger(__name__)
 
+ON_TIMEOUT_KILL = "kill"
+ON_TIMEOUT_HIBERNATE = "hibernate"
+ON_TIMEOUT_ACTIONS = (ON_TIMEOUT_KILL, ON_TIMEOUT_HIBERNATE)
+"""What a sandbox's TTL expiry does (:attr:`SandboxRow.on_timeout`)."""
+
 # ---------------------------------------------------------------------------------------------------------------
 # rows
 
@@ -87,6 +92,13 @@ class SandboxRow:
     hibernation_manifest_sha256: str | None = None
     """The sha256 of the stored hibernation's manifest (revision 0007): a wake elsewhere refuses any other bytes;
     ``None`` for a stored hibernation from before manifests were pinned (trusted as fetched, with a warning)."""
+    on_timeout: str = ON_TIMEOUT_KILL
+    """What its TTL's expiry does (revision 0013): ``kill`` (delete it) or ``hibernate`` (keep it, paused)."""
+    auto_wake: bool = True
+    """Whether any request for it wakes it when hibernated (revision 0013); otherwise only an explicit resume."""
+    hibernated_at: float | None = None
+    """When it last became hibernated (revision 0013): what the paused retention counts from; ``None`` while it
+    is not hibernated (or for a row hibernated before 0013, until the retention sweep first sees it)."""
 
 
 @dataclass(frozen=True)

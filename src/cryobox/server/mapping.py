@@ -93,6 +93,9 @@ def sandbox_view(row: SandboxRow) -> models.Sandbox:
             "host": row.host,
             "instance_id": row.instance_id,
             "network": row.egress if row.egress is not None else models.NetworkPolicy(),
+            "on_timeout": row.on_timeout,
+            "auto_wake": row.auto_wake,
+            "hibernated_at": rfc3339(row.hibernated_at) if row.hibernated_at is not None else None,
         }
     )
 

@@ -170,17 +170,23 @@ class QuotaLimits(BaseModel):
     default_ttl_s: int | None
     """Given to creates without ``ttl_seconds`` (``null``: they never expire)."""
     max_ttl_s: int
+    hibernated: int
+    """Hibernated (paused) sandboxes the workspace may keep."""
+    paused_retention_s: float
+    """How long a sandbox stays hibernated before it is deleted (the server's ``--paused-retention``)."""
 
 
 class QuotaUsage(BaseModel):
     sandboxes: int
-    """Sandboxes starting, running, paused or hibernated (plus creates in flight)."""
+    """Sandboxes starting, running or paused (plus creates and wakes in flight)."""
     vcpus: int
-    """Of those but the hibernated ones."""
+    """Of those."""
     memory_mib: int
     snapshot_bytes: int
     templates: int
     """Custom templates, any status."""
+    hibernated: int
+    """Hibernated sandboxes (plus hibernations in flight)."""
 
 
 class QuotaResponse(BaseModel):

@@ -51,7 +51,14 @@ def test_keys_quota_sets_shows_and_clears_a_workspace_limit(tmp_path: Path) -> N
     assert body["workspace"] == "team" and body["overrides"] == {"sandboxes": 5, "memory_mib": 2048}
     limits = body["limits"]
     assert isinstance(limits, dict) and (limits["sandboxes"], limits["memory_mib"], limits["vcpus"]) == (5, 2048, 64)
-    assert body["usage"] == {"sandboxes": 0, "vcpus": 0, "memory_mib": 0, "snapshot_bytes": 0, "templates": 0}
+    assert body["usage"] == {
+        "sandboxes": 0,
+        "vcpus": 0,
+        "memory_mib": 0,
+        "snapshot_bytes": 0,
+        "templates": 0,
+        "hibernated": 0,
+    }
     body = quota_json(data, "--workspace", "team", "--templates", "2")  # the others keep theirs
     assert body["overrides"] == {"sandboxes": 5, "memory_mib": 2048, "templates": 2}
     assert quota_json(data, "--workspace", "team")["overrides"] == body["overrides"]  # shown, unchanged
@@ -150,15 +157,39 @@ async def test_rows_written_while_admitted_are_not_counted_twice(registry: Regis
     admission.release()  # idempotent
     _, used = await guard.status(ws)
     assert (used.sandboxes, used.vcpus) == (1, 1)
-    # a wake: the hibernated row counts as a sandbox already, only its vCPUs and memory are new
+    # a hibernated row counts against `hibernated`, not `sandboxes`; a wake makes it a sandbox again
     registry.add_sandbox(sandbox("sb-h", ws, status="hibernated"))
-    with await guard.admit(ws, 1, 512, sandbox_ids=["sb-h"], wake=True):
+    _, used = await guard.status(ws)
+    assert (used.sandboxes, used.vcpus, used.hibernated) == (1, 1, 1)
+    with await guard.admit(ws, 1, 512, sandbox_ids=["sb-h"]):
         _, used = await guard.status(ws)
         assert (used.sandboxes, used.vcpus) == (2, 2)
         with pytest.raises(WorkspaceQuotaExceeded) as info:
-            await guard.admit(ws, 1, 512, sandbox_ids=["sb-1"], wake=True)
-        assert info.value.details["resource"] == "vcpus"
+            await guard.admit(ws, 1, 512, sandbox_ids=["sb-x"])
+        assert info.value.details["resource"] == "sandboxes"
     registry.add_sandbox(sandbox("sb-lost", ws, status="lost"))  # lost and stopped rows hold nothing
     registry.add_snapshot(snapshot("snap-1", ws, size_bytes=3000))
     _, used = await guard.status(ws)
-    assert (used.sandboxes, used.vcpus, used.snapshot_bytes) == (2, 1, 3000)
+    assert (used.sandboxes, used.vcpus, used.snapshot_bytes, used.hibernated) == (1, 1, 3000, 1)
+
+
+async def test_hibernations_are_admitted_within_the_hibernated_quota(registry: Registry) -> None:
+    ws = registry.ensure_workspace("w").id
+    guard = QuotaGuard(QuotaRecords(registry.database), Quota(sandboxes=10, hibernated=2))
+    registry.add_sandbox(sandbox("sb-h1", ws, status="hibernated"))
+    for name in ("sb-r1", "sb-r2"):
+        registry.add_sandbox(sandbox(name, ws, status="running"))
+    first = await guard.admit_hibernation(ws, "sb-r1")  # 1 hibernated + 1 in flight: full
+    with pytest.raises(WorkspaceQuotaExceeded) as info:
+        await guard.admit_hibernation(ws, "sb-r2")
+    assert info.value.details == {"resource": "hibernated", "limit": 2, "used": 2, "requested": 1}
+    again = await guard.admit_hibernation(ws, "sb-h1")  # hibernated already: takes nothing new
+    again.release()
+    registry.update_sandbox("sb-r1", status="hibernated")  # the row says so while the admission is still held
+    _, used = await guard.status(ws)
+    assert used.hibernated == 2  # counted once
+    first.release()
+    registry.update_sandbox("sb-h1", status="running")  # woken: room for one more
+    with await guard.admit_hibernation(ws, "sb-r2"):
+        _, used = await guard.status(ws)
+        assert (used.hibernated, used.sandboxes) == (2, 2)

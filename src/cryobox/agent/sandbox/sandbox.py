@@ -69,8 +69,10 @@ class Sandbox:
 
     @property
     def expires_at(self) -> float | None:
-        """TTL is idle-based: a sandbox expires ``ttl_s`` after its last request; persistent ones never do."""
-        if self.ttl_s is None or self.persistent:
+        """TTL is idle-based: a sandbox expires ``ttl_s`` after its last request; persistent ones never do, and a
+        hibernated one's TTL does not run (it holds no memory or CPU; the control plane's paused retention bounds
+        it; a wake restarts the idle clock)."""
+        if self.ttl_s is None or self.persistent or self.state is SandboxState.HIBERNATED:
             return None
         return self.last_active + self.ttl_s
 

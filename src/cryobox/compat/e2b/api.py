@@ -25,8 +25,9 @@ from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from ...errors import InvalidArgument, NotFound, StateError
-from ...registry import SandboxRow, SnapshotRow
+from ...registry import ON_TIMEOUT_HIBERNATE, ON_TIMEOUT_KILL, SandboxRow, SnapshotRow
 from ...server.control.sandboxes import INHERIT, CreateRequest
+from ...server.control.timeouts import OnTimeout
 from ...server.routes.deps import Caller
 from .access import SandboxAccess
 from .metrics import sample
@@ -102,6 +103,10 @@ async def _create(ctx: Caller, body: NewSandbox, e2b: E2BSettings) -> JSONRespon
             persistent=False,
             from_snapshot=from_snapshot,
             egress=egress,
+            on_timeout=OnTimeout(
+                ON_TIMEOUT_HIBERNATE if body.auto_pause else ON_TIMEOUT_KILL,
+                auto_wake=body.auto_resume is not None and body.auto_resume.enabled,  # E2B: only connect resumes
+            ),
         )
     )
     return JSONResponse(_sandbox(ctx, row), status_code=201)
@@ -226,7 +231,8 @@ async def _wake(ctx: Caller, sandbox_id: str, timeout: int | None) -> tuple[Sand
     if row.status not in ("running", "starting", *PAUSED_STATES):
         raise NotFound(f"sandbox {sandbox_id} is {row.status}", details={"sandbox_id": sandbox_id})
     woke = row.status in PAUSED_STATES
-    agent = await ctx.control.agent_for(sandbox_id, ctx.workspace_id, wake=True)  # a hibernated one wakes here
+    # a hibernated one wakes here: connect is an explicit resume, whatever autoResume says
+    agent = await ctx.control.agent_for(sandbox_id, ctx.workspace_id, wake=True, explicit=True)
     if row.status == "paused":
         await ctx.control.record_state(sandbox_id, await agent.resume(sandbox_id))
     if timeout is not None:
@@ -270,8 +276,7 @@ async def pause(sandbox_id: str, ctx: E2BCtx) -> Response:
     row = await ctx.control.get(sandbox_id, ctx.workspace_id)
     if row.status in PAUSED_STATES:
         raise StateError(f"sandbox {sandbox_id} is already paused", state=row.status, required="running")
-    agent = await ctx.control.agent_for(sandbox_id, ctx.workspace_id, wake=False)
-    await ctx.control.record_state(sandbox_id, await agent.hibernate(sandbox_id))
+    await ctx.control.hibernate(sandbox_id, ctx.workspace_id)  # 429 past the workspace's hibernated quota
     return Response(status_code=204)
 
 

@@ -1,10 +1,11 @@
 """What E2B's create request may ask that cryobox does not carry out yet: refused with 400 naming the field,
-never parsed and dropped. A caller that sends ``autoPause``/``autoResume``, MCP servers, IAM, volume mounts,
-``secure: false`` or the ``network`` options cryobox does not enforce (:mod:`.network`: request rules, an egress
-proxy, DNS servers, HTTPS ports) must learn that they do not hold, instead of getting a sandbox that silently
-differs from what it asked for (unrestricted egress, deletion at the timeout, ...). Values that ask for nothing
-(absent, ``null``, empty, ``false``) pass; the default create of the 2.63 SDK sends none of these.
-``autoPauseMemory`` only shapes what ``autoPause`` does, so it passes whenever ``autoPause`` does."""
+never parsed and dropped. A caller that sends MCP servers, IAM, volume mounts, ``secure: false``, a
+filesystem-only pause (``autoPauseMemory: false``), ``autoResume`` without ``autoPause``, or the ``network``
+options cryobox does not enforce (:mod:`.network`: request rules, an egress proxy, DNS servers, HTTPS ports) must
+learn that they do not hold, instead of getting a sandbox that silently differs from what it asked for
+(unrestricted egress, a cold boot on resume, ...). Values that ask for nothing (absent, ``null``, empty,
+``false``) pass; the default create of the 2.63 SDK sends none of these. ``autoPause`` (hibernate at the
+timeout) and ``autoResume`` (requests wake it) are carried out (``api._create``)."""
 
 from __future__ import annotations
 
@@ -33,8 +34,6 @@ KNOWN = frozenset(
     }
 )
 NOT_YET = {
-    "autoPause": "a sandbox that pauses at its timeout is not supported yet: at its timeout it is killed",
-    "autoResume": "auto-resume is not supported yet",
     "mcp": "MCP servers started in the sandbox are not supported",
     "iam": "workload identity (iam) is not supported",
     "volumeMounts": "volumes are not supported yet",
@@ -71,6 +70,17 @@ def refuse_unenforced(body: Mapping[str, Any]) -> None:
         raise InvalidArgument("network must be an object", details={"field": "network"})
     if network is not None:
         refuse_network(network, CREATE_KEYS, "network")
+    if body.get("autoPauseMemory") is False and body.get("autoPause"):
+        raise InvalidArgument(
+            "autoPauseMemory: false (a filesystem-only pause, cold-booted on resume) is not supported: cryobox "
+            "pauses a sandbox with its memory",
+            details={"field": "autoPauseMemory"},
+        )
+    if _asks(body.get("autoResume")) and not body.get("autoPause"):
+        raise InvalidArgument(
+            "autoResume needs autoPause: only a sandbox paused at its timeout can resume on a request",
+            details={"field": "autoResume"},
+        )
     if body.get("secure") is False:
         raise InvalidArgument(
             "secure: false is not supported: cryobox's envd always requires the sandbox's access token",

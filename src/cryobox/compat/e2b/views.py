@@ -28,12 +28,18 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
 
+class AutoResume(_Body):
+    enabled: bool = False
+
+
 class NewSandbox(_Body):
     """E2B's create request (``NewSandbox``/``NewSandboxV2``); what cryobox does not enforce is refused first."""
 
     template_id: str = Field(default="base", alias="templateID", min_length=1, max_length=256)
     timeout: int | None = Field(default=None, ge=0, le=MAX_TIMEOUT_S)
     auto_pause: bool = Field(default=False, alias="autoPause")
+    auto_pause_memory: bool | None = Field(default=None, alias="autoPauseMemory")
+    auto_resume: AutoResume | None = Field(default=None, alias="autoResume")
     metadata: dict[str, str] | None = None
     env_vars: dict[str, str] | None = Field(default=None, alias="envVars")
     allow_internet_access: bool | None = None
@@ -129,6 +135,7 @@ def detail(row: SandboxRow, token: str) -> dict[str, Any]:
         "domain": None,
         "allowInternetAccess": internet,
         "network": network,
+        "lifecycle": {"autoResume": row.auto_wake, "onTimeout": "pause" if row.on_timeout == "hibernate" else "kill"},
     }
 
 

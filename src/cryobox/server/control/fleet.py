@@ -109,10 +109,21 @@ class Fleet:
             asyncio.get_running_loop().create_task(cached[1].close())
         return client
 
-    async def route(self, sandbox_id: str, workspace_id: str | None, *, wake: bool = False) -> tuple[SandboxRow, Agent]:
+    async def route(
+        self, sandbox_id: str, workspace_id: str | None, *, wake: bool = False, explicit: bool = False
+    ) -> tuple[SandboxRow, Agent]:
         """The sandbox's row and its agent (404 across workspaces; 409 when it is lost, stopped or failed). With
-        ``wake`` a hibernated sandbox is woken (by the ``waker``) before the caller's request reaches it."""
+        ``wake`` a hibernated sandbox is woken (by the ``waker``) before the caller's request reaches it — when
+        its row's ``auto_wake`` says so or the caller resumes it ``explicit``-ly; 409 ``hibernated`` otherwise,
+        before anything moves."""
         row = await asyncio.to_thread(self.registry.get_sandbox, sandbox_id, workspace_id)
+        if wake and row.status == HIBERNATED and not (row.auto_wake or explicit):
+            raise StateError(
+                f"sandbox {sandbox_id} is hibernated (paused) and does not wake on requests: resume it first",
+                state=HIBERNATED,
+                required="running",
+                details={"auto_wake": False},
+            )
         if row.status == "lost":
             raise StateError(
                 f"sandbox {sandbox_id} is lost: its agent {row.host!r} stopped answering",

@@ -60,7 +60,11 @@ class ForkControl:
         )
 
     async def fork(self, sandbox_id: str, workspace_id: str, *, metadata: dict[str, str]) -> SandboxRow:
-        parent, agent = await self.control.route(sandbox_id, workspace_id)
+        async with self.control.awake(sandbox_id, workspace_id) as (parent, agent):  # a hibernated one sleeps again
+            return await self._fork(parent, agent, workspace_id, metadata)
+
+    async def _fork(self, parent: SandboxRow, agent: Agent, workspace_id: str, metadata: dict[str, str]) -> SandboxRow:
+        sandbox_id = parent.id
         child_id = new_sandbox_id()
         with await self.control.quotas.admit(workspace_id, parent.cpus, parent.memory_mib, sandbox_ids=[child_id]):
             request = await self._request(parent, only=parent.host)
@@ -76,12 +80,12 @@ class ForkControl:
     async def fork_tree(
         self, sandbox_id: str, workspace_id: str, *, count: int, metadata: dict[str, str]
     ) -> TreeOutcome:
-        parent, agent = await self.control.route(sandbox_id, workspace_id)
         child_ids = [new_sandbox_id() for _ in range(count)]
         quotas = self.control.quotas
         await quotas.admit_snapshot(workspace_id)  # the tree's capture is a snapshot of the workspace
-        with await quotas.admit(workspace_id, parent.cpus, parent.memory_mib, count, sandbox_ids=child_ids):
-            return await self._tree(parent, agent, workspace_id, child_ids, metadata)
+        async with self.control.awake(sandbox_id, workspace_id) as (parent, agent):  # a hibernated one sleeps again
+            with await quotas.admit(workspace_id, parent.cpus, parent.memory_mib, count, sandbox_ids=child_ids):
+                return await self._tree(parent, agent, workspace_id, child_ids, metadata)
 
     async def _tree(
         self, parent: SandboxRow, agent: Agent, workspace_id: str, child_ids: list[str], metadata: dict[str, str]

@@ -236,7 +236,7 @@ class HibernationControl:
     async def _wake_elsewhere(self, row: SandboxRow) -> SandboxRow:
         if self.quotas is None:
             return await self._place_and_wake(row)
-        with await self.quotas.admit(row.workspace_id, row.cpus, row.memory_mib, sandbox_ids=[row.id], wake=True):
+        with await self.quotas.admit(row.workspace_id, row.cpus, row.memory_mib, sandbox_ids=[row.id]):
             return await self._place_and_wake(row)
 
     async def _place_and_wake(self, row: SandboxRow) -> SandboxRow:

@@ -6,10 +6,12 @@
 workspace in the registry (``cryobox keys quota``; :class:`~cryobox.registry.QuotaRecords`).
 
 **Usage** (:meth:`QuotaGuard.usage`) comes from the workspace's registry rows plus the admissions in flight on this
-replica: sandboxes ``starting|running|paused|hibernated`` count as sandboxes; the vCPUs and memory of those but the
-hibernated ones count (a hibernated sandbox holds no host memory); ``lost``, ``stopped`` and ``error`` rows count
-for nothing. Snapshot bytes: the ``size_bytes`` of every snapshot row of the workspace. Templates: its custom
-templates, whatever their status.
+replica: sandboxes ``starting|running|paused`` count as sandboxes, with their vCPUs and memory; ``hibernated`` ones
+count against ``hibernated`` (``CRYOBOX_QUOTA_HIBERNATED`` 100) instead — they hold no host memory or CPU, only
+disk, which the paused retention bounds in time (:mod:`.timeouts`); a wake makes one a sandbox again, so it needs
+room among the sandboxes, vCPUs and memory. ``lost``, ``stopped`` and ``error`` rows count for nothing. Snapshot
+bytes: the ``size_bytes`` of every snapshot row of the workspace. Templates: its custom templates, whatever their
+status.
 
 **Admission** (:meth:`QuotaGuard.admit`): under a per-workspace lock, usage is read and the request added to it;
 past any limit :class:`~cryobox.errors.WorkspaceQuotaExceeded` (429 ``quota_exceeded``, details ``{resource,
@@ -35,7 +37,7 @@ from types import TracebackType
 from typing import NoReturn
 
 from ...errors import InvalidArgument, WorkspaceQuotaExceeded
-from ...registry import QuotaOverrides, QuotaRecords, WorkspaceUse
+from ...registry import HIBERNATED, QuotaOverrides, QuotaRecords, WorkspaceUse
 from ...registry.quotas import HOLDING_STATUSES
 
 ENV = {
@@ -46,6 +48,7 @@ ENV = {
     "templates": "CRYOBOX_QUOTA_TEMPLATES",
     "default_ttl_s": "CRYOBOX_DEFAULT_TTL_S",
     "max_ttl_s": "CRYOBOX_MAX_TTL_S",
+    "hibernated": "CRYOBOX_QUOTA_HIBERNATED",
 }
 MAX_TTL_S = 30 * 24 * 3600  # the API's own upper bound for ttl_seconds
 
@@ -62,6 +65,8 @@ class Quota:
     default_ttl_s: int | None = None
     """Given to creates that ask for no TTL; ``None``: they never expire (the behaviour before quotas)."""
     max_ttl_s: int = MAX_TTL_S
+    hibernated: int = 100
+    """Hibernated (paused) sandboxes it may keep: a hibernation past it, explicit or at a TTL, is refused."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Quota:
@@ -99,6 +104,7 @@ class Usage:
     memory_mib: int = 0
     snapshot_bytes: int = 0
     templates: int = 0
+    hibernated: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -106,30 +112,31 @@ class _Claim:
     """Sandboxes (or template names) admitted and not yet released; sizes are per sandbox."""
 
     sandbox_ids: tuple[str, ...] = ()
+    """Sandboxes becoming live (created, forked or woken): counted until their rows say so."""
     vcpus: int = 0
     memory_mib: int = 0
-    new: bool = True
-    """New sandboxes (they count as sandboxes); ``False`` for a wake (its hibernated row counts already)."""
     templates: tuple[str, ...] = ()
+    hibernating: tuple[str, ...] = ()
+    """Sandboxes being hibernated: counted as hibernated until their rows say so."""
 
 
 def usage_of(use: WorkspaceUse, claims: Sequence[_Claim] = ()) -> Usage:
     """What the rows of ``use`` hold, plus ``claims`` (admissions in flight) not written as rows yet."""
-    counted = {s.id for s in use.sandboxes}
     holding = {s.id for s in use.sandboxes if s.status in HOLDING_STATUSES}
-    sandboxes = len(counted)
+    hibernated = {s.id for s in use.sandboxes if s.status == HIBERNATED}
     vcpus = sum(s.cpus for s in use.sandboxes if s.id in holding)
     memory = sum(s.memory_mib for s in use.sandboxes if s.id in holding)
-    templates = set(use.templates)
+    sandboxes, templates = len(holding), set(use.templates)
     for claim in claims:
         for sandbox_id in claim.sandbox_ids:
             if sandbox_id in holding:  # its row is written: counted above
                 continue
+            sandboxes += 1
             vcpus += claim.vcpus
             memory += claim.memory_mib
-            sandboxes += int(claim.new and sandbox_id not in counted)
+        hibernated |= set(claim.hibernating)
         templates |= set(claim.templates)
-    return Usage(sandboxes, vcpus, memory, use.snapshot_bytes, len(templates))
+    return Usage(sandboxes, vcpus, memory, use.snapshot_bytes, len(templates), len(hibernated))
 
 
 class Admission:
@@ -185,21 +192,32 @@ class QuotaGuard:
         count: int = 1,
         *,
         sandbox_ids: Sequence[str] | None = None,
-        wake: bool = False,
     ) -> Admission:
         """Count ``count`` sandboxes of ``vcpus`` and ``memory_mib`` each against the workspace's quota, or raise
-        :class:`WorkspaceQuotaExceeded` with nothing counted. ``wake``: the sandboxes exist (hibernated rows) and
-        only their vCPUs and memory are new. Release the admission when the work has finished or failed."""
+        :class:`WorkspaceQuotaExceeded` with nothing counted. A wake is admitted the same way (its hibernated row
+        becomes a live sandbox again). Release the admission when the work has finished or failed."""
         ids = tuple(sandbox_ids) if sandbox_ids is not None else tuple(f"~{secrets.token_hex(6)}" for _ in range(count))
         if len(ids) != count:
             raise ValueError(f"{count} sandboxes admitted with {len(ids)} ids")
-        claim = _Claim(sandbox_ids=ids, vcpus=vcpus, memory_mib=memory_mib, new=not wake)
+        claim = _Claim(sandbox_ids=ids, vcpus=vcpus, memory_mib=memory_mib)
         async with self._lock(workspace_id):
             quota, used = await self._read(workspace_id)
-            if not wake:
-                _require("sandboxes", quota.sandboxes, used.sandboxes, count)
+            _require("sandboxes", quota.sandboxes, used.sandboxes, count)
             _require("vcpus", quota.vcpus, used.vcpus, vcpus * count)
             _require("memory_mib", quota.memory_mib, used.memory_mib, memory_mib * count)
+            self._claims.setdefault(workspace_id, []).append(claim)
+        return Admission(self, workspace_id, claim, quota)
+
+    async def admit_hibernation(self, workspace_id: str, sandbox_id: str) -> Admission:
+        """A sandbox about to hibernate (explicitly, at its TTL or for a drain): it must fit the ``hibernated``
+        quota unless it is hibernated already. Release once its row says ``hibernated`` (or the attempt failed)."""
+        claim = _Claim(hibernating=(sandbox_id,))
+        async with self._lock(workspace_id):
+            use = await asyncio.to_thread(self.records.use, workspace_id)
+            quota = self.defaults.with_overrides(use.overrides)
+            if not any(s.id == sandbox_id and s.status == HIBERNATED for s in use.sandboxes):
+                used = usage_of(use, self._claims.get(workspace_id, ()))
+                _require("hibernated", quota.hibernated, used.hibernated, 1)
             self._claims.setdefault(workspace_id, []).append(claim)
         return Admission(self, workspace_id, claim, quota)
 

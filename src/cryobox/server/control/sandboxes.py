@@ -18,6 +18,7 @@ import logging
 import secrets
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -44,6 +45,7 @@ from .placement import Placement, PlacementRequest
 from .quotas import QuotaGuard, check_ttl
 from .snapshots import SnapshotControl
 from .templates import TemplateJobs
+from .timeouts import OnTimeout, TimeoutActions, TimeoutReport
 
 log = logging.getLogger(__name__)
 UNSET = object()  # "not given" in a PATCH, distinct from an explicit null
@@ -75,6 +77,7 @@ class CreateRequest:
     from_snapshot: str | None = None
     egress: EgressPolicy | None | Literal[Inherit.INHERIT] = INHERIT
     """The network policy (``None``: nothing allowed); :data:`INHERIT`: the snapshot's, if any."""
+    on_timeout: OnTimeout = OnTimeout()
 
 
 class ControlPlane:
@@ -107,23 +110,66 @@ class ControlPlane:
         metrics.set_sandbox_state_provider(lambda: self._states)
         self.network = NetworkControl(registry, fleet)
         """Network policies changed live, egress decisions: :mod:`.network`."""
+        self.timeouts = TimeoutActions(
+            registry,
+            fleet,
+            delete=lambda sandbox_id, host: self.delete(sandbox_id, None, host=host),
+            hibernate=lambda sandbox_id: self.hibernate(sandbox_id, None),
+            retention_s=snapshots.retention.paused_s,
+            clock=fleet.clock,
+        )
+        """Timeout actions (kill or hibernate) and the paused retention: :mod:`.timeouts`."""
+        snapshots.awake = self.awake
 
     # -- routing -------------------------------------------------------------------------------------------
 
     async def row(self, sandbox_id: str, workspace_id: str) -> SandboxRow:
         return await asyncio.to_thread(self.registry.get_sandbox, sandbox_id, workspace_id)
 
-    async def route(self, sandbox_id: str, workspace_id: str | None, *, wake: bool = True) -> tuple[SandboxRow, Agent]:
+    async def route(
+        self, sandbox_id: str, workspace_id: str | None, *, wake: bool = True, explicit: bool = False
+    ) -> tuple[SandboxRow, Agent]:
         """The sandbox's row and its agent (404 across workspaces; 409 ``lost`` when its agent is gone). With
-        ``wake`` (a request that needs the guest) a hibernated sandbox is woken first, inside its quota."""
-        return await self.fleet.route(sandbox_id, workspace_id, wake=wake)
+        ``wake`` (a request that needs the guest) a hibernated sandbox is woken first, inside its quota — if its
+        ``auto_wake`` allows, or the request is an ``explicit`` resume (409 otherwise)."""
+        return await self.fleet.route(sandbox_id, workspace_id, wake=wake, explicit=explicit)
 
-    async def agent_for(self, sandbox_id: str, workspace_id: str, *, wake: bool = True) -> Agent:
-        return (await self.route(sandbox_id, workspace_id, wake=wake))[1]
+    async def agent_for(
+        self, sandbox_id: str, workspace_id: str, *, wake: bool = True, explicit: bool = False
+    ) -> Agent:
+        return (await self.route(sandbox_id, workspace_id, wake=wake, explicit=explicit))[1]
+
+    async def hibernate(self, sandbox_id: str, workspace_id: str | None, *, quota: bool = True) -> am.SandboxInfo:
+        """Hibernate the sandbox (explicitly, or at its timeout) inside its workspace's ``hibernated`` quota
+        (``quota=False``: putting back one that was hibernated a moment ago)."""
+        row, agent = await self.route(sandbox_id, workspace_id, wake=False)
+        admission = await self.quotas.admit_hibernation(row.workspace_id, sandbox_id) if quota else None
+        try:
+            info = await agent.hibernate(sandbox_id)
+            await self.record_state(sandbox_id, info)
+        finally:
+            if admission is not None:
+                admission.release()
+        return info
+
+    @contextlib.asynccontextmanager
+    async def awake(self, sandbox_id: str, workspace_id: str | None) -> AsyncIterator[tuple[SandboxRow, Agent]]:
+        """The sandbox awake for a snapshot or a fork: a hibernated one is woken (whatever its ``auto_wake``) and
+        hibernated again afterwards, so it stays as its owner left it."""
+        before = await asyncio.to_thread(self.registry.get_sandbox, sandbox_id, workspace_id)
+        row, agent = await self.route(sandbox_id, workspace_id, wake=True, explicit=True)
+        try:
+            yield row, agent
+        finally:
+            if before.status == HIBERNATED:
+                try:
+                    await self.hibernate(sandbox_id, workspace_id, quota=False)
+                except CryoboxError as err:  # it stays awake, its TTL running: nothing is lost
+                    log.warning("sandbox %s could not go back to hibernation: %s", sandbox_id, err.message)
 
     async def _wake(self, row: SandboxRow, agent: Agent) -> SandboxRow:
         """Wake hibernated ``row`` on ``agent`` (the fleet's ``waker``): its vCPUs and memory count again."""
-        with await self.quotas.admit(row.workspace_id, row.cpus, row.memory_mib, sandbox_ids=[row.id], wake=True):
+        with await self.quotas.admit(row.workspace_id, row.cpus, row.memory_mib, sandbox_ids=[row.id]):
             info = await reconcile(agent, row, await agent.wake(row.id))  # a policy changed while it slept
             await self.record_state(row.id, info)
         woken = live_row(row, info)
@@ -180,7 +226,7 @@ class ControlPlane:
             with await self.quotas.admit(
                 request.workspace_id, placement.cpus, placement.memory_mib, sandbox_ids=[sandbox_id]
             ):
-                row = await self.place(placement, spec, timing)
+                row = await self.place(placement, spec, timing, request.on_timeout)
         except (HostUnavailable, WorkspaceQuotaExceeded):
             self.metrics.observe_create("refused", "restore")
             raise
@@ -191,7 +237,11 @@ class ControlPlane:
         return row
 
     async def place(
-        self, placement: PlacementRequest, spec: am.CreateSpec, timing: dict[str, float] | None = None
+        self,
+        placement: PlacementRequest,
+        spec: am.CreateSpec,
+        timing: dict[str, float] | None = None,
+        on_timeout: OnTimeout | None = None,
     ) -> SandboxRow:
         """Reserve an agent, have it restore ``spec``, then commit the row with the reservation."""
         reservation = await self.placement.reserve(placement, spec.sandbox_id)
@@ -205,13 +255,20 @@ class ControlPlane:
             with contextlib.suppress(CryoboxError):
                 await self.placement.release(reservation)
             raise
-        return await self.commit(info, reservation.agent, agent, reservation)
+        return await self.commit(info, reservation.agent, agent, reservation, on_timeout)
 
     async def commit(
-        self, info: am.SandboxInfo, host: str, agent: Agent, reservation: ReservationRow | None = None
+        self,
+        info: am.SandboxInfo,
+        host: str,
+        agent: Agent,
+        reservation: ReservationRow | None = None,
+        on_timeout: OnTimeout | None = None,
     ) -> SandboxRow:
         """Write the row of a sandbox whose agent answered; if that fails the sandbox goes too."""
         row = row_for(info, host)
+        if on_timeout is not None:
+            row = replace(row, on_timeout=on_timeout.action, auto_wake=on_timeout.auto_wake)
         try:
             if reservation is not None:
                 await self.placement.commit(reservation, row)
@@ -293,9 +350,20 @@ class ControlPlane:
         return await (await self.agent_for(sandbox_id, workspace_id, wake=False)).get(sandbox_id)
 
     async def update_lifecycle(
-        self, sandbox_id: str, workspace_id: str, *, ttl_s: int | None | object, persistent: bool | None
+        self,
+        sandbox_id: str,
+        workspace_id: str,
+        *,
+        ttl_s: int | None | object,
+        persistent: bool | None,
+        on_timeout: str | None = None,
+        auto_wake: bool | None = None,
     ) -> am.SandboxInfo:
+        """Change the TTL and/or persistence (on the agent) and the timeout action and/or ``auto_wake`` (on the
+        row); every value is checked before anything changes."""
         agent = await self.agent_for(sandbox_id, workspace_id, wake=False)
+        if on_timeout is not None:
+            OnTimeout(on_timeout)  # 400 for an unknown action, before anything changes
         if ttl_s is not UNSET and ttl_s is not None and not isinstance(ttl_s, int):
             raise InvalidArgument("ttl_seconds must be an integer or null")
         if isinstance(ttl_s, int):
@@ -313,28 +381,12 @@ class ControlPlane:
                 persistent=info.persistent,
                 expires_at=info.expires_at,
                 last_active_at=info.last_active,
+                **({"on_timeout": on_timeout} if on_timeout is not None else {}),
+                **({"auto_wake": auto_wake} if auto_wake is not None else {}),
             )
         )
         return info
 
-    async def reap_expired(self) -> list[str]:
-        """Delete sandboxes their agents say are idle past their TTL (rows first, then VMs)."""
-        expired: list[str] = []
-        for agent_row, agent in await self.fleet.live_agents():
-            try:
-                infos = await agent.list_sandboxes()
-            except CryoboxError as err:
-                log.warning("reaper: listing an agent failed: %s", err.message)
-                continue
-            for info in infos:
-                if not info.expired:
-                    continue
-                try:
-                    await self.delete(info.id, None, host=agent_row.name)  # not a copy left behind by a move
-                    expired.append(info.id)
-                    log.info("sandbox %s expired after %.0fs idle (ttl %ss)", info.id, info.idle_s, info.ttl_s)
-                except NotFound:  # no row (a create being committed) or another host's: not ours to reap here
-                    continue
-                except (CryoboxError, OSError) as err:
-                    log.warning("reaping %s failed: %s", info.id, err)
-        return expired
+    async def reap_expired(self) -> TimeoutReport:
+        """One pass of the timeout actions and the paused retention (:meth:`.timeouts.TimeoutActions.reap`)."""
+        return await self.timeouts.reap()

@@ -21,7 +21,8 @@ import json
 import logging
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 from ...agentapi import Agent
@@ -31,27 +32,37 @@ from ...netpolicy import EgressPolicy
 from ...objstore.client import ObjectStore
 from ...objstore.keys import evidence_key, evidence_prefix, manifest_key, snapshot_prefix
 from ...objstore.manifests import delete_published
-from ...registry import Registry, SnapshotRow
+from ...registry import Registry, SandboxRow, SnapshotRow
 from ..mapping import snapshot_row
 from .fleet import Fleet
 from .quotas import QuotaGuard
 
 log = logging.getLogger(__name__)
 
+Awake = Callable[[str, str | None], AbstractAsyncContextManager[tuple[SandboxRow, Agent]]]
+"""A sandbox (id, workspace) held awake: its row and agent while the ``async with`` lasts."""
 DEFAULT_GRACE_S = 7 * 24 * 3600.0
 DEFAULT_SWEEP_INTERVAL_S = 15 * 60.0
+DEFAULT_PAUSED_RETENTION_S = 30 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
 class RetentionPolicy:
-    """How long orphaned snapshots are kept, and how often the sweep looks for expired ones."""
+    """How long orphaned snapshots are kept, how often the sweep looks for expired ones, and how long a sandbox
+    stays hibernated (paused) before it is deleted (:mod:`.timeouts`)."""
 
     grace_s: float = DEFAULT_GRACE_S
     sweep_interval_s: float = DEFAULT_SWEEP_INTERVAL_S
+    paused_s: float = DEFAULT_PAUSED_RETENTION_S
 
     @classmethod
     def from_env(
-        cls, grace_s: float | None = None, sweep_interval_s: float | None = None, env: dict[str, str] | None = None
+        cls,
+        grace_s: float | None = None,
+        sweep_interval_s: float | None = None,
+        env: dict[str, str] | None = None,
+        *,
+        paused_s: float | None = None,
     ) -> RetentionPolicy:
         environ = os.environ if env is None else env
 
@@ -71,9 +82,12 @@ class RetentionPolicy:
         policy = cls(
             grace_s=pick(grace_s, "CRYOBOX_SNAPSHOT_GRACE_S", DEFAULT_GRACE_S),
             sweep_interval_s=pick(sweep_interval_s, "CRYOBOX_ORPHAN_SWEEP_INTERVAL_S", DEFAULT_SWEEP_INTERVAL_S),
+            paused_s=pick(paused_s, "CRYOBOX_PAUSED_RETENTION_S", DEFAULT_PAUSED_RETENTION_S),
         )
         if policy.sweep_interval_s < 0.1:
             raise InvalidArgument("the orphan sweep interval must be at least 0.1 s")
+        if policy.paused_s < 1:
+            raise InvalidArgument("the paused retention must be at least 1 s")
         return policy
 
 
@@ -107,6 +121,12 @@ class SnapshotControl:
         self._storing: dict[str, asyncio.Task[None]] = {}
         self.quotas: QuotaGuard | None = None
         """The workspace quotas (set by the control plane); ``None``: unlimited."""
+        self.awake: Awake = self._awake
+        """The sandbox held awake for a capture (the control plane's: a hibernated one sleeps again after)."""
+
+    @contextlib.asynccontextmanager
+    async def _awake(self, sandbox_id: str, workspace_id: str | None) -> AsyncIterator[tuple[SandboxRow, Agent]]:
+        yield await self.fleet.route(sandbox_id, workspace_id, wake=True, explicit=True)
 
     def _objects(self) -> ObjectStore:
         if self.objects is None:
@@ -163,10 +183,10 @@ class SnapshotControl:
     ) -> SnapshotRow:
         if self.quotas is not None:
             await self.quotas.admit_snapshot(workspace_id)
-        sandbox, agent = await self.fleet.route(sandbox_id, workspace_id, wake=True)  # a hibernated one wakes first
-        request = am.SnapshotRequest(snapshot_id=new_snapshot_id(), labels=labels, quiesce=quiesce)
-        info = await agent.snapshot(sandbox_id, request)
-        return await self.record(info, workspace_id, retain, labels, sandbox.host, sandbox.egress)
+        async with self.awake(sandbox_id, workspace_id) as (sandbox, agent):  # a hibernated one wakes, then sleeps
+            request = am.SnapshotRequest(snapshot_id=new_snapshot_id(), labels=labels, quiesce=quiesce)
+            info = await agent.snapshot(sandbox_id, request)
+            return await self.record(info, workspace_id, retain, labels, sandbox.host, sandbox.egress)
 
     async def record(
         self,

@@ -65,8 +65,11 @@ async def promote(sandbox_id: str, body: wire.PromoteRequest, ctx: Ctx) -> wire.
 
 
 async def _act(ctx: Ctx, sandbox_id: str, action: str) -> am.SandboxInfo:
-    # resume and wake bring a hibernated sandbox back (inside the workspace's quota); pause and hibernate do not
-    agent = await ctx.control.agent_for(sandbox_id, ctx.workspace_id, wake=action in ("resume", "wake"))
+    if action == "hibernate":  # inside the workspace's quota of hibernated sandboxes
+        return await ctx.control.hibernate(sandbox_id, ctx.workspace_id)
+    # resume and wake bring a hibernated sandbox back (inside the workspace's quota), whatever its auto_wake
+    wake = action in ("resume", "wake")
+    agent = await ctx.control.agent_for(sandbox_id, ctx.workspace_id, wake=wake, explicit=wake)
     info: am.SandboxInfo = await getattr(agent, action)(sandbox_id)
     await ctx.control.record_state(sandbox_id, info)
     return info
@@ -88,7 +91,9 @@ async def resume(sandbox_id: str, ctx: Ctx) -> Response:
 
 @router.post("/{sandbox_id}/hibernate", response_model=wire.StatusResponse)
 async def hibernate(sandbox_id: str, ctx: Ctx) -> wire.StatusResponse:
-    """Capture to disk and stop QEMU; any later request to the sandbox wakes it."""
+    """Capture to disk and stop QEMU; any later request to the sandbox wakes it (unless its ``auto_wake`` is
+    false: then only ``resume``/``wake`` do). Kept for the server's paused retention; 429 past the workspace's
+    ``hibernated`` quota."""
     return wire.StatusResponse(status=(await _act(ctx, sandbox_id, "hibernate")).state)
 
 

@@ -14,8 +14,10 @@ from fastapi.responses import StreamingResponse
 from ... import models
 from ...agentapi import models as am
 from ...errors import CryoboxError, SandboxTimeout
+from ...registry import HIBERNATED
 from ...util.times import rfc3339
 from ..control.sandboxes import INHERIT, UNSET, CreateRequest
+from ..control.timeouts import OnTimeout
 from ..execlog import ExecRecord
 from ..mapping import sandbox_view
 from .deps import Ctx
@@ -47,6 +49,7 @@ async def create_sandbox(
             persistent=body.persistent,
             from_snapshot=body.from_snapshot,
             egress=egress,
+            on_timeout=OnTimeout(body.on_timeout, body.auto_wake),
         ),
         timing,
     )
@@ -84,25 +87,40 @@ async def inspect_net(sandbox_id: str, ctx: Ctx) -> dict[str, Any]:
     return net.model_dump(mode="json")
 
 
-def _lifecycle(info: am.SandboxInfo) -> models.Lifecycle:
+async def _lifecycle(ctx: Ctx, info: am.SandboxInfo) -> models.Lifecycle:
+    row = await ctx.control.row(info.id, ctx.workspace_id)
+    hibernated_at = row.hibernated_at if info.state == HIBERNATED else None
+    retained = hibernated_at + ctx.control.timeouts.retention_s if hibernated_at is not None else None
     return models.Lifecycle(
         ttl_seconds=info.ttl_s,
         persistent=info.persistent,
         idle_seconds=info.idle_s,
         expires_at=rfc3339(info.expires_at) if info.expires_at is not None else None,
+        on_timeout=row.on_timeout,  # type: ignore[arg-type]  # checked when written
+        auto_wake=row.auto_wake,
+        hibernated_at=rfc3339(hibernated_at) if hibernated_at is not None else None,
+        retained_until=rfc3339(retained) if retained is not None else None,
     )
 
 
 @router.get("/{sandbox_id}/lifecycle", response_model=models.Lifecycle)
 async def get_lifecycle(sandbox_id: str, ctx: Ctx) -> models.Lifecycle:
-    return _lifecycle(await ctx.control.lifecycle(sandbox_id, ctx.workspace_id))
+    """The TTL clock, the timeout action, whether requests wake it, and (hibernated) until when it is kept."""
+    return await _lifecycle(ctx, await ctx.control.lifecycle(sandbox_id, ctx.workspace_id))
 
 
 @router.patch("/{sandbox_id}/lifecycle", response_model=models.Lifecycle)
 async def patch_lifecycle(sandbox_id: str, body: models.LifecyclePatch, ctx: Ctx) -> models.Lifecycle:
     ttl = body.ttl_seconds if "ttl_seconds" in body.model_fields_set else UNSET
-    info = await ctx.control.update_lifecycle(sandbox_id, ctx.workspace_id, ttl_s=ttl, persistent=body.persistent)
-    return _lifecycle(info)
+    info = await ctx.control.update_lifecycle(
+        sandbox_id,
+        ctx.workspace_id,
+        ttl_s=ttl,
+        persistent=body.persistent,
+        on_timeout=body.on_timeout,
+        auto_wake=body.auto_wake,
+    )
+    return await _lifecycle(ctx, info)
 
 
 def exec_spec(body: models.ExecRequest) -> am.ExecRequest:

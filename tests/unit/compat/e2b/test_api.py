@@ -169,12 +169,12 @@ async def test_the_traffic_token_opens_guest_ports_but_never_envd(env: Env) -> N
 
 
 async def test_create_fields_cryobox_does_not_enforce_are_refused_naming_them_and_create_nothing(env: Env) -> None:
-    """E2B's ``network`` request rules, ``autoPause``, ``autoResume``, MCP, IAM, volume mounts and ``secure: false``
-    would be silently dropped (unrestricted egress, deletion at the timeout); they are 400s naming the field, and
-    no sandbox exists afterwards. Values that ask for nothing pass."""
+    """E2B's ``network`` request rules, a filesystem-only pause, ``autoResume`` without ``autoPause``, MCP, IAM,
+    volume mounts and ``secure: false`` would be silently dropped (unrestricted egress, a different resume); they
+    are 400s naming the field, and no sandbox exists afterwards. Values that ask for nothing pass."""
     refused = {
         "network": {"allowOut": ["example.org"], "rules": {"example.org": [{}]}},
-        "autoPause": True,
+        "autoPauseMemory": False,
         "autoResume": {"enabled": True},
         "mcp": {"github": {"token": "x"}},
         "iam": {"aws": {"role": "r"}},
@@ -183,7 +183,8 @@ async def test_create_fields_cryobox_does_not_enforce_are_refused_naming_them_an
         "frobnicate": 1,
     }
     for field, value in refused.items():
-        response = await create(env, **{field: value, "allow_internet_access": True})
+        pause = {"autoPause": True} if field == "autoPauseMemory" else {}
+        response = await create(env, **{field: value, "allow_internet_access": True, **pause})
         assert response.status_code == 400, (field, response.text)
         assert field in response.json()["message"], response.json()
     listed = await env.client.get("/e2b/v2/sandboxes", headers=e2b(env))

@@ -366,7 +366,7 @@ async def test_the_reaper_deletes_what_the_agent_says_expired_and_keeps_busy_san
     await c.agents["a"].create(am.CreateSpec(sandbox_id="sb-norow", template="base", workspace_id=c.ws))
     store_a["sb-norow"] = store_a["sb-norow"].model_copy(update={"expired": True})
 
-    assert await c.control.reap_expired() == [idle.id]
+    assert (await c.control.reap_expired()).killed == [idle.id]
 
     with pytest.raises(NotFound):
         c.registry.get_sandbox(idle.id)
@@ -374,7 +374,7 @@ async def test_the_reaper_deletes_what_the_agent_says_expired_and_keeps_busy_san
     assert {r.id for r in c.rows()} == {busy.id, fresh.id, other.id}
     assert busy.id in c.held("b") and fresh.id in c.held(fresh.host) and other.id in c.held(other.host)
     assert "sb-norow" in c.held("a")
-    assert await c.control.reap_expired() == []
+    assert (await c.control.reap_expired()).killed == []
 
 
 # -- forks -------------------------------------------------------------------------------------------------------

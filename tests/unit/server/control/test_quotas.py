@@ -120,7 +120,14 @@ async def test_a_wake_needs_room_for_the_vcpus_and_memory_again(env: Env) -> Non
     assert hibernated.json() == {"status": "hibernated"}
     third = await env.made()  # the hibernated one holds no vCPUs: room for another
     quota = (await env.client.get("/v1/quota")).json()
-    assert quota["usage"] == {"sandboxes": 3, "vcpus": 2, "memory_mib": 1024, "snapshot_bytes": 0, "templates": 0}
+    assert quota["usage"] == {
+        "sandboxes": 2,
+        "vcpus": 2,
+        "memory_mib": 1024,
+        "snapshot_bytes": 0,
+        "templates": 0,
+        "hibernated": 1,
+    }
     refused(await env.client.post(f"/v1/sandboxes/{sleeper}/wake"), "vcpus", 2, 2, 1)
     exec_ = await env.client.post(f"/v1/sandboxes/{sleeper}/exec", json={"cmd": "echo hi"})  # any request wakes it
     refused(exec_, "vcpus", 2, 2, 1)
@@ -219,8 +226,17 @@ async def test_get_quota_shows_limits_and_usage_and_overrides_change_them(env: E
         "templates": 20,
         "default_ttl_s": 300,
         "max_ttl_s": 30 * 24 * 3600,
+        "hibernated": 100,
+        "paused_retention_s": 30 * 24 * 3600.0,
     }
-    assert body["usage"] == {"sandboxes": 1, "vcpus": 1, "memory_mib": 512, "snapshot_bytes": 0, "templates": 0}
+    assert body["usage"] == {
+        "sandboxes": 1,
+        "vcpus": 1,
+        "memory_mib": 512,
+        "snapshot_bytes": 0,
+        "templates": 0,
+        "hibernated": 0,
+    }
     env.records.set(env.ws, sandboxes=1, vcpus=8)
     body = (await env.client.get("/v1/quota")).json()
     assert (body["limits"]["sandboxes"], body["limits"]["vcpus"]) == (1, 8)

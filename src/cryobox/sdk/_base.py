@@ -118,6 +118,13 @@ class Lifecycle:
     persistent: bool
     idle_seconds: float
     expires_at: str | None
+    on_timeout: str = "kill"
+    """What the TTL's expiry does: ``kill`` or ``hibernate``."""
+    auto_wake: bool = True
+    """Whether any request wakes it when hibernated (else only ``resume()``)."""
+    hibernated_at: str | None = None
+    retained_until: str | None = None
+    """When a hibernated sandbox is deleted (the server's paused retention) unless resumed before."""
 
 
 # --- capacity retry --------------------------------------------------------------------------------------------
@@ -268,6 +275,10 @@ def parse_exec(response: httpx.Response, *, cmd: str, check: bool) -> ExecResult
     return result
 
 
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
 def parse_lifecycle(response: httpx.Response) -> Lifecycle:
     body = _json_object(response)
     try:
@@ -280,6 +291,10 @@ def parse_lifecycle(response: httpx.Response) -> Lifecycle:
             persistent=bool(body.get("persistent", False)),
             idle_seconds=float(body.get("idle_seconds") or 0.0),
             expires_at=None if expires_at is None else str(expires_at),
+            on_timeout=str(body.get("on_timeout") or "kill"),
+            auto_wake=bool(body.get("auto_wake", True)),
+            hibernated_at=_opt_str(body.get("hibernated_at")),
+            retained_until=_opt_str(body.get("retained_until")),
         )
     except (TypeError, ValueError) as err:
         raise _unexpected(response, err) from err

@@ -57,6 +57,8 @@ def create_request(
     env: Mapping[str, str] | None,
     network: Mapping[str, Any] | None,
     from_snapshot: str | None,
+    on_timeout: str | None = None,
+    auto_wake: bool | None = None,
 ) -> ApiRequest:
     """``network`` is the field as sent, already validated (``_network.create_body``)."""
     body: dict[str, Any] = {
@@ -71,6 +73,10 @@ def create_request(
         body["from_snapshot"] = from_snapshot
     if network is not None:
         body["network"] = dict(network)
+    if on_timeout is not None:
+        body["on_timeout"] = on_timeout
+    if auto_wake is not None:
+        body["auto_wake"] = auto_wake
     return ApiRequest("POST", "/v1/sandboxes", json=body, retry_capacity=True)
 
 
@@ -101,13 +107,22 @@ def lifecycle_request(sandbox_id: str) -> ApiRequest:
 
 
 def update_lifecycle_request(
-    sandbox_id: str, *, ttl_seconds: int | None = None, persistent: bool | None = None
+    sandbox_id: str,
+    *,
+    ttl_seconds: int | None = None,
+    persistent: bool | None = None,
+    on_timeout: str | None = None,
+    auto_wake: bool | None = None,
 ) -> ApiRequest:
     body: dict[str, Any] = {}
     if ttl_seconds is not None:
         body["ttl_seconds"] = ttl_seconds
     if persistent is not None:
         body["persistent"] = persistent
+    if on_timeout is not None:
+        body["on_timeout"] = on_timeout
+    if auto_wake is not None:
+        body["auto_wake"] = auto_wake
     return ApiRequest("PATCH", _sandbox_path(sandbox_id, "/lifecycle"), json=body)
 
 

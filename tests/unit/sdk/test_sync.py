@@ -450,6 +450,8 @@ def test_create_posts_body_and_returns_sandbox(make_http: MakeHttp) -> None:
         env={"A": "1"},
         network={"egress": "allow", "allow": ["10.0.0.0/8"]},
         from_snapshot="snap_1",
+        on_timeout="hibernate",
+        auto_wake=False,
         http=http,
     )
     assert isinstance(sbx.info, models.Sandbox)
@@ -465,6 +467,8 @@ def test_create_posts_body_and_returns_sandbox(make_http: MakeHttp) -> None:
         "env": {"A": "1"},
         "network": {"egress": "allow", "allow": ["10.0.0.0/8"]},
         "from_snapshot": "snap_1",
+        "on_timeout": "hibernate",
+        "auto_wake": False,
     }
 
 
@@ -557,6 +561,15 @@ def test_set_ttl_and_persistent_patch(make_sandbox: MakeSandbox) -> None:
     assert [json.loads(r.content) for r in rec.requests] == [{"ttl_seconds": 600}, {"persistent": True}]
     assert sbx.info.persistent is True
     assert sbx.info.expires_at == "2024-05-01T13:10:00Z"
+
+
+def test_set_timeout_action_patches_the_action_and_auto_wake(make_sandbox: MakeSandbox) -> None:
+    answer = {**LIFECYCLE, "on_timeout": "hibernate", "auto_wake": False}
+    sbx, rec = make_sandbox(lambda request: httpx.Response(200, json=answer))
+    lifecycle = sbx.set_timeout_action("hibernate", auto_wake=False)
+    assert (lifecycle.on_timeout, lifecycle.auto_wake, lifecycle.retained_until) == ("hibernate", False, None)
+    assert json.loads(rec.requests[0].content) == {"on_timeout": "hibernate", "auto_wake": False}
+    assert (sbx.info.on_timeout, sbx.info.auto_wake) == ("hibernate", False)
 
 
 def test_malformed_lifecycle_is_cryobox_error(make_sandbox: MakeSandbox) -> None:

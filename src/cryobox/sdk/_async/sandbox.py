@@ -25,6 +25,7 @@ import httpx
 
 from ... import models
 from ...errors import CryoboxError, NotFound
+from ...models import OnTimeoutAction
 from .. import _base, _network, _requests, _snapshots, _sse
 from .._base import DEFAULT_RETRY, ClientConfig, ExecResult, Lifecycle, RetryPolicy, SharedClient, StreamEvent
 from .._network import CreateNetwork
@@ -98,6 +99,8 @@ class AsyncSandbox(PortUrls, AsyncCodeInterpreter, AsyncNetworkControl):
         env: Mapping[str, str] | None = None,
         network: CreateNetwork | None = None,
         from_snapshot: str | None = None,
+        on_timeout: OnTimeoutAction | None = None,
+        auto_wake: bool | None = None,
         api_url: str | None = None,
         api_key: str | None = None,
         timeout_s: float = 300.0,
@@ -111,6 +114,9 @@ class AsyncSandbox(PortUrls, AsyncCodeInterpreter, AsyncNetworkControl):
         client to use (custom transport, tests); the returned sandbox takes ownership of it. ``network`` is the
         sandbox's network policy (a ``NetworkPolicy`` or a mapping of its fields, see ``set_network``; the older
         ``{"egress": "allow"|"deny", "allow": [cidrs]}`` is still accepted); none: the server's default.
+        ``on_timeout``: what the TTL's expiry does — ``"kill"`` (the default) or ``"hibernate"`` (kept, paused,
+        until resumed or the server's paused retention passes); ``auto_wake``: whether any request wakes it when
+        hibernated (default ``True``; ``False``: only ``resume()``).
 
         :raises HostUnavailable: no capacity within the retry budget (``retry_after_s`` says when to try again).
         :raises QuotaExceeded: rate limited beyond the retry budget.
@@ -125,6 +131,8 @@ class AsyncSandbox(PortUrls, AsyncCodeInterpreter, AsyncNetworkControl):
             env=env,
             network=None if network is None else _network.create_body(network),
             from_snapshot=from_snapshot,
+            on_timeout=on_timeout,
+            auto_wake=auto_wake,
         )
         return await cls._attach(ClientConfig.resolve(api_url, api_key, timeout_s), http, request, retry)
 
@@ -208,13 +216,27 @@ class AsyncSandbox(PortUrls, AsyncCodeInterpreter, AsyncNetworkControl):
         return await self._update_lifecycle(_requests.update_lifecycle_request(self.id, ttl_seconds=seconds))
 
     async def set_persistent(self, persistent: bool) -> Lifecycle:
-        """A persistent sandbox is hibernated instead of deleted when it expires."""
+        """A persistent sandbox never expires."""
         return await self._update_lifecycle(_requests.update_lifecycle_request(self.id, persistent=persistent))
+
+    async def set_timeout_action(self, on_timeout: OnTimeoutAction, *, auto_wake: bool | None = None) -> Lifecycle:
+        """What the TTL's expiry does (``"kill"`` or ``"hibernate"``) and, if given, whether requests wake it
+        when hibernated.
+
+        :raises InvalidArgument: an unknown action.
+        """
+        request = _requests.update_lifecycle_request(self.id, on_timeout=on_timeout, auto_wake=auto_wake)
+        return await self._update_lifecycle(request)
 
     async def _update_lifecycle(self, request: _requests.ApiRequest) -> Lifecycle:
         lifecycle = _base.parse_lifecycle(await self._send(request))
         self.info = self.info.model_copy(
-            update={"persistent": lifecycle.persistent, "expires_at": lifecycle.expires_at}
+            update={
+                "persistent": lifecycle.persistent,
+                "expires_at": lifecycle.expires_at,
+                "on_timeout": lifecycle.on_timeout,
+                "auto_wake": lifecycle.auto_wake,
+            }
         )
         return lifecycle
 

@@ -333,18 +333,26 @@ class ControlPlane:
             log.warning("sandbox %s deleted while its agent is unreachable: %s", sandbox_id, err.message)
 
     async def record_state(self, sandbox_id: str, info: am.SandboxInfo) -> None:
-        with contextlib.suppress(NotFound):
-            await asyncio.to_thread(
-                lambda: self.registry.update_sandbox(
-                    sandbox_id,
-                    status=info.state,
-                    vm_id=info.vm_id,
-                    guest_ip=info.guest_ip,
-                    hibernation=HIBERNATION_LOCAL if info.state == "hibernated" else None,
-                    hibernation_generation=None,
-                    hibernation_manifest_sha256=None,
-                )
+        """Write the state an agent reported; a sandbox that became hibernated is stamped ``hibernated_at`` on the
+        control plane's clock (what the paused retention counts from; staying hibernated keeps the stamp)."""
+
+        def write() -> None:
+            since: dict[str, float] = {}
+            if info.state == HIBERNATED and self.registry.get_sandbox(sandbox_id).status != HIBERNATED:
+                since["hibernated_at"] = self.fleet.clock()
+            self.registry.update_sandbox(
+                sandbox_id,
+                status=info.state,
+                vm_id=info.vm_id,
+                guest_ip=info.guest_ip,
+                hibernation=HIBERNATION_LOCAL if info.state == HIBERNATED else None,
+                hibernation_generation=None,
+                hibernation_manifest_sha256=None,
+                **since,
             )
+
+        with contextlib.suppress(NotFound):
+            await asyncio.to_thread(write)
 
     async def lifecycle(self, sandbox_id: str, workspace_id: str) -> am.SandboxInfo:
         return await (await self.agent_for(sandbox_id, workspace_id, wake=False)).get(sandbox_id)

@@ -146,6 +146,16 @@ async def test_a_request_in_flight_keeps_the_sandbox_from_expiring(rig: Rig) -> 
     assert sandbox.in_flight == 0
 
 
+async def test_a_hibernated_sandboxs_ttl_does_not_run_and_a_wake_restarts_it(rig: Rig) -> None:
+    sandbox = await rig.service.create("base", sandbox_id="sb-1", ttl_s=10)
+    rig.clock.now = 2000.0
+    await rig.service.hibernate("sb-1")
+    assert sandbox.expires_at is None and not sandbox.expired(10**9)  # the paused retention bounds it instead
+    rig.clock.now = 9000.0
+    await rig.service.resume("sb-1")
+    assert sandbox.expires_at == 9010.0 and not sandbox.expired(9009.0) and sandbox.expired(9010.0)
+
+
 async def test_hibernate_records_before_killing_and_any_request_wakes_it(rig: Rig) -> None:
     await rig.service.create("base", sandbox_id="sb-1", egress=EgressPolicy(allow=["10.0.0.0/8"]))
     first = rig.vm("sb-1")

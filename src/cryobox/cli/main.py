@@ -18,6 +18,7 @@ from .fleet_cmds import control as control_cmd
 from .gc_cmd import gc
 from .inspect_cmds import inspect_app
 from .keys_cmds import keys_app
+from .lifecycle_cmds import lifecycle as sandbox_lifecycle
 from .mcp_cmd import mcp
 from .network_cmds import egress as sandbox_egress
 from .network_cmds import network as sandbox_network
@@ -33,6 +34,7 @@ app.add_typer(image_app, name="image")
 app.add_typer(sandbox_app, name="sandbox")
 sandbox_app.command("network")(sandbox_network)
 sandbox_app.command("egress")(sandbox_egress)
+sandbox_app.command("lifecycle")(sandbox_lifecycle)
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(template_app, name="template")
 template_app.command("create")(template_create)

@@ -30,6 +30,7 @@ from ._common import (
     sandbox_table,
     snapshot_json,
 )
+from .lifecycle_cmds import AutoWakeOpt, OnTimeoutOpt
 from .network_cmds import AllowOpt, DefaultOpt, DenyOpt, MaskOpt, PortOpt, PublicOpt, policy_from_options
 
 sandbox_app = typer.Typer(help="Create, inspect, use and delete sandboxes.", no_args_is_help=True)
@@ -45,6 +46,8 @@ def create(
         str | None, typer.Option("--from-snapshot", help="restore this snapshot instead of the template")
     ] = None,
     ttl: Annotated[int | None, typer.Option("--ttl", help="idle TTL in seconds")] = None,
+    on_timeout: OnTimeoutOpt = None,
+    auto_wake: AutoWakeOpt = None,
     metadata: Metadata = None,
     default: DefaultOpt = None,
     allow: AllowOpt = None,
@@ -68,6 +71,8 @@ def create(
                 template=template,
                 from_snapshot=from_snapshot,
                 ttl_seconds=ttl,
+                on_timeout=on_timeout.value if on_timeout is not None else None,
+                auto_wake=auto_wake,
                 metadata=parse_pairs(metadata),
                 network=policy_from_options(default, allow, deny, port, public_traffic, mask_host),
                 api_url=api_url,

@@ -6,6 +6,7 @@ import { TerminalPanel } from "../terminal.js";
 import { FilesPanel } from "../files.js";
 import { ExecPanel } from "../execs.js";
 import { NetworkPanel } from "../network.js";
+import { timeoutText } from "../lifecycle.js";
 
 const ACTIONS = [
   // [testid, label, confirmation, run(api, id, answer) -> result node or text]
@@ -14,7 +15,7 @@ const ACTIONS = [
   ["fork-tree", "Fork tree", "Fork a tree: children restored from one snapshot of memory and disk.", forkTree],
   ["pause", "Pause", "Pause this sandbox (its vCPUs freeze in place)?", simple("/pause")],
   ["resume", "Resume", "Resume this sandbox?", simple("/resume")],
-  ["hibernate", "Hibernate", "Hibernate this sandbox (snapshot to disk and stop; any request wakes it)?", simple("/hibernate")],
+  ["hibernate", "Hibernate", "Hibernate this sandbox (snapshot to disk and stop; Wake, or any request if it auto-wakes, brings it back)?", simple("/hibernate")],
   ["wake", "Wake", "Wake this sandbox?", simple("/wake")],
   ["kill", "Kill", "Kill this sandbox? Its non-retained snapshots are deleted with it.", kill],
 ];
@@ -57,7 +58,7 @@ async function kill(app, id) {
 
 function facts(s) {
   return table(
-    ["id", "state", "template", "host", "cpu", "memory", "created", "expires", "from snapshot", "boot"],
+    ["id", "state", "template", "host", "cpu", "memory", "created", "expires", "at timeout", "from snapshot", "boot"],
     [
       [
         s.id,
@@ -68,6 +69,7 @@ function facts(s) {
         `${s.memory_mb} MiB`,
         fmtTime(s.created_at),
         s.persistent ? "persistent" : fmtTime(s.expires_at),
+        h("span", { testid: "detail-on-timeout" }, timeoutText(s)),
         s.from_snapshot ? link(s.from_snapshot, "snapshots", s.from_snapshot) : "–",
         `${s.boot_mode || "–"} ${s.boot_ms !== undefined && s.boot_ms !== null ? `${Math.round(s.boot_ms)} ms` : ""}`,
       ],

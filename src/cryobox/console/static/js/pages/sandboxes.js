@@ -46,6 +46,12 @@ export function sandboxesPage(app, root) {
 
   const templateSelect = h("select", { testid: "create-template" });
   const ttl = h("input", { type: "number", min: 1, value: 600, testid: "create-ttl", class: "narrow" });
+  const onTimeout = h(
+    "select",
+    { testid: "create-on-timeout" },
+    h("option", { value: "kill" }, "kill"),
+    h("option", { value: "hibernate" }, "hibernate"),
+  );
   const metadata = h("input", { testid: "create-metadata", placeholder: "metadata: key=value, …" });
   const createButton = h("button", { type: "submit", class: "primary", testid: "create-sandbox" }, "Create sandbox");
   const createForm = h(
@@ -54,6 +60,7 @@ export function sandboxesPage(app, root) {
     h("strong", null, "New sandbox"),
     h("label", null, "template ", templateSelect),
     h("label", null, "TTL (s) ", ttl),
+    h("label", null, "at timeout ", onTimeout),
     metadata,
     createButton,
   );
@@ -114,6 +121,7 @@ export function sandboxesPage(app, root) {
       async () => {
         const body = { template: templateSelect.value, metadata: parsePairs(metadata.value) };
         if (ttl.value) body.ttl_seconds = Number(ttl.value);
+        if (onTimeout.value !== "kill") body.on_timeout = onTimeout.value;
         const sbx = await app.api.post("/v1/sandboxes", body);
         toast(`created ${sbx.id}`);
         app.go(`#/sandboxes/${encodeURIComponent(sbx.id)}`);

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from tests.support.paths import APPS
+from tests.support.paths import APPS, REPO
 
 APP = APPS / "e2b_app.py"
 
@@ -33,5 +33,18 @@ def run_app(python: Path, url: str, api_key: str, home: Path, *args: str) -> dic
     assert done.stdout.strip(), f"the app printed no report (rc {done.returncode}): {done.stderr[-4000:]}"
     report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     errors = {k: v["error"] for k, v in report.items() if isinstance(v, dict) and "error" in v and k != "after_kill"}
+    assert not errors, json.dumps({k: report[k] for k in errors}, indent=1)
+    return report
+
+
+def run_app_module(python: Path, url: str, api_key: str, home: Path, module: str) -> dict[str, Any]:
+    """Run an E2B application that shares ``e2b_app``'s steps (``python -m tests.integration.apps.<module>``, from
+    the repository's root) like :func:`run_app`; its report, every step checked to have run without an exception."""
+    env = {**e2b_env(url, api_key, home), "PYTHONPATH": str(REPO)}
+    argv = [str(python), "-m", f"tests.integration.apps.{module}"]
+    done = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert done.stdout.strip(), f"the app printed no report (rc {done.returncode}): {done.stderr[-4000:]}"
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    errors = {k: v["error"] for k, v in report.items() if isinstance(v, dict) and "error" in v}
     assert not errors, json.dumps({k: report[k] for k in errors}, indent=1)
     return report

@@ -1,6 +1,7 @@
 """Restarting ``cryobox serve`` loses no sandbox: after a SIGKILL (what the OOM killer does) and after a SIGTERM
-(an upgrade), running, paused and hibernated sandboxes come back with their processes and memory; a SIGTERM
-exits within seconds; ``--on-stop kill`` leaves nothing behind."""
+(an upgrade), running, paused and hibernated sandboxes (one hibernated by its timeout, ``on_timeout:
+hibernate``, waking only when resumed) come back with their processes and memory; a SIGTERM exits within seconds;
+``--on-stop kill`` leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,11 +58,16 @@ def test_sandboxes_survive_sigkill_and_sigterm(
         first = serve(KEEP)
         client = Client(first.url, first.api_key)
         policy = {"allow": ["example.org"]}
-        running, hibernated, paused = (client.create(network=policy)["id"] for _ in range(3))
+        running, paused = (client.create(network=policy)["id"] for _ in range(2))
+        timeout: dict[str, Any] = {"ttl_seconds": 3, "on_timeout": "hibernate", "auto_wake": False}  # as agents ask
+        hibernated = client.create(network=policy, **timeout)["id"]
         assert reached(client, running) == {"example.org"}
         for sandbox_id in (running, hibernated, paused):  # a process and a file in guest RAM (tmpfs /run)
             client.sh(sandbox_id, f"echo {sandbox_id} > /run/mark; (sleep 100000 &) ; pgrep -n sleep > /root/pid")
-        client.call("POST", f"/v1/sandboxes/{hibernated}/hibernate")
+        deadline = time.monotonic() + 120
+        while _states(client)[hibernated] != "hibernated":  # its TTL's expiry hibernates it (reaper: every 5 s)
+            assert time.monotonic() < deadline, "not hibernated at its timeout"
+            time.sleep(0.5)
         client.call("POST", f"/v1/sandboxes/{paused}/pause", 204)
         snap = client.snapshot(running, retain=True)
         before = set(find_own_qemus(run_dir))
@@ -76,7 +83,11 @@ def test_sandboxes_survive_sigkill_and_sigterm(
         assert reached(client, running) == {"example.org"}  # its policy served again by the new agent
         client.call("POST", f"/v1/sandboxes/{paused}/resume", 204)
         assert client.sh(paused, check) == f"{paused}\nalive\n"
-        assert client.sh(hibernated, check) == f"{hibernated}\nalive\n"  # woken by the exec
+        refused = client.http.post(f"/v1/sandboxes/{hibernated}/exec", json={"cmd": "true"})
+        assert refused.status_code == 409 and _states(client)[hibernated] == "hibernated", refused.text  # no auto-wake
+        client.call("PATCH", f"/v1/sandboxes/{hibernated}/lifecycle", json={"ttl_seconds": 3600})
+        client.call("POST", f"/v1/sandboxes/{hibernated}/wake")
+        assert client.sh(hibernated, check) == f"{hibernated}\nalive\n"
         client.snapshot(hibernated)  # a woken sandbox snapshots (it used to answer 500: no mapping of its memory)
         restored = client.create(from_snapshot=snap["id"])["id"]
         assert client.sh(restored, "cat /run/mark") == f"{running}\n"

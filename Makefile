@@ -64,6 +64,7 @@ bench: setup qemu10
 	$(CRYOBOX) bench fleet --n 48 --agents 3 --json --plot bench/results/fleet.png $(ARGS)
 	$(CRYOBOX) bench restart --json $(ARGS)
 	$(CRYOBOX) bench code --json $(ARGS)
+	$(CRYOBOX) bench resume --json $(ARGS)
 
 ENVD_DIR := src/cryobox/compat/e2b/envd
 ENVD_PROTOS := process/process.proto filesystem/filesystem.proto

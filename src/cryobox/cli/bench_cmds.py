@@ -109,6 +109,21 @@ def bench_code(
     _print_result(result, as_json)
 
 
+@bench_app.command("resume")
+def bench_resume(
+    n: Annotated[int, typer.Option("--n", min=1, help="hibernate/resume rounds")] = 20,
+    as_json: AsJson = False,
+    out_dir: OutDir = RESULTS_DIR,
+    cache_dir: CacheDir = None,
+) -> None:
+    """A paused (hibernated) sandbox's first command: explicit resume + command, auto-wake command, running."""
+    from ..bench.resume import run_resume_bench
+
+    with open_reporter(console, as_json=as_json) as progress:
+        result = run_resume_bench(n=n, out_dir=out_dir, cache_dir=cache_dir, console=console, progress=progress)
+    _print_result(result, as_json)
+
+
 @bench_app.command("net")
 def bench_net(
     n: Annotated[int, typer.Option("--n", help="creates per snapshot age for the clock error")] = 5,

@@ -49,7 +49,7 @@ def refused(fn: Callable[[], Any]) -> dict[str, Any]:
     try:
         fn()
     except Exception as err:
-        return {"refused": True, "error": f"{type(err).__name__}: {err}"[:300]}
+        return {"refused": True, "message": f"{type(err).__name__}: {err}"[:300]}
     return {"refused": False}
 
 

@@ -18,7 +18,7 @@ def test_e2b_sandboxes_pause_at_their_timeout_and_resume(e2b_python: Path, serve
     assert report["lifecycle_info"] == {"on_timeout": "pause", "auto_resume": False}, report["lifecycle_info"]
     assert report["killed_state"].startswith("gone"), report["killed_state"]
     refusal = report["no_auto_resume"]
-    assert refusal["refused"] is True and "hibernated" in refusal["error"], refusal
+    assert refusal["refused"] is True and "does not wake on requests" in refusal["message"], refusal
     assert report["still_paused"] == "paused"
     connect = report["connect"]
     assert connect["out"] == "kept\nalive\n" and connect["state"] == "running", connect

@@ -48,6 +48,11 @@ def _checked(sbx: Sandbox) -> None:
         raise BenchError(f"the sandbox came back without its memory: {result.stdout!r} {result.stderr!r}")
 
 
+def _resume_and_check(sbx: Sandbox) -> None:
+    sbx.wake()
+    _checked(sbx)
+
+
 def _timed_ms(fn: Any) -> float:
     started = time.monotonic()
     fn()
@@ -65,7 +70,7 @@ def measure(url: str, key: str, n: int, console: Console, progress: Reporter) ->
             for round_ in range(n):
                 explicit.hibernate()
                 auto.hibernate()
-                samples["resume"].append(_timed_ms(lambda: (explicit.wake(), _checked(explicit))))
+                samples["resume"].append(_timed_ms(lambda: _resume_and_check(explicit)))
                 samples["auto"].append(_timed_ms(lambda: _checked(auto)))
                 samples["running"].append(_timed_ms(lambda: _checked(auto)))
                 console.print(

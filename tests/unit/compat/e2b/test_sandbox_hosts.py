@@ -168,10 +168,11 @@ async def test_envd_is_behind_the_access_token_only(hosted: Env) -> None:
     public = await create(hosted)
     private = await create(hosted, network={"allowPublicTraffic": False})
     sid = public["sandboxID"]
-    health = await hosted.client.get(
-        "/health", headers={**host(49983, sid), "X-Access-Token": public["envdAccessToken"]}
-    )
+    envd = {**host(49983, sid), "X-Access-Token": public["envdAccessToken"]}
+    health = await hosted.client.get("/health", headers=envd)
     assert health.status_code == 204, health.text
+    mounted = await hosted.client.get("/e2b/sandbox/health", headers=envd)  # the path is the guest's, as sent
+    assert mounted.status_code == 404, mounted.text
     for token in ("", "wrong", private["envdAccessToken"]):
         refused = await hosted.client.get("/health", headers={**host(49983, sid), "X-Access-Token": token})
         assert refused.status_code == 401 and refused.json()["code"] == "unauthenticated", refused.text

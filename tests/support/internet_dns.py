@@ -33,7 +33,8 @@ class Records:
 class Zone:
     """Names and their A/AAAA answers, and every name asked (thread-safe: the servers answer on their own
     threads while a test adds names or reads the log). Unknown names are NXDOMAIN; a known name without
-    records of the asked type answers NOERROR with no records."""
+    records of the asked type answers NOERROR with no records. A name ``*.example.test`` answers for every name
+    below ``example.test`` that has no answers of its own (DNS's wildcard)."""
 
     def __init__(self, ttl: int) -> None:
         self.ttl = ttl
@@ -56,7 +57,16 @@ class Zone:
 
     def lookup(self, name: str) -> Records | None:
         with self._lock:
-            return self._names.get(normal(name))
+            return self._find(normal(name))
+
+    def _find(self, name: str) -> Records | None:
+        """``name``'s answers, or its closest wildcard's (the lock held)."""
+        found = self._names.get(name)
+        parent = name
+        while found is None and "." in parent:
+            parent = parent.partition(".")[2]
+            found = self._names.get(f"*.{parent}")
+        return found
 
     def names(self) -> list[str]:
         with self._lock:
@@ -89,7 +99,7 @@ class Zone:
             name = normal(question.name.to_text())
             with self._lock:
                 self._queries.append(name)
-                records = self._names.get(name)
+                records = self._find(name)
             if records is None:
                 response.set_rcode(dns.rcode.NXDOMAIN)
                 continue

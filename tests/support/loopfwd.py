@@ -2,7 +2,8 @@
 in flight with ``ERR_NETWORK_CHANGED`` whenever an interface of its namespace comes or goes, and the suite's other
 tests create and remove network slots all the time. In a namespace of its own the browser sees none of that; a
 forwarder listening on ``127.0.0.1:<port>`` inside it relays each connection to the same port of the host's
-loopback (the test server), so the browser uses the server's own URL."""
+loopback (the test server), so the browser uses the server's own URL. A port may also be relayed to another one
+(``443`` inside to a test server's HTTPS port)."""
 
 from __future__ import annotations
 
@@ -45,11 +46,11 @@ class LoopbackNamespace:
             self.close()
             raise
 
-    def add(self, port: int) -> None:
-        """Forward ``port`` too (a server started later)."""
+    def add(self, port: int, to: int | None = None) -> None:
+        """Forward ``port`` too (a server started later), to the host's ``to`` (default: the same port)."""
         listener = in_thread_netns(self.name, lambda: self._listen(port))
         self._listeners.append(listener)
-        thread = threading.Thread(target=self._accept, args=(listener, port), daemon=True)
+        thread = threading.Thread(target=self._accept, args=(listener, port if to is None else to), daemon=True)
         thread.start()
         self._threads.append(thread)
 

@@ -21,8 +21,9 @@ from types import FrameType
 from typing import Annotated, Any
 
 import typer
-import uvicorn
 from rich.console import Console
+
+from .frontdoor import SandboxDomain, TlsCert, TlsKey, front_door
 
 console = Console(stderr=True)
 
@@ -62,22 +63,6 @@ def _run_until_signalled(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
 def _log_to_stderr() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def _serve(app: object, host: str, port: int) -> uvicorn.Server:
-    from ..compose.parts import GRACEFUL_STOP_S
-
-    return uvicorn.Server(
-        uvicorn.Config(
-            app,  # type: ignore[arg-type]
-            host=host,
-            port=port,
-            log_level="info",
-            lifespan="on",
-            ws="websockets-sansio",
-            timeout_graceful_shutdown=GRACEFUL_STOP_S,
-        )
-    )
 
 
 def agent(
@@ -122,6 +107,7 @@ def agent(
     from ..agent.sandbox.factory import PoolMode
     from ..agentapi import create_agent_app
     from ..agentapi.heartbeat import HeartbeatSender
+    from ..compose.listeners import http_server
     from ..compose.parts import AgentOptions, boot_agent, on_stop_mode
     from ..config import Paths
     from ..errors import CryoboxError
@@ -169,7 +155,7 @@ def agent(
         beating = asyncio.create_task(sender.run(), name="heartbeats")
         console.print(f"agent {agent_name} serving {url}, reporting to {control}")
         try:
-            await _serve(create_agent_app(hostagent, token), host, port).serve()
+            await http_server(create_agent_app(hostagent, token), host, port).serve()
         finally:
             beating.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -194,9 +180,17 @@ def control(
     paused_retention: Annotated[
         str | None, typer.Option(help="how long a hibernated sandbox is kept: 3600, 90m, 12h, 30d (default 30d)")
     ] = None,
+    sandbox_domain: SandboxDomain = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    https_listen: Annotated[
+        str | None,
+        typer.Option(envvar="CRYOBOX_HTTPS_LISTEN", help="HOST:PORT of the HTTPS listener (default: HOST:443)"),
+    ] = None,
 ) -> None:
     """Run the control plane alone: the public API, placement and the registry; agents register with it."""
     from ..compose.app import Intervals, create_app
+    from ..compose.listeners import HTTPS_PORT, http_server, serve
     from ..compose.parts import build_control, fleet_config
     from ..config import Paths
     from ..objstore.client import open_store
@@ -209,6 +203,8 @@ def control(
 
     _token()
     host, port = _split(listen)
+    https_host, https_port = _split(https_listen) if https_listen else (host, HTTPS_PORT)
+    domain, tls = front_door(sandbox_domain, tls_cert, tls_key, https_host, https_port)
     paths = Paths.from_env(data_dir, cache_dir)
     paths.data_dir.mkdir(parents=True, exist_ok=True)
     paused_s = parse_duration(paused_retention) if paused_retention is not None else None
@@ -229,11 +225,16 @@ def control(
             limiter=limiter,
             host=socket.gethostname(),
             intervals=Intervals(reap_s=reap_interval),
+            sandbox_domain=domain,
         )
         console.print(f"control plane on http://{host}:{port}, registry {registry.url}, store {objects.url}")
         console.print(f"export CRYOBOX_API_URL=http://{host}:{port} CRYOBOX_API_KEY={key}", soft_wrap=True)
+        if tls is not None:
+            console.print(f"HTTPS on https://{tls.host}:{tls.port} ({tls.cert})", soft_wrap=True)
+        if domain is not None:
+            console.print(f"sandbox hosts {{port}}-{{sandbox_id}}.{domain}", soft_wrap=True)
         console.print(f"web console: http://{host}:{port}/ui", soft_wrap=True)
-        await _serve(app, host, port).serve()
+        await serve(http_server(app, host, port), tls)
 
     try:
         _run_until_signalled(main)

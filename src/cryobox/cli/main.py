@@ -15,6 +15,7 @@ from .bench_cmds import bench_app
 from .capture_cmds import capture
 from .debug_cmds import bisect, debug
 from .fleet_cmds import control as control_cmd
+from .frontdoor import SandboxDomain, TlsCert, TlsKey, front_door
 from .gc_cmd import gc
 from .inspect_cmds import inspect_app
 from .keys_cmds import keys_app
@@ -149,6 +150,12 @@ def serve(
     memory_mib: Annotated[
         int | None, typer.Option(min=1, help="memory this host offers to placement, MiB (default: the host's)")
     ] = None,
+    sandbox_domain: SandboxDomain = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    https_port: Annotated[
+        int, typer.Option(envvar="CRYOBOX_HTTPS_PORT", help="port of the HTTPS listener (with --tls-cert), on --host")
+    ] = 443,
 ) -> None:
     """Start the platform: build images and templates if needed, then serve the HTTP API."""
     from ..agent.memory.settings import MemoryMode, StorageConfig, TemplateSource
@@ -178,6 +185,7 @@ def serve(
     from .templates_opt import parse_templates
 
     specs = parse_templates(templates)
+    domain, tls = front_door(sandbox_domain, tls_cert, tls_key, host, https_port)
     options = ServeOptions(
         data_dir=data_dir,
         cache_dir=cache_dir,
@@ -207,6 +215,8 @@ def serve(
         max_sandboxes=max_sandboxes,
         on_stop=on_stop,
         memory_mib=memory_mib,
+        sandbox_domain=domain,
+        tls=tls,
     )
     try:
         run_serve(options, console)

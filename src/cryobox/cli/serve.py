@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-import uvicorn
 from rich.console import Console
 
 from ..agent.host.startup import HostConfig
@@ -19,7 +18,9 @@ from ..agent.sandbox.admission import AdmissionConfig
 from ..agent.sandbox.factory import PoolMode
 from ..agentapi import Agent, InProcessAgent
 from ..compose.app import Intervals, create_app
-from ..compose.parts import GRACEFUL_STOP_S, AgentOptions, boot_agent, build_control, fleet_config, on_stop_mode
+from ..compose.listeners import TlsListener, http_server
+from ..compose.listeners import serve as serve_listeners
+from ..compose.parts import AgentOptions, boot_agent, build_control, fleet_config, on_stop_mode
 from ..config import Paths
 from ..image.specs import DEFAULT_TEMPLATES, TemplateSpec
 from ..registry import Registry
@@ -54,6 +55,10 @@ class ServeOptions:
     on_stop: str | None = None
     memory_mib: int | None = None
     """Memory this host offers to placement (``None``: the host's ``MemTotal``)."""
+    sandbox_domain: str | None = None
+    """``{port}-{sandbox_id}.{domain}`` hosts reach sandbox ports (normal form: ``normal_domain``)."""
+    tls: TlsListener | None = None
+    """The HTTPS listener beside the plain one, if any."""
 
 
 def serve(options: ServeOptions, console: Console) -> None:
@@ -124,6 +129,7 @@ def serve(options: ServeOptions, console: Console) -> None:
             host=agent.name,
             intervals=Intervals(reap_s=options.reap_interval_s),
             local_agents={agent.name: local},
+            sandbox_domain=options.sandbox_domain,
         )
         service = host.service
         console.print(f"templates ready: {', '.join(service.templates)}")
@@ -133,25 +139,10 @@ def serve(options: ServeOptions, console: Console) -> None:
             )
         else:
             console.print(f"API key (workspace {DEFAULT_WORKSPACE}): [bold]{key}[/bold]", soft_wrap=True)
-        base = f"http://{options.host}:{options.port}"
-        console.print(f"export CRYOBOX_API_URL={base} CRYOBOX_API_KEY={key}", soft_wrap=True)
-        console.print(  # the E2B SDK, unchanged: every sandbox call goes to one URL (no wildcard DNS or TLS)
-            f"export E2B_API_URL={base}/e2b E2B_SANDBOX_URL={base}/e2b/sandbox E2B_API_KEY={key}", soft_wrap=True
-        )
-        console.print(f"web console: {base}/ui (log in with the API key)", soft_wrap=True)
-        server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                host=options.host,
-                port=options.port,
-                log_level="info",
-                lifespan="on",
-                ws="websockets-sansio",  # the PTY websocket; the legacy implementation is deprecated
-                timeout_graceful_shutdown=GRACEFUL_STOP_S,
-            )
-        )
+        _print_urls(console, options, key)
+        server = http_server(app, options.host, options.port)
         try:
-            await server.serve()
+            await serve_listeners(server, options.tls)
         finally:
             await host.close(on_stop)
             console.print(f"stopped ({on_stop.value}: {host.service.running()} sandbox(es) left running)")
@@ -164,6 +155,24 @@ def serve(options: ServeOptions, console: Console) -> None:
         asyncio.run(main())
     finally:
         registry.close()
+
+
+def _print_urls(console: Console, options: ServeOptions, key: str) -> None:
+    base = f"http://{options.host}:{options.port}"
+    console.print(f"export CRYOBOX_API_URL={base} CRYOBOX_API_KEY={key}", soft_wrap=True)
+    console.print(  # the E2B SDK, unchanged: every sandbox call goes to one URL (no wildcard DNS or TLS)
+        f"export E2B_API_URL={base}/e2b E2B_SANDBOX_URL={base}/e2b/sandbox E2B_API_KEY={key}", soft_wrap=True
+    )
+    if options.tls is not None:
+        console.print(f"HTTPS on https://{options.tls.host}:{options.tls.port} ({options.tls.cert})", soft_wrap=True)
+    domain = options.sandbox_domain
+    if domain is not None:
+        console.print(  # or with sandbox hosts: wildcard DNS *.DOMAIN to this server, HTTPS on 443
+            f"sandbox hosts {{port}}-{{sandbox_id}}.{domain}: "
+            f"export E2B_API_URL=https://api.{domain}/e2b E2B_DOMAIN={domain} E2B_API_KEY={key}",
+            soft_wrap=True,
+        )
+    console.print(f"web console: {base}/ui (log in with the API key)", soft_wrap=True)
 
 
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:

@@ -18,6 +18,7 @@ from ..compat.e2b.access import SandboxAccess
 from ..compat.e2b.api import router as e2b_router
 from ..compat.e2b.catalog import router as e2b_catalog_router
 from ..compat.e2b.network import E2BSettings
+from ..compat.e2b.sandbox_hosts import SandboxHosts, normal_domain
 from ..compat.e2b.sandbox_url import mount_sandbox_url
 from ..compat.e2b.templates import router as e2b_templates_router
 from ..compat.pandastack.repl import router as repl_router
@@ -94,11 +95,14 @@ def create_app(
     intervals: Intervals | None = None,
     local_agents: dict[str, Agent] | None = None,
     e2b: E2BSettings | None = None,
+    sandbox_domain: str | None = None,
 ) -> FastAPI:
     """``local_agents`` are in-process agents (``cryobox serve``): registered before the app serves, and
     heartbeating from here. ``e2b``: the E2B front door's settings (default: from the environment, read now:
-    ``CRYOBOX_E2B_INTERNET``)."""
+    ``CRYOBOX_E2B_INTERNET``). ``sandbox_domain``: hosts ``{port}-{sandbox_id}.{domain}`` reach the sandbox's
+    ports (``compat/e2b/sandbox_hosts.py``)."""
     e2b_settings = e2b if e2b is not None else E2BSettings.from_env()  # a bad value fails here, at start
+    domain = normal_domain(sandbox_domain) if sandbox_domain else None
     every_s = intervals or Intervals()
     local = dict(local_agents or {})
     control.fleet.local.update(local)
@@ -185,6 +189,7 @@ def create_app(
         sessions=sessions,
         failures=failures,
         execs=ExecHistory(),
+        sandbox_domain=domain,
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, own_limits=OWN_BODY_LIMITS)
@@ -198,6 +203,8 @@ def create_app(
         failures=failures,
     )
     app.add_middleware(MetricsMiddleware, metrics=control.metrics)
+    if domain is not None:  # outermost: a sandbox host's request meets the gate as a sandbox URL request
+        app.add_middleware(SandboxHosts, domain=domain)
     app.include_router(sandboxes_router)
     app.include_router(network_router)
     app.include_router(files_router)

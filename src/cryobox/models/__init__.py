@@ -250,6 +250,8 @@ class Info(BaseModel):
     capacity: dict[str, int]
     isolation: dict[str, Any] = Field(default_factory=dict)
     """Per host: how QEMU is confined (``jail``) and what the guest-to-host boundary is (``boundary``)."""
+    sandbox_domain: str | None = None
+    """Where ``{port}-{sandbox_id}.{domain}`` reaches a sandbox's port (``--sandbox-domain``); None: nowhere."""
 
 
 # --- snapshots and forks (SDK results; frozen dataclasses, validated from the wire by pydantic) -----------------

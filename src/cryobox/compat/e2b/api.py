@@ -63,7 +63,7 @@ def _token(ctx: Caller, sandbox_id: str) -> str:
 
 def _sandbox(ctx: Caller, row: SandboxRow) -> dict[str, Any]:
     access = SandboxAccess(ctx.control, ctx.app.limiter)
-    return sandbox(row, access.token(row.id), access.traffic_token(row.id))
+    return sandbox(row, access.token(row.id), access.traffic_token(row.id), ctx.app.sandbox_domain)
 
 
 async def _snapshot_named(ctx: Caller, name: str) -> SnapshotRow | None:
@@ -143,7 +143,7 @@ async def get_sandbox(sandbox_id: str, ctx: E2BCtx) -> dict[str, Any]:
     row = await ctx.control.get(sandbox_id, ctx.workspace_id)
     if row.status not in ("running", "starting", *PAUSED_STATES):
         raise NotFound(f"sandbox {sandbox_id} is {row.status}", details={"sandbox_id": sandbox_id})
-    return detail(row, _token(ctx, row.id))
+    return detail(row, _token(ctx, row.id), ctx.app.sandbox_domain)
 
 
 def _metadata_query(text: str | None) -> dict[str, str]:

@@ -83,10 +83,12 @@ def template_id(row: SandboxRow) -> str:
     return row.from_snapshot or row.template
 
 
-def sandbox(row: SandboxRow, token: str, traffic_token: str | None = None) -> dict[str, Any]:
+def sandbox(row: SandboxRow, token: str, traffic_token: str | None = None, domain: str | None = None) -> dict[str, Any]:
     """``Sandbox``: what create, connect and fork return. ``trafficAccessToken`` opens the sandbox's ports (not
     envd), and is returned, as by E2B, only when the policy keeps them private (``allowPublicTraffic: false``):
-    public ports need no token (the code-interpreter SDK then sends none to port 49999's context routes)."""
+    public ports need no token (the code-interpreter SDK then sends none to port 49999's context routes).
+    ``domain``: the operator's sandbox domain (the SDK's hosts are ``{port}-{id}.{domain}``); null without one,
+    and the SDK then uses its own ``E2B_DOMAIN``."""
     public = row.egress is None or row.egress.public_traffic
     return {
         "trafficAccessToken": None if public else traffic_token,
@@ -95,7 +97,7 @@ def sandbox(row: SandboxRow, token: str, traffic_token: str | None = None) -> di
         "clientID": row.host or "cryobox",
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": token,
-        "domain": None,
+        "domain": domain,
         "alias": row.template,
     }
 
@@ -126,13 +128,14 @@ def listed(row: SandboxRow) -> dict[str, Any]:
     }
 
 
-def detail(row: SandboxRow, token: str) -> dict[str, Any]:
-    """``SandboxDetail``, with the network policy as E2B's ``allowInternetAccess`` and ``network``."""
+def detail(row: SandboxRow, token: str, domain: str | None = None) -> dict[str, Any]:
+    """``SandboxDetail``, with the network policy as E2B's ``allowInternetAccess`` and ``network``; ``domain`` as
+    in :func:`sandbox`."""
     internet, network = network_info(row.egress)
     return {
         **listed(row),
         "envdAccessToken": token,
-        "domain": None,
+        "domain": domain,
         "allowInternetAccess": internet,
         "network": network,
         "lifecycle": {"autoResume": row.auto_wake, "onTimeout": "pause" if row.on_timeout == "hibernate" else "kill"},

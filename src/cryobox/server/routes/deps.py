@@ -38,6 +38,8 @@ class AppContext:
     """Bad keys per client address, shared by the front gate and ``POST /ui/login``."""
     tickets: PtyTickets = field(default_factory=PtyTickets)
     proxy: PortProxy = field(default_factory=PortProxy)
+    sandbox_domain: str | None = None
+    """Where ``{port}-{sandbox_id}.{domain}`` hosts reach sandbox ports (``--sandbox-domain``), if anywhere."""
 
     @property
     def registry(self) -> Registry:

@@ -88,6 +88,7 @@ async def info(ctx: PublicCtx) -> models.Info:
             "max_concurrent_restores": total("max_concurrent_restores"),
             "admission_queue_depth": total("admission_queue_depth"),
         },
+        sandbox_domain=ctx.sandbox_domain,
     )
 
 

@@ -8,7 +8,8 @@ it may override ``agent`` (another fake) or ``quota`` (:func:`limits`) by defini
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,10 +72,17 @@ def agent() -> FakeAgent:
 
 
 @contextlib.asynccontextmanager
-async def app_env(registry: Registry, agent: FakeAgent, quota: Quota, **app_options: Any) -> AsyncIterator[Env]:
-    """A control plane with ``agent``, its app (``app_options`` go to ``create_app``) and a client of workspace
-    ``alpha``."""
-    control = control_plane(registry, {"a": agent}, quota=quota)
+async def app_env(
+    registry: Registry,
+    agent: FakeAgent,
+    quota: Quota,
+    *,
+    clock: Callable[[], float] = time.time,
+    **app_options: Any,
+) -> AsyncIterator[Env]:
+    """A control plane with ``agent`` on ``clock``, its app (``app_options`` go to ``create_app``) and a client of
+    workspace ``alpha``."""
+    control = control_plane(registry, {"a": agent}, quota=quota, clock=clock)
     app = create_app(control, limiter=RateLimiter.from_config(RateLimitConfig.from_env({})), host="x", **app_options)
     await control.fleet.heartbeat(await heartbeat_of(agent))
     ws = registry.ensure_workspace("alpha").id

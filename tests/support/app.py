@@ -36,6 +36,8 @@ class Env:
     agent: FakeAgent
     client: httpx.AsyncClient
     ws: str
+    transport: httpx.AsyncBaseTransport | None = None
+    """The app's ASGI transport (for a client without the key)."""
 
     @property
     def records(self) -> QuotaRecords:
@@ -92,7 +94,7 @@ async def app_env(
         transport=transport, base_url="http://ctl", headers={"Authorization": f"Bearer {key}"}
     ) as client:
         try:
-            yield Env(registry, control, agent, client, ws)
+            yield Env(registry, control, agent, client, ws, transport)
         finally:
             await close_control(control)
 

@@ -30,6 +30,8 @@ NODE_PREFIXES = ("/internal/",)
 SIGNED_PREFIXES = ("/e2b/template-uploads/",)
 """Signed upload URLs (E2B's template files): the URL's token is the authorization, checked by the route before
 it reads the body (which it caps itself)."""
+SIGNED_FILE_URL = re.compile(r"^/v1/sandboxes/[^/]+/files/signed$")
+"""Signed file URLs (``POST /v1/sandboxes/{id}/files/url``): likewise, the route checks the signature first."""
 UPLOAD = re.compile(r"^/v1/sandboxes/[^/]+/(files|fs|exec|ports|proxy)(/|$)")
 """Routes whose bodies are file contents, exec stdin or a guest port's traffic (proxied as it comes, never
 parsed): the large limit."""
@@ -113,7 +115,12 @@ class AuthGateMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = str(scope.get("path", ""))
-        if scope["type"] != "http" or path in PUBLIC_PATHS or path.startswith(NODE_PREFIXES + SIGNED_PREFIXES):
+        if (
+            scope["type"] != "http"
+            or path in PUBLIC_PATHS
+            or path.startswith(NODE_PREFIXES + SIGNED_PREFIXES)
+            or SIGNED_FILE_URL.match(path)
+        ):
             await self.app(scope, receive, send)
             return
         if console_auth.is_console_asset(path):  # the console's static files: no data in them

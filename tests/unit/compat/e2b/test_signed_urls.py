@@ -17,6 +17,7 @@ from cryobox.registry import Registry
 from cryobox.server.control.quotas import Quota
 from tests.support import e2b_templates
 from tests.support.app import Env, app_env, registry
+from tests.support.clock import FakeClock
 from tests.support.e2b_templates import Served
 from tests.support.fake_agent import FakeAgent
 
@@ -26,19 +27,9 @@ FILE = "/home/user/a.txt"
 
 
 @dataclass
-class Skewed:
-    """The control plane's clock: the real time plus ``skew`` seconds."""
-
-    skew: float = 0.0
-
-    def __call__(self) -> float:
-        return time.time() + self.skew
-
-
-@dataclass
 class Signed:
     env: Env
-    clock: Skewed
+    clock: FakeClock
     sandbox_id: str
     token: str
 
@@ -56,7 +47,7 @@ class Signed:
 
 @pytest.fixture
 async def signed(registry: Registry) -> AsyncIterator[Signed]:
-    clock = Skewed()
+    clock = FakeClock(time.time())
     async with app_env(registry, FakeAgent(name="a"), Quota(), clock=clock) as env:
         key = env.client.headers["Authorization"].split()[1]
         made = await env.client.post("/e2b/v2/sandboxes", json={"templateID": "base"}, headers={"X-API-Key": key})
@@ -77,10 +68,10 @@ async def test_a_signed_url_reads_at_the_root_and_under_the_sandbox_url_with_no_
 async def test_an_expired_or_foreign_signature_is_refused_before_the_registry_or_the_guest(signed: Signed) -> None:
     before = signed.env.calls("read_file")
     expiring = signed.query(FILE, "read", int(signed.clock()) + 60)
-    signed.clock.skew = 61.0  # one second past its last
+    signed.clock.advance(61)  # one second past its last
     expired = await signed.get("/files", expiring)
     assert expired.status_code == 401 and expired.json() == {"code": 401, "message": "signature is already expired"}
-    signed.clock.skew = 0.0
+    signed.clock.advance(-61)
     unknown = await signed.get("/files", expiring, **{"E2b-Sandbox-Id": "no-such-sandbox"})
     assert unknown.status_code == 401  # not "not found": the signature is checked first
     write_as_read = await signed.get("/files", signed.query(FILE, "write"))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 import pytest
@@ -18,6 +17,7 @@ from cryobox.server.control.quotas import Quota
 from tests.support import e2b_templates
 from tests.support.app import Env, app_env, registry
 from tests.support.clock import FakeClock
+from tests.support.e2b import assert_urls_report
 from tests.support.e2b_templates import Served
 from tests.support.fake_agent import FakeAgent
 
@@ -104,29 +104,3 @@ async def test_the_sdks_urls_work_with_curl_and_wrong_ones_are_refused(served: S
     report = await served.app("e2b_urls_app.py", sandbox_id)
     assert_urls_report(report)
     assert "expiry" not in report  # the live expiry waits; the integration test runs it
-
-
-def assert_urls_report(report: dict[str, Any]) -> None:
-    """What ``e2b_urls_app.py`` must report (shared with the integration test)."""
-    assert "fatal" not in report, report["fatal"]
-    assert report["upload_url"].split("?")[0].endswith("/files") and "signature=v1_" in report["upload_url"]
-    assert report["upload"] == {
-        "status": 200,
-        "body": [{"name": "up.txt", "type": "file", "path": "/home/user/signed/up.txt"}],
-    }
-    assert report["download"] == {"status": 200, "body": "signed upload\n"}
-    assert report["upload_raw"]["status"] == 200 and report["read_raw"] == "raw bytes"
-    assert report["download_relative"] == report["download_under_sandbox_url"] == report["download"]
-    invalid = ("tampered_path", "tampered_user", "tampered_signature", "tampered_expiration", "expiration_removed")
-    for name in (*invalid, "upload_url_for_download", "download_url_for_upload"):
-        assert report[name] == {"status": 401, "body": {"code": 401, "message": "invalid signature"}}, name
-    for name in ("expired_download", "expired_upload"):
-        assert report[name] == {"status": 401, "body": {"code": 401, "message": "signature is already expired"}}
-    for name in ("no_signature", "wrong_token_header"):
-        assert report[name]["status"] == 401 and report[name]["body"]["code"] == 401, name
-    assert (
-        report["bad_expiration"]["status"] == 400
-        and "signature_expiration" in report["bad_expiration"]["body"]["message"]
-    )
-    assert report["after_refusals"] == "signed upload\n"  # the refused upload wrote nothing
-    assert report["late_written"] == "FileNotFoundException"  # nor did the expired one

@@ -8,7 +8,8 @@ it may override ``agent`` (another fake) or ``quota`` (:func:`limits`) by defini
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,8 @@ class Env:
     agent: FakeAgent
     client: httpx.AsyncClient
     ws: str
+    transport: httpx.AsyncBaseTransport | None = None
+    """The app's ASGI transport (for a client without the key)."""
 
     @property
     def records(self) -> QuotaRecords:
@@ -71,10 +74,17 @@ def agent() -> FakeAgent:
 
 
 @contextlib.asynccontextmanager
-async def app_env(registry: Registry, agent: FakeAgent, quota: Quota, **app_options: Any) -> AsyncIterator[Env]:
-    """A control plane with ``agent``, its app (``app_options`` go to ``create_app``) and a client of workspace
-    ``alpha``."""
-    control = control_plane(registry, {"a": agent}, quota=quota)
+async def app_env(
+    registry: Registry,
+    agent: FakeAgent,
+    quota: Quota,
+    *,
+    clock: Callable[[], float] = time.time,
+    **app_options: Any,
+) -> AsyncIterator[Env]:
+    """A control plane with ``agent`` on ``clock``, its app (``app_options`` go to ``create_app``) and a client of
+    workspace ``alpha``."""
+    control = control_plane(registry, {"a": agent}, quota=quota, clock=clock)
     app = create_app(control, limiter=RateLimiter.from_config(RateLimitConfig.from_env({})), host="x", **app_options)
     await control.fleet.heartbeat(await heartbeat_of(agent))
     ws = registry.ensure_workspace("alpha").id
@@ -84,7 +94,7 @@ async def app_env(registry: Registry, agent: FakeAgent, quota: Quota, **app_opti
         transport=transport, base_url="http://ctl", headers={"Authorization": f"Bearer {key}"}
     ) as client:
         try:
-            yield Env(registry, control, agent, client, ws)
+            yield Env(registry, control, agent, client, ws, transport)
         finally:
             await close_control(control)
 

@@ -25,11 +25,11 @@ def e2b_env(url: str, api_key: str, home: Path) -> dict[str, str]:
     }
 
 
-def run_app(python: Path, url: str, api_key: str, home: Path, *args: str) -> dict[str, Any]:
-    """Run the E2B application against the control plane at ``url``; its report, every step checked to have
+def run_app(python: Path, url: str, api_key: str, home: Path, *args: str, app: Path = APP) -> dict[str, Any]:
+    """Run the E2B application ``app`` against the control plane at ``url``; its report, every step checked to have
     run without an exception (``after_kill`` raises on purpose)."""
     env = e2b_env(url, api_key, home)
-    done = subprocess.run([str(python), str(APP), *args], env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run([str(python), str(app), *args], env=env, capture_output=True, text=True, timeout=900)
     assert done.stdout.strip(), f"the app printed no report (rc {done.returncode}): {done.stderr[-4000:]}"
     report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     errors = {k: v["error"] for k, v in report.items() if isinstance(v, dict) and "error" in v and k != "after_kill"}
@@ -48,3 +48,32 @@ def run_app_module(python: Path, url: str, api_key: str, home: Path, module: str
     errors = {k: v["error"] for k, v in report.items() if isinstance(v, dict) and "error" in v}
     assert not errors, json.dumps({k: report[k] for k in errors}, indent=1)
     return report
+
+
+URLS_APP = APPS / "e2b_urls_app.py"
+
+
+def assert_urls_report(report: dict[str, Any]) -> None:
+    """What ``e2b_urls_app.py`` must report, on a fake agent and on a VM alike."""
+    assert "fatal" not in report, report["fatal"]
+    assert report["upload_url"].split("?")[0].endswith("/files") and "signature=v1_" in report["upload_url"]
+    assert report["upload"] == {
+        "status": 200,
+        "body": [{"name": "up.txt", "type": "file", "path": "/home/user/signed/up.txt"}],
+    }
+    assert report["download"] == {"status": 200, "body": "signed upload\n"}
+    assert report["upload_raw"]["status"] == 200 and report["read_raw"] == "raw bytes"
+    assert report["download_relative"] == report["download_under_sandbox_url"] == report["download"]
+    invalid = ("tampered_path", "tampered_user", "tampered_signature", "tampered_expiration", "expiration_removed")
+    for name in (*invalid, "upload_url_for_download", "download_url_for_upload"):
+        assert report[name] == {"status": 401, "body": {"code": 401, "message": "invalid signature"}}, name
+    for name in ("expired_download", "expired_upload"):
+        assert report[name] == {"status": 401, "body": {"code": 401, "message": "signature is already expired"}}
+    for name in ("no_signature", "wrong_token_header"):
+        assert report[name]["status"] == 401 and report[name]["body"]["code"] == 401, name
+    assert (
+        report["bad_expiration"]["status"] == 400
+        and "signature_expiration" in report["bad_expiration"]["body"]["message"]
+    )
+    assert report["after_refusals"] == "signed upload\n"  # the refused upload wrote nothing
+    assert report["late_written"] == "FileNotFoundException"  # nor did the expired one

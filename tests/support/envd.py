@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from cryobox.agentapi import models_procs as mp
 from cryobox.agentapi.interface import Agent
 from cryobox.agentapi.models import FsReply, WriteResult
+from cryobox.compat.e2b import signing
 from cryobox.errors import InvalidArgument, NotFound, StateError, Unauthorized
 from cryobox.netpolicy import EgressPolicy
 
@@ -50,7 +51,8 @@ class Row:
 
 
 class FakeAccess:
-    """Like ``SandboxAccess.open``: ``tokens`` maps sandbox ids to their tokens; ``gone`` ones are 404s."""
+    """Like ``SandboxAccess.open``: ``tokens`` maps sandbox ids to their tokens; ``gone`` ones are 404s; a signed
+    file URL without a token is checked with :func:`cryobox.compat.e2b.signing.check` on ``clock``."""
 
     def __init__(self, agent: FakeEnvdAgent, status: str = "running") -> None:
         self.agent = agent
@@ -60,13 +62,23 @@ class FakeAccess:
         self.egress: EgressPolicy | None = None
         """The network policy the opened sandbox's row has."""
         self.opened: list[tuple[str | None, bool]] = []
+        self.clock = time.time
 
     async def open(
-        self, sandbox_id: str | None, token: str | None, *, wake: bool = True, traffic: bool = False
+        self,
+        sandbox_id: str | None,
+        token: str | None,
+        *,
+        wake: bool = True,
+        traffic: bool = False,
+        signed: signing.FileSignature | None = None,
     ) -> tuple[Row, Agent]:
         if not sandbox_id:
             raise InvalidArgument("missing the E2b-Sandbox-Id header")
-        if not token or self.tokens.get(sandbox_id) != token:
+        if signed is not None and not token:
+            known = [self.tokens[sandbox_id]] if sandbox_id in self.tokens else []
+            signing.check(signed, known, self.clock())
+        elif not token or self.tokens.get(sandbox_id) != token:
             raise Unauthorized("missing or invalid sandbox access token (X-Access-Token)")
         if sandbox_id in self.gone:
             raise NotFound(f"sandbox {sandbox_id} not found")

@@ -183,6 +183,30 @@ def cp(
         fail(error)
 
 
+@sandbox_app.command("url")
+def url(
+    remote: Annotated[str, typer.Argument(help="SANDBOX_ID:/guest/path")],
+    write: Annotated[bool, typer.Option("--write", help="a URL that PUTs the file (default: one to GET)")] = False,
+    expires_in: Annotated[int | None, typer.Option("--expires-in", help="seconds (default 3600; 7 days max)")] = None,
+    user: Annotated[str | None, typer.Option("--user", help="who a written file belongs to (--write only)")] = None,
+    as_json: Json = False,
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Print a signed URL that reads (or, --write, writes) one guest file with no API key (e.g. for curl)."""
+    sandbox_id, _, guest_path = remote.partition(":")
+    if not guest_path.startswith("/"):
+        raise typer.BadParameter("expected SANDBOX_ID:/absolute/guest/path")
+    with connected(sandbox_id, api_url, api_key) as sbx:
+        operation: models.FileOperation = "write" if write else "read"
+        signed = sbx.filesystem.signed_url(guest_path, operation, expires_in=expires_in, user=user)
+    if as_json:
+        print_json(signed.model_dump())
+    else:
+        out.print(signed.url, soft_wrap=True)
+        err.print(f"{signed.method}, until {signed.expires_at}")
+
+
 # --- power state, snapshots and forks -------------------------------------------------------------------------
 
 

@@ -200,6 +200,29 @@ class WriteResult(BaseModel):
     bytes: int
 
 
+FileOperation = Literal["read", "write"]
+
+
+class FileUrlRequest(BaseModel):
+    """``POST /v1/sandboxes/{id}/files/url``: a URL that reads (``read``: ``GET``) or writes (``write``: ``PUT`` of
+    the raw body, parents created) one guest file with no API key, for ``expires_in`` seconds (1 to 7 days)."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str = Field(min_length=1, max_length=4096)
+    """An absolute path inside the guest."""
+    operation: FileOperation
+    expires_in: int = Field(default=3600, ge=1, le=7 * 24 * 3600)
+    user: str | None = Field(default=None, min_length=1, max_length=64, pattern=r"^[^/:\x00]+$")
+    """The guest user a write's file belongs to (``write`` only; by default the guest agent's)."""
+
+
+class FileUrl(BaseModel):
+    url: str
+    """Absolute, on the base URL the request came to; its query carries the signature."""
+    method: Literal["GET", "PUT"]
+    expires_at: str
+
+
 class Template(BaseModel):
     name: str
     cpu: int

@@ -158,6 +158,18 @@ def fs_request(
     )
 
 
+def file_url_request(
+    sandbox_id: str, path: str, operation: str, *, expires_in: int | None, user: str | None
+) -> ApiRequest:
+    """``POST /v1/sandboxes/{id}/files/url``; unset options are left to the server's defaults."""
+    body: dict[str, Any] = {"path": path, "operation": operation}
+    if expires_in is not None:
+        body["expires_in"] = expires_in
+    if user is not None:
+        body["user"] = user
+    return ApiRequest("POST", _sandbox_path(sandbox_id, "/files/url"), json=body)
+
+
 # --- power state, snapshots and forks --------------------------------------------------------------------------
 
 PowerAction = Literal["pause", "resume", "hibernate", "wake"]

@@ -195,6 +195,11 @@ class Sealer:
         base64 without padding: a bearer secret anyone holding the key can recompute, nobody else can forge."""
         return _tag(self._mac_key_list()[0], purpose, message)
 
+    def macs(self, purpose: str, message: str) -> list[str]:
+        """:meth:`mac` of ``message`` under every key, the sealing key's first: what a secret derived from a tag
+        (a signature made with it) is checked against while an old key is still listed."""
+        return [_tag(key, purpose, message) for key in self._mac_key_list()]
+
     def verify_mac(self, purpose: str, message: str, tag: str) -> bool:
         """Whether ``tag`` is :meth:`mac` of ``message`` under any of the keys (constant time per key)."""
         given = tag.encode("ascii", "replace")

@@ -75,6 +75,17 @@ def test_rotation_the_first_key_seals_every_key_opens() -> None:
         Sealer.from_keys(old).open(after)
 
 
+def test_macs_are_the_tag_under_every_key_the_sealing_key_first() -> None:
+    old, new = generate_key(), generate_key()
+    rotated = Sealer.from_keys(f"{new},{old}")
+    tags = rotated.macs("purpose", "message")
+    assert tags == [Sealer.from_keys(new).mac("purpose", "message"), Sealer.from_keys(old).mac("purpose", "message")]
+    assert tags[0] == rotated.mac("purpose", "message") and all(
+        rotated.verify_mac("purpose", "message", t) for t in tags
+    )
+    assert rotated.macs("other", "message")[0] != tags[0] and rotated.macs("purpose", "other")[0] != tags[0]
+
+
 def test_the_env_var_wins_and_a_malformed_one_is_refused_without_echo(tmp_path: Path) -> None:
     key = generate_key()
     key_file = tmp_path / "secrets" / "env.key"

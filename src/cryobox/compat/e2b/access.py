@@ -5,6 +5,10 @@ The token is not stored anywhere: it is an HMAC of the sandbox id under the regi
 it, a restored or forked sandbox (a new id) has a new one, and rotating ``CRYOBOX_SECRET_KEY`` keeps old tokens
 valid while the old key is still listed. The token is checked before the registry is read, so a wrong token
 learns nothing about whether the sandbox exists.
+
+envd's file routes also take a signed URL instead of the token (:mod:`.signing`: what the SDK's ``download_url`` and
+``upload_url`` build from the token): checked against the token under every listed key, on the control plane's
+clock, before the registry is read too.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from ...registry import SandboxRow
 from ...server.access.ratelimit import RateLimiter
 from ...server.control.network import in_force
 from ...server.control.sandboxes import ControlPlane
+from . import signing
 
 PURPOSE = "e2b-envd-access"
 TRAFFIC_PURPOSE = "e2b-traffic-access"
@@ -58,15 +63,30 @@ class SandboxAccess:
             return False
         return in_force(row.egress).public_traffic
 
+    def check_signature(self, sandbox_id: str, claim: signing.FileSignature) -> None:
+        """Accept a signed file URL of the sandbox (:func:`.signing.check`). :raises Unauthorized: it is not."""
+        tokens = self._control.registry.sealer.macs(PURPOSE, sandbox_id)
+        signing.check(claim, tokens, self._control.fleet.clock())
+
     async def open(
-        self, sandbox_id: str | None, token: str | None, *, wake: bool = True, traffic: bool = False
+        self,
+        sandbox_id: str | None,
+        token: str | None,
+        *,
+        wake: bool = True,
+        traffic: bool = False,
+        signed: signing.FileSignature | None = None,
     ) -> tuple[SandboxRow, Agent]:
         """The sandbox's row and agent, once ``token`` is its access token (rate-limited like its workspace's
-        API calls); a guest port's ``traffic`` without a token, once the sandbox's policy makes its ports public.
-        :raises Unauthorized: no or a wrong token. :raises NotFound: no such sandbox."""
+        API calls); a guest port's ``traffic`` without a token, once the sandbox's policy makes its ports public;
+        a file route's request without a token, once its ``signed`` URL checks out (a token, when there is one,
+        decides alone, as in envd). :raises Unauthorized: no or a wrong token or signature. :raises NotFound: no
+        such sandbox."""
         if not sandbox_id:
             raise InvalidArgument("missing the E2b-Sandbox-Id header")
-        if not self.verify(sandbox_id, token, traffic=traffic) and not (
+        if signed is not None and not token:
+            self.check_signature(sandbox_id, signed)
+        elif not self.verify(sandbox_id, token, traffic=traffic) and not (
             traffic and not token and await self._public(sandbox_id)
         ):
             raise Unauthorized("missing or invalid sandbox access token (X-Access-Token)")

@@ -39,6 +39,23 @@ class AsyncFilesystem:
         response = await self._sbx._send(_requests.fs_request(self._sbx.id, "PUT", path, content=payload))
         return _base.parse_write(response)
 
+    async def signed_url(
+        self,
+        path: str,
+        operation: models.FileOperation = "read",
+        *,
+        expires_in: int | None = None,
+        user: str | None = None,
+    ) -> models.FileUrl:
+        """A URL that reads (``read``: ``GET`` it) or writes (``write``: ``PUT`` the raw bytes) the file at ``path``
+        with no API key, e.g. with ``curl``, until ``expires_at`` (``expires_in`` seconds; the server's default is
+        an hour, 7 days at most). ``user``: who a write's file belongs to.
+
+        :raises NotFound: no such sandbox. :raises InvalidArgument: a relative path, ``user`` on a read.
+        """
+        request = _requests.file_url_request(self._sbx.id, path, operation, expires_in=expires_in, user=user)
+        return _base.parse_model(models.FileUrl, await self._sbx._send(request))
+
     async def list(self, path: str) -> list[models.FileEntry]:
         response = await self._sbx._send(_requests.fs_request(self._sbx.id, "GET", path, suffix="/dir"))
         return _base.parse_dir(response)

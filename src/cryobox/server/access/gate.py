@@ -30,6 +30,8 @@ NODE_PREFIXES = ("/internal/",)
 SIGNED_PREFIXES = ("/e2b/template-uploads/",)
 """Signed upload URLs (E2B's template files): the URL's token is the authorization, checked by the route before
 it reads the body (which it caps itself)."""
+SIGNED_FILE_URL = re.compile(r"^/v1/sandboxes/[^/]+/files/signed$")
+"""Signed file URLs (``POST /v1/sandboxes/{id}/files/url``): likewise, the route checks the signature first."""
 UPLOAD = re.compile(r"^/v1/sandboxes/[^/]+/(files|fs|exec|ports|proxy)(/|$)")
 """Routes whose bodies are file contents, exec stdin or a guest port's traffic (proxied as it comes, never
 parsed): the large limit."""
@@ -41,6 +43,13 @@ not by an API key; its file uploads and port traffic take the large limit, its R
 traffic without any token goes on to the app, which serves it only for a sandbox whose policy makes its ports
 public (and answers 401 for every other sandbox id, known or not)."""
 SANDBOX_UPLOAD = re.compile(r"^/e2b/sandbox/files/?$")
+ROOT_FILES = "/files"
+"""envd's file route at the root (where the E2B SDK's ``download_url``/``upload_url`` point with a sandbox URL set):
+the sandbox URL's rules, and always envd's port."""
+SIGNED_FILES = re.compile(r"^(/e2b/sandbox)?/files$")
+"""envd's file routes, which also take a signed URL (``signature`` in the query) instead of the access token: such a
+request goes on without a token, and the route checks the signature before it reads the body, the registry or the
+guest (a 256-bit hash: nothing to guess, so a wrong one is not counted as a bad key)."""
 ENVD_PORT = "49983"
 
 
@@ -106,7 +115,12 @@ class AuthGateMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = str(scope.get("path", ""))
-        if scope["type"] != "http" or path in PUBLIC_PATHS or path.startswith(NODE_PREFIXES + SIGNED_PREFIXES):
+        if (
+            scope["type"] != "http"
+            or path in PUBLIC_PATHS
+            or path.startswith(NODE_PREFIXES + SIGNED_PREFIXES)
+            or SIGNED_FILE_URL.match(path)
+        ):
             await self.app(scope, receive, send)
             return
         if console_auth.is_console_asset(path):  # the console's static files: no data in them
@@ -118,7 +132,7 @@ class AuthGateMiddleware:
                 send, 429, "auth_rate_limited", "too many requests with bad API keys from this address", path=path
             )
             return
-        if path == SANDBOX_PREFIX or path.startswith(SANDBOX_PREFIX + "/"):
+        if path == SANDBOX_PREFIX or path.startswith(SANDBOX_PREFIX + "/") or path == ROOT_FILES:
             await self._sandbox(scope, receive, send, client)
             return
         if path in (console_auth.LOGIN_PATH, console_auth.LOGOUT_PATH):  # they check the key or cookie themselves
@@ -164,17 +178,22 @@ class AuthGateMiddleware:
         sandbox_id = headers.get("e2b-sandbox-id", "").strip()
         token = headers.get("x-access-token", "").strip() or headers.get("e2b-traffic-access-token", "").strip()
         port = headers.get("e2b-sandbox-port", "").strip()
-        traffic = bool(port) and port != ENVD_PORT  # a guest port's traffic: the traffic token will do
+        path = str(scope.get("path", ""))
+        # a guest port's traffic: the traffic token will do (never on /files at the root: envd's whatever the port)
+        traffic = bool(port) and port != ENVD_PORT and path != ROOT_FILES
         verify = self.sandbox_token
         if traffic and not token and sandbox_id:  # a public port needs no token: the envd app reads the policy
             await self.app(scope, receive, send)
             return
+        if not token and not traffic and sandbox_id and _signed_file(scope, path):
+            await self.app(scope, receive, send)  # the file route checks the signature and caps its body
+            return
         if verify is None or not sandbox_id or not token or not verify(sandbox_id, token, traffic=traffic):
             self.failures.failed(client)
             message = "missing or invalid sandbox access token (X-Access-Token)"
-            await _reply(send, 401, "unauthorized", message, path=SANDBOX_PREFIX)
+            await _reply(send, 401, "unauthorized", message, path=path if SIGNED_FILES.match(path) else SANDBOX_PREFIX)
             return
-        if SANDBOX_UPLOAD.match(str(scope.get("path", ""))) or traffic:
+        if SANDBOX_UPLOAD.match(path) or path == ROOT_FILES or traffic:
             await self.app(scope, receive, send)
             return
         await self._capped(scope, receive, send)
@@ -212,6 +231,14 @@ class _TooLarge(Exception):
     pass
 
 
+def _signed_file(scope: Scope, path: str) -> bool:
+    """A download or upload on envd's file route that carries a ``signature`` query parameter."""
+    if not SIGNED_FILES.match(path) or scope.get("method") not in ("GET", "POST"):
+        return False
+    query = bytes(scope.get("query_string", b"")).decode("latin-1")
+    return any(pair.partition("=")[0] == "signature" for pair in query.split("&"))
+
+
 async def _too_large(send: Send, limit: int) -> None:
     await _reply(send, 413, "payload_too_large", f"request body exceeds {limit} bytes", {"limit": limit})
 
@@ -222,6 +249,8 @@ CONNECT_CODES = {401: "unauthenticated", 413: "resource_exhausted", 429: "resour
 def _body(path: str, status: int, code: str, message: str, details: dict[str, object] | None) -> dict[str, object]:
     """The refusal in the shape the caller's client reads: Connect's on the E2B sandbox URL, E2B's on its API,
     cryobox's everywhere else."""
+    if SIGNED_FILES.match(path):  # envd's REST error, as its file routes answer
+        return {"code": status, "message": message}
     if path == SANDBOX_PREFIX or path.startswith(SANDBOX_PREFIX + "/"):
         return {"code": CONNECT_CODES.get(status, "unknown"), "message": message}
     if path.startswith("/e2b/"):

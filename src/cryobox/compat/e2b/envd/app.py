@@ -8,6 +8,10 @@ touched. Any other port goes to the injected :class:`Forward` (the reverse proxy
 sandbox's agent, once the token (``X-Access-Token``, else ``E2b-Traffic-Access-Token``) checks out, or without
 one when the sandbox's policy makes its ports public (``public_traffic``).
 
+``/files`` at the control plane's root is envd's file route too (:meth:`EnvdApp.files_at_root`): the SDK's
+``download_url``/``upload_url`` join ``/files`` onto the sandbox URL with ``urljoin``, which drops its path, so with
+``E2B_SANDBOX_URL=http://HOST:PORT/e2b/sandbox`` the signed URLs it hands out are ``http://HOST:PORT/files?…``.
+
 Mounted (Starlette ``Mount``) the scope's ``path`` may still carry the mount's prefix, with ``root_path`` naming
 it; both that and a bare ``path`` below the prefix work, and so does ``prefix`` itself when nothing set
 ``root_path``. ``Mount`` does not pass lifespan events on: whoever mounts the app calls :meth:`EnvdApp.aclose` at
@@ -36,6 +40,7 @@ from .session import DEFAULT_USER, SandboxOpener, open_sandbox
 
 ENVD_PORT = 49983
 MOUNT_PREFIX = "/e2b/sandbox"
+FILES_ROUTE = "/files"
 RPC_READ_MAX_BYTES = 16 << 20
 """Largest Connect request message (a ``SendInput`` of ~12 MiB of stdin, base64 in JSON)."""
 WS_POLICY_VIOLATION = 1008
@@ -149,6 +154,13 @@ class EnvdApp:
                 await app(inner, receive, send)
                 return
         await self._files(inner, receive, send, inner["path"])
+
+    async def files_at_root(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``/files`` outside the mount: envd's file route whatever ``E2b-Sandbox-Port`` says (a URL the SDK built)."""
+        if scope["type"] != "http":
+            await send({"type": "websocket.close", "code": WS_POLICY_VIOLATION})
+            return
+        await self._files({**scope, "root_path": ""}, receive, send, FILES_ROUTE)
 
     async def _forward_port(
         self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str], port: int

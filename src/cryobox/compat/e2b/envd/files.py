@@ -11,6 +11,10 @@
 - Health: 204 while the sandbox runs, 502 "was not found" otherwise (the SDK's ``is_running()`` and the probe it
   makes after a dropped connection).
 
+Downloads and uploads take the sandbox's access token (``X-Access-Token``) or, without it, a signed URL
+(``signature``, ``signature_expiration``, :mod:`..signing`): what the SDK's ``download_url``/``upload_url`` build,
+checked before anything is read or written (a wrong or expired one is a 401).
+
 Errors are envd's JSON (``{"code": <status>, "message": ...}``, :func:`~.errors.envd_error`).
 """
 
@@ -30,6 +34,7 @@ from starlette.types import Receive, Scope, Send
 from ....agentapi import MAX_FILE_BYTES
 from ....errors import InvalidArgument, NotFound, PayloadTooLarge
 from ..access import SANDBOX_HEADER, TOKEN_HEADER
+from ..signing import READ, WRITE, Operation, from_query
 from . import multipart
 from .errors import envd_error
 from .session import DEFAULT_USER, USABLE_STATES, SandboxOpener, SandboxUnavailable, Target, open_sandbox, open_target
@@ -146,10 +151,12 @@ class EnvdFiles:
         except Exception as exc:
             await send_error(send, exc)
 
-    async def _target(self, scope: Scope) -> tuple[Target, dict[str, str]]:
+    async def _target(self, scope: Scope, operation: Operation) -> tuple[Target, dict[str, str]]:
         headers, query = header_map(scope), query_map(scope)
+        signed = from_query(query, operation)
         user = query.get("username") or self._default_user
-        return await open_target(self._opener, headers, user=user, default_user=self._default_user), query
+        target = await open_target(self._opener, headers, user=user, default_user=self._default_user, signed=signed)
+        return target, query
 
     async def _health(self, scope: Scope, send: Send) -> None:
         headers = header_map(scope)
@@ -160,7 +167,7 @@ class EnvdFiles:
         await send_response(send, 204, b"", None)
 
     async def _download(self, scope: Scope, send: Send) -> None:
-        target, query = await self._target(scope)
+        target, query = await self._target(scope, READ)
         data = await target.agent.read_file(target.sandbox_id, target.resolve(query.get("path", "")))
         headers = [("vary", "Accept-Encoding")]
         if accepts_gzip(header_map(scope).get("accept-encoding")):
@@ -169,7 +176,7 @@ class EnvdFiles:
         await send_response(send, 200, data, "application/octet-stream", headers)
 
     async def _upload(self, scope: Scope, receive: Receive, send: Send) -> None:
-        target, query = await self._target(scope)
+        target, query = await self._target(scope, WRITE)
         headers = header_map(scope)
         if any(name.startswith(METADATA_PREFIX) for name in headers):
             raise InvalidArgument("file metadata (X-Metadata-* headers) is not supported by this sandbox")

@@ -1,10 +1,11 @@
 """Who a sandbox call is for: the sandbox (checked against its envd access token), its agent, and the guest user.
 
 Every envd call names its sandbox in ``E2b-Sandbox-Id`` and proves access with ``X-Access-Token``
-(:meth:`SandboxOpener.open`). The guest user comes from ``Authorization: Basic base64("<user>:")`` (RPCs) or the
-``username`` query parameter (the file routes), else the sandbox's default user (``user``, like E2B templates);
-names are passed through, the guest resolves them. Relative paths resolve against that user's home, as envd
-does: ``~`` and ``~/x`` expand to it, ``x`` becomes ``<home>/x``, an empty path is the home itself.
+(:meth:`SandboxOpener.open`), or, for the file routes, with a signed URL (:mod:`..signing`). The guest user
+comes from ``Authorization: Basic base64("<user>:")`` (RPCs) or the ``username`` query parameter (the file routes),
+else the sandbox's default user (``user``, like E2B templates); names are passed through, the guest resolves them.
+Relative paths resolve against that user's home, as envd does: ``~`` and ``~/x`` expand to it, ``x`` becomes
+``<home>/x``, an empty path is the home itself.
 
 A sandbox that is gone (deleted, lost, stopped, or paused) is :class:`SandboxUnavailable`: the SDK treats a
 502/``unavailable`` whose message says "was not found" as "sandbox not running", exactly what E2B's proxy says.
@@ -23,6 +24,7 @@ from ....agentapi.interface import Agent
 from ....errors import CryoboxError, InvalidArgument, NotFound, StateError
 from ....netpolicy import EgressPolicy
 from ..access import SANDBOX_HEADER, TOKEN_HEADER
+from ..signing import FileSignature
 
 DEFAULT_USER = "user"
 USABLE_STATES = frozenset({"starting", "running"})
@@ -51,9 +53,16 @@ class SandboxOpener(Protocol):
     token is its access token. :raises Unauthorized: no or a wrong token. :raises NotFound: no such sandbox."""
 
     def open(
-        self, sandbox_id: str | None, token: str | None, *, wake: bool = True, traffic: bool = False
+        self,
+        sandbox_id: str | None,
+        token: str | None,
+        *,
+        wake: bool = True,
+        traffic: bool = False,
+        signed: FileSignature | None = None,
     ) -> Awaitable[tuple[SandboxRowLike, Agent]]:
-        """``traffic``: a guest port's traffic, for which the sandbox's traffic token is enough."""
+        """``traffic``: a guest port's traffic, for which the sandbox's traffic token is enough; ``signed``: a file
+        route's signed URL, which stands in for a missing token."""
         ...
 
 
@@ -118,11 +127,12 @@ async def open_target(
     user: str | None = None,
     default_user: str = DEFAULT_USER,
     wake: bool = True,
+    signed: FileSignature | None = None,
 ) -> Target:
-    """Check the call's token and find its sandbox (``headers`` must look names up case-insensitively or be
-    lower-cased). ``user`` overrides the ``Authorization`` header's user."""
+    """Check the call's token (or ``signed`` URL) and find its sandbox (``headers`` must look names up
+    case-insensitively or be lower-cased). ``user`` overrides the ``Authorization`` header's user."""
     sandbox_id = headers.get(SANDBOX_HEADER)
-    row, agent = await open_sandbox(opener, sandbox_id, headers.get(TOKEN_HEADER), wake=wake)
+    row, agent = await open_sandbox(opener, sandbox_id, headers.get(TOKEN_HEADER), wake=wake, signed=signed)
     if row.status not in USABLE_STATES:
         raise SandboxUnavailable(f"sandbox {sandbox_id} was not found running: it is {row.status}")
     named = user or basic_auth_user(headers.get("authorization"))
@@ -131,11 +141,17 @@ async def open_target(
 
 
 async def open_sandbox(
-    opener: SandboxOpener, sandbox_id: str | None, token: str | None, *, wake: bool = True, traffic: bool = False
+    opener: SandboxOpener,
+    sandbox_id: str | None,
+    token: str | None,
+    *,
+    wake: bool = True,
+    traffic: bool = False,
+    signed: FileSignature | None = None,
 ) -> tuple[SandboxRowLike, Agent]:
     """:meth:`SandboxOpener.open`, with a sandbox that is gone reported as :class:`SandboxUnavailable`."""
     try:
-        return await opener.open(sandbox_id, token, wake=wake, traffic=traffic)
+        return await opener.open(sandbox_id, token, wake=wake, traffic=traffic, signed=signed)
     except NotFound as err:
         raise SandboxUnavailable(f"sandbox {sandbox_id} was not found") from err
     except StateError as err:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import and_, case, delete, select, update
 
 from ..netpolicy import EgressPolicy
 from ..util.sealing import Sealer
@@ -40,9 +40,10 @@ class MoveRecords:
     def hibernated(self, sandbox_id: str, host: str, egress: EgressPolicy | None) -> bool:
         """The row of ``sandbox_id`` on ``host`` is hibernated there (image local), with the network policy its
         agent hibernated it with (what a wake elsewhere applies); ``False`` when no such row."""
-        changes: dict[str, Any] = {"status": HIBERNATED, "hibernation": HIBERNATION_LOCAL, "egress": egress}
-        changes["hibernated_at"] = time.time()
+        changes = {"status": HIBERNATED, "hibernation": HIBERNATION_LOCAL, "egress": egress}
         values = self._values({**changes, "hibernation_manifest_sha256": None})  # a stored one is not this image
+        kept = and_(m.Sandbox.status == HIBERNATED, m.Sandbox.hibernated_at.is_not(None))  # its retention runs on
+        values["hibernated_at"] = case((kept, m.Sandbox.hibernated_at), else_=time.time())
         with self._db.session(what=f"sandbox {sandbox_id}") as s:
             done = s.execute(update(m.Sandbox).where(m.Sandbox.id == sandbox_id, m.Sandbox.host == host).values(values))
             return bool(done.rowcount)  # type: ignore[attr-defined]

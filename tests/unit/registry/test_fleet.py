@@ -313,6 +313,13 @@ def test_stored_hibernations_are_never_lost_and_move_by_compare_and_swap(registr
         policy,
     )
     assert not moves.hibernated("sb-run", "h2", None)  # another host's row
+    registry.update_sandbox("sb-run", hibernated_at=5.0)  # hibernated at its timeout, say: a drain keeps the stamp
+    assert moves.hibernated("sb-run", "h1", policy) and registry.get_sandbox("sb-run").hibernated_at == 5.0
+    registry.update_sandbox("sb-run", status="running")
+    assert registry.get_sandbox("sb-run").hibernated_at is None  # woken: no stamp
+    assert moves.hibernated("sb-run", "h1", policy)  # hibernated by the drain: stamped now
+    stamped = registry.get_sandbox("sb-run").hibernated_at
+    assert stamped is not None and stamped > 5.0
 
 
 def test_mark_stale_from_two_replicas_at_once(db_url: str) -> None:

@@ -281,15 +281,18 @@ def drained_elsewhere(fleet: Fleet, client: Api) -> None:
         for name in others:  # empty: drained at once; the three creates then all land on the home agent
             report = client.call("POST", f"/v1/agents/{name}/drain")
             assert (report["status"], report["count"], report["errors"]) == ("draining", 0, [])
+        # the third one hibernates at its timeout and wakes only when resumed: it moves hibernated
+        paused = {"ttl_seconds": 5, "on_timeout": "hibernate", "auto_wake": False}
         made = [
             client.create(
                 metadata={"n": str(i)},
                 env={"E": f"v{i}"},
-                ttl_seconds=3600 + i,
                 network={"egress": "allow", "allow": [f"198.51.100.{i * 8}/29"]},
+                **({"ttl_seconds": 3600 + i} if i < 2 else paused),
             )
             for i in range(3)
         ]
+        paused_id = made[2]["id"]
         assert {s["host"] for s in made} == {home}
         for name in others:
             assert client.call("POST", f"/v1/agents/{name}/undrain") == {"name": name, "status": "up"}
@@ -298,6 +301,10 @@ def drained_elsewhere(fleet: Fleet, client: Api) -> None:
         for i, sandbox in enumerate(made):
             started = "nohup sleep 100000 >/dev/null 2>&1 & echo $!"
             pids[sandbox["id"]] = client.sh(sandbox["id"], f"echo kept-{i} > /root/drain-file; {started}").strip()
+        deadline = time.monotonic() + 120
+        while client.call("GET", f"/v1/sandboxes/{paused_id}")["status"] != "hibernated":
+            assert time.monotonic() < deadline, "not hibernated at its timeout"
+            time.sleep(0.5)
 
         drained = subprocess.run(
             [sys.executable, "-m", "cryobox.cli.main", "agent", "drain", home, "--json"],
@@ -320,6 +327,10 @@ def drained_elsewhere(fleet: Fleet, client: Api) -> None:
                 sandbox_id, f"cat /root/drain-file; kill -0 {pids[sandbox_id]} && echo alive; echo $E"
             )
 
+        refused = client.http.post(f"/v1/sandboxes/{paused_id}/exec", json={"cmd": "true"})
+        assert refused.status_code == 409, refused.text  # moved hibernated, it still waits to be resumed
+        client.call("PATCH", f"/v1/sandboxes/{paused_id}/lifecycle", json={"ttl_seconds": 3600})
+        client.call("POST", f"/v1/sandboxes/{paused_id}/wake")  # resumed: on another agent
         woke = time.monotonic()
         with ThreadPoolExecutor(3) as pool:
             answers = dict(pool.map(use, range(3)))
@@ -334,8 +345,10 @@ def drained_elsewhere(fleet: Fleet, client: Api) -> None:
             assert row["host"] in others and row["status"] == "running"
             assert row["instance_id"] == sandbox["instance_id"] and row["metadata"] == {"n": str(i)}
             moved = on_agent(fleet, row["host"], f"/{sandbox_id}")
-            same = ("instance_id", "workspace_id", "metadata", "env", "ttl_s", "egress", "created_at")
+            same: tuple[str, ...] = ("instance_id", "workspace_id", "metadata", "env", "egress", "created_at")
+            same += ("ttl_s",) if sandbox_id != paused_id else ()  # its TTL changed before its wake
             assert {k: moved[k] for k in same} == {k: before[sandbox_id][k] for k in same}
+            assert (row["on_timeout"], row["auto_wake"]) == (("hibernate", False) if i == 2 else ("kill", True))
             assert client.sh(sandbox_id, "cat /run/cryobox/instance-id").strip() == sandbox["instance_id"]
         assert on_agent(fleet, home) == []  # the drained agent runs (and holds) nothing
         assert open_store(fleet.store_url, env=S3_CREDENTIALS).list("hibernations") == []

@@ -1,4 +1,5 @@
-// #/sandboxes/<id>: facts, actions (with confirmations), terminal, files, exec box + history, network policy + egress log.
+// #/sandboxes/<id>: facts, actions (with confirmations), CPU/memory chart + log, terminal, files, exec box + history,
+// network policy + egress log.
 import { errorText, sbxPath } from "../api.js";
 import { fmtTime, h, link, pairs, replace, statusBadge, table } from "../dom.js";
 import { confirmDialog, toast } from "../ui.js";
@@ -6,6 +7,7 @@ import { TerminalPanel } from "../terminal.js";
 import { FilesPanel } from "../files.js";
 import { ExecPanel } from "../execs.js";
 import { NetworkPanel } from "../network.js";
+import { ObservePanel } from "../observe.js";
 
 const ACTIONS = [
   // [testid, label, confirmation, run(api, id, answer) -> result node or text]
@@ -114,6 +116,7 @@ export function sandboxPage(app, root, id) {
   const files = new FilesPanel(app.api, id);
   const execs = new ExecPanel(app.api, id);
   const network = new NetworkPanel(app.api, id);
+  const usage = new ObservePanel(app.api, id);
   let current = null;
 
   function show(s) {
@@ -139,6 +142,7 @@ export function sandboxPage(app, root, id) {
       meta,
       actions,
       result,
+      h("div", { class: "card", testid: "usage-card" }, h("h3", null, "Usage"), usage.el),
       h("div", { class: "columns" },
         h("div", { class: "card col-wide" }, h("h3", null, "Terminal"), terminal.el),
         h("div", { class: "card col-narrow" }, h("h3", null, "Files"), files.el),
@@ -159,8 +163,10 @@ export function sandboxPage(app, root, id) {
   files.load();
   execs.loadHistory();
   network.load();
+  usage.start();
   return () => {
     off();
+    usage.stop();
     terminal.dispose();
   };
 }

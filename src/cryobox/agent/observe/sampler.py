@@ -8,9 +8,10 @@ carries the last view it gave (or the host's figures). CPU is a difference betwe
 first sample comes one interval after it is first seen running.
 
 Observing is not activity: nothing here touches a sandbox's idle clock, holds it busy, wakes it or takes its
-lock. Paused and hibernated sandboxes are not sampled (their history stays); what the service no longer holds
-is forgotten at the next tick. The agent's own lines about a sandbox come from the service's record writes
-(:mod:`.journal`, registered with :meth:`~..sandbox.service.SandboxService.watch`).
+lock (while a lifecycle change or a capture holds the lock, the guest is not asked, so no request of the
+observer's is in flight in a snapshot). Paused and hibernated sandboxes are not sampled (their history stays);
+what the service no longer holds is forgotten at the next tick. The agent's own lines about a sandbox come from
+the service's record writes (:mod:`.journal`, registered with :meth:`~..sandbox.service.SandboxService.watch`).
 """
 
 from __future__ import annotations
@@ -55,8 +56,10 @@ class ObserveConfig:
     console_bytes_per_tick: int = 64 << 10
     """What one tick reads of a sandbox's console at most; a guest writing more has the rest skipped."""
     guest_timeout_s: float = 2.0
+    memory_every_s: float = 5.0
+    """How often the guest's own memory figures are read (at most once a tick; the host's are read every tick)."""
     disk_every_s: float = 30.0
-    """How often the guest's disk use is read (its memory is read every tick)."""
+    """How often the guest's disk use is read."""
     concurrency: int = 8
     """Guests asked at once."""
 
@@ -85,6 +88,7 @@ class Watch:
     usage_at: float = 0.0
     memory: GuestMemory | None = None
     memory_at: float = float("-inf")
+    memory_asked: float = float("-inf")
     device_bytes: int | None = None
     disk: GuestDisk | None = None
     disk_at: float = float("-inf")
@@ -215,15 +219,22 @@ class SandboxObserver:
             self.logs.add(sandbox_id, now, "info", "console", line)
 
     async def _guest_view(self, sandbox: Sandbox, watch: Watch, mono: float, gate: asyncio.Semaphore) -> None:
-        """Ask the guest for its memory (and, when due, its disk); a guest that does not answer keeps its last."""
+        """Ask the guest for its memory (and, when due, its disk); a guest that does not answer keeps its last.
+        Not while a lifecycle change or a capture holds the sandbox: nothing of ours is in flight in a snapshot."""
+        memory_due = mono - watch.memory_asked >= self.config.memory_every_s
+        disk_due = mono - watch.disk_at >= self.config.disk_every_s
+        if sandbox.lock.locked() or not (memory_due or disk_due):
+            return
         timeout = self.config.guest_timeout_s
         async with gate:
             try:
                 guest = await sandbox.vm.connect_guest(timeout)
-                memory = await read_memory(guest, timeout)
-                if memory is not None:
-                    watch.memory, watch.memory_at = memory, mono
-                if mono - watch.disk_at >= self.config.disk_every_s:
+                if memory_due:
+                    watch.memory_asked = mono
+                    memory = await read_memory(guest, timeout)
+                    if memory is not None:
+                        watch.memory, watch.memory_at = memory, mono
+                if disk_due:
                     watch.disk_at = mono  # also when it fails: not asked again before it is due
                     if watch.device_bytes is None:
                         watch.device_bytes = await read_device_bytes(guest, timeout)

@@ -104,6 +104,28 @@ async def test_paused_and_hibernated_sandboxes_are_not_sampled_and_what_goes_is_
     assert observer.series("sb-1").samples == [] and observer.page("sb-1", LogQuery()).entries == []
 
 
+async def test_a_short_interval_samples_the_host_often_and_asks_the_guest_every_5_s(rig: Rig, tmp_path: Path) -> None:
+    vm = await running(rig, tmp_path, "sb-1", 4242)
+    observer = observer_of(rig, tmp_path, interval_s=1.0)
+    for _ in range(11):
+        await observer.tick()
+        rig.clock.advance(1.0)
+    assert len(observer.series("sb-1").samples) == 10
+    reads = [args["path"] for op, args in vm.fake_guest.calls if op == "read_file"]
+    assert reads.count(MEMINFO) == 3 and reads.count(ROOT_GROUPS) == 1  # at 0, 5 and 10 s; the disk once
+
+
+async def test_the_guest_is_not_asked_while_a_capture_holds_the_sandbox(rig: Rig, tmp_path: Path) -> None:
+    vm = await running(rig, tmp_path, "sb-1", 4242)
+    observer = observer_of(rig, tmp_path)
+    calls = len(vm.fake_guest.calls)
+    async with rig.service.get("sb-1").lock:  # what a snapshot, a fork or a hibernation holds
+        await observer.tick()
+    assert len(vm.fake_guest.calls) == calls
+    await observer.tick()
+    assert len(vm.fake_guest.calls) > calls
+
+
 async def test_a_guest_that_does_not_answer_gets_the_hosts_figures(rig: Rig, tmp_path: Path) -> None:
     await running(rig, tmp_path, "sb-1", 4242, guest=False)
     observer = observer_of(rig, tmp_path)

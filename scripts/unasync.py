@@ -44,6 +44,7 @@ SUBS: dict[str, str] = {
     "AsyncCodeContexts": "CodeContexts",
     "AsyncCodeInterpreter": "CodeInterpreter",
     "AsyncNetworkControl": "NetworkControl",
+    "AsyncObserve": "Observe",
     "AsyncTemplates": "Templates",
     "AsyncBuild": "Build",
     "AsyncApiClient": "ApiClient",

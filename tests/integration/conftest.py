@@ -18,6 +18,7 @@ import pytest
 from cryobox import Sandbox
 from cryobox.agent.host.reclaim import find_own_qemus
 from cryobox.agent.net.egress.resolver import UPSTREAM_ENV as DNS_UPSTREAM
+from cryobox.agent.observe.sampler import INTERVAL_ENV as SAMPLE_INTERVAL
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
 from cryobox.objstore.client import open_store
@@ -65,7 +66,8 @@ def server(
     allowed = ",".join([OUTSIDE_RANGE, *archive_networks()])
     # the suite's builds share the host's step caches: keep them small (the defaults are an operator's 20/50 GiB)
     budgets = {"CRYOBOX_BUILD_CACHE_BYTES": str(2 << 30), "CRYOBOX_BUILD_CACHE_STORE_BYTES": str(2 << 30)}
-    env = {ALLOW_PRIVATE: allowed, DNS_UPSTREAM: suite_internet.dns, **budgets}
+    # sandboxes are sampled every second (not every 5): the E2B test reads a history of several samples
+    env = {ALLOW_PRIVATE: allowed, DNS_UPSTREAM: suite_internet.dns, SAMPLE_INTERVAL: "1", **budgets}
     proc = ServeProcess(data_dir, cache_dir=cache_dir, extra_env=env).start()
     try:
         yield proc

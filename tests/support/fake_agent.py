@@ -27,8 +27,11 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from cryobox.agent.observe.logbook import LogBook
+from cryobox.agent.observe.rings import RingBounds
 from cryobox.agentapi import models as m
 from cryobox.agentapi.interface import FILE_OPS, MAX_FILE_BYTES
+from cryobox.agentapi.models_obs import LogPage, LogQuery, MetricSample, MetricSeries
 from cryobox.errors import (
     CryoboxError,
     GuestError,
@@ -85,6 +88,10 @@ class FakeAgent(FakeProcs, FakeRecipeBuilds):
         self.template_infos: dict[str, m.TemplateInfo] = {t.name: t for t in templates or [DEFAULT_TEMPLATE]}
         self.net: dict[str, m.NetInspection] = {}
         self.egress_decisions: dict[str, list[m.EgressDecision]] = {}
+        self.samples: dict[str, list[MetricSample]] = {}
+        """What ``sandbox_metrics`` answers (a test puts samples there); oldest first."""
+        self.logbook = LogBook(RingBounds(1000, 1 << 20, 1 << 24))
+        """What ``sandbox_logs`` pages through (the agent's real log book; a test adds lines)."""
         self.ptys: dict[str, tuple[str, asyncio.Queue[bytes | None]]] = {}
         self.pty_sizes: dict[str, tuple[int, int]] = {}
         self.closed_streams: list[str] = []
@@ -336,6 +343,23 @@ class FakeAgent(FakeProcs, FakeRecipeBuilds):
         keep = len(items) if limit is None else min(limit, len(items))
         kept = items[len(items) - keep :]
         return m.EgressLog(items=kept, dropped=len(items) - len(kept))
+
+    async def sandbox_metrics(
+        self, sandbox_id: str, start: float | None = None, end: float | None = None
+    ) -> MetricSeries:
+        self._record("sandbox_metrics", sandbox_id, start, end)
+        self._sandbox(sandbox_id)
+        kept = [
+            s
+            for s in self.samples.get(sandbox_id, [])
+            if (start is None or s.timestamp >= start) and (end is None or s.timestamp <= end)
+        ]
+        return MetricSeries(sandbox_id=sandbox_id, interval_s=5.0, samples=kept)
+
+    async def sandbox_logs(self, sandbox_id: str, query: LogQuery) -> LogPage:
+        self._record("sandbox_logs", sandbox_id, query)
+        self._sandbox(sandbox_id)
+        return self.logbook.page(sandbox_id, query)
 
     async def touch(self, sandbox_id: str) -> m.SandboxInfo:
         self._record("touch", sandbox_id)

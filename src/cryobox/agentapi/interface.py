@@ -49,6 +49,7 @@ from .models import (
     WakeSpec,
     WriteResult,
 )
+from .models_obs import LogPage, LogQuery, MetricSeries
 from .models_procs import (
     FsEvent,
     FsRequest,
@@ -70,6 +71,7 @@ METRICS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 GUEST_PATH = op.Query(min_length=1, max_length=4096, description="absolute path inside the guest")
 GUEST_USER = op.Query(min_length=1, max_length=64, description="the guest user to own what is written")
 EGRESS_LIMIT = op.Query(max_length=6, description="at most this many of the newest decisions (0-1000)")
+SAMPLE_TIME = op.Query(description="epoch seconds")
 LONG, NONE, EXEC = op.Timeout.LONG, op.Timeout.NONE, op.Timeout.EXEC
 
 
@@ -154,6 +156,20 @@ class Agent(Protocol):
     @op.get("/sandboxes/{sandbox_id}/egress", query={"limit": EGRESS_LIMIT})
     async def egress_log(self, sandbox_id: str, limit: int | None = None) -> EgressLog:
         """The sandbox's newest egress decisions (at most ``limit``), oldest first."""
+        ...
+
+    @op.get("/sandboxes/{sandbox_id}/metrics", query={"start": SAMPLE_TIME, "end": SAMPLE_TIME})
+    async def sandbox_metrics(
+        self, sandbox_id: str, start: float | None = None, end: float | None = None
+    ) -> MetricSeries:
+        """The sandbox's CPU and memory samples taken in ``[start, end]`` (either open), oldest first. Never wakes
+        the sandbox, never counts as activity."""
+        ...
+
+    @op.post("/sandboxes/{sandbox_id}/logs")
+    async def sandbox_logs(self, sandbox_id: str, query: LogQuery) -> LogPage:
+        """A page of the sandbox's log (its console and the agent's lines about it). Never wakes the sandbox,
+        never counts as activity."""
         ...
 
     @op.post("/sandboxes/{sandbox_id}/touch")

@@ -7,6 +7,7 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -60,6 +61,11 @@ def connected(sandbox_id: str, api_url: str | None, api_key: str | None) -> Iter
         fail(error)
     finally:
         sbx.close()
+
+
+def utc_time(epoch_s: float) -> str:
+    """``2024-05-01 12:00:00.250Z``: a time of a log or a sample, to the millisecond."""
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
 
 
 def print_json(value: Any) -> None:

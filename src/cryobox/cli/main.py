@@ -23,6 +23,8 @@ from .lifecycle_cmds import lifecycle as sandbox_lifecycle
 from .mcp_cmd import mcp
 from .network_cmds import egress as sandbox_egress
 from .network_cmds import network as sandbox_network
+from .observe_cmds import logs as sandbox_logs
+from .observe_cmds import metrics as sandbox_metrics
 from .sandbox_cmds import sandbox_app, template_app
 from .snapshot_cmds import snapshot_app
 from .template_build import template_build
@@ -36,6 +38,8 @@ app.add_typer(sandbox_app, name="sandbox")
 sandbox_app.command("network")(sandbox_network)
 sandbox_app.command("egress")(sandbox_egress)
 sandbox_app.command("lifecycle")(sandbox_lifecycle)
+sandbox_app.command("metrics")(sandbox_metrics)
+sandbox_app.command("logs")(sandbox_logs)
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(template_app, name="template")
 template_app.command("create")(template_create)

@@ -3,7 +3,6 @@ egress decision log), through the SDK; the policy options ``sandbox create`` sha
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -12,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import models
-from ._common import ApiKey, ApiUrl, Json, connected, err, out, print_json
+from ._common import ApiKey, ApiUrl, Json, connected, err, out, print_json, utc_time
 
 
 class Default(StrEnum):
@@ -108,16 +107,12 @@ def network(
         print_policy(current)
 
 
-def _time(epoch_s: float) -> str:
-    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
-
-
 def egress_table(log: models.EgressLog) -> Table:
     """One row per decision, in the log's order (oldest first). Names come from the guest: never markup."""
     table = Table("time", "name", "ip", "port", "verdict", "reason", "out", "in", "error")
     for d in log.items:
         table.add_row(
-            _time(d.time),
+            utc_time(d.time),
             Text(d.name or "-"),
             Text(d.ip or "-"),
             str(d.port),

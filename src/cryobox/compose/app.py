@@ -18,6 +18,7 @@ from ..compat.e2b.access import SandboxAccess
 from ..compat.e2b.api import router as e2b_router
 from ..compat.e2b.catalog import router as e2b_catalog_router
 from ..compat.e2b.network import E2BSettings
+from ..compat.e2b.observe import router as e2b_observe_router
 from ..compat.e2b.sandbox_hosts import SandboxHosts, normal_domain
 from ..compat.e2b.sandbox_url import mount_sandbox_url
 from ..compat.e2b.templates import router as e2b_templates_router
@@ -51,6 +52,7 @@ from ..server.routes.files import router as files_router
 from ..server.routes.fleet import router as fleet_router
 from ..server.routes.forks import router as forks_router
 from ..server.routes.network import router as network_router
+from ..server.routes.observe import router as observe_router
 from ..server.routes.platform import router as platform_router
 from ..server.routes.ports import router as ports_router
 from ..server.routes.procs import router as procs_router
@@ -207,6 +209,7 @@ def create_app(
         app.add_middleware(SandboxHosts, domain=domain)
     app.include_router(sandboxes_router)
     app.include_router(network_router)
+    app.include_router(observe_router)
     app.include_router(files_router)
     app.include_router(snapshots_router)
     app.include_router(forks_router)
@@ -229,5 +232,6 @@ def create_app(
     app.state.envd = mount_sandbox_url(app, sandbox_access, app.state.ctx.proxy)
     app.include_router(e2b_templates_router)  # before e2b_router, whose last route catches the rest
     app.include_router(e2b_catalog_router)
+    app.include_router(e2b_observe_router)  # before e2b_router: GET /sandboxes/metrics vs /sandboxes/{id}
     app.include_router(e2b_router)
     return app

@@ -12,6 +12,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstr
 from ..errors import InvalidArgument
 from ..netpolicy import EgressPolicy, parse_cidrs
 from . import network as _network
+from . import observe as _observe
 from . import procs as _procs
 from .builds import *  # noqa: F403 (template builds, builds.py, in this one namespace)
 from .builds import FailedStep
@@ -39,6 +40,12 @@ ProcessSignal = _procs.ProcessSignal
 NetworkPolicy = _network.NetworkPolicy
 EgressDecision = _network.EgressDecision
 EgressLog = _network.EgressLog
+
+# a sandbox's samples and log (observe.py), in this one namespace
+MetricSample = _observe.MetricSample
+SandboxMetrics = _observe.SandboxMetrics
+SandboxLogEntry = _observe.SandboxLogEntry
+SandboxLogs = _observe.SandboxLogs
 
 SandboxStatus = Literal["starting", "running", "paused", "hibernated", "stopped", "error", "lost"]
 BootMode = Literal["restore", "cold"]

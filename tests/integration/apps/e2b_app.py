@@ -16,9 +16,17 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from e2b import CommandExitException, PtySize, Sandbox, SandboxQuery, SandboxState
+from e2b import CommandExitException, ConnectionConfig, PtySize, Sandbox, SandboxQuery, SandboxState
+from e2b.api.client.api.sandboxes import get_sandboxes_metrics, get_v_2_sandboxes_sandbox_id_logs
+from e2b.api.client.models import LogsDirection
+from e2b.api.client_sync import get_api_client
 
 REPORT: dict[str, Any] = {}
+
+
+def api_client() -> Any:
+    """The SDK's own client of E2B's REST API (what its methods call), for the routes it has no method for."""
+    return get_api_client(ConnectionConfig())
 
 
 def step(name: str, fn: Callable[[], Any]) -> Any:
@@ -145,11 +153,23 @@ def lifecycle(sbx: Sandbox) -> None:
     step("set_timeout", lambda: sbx.set_timeout(600) is None)
 
     def metrics() -> dict[str, Any]:
-        sample = sbx.get_metrics()[-1]
+        samples = sbx.get_metrics()
+        deadline = time.monotonic() + 60
+        while len(samples) < 2 and time.monotonic() < deadline:  # the agent samples every few seconds
+            time.sleep(0.5)
+            samples = sbx.get_metrics()
+        sample = samples[-1]
+        since = sbx.get_metrics(start=sample.timestamp)
+        newest = get_sandboxes_metrics.sync_detailed(client=api_client(), sandbox_ids=[sbx.sandbox_id])
         return {
             "cpus": sample.cpu_count,
             "mem_ok": 0 < sample.mem_used < sample.mem_total,
-            "disk": sample.disk_total > 0,
+            "disk": 0 < sample.disk_used < sample.disk_total,
+            "samples": len(samples),
+            "in_order": [s.timestamp for s in samples] == sorted(s.timestamp for s in samples),
+            "cpu_ok": all(0 <= s.cpu_used_pct <= 100 for s in samples),
+            "since": 1 <= len(since) < len(samples),
+            "listed": sbx.sandbox_id in (newest.parsed.sandboxes if newest.parsed is not None else {}),
         }
 
     step("metrics", metrics)
@@ -165,6 +185,34 @@ def lifecycle(sbx: Sandbox) -> None:
         return {"paused": paused, "state_paused": paused_listed, "after": kept}
 
     step("pause_connect", pause_connect)
+
+    def logs() -> dict[str, Any]:
+        """The sandbox's log through the SDK's own API client: the agent's lines about it (started, paused,
+        woken) and a line its guest wrote to the serial console."""
+        sbx.commands.run("echo cryobox-console-$((6*7)) > /dev/console", user="root")
+        entries: list[Any] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            got = get_v_2_sandboxes_sandbox_id_logs.sync_detailed(sbx.sandbox_id, client=api_client())
+            entries = list(got.parsed.logs) if got.parsed is not None and hasattr(got.parsed, "logs") else []
+            if any(e.message == "cryobox-console-42" for e in entries):
+                break
+            time.sleep(0.5)
+        agent = [e.message for e in entries if e.fields.additional_properties.get("source") == "agent"]
+        console = [e.message for e in entries if e.fields.additional_properties.get("source") == "console"]
+        backward = get_v_2_sandboxes_sandbox_id_logs.sync_detailed(
+            sbx.sandbox_id, client=api_client(), direction=LogsDirection.BACKWARD, limit=1
+        )
+        newest = [e.message for e in backward.parsed.logs] if backward.parsed is not None else []
+        return {
+            "console": "cryobox-console-42" in console,
+            "started": any(m.startswith("started: restored from template base") for m in agent),
+            "paused": any(m.startswith("hibernated") for m in agent) and "woken from hibernation" in agent,
+            "levels": sorted({str(e.level.value) for e in entries}),
+            "newest": newest,
+        }
+
+    step("logs", logs)
 
 
 def snapshots_and_forks(sbx: Sandbox) -> None:

@@ -235,6 +235,33 @@ def test_network_policy_form_and_egress_log(console: Console) -> None:
     assert restored.status_code == 200, restored.text
 
 
+def test_usage_chart_and_log(console: Console) -> None:
+    """The sandbox page charts its CPU and memory from the agent's samples (the suite's server samples every second)
+    and lists its log newest first: a line its guest wrote to the serial console (shown as text) and the agent's."""
+    page = console.page
+    sandbox_id = console.facts["sandbox"]
+    done = console.http.post(
+        f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": f"echo {_sh(HOSTILE_LOG)} > /dev/console"}
+    )
+    assert done.status_code == 200 and done.json()["exit_code"] == 0, done.text
+    console.go(f"sandboxes/{sandbox_id}", "page-sandbox")
+    cpu = page.get_by_test_id("usage-cpu")
+    expect(cpu).to_have_count(1, timeout=30_000)  # two samples make a line
+    assert len((cpu.get_attribute("points") or "").split()) >= 2
+    expect(page.get_by_test_id("usage-mem")).to_have_count(1)
+    expect(page.get_by_test_id("usage-latest")).to_contain_text("CPU")
+    rows = page.locator("[data-testid=sandbox-log-row][data-source=console]", has_text=HOSTILE_LOG)
+    deadline = time.monotonic() + 30
+    while rows.count() == 0 and time.monotonic() < deadline:
+        page.get_by_test_id("sandbox-log-refresh").click()
+        page.wait_for_timeout(500)
+    expect(rows.first).to_be_visible()
+    started = page.locator("[data-testid=sandbox-log-row][data-source=agent]", has_text="started: restored from")
+    expect(started.first).to_be_visible()
+    console.shot("sandbox-usage")
+    no_dialogs(console)
+
+
 def test_snapshot_and_restore(console: Console) -> None:
     page = console.page
     page.get_by_test_id("action-snapshot").click()

@@ -34,6 +34,7 @@ from ..net.netlink import host_networks
 from ..net.netlink import reclaim as reclaim_net
 from ..net.pool import SlotPool
 from ..net.slots import SlotPlan, tag_for
+from ..observe.sampler import ObserveConfig, SandboxObserver
 from ..publish.prefetch import ensure_trace
 from ..publish.templates import fetch_template, publish_template
 from ..sandbox.factory import PoolMode, VmFactory
@@ -196,6 +197,8 @@ class Host:
     """What the host gave up so jailed QEMUs work (see :func:`.vm.jail.prepare_host`)."""
     warming: asyncio.Task[None] | None = None
     """Faulting in the snapshot staging reserve (:meth:`.vm.staging.StagingPool.warm`), in the background."""
+    observer: SandboxObserver | None = None
+    """Each sandbox's samples and log (:mod:`..observe`)."""
     _closed: bool = False
 
     async def close(self, on_stop: OnStop = OnStop.KILL, release: bool = True) -> None:
@@ -212,6 +215,8 @@ class Host:
                 self.ownership.release()
 
     async def _close(self, on_stop: OnStop, release: bool) -> None:
+        if self.observer is not None:
+            await self.observer.close()
         if self.logs is not None:
             await self.logs.close()
         if on_stop is OnStop.HIBERNATE:
@@ -390,8 +395,10 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
     if config.storage.memory_mode is MemoryMode.HOT and localizer.start(templates.values()):
         progress("bringing fetched templates' memory home in the background")
     forking = Forking(service, snapshots)
+    observer = SandboxObserver(service, ObserveConfig.from_env())  # a bad setting fails before anything starts
     logs = LogCapper([paths.run_dir, paths.bake_dir])
     logs.start()
+    observer.start()
     if jail is None:
         progress("jail: OFF (CRYOBOX_JAIL=off): QEMU runs as this process's user, unconfined")
     else:
@@ -422,4 +429,5 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
         weakened,
         logs,
         start_warming(snapshots.staging),
+        observer=observer,
     )

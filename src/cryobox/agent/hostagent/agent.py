@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from ... import __version__
 from ...agentapi import models as am
 from ...agentapi.interface import FILE_OPS
+from ...agentapi.models_obs import LogPage, LogQuery, MetricSeries
 from ...errors import InvalidArgument, NotFound
 from ...image.specs import TemplateSpec
 from ...util.encoding import b64, unb64
@@ -147,7 +148,8 @@ class HostAgent(HibernationEndpoints, ProcEndpoints):
     async def metrics_text(self) -> bytes:
         parts: list[str] = []
         egress = [self.host.egress.metrics.text] if self.host.egress.metrics is not None else []
-        for source in [self.host.memserver.metrics_text, *egress, *self.metrics_sources]:
+        observer = [self.host.observer.metrics_text] if self.host.observer is not None else []
+        for source in [self.host.memserver.metrics_text, *egress, *observer, *self.metrics_sources]:
             try:
                 parts.append(await source())
             except Exception as err:  # a scrape never fails because one source did
@@ -216,6 +218,22 @@ class HostAgent(HibernationEndpoints, ProcEndpoints):
 
     async def touch(self, sandbox_id: str) -> am.SandboxInfo:
         return self._info(self.service.touch(sandbox_id))
+
+    async def sandbox_metrics(
+        self, sandbox_id: str, start: float | None = None, end: float | None = None
+    ) -> MetricSeries:
+        self.service.get(sandbox_id)  # 404 for a sandbox this agent does not hold; never touched
+        observer = self.host.observer
+        if observer is None:
+            return MetricSeries(sandbox_id=sandbox_id, interval_s=0.0, samples=[])
+        return observer.series(sandbox_id, start, end)
+
+    async def sandbox_logs(self, sandbox_id: str, query: LogQuery) -> LogPage:
+        self.service.get(sandbox_id)
+        observer = self.host.observer
+        if observer is None:
+            return LogPage(entries=[], next_offset=0)
+        return observer.page(sandbox_id, query)
 
     # -- commands, files, terminals ------------------------------------------------------------------------
 

@@ -74,6 +74,7 @@ class SandboxService(Lifecycle, GuestCalls):
         self.restoring = 0
         """Creates restoring right now (counted here, not by admission, so the bound is checked independently)."""
         self.restoring_peak = 0
+        self._watchers: list[Callable[[Sandbox], None]] = []
 
     def start(self) -> None:
         for pool in self.pools.values():
@@ -114,9 +115,19 @@ class SandboxService(Lifecycle, GuestCalls):
         return sandbox_record(sandbox, self.factory.vm_record(sandbox.vm) if sandbox.state.live else None)
 
     async def persist(self, sandbox: Sandbox) -> None:
-        """Write the sandbox's record durably (before its new state is reported)."""
+        """Write the sandbox's record durably (before its new state is reported), then tell the watchers."""
         if self.records is not None:
             await asyncio.to_thread(self.records.write, self.record_of(sandbox))
+        for watcher in self._watchers:
+            try:
+                watcher(sandbox)
+            except Exception:  # a watcher never fails a state change
+                log.exception("a watcher of sandbox %s failed", sandbox.id)
+
+    def watch(self, watcher: Callable[[Sandbox], None]) -> None:
+        """Call ``watcher`` with each sandbox the service records (every state, lifecycle or network change, after
+        its record is written): the observer's journal (:mod:`..observe.journal`)."""
+        self._watchers.append(watcher)
 
     async def forget_record(self, sandbox_id: str) -> None:
         """Remove the sandbox's record (idempotent)."""

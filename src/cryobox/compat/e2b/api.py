@@ -30,7 +30,6 @@ from ...server.control.sandboxes import INHERIT, CreateRequest
 from ...server.control.timeouts import OnTimeout
 from ...server.routes.deps import Caller
 from .access import SandboxAccess
-from .metrics import sample
 from .network import UPDATE_KEYS, E2BSettings, default_policy, to_policy
 from .network import refuse_unenforced as refuse_network
 from .paging import page_offset, page_token
@@ -339,16 +338,6 @@ async def delete_template(template_id: str, ctx: E2BCtx) -> Response:
         return Response(status_code=204)
     await ctx.control.snapshots.delete(snapshot.id, ctx.workspace_id)
     return Response(status_code=204)
-
-
-@router.get("/sandboxes/{sandbox_id}/metrics")
-async def metrics(sandbox_id: str, ctx: E2BCtx) -> list[dict[str, Any]]:
-    """One sample taken now (cryobox keeps no per-sandbox series); ``start``/``end`` are accepted and ignored."""
-    row = await ctx.control.get(sandbox_id, ctx.workspace_id)
-    agent = await ctx.control.agent_for(sandbox_id, ctx.workspace_id, wake=False)
-    if row.status != "running":
-        return []
-    return [await sample(agent, sandbox_id, row.cpus)]
 
 
 @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])

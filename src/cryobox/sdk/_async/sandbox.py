@@ -35,19 +35,21 @@ from ._http import open_client, output_stream, send
 from .code import AsyncCodeInterpreter
 from .filesystem import AsyncFilesystem
 from .network import AsyncNetworkControl
+from .observe import AsyncObserve
 from .processes import AsyncProcess, AsyncProcesses
 from .snapshots import AsyncForkTree
 
 __all__ = ["AsyncFilesystem", "AsyncProcess", "AsyncProcesses", "AsyncSandbox"]
 
 
-class AsyncSandbox(PortUrls, AsyncCodeInterpreter, AsyncNetworkControl):
+class AsyncSandbox(PortUrls, AsyncCodeInterpreter, AsyncNetworkControl, AsyncObserve):
     """One sandbox. Build it with ``create`` or ``connect``; ``async with`` kills it on exit.
 
     ``filesystem`` and ``processes`` are its files and background processes; ``run_code`` and ``code_contexts``
     its code interpreter (``AsyncCodeInterpreter``, template ``code-interpreter``); ``port_url(port)`` / ``get_host``
     (no IO, from ``_procs.PortUrls``) address its ports through the control plane (send ``Authorization: Bearer``);
-    ``network``, ``get_network``, ``set_network`` and ``egress_log`` its network policy (``AsyncNetworkControl``).
+    ``network``, ``get_network``, ``set_network`` and ``egress_log`` its network policy (``AsyncNetworkControl``);
+    ``metrics`` and ``logs`` its samples and log (``AsyncObserve``).
 
     The object owns its HTTP client: ``aclose()`` releases it and leaves the sandbox running, ``kill()`` deletes
     the sandbox and releases it. Forks share their parent's client; the last of them to be closed closes it.

@@ -37,19 +37,21 @@ from ._http import open_client, output_stream, send
 from .code import CodeInterpreter
 from .filesystem import Filesystem
 from .network import NetworkControl
+from .observe import Observe
 from .processes import Process, Processes
 from .snapshots import ForkTree
 
 __all__ = ["Filesystem", "Process", "Processes", "Sandbox"]
 
 
-class Sandbox(PortUrls, CodeInterpreter, NetworkControl):
+class Sandbox(PortUrls, CodeInterpreter, NetworkControl, Observe):
     """One sandbox. Build it with ``create`` or ``connect``; ``with`` kills it on exit.
 
     ``filesystem`` and ``processes`` are its files and background processes; ``run_code`` and ``code_contexts``
     its code interpreter (``CodeInterpreter``, template ``code-interpreter``); ``port_url(port)`` / ``get_host``
     (no IO, from ``_procs.PortUrls``) address its ports through the control plane (send ``Authorization: Bearer``);
-    ``network``, ``get_network``, ``set_network`` and ``egress_log`` its network policy (``NetworkControl``).
+    ``network``, ``get_network``, ``set_network`` and ``egress_log`` its network policy (``NetworkControl``);
+    ``metrics`` and ``logs`` its samples and log (``Observe``).
 
     The object owns its HTTP client: ``close()`` releases it and leaves the sandbox running, ``kill()`` deletes
     the sandbox and releases it. Forks share their parent's client; the last of them to be closed closes it.

@@ -44,11 +44,17 @@ def test_e2b_sdk_application_runs_unchanged(e2b_python: Path, server: ServeProce
     assert report["sandbox_id"] in report["sandbox_list"]["ids"] and set(report["sandbox_list"]["state"]) == {"running"}
     assert report["sandbox_info"] == {"metadata": {"app": "e2b"}, "state": "running", "template": "base"}
     assert report["set_timeout"] is True
-    assert report["metrics"] == {"cpus": 1, "mem_ok": True, "disk": True}
+    metrics = report["metrics"]  # sampled by the agent (every second for the suite's server), read by the SDK
+    assert metrics["cpus"] == 1 and metrics["mem_ok"] and metrics["disk"], metrics
+    assert metrics["samples"] >= 2 and metrics["in_order"] and metrics["cpu_ok"], metrics
+    assert metrics["since"] and metrics["listed"], metrics
     assert report["connect"] == "connected\n"
     pause = report["pause_connect"]
     assert pause["paused"] is True and pause["state_paused"] is True, pause
     assert pause["after"] == "kept\nalive\n", pause
+    logs = report["logs"]  # the agent's lines and the guest's console, through the SDK's API client
+    assert logs["console"] and logs["started"] and logs["paused"], logs
+    assert "info" in logs["levels"] and logs["newest"] == ["cryobox-console-42"], logs
     # snapshots and forks
     snap = report["snapshot_restore"]
     assert snap["file"] == "1\n" and snap["process_alive"] is True, snap

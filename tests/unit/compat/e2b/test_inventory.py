@@ -214,7 +214,8 @@ def test_takes_tells_a_route_from_the_catch_all_and_from_another_shape(app: tupl
     assert api.unserved in endpoints and api.create_v1 in endpoints
     assert takes(app[0], "GET /sandboxes/{sandboxID}")
     assert not takes(app[0], "GET /volumes")  # the catch-all
-    assert not takes(app[0], "GET /sandboxes/metrics")  # GET /sandboxes/{sandbox_id}
+    assert takes(app[0], "GET /sandboxes/metrics")  # registered before GET /sandboxes/{sandbox_id}
+    assert not takes(app[0], "GET /sandboxes/volumes")  # a literal segment: GET /sandboxes/{sandbox_id} takes it
 
 
 def test_control_plane_status_is_what_the_app_routes(doc: dict[str, Table], app: tuple[FastAPI, str]) -> None:

@@ -1,4 +1,5 @@
-// #/sandboxes/<id>: facts, actions (with confirmations), terminal, files, exec box + history, network policy + egress log.
+// #/sandboxes/<id>: facts, actions (with confirmations), CPU/memory chart + log, terminal, files, exec box + history,
+// network policy + egress log.
 import { errorText, sbxPath } from "../api.js";
 import { fmtTime, h, link, pairs, replace, statusBadge, table } from "../dom.js";
 import { confirmDialog, toast } from "../ui.js";
@@ -7,6 +8,7 @@ import { FilesPanel } from "../files.js";
 import { ExecPanel } from "../execs.js";
 import { NetworkPanel } from "../network.js";
 import { timeoutText } from "../lifecycle.js";
+import { ObservePanel } from "../observe.js";
 
 const ACTIONS = [
   // [testid, label, confirmation, run(api, id, answer) -> result node or text]
@@ -116,6 +118,7 @@ export function sandboxPage(app, root, id) {
   const files = new FilesPanel(app.api, id);
   const execs = new ExecPanel(app.api, id);
   const network = new NetworkPanel(app.api, id);
+  const usage = new ObservePanel(app.api, id);
   let current = null;
 
   function show(s) {
@@ -141,6 +144,7 @@ export function sandboxPage(app, root, id) {
       meta,
       actions,
       result,
+      h("div", { class: "card", testid: "usage-card" }, h("h3", null, "Usage"), usage.el),
       h("div", { class: "columns" },
         h("div", { class: "card col-wide" }, h("h3", null, "Terminal"), terminal.el),
         h("div", { class: "card col-narrow" }, h("h3", null, "Files"), files.el),
@@ -161,8 +165,10 @@ export function sandboxPage(app, root, id) {
   files.load();
   execs.loadHistory();
   network.load();
+  usage.start();
   return () => {
     off();
+    usage.stop();
     terminal.dispose();
   };
 }

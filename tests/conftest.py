@@ -10,6 +10,7 @@ other's leaks.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -94,6 +95,17 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if found:
         session.config.stash[LEAKS] = found
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        return
+    basetemp = session.config.option.basetemp
+    if basetemp and session.exitstatus == pytest.ExitCode.OK and not _mounts_below(Path(basetemp)):
+        # a passed run keeps none of its ~10 GiB of data dirs (a failed one keeps them to look at, until the next
+        # run's start reclaims them): the disk is shared with the store and the images
+        shutil.rmtree(basetemp, ignore_errors=True)
+
+
+def _mounts_below(root: Path) -> bool:
+    prefix = f"{root.resolve()}/"
+    return any(line.split()[1].startswith(prefix) for line in Path("/proc/self/mounts").read_text().splitlines())
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

@@ -56,6 +56,11 @@ class Paths:
         return self.volume_dir / "hibernate"
 
     @property
+    def volumes_dir(self) -> Path:
+        """The images of the volumes this host holds (:mod:`cryobox.agent.volumes`; durable)."""
+        return self.volume_dir / "volumes"
+
+    @property
     def records_dir(self) -> Path:
         """One durable record per sandbox (what a restarted agent re-adopts)."""
         return self.volume_dir / "sandboxes"

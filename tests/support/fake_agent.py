@@ -46,6 +46,7 @@ from cryobox.netpolicy import EgressPolicy
 from cryobox.objstore.client import ObjectStore, open_store
 from tests.support.fake_builds import FakeRecipeBuilds
 from tests.support.fake_procs import FakeProcs
+from tests.support.fake_volumes import FakeVolumes
 
 DEFAULT_TEMPLATE = m.TemplateInfo(name="base", generation="g1", cpus=1, memory_mib=512, created_at=0.0)
 
@@ -58,7 +59,7 @@ def _net(ip: str | None, egress: EgressPolicy | None) -> m.NetInspection:
     return m.NetInspection.model_validate({"sockets": [], "interfaces": interfaces, "ip": ip, "egress": allowed})
 
 
-class FakeAgent(FakeProcs, FakeRecipeBuilds):
+class FakeAgent(FakeProcs, FakeRecipeBuilds, FakeVolumes):
     def __init__(
         self,
         *,
@@ -81,6 +82,7 @@ class FakeAgent(FakeProcs, FakeRecipeBuilds):
         self.dirs: dict[str, set[str]] = {}
         self.snapshots: dict[str, m.SnapshotInfo] = {}
         self.snapshot_files: dict[str, dict[str, bytes]] = {}
+        self.volumes: dict[str, int] = {}
         self.stored: set[str] = set()
         self.stored_manifests: dict[str, str] = {}
         """Snapshot id -> the sha256 of the manifest its store_snapshot "uploaded"."""

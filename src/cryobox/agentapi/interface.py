@@ -62,6 +62,7 @@ from .models_procs import (
     ProcStart,
     WatchRequest,
 )
+from .models_volumes import VolumeInfo, VolumeResize, VolumeSpec
 
 FILE_OPS = frozenset({"delete", "list_dir", "stat", "mkdir"})
 MAX_FILE_BYTES = 64 << 20
@@ -170,6 +171,30 @@ class Agent(Protocol):
     async def sandbox_logs(self, sandbox_id: str, query: LogQuery) -> LogPage:
         """A page of the sandbox's log (its console and the agent's lines about it). Never wakes the sandbox,
         never counts as activity."""
+        ...
+
+    # -- volumes -------------------------------------------------------------------------------------------
+    @op.get("/volumes")
+    async def list_volumes(self) -> list[VolumeInfo]:
+        """The volume images this agent holds."""
+        ...
+
+    @op.post("/volumes/{volume_id}")  # the segment is the body's volume_id
+    async def create_volume(self, spec: VolumeSpec) -> VolumeInfo:
+        """Make a volume's image (an ext4 file system on a sparse file); a retried call answers the one it made."""
+        ...
+
+    @op.get("/volumes/{volume_id}")
+    async def volume_info(self, volume_id: str) -> VolumeInfo: ...
+
+    @op.post("/volumes/{volume_id}/resize")
+    async def resize_volume(self, volume_id: str, request: VolumeResize) -> VolumeInfo:
+        """Grow the image (the guest grows its file system when it next mounts it); smaller is a 400."""
+        ...
+
+    @op.delete("/volumes/{volume_id}")
+    async def delete_volume(self, volume_id: str) -> None:
+        """Remove the image (idempotent)."""
         ...
 
     @op.post("/sandboxes/{sandbox_id}/touch")

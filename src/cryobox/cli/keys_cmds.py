@@ -110,6 +110,8 @@ def quota(
     sandboxes: Annotated[int | None, typer.Option(min=0, help="sandboxes (starting|running|paused)")] = None,
     vcpus: Annotated[int | None, typer.Option(min=0, help="vCPUs of its sandboxes (hibernated ones hold none)")] = None,
     hibernated: Annotated[int | None, typer.Option(min=0, help="hibernated (paused) sandboxes it may keep")] = None,
+    volumes: Annotated[int | None, typer.Option(min=0, help="volumes")] = None,
+    volume_bytes: Annotated[int | None, typer.Option("--volume-bytes", min=0, help="bytes of volumes")] = None,
     memory_mib: Annotated[int | None, typer.Option("--memory-mib", min=0, help="memory of its sandboxes")] = None,
     snapshot_bytes: Annotated[int | None, typer.Option("--snapshot-bytes", min=0, help="bytes of snapshots")] = None,
     templates: Annotated[int | None, typer.Option(min=0, help="custom templates")] = None,
@@ -137,6 +139,8 @@ def quota(
         "default_ttl_s": default_ttl_s,
         "max_ttl_s": max_ttl_s,
         "hibernated": hibernated,
+        "volumes": volumes,
+        "volume_bytes": volume_bytes,
     }
     changes = {name: value for name, value in given.items() if value is not None}
     with _registry(data_dir) as registry:

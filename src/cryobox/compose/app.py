@@ -60,6 +60,7 @@ from ..server.routes.pty import router as pty_router
 from ..server.routes.quota import router as quota_router
 from ..server.routes.sandboxes import router as sandboxes_router
 from ..server.routes.snapshots import router as snapshots_router
+from ..server.routes.volumes import router as volumes_router
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +210,7 @@ def create_app(
         app.add_middleware(SandboxHosts, domain=domain)
     app.include_router(sandboxes_router)
     app.include_router(network_router)
+    app.include_router(volumes_router)
     app.include_router(observe_router)
     app.include_router(files_router)
     app.include_router(snapshots_router)

@@ -14,6 +14,7 @@ from ..netpolicy import EgressPolicy, parse_cidrs
 from . import network as _network
 from . import observe as _observe
 from . import procs as _procs
+from . import volumes as _volumes
 from .builds import *  # noqa: F403 (template builds, builds.py, in this one namespace)
 from .builds import FailedStep
 from .code import *  # noqa: F403 (the code interpreter's models, models_code.py, in this one namespace)
@@ -46,6 +47,13 @@ MetricSample = _observe.MetricSample
 SandboxMetrics = _observe.SandboxMetrics
 SandboxLogEntry = _observe.SandboxLogEntry
 SandboxLogs = _observe.SandboxLogs
+
+# volumes (volumes.py), in this one namespace
+CreateVolumeRequest = _volumes.CreateVolumeRequest
+ResizeVolumeRequest = _volumes.ResizeVolumeRequest
+Volume = _volumes.Volume
+VolumeList = _volumes.VolumeList
+VolumeMount = _volumes.VolumeMount
 
 SandboxStatus = Literal["starting", "running", "paused", "hibernated", "stopped", "error", "lost"]
 BootMode = Literal["restore", "cold"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, Double, ForeignKey, Integer, MetaData, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, Double, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
 from sqlalchemy import true as sa_true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -51,6 +51,8 @@ class WorkspaceQuota(Base):
     default_ttl_s: Mapped[int | None] = mapped_column(Integer, nullable=True)  # 0: no default TTL
     max_ttl_s: Mapped[int | None] = mapped_column(Integer, nullable=True)
     hibernated: Mapped[int | None] = mapped_column(Integer, nullable=True)  # revision 0013
+    volumes: Mapped[int | None] = mapped_column(Integer, nullable=True)  # revision 0014
+    volume_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # revision 0014
     updated_at: Mapped[float] = mapped_column(Double)
 
 
@@ -243,3 +245,33 @@ class Reservation(Base):
     cpus: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[float] = mapped_column(Double)
     expires_at: Mapped[float] = mapped_column(Double, index=True)
+
+
+class Volume(Base):
+    """A named volume of a workspace, on one host at a time (revision 0014); ``writer``: the sandbox holding its
+    read-write attachment."""
+
+    __tablename__ = "volumes"
+    __table_args__ = (UniqueConstraint("workspace_id", "name", name="uq_volumes_workspace_id_name"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    workspace_id: Mapped[str] = mapped_column(ID, ForeignKey("workspaces.id"), index=True)
+    name: Mapped[str] = mapped_column(NAME)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    filesystem: Mapped[str] = mapped_column(String(16))
+    host: Mapped[str] = mapped_column(NAME, index=True)
+    status: Mapped[str] = mapped_column(String(16))
+    writer: Mapped[str | None] = mapped_column(ID, nullable=True)
+    created_at: Mapped[float] = mapped_column(Double)
+
+
+class VolumeAttachment(Base):
+    """A sandbox's mount of a volume (revision 0014)."""
+
+    __tablename__ = "volume_attachments"
+
+    volume_id: Mapped[str] = mapped_column(ID, ForeignKey("volumes.id"), primary_key=True)
+    sandbox_id: Mapped[str] = mapped_column(ID, primary_key=True, index=True)
+    path: Mapped[str] = mapped_column(Text)
+    read_only: Mapped[bool] = mapped_column(Boolean)
+    created_at: Mapped[float] = mapped_column(Double)

@@ -26,6 +26,8 @@ QUOTA_FIELDS = (
     "default_ttl_s",
     "max_ttl_s",
     "hibernated",
+    "volumes",
+    "volume_bytes",
 )
 COUNTED_STATUSES = ("starting", "running", "paused", "hibernated")
 """Sandbox rows that count as sandboxes of their workspace (``lost``, ``stopped`` and ``error`` do not)."""
@@ -46,6 +48,8 @@ class QuotaOverrides:
     default_ttl_s: int | None = None
     max_ttl_s: int | None = None
     hibernated: int | None = None
+    volumes: int | None = None
+    volume_bytes: int | None = None
 
     def values(self) -> dict[str, int | None]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -69,6 +73,9 @@ class WorkspaceUse:
     snapshot_bytes: int
     templates: list[str]
     """Names of the workspace's custom templates (any status: a failed build still holds its name)."""
+    volumes: int = 0
+    volume_bytes: int = 0
+    """Its volumes and their sizes."""
 
 
 def _check(values: dict[str, int | None]) -> dict[str, int | None]:
@@ -80,7 +87,7 @@ def _check(values: dict[str, int | None]) -> dict[str, int | None]:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise InvalidArgument(f"quota {name} must be a non-negative integer, not {value!r}", details={name: value})
-        if name != "snapshot_bytes" and name != "memory_mib" and value > _MAX_INT32:
+        if name not in ("snapshot_bytes", "memory_mib", "volume_bytes") and value > _MAX_INT32:
             raise InvalidArgument(f"quota {name} is too large: {value}", details={name: value})
     if values.get("max_ttl_s") == 0:
         raise InvalidArgument("quota max_ttl_s must be at least 1 second", details={"max_ttl_s": 0})
@@ -138,6 +145,16 @@ class QuotaRecords:
                 select(func.coalesce(func.sum(m.Snapshot.size_bytes), 0)).where(m.Snapshot.workspace_id == workspace_id)
             )
             templates = list(s.scalars(select(m.Template.name).where(m.Template.workspace_id == workspace_id)))
+            volumes, volume_bytes = s.execute(
+                select(func.count(m.Volume.id), func.coalesce(func.sum(m.Volume.size_bytes), 0)).where(
+                    m.Volume.workspace_id == workspace_id
+                )
+            ).one()
         return WorkspaceUse(
-            overrides=overrides, sandboxes=sandboxes, snapshot_bytes=int(snapshot_bytes or 0), templates=templates
+            overrides=overrides,
+            sandboxes=sandboxes,
+            snapshot_bytes=int(snapshot_bytes or 0),
+            templates=templates,
+            volumes=int(volumes),
+            volume_bytes=int(volume_bytes or 0),
         )

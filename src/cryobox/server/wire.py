@@ -174,6 +174,8 @@ class QuotaLimits(BaseModel):
     """Hibernated (paused) sandboxes the workspace may keep."""
     paused_retention_s: float
     """How long a sandbox stays hibernated before it is deleted (the server's ``--paused-retention``)."""
+    volumes: int
+    volume_bytes: int
 
 
 class QuotaUsage(BaseModel):
@@ -187,6 +189,9 @@ class QuotaUsage(BaseModel):
     """Custom templates, any status."""
     hibernated: int
     """Hibernated sandboxes (plus hibernations in flight)."""
+    volumes: int
+    volume_bytes: int
+    """The sizes of its volumes, summed."""
 
 
 class QuotaResponse(BaseModel):

@@ -58,6 +58,8 @@ def test_keys_quota_sets_shows_and_clears_a_workspace_limit(tmp_path: Path) -> N
         "snapshot_bytes": 0,
         "templates": 0,
         "hibernated": 0,
+        "volumes": 0,
+        "volume_bytes": 0,
     }
     body = quota_json(data, "--workspace", "team", "--templates", "2")  # the others keep theirs
     assert body["overrides"] == {"sandboxes": 5, "memory_mib": 2048, "templates": 2}

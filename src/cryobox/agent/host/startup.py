@@ -51,6 +51,7 @@ from ..templates.recipebuild import RecipeServices, StepLog
 from ..vm import Accel, MachineConfig, detect_accel, host_tsc_khz
 from ..vm.consolelog import LogCapper
 from ..vm.jail import JailSettings, prepare_host
+from ..volumes.store import VolumeStore
 from .adopt import adopt, survey, sweep_hibernation
 from .bakereclaim import reclaim_bakes_dirs
 from .ownership import Ownership
@@ -199,6 +200,8 @@ class Host:
     """Faulting in the snapshot staging reserve (:meth:`.vm.staging.StagingPool.warm`), in the background."""
     observer: SandboxObserver | None = None
     """Each sandbox's samples and log (:mod:`..observe`)."""
+    volumes: VolumeStore | None = None
+    """The images of the volumes this host holds (:mod:`..volumes`)."""
     _closed: bool = False
 
     async def close(self, on_stop: OnStop = OnStop.KILL, release: bool = True) -> None:
@@ -430,4 +433,5 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
         logs,
         start_warming(snapshots.staging),
         observer=observer,
+        volumes=VolumeStore(config.paths.volumes_dir),
     )

@@ -37,6 +37,7 @@ from .hibernations import HibernationEndpoints
 from .info import host_memory_mib, sandbox_info, template_info
 from .procs import ProcEndpoints
 from .snapshots import SnapshotOps
+from .volumes import VolumeEndpoints
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ PTY_CALL_TIMEOUT_S = 30.0
 MAX_EGRESS_LOG = 1000
 
 
-class HostAgent(HibernationEndpoints, ProcEndpoints):
+class HostAgent(HibernationEndpoints, ProcEndpoints, VolumeEndpoints):
     """One host's agent (implements :class:`cryobox.agentapi.Agent`; portable hibernation in the base class)."""
 
     def __init__(

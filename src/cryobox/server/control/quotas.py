@@ -49,6 +49,8 @@ ENV = {
     "default_ttl_s": "CRYOBOX_DEFAULT_TTL_S",
     "max_ttl_s": "CRYOBOX_MAX_TTL_S",
     "hibernated": "CRYOBOX_QUOTA_HIBERNATED",
+    "volumes": "CRYOBOX_QUOTA_VOLUMES",
+    "volume_bytes": "CRYOBOX_QUOTA_VOLUME_BYTES",
 }
 MAX_TTL_S = 30 * 24 * 3600  # the API's own upper bound for ttl_seconds
 
@@ -67,6 +69,9 @@ class Quota:
     max_ttl_s: int = MAX_TTL_S
     hibernated: int = 100
     """Hibernated (paused) sandboxes it may keep: a hibernation past it, explicit or at a TTL, is refused."""
+    volumes: int = 20
+    volume_bytes: int = 100 << 30
+    """The sizes of its volumes, summed (a create or a resize past it is refused)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Quota:
@@ -105,6 +110,8 @@ class Usage:
     snapshot_bytes: int = 0
     templates: int = 0
     hibernated: int = 0
+    volumes: int = 0
+    volume_bytes: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,6 +125,10 @@ class _Claim:
     templates: tuple[str, ...] = ()
     hibernating: tuple[str, ...] = ()
     """Sandboxes being hibernated: counted as hibernated until their rows say so."""
+    volume_names: tuple[str, ...] = ()
+    """Volumes being created: counted until their rows exist."""
+    volume_bytes: int = 0
+    """Bytes a volume create or resize adds, until its row says so."""
 
 
 def usage_of(use: WorkspaceUse, claims: Sequence[_Claim] = ()) -> Usage:
@@ -136,7 +147,9 @@ def usage_of(use: WorkspaceUse, claims: Sequence[_Claim] = ()) -> Usage:
             memory += claim.memory_mib
         hibernated |= set(claim.hibernating)
         templates |= set(claim.templates)
-    return Usage(sandboxes, vcpus, memory, use.snapshot_bytes, len(templates), len(hibernated))
+    volume_bytes = use.volume_bytes + sum(c.volume_bytes for c in claims)
+    volumes = use.volumes + sum(len(c.volume_names) for c in claims)
+    return Usage(sandboxes, vcpus, memory, use.snapshot_bytes, len(templates), len(hibernated), volumes, volume_bytes)
 
 
 class Admission:
@@ -218,6 +231,18 @@ class QuotaGuard:
             if not any(s.id == sandbox_id and s.status == HIBERNATED for s in use.sandboxes):
                 used = usage_of(use, self._claims.get(workspace_id, ()))
                 _require("hibernated", quota.hibernated, used.hibernated, 1)
+            self._claims.setdefault(workspace_id, []).append(claim)
+        return Admission(self, workspace_id, claim, quota)
+
+    async def admit_volume(self, workspace_id: str, name: str | None, added_bytes: int) -> Admission:
+        """A new volume ``name`` of ``added_bytes`` (``name`` None: a resize adding them) within the ``volumes``
+        and ``volume_bytes`` quotas. Release once its row says so (or the attempt failed)."""
+        claim = _Claim(volume_names=(name,) if name is not None else (), volume_bytes=added_bytes)
+        async with self._lock(workspace_id):
+            quota, used = await self._read(workspace_id)
+            if name is not None:
+                _require("volumes", quota.volumes, used.volumes, 1)
+            _require("volume_bytes", quota.volume_bytes, used.volume_bytes, added_bytes)
             self._claims.setdefault(workspace_id, []).append(claim)
         return Admission(self, workspace_id, claim, quota)
 

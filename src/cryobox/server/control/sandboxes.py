@@ -46,6 +46,7 @@ from .quotas import QuotaGuard, check_ttl
 from .snapshots import SnapshotControl
 from .templates import TemplateJobs
 from .timeouts import OnTimeout, TimeoutActions, TimeoutReport
+from .volumes import VolumeControl
 
 log = logging.getLogger(__name__)
 UNSET = object()  # "not given" in a PATCH, distinct from an explicit null
@@ -110,6 +111,8 @@ class ControlPlane:
         metrics.set_sandbox_state_provider(lambda: self._states)
         self.network = NetworkControl(registry, fleet)
         """Network policies changed live, egress decisions: :mod:`.network`."""
+        self.volumes = VolumeControl(registry, fleet, self.quotas, fleet.clock)
+        """Named volumes and their attachments: :mod:`.volumes`."""
         self.timeouts = TimeoutActions(
             registry,
             fleet,
@@ -324,6 +327,7 @@ class ControlPlane:
         if host is not None and row.host != host:
             raise NotFound(f"sandbox {sandbox_id} is not on {host}", details={"sandbox_id": sandbox_id})
         await asyncio.to_thread(self.registry.delete_sandbox, sandbox_id)
+        await self.volumes.sandbox_gone(sandbox_id)  # detached: the volumes and their data stay
         await self.snapshots.sandbox_gone(sandbox_id, keep_snapshots=keep_snapshots)
         if row.hibernation == HIBERNATION_STORED:
             await self.hibernations.forget_stored(sandbox_id)

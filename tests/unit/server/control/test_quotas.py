@@ -127,6 +127,8 @@ async def test_a_wake_needs_room_for_the_vcpus_and_memory_again(env: Env) -> Non
         "snapshot_bytes": 0,
         "templates": 0,
         "hibernated": 1,
+        "volumes": 0,
+        "volume_bytes": 0,
     }
     refused(await env.client.post(f"/v1/sandboxes/{sleeper}/wake"), "vcpus", 2, 2, 1)
     exec_ = await env.client.post(f"/v1/sandboxes/{sleeper}/exec", json={"cmd": "echo hi"})  # any request wakes it
@@ -228,6 +230,8 @@ async def test_get_quota_shows_limits_and_usage_and_overrides_change_them(env: E
         "max_ttl_s": 30 * 24 * 3600,
         "hibernated": 100,
         "paused_retention_s": 30 * 24 * 3600.0,
+        "volumes": 20,
+        "volume_bytes": 100 << 30,
     }
     assert body["usage"] == {
         "sandboxes": 1,
@@ -236,6 +240,8 @@ async def test_get_quota_shows_limits_and_usage_and_overrides_change_them(env: E
         "snapshot_bytes": 0,
         "templates": 0,
         "hibernated": 0,
+        "volumes": 0,
+        "volume_bytes": 0,
     }
     env.records.set(env.ws, sandboxes=1, vcpus=8)
     body = (await env.client.get("/v1/quota")).json()

@@ -1,0 +1,35 @@
+"""The interface's volume methods, mixed into :class:`~.agent.HostAgent`: this host's volume images
+(:mod:`..volumes.store`)."""
+
+from __future__ import annotations
+
+from ...agentapi.models_volumes import VolumeInfo, VolumeResize, VolumeSpec
+from ...errors import HostUnavailable
+from ..host.startup import Host
+from ..volumes.store import VolumeStore
+
+
+class VolumeEndpoints:
+    host: Host
+
+    @property
+    def _volumes(self) -> VolumeStore:
+        if self.host.volumes is None:
+            raise HostUnavailable("this agent holds no volumes (it runs without a volume store)")
+        return self.host.volumes
+
+    async def list_volumes(self) -> list[VolumeInfo]:
+        store = self._volumes
+        return [store.info(volume_id) for volume_id in store.ids()]
+
+    async def create_volume(self, spec: VolumeSpec) -> VolumeInfo:
+        return await self._volumes.create(spec)
+
+    async def volume_info(self, volume_id: str) -> VolumeInfo:
+        return self._volumes.info(volume_id)
+
+    async def resize_volume(self, volume_id: str, request: VolumeResize) -> VolumeInfo:
+        return self._volumes.grow(volume_id, request.size_bytes)
+
+    async def delete_volume(self, volume_id: str) -> None:
+        self._volumes.delete(volume_id)

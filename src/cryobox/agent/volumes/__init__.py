@@ -1,0 +1,1 @@
+"""Volumes on this host: their images (:mod:`.store`)."""

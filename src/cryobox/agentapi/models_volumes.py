@@ -1,0 +1,39 @@
+"""Wire models of volumes on an agent: the image it holds for each (a file of the volume's size carrying an ext4
+file system), made, grown and removed on the control plane's word. Kept apart from :mod:`.models`."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field
+
+VOLUME_ID = re.compile(r"^vol-[0-9a-f]{12}$")
+MIN_VOLUME_BYTES = 16 << 20
+"""ext4 with a journal needs a few MiB; below this a volume is of no use."""
+MAX_VOLUME_BYTES = 1 << 40
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class VolumeSpec(_Model):
+    """Make volume ``volume_id``: a sparse file of ``size_bytes`` with an ext4 file system labelled ``label``."""
+
+    volume_id: str = Field(pattern=VOLUME_ID.pattern)
+    size_bytes: int = Field(ge=MIN_VOLUME_BYTES, le=MAX_VOLUME_BYTES)
+    label: str = Field(min_length=1, max_length=16, pattern=r"^[A-Za-z0-9._-]+$")
+    owner_uid: int = Field(default=1000, ge=0, le=65535)
+    """Who owns the file system's root directory (the guest's default user, ``user``: uid 1000)."""
+
+
+class VolumeResize(_Model):
+    size_bytes: int = Field(ge=MIN_VOLUME_BYTES, le=MAX_VOLUME_BYTES)
+
+
+class VolumeInfo(_Model):
+    volume_id: str
+    size_bytes: int
+    """The image's size: what the guest's block device holds."""
+    allocated_bytes: int
+    """What the (sparse) image takes on the host's disk: the blocks ever written, file system metadata included."""

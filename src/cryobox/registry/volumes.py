@@ -1,0 +1,200 @@
+"""Volumes in the registry (``volumes``, ``volume_attachments``; revision 0014).
+
+A volume is named per workspace and lives on one host at a time (``host``: the agent holding its image). Its
+attachments are rows of ``volume_attachments``; the one read-write attachment is also ``writer`` on the volume
+row, taken by a conditional update (``writer IS NULL``) in the same transaction as its attachment row, so two
+writers can never be recorded whichever replica asks. A volume with any attachment is not deleted. Every method is
+synchronous and runs one short transaction, like :class:`~.repo.Registry`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
+
+from ..errors import NotFound, StateError
+from . import models as m
+from .db import Database
+
+VOLUME_STATUSES = ("ready", "lost")
+
+
+@dataclass(frozen=True)
+class VolumeAttachment:
+    volume_id: str
+    sandbox_id: str
+    path: str
+    read_only: bool
+    created_at: float
+
+
+@dataclass(frozen=True)
+class VolumeRow:
+    id: str
+    workspace_id: str
+    name: str
+    size_bytes: int
+    host: str
+    created_at: float
+    filesystem: str = "ext4"
+    status: str = "ready"
+    writer: str | None = None
+    """The sandbox holding its read-write attachment, if any."""
+    attachments: tuple[VolumeAttachment, ...] = ()
+
+
+def _attachment(row: m.VolumeAttachment) -> VolumeAttachment:
+    return VolumeAttachment(row.volume_id, row.sandbox_id, row.path, row.read_only, row.created_at)
+
+
+class VolumeRecords:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    @staticmethod
+    def _row(s: Session, obj: m.Volume) -> VolumeRow:
+        attached = s.scalars(
+            select(m.VolumeAttachment)
+            .where(m.VolumeAttachment.volume_id == obj.id)
+            .order_by(m.VolumeAttachment.created_at, m.VolumeAttachment.sandbox_id)
+        )
+        return VolumeRow(
+            id=obj.id,
+            workspace_id=obj.workspace_id,
+            name=obj.name,
+            size_bytes=obj.size_bytes,
+            host=obj.host,
+            created_at=obj.created_at,
+            filesystem=obj.filesystem,
+            status=obj.status,
+            writer=obj.writer,
+            attachments=tuple(_attachment(a) for a in attached),
+        )
+
+    def add(self, row: VolumeRow) -> VolumeRow:
+        """Insert a volume; :class:`~.db.AlreadyExists` when its workspace has one of that name."""
+        with self._db.session(what=f"volume {row.name}") as s:
+            obj = m.Volume(
+                id=row.id,
+                workspace_id=row.workspace_id,
+                name=row.name,
+                size_bytes=row.size_bytes,
+                host=row.host,
+                created_at=row.created_at,
+                filesystem=row.filesystem,
+                status=row.status,
+                writer=None,
+            )
+            s.add(obj)
+            s.flush()
+            return self._row(s, obj)
+
+    def get(self, workspace_id: str, name: str) -> VolumeRow:
+        """The workspace's volume ``name`` (404 otherwise, also across workspaces)."""
+        with self._db.session(write=False) as s:
+            obj = s.scalar(select(m.Volume).where(m.Volume.workspace_id == workspace_id, m.Volume.name == name))
+            if obj is None:
+                raise NotFound(f"volume {name!r} not found", details={"volume": name})
+            return self._row(s, obj)
+
+    def by_id(self, volume_id: str) -> VolumeRow:
+        with self._db.session(write=False) as s:
+            obj = s.get(m.Volume, volume_id)
+            if obj is None:
+                raise NotFound(f"volume {volume_id} not found", details={"volume_id": volume_id})
+            return self._row(s, obj)
+
+    def list_volumes(self, workspace_id: str | None = None, host: str | None = None) -> list[VolumeRow]:
+        query = select(m.Volume).order_by(m.Volume.created_at, m.Volume.id)
+        if workspace_id is not None:
+            query = query.where(m.Volume.workspace_id == workspace_id)
+        if host is not None:
+            query = query.where(m.Volume.host == host)
+        with self._db.session(write=False) as s:
+            return [self._row(s, obj) for obj in s.scalars(query)]
+
+    def usage(self, workspace_id: str) -> tuple[int, int]:
+        """(count, total size in bytes) of the workspace's volumes."""
+        with self._db.session(write=False) as s:
+            count, total = s.execute(
+                select(func.count(m.Volume.id), func.coalesce(func.sum(m.Volume.size_bytes), 0)).where(
+                    m.Volume.workspace_id == workspace_id
+                )
+            ).one()
+        return int(count), int(total)
+
+    def resize(self, volume_id: str, size_bytes: int) -> VolumeRow:
+        with self._db.session(what=f"volume {volume_id}") as s:
+            obj = s.get(m.Volume, volume_id)
+            if obj is None:
+                raise NotFound(f"volume {volume_id} not found", details={"volume_id": volume_id})
+            obj.size_bytes = size_bytes
+            s.flush()
+            return self._row(s, obj)
+
+    def delete(self, volume_id: str) -> None:
+        """Remove a volume with no attachment (409 ``wrong_state`` while it has one; idempotent otherwise)."""
+        with self._db.session(what=f"volume {volume_id}") as s:
+            attached = s.scalars(select(m.VolumeAttachment.sandbox_id).where(m.VolumeAttachment.volume_id == volume_id))
+            holders = sorted(attached)
+            if holders:
+                raise StateError(
+                    f"volume {volume_id} is attached to {', '.join(holders)}: detach it (delete those sandboxes)",
+                    state="attached",
+                    required="detached",
+                    details={"attached_to": holders},
+                )
+            s.execute(delete(m.Volume).where(m.Volume.id == volume_id))
+
+    def attach(self, volume_id: str, sandbox_id: str, path: str, *, read_only: bool) -> VolumeAttachment:
+        """Record ``sandbox_id``'s attachment. A read-write one takes the volume's one writer slot: 409 when
+        another sandbox holds it (nothing is written)."""
+        now = time.time()
+        with self._db.session(what=f"volume {volume_id}") as s:
+            if s.get(m.Volume, volume_id) is None:
+                raise NotFound(f"volume {volume_id} not found", details={"volume_id": volume_id})
+            if not read_only:
+                taken = s.execute(
+                    update(m.Volume)
+                    .where(m.Volume.id == volume_id, m.Volume.writer.is_(None))
+                    .values(writer=sandbox_id)
+                )
+                if not taken.rowcount:  # type: ignore[attr-defined]
+                    writer = s.scalar(select(m.Volume.writer).where(m.Volume.id == volume_id))
+                    if writer != sandbox_id:
+                        raise StateError(
+                            f"volume {volume_id} is attached read-write to {writer}",
+                            state="attached",
+                            required="detached",
+                            details={"writer": writer},
+                        )
+            row = m.VolumeAttachment(
+                volume_id=volume_id, sandbox_id=sandbox_id, path=path, read_only=read_only, created_at=now
+            )
+            s.merge(row)
+            s.flush()
+            return VolumeAttachment(volume_id, sandbox_id, path, read_only, now)
+
+    def detach_sandbox(self, sandbox_id: str) -> list[str]:
+        """Drop every attachment of ``sandbox_id`` (and the writer slots it held); the volume ids (idempotent)."""
+        with self._db.session(what=f"sandbox {sandbox_id}'s volumes") as s:
+            ids = sorted(
+                s.scalars(select(m.VolumeAttachment.volume_id).where(m.VolumeAttachment.sandbox_id == sandbox_id))
+            )
+            s.execute(delete(m.VolumeAttachment).where(m.VolumeAttachment.sandbox_id == sandbox_id))
+            s.execute(update(m.Volume).where(m.Volume.writer == sandbox_id).values(writer=None))
+            return ids
+
+    def attachments_of(self, sandbox_id: str) -> list[VolumeAttachment]:
+        with self._db.session(write=False) as s:
+            return [
+                _attachment(a)
+                for a in s.scalars(
+                    select(m.VolumeAttachment)
+                    .where(m.VolumeAttachment.sandbox_id == sandbox_id)
+                    .order_by(m.VolumeAttachment.created_at, m.VolumeAttachment.volume_id)
+                )
+            ]

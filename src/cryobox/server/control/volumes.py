@@ -1,0 +1,157 @@
+"""Volumes: named per workspace, made on one agent, kept when sandboxes go.
+
+A create checks the name and the workspace's ``volumes``/``volume_bytes`` quotas, writes the row first (so two
+creates of one name cannot both win), then has the chosen agent make the image; if the agent fails the row goes
+too. A volume lives on one host (``host``): the live agent holding the fewest volumes takes a new one. Growing and
+deleting are refused with 409 while the volume is attached (a guest's file system must not change under it);
+deleting removes the row first, then the image (an agent that cannot be reached keeps a stray image its next
+registration reports). Attachments are recorded in the registry (:mod:`cryobox.registry.volumes`): at most one
+read-write, any number read-only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ...agentapi.models_volumes import MAX_VOLUME_BYTES, MIN_VOLUME_BYTES, VolumeResize, VolumeSpec
+from ...errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound, StateError
+from ...registry import Registry
+from ...registry.volumes import VolumeRecords, VolumeRow
+from .fleet import Fleet
+from .quotas import QuotaGuard
+
+log = logging.getLogger(__name__)
+NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+"""PandaStack's rule (E2B's ``[A-Za-z0-9_-]+`` is inside it)."""
+LABEL_PREFIX = "fcvol-"
+"""PandaStack labels a volume's file system ``fcvol-<name>``; ext4 keeps 16 bytes of a label."""
+
+
+def check_name(name: str) -> str:
+    if not NAME.match(name):
+        raise InvalidArgument(
+            f"volume name {name[:80]!r} must be 1-64 of A-Z a-z 0-9 . _ -", details={"field": "name", "name": name[:80]}
+        )
+    return name
+
+
+def check_size(size_bytes: int) -> int:
+    if not MIN_VOLUME_BYTES <= size_bytes <= MAX_VOLUME_BYTES:
+        raise InvalidArgument(
+            f"a volume's size must be {MIN_VOLUME_BYTES >> 20} MiB to {MAX_VOLUME_BYTES >> 30} GiB, not {size_bytes}",
+            details={"field": "size", "size_bytes": size_bytes},
+        )
+    return size_bytes
+
+
+@dataclass(frozen=True)
+class VolumeState:
+    """A volume's row with what its agent says of its image now (``None``: the agent did not answer)."""
+
+    row: VolumeRow
+    allocated_bytes: int | None
+
+
+class VolumeControl:
+    def __init__(self, registry: Registry, fleet: Fleet, quotas: QuotaGuard, clock: Callable[[], float]) -> None:
+        self.records = VolumeRecords(registry.database)
+        self.fleet = fleet
+        self.quotas = quotas
+        self._clock = clock
+
+    async def _host(self) -> str:
+        live = await self.fleet.live_agents()
+        if not live:
+            raise HostUnavailable("no agent is up to hold the volume", retry_after_s=2.0)
+        held = await asyncio.to_thread(self.records.list_volumes)
+        count = {row.name: 0 for row, _ in live}
+        for volume in held:
+            if volume.host in count:
+                count[volume.host] += 1
+        return min(count, key=lambda name: (count[name], name))
+
+    async def create(self, workspace_id: str, name: str, size_bytes: int) -> VolumeState:
+        check_name(name)
+        check_size(size_bytes)
+        with await self.quotas.admit_volume(workspace_id, name, size_bytes):
+            host = await self._host()
+            row = VolumeRow(
+                id=f"vol-{secrets.token_hex(6)}",
+                workspace_id=workspace_id,
+                name=name,
+                size_bytes=size_bytes,
+                host=host,
+                created_at=self._clock(),
+            )
+            try:
+                row = await asyncio.to_thread(self.records.add, row)
+            except InvalidArgument as err:  # AlreadyExists: the workspace has one of that name
+                raise StateError(
+                    f"volume {name!r} already exists", state="exists", required="absent", details={"name": name}
+                ) from err
+            try:
+                spec = VolumeSpec(volume_id=row.id, size_bytes=size_bytes, label=(LABEL_PREFIX + name)[:16])
+                info = await (await self.fleet.agent(host)).create_volume(spec)
+            except BaseException:
+                with contextlib.suppress(CryoboxError):
+                    await asyncio.to_thread(self.records.delete, row.id)
+                raise
+        log.info("volume %s (%s, %d bytes) made on %s", name, row.id, size_bytes, host)
+        return VolumeState(row, info.allocated_bytes)
+
+    async def _state(self, row: VolumeRow) -> VolumeState:
+        try:
+            info = await (await self.fleet.agent(row.host)).volume_info(row.id)
+        except CryoboxError:
+            return VolumeState(row, None)
+        return VolumeState(row, info.allocated_bytes)
+
+    async def get(self, workspace_id: str, name: str) -> VolumeState:
+        return await self._state(await asyncio.to_thread(self.records.get, workspace_id, name))
+
+    async def list(self, workspace_id: str) -> list[VolumeState]:
+        rows = await asyncio.to_thread(self.records.list_volumes, workspace_id)
+        return list(await asyncio.gather(*(self._state(row) for row in rows)))
+
+    async def resize(self, workspace_id: str, name: str, size_bytes: int) -> VolumeState:
+        """Grow the volume (the same size: nothing); 400 to shrink, 409 while attached."""
+        check_size(size_bytes)
+        row = await asyncio.to_thread(self.records.get, workspace_id, name)
+        if size_bytes < row.size_bytes:
+            raise InvalidArgument(
+                f"a volume only grows: {size_bytes} bytes is less than its {row.size_bytes}",
+                details={"size_bytes": size_bytes, "current_bytes": row.size_bytes},
+            )
+        if row.attachments:
+            raise StateError(
+                f"volume {name!r} is attached: resize it while no sandbox has it",
+                state="attached",
+                required="detached",
+                details={"attached_to": [a.sandbox_id for a in row.attachments]},
+            )
+        if size_bytes == row.size_bytes:
+            return await self._state(row)
+        with await self.quotas.admit_volume(workspace_id, None, size_bytes - row.size_bytes):
+            info = await (await self.fleet.agent(row.host)).resize_volume(row.id, VolumeResize(size_bytes=size_bytes))
+            row = await asyncio.to_thread(self.records.resize, row.id, info.size_bytes)
+        return VolumeState(row, info.allocated_bytes)
+
+    async def delete(self, workspace_id: str, name: str) -> None:
+        """Delete a volume no sandbox has attached (409 otherwise; 404 when there is none)."""
+        row = await asyncio.to_thread(self.records.get, workspace_id, name)
+        await asyncio.to_thread(self.records.delete, row.id)  # 409 while attached
+        try:
+            await (await self.fleet.agent(row.host)).delete_volume(row.id)
+        except CryoboxError as err:
+            log.warning("volume %s deleted while its agent %s could not remove the image: %s", row.id, row.host, err)
+
+    async def sandbox_gone(self, sandbox_id: str) -> None:
+        """A deleted sandbox's attachments go (its volumes and their data stay)."""
+        with contextlib.suppress(NotFound):
+            await asyncio.to_thread(self.records.detach_sandbox, sandbox_id)

@@ -1,0 +1,46 @@
+"""The volume methods of :class:`~.fake_agent.FakeAgent`: images in memory (sizes only, nothing formatted)."""
+
+from __future__ import annotations
+
+from cryobox.agentapi.models_volumes import VolumeInfo, VolumeResize, VolumeSpec
+from cryobox.errors import InvalidArgument, NotFound
+
+
+class FakeVolumes:
+    """Mixed into ``FakeAgent`` (whose ``_record`` it uses); ``volumes``: id -> size in bytes."""
+
+    volumes: dict[str, int]
+
+    def _record(self, method: str, *args: object) -> None:
+        raise NotImplementedError
+
+    def _volume(self, volume_id: str) -> VolumeInfo:
+        if volume_id not in self.volumes:
+            raise NotFound(f"volume {volume_id} is not on this host", details={"volume_id": volume_id})
+        size = self.volumes[volume_id]
+        return VolumeInfo(volume_id=volume_id, size_bytes=size, allocated_bytes=min(size, 4 << 20))
+
+    async def list_volumes(self) -> list[VolumeInfo]:
+        self._record("list_volumes")
+        return [self._volume(v) for v in sorted(self.volumes)]
+
+    async def create_volume(self, spec: VolumeSpec) -> VolumeInfo:
+        self._record("create_volume", spec)
+        self.volumes.setdefault(spec.volume_id, spec.size_bytes)
+        return self._volume(spec.volume_id)
+
+    async def volume_info(self, volume_id: str) -> VolumeInfo:
+        self._record("volume_info", volume_id)
+        return self._volume(volume_id)
+
+    async def resize_volume(self, volume_id: str, request: VolumeResize) -> VolumeInfo:
+        self._record("resize_volume", volume_id, request)
+        current = self._volume(volume_id)
+        if request.size_bytes < current.size_bytes:
+            raise InvalidArgument("a volume only grows", details={"size_bytes": request.size_bytes})
+        self.volumes[volume_id] = request.size_bytes
+        return self._volume(volume_id)
+
+    async def delete_volume(self, volume_id: str) -> None:
+        self._record("delete_volume", volume_id)
+        self.volumes.pop(volume_id, None)

@@ -1,0 +1,55 @@
+"""Volume rows and attachments on both backends: names unique per workspace, one read-write attachment at a time
+(whatever replica asks), any number read-only, no delete while attached, a sandbox's attachments dropped at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from cryobox.errors import InvalidArgument, NotFound, StateError
+from cryobox.registry import Registry
+from cryobox.registry.volumes import VolumeRecords, VolumeRow
+from tests.support import registry as registry_support
+
+# the shared fixtures, bound here under the names the tests ask for
+pg_server = registry_support.pg_server
+db_url = registry_support.db_url
+registry = registry_support.registry
+
+
+def volume(ws: str, name: str, vid: str) -> VolumeRow:
+    return VolumeRow(id=vid, workspace_id=ws, name=name, size_bytes=1 << 30, host="h1", created_at=1.0)
+
+
+def test_one_writer_many_readers_and_no_delete_while_attached(registry: Registry) -> None:
+    ws = registry.ensure_workspace("w").id
+    other = registry.ensure_workspace("o").id
+    records = VolumeRecords(registry.database)
+    records.add(volume(ws, "data", "vol-000000000001"))
+    records.add(volume(other, "data", "vol-000000000002"))  # the same name in another workspace
+    with pytest.raises(InvalidArgument):
+        records.add(volume(ws, "data", "vol-000000000003"))
+    with pytest.raises(NotFound):
+        records.get(other, "missing")
+    assert records.get(other, "data").id == "vol-000000000002"
+
+    records.attach("vol-000000000001", "sb-a", "/data", read_only=False)
+    with pytest.raises(StateError) as info:
+        records.attach("vol-000000000001", "sb-b", "/data", read_only=False)
+    assert info.value.details["writer"] == "sb-a"
+    records.attach("vol-000000000001", "sb-c", "/ro", read_only=True)
+    records.attach("vol-000000000001", "sb-d", "/ro", read_only=True)
+    row = records.get(ws, "data")
+    assert row.writer == "sb-a" and [a.sandbox_id for a in row.attachments] == ["sb-a", "sb-c", "sb-d"]
+    assert not any(a.sandbox_id == "sb-b" for a in row.attachments)  # the refused one wrote nothing
+    with pytest.raises(StateError):
+        records.delete("vol-000000000001")
+
+    assert records.detach_sandbox("sb-a") == ["vol-000000000001"]
+    assert records.get(ws, "data").writer is None
+    records.attach("vol-000000000001", "sb-b", "/data", read_only=False)  # the slot is free again
+    for sandbox in ("sb-b", "sb-c", "sb-d"):
+        records.detach_sandbox(sandbox)
+    assert records.detach_sandbox("sb-b") == []  # idempotent
+    records.delete("vol-000000000001")
+    assert [v.name for v in records.list_volumes()] == ["data"] and records.usage(ws) == (0, 0)
+    assert records.usage(other) == (1, 1 << 30)

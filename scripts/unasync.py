@@ -46,6 +46,7 @@ SUBS: dict[str, str] = {
     "AsyncNetworkControl": "NetworkControl",
     "AsyncObserve": "Observe",
     "AsyncTemplates": "Templates",
+    "AsyncVolumes": "Volumes",
     "AsyncBuild": "Build",
     "AsyncApiClient": "ApiClient",
     "AsyncIterator": "Iterator",

@@ -30,6 +30,7 @@ from .snapshot_cmds import snapshot_app
 from .template_build import template_build
 from .template_cmds import template_create
 from .top_cmd import top
+from .volume_cmds import volume_app
 
 app = typer.Typer(help="cryobox: microVM sandboxes where every create is a snapshot restore.", no_args_is_help=True)
 image_app = typer.Typer(help="Guest images and templates.", no_args_is_help=True)
@@ -41,6 +42,7 @@ sandbox_app.command("lifecycle")(sandbox_lifecycle)
 sandbox_app.command("metrics")(sandbox_metrics)
 sandbox_app.command("logs")(sandbox_logs)
 app.add_typer(snapshot_app, name="snapshot")
+app.add_typer(volume_app, name="volume")
 app.add_typer(template_app, name="template")
 template_app.command("create")(template_create)
 template_app.command("build")(template_build)

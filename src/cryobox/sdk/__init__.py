@@ -28,12 +28,13 @@ from ._async import (
     AsyncSandbox,
     AsyncSnapshots,
     AsyncTemplates,
+    AsyncVolumes,
 )
 from ._async.code import AsyncCodeContexts
 from ._base import ClientConfig, ExecResult, Lifecycle, RetryPolicy, StreamEvent
 from ._code import CodeContext, Execution, ExecutionError, Logs, Result
 from ._procs import FsWatchEvent
-from ._sync import Build, Filesystem, ForkTree, Process, Processes, Sandbox, Snapshots, Templates
+from ._sync import Build, Filesystem, ForkTree, Process, Processes, Sandbox, Snapshots, Templates, Volumes
 from ._sync.code import CodeContexts
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "AsyncSandbox",
     "AsyncSnapshots",
     "AsyncTemplates",
+    "AsyncVolumes",
     "Build",
     "ClientConfig",
     "CodeContext",
@@ -74,4 +76,5 @@ __all__ = [
     "Snapshots",
     "StreamEvent",
     "Templates",
+    "Volumes",
 ]

@@ -5,6 +5,7 @@ from .processes import AsyncProcess, AsyncProcesses
 from .sandbox import AsyncSandbox
 from .snapshots import AsyncForkTree, AsyncSnapshots
 from .templates import AsyncBuild, AsyncTemplates
+from .volumes import AsyncVolumes
 
 __all__ = [
     "AsyncBuild",
@@ -15,4 +16,5 @@ __all__ = [
     "AsyncSandbox",
     "AsyncSnapshots",
     "AsyncTemplates",
+    "AsyncVolumes",
 ]

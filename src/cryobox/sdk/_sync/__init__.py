@@ -7,6 +7,7 @@ from .processes import Process, Processes
 from .sandbox import Sandbox
 from .snapshots import ForkTree, Snapshots
 from .templates import Build, Templates
+from .volumes import Volumes
 
 __all__ = [
     "Build",
@@ -17,4 +18,5 @@ __all__ = [
     "Sandbox",
     "Snapshots",
     "Templates",
+    "Volumes",
 ]

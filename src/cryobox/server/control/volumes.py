@@ -79,6 +79,9 @@ class VolumeControl:
     async def create(self, workspace_id: str, name: str, size_bytes: int) -> VolumeState:
         check_name(name)
         check_size(size_bytes)
+        with contextlib.suppress(NotFound):  # a taken name is a 409 before any quota is counted
+            await asyncio.to_thread(self.records.get, workspace_id, name)
+            raise self._exists(name)
         with await self.quotas.admit_volume(workspace_id, name, size_bytes):
             host = await self._host()
             row = VolumeRow(
@@ -92,9 +95,7 @@ class VolumeControl:
             try:
                 row = await asyncio.to_thread(self.records.add, row)
             except InvalidArgument as err:  # AlreadyExists: the workspace has one of that name
-                raise StateError(
-                    f"volume {name!r} already exists", state="exists", required="absent", details={"name": name}
-                ) from err
+                raise self._exists(name) from err
             try:
                 spec = VolumeSpec(volume_id=row.id, size_bytes=size_bytes, label=(LABEL_PREFIX + name)[:16])
                 info = await (await self.fleet.agent(host)).create_volume(spec)
@@ -104,6 +105,10 @@ class VolumeControl:
                 raise
         log.info("volume %s (%s, %d bytes) made on %s", name, row.id, size_bytes, host)
         return VolumeState(row, info.allocated_bytes)
+
+    @staticmethod
+    def _exists(name: str) -> StateError:
+        return StateError(f"volume {name!r} already exists", state="exists", required="absent", details={"name": name})
 
     async def _state(self, row: VolumeRow) -> VolumeState:
         try:

@@ -29,6 +29,7 @@ from cryobox.agent.sandbox.admission import AdmissionConfig
 from cryobox.agent.templates.bake import Template
 from cryobox.agentapi import Agent, HttpAgent, InProcessAgent
 from cryobox.agentapi import models as am
+from cryobox.agentapi import models_volumes as am_volumes
 from cryobox.bench.server import ServeProcess, free_port
 from cryobox.compose.parts import AgentOptions, boot_agent
 from cryobox.config import Paths
@@ -319,3 +320,23 @@ async def test_snapshots_and_trees(agent: Agent, sandbox: am.SandboxInfo) -> Non
         await agent.create(spec(from_snapshot=am.SnapshotRef(id=snap_id, template="base", stored=True)))
     assert await agent.prune_snapshots([]) == [tree_snap]
     assert (await agent.capacity()).local_snapshots == []
+
+
+async def test_volume_images(agent: Agent) -> None:
+    """Both transports make, read, grow and remove a volume's image; errors cross as the same wire codes."""
+    volume_id = f"vol-{secrets.token_hex(6)}"
+    spec = am_volumes.VolumeSpec(volume_id=volume_id, size_bytes=32 << 20, label="fcvol-contract")
+    made = await agent.create_volume(spec)
+    try:
+        assert made.volume_id == volume_id and made.size_bytes == 32 << 20 and made.allocated_bytes > 0
+        assert await agent.create_volume(spec) == made  # a retried create
+        assert volume_id in [v.volume_id for v in await agent.list_volumes()]
+        grown = await agent.resize_volume(volume_id, am_volumes.VolumeResize(size_bytes=64 << 20))
+        assert grown.size_bytes == 64 << 20 and (await agent.volume_info(volume_id)).size_bytes == 64 << 20
+        with pytest.raises(InvalidArgument):
+            await agent.resize_volume(volume_id, am_volumes.VolumeResize(size_bytes=32 << 20))
+    finally:
+        await agent.delete_volume(volume_id)
+    await agent.delete_volume(volume_id)  # idempotent
+    with pytest.raises(NotFound):
+        await agent.volume_info(volume_id)

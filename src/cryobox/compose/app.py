@@ -22,6 +22,7 @@ from ..compat.e2b.observe import router as e2b_observe_router
 from ..compat.e2b.sandbox_hosts import SandboxHosts, normal_domain
 from ..compat.e2b.sandbox_url import mount_sandbox_url
 from ..compat.e2b.templates import router as e2b_templates_router
+from ..compat.e2b.volumes import router as e2b_volumes_router
 from ..compat.pandastack.repl import router as repl_router
 from ..compat.pandastack.templates import router as pandastack_templates_router
 from ..console.bisect_jobs import BisectJobs
@@ -233,6 +234,7 @@ def create_app(
     # the sandbox URL first: the E2B API's catch-all 404 would otherwise answer for it
     app.state.envd = mount_sandbox_url(app, sandbox_access, app.state.ctx.proxy)
     app.include_router(e2b_templates_router)  # before e2b_router, whose last route catches the rest
+    app.include_router(e2b_volumes_router)
     app.include_router(e2b_catalog_router)
     app.include_router(e2b_observe_router)  # before e2b_router: GET /sandboxes/metrics vs /sandboxes/{id}
     app.include_router(e2b_router)

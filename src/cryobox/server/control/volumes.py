@@ -117,6 +117,16 @@ class VolumeControl:
             return VolumeState(row, None)
         return VolumeState(row, info.allocated_bytes)
 
+    async def row_by_id(self, workspace_id: str, volume_id: str) -> VolumeRow:
+        """The workspace's volume ``volume_id`` (404 otherwise, also across workspaces)."""
+        try:
+            row = await asyncio.to_thread(self.records.by_id, volume_id)
+        except NotFound:
+            row = None
+        if row is None or row.workspace_id != workspace_id:
+            raise NotFound(f"volume {volume_id[:80]} not found", details={"volume_id": volume_id[:80]})
+        return row
+
     async def get(self, workspace_id: str, name: str) -> VolumeState:
         return await self._state(await asyncio.to_thread(self.records.get, workspace_id, name))
 

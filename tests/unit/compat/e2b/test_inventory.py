@@ -213,7 +213,8 @@ def test_takes_tells_a_route_from_the_catch_all_and_from_another_shape(app: tupl
     endpoints = [getattr(r, "endpoint", None) for r in flat_routes(app[0].router.routes)]
     assert api.unserved in endpoints and api.create_v1 in endpoints
     assert takes(app[0], "GET /sandboxes/{sandboxID}")
-    assert not takes(app[0], "GET /volumes")  # the catch-all
+    assert not takes(app[0], "GET /teams")  # the catch-all
+    assert takes(app[0], "GET /volumes")
     assert takes(app[0], "GET /sandboxes/metrics")  # registered before GET /sandboxes/{sandbox_id}
     assert not takes(app[0], "GET /sandboxes/volumes")  # a literal segment: GET /sandboxes/{sandbox_id} takes it
 

@@ -216,6 +216,8 @@ class Snapshot(Base):
     manifest_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # the network policy of the sandbox it was taken from (revision 0012; NULL: nothing allowed, or from before)
     egress: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # the volume mounts of the sandbox it was taken from (revision 0014), not their bytes
+    volumes: Mapped[list[dict[str, Any]]] = mapped_column(JSON, server_default="[]")
 
 
 class Agent(Base):

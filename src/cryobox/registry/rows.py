@@ -133,6 +133,9 @@ class SnapshotRow:
     egress: EgressPolicy | None = None
     """The network policy of the sandbox it was taken from (revision 0012), which a create from it that names no
     network inherits; ``None``: nothing allowed (also snapshots from before, and imported ones)."""
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+    """The volume mounts of the sandbox it was taken from (revision 0014: ``{volume_id, name, path, read_only}``
+    each), which a restore re-attaches; not the volumes' bytes."""
 
 
 @dataclass(frozen=True)

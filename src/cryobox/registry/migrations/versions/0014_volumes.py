@@ -1,6 +1,7 @@
 """Volumes: ``volumes`` (a workspace's named volumes, unique by name in it, on one host at a time; ``writer`` is
 the sandbox holding the read-write attachment) and ``volume_attachments`` (which sandbox mounts which volume where,
-read-only or not); ``workspace_quotas`` gain ``volumes`` and ``volume_bytes`` (NULL: the server default).
+read-only or not); ``workspace_quotas`` gain ``volumes`` and ``volume_bytes`` (NULL: the server default);
+``snapshots`` gain ``volumes``, the mounts of the sandbox a snapshot was taken from (``[]`` for older ones).
 
 Revision ID: 0014
 Revises: 0013
@@ -52,9 +53,13 @@ def upgrade() -> None:
     with op.batch_alter_table("workspace_quotas") as batch:
         batch.add_column(sa.Column("volumes", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("volume_bytes", sa.BigInteger(), nullable=True))
+    with op.batch_alter_table("snapshots") as batch:
+        batch.add_column(sa.Column("volumes", sa.JSON(), nullable=False, server_default="[]"))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("snapshots") as batch:
+        batch.drop_column("volumes")
     with op.batch_alter_table("workspace_quotas") as batch:
         batch.drop_column("volume_bytes")
         batch.drop_column("volumes")

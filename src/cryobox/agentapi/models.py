@@ -17,6 +17,7 @@ from ..proxy.target import PortTarget as PortTarget
 from . import models_guest as _guest
 from . import models_procs as _procs
 from . import models_templates as _templates
+from .models_volumes import VolumeMount
 
 SandboxState = Literal["starting", "running", "paused", "hibernated", "stopped", "error"]
 
@@ -59,6 +60,8 @@ class CreateSpec(_Model):
     ttl_s: int | None = None
     persistent: bool = False
     egress: Policy = None
+    volumes: list[VolumeMount] = Field(default_factory=list)
+    """Volumes to attach (their images on this agent), mounted before the create answers."""
 
 
 class SandboxInfo(_Model):

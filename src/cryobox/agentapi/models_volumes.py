@@ -37,3 +37,11 @@ class VolumeInfo(_Model):
     """The image's size: what the guest's block device holds."""
     allocated_bytes: int
     """What the (sparse) image takes on the host's disk: the blocks ever written, file system metadata included."""
+
+
+class VolumeMount(_Model):
+    """A volume a new sandbox gets, mounted at ``path`` in the guest; its image is on the sandbox's agent."""
+
+    volume_id: str = Field(pattern=VOLUME_ID.pattern)
+    path: str = Field(min_length=2, max_length=4096, pattern=r"^/")
+    read_only: bool = False

@@ -54,6 +54,7 @@ ResizeVolumeRequest = _volumes.ResizeVolumeRequest
 Volume = _volumes.Volume
 VolumeList = _volumes.VolumeList
 VolumeMount = _volumes.VolumeMount
+VolumeMountRequest = _volumes.VolumeMountRequest
 
 SandboxStatus = Literal["starting", "running", "paused", "hibernated", "stopped", "error", "lost"]
 BootMode = Literal["restore", "cold"]
@@ -95,8 +96,7 @@ OnTimeoutAction = Literal["kill", "hibernate"]
 
 
 class CreateSandboxRequest(BaseModel):
-    """A field cryobox does not carry out (``volumes`` before issue 34's volumes, a typo) is a 400 naming it, never
-    parsed and dropped."""
+    """A field cryobox does not carry out (a typo) is a 400 naming it, never parsed and dropped."""
 
     model_config = ConfigDict(extra="forbid")
     template: str = Field(default="code-interpreter", min_length=1, max_length=128)
@@ -114,6 +114,8 @@ class CreateSandboxRequest(BaseModel):
     auto_wake: bool = True
     """Whether any request for it (exec, files, ports, envd) wakes it when hibernated; ``false``: only an explicit
     ``resume``/``wake`` does (other requests get 409)."""
+    volumes: list[_volumes.VolumeMountRequest] | None = Field(default=None, max_length=4)
+    """Volumes to mount (``null``: none, or from a snapshot the snapshot's mounts)."""
 
 
 class Sandbox(BaseModel):

@@ -45,3 +45,18 @@ class Volume(BaseModel):
 
 class VolumeList(BaseModel):
     items: list[Volume]
+
+
+class VolumeMountRequest(BaseModel):
+    """A create's volume: ``name`` in the workspace, mounted at ``path`` (default ``/mnt/<name>``; PandaStack's SDK
+    sends none), read-write unless ``read_only`` (one read-write mount per volume at a time, any number of
+    read-only ones)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+    path: str | None = Field(default=None, min_length=2, max_length=4096)
+    read_only: bool = Field(default=False, alias="readOnly")
+
+    @property
+    def mount_path(self) -> str:
+        return self.path if self.path is not None else f"/mnt/{self.name}"

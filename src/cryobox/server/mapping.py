@@ -122,8 +122,10 @@ def snapshot_row(
     labels: dict[str, str],
     host: str,
     egress: EgressPolicy | None = None,
+    volumes: list[dict[str, Any]] | None = None,
 ) -> SnapshotRow:
     return SnapshotRow(
+        volumes=list(volumes or []),
         id=info.id,
         workspace_id=workspace_id,
         template=info.template,

@@ -166,6 +166,10 @@ class HostAgent(HibernationEndpoints, ProcEndpoints, VolumeEndpoints):
         return [self._info(s) for s in self.service.all()]
 
     async def create(self, spec: am.CreateSpec) -> am.SandboxInfo:
+        if spec.volumes:  # never parsed and dropped: this agent cannot attach them yet
+            raise InvalidArgument(
+                "volumes cannot be attached to a sandbox by this agent yet", details={"field": "volumes"}
+            )
         image = None
         if spec.from_snapshot is not None:
             image = await self.snapshots.restorable(spec.from_snapshot)  # 404 / import before queueing

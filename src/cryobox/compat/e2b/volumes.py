@@ -58,7 +58,7 @@ async def create_volume(body: NewVolume, ctx: E2BCtx) -> dict[str, Any]:
 
 @router.get("/volumes")
 async def list_volumes(ctx: E2BCtx) -> list[dict[str, Any]]:
-    return [listed(state.row) for state in await ctx.control.volumes.list(ctx.workspace_id)]
+    return [listed(state.row) for state in await ctx.control.volumes.list_states(ctx.workspace_id)]
 
 
 @router.get("/volumes/{volume_id}")

@@ -24,7 +24,7 @@ from typing import Literal
 
 from ...agentapi import Agent
 from ...agentapi import models as am
-from ...errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound, WorkspaceQuotaExceeded
+from ...errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound, StateError, WorkspaceQuotaExceeded
 from ...netpolicy import EgressPolicy
 from ...registry import (
     HIBERNATED,
@@ -46,7 +46,7 @@ from .quotas import QuotaGuard, check_ttl
 from .snapshots import SnapshotControl
 from .templates import TemplateJobs
 from .timeouts import OnTimeout, TimeoutActions, TimeoutReport
-from .volumes import VolumeControl
+from .volumes import MountRequest, VolumeControl
 
 log = logging.getLogger(__name__)
 UNSET = object()  # "not given" in a PATCH, distinct from an explicit null
@@ -79,6 +79,8 @@ class CreateRequest:
     egress: EgressPolicy | None | Literal[Inherit.INHERIT] = INHERIT
     """The network policy (``None``: nothing allowed); :data:`INHERIT`: the snapshot's, if any."""
     on_timeout: OnTimeout = OnTimeout()
+    volumes: tuple[MountRequest, ...] | None = None
+    """Volumes to mount; ``None``: the snapshot's mounts (from a snapshot), else none."""
 
 
 class ControlPlane:
@@ -187,12 +189,15 @@ class ControlPlane:
         started = time.monotonic()
         ttl_s = await self.quotas.ttl(request.workspace_id, request.ttl_s, request.persistent)  # 400 first
         ref: am.SnapshotRef | None = None
+        mounts: tuple[MountRequest, ...] = request.volumes or ()
         egress = None if request.egress is INHERIT else request.egress
         if request.from_snapshot is not None:  # 404 before anything is reserved
             snap, ref = await self.snapshots.ref(request.from_snapshot, request.workspace_id)
             template = snap.template
             if request.egress is INHERIT:
                 egress = snap.egress
+            if request.volumes is None:  # the snapshot's mounts, re-attached (409 if one is written elsewhere)
+                mounts = tuple(MountRequest(v["name"], v["path"], bool(v["read_only"])) for v in snap.volumes)
             cpus, memory = await self.templates.size(template)
             placement = PlacementRequest(
                 memory_mib=memory,
@@ -214,6 +219,16 @@ class ControlPlane:
                 local_keys=frozenset({f"tpl-{template}-{tpl.generation}"}),
             )
         sandbox_id = new_sandbox_id()
+        attached, volume_host = await self.volumes.claim(request.workspace_id, sandbox_id, mounts)
+        if volume_host is not None:  # a sandbox goes where its volumes are
+            if placement.only is not None and placement.only != volume_host:
+                await self.volumes.sandbox_gone(sandbox_id)
+                raise StateError(
+                    f"the snapshot is on {placement.only} and the volumes on {volume_host}",
+                    state="elsewhere",
+                    required="one host",
+                )
+            placement = replace(placement, only=volume_host, prefer=volume_host)
         spec = am.CreateSpec(
             sandbox_id=sandbox_id,
             template=template,
@@ -224,6 +239,7 @@ class ControlPlane:
             ttl_s=ttl_s,
             persistent=request.persistent,
             egress=egress,
+            volumes=attached,
         )
         try:
             with await self.quotas.admit(
@@ -231,9 +247,11 @@ class ControlPlane:
             ):
                 row = await self.place(placement, spec, timing, request.on_timeout)
         except (HostUnavailable, WorkspaceQuotaExceeded):
+            await self.volumes.sandbox_gone(sandbox_id)
             self.metrics.observe_create("refused", "restore")
             raise
         except BaseException:
+            await self.volumes.sandbox_gone(sandbox_id)
             self.metrics.observe_create("error", "restore")
             raise
         self.metrics.observe_create("ok", row.boot_mode, time.monotonic() - started)

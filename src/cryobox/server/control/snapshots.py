@@ -24,6 +24,7 @@ import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from typing import Any
 
 from ...agentapi import Agent
 from ...agentapi import models as am
@@ -33,6 +34,7 @@ from ...objstore.client import ObjectStore
 from ...objstore.keys import evidence_key, evidence_prefix, manifest_key, snapshot_prefix
 from ...objstore.manifests import delete_published
 from ...registry import Registry, SandboxRow, SnapshotRow
+from ...registry.volumes import VolumeRecords
 from ..mapping import snapshot_row
 from .fleet import Fleet
 from .quotas import QuotaGuard
@@ -186,7 +188,7 @@ class SnapshotControl:
         async with self.awake(sandbox_id, workspace_id) as (sandbox, agent):  # a hibernated one wakes, then sleeps
             request = am.SnapshotRequest(snapshot_id=new_snapshot_id(), labels=labels, quiesce=quiesce)
             info = await agent.snapshot(sandbox_id, request)
-            return await self.record(info, workspace_id, retain, labels, sandbox.host, sandbox.egress)
+            return await self.record(info, workspace_id, retain, labels, sandbox.host, sandbox.egress, sandbox_id)
 
     async def record(
         self,
@@ -196,9 +198,12 @@ class SnapshotControl:
         labels: dict[str, str],
         host: str,
         egress: EgressPolicy | None = None,
+        sandbox_id: str | None = None,
     ) -> SnapshotRow:
-        """Write the row of a snapshot an agent took, with the network policy of its sandbox at that moment."""
-        row = snapshot_row(info, workspace_id, retain, labels, host, egress)
+        """Write the row of a snapshot an agent took, with the network policy and the volume mounts (not their
+        bytes) of its sandbox ``sandbox_id`` at that moment."""
+        mounts = await asyncio.to_thread(self._mounts, sandbox_id) if sandbox_id is not None else []
+        row = snapshot_row(info, workspace_id, retain, labels, host, egress, mounts)
         try:
             await asyncio.to_thread(self.registry.add_snapshot, row)
         except BaseException:
@@ -207,6 +212,22 @@ class SnapshotControl:
             raise
         self.store_later(row)
         return row
+
+    def _mounts(self, sandbox_id: str) -> list[dict[str, Any]]:
+        records = VolumeRecords(self.registry.database)
+        out = []
+        for attached in records.attachments_of(sandbox_id):
+            with contextlib.suppress(NotFound):
+                name = records.by_id(attached.volume_id).name
+                out.append(
+                    {
+                        "volume_id": attached.volume_id,
+                        "name": name,
+                        "path": attached.path,
+                        "read_only": attached.read_only,
+                    }
+                )
+        return out
 
     async def publish(self, snapshot_id: str, workspace_id: str) -> dict[str, str]:
         """Make sure the snapshot is in the object store (every snapshot gets there by itself; this waits)."""

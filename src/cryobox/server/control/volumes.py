@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import posixpath
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ...agentapi.models_volumes import MAX_VOLUME_BYTES, MIN_VOLUME_BYTES, VolumeResize, VolumeSpec
+from ...agentapi.models_volumes import MAX_VOLUME_BYTES, MIN_VOLUME_BYTES, VolumeMount, VolumeResize, VolumeSpec
 from ...errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound, StateError
 from ...registry import Registry
 from ...registry.volumes import VolumeRecords, VolumeRow
@@ -48,6 +50,44 @@ def check_size(size_bytes: int) -> int:
             details={"field": "size", "size_bytes": size_bytes},
         )
     return size_bytes
+
+
+@dataclass(frozen=True)
+class MountRequest:
+    """A create's ask: volume ``name`` of the workspace at ``path`` in the guest."""
+
+    name: str
+    path: str
+    read_only: bool = False
+
+
+MAX_MOUNTS = 4
+"""Volumes one sandbox may have (the slots its template was baked with)."""
+RESERVED_TOP = frozenset({"proc", "sys", "dev", "run", "bin", "sbin", "lib", "lib64", "usr", "etc", "boot"})
+"""Top-level guest directories a volume may not cover."""
+
+
+def check_mounts(mounts: Sequence[MountRequest]) -> None:
+    """400 for more than :data:`MAX_MOUNTS`, a path that is not a normalized absolute path below ``/`` (or one
+    of the guest's own trees), the same path or volume twice."""
+    if len(mounts) > MAX_MOUNTS:
+        raise InvalidArgument(f"at most {MAX_MOUNTS} volumes per sandbox", details={"field": "volumes"})
+    paths, names = set(), set()
+    for mount in mounts:
+        check_name(mount.name)
+        path = mount.path
+        if not path.startswith("/") or posixpath.normpath(path) != path or path == "/" or "\0" in path:
+            raise InvalidArgument(
+                f"mount path {path[:200]!r} must be a normalized absolute path", details={"path": path[:200]}
+            )
+        if path.split("/")[1] in RESERVED_TOP:
+            raise InvalidArgument(
+                f"mount path {path!r} is inside the guest's own {path.split('/')[1]!r}", details={"path": path}
+            )
+        if path in paths or mount.name in names:
+            raise InvalidArgument(f"volume {mount.name!r} or path {path!r} given twice", details={"field": "volumes"})
+        paths.add(path)
+        names.add(mount.name)
 
 
 @dataclass(frozen=True)
@@ -130,7 +170,7 @@ class VolumeControl:
     async def get(self, workspace_id: str, name: str) -> VolumeState:
         return await self._state(await asyncio.to_thread(self.records.get, workspace_id, name))
 
-    async def list(self, workspace_id: str) -> list[VolumeState]:
+    async def list_states(self, workspace_id: str) -> list[VolumeState]:
         rows = await asyncio.to_thread(self.records.list_volumes, workspace_id)
         return list(await asyncio.gather(*(self._state(row) for row in rows)))
 
@@ -165,6 +205,36 @@ class VolumeControl:
             await (await self.fleet.agent(row.host)).delete_volume(row.id)
         except CryoboxError as err:
             log.warning("volume %s deleted while its agent %s could not remove the image: %s", row.id, row.host, err)
+
+    async def claim(
+        self, workspace_id: str, sandbox_id: str, mounts: Sequence[MountRequest]
+    ) -> tuple[list[VolumeMount], str | None]:
+        """Attach ``mounts`` to new sandbox ``sandbox_id`` (its one read-write holder, or a reader of each) and say
+        the host they are all on (the sandbox must be placed there; ``None`` without mounts). 404 for an unknown
+        volume, 409 for one attached read-write elsewhere or volumes on different hosts; nothing is kept then."""
+        check_mounts(mounts)
+        if not mounts:
+            return [], None
+        rows = [await asyncio.to_thread(self.records.get, workspace_id, m.name) for m in mounts]
+        hosts = sorted({row.host for row in rows})
+        if len(hosts) > 1:
+            raise StateError(
+                "the volumes are on different hosts; a sandbox needs them on one",
+                state="elsewhere",
+                required="one host",
+                details={"hosts": hosts},
+            )
+        attached: list[VolumeMount] = []
+        try:
+            for row, mount in zip(rows, mounts, strict=True):
+                await asyncio.to_thread(
+                    functools.partial(self.records.attach, row.id, sandbox_id, mount.path, read_only=mount.read_only)
+                )
+                attached.append(VolumeMount(volume_id=row.id, path=mount.path, read_only=mount.read_only))
+        except BaseException:
+            await self.sandbox_gone(sandbox_id)
+            raise
+        return attached, hosts[0]
 
     async def sandbox_gone(self, sandbox_id: str) -> None:
         """A deleted sandbox's attachments go (its volumes and their data stay)."""

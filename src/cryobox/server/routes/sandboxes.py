@@ -18,6 +18,7 @@ from ...registry import HIBERNATED
 from ...util.times import rfc3339
 from ..control.sandboxes import INHERIT, UNSET, CreateRequest
 from ..control.timeouts import OnTimeout
+from ..control.volumes import MountRequest
 from ..execlog import ExecRecord
 from ..mapping import sandbox_view
 from .deps import Ctx
@@ -50,6 +51,9 @@ async def create_sandbox(
             from_snapshot=body.from_snapshot,
             egress=egress,
             on_timeout=OnTimeout(body.on_timeout, body.auto_wake),
+            volumes=None
+            if body.volumes is None
+            else tuple(MountRequest(v.name, v.mount_path, v.read_only) for v in body.volumes),
         ),
         timing,
     )

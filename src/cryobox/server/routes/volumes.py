@@ -47,7 +47,7 @@ async def create_volume(body: models.CreateVolumeRequest, ctx: Ctx) -> models.Vo
 
 @router.get("", response_model=models.VolumeList)
 async def list_volumes(ctx: Ctx) -> models.VolumeList:
-    return models.VolumeList(items=[volume_view(s) for s in await ctx.control.volumes.list(ctx.workspace_id)])
+    return models.VolumeList(items=[volume_view(s) for s in await ctx.control.volumes.list_states(ctx.workspace_id)])
 
 
 @router.get("/{name}", response_model=models.Volume)

@@ -99,9 +99,9 @@ async def test_importing_another_workspaces_snapshot_is_a_404_that_confirms_noth
 
 
 async def test_a_field_cryobox_does_not_carry_out_is_a_400_naming_it(env: Env) -> None:
-    """PandaStack's SDK sends ``volumes`` (volumes are issue 34's): refused by name, never parsed and dropped."""
+    """A field cryobox does not know (a typo, another service's) is refused by name, never parsed and dropped."""
     before = env.calls("create")
-    for extra, named in (({"volumes": [{"name": "data", "read_only": False}]}, "volumes"), ({"ttl": 5}, "ttl")):
+    for extra, named in (({"gpu": {"count": 1}}, "gpu"), ({"ttl": 5}, "ttl")):
         refused = await env.create(**extra)
         assert refused.status_code == 400 and named in refused.json()["error"], refused.text
     assert env.calls("create") == before and env.rows() == 0

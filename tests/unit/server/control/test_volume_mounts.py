@@ -1,0 +1,90 @@
+"""Mounting volumes at create through the app with a fake agent: the agent is asked to attach them; one
+read-write holder at a time (a second is 409 and creates nothing), any number of readers; a failed create, a
+delete and a bad ask leave no attachment; a snapshot records the mounts and a restore re-attaches them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from cryobox.errors import HostUnavailable
+from cryobox.registry import Registry
+from cryobox.server.control.quotas import Quota
+from tests.support.app import Env, app_env, registry
+from tests.support.fake_agent import FakeAgent
+
+__all__ = ["registry"]  # the fixture
+
+
+@pytest.fixture
+async def env(registry: Registry) -> AsyncIterator[Env]:
+    async with app_env(registry, FakeAgent(name="a"), Quota()) as env:
+        for name in ("data", "models"):
+            made = await env.client.post("/v1/volumes", json={"name": name, "size_mb": 64})
+            assert made.status_code == 201, made.text
+        yield env
+
+
+def attached(env: Env, name: str) -> list[tuple[str, str, bool]]:
+    row = env.control.volumes.records.get(env.ws, name)
+    return [(a.sandbox_id, a.path, a.read_only) for a in row.attachments]
+
+
+def specs(env: Env) -> list[list[tuple[str, str, bool]]]:
+    return [
+        [(v.volume_id, v.path, v.read_only) for v in args[0].volumes] for m, args in env.agent.calls if m == "create"
+    ]
+
+
+async def test_one_writer_many_readers_and_a_delete_detaches(env: Env) -> None:
+    data_id = env.control.volumes.records.get(env.ws, "data").id
+    writer = await env.create(volumes=[{"name": "data", "path": "/work"}])
+    assert writer.status_code == 201, writer.text
+    assert specs(env) == [[(data_id, "/work", False)]]
+    second = await env.create(volumes=[{"name": "data", "path": "/work"}])
+    assert second.status_code == 409 and second.json()["details"]["writer"] == writer.json()["id"], second.text
+    assert len(specs(env)) == 1  # the agent was never asked
+    readers = [await env.create(volumes=[{"name": "data", "readOnly": True}]) for _ in range(2)]
+    assert [r.status_code for r in readers] == [201, 201]
+    assert specs(env)[1:] == [[(data_id, "/mnt/data", True)]] * 2  # PandaStack's shape: no path
+    assert len(attached(env, "data")) == 3
+    await env.client.delete(f"/v1/sandboxes/{writer.json()['id']}")
+    assert [a[2] for a in attached(env, "data")] == [True, True]
+    again = await env.create(volumes=[{"name": "data", "path": "/work"}, {"name": "models", "path": "/models"}])
+    assert again.status_code == 201, again.text
+
+
+async def test_bad_asks_and_failed_creates_keep_no_attachment(env: Env) -> None:
+    for volumes, status in (
+        ([{"name": "nope", "path": "/x"}], 404),
+        ([{"name": "data", "path": "relative"}], 400),
+        ([{"name": "data", "path": "/proc/x"}], 400),
+        ([{"name": "data", "path": "/a"}, {"name": "data", "path": "/b"}], 400),
+        ([{"name": "data", "path": "/a/../b"}], 400),
+        ([{"name": "data", "path": "/a", "size": 1}], 400),
+    ):
+        response = await env.create(volumes=volumes)
+        assert response.status_code == status, (volumes, response.text)
+    env.agent.fail_next["create"] = HostUnavailable("full")
+    failed = await env.create(volumes=[{"name": "data", "path": "/work"}])
+    assert failed.status_code == 503
+    assert attached(env, "data") == [] and attached(env, "models") == []
+    assert env.control.volumes.records.get(env.ws, "data").writer is None
+
+
+async def test_a_snapshot_records_the_mounts_and_a_restore_reattaches_them(env: Env) -> None:
+    data_id = env.control.volumes.records.get(env.ws, "data").id
+    source = (await env.create(volumes=[{"name": "data", "path": "/work"}])).json()["id"]
+    snap = await env.client.post(f"/v1/sandboxes/{source}/snapshots", json={"retain": True})
+    assert snap.status_code == 201, snap.text
+    row = env.registry.get_snapshot(snap.json()["id"])
+    assert row.volumes == [{"volume_id": data_id, "name": "data", "path": "/work", "read_only": False}]
+    busy = await env.create(from_snapshot=row.id)
+    assert busy.status_code == 409  # its volume is written by the source still
+    assert (await env.client.delete(f"/v1/sandboxes/{source}")).status_code == 204
+    restored = await env.create(from_snapshot=row.id)
+    assert restored.status_code == 201, restored.text
+    assert specs(env)[-1] == [(data_id, "/work", False)]
+    plain = await env.create(from_snapshot=row.id, volumes=[])  # asked for none: none
+    assert plain.status_code == 201 and specs(env)[-1] == []

@@ -28,6 +28,7 @@ from ...errors import InvalidArgument, NotFound, StateError
 from ...registry import ON_TIMEOUT_HIBERNATE, ON_TIMEOUT_KILL, SandboxRow, SnapshotRow
 from ...server.control.sandboxes import INHERIT, CreateRequest
 from ...server.control.timeouts import OnTimeout
+from ...server.control.volumes import MountRequest
 from ...server.routes.deps import Caller
 from .access import SandboxAccess
 from .network import UPDATE_KEYS, E2BSettings, default_policy, to_policy
@@ -106,6 +107,7 @@ async def _create(ctx: Caller, body: NewSandbox, e2b: E2BSettings) -> JSONRespon
                 ON_TIMEOUT_HIBERNATE if body.auto_pause else ON_TIMEOUT_KILL,
                 auto_wake=body.auto_resume is not None and body.auto_resume.enabled,  # E2B: only connect resumes
             ),
+            volumes=tuple(MountRequest(m.name, m.path) for m in body.volume_mounts) or None,
         )
     )
     return JSONResponse(_sandbox(ctx, row), status_code=201)
@@ -142,7 +144,8 @@ async def get_sandbox(sandbox_id: str, ctx: E2BCtx) -> dict[str, Any]:
     row = await ctx.control.get(sandbox_id, ctx.workspace_id)
     if row.status not in ("running", "starting", *PAUSED_STATES):
         raise NotFound(f"sandbox {sandbox_id} is {row.status}", details={"sandbox_id": sandbox_id})
-    return detail(row, _token(ctx, row.id), ctx.app.sandbox_domain)
+    mounts = await ctx.control.volumes.mounts_of(row.id)
+    return detail(row, _token(ctx, row.id), ctx.app.sandbox_domain, [{"name": n, "path": p} for n, p, _ in mounts])
 
 
 def _metadata_query(text: str | None) -> dict[str, str]:

@@ -1,5 +1,5 @@
 """What E2B's create request may ask that cryobox does not carry out yet: refused with 400 naming the field,
-never parsed and dropped. A caller that sends MCP servers, IAM, volume mounts, ``secure: false``, a
+never parsed and dropped. A caller that sends MCP servers, IAM, ``secure: false``, a
 filesystem-only pause (``autoPauseMemory: false``), ``autoResume`` without ``autoPause``, or the ``network``
 options cryobox does not enforce (:mod:`.network`: request rules, an egress proxy, DNS servers, HTTPS ports) must
 learn that they do not hold, instead of getting a sandbox that silently differs from what it asked for
@@ -36,7 +36,6 @@ KNOWN = frozenset(
 NOT_YET = {
     "mcp": "MCP servers started in the sandbox are not supported",
     "iam": "workload identity (iam) is not supported",
-    "volumeMounts": "volumes are not supported yet",
 }
 
 

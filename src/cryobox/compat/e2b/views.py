@@ -32,6 +32,14 @@ class AutoResume(_Body):
     enabled: bool = False
 
 
+class VolumeMountBody(BaseModel):
+    """One of ``volumeMounts``: volume ``name`` (by name, as the SDK sends it) at ``path``, read-write."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=64)
+    path: str = Field(min_length=2, max_length=4096)
+
+
 class NewSandbox(_Body):
     """E2B's create request (``NewSandbox``/``NewSandboxV2``); what cryobox does not enforce is refused first."""
 
@@ -40,6 +48,7 @@ class NewSandbox(_Body):
     auto_pause: bool = Field(default=False, alias="autoPause")
     auto_pause_memory: bool | None = Field(default=None, alias="autoPauseMemory")
     auto_resume: AutoResume | None = Field(default=None, alias="autoResume")
+    volume_mounts: list[VolumeMountBody] = Field(default_factory=list, alias="volumeMounts", max_length=4)
     metadata: dict[str, str] | None = None
     env_vars: dict[str, str] | None = Field(default=None, alias="envVars")
     allow_internet_access: bool | None = None
@@ -128,9 +137,11 @@ def listed(row: SandboxRow) -> dict[str, Any]:
     }
 
 
-def detail(row: SandboxRow, token: str, domain: str | None = None) -> dict[str, Any]:
+def detail(
+    row: SandboxRow, token: str, domain: str | None = None, mounts: list[dict[str, str]] | None = None
+) -> dict[str, Any]:
     """``SandboxDetail``, with the network policy as E2B's ``allowInternetAccess`` and ``network``; ``domain`` as
-    in :func:`sandbox`."""
+    in :func:`sandbox`; ``mounts``: its ``volumeMounts`` (``{name, path}``)."""
     internet, network = network_info(row.egress)
     return {
         **listed(row),
@@ -139,6 +150,7 @@ def detail(row: SandboxRow, token: str, domain: str | None = None) -> dict[str, 
         "allowInternetAccess": internet,
         "network": network,
         "lifecycle": {"autoResume": row.auto_wake, "onTimeout": "pause" if row.on_timeout == "hibernate" else "kill"},
+        "volumeMounts": list(mounts or []),
     }
 
 

@@ -170,7 +170,7 @@ async def test_create_fields_cryobox_does_not_enforce_are_refused_naming_them_an
         "autoResume": {"enabled": True},
         "mcp": {"github": {"token": "x"}},
         "iam": {"aws": {"role": "r"}},
-        "volumeMounts": [{"name": "data", "path": "/data"}],
+        "volumeMounts": [{"name": "data", "path": "/data", "readOnly": True}],
         "secure": False,
         "frobnicate": 1,
     }

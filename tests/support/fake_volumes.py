@@ -18,7 +18,7 @@ class FakeVolumes:
         if volume_id not in self.volumes:
             raise NotFound(f"volume {volume_id} is not on this host", details={"volume_id": volume_id})
         size = self.volumes[volume_id]
-        return VolumeInfo(volume_id=volume_id, size_bytes=size, allocated_bytes=min(size, 4 << 20))
+        return VolumeInfo(volume_id=volume_id, size_bytes=size, allocated_bytes=size, used_bytes=min(size, 4 << 20))
 
     async def list_volumes(self) -> list[VolumeInfo]:
         self._record("list_volumes")

@@ -36,7 +36,10 @@ class VolumeInfo(_Model):
     size_bytes: int
     """The image's size: what the guest's block device holds."""
     allocated_bytes: int
-    """What the (sparse) image takes on the host's disk: the blocks ever written, file system metadata included."""
+    """What the image takes on the host's disk (allocated in full)."""
+    used_bytes: int | None = None
+    """What its file system uses, from its superblock (as of the guest's last write of it: its last unmount);
+    ``None`` when that cannot be read."""
 
 
 class VolumeMount(_Model):

@@ -34,8 +34,8 @@ class Volume(BaseModel):
     size_mb: int
     size_bytes: int
     used_bytes: int | None = None
-    """What its image takes on the host (the blocks ever written, file system metadata included); ``null`` when
-    its agent does not answer."""
+    """What its file system uses, as its superblock says (the guest updates that at unmount: while a sandbox has
+    it, the figure is from its last unmount); ``null`` when its agent does not answer."""
     filesystem: str = "ext4"
     status: str
     host: str | None = None

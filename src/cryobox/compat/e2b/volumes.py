@@ -1,7 +1,7 @@
 """E2B's volumes API (``/e2b/volumes``), as the ``e2b`` 2.63 SDK's ``Volume`` calls it: create (201
 ``VolumeAndToken``), list (``[Volume]``), get by id (``VolumeAndToken``: how ``Volume.connect`` gets its token),
 destroy (204; 404 is ``False`` to the SDK). A volume here is a cryobox volume (:mod:`cryobox.server.control.volumes`)
-of ``CRYOBOX_E2B_VOLUME_MB`` (default 10 GiB, sparse: only what is written takes room); its ``token`` is an HMAC of
+of ``CRYOBOX_E2B_VOLUME_MB`` (default 1 GiB; E2B's API has no size); its ``token`` is an HMAC of
 its id under the registry's key, the bearer token of that volume's content API and of no other volume.
 """
 
@@ -21,7 +21,7 @@ from .routing import E2BCtx, E2BRoute
 router = APIRouter(prefix="/e2b", route_class=E2BRoute, include_in_schema=False)
 TOKEN_PURPOSE = "e2b-volume-token"
 SIZE_ENV = "CRYOBOX_E2B_VOLUME_MB"
-DEFAULT_SIZE_MB = 10 * 1024
+DEFAULT_SIZE_MB = 1024
 
 
 class NewVolume(BaseModel):

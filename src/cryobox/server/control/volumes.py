@@ -95,7 +95,7 @@ class VolumeState:
     """A volume's row with what its agent says of its image now (``None``: the agent did not answer)."""
 
     row: VolumeRow
-    allocated_bytes: int | None
+    used_bytes: int | None
 
 
 class VolumeControl:
@@ -144,7 +144,7 @@ class VolumeControl:
                     await asyncio.to_thread(self.records.delete, row.id)
                 raise
         log.info("volume %s (%s, %d bytes) made on %s", name, row.id, size_bytes, host)
-        return VolumeState(row, info.allocated_bytes)
+        return VolumeState(row, info.used_bytes)
 
     @staticmethod
     def _exists(name: str) -> StateError:
@@ -155,7 +155,7 @@ class VolumeControl:
             info = await (await self.fleet.agent(row.host)).volume_info(row.id)
         except CryoboxError:
             return VolumeState(row, None)
-        return VolumeState(row, info.allocated_bytes)
+        return VolumeState(row, info.used_bytes)
 
     async def row_by_id(self, workspace_id: str, volume_id: str) -> VolumeRow:
         """The workspace's volume ``volume_id`` (404 otherwise, also across workspaces)."""
@@ -195,7 +195,7 @@ class VolumeControl:
         with await self.quotas.admit_volume(workspace_id, None, size_bytes - row.size_bytes):
             info = await (await self.fleet.agent(row.host)).resize_volume(row.id, VolumeResize(size_bytes=size_bytes))
             row = await asyncio.to_thread(self.records.resize, row.id, info.size_bytes)
-        return VolumeState(row, info.allocated_bytes)
+        return VolumeState(row, info.used_bytes)
 
     async def delete(self, workspace_id: str, name: str) -> None:
         """Delete a volume no sandbox has attached (409 otherwise; 404 when there is none)."""

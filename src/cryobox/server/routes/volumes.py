@@ -28,7 +28,7 @@ def volume_view(state: VolumeState) -> models.Volume:
         name=row.name,
         size_mb=row.size_bytes // MIB,
         size_bytes=row.size_bytes,
-        used_bytes=state.allocated_bytes,
+        used_bytes=state.used_bytes,
         filesystem=row.filesystem,
         status=row.status,
         host=row.host or None,

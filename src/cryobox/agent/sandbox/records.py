@@ -84,6 +84,8 @@ class SandboxRecord:
     """Path of the hibernation image (state ``hibernated``)."""
     mapped_image: str | None = None
     """Hot copy of the hibernation image the VM woke from (it still maps it)."""
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+    """The attached volumes (``AttachedVolume.to_json``)."""
 
     def to_json(self, sealer: Sealer) -> dict[str, Any]:
         """The record as stored: its env sealed."""

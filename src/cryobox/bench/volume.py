@@ -33,12 +33,14 @@ POOL = 2
 SETTLE_S = 0.5  # between creates, as between real requests (the pool refills, the host goes idle)
 
 
-def make_ext4(path: Path, size_bytes: int, label: str) -> Path:
-    """A raw image of ``size_bytes`` holding an empty ext4 filesystem labelled ``label`` (at most 16 bytes)."""
+def make_ext4(path: Path, size_bytes: int, label: str, content: Path | None = None) -> Path:
+    """A raw image of ``size_bytes`` holding an ext4 filesystem labelled ``label`` (at most 16 bytes), with the
+    files of the directory ``content`` if given (``mkfs.ext4 -d``: no mount)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as fh:
         fh.truncate(size_bytes)
-    subprocess.run(["mkfs.ext4", "-q", "-F", "-L", label, str(path)], check=True, capture_output=True)
+    extra = ["-d", str(content)] if content is not None else []
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-L", label, *extra, str(path)], check=True, capture_output=True)
     return path
 
 

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...errors import CryoboxError, InvalidArgument, NotFound, StateError, VmmError
+from ...errors import InvalidArgument, NotFound, StateError, VmmError
 from .slots import VolumeSlot
 from .states import VmState
 
@@ -329,13 +329,14 @@ async def settle_volumes(vm: MicroVM, timeout: float = SETTLE_TIMEOUT_S) -> dict
     answer within ``timeout`` loses only writes it never fsynced. Returns the guest's report (``{}``: nothing to
     do or no answer)."""
     paths = [v.mount_path for v in vm.volumes if v.mount_path is not None and not v.read_only]
-    if not paths or vm.state is not VmState.RUNNING:
+    if not paths or vm.state is not VmState.RUNNING or not vm.alive():
         return {}
     try:
-        guest = await vm.connect_guest(timeout)
-        reply: dict[str, Any] = await guest.call("volumes_settle", {"paths": paths, "mode": "freeze"}, timeout=timeout)
-    except (CryoboxError, TimeoutError, OSError) as err:
-        vm.log.warning("VM %s: its volumes were not settled before the kill (%s)", vm.vm_id, err)
+        async with asyncio.timeout(timeout):
+            guest = await vm.connect_guest(timeout)
+            reply: dict[str, Any] = await guest.call("volumes_settle", {"paths": paths, "mode": "freeze"})
+    except Exception as err:  # best effort: whatever the guest did, the kill goes ahead
+        vm.log.warning("VM %s: its volumes were not settled before the kill (%r)", vm.vm_id, err)
         return {}
     if reply.get("errors"):
         vm.log.warning("VM %s: volumes not settled: %s", vm.vm_id, reply["errors"])

@@ -88,8 +88,11 @@ class SandboxRecord:
     """The attached volumes (``AttachedVolume.to_json``)."""
 
     def to_json(self, sealer: Sealer) -> dict[str, Any]:
-        """The record as stored: its env sealed."""
-        return {"version": VERSION, **asdict(self), "env": sealer.seal(self.env)}
+        """The record as stored: its env sealed; no ``volumes`` key without volumes (as records were before)."""
+        data = {"version": VERSION, **asdict(self), "env": sealer.seal(self.env)}
+        if not self.volumes:
+            del data["volumes"]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any], sealer: Sealer) -> SandboxRecord:

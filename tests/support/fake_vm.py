@@ -2,8 +2,10 @@
 :class:`~cryobox.agent.sandbox.forking.Forking`: no QEMU, no root, no network.
 
 - :class:`FakeVm` is a :class:`~cryobox.agent.vm.MicroVM` whose QMP and process are simulated: it keeps the real
-  state guards (``restore`` needs ``incoming``, ``pause`` needs ``running``, ``resume`` needs ``paused``) and a
-  guest agent (:class:`FakeGuest`) that answers ``resume``/``set_clock``/``exec``/files only while it runs.
+  state guards (``restore`` needs ``incoming``, ``pause`` needs ``running``, ``resume`` needs ``paused``), records
+  every QMP command (``qmp_log``; ``qmp_errors`` makes one fail) and has a guest agent (:class:`FakeGuest`) that
+  answers ``resume`` (mounting the volumes it names)/``set_clock``/``exec``/files/``volumes_settle`` only while
+  it runs.
 - :class:`FakeFactory` makes them (restores, cold boots, adoptions, placeholders) and records what it destroyed
   and which egress it granted; ``rejoin_error`` makes the guests it makes from then on fail to rejoin.
 - :class:`FakeImageStore` is a real :class:`~cryobox.agent.snapshot.store.SnapshotStore` directory (load, delete,
@@ -16,7 +18,9 @@
 from __future__ import annotations
 
 import json
+import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -64,7 +68,15 @@ class FakeGuest:
             raise GuestError(f"the guest of {self.vm.vm_id} does not answer ({self.vm.state.value})")
         if op == "resume":
             errors = {"clock": self.vm.rejoin_error} if self.vm.rejoin_error else {}
-            return {"step_ns": 0, "instance_id": args["instance_id"], "reseeded": True, "hooks": [], "errors": errors}
+            reply = {"step_ns": 0, "instance_id": args["instance_id"], "reseeded": True, "hooks": [], "errors": errors}
+            if "volumes" in args:
+                reply["volumes"] = [
+                    {"path": v["path"], "device": v["device"], "ok": v["path"] not in self.vm.unmountable, "ms": 1.0}
+                    for v in args["volumes"]
+                ]
+            return reply
+        if op == "volumes_settle":
+            return {"settled": {p: "frozen" for p in args["paths"]}, "errors": {}}
         if op == "set_clock":
             return {"before_ns": args["epoch_ns"]}
         if op == "exec":
@@ -94,13 +106,39 @@ class FakeVm(MicroVM):
         self.fake_guest = FakeGuest(self)
         self._pid = 1000 + len(vm_id)
         self.start_ticks = 7
+        self.qmp_log: list[tuple[str, dict[str, Any]]] = []
+        self.qmp_errors: dict[str, str] = {}
+        """command -> the error QMP answers it with."""
+        self.unmountable: set[str] = set()
+        """Mount paths the guest fails to mount."""
+        self._fdsets = 0
+
+    async def execute(self, command: str, arguments: dict[str, Any] | None = None) -> Any:
+        self.qmp_log.append((command, dict(arguments or {})))
+        if command in self.qmp_errors:
+            raise VmmError(f"QMP {command} failed: {self.qmp_errors[command]}")
+        if command == "add-fd":
+            self._fdsets += 1
+            return {"fdset-id": self._fdsets}
+        return {}
+
+    async def add_fd(self, fd: int, opaque: str) -> int:
+        os.fstat(fd)  # a descriptor that is open
+        return int((await self.execute("add-fd", {"opaque": opaque}))["fdset-id"])
+
+    def qmp_commands(self) -> list[str]:
+        return [command for command, _ in self.qmp_log]
 
     def alive(self) -> bool:
         return self.state.alive
 
     @require(VmState.INCOMING)
-    async def restore(self, vmstate: Path, timeout: float = 60.0) -> None:
+    async def restore(
+        self, vmstate: Path, timeout: float = 60.0, *, prepare: Callable[[], Awaitable[object]] | None = None
+    ) -> None:
         self.restored_from = vmstate
+        if prepare is not None:
+            await prepare()
         self.state = VmState.RUNNING
 
     @require(VmState.RUNNING)

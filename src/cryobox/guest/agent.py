@@ -29,6 +29,7 @@ from .ops_inspect import InspectSources, NetInspector
 from .ops_procs import ProcTable
 from .ops_pty import PtySessions
 from .ops_resume import Resumer, ResumeSystem
+from .ops_volumes import VolumeSettler
 from .ops_watch import WatcherTable, op_watch_dir
 from .protocol import HEADER, FrameError, decode_body, decode_length, encode
 
@@ -208,6 +209,7 @@ class GuestAgent:
             "inspect_net": NetInspector(inspect_sources),
             "cancel": self._op_cancel,
             "watch_dir": op_watch_dir,
+            "volumes_settle": VolumeSettler(resume_system.volumes if resume_system is not None else None),
         }
         for name, op in FILE_OPS.items():
             self.register(name, _without_events(op))

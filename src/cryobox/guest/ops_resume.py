@@ -6,13 +6,16 @@ Args::
     {"epoch_ns": int,            # host CLOCK_REALTIME to step to (required, >= 0)
      "entropy": "<base64>",      # 32..4096 fresh random bytes from the host (required)
      "instance_id": "sbx-123",   # [A-Za-z0-9-]{1,64} (required)
-     "run_hooks": true}          # false when the host pre-warms a pooled VM (no user code runs)
+     "run_hooks": true,          # false when the host pre-warms a pooled VM (no user code runs)
+     "volumes": [...]}           # optional: volumes to mount right after the clock step (.ops_volumes)
 
 Steps, strictly in this order (each one's agent work, then that order's hooks):
 
 1. ``clock``: step CLOCK_REALTIME to ``epoch_ns`` (the agent's clock setter; the op fails with
    ``permission_denied`` if that is refused, before anything else happens). Then the hook files of
-   ``/etc/cryobox/resume.d`` are loaded (timed as ``load_hooks``) and the ``clock`` hooks run.
+   ``/etc/cryobox/resume.d`` are loaded (timed as ``load_hooks``) and the ``clock`` hooks run. With
+   ``volumes``, they are mounted between the clock step and the hooks (timed as ``volumes``), so every hook
+   sees them.
 2. ``names``: flush the neighbour table (rtnetlink, :mod:`.netlink`) and any resolver cache
    (``nscd -i hosts``, ``resolvectl flush-caches``); ``names`` hooks.
 3. ``identity``: reseed the kernel RNG with the host's entropy (``RNDADDENTROPY`` + ``RNDRESEEDCRNG`` on
@@ -28,6 +31,7 @@ Reply::
      "steps_ms": {"clock", "load_hooks", "names", "identity", "connections", "readiness", "total"},
      "hooks": [{"name", "order", "ok", "error", "ms"}, ...],   # run order; a file that failed to load is
                                                                # reported with order "load"
+     "volumes": [{"path", "serial", "device", "ok", "error", "ms"}, ...],   # only when asked to mount any
      "errors": {"neighbours" | "resolver" | "reseed" | "instance_id": "message"}}  # empty when all went well
 
 Failures after the clock step do not stop later steps: the agent's own ones go to ``errors`` (and show as
@@ -58,6 +62,7 @@ from typing import Any
 
 from . import hooks, netlink
 from .ops_files import OpError, decode_b64, invalid, optional_bool
+from .ops_volumes import VolumeMount, VolumeSystem, mount_volumes, parse_mounts
 
 INSTANCE_ID_PATH = "/run/cryobox/instance-id"
 INSTANCE_ID_RE = re.compile(r"[A-Za-z0-9-]{1,64}")
@@ -177,6 +182,7 @@ class ResumeSystem:
     instance_id_path: str = INSTANCE_ID_PATH
     hooks_dir: str = hooks.HOOKS_DIR
     hook_timeout: float = hooks.DEFAULT_TIMEOUT
+    volumes: VolumeSystem = VolumeSystem()
 
 
 @dataclass(frozen=True)
@@ -185,6 +191,7 @@ class ResumeRequest:
     entropy: bytes
     instance_id: str
     run_hooks: bool
+    volumes: tuple[VolumeMount, ...] = ()
 
 
 def parse_resume_args(args: dict[str, Any]) -> ResumeRequest:
@@ -199,7 +206,9 @@ def parse_resume_args(args: dict[str, Any]) -> ResumeRequest:
     instance_id = args.get("instance_id")
     if not isinstance(instance_id, str) or not INSTANCE_ID_RE.fullmatch(instance_id):
         raise invalid("'instance_id' must be 1 to 64 characters of [A-Za-z0-9-]")
-    return ResumeRequest(epoch_ns, entropy, instance_id, optional_bool(args, "run_hooks", True))
+    return ResumeRequest(
+        epoch_ns, entropy, instance_id, optional_bool(args, "run_hooks", True), parse_mounts(args.get("volumes"))
+    )
 
 
 def _describe(err: BaseException) -> str:
@@ -244,6 +253,10 @@ class Resumer:
         after_ns = time.time_ns()
         step_ns = req.epoch_ns - before_ns
         lap("clock")
+
+        mounted = mount_volumes(req.volumes, system.volumes) if req.volumes else None
+        if mounted is not None:
+            lap("volumes")
 
         registry = hooks.HookRegistry()
         if req.run_hooks:
@@ -290,7 +303,7 @@ class Resumer:
         run("connections")
         run("readiness")
         steps["total"] = round((time.perf_counter() - total_start) * 1000, 3)
-        return {
+        reply: dict[str, Any] = {
             "before_ns": before_ns,
             "after_ns": after_ns,
             "step_ns": step_ns,
@@ -302,3 +315,6 @@ class Resumer:
             "hooks": [r.to_json() for r in results],
             "errors": errors,
         }
+        if mounted is not None:
+            reply["volumes"] = mounted
+        return reply

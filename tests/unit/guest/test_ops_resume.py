@@ -40,6 +40,7 @@ from cryobox.guest.ops_resume import (
     pack_rand_pool_info,
 )
 from cryobox.guest.protocol import HEADER, decode_body, decode_length, encode
+from tests.support.guest_volumes import fake_volumes
 
 ENTROPY = bytes(range(32, 80))  # 48 bytes
 EPOCH_NS = 1_800_000_000_123_456_789
@@ -88,6 +89,7 @@ class Fakes:
         self.neighbours: Callable[[], int] = lambda: 3
         self.reseed_error: OSError | None = None
         self.instance_id_path = tmp_path / "run" / "cryobox" / "instance-id"
+        self.volumes = fake_volumes(tmp_path, lambda *args: log.add(f"mount {args[1]}"))
 
     def set_clock(self, epoch_ns: int) -> None:
         self.clock_calls.append(epoch_ns)
@@ -116,6 +118,7 @@ def fake_system(fakes: Fakes, hooks_dir: Path, hook_timeout: float = 5.0) -> Res
         instance_id_path=str(fakes.instance_id_path),
         hooks_dir=str(hooks_dir),
         hook_timeout=hook_timeout,
+        volumes=fakes.volumes,
     )
     # Guard: no field may keep a default that acts on the real machine.
     for field in dataclasses.fields(ResumeSystem):
@@ -284,6 +287,23 @@ def test_resume_runs_steps_and_hooks_in_order_once_per_resume(fakes: Fakes, hook
     second = [line.replace("sbx-0002", "sbx-0001") for line in log.lines()[len(ONE_RESUME) :]]
     assert second == ONE_RESUME
     assert fakes.clock_calls == [EPOCH_NS, EPOCH_NS + 1]
+
+
+def test_volumes_are_mounted_after_the_clock_and_before_any_hook(
+    fakes: Fakes, hooks_dir: Path, log: Recorder, tmp_path: Path
+) -> None:
+    write_order_hooks(hooks_dir, log, fakes)
+    agent = make_agent(fakes, hooks_dir)
+    path = str(tmp_path / "data")
+    volume = {"serial": "cbx-vol-rw0", "device": "vdb", "sectors": 8192, "path": path, "read_only": False}
+    result = ok(agent, resume_args(volumes=[volume]))
+    assert log.lines()[:2] == ["clock-set", f"mount {tmp_path / 'data'}"]
+    assert log.lines()[2:] == ONE_RESUME[1:]  # then exactly what a resume without volumes does
+    assert [(v["path"], v["device"], v["ok"]) for v in result["volumes"]] == [(str(tmp_path / "data"), "vdb", True)]
+    assert "volumes" in result["steps_ms"]
+    assert "volumes" not in ok(agent, resume_args()) and "volumes" not in ok(agent, resume_args())["steps_ms"]
+    bad = call(agent, resume_args(volumes=[{**volume, "serial": "cbx-root"}]))
+    assert bad["ok"] is False and bad["error"]["code"] == "invalid_argument"
 
 
 def test_instance_id_written_atomically(fakes: Fakes, hooks_dir: Path) -> None:

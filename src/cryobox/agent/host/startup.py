@@ -51,6 +51,8 @@ from ..templates.recipebuild import RecipeServices, StepLog
 from ..vm import Accel, MachineConfig, detect_accel, host_tsc_khz
 from ..vm.consolelog import LogCapper
 from ..vm.jail import JailSettings, prepare_host
+from ..vm.slots import RO_SLOTS, RW_SLOTS
+from ..vm.volumewarm import ensure_image
 from ..volumes.store import VolumeStore
 from .adopt import adopt, survey, sweep_hibernation
 from .bakereclaim import reclaim_bakes_dirs
@@ -100,6 +102,8 @@ def machine_for(spec: TemplateSpec, images: ImageSet, accel: Accel, tsc_khz: int
         norandmaps=accel.default_norandmaps,
         nic=True,
         agent_disk=images.agent_disk.image if images.agent_disk is not None else None,
+        rw_volume_slots=RW_SLOTS,
+        ro_volume_slots=RO_SLOTS,
     )
 
 
@@ -360,6 +364,7 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
         f"memory server on {memserver.config.mount} ({'reattached, ' if reattached else ''}store {store.url}, "
         f"memory {config.storage.memory_mode.value})"
     )
+    warmup = await asyncio.to_thread(ensure_image, paths.images_dir) if config.pool_mode.preloads_state else None
     factory = VmFactory(
         paths.run_dir,
         hot,
@@ -367,6 +372,7 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
         egress,
         MemorySource(hot, memserver, config.storage.memory_mode, config.storage.prefetch),
         jail,
+        volume_warmup=warmup,
     )
     hot.in_use = factory.mapped_hot_keys
     service = SandboxService(

@@ -54,6 +54,12 @@ class HibernationOps:
                     state=sandbox.state.value,
                     required="hibernated",
                 )
+            if sandbox.volumes:  # they are files of this host: it can only wake here
+                raise StateError(
+                    f"sandbox {sandbox_id} has volumes of this host: its hibernation cannot move",
+                    state="attached",
+                    required="no volumes",
+                )
             started = time.monotonic()
             published = await asyncio.to_thread(publish_hibernation, self.host.store, sandbox_id, image, template)
         log.info("hibernation of %s stored as %s in %.1f s", sandbox_id, published.key, time.monotonic() - started)

@@ -85,6 +85,12 @@ class Forking:
         async with sandbox.lock:
             if sandbox.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
                 sandbox.require_running()
+            if sandbox.volumes:  # its memory holds their mounted filesystems; a restore would find empty slots
+                raise StateError(
+                    f"sandbox {sandbox.id} has volumes: it cannot be snapshotted",
+                    state="attached",
+                    required="no volumes",
+                )
             if quiesce:
                 if sandbox.state is not SandboxState.RUNNING:
                     raise StateError("quiesce needs a running sandbox", state=sandbox.state.value, required="running")

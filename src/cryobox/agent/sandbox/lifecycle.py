@@ -22,14 +22,16 @@ import functools
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
+from pathlib import Path
 
 from ...errors import StateError
 from ...netpolicy import EgressPolicy
 from ..crashpoints import CrashPoints
 from ..snapshot.store import CaptureInfo, SnapshotImage, SnapshotStore
 from ..vm import MicroVM, VmState
+from ..vm.volumes import AttachedVolume, VolumeAttach, attach_volumes
 from .factory import RestoreSource, VmFactory
 from .fidelity import rejoin
 from .sandbox import Sandbox, SandboxState
@@ -40,6 +42,19 @@ UNCHANGED = object()
 """``set_lifecycle``'s "leave the TTL as it is" (``None`` is a TTL: never expire)."""
 RestoreGate = Callable[[], AbstractAsyncContextManager[None]]
 """An admission slot for a restore the service starts by itself (a wake): ``AdmissionController.slot``."""
+
+
+async def both(first: Awaitable[object], second: Awaitable[object] | None) -> None:
+    """Run ``first`` and ``second`` side by side until both ended; raises the first one's failure first."""
+    results = await asyncio.gather(first, *([second] if second is not None else []), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+
+
+def reattach(volumes: Sequence[AttachedVolume]) -> tuple[VolumeAttach, ...]:
+    """What re-attaches ``volumes`` to a new VM of the same sandbox, in the same slots (same order)."""
+    return tuple(VolumeAttach(Path(v.path), v.read_only, v.mount_path, v.name) for v in volumes)
 
 
 class Lifecycle:
@@ -62,14 +77,36 @@ class Lifecycle:
         raise NotImplementedError  # SandboxService's
 
     @staticmethod
-    async def _bring_up(vm: MicroVM, source: RestoreSource, instance_id: str) -> int:
+    async def _bring_up(
+        vm: MicroVM,
+        source: RestoreSource,
+        instance_id: str,
+        volumes: Sequence[VolumeAttach] = (),
+        *,
+        mount: bool = True,
+        alongside: Awaitable[object] | None = None,
+    ) -> int:
         """Continue a pooled VM or load ``source``'s state into a waiting one, then make the guest rejoin the
-        world (clock, names, entropy, identity, its resume hooks: :mod:`.fidelity`). Returns the clock step."""
-        if vm.state is VmState.PAUSED:  # a warm pool VM: state already loaded from the template
+        world (clock, names, entropy, identity, its resume hooks: :mod:`.fidelity`). Returns the clock step.
+
+        ``volumes`` are attached while the vCPUs are still stopped (:mod:`..vm.volumes`) and, with ``mount``,
+        mounted by the guest in the same ``resume`` call (a woken guest has them mounted already). A paused VM's
+        attach runs side by side with ``alongside`` (host-side work of the same create: its egress), which is
+        otherwise awaited first. Without volumes the path is exactly the volume-less one."""
+        if vm.state is VmState.PAUSED and volumes:  # a warm pool VM: state already loaded from the template
+            await both(attach_volumes(vm, volumes), alongside)
             await vm.resume()
         else:
-            await vm.restore(source.vmstate)
-        return (await rejoin(await vm.connect_guest(), instance_id)).step_ns
+            if alongside is not None:
+                await alongside
+            if vm.state is VmState.PAUSED:
+                await vm.resume()
+            elif volumes:
+                await vm.restore(source.vmstate, prepare=functools.partial(attach_volumes, vm, volumes))
+            else:
+                await vm.restore(source.vmstate)
+        report = await rejoin(await vm.connect_guest(), instance_id, volumes=vm.volumes if mount else ())
+        return report.step_ns
 
     async def pause(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:
         """Freeze the vCPUs in place (idempotent)."""
@@ -177,7 +214,8 @@ class Lifecycle:
         try:
             self.crash("wake.spawned")
             await self.factory.apply_egress(vm, sandbox.id, sandbox.egress)
-            await self._bring_up(vm, image, sandbox.instance_id)
+            # its volumes come back in the same slots; the guest's memory has them mounted already
+            await self._bring_up(vm, image, sandbox.instance_id, reattach(sandbox.volumes), mount=False)
             self.crash("wake.restored")
             sandbox.vm = vm
             sandbox.slot = self.factory.slot_of(vm)

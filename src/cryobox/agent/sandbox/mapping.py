@@ -19,6 +19,7 @@ from ...netpolicy import EgressPolicy, legacy_policy
 from ..net.slots import Slot
 from ..snapshot.store import SnapshotImage
 from ..vm import MicroVM
+from ..vm.volumes import AttachedVolume
 from .records import SandboxRecord, VmRecord
 from .sandbox import Sandbox, SandboxState
 
@@ -77,6 +78,7 @@ def sandbox_record(sandbox: Sandbox, vm: VmRecord | None) -> SandboxRecord:
         vm=vm,
         hibernation=str(sandbox.hibernation.path) if sandbox.hibernation is not None else None,
         mapped_image=sandbox.mapped_image,
+        volumes=[v.to_json() for v in sandbox.volumes],
     )
 
 
@@ -91,6 +93,8 @@ def adopted_sandbox(
 ) -> Sandbox:
     """The sandbox an earlier agent left (``record``), on ``vm`` (its adopted QEMU, or a placeholder for a
     hibernated one, which wakes from ``hibernation``). A restart grants a fresh idle period (``now``)."""
+    volumes = tuple(AttachedVolume.from_json(v) for v in record.volumes)
+    vm.volumes = volumes if vm.state.alive else ()
     return Sandbox(
         id=record.id,
         template=record.template,
@@ -113,6 +117,7 @@ def adopted_sandbox(
         slot=slot,
         hibernation=hibernation,
         mapped_image=record.mapped_image if hibernation is None else None,
+        volumes=volumes,
         adopted=True,
     )
 

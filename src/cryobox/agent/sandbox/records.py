@@ -84,10 +84,15 @@ class SandboxRecord:
     """Path of the hibernation image (state ``hibernated``)."""
     mapped_image: str | None = None
     """Hot copy of the hibernation image the VM woke from (it still maps it)."""
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+    """The attached volumes (``AttachedVolume.to_json``)."""
 
     def to_json(self, sealer: Sealer) -> dict[str, Any]:
-        """The record as stored: its env sealed."""
-        return {"version": VERSION, **asdict(self), "env": sealer.seal(self.env)}
+        """The record as stored: its env sealed; no ``volumes`` key without volumes (as records were before)."""
+        data = {"version": VERSION, **asdict(self), "env": sealer.seal(self.env)}
+        if not self.volumes:
+            del data["volumes"]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any], sealer: Sealer) -> SandboxRecord:

@@ -12,6 +12,7 @@ from ...netpolicy import EgressPolicy
 from ..net.slots import Slot
 from ..snapshot.store import SnapshotImage
 from ..vm import MicroVM
+from ..vm.volumes import AttachedVolume
 
 
 class SandboxState(enum.Enum):
@@ -63,6 +64,8 @@ class Sandbox:
     that VM goes."""
     adopted: bool = False
     """Taken over from an earlier agent process at start (its QEMU outlived that agent)."""
+    volumes: tuple[AttachedVolume, ...] = ()
+    """The volumes attached to it (:mod:`..vm.volumes`): re-attached when it wakes, settled before it is killed."""
     in_flight: int = 0
     """Requests running in the sandbox now (exec, streams, terminals): a busy sandbox never expires."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -33,6 +33,7 @@ from ..crashpoints import CrashPoints
 from ..snapshot.store import SnapshotImage, SnapshotStore
 from ..templates.bake import Template
 from ..vm import MicroVM
+from ..vm.volumes import VolumeAttach, assign_slots, settle_volumes
 from .factory import PoolMode, PrespawnPool, RestoreSource, VmFactory, new_id
 from .fidelity import rejoin
 from .guestcalls import GuestCalls
@@ -185,13 +186,16 @@ class SandboxService(Lifecycle, GuestCalls):
         workspace_id: str = "default",
         egress: EgressPolicy | None = None,
         sandbox_id: str | None = None,
+        volumes: Sequence[VolumeAttach] = (),
     ) -> Sandbox:
         """Restore a new sandbox from ``template`` (its warm pool) or from ``from_snapshot`` (a fresh QEMU
-        mapping the snapshot's memory copy-on-write; any number of these run side by side)."""
+        mapping the snapshot's memory copy-on-write; any number of these run side by side). ``volumes`` join it
+        before its guest runs and are mounted before it is reported running (:mod:`..vm.volumes`)."""
         source: RestoreSource = from_snapshot if from_snapshot is not None else self.template(template)
         sandbox_id = sandbox_id or new_id("sb")
         if sandbox_id in self._sandboxes:
             raise StateError(f"sandbox {sandbox_id} already exists", state="exists", required="new")
+        assign_slots(source.machine, volumes)  # refused before a VM is taken: too many, or a path twice
         started = time.monotonic()
         with self._counting_restore():
             if from_snapshot is None:
@@ -220,8 +224,9 @@ class SandboxService(Lifecycle, GuestCalls):
             )
             try:
                 self._take(sandbox)
-                await self.factory.apply_egress(vm, sandbox_id, egress)
-                step_ns = await self._bring_up(vm, source, sandbox.instance_id)
+                granting = self.factory.apply_egress(vm, sandbox_id, egress)
+                step_ns = await self._bring_up(vm, source, sandbox.instance_id, volumes, alongside=granting)
+                sandbox.volumes = vm.volumes
                 sandbox.boot_ms = round((time.monotonic() - started) * 1000, 1)
                 sandbox.state = SandboxState.RUNNING
                 self.crash("create.restored")
@@ -355,6 +360,7 @@ class SandboxService(Lifecycle, GuestCalls):
                 return  # deleted while we waited
             self._let_go(sandbox)
             sandbox.state = SandboxState.STOPPED
+            await settle_volumes(sandbox.vm)  # its volumes stay: leave them clean
             await self.factory.destroy(sandbox.vm)
             self.crash("delete.killed")
             await self.forget_record(sandbox.id)

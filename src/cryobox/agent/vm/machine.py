@@ -13,6 +13,7 @@ from typing import Any
 from ...image.agentdisk import AGENT_DEVICE
 from . import qemu
 from .accel import Accel
+from .slots import VolumeSlot, device_name, slot_args, volume_slots
 
 GUEST_MAC = "02:cb:00:00:00:02"
 
@@ -53,6 +54,20 @@ class MachineConfig:
     """The read-only agent disk (:mod:`cryobox.image.agentdisk`), the second virtio disk of every VM of the
     template (the guest's ``/dev/vdb``, named on the kernel command line): bake, restores, forks and wakes all
     get it at the same place, so their device lists match the snapshot's."""
+    rw_volume_slots: int = 0
+    ro_volume_slots: int = 0
+    """Empty virtio disks baked after every other device, which a volume is pointed at before a restored guest
+    runs (:mod:`.slots`, :mod:`.volumes`): read-write ones, then read-only ones."""
+
+    @property
+    def volume_slots(self) -> tuple[VolumeSlot, ...]:
+        return volume_slots(self.rw_volume_slots, self.ro_volume_slots)
+
+    def slot_device(self, slot: VolumeSlot) -> str:
+        """The guest's name of ``slot``'s disk (``vdc``): the root disk, the agent disk, then the slots in order
+        (a VM with data disks has them before its slots: the guest then finds the slot by its serial)."""
+        first = 2 if self.agent_disk is not None else 1
+        return device_name(first + self.volume_slots.index(slot))
 
     @property
     def kernel_cmdline(self) -> str:
@@ -85,6 +100,7 @@ class MachineConfig:
             "cmdline": self.kernel_cmdline,
             **({"nic": GUEST_MAC} if self.nic else {}),
             **({"agent_disk": AGENT_DEVICE} if self.agent_disk is not None else {}),
+            **({"volume_slots": slot_args(self.volume_slots)} if self.volume_slots else {}),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -99,6 +115,11 @@ class MachineConfig:
             "norandmaps": self.norandmaps,
             "nic": self.nic,
             **({"agent_disk": str(self.agent_disk)} if self.agent_disk is not None else {}),
+            **(
+                {"rw_volume_slots": self.rw_volume_slots, "ro_volume_slots": self.ro_volume_slots}
+                if self.volume_slots
+                else {}
+            ),
         }
 
     @classmethod
@@ -113,6 +134,8 @@ class MachineConfig:
             norandmaps=bool(data["norandmaps"]),
             nic=bool(data.get("nic", False)),
             agent_disk=Path(data["agent_disk"]) if data.get("agent_disk") else None,
+            rw_volume_slots=int(data.get("rw_volume_slots", 0)),
+            ro_volume_slots=int(data.get("ro_volume_slots", 0)),
         )
 
     def host_files(self) -> dict[str, str]:
@@ -264,6 +287,7 @@ def qemu_argv(
     if config.nic:
         netdev = net.netdev() if net is not None else UNPLUGGED_NETDEV
         argv += ["-netdev", netdev, "-device", f"virtio-net-device,netdev=net0,mac={GUEST_MAC}"]
+    argv += slot_args(config.volume_slots)  # last: every other device keeps the transport it had before slots
     if incoming:
         argv += ["-S", "-incoming", "defer"]
     return argv

@@ -3,7 +3,7 @@
 Lifecycle (``@require`` guards every transition)::
 
     CREATED --start(incoming=False)--> RUNNING <--pause/resume--> PAUSED
-    CREATED --start(incoming=True)---> INCOMING --restore(vmstate)--> RUNNING
+    CREATED --start(incoming=True)---> INCOMING --restore(vmstate[, prepare])--> RUNNING
     RUNNING|PAUSED --save_state(path)--> SAVED          (QEMU idles in postmigrate; kill it next)
     any --kill()--> KILLED                               (idempotent)
     any --detach()--> KILLED                             (connections closed, QEMU left running for the next agent)
@@ -35,6 +35,7 @@ from .jail import VmJail
 from .machine import MachineConfig, MemoryBacking, NetAttach, VmPaths, qemu_argv
 from .states import VmState, require
 from .vmstream import config_prefix
+from .volumes import AttachedVolume
 
 log = logging.getLogger(__name__)
 PREFIX_READ = 4096  # the file header and configuration section of a vmstate are ~80 bytes
@@ -86,6 +87,10 @@ class MicroVM:
         self.commands: frozenset[str] | None = None
         """QMP commands this QEMU has (``query-commands``, asked once:
         :func:`cryobox.agent.snapshot.devstate.saves_devices`)."""
+        self.volumes: tuple[AttachedVolume, ...] = ()
+        """The volumes its slots point at (:func:`.volumes.attach_volumes`)."""
+        self.volume_doorbell = False
+        """Its volume doorbell node exists (:func:`.volumes.ensure_doorbell`)."""
         self.guest: GuestClient | None = None
         self.violation: str | None = None
         """Why the VM was killed for breaking the guest protocol, if it was."""
@@ -282,9 +287,18 @@ class MicroVM:
         await self.execute("getfd", {"fdname": name})
         return f"fd:{name}"
 
+    async def add_fd(self, fd: int, opaque: str) -> int:
+        """Hand QEMU a copy of ``fd`` as a new fd set (SCM_RIGHTS + ``add-fd``); returns the set's id, which QEMU
+        opens as ``/dev/fdset/<id>`` (a jailed QEMU can open no file of ours by its path)."""
+        self.qmp.send_fd_scm(fd)
+        return int((await self.execute("add-fd", {"opaque": opaque}))["fdset-id"])
+
     @require(VmState.INCOMING)
-    async def restore(self, vmstate: Path, timeout: float = 60.0) -> None:
-        """Load device state; RAM comes from the ``share=off`` memory image. Ends RUNNING."""
+    async def restore(
+        self, vmstate: Path, timeout: float = 60.0, *, prepare: Callable[[], Awaitable[object]] | None = None
+    ) -> None:
+        """Load device state; RAM comes from the ``share=off`` memory image. ``prepare`` runs once the state is
+        loaded, before the vCPUs start (volumes join there: :mod:`.volumes`). Ends RUNNING."""
         await self._set_capabilities()
         with open(vmstate, "rb") as state:
             head = state.read(PREFIX_READ)
@@ -295,6 +309,8 @@ class MicroVM:
             self.state_prefix = config_prefix(head)
         except VmmError as err:
             self.log.warning("no configuration section in %s (%s): snapshots stream all RAM", vmstate, err.message)
+        if prepare is not None:
+            await prepare()
         await self.execute("cont")
         self.state = VmState.RUNNING
 

@@ -82,7 +82,12 @@ async def test_a_wake_from_the_store_refuses_a_manifest_other_than_the_pinned_on
     image = make_hibernation(tmp_path / "a" / "hibernate", "sb-1.h1", template_a, machine, b"page")
     image = dataclasses.replace(image, manifest={**image.manifest, "size_bytes": 1})
     sandbox = SimpleNamespace(
-        id="sb-1", template="base", lock=asyncio.Lock(), hibernation=image, state=SandboxState.HIBERNATED
+        id="sb-1",
+        template="base",
+        lock=asyncio.Lock(),
+        hibernation=image,
+        state=SandboxState.HIBERNATED,
+        volumes=(),
     )
     host_a = _host(tmp_path / "a", store, template_a, get=lambda sandbox_id: sandbox)
     host_a.service.sandboxes["sb-1"] = sandbox

@@ -58,7 +58,12 @@ async def test_a_stored_hibernation_reports_the_images_sizes(tmp_path: Path, mon
     monkeypatch.setattr(hibernation_ops, "publish_hibernation", lambda *args: published)  # the upload is not this
     image = _image(tmp_path, size_bytes=30, unique_bytes=10, shared_bytes=20)
     sandbox = SimpleNamespace(
-        id="sb-1", template="base", lock=asyncio.Lock(), hibernation=image, state=SandboxState.HIBERNATED
+        id="sb-1",
+        template="base",
+        lock=asyncio.Lock(),
+        hibernation=image,
+        state=SandboxState.HIBERNATED,
+        volumes=(),
     )
     service = SimpleNamespace(
         get=lambda sandbox_id: sandbox,

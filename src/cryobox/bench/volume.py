@@ -1,0 +1,118 @@
+"""``cryobox bench volume``: what attaching volumes adds to a create, measured on an in-process host agent.
+
+A host agent (:func:`~cryobox.agent.host.startup.start_host`, the ``base`` template, its pre-spawn pool) makes
+``n`` rounds of creates, each round one create per variant in turn: no volume, one read-write volume, one read-only
+volume, one of each. Each create waits for the pool to be full again first (so every one takes a prepared VM, as
+between real requests) and is timed from the call to the answer of its first ``exec`` (``create_to_first_exec_ms``:
+what a caller waits for); the sandbox is then deleted (its volumes settled). Volumes are 64 MiB ext4 images made
+once for the run. ``added_ms`` is each variant's p50 minus the no-volume p50.
+
+:func:`measure` is what ``cryobox bench volume`` calls; it returns the result (and writes it under ``out_dir``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..agent.guest.exec import run_exec
+from ..agent.host.startup import HostConfig, start_host
+from ..agent.sandbox.factory import PoolMode
+from ..agent.vm.volumes import VolumeAttach
+from ..config import Paths
+from ..image.specs import BASE
+from .report import write_result
+from .stats import stats
+
+VOLUME_BYTES = 64 << 20
+POOL = 2
+SETTLE_S = 0.5  # between creates, as between real requests (the pool refills, the host goes idle)
+
+
+def make_ext4(path: Path, size_bytes: int, label: str, content: Path | None = None) -> Path:
+    """A raw image of ``size_bytes`` holding an ext4 filesystem labelled ``label`` (at most 16 bytes), with the
+    files of the directory ``content`` if given (``mkfs.ext4 -d``: no mount)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.truncate(size_bytes)
+    extra = ["-d", str(content)] if content is not None else []
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-L", label, *extra, str(path)], check=True, capture_output=True)
+    return path
+
+
+def variants(volumes_dir: Path) -> dict[str, tuple[VolumeAttach, ...]]:
+    rw = make_ext4(volumes_dir / "bench-rw.ext4", VOLUME_BYTES, "bench-rw")
+    ro = make_ext4(volumes_dir / "bench-ro.ext4", VOLUME_BYTES, "bench-ro")
+    write = VolumeAttach(rw, mount_path="/mnt/rw", name="bench-rw")
+    read = VolumeAttach(ro, read_only=True, mount_path="/mnt/ro", name="bench-ro")
+    return {"none": (), "rw": (write,), "ro": (read,), "rw_ro": (write, read)}
+
+
+async def _full(pool_ready: Callable[[], int], want: int, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while pool_ready() < want:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the pre-spawn pool did not refill to {want} in {timeout:.0f}s")
+        await asyncio.sleep(0.05)
+
+
+async def run(
+    data_dir: Path,
+    cache_dir: Path,
+    n: int = 20,
+    pool_mode: PoolMode = PoolMode.WARM,
+    progress: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """``n`` rounds of the four variants on a fresh host agent on ``data_dir``; the samples' summary."""
+    config = HostConfig(
+        paths=Paths(data_dir=data_dir, cache_dir=cache_dir),
+        prespawn=POOL,
+        pool_mode=pool_mode,
+        net_pool=POOL + 2,
+        templates=(BASE,),
+    )
+    host = await start_host(config, progress)
+    samples: dict[str, list[float]] = {}
+    try:
+        cases = variants(config.paths.volume_dir / "volumes")
+        service, pool = host.service, host.service.pools[BASE.name]
+        for _ in range(n):
+            for label, volumes in cases.items():
+                await _full(lambda: pool.ready_count, POOL)
+                await asyncio.sleep(SETTLE_S)
+                started = time.monotonic()
+                sandbox = await service.create(BASE.name, volumes=volumes)
+                try:
+                    result = await run_exec(await sandbox.vm.connect_guest(), "true")
+                    samples.setdefault(label, []).append((time.monotonic() - started) * 1000)
+                    if result.exit_code != 0:
+                        raise RuntimeError(f"first exec failed: {result.stderr}")
+                finally:
+                    await service.delete(sandbox.id)
+    finally:
+        await host.close()
+    summary = {label: stats(values) for label, values in samples.items()}
+    base = summary["none"]["p50"]
+    return {
+        "n": n,
+        "template": BASE.name,
+        "pool_mode": pool_mode.value,
+        "accelerator": config.accel.value,
+        "volume_bytes": VOLUME_BYTES,
+        "create_to_first_exec_ms": summary,
+        "added_ms": {label: round(s["p50"] - base, 1) for label, s in summary.items() if label != "none"},
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+async def measure(
+    data_dir: Path, cache_dir: Path, out_dir: Path, n: int = 20, pool_mode: PoolMode = PoolMode.WARM
+) -> dict[str, Any]:
+    """:func:`run`, its result written to ``out_dir`` as ``volume-<time>.json``."""
+    result = await run(data_dir, cache_dir, n, pool_mode)
+    write_result(out_dir, "volume", result)
+    return result

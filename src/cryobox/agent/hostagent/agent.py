@@ -166,10 +166,7 @@ class HostAgent(HibernationEndpoints, ProcEndpoints, VolumeEndpoints):
         return [self._info(s) for s in self.service.all()]
 
     async def create(self, spec: am.CreateSpec) -> am.SandboxInfo:
-        if spec.volumes:  # never parsed and dropped: this agent cannot attach them yet
-            raise InvalidArgument(
-                "volumes cannot be attached to a sandbox by this agent yet", details={"field": "volumes"}
-            )
+        volumes = self.volume_attaches(spec.volumes)  # 404 for an image not on this host, before queueing
         image = None
         if spec.from_snapshot is not None:
             image = await self.snapshots.restorable(spec.from_snapshot)  # 404 / import before queueing
@@ -186,6 +183,7 @@ class HostAgent(HibernationEndpoints, ProcEndpoints, VolumeEndpoints):
                 workspace_id=spec.workspace_id,
                 egress=spec.egress,
                 sandbox_id=spec.sandbox_id,
+                volumes=volumes,
             )
         return self._info(sandbox)
 

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
-from ...agentapi.models_volumes import VolumeInfo, VolumeResize, VolumeSpec
+from collections.abc import Sequence
+
+from ...agentapi.models_volumes import VolumeInfo, VolumeMount, VolumeResize, VolumeSpec
 from ...errors import HostUnavailable
 from ..host.startup import Host
+from ..vm.volumes import VolumeAttach
 from ..volumes.store import VolumeStore
 
 
@@ -17,6 +20,24 @@ class VolumeEndpoints:
         if self.host.volumes is None:
             raise HostUnavailable("this agent holds no volumes (it runs without a volume store)")
         return self.host.volumes
+
+    def volume_attaches(self, mounts: Sequence[VolumeMount]) -> list[VolumeAttach]:
+        """What the VM code attaches for a create's ``mounts`` (each image must be on this host: 404 otherwise)."""
+        if not mounts:
+            return []
+        store = self._volumes
+        out = []
+        for mount in mounts:
+            store.info(mount.volume_id)  # 404: not here
+            out.append(
+                VolumeAttach(
+                    path=store.path(mount.volume_id),
+                    read_only=mount.read_only,
+                    mount_path=mount.path,
+                    name=mount.volume_id,
+                )
+            )
+        return out
 
     async def list_volumes(self) -> list[VolumeInfo]:
         store = self._volumes

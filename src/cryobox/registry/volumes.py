@@ -1,9 +1,11 @@
 """Volumes in the registry (``volumes``, ``volume_attachments``; revision 0014).
 
 A volume is named per workspace and lives on one host at a time (``host``: the agent holding its image). Its
-attachments are rows of ``volume_attachments``; the one read-write attachment is also ``writer`` on the volume
-row, taken by a conditional update (``writer IS NULL``) in the same transaction as its attachment row, so two
-writers can never be recorded whichever replica asks. A volume with any attachment is not deleted. Every method is
+attachments are rows of ``volume_attachments``: **one writer or any number of readers** (a reader of a file
+system another guest writes would read stale or torn metadata). The read-write attachment is also ``writer`` on
+the volume row, taken by a conditional update (``writer IS NULL`` and no attachment at all) in the same
+transaction as its attachment row, so two writers, or a writer and a reader, can never be recorded whichever
+replica asks. A volume with any attachment is not deleted. Every method is
 synchronous and runs one short transaction, like :class:`~.repo.Registry`.
 """
 
@@ -150,26 +152,45 @@ class VolumeRecords:
             s.execute(delete(m.Volume).where(m.Volume.id == volume_id))
 
     def attach(self, volume_id: str, sandbox_id: str, path: str, *, read_only: bool) -> VolumeAttachment:
-        """Record ``sandbox_id``'s attachment. A read-write one takes the volume's one writer slot: 409 when
-        another sandbox holds it (nothing is written)."""
+        """Record ``sandbox_id``'s attachment: a read-write one when the volume has no other attachment, a
+        read-only one when it has no writer; 409 otherwise (nothing is written)."""
         now = time.time()
         with self._db.session(what=f"volume {volume_id}") as s:
             if s.get(m.Volume, volume_id) is None:
                 raise NotFound(f"volume {volume_id} not found", details={"volume_id": volume_id})
-            if not read_only:
+            others = (
+                select(m.VolumeAttachment.sandbox_id)
+                .where(m.VolumeAttachment.volume_id == volume_id, m.VolumeAttachment.sandbox_id != sandbox_id)
+                .exists()
+            )
+            if read_only:
+                writer = s.scalar(select(m.Volume.writer).where(m.Volume.id == volume_id))
+                if writer is not None and writer != sandbox_id:
+                    raise StateError(
+                        f"volume {volume_id} is attached read-write to {writer}",
+                        state="attached",
+                        required="detached",
+                        details={"writer": writer},
+                    )
+            else:
                 taken = s.execute(
                     update(m.Volume)
-                    .where(m.Volume.id == volume_id, m.Volume.writer.is_(None))
+                    .where(m.Volume.id == volume_id, m.Volume.writer.is_(None), ~others)
                     .values(writer=sandbox_id)
                 )
                 if not taken.rowcount:  # type: ignore[attr-defined]
                     writer = s.scalar(select(m.Volume.writer).where(m.Volume.id == volume_id))
                     if writer != sandbox_id:
+                        readers = sorted(
+                            s.scalars(
+                                select(m.VolumeAttachment.sandbox_id).where(m.VolumeAttachment.volume_id == volume_id)
+                            )
+                        )
                         raise StateError(
-                            f"volume {volume_id} is attached read-write to {writer}",
+                            f"volume {volume_id} is attached to {writer or ', '.join(readers)}",
                             state="attached",
                             required="detached",
-                            details={"writer": writer},
+                            details={"writer": writer, "readers": [] if writer else readers},
                         )
             row = m.VolumeAttachment(
                 volume_id=volume_id, sandbox_id=sandbox_id, path=path, read_only=read_only, created_at=now

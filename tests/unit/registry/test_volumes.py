@@ -1,5 +1,5 @@
-"""Volume rows and attachments on both backends: names unique per workspace, one read-write attachment at a time
-(whatever replica asks), any number read-only, no delete while attached, a sandbox's attachments dropped at once."""
+"""Volume rows and attachments on both backends: names unique per workspace, one writer or any number of readers
+(whatever replica asks), no delete while attached, a sandbox's attachments dropped at once."""
 
 from __future__ import annotations
 
@@ -36,19 +36,25 @@ def test_one_writer_many_readers_and_no_delete_while_attached(registry: Registry
     with pytest.raises(StateError) as info:
         records.attach("vol-000000000001", "sb-b", "/data", read_only=False)
     assert info.value.details["writer"] == "sb-a"
-    records.attach("vol-000000000001", "sb-c", "/ro", read_only=True)
-    records.attach("vol-000000000001", "sb-d", "/ro", read_only=True)
+    with pytest.raises(StateError):  # no reader while it is written
+        records.attach("vol-000000000001", "sb-c", "/ro", read_only=True)
     row = records.get(ws, "data")
-    assert row.writer == "sb-a" and [a.sandbox_id for a in row.attachments] == ["sb-a", "sb-c", "sb-d"]
-    assert not any(a.sandbox_id == "sb-b" for a in row.attachments)  # the refused one wrote nothing
+    assert row.writer == "sb-a" and [a.sandbox_id for a in row.attachments] == ["sb-a"]  # the refused wrote nothing
     with pytest.raises(StateError):
         records.delete("vol-000000000001")
 
     assert records.detach_sandbox("sb-a") == ["vol-000000000001"]
     assert records.get(ws, "data").writer is None
-    records.attach("vol-000000000001", "sb-b", "/data", read_only=False)  # the slot is free again
-    for sandbox in ("sb-b", "sb-c", "sb-d"):
+    records.attach("vol-000000000001", "sb-c", "/ro", read_only=True)
+    records.attach("vol-000000000001", "sb-d", "/ro", read_only=True)  # any number of readers
+    with pytest.raises(StateError) as info:  # no writer while it is read
+        records.attach("vol-000000000001", "sb-b", "/data", read_only=False)
+    assert (info.value.details["writer"], info.value.details["readers"]) == (None, ["sb-c", "sb-d"])
+    assert [a.sandbox_id for a in records.get(ws, "data").attachments] == ["sb-c", "sb-d"]
+    for sandbox in ("sb-c", "sb-d"):
         records.detach_sandbox(sandbox)
+    records.attach("vol-000000000001", "sb-b", "/data", read_only=False)  # free again
+    records.detach_sandbox("sb-b")
     assert records.detach_sandbox("sb-b") == []  # idempotent
     records.delete("vol-000000000001")
     assert [v.name for v in records.list_volumes()] == ["data"] and records.usage(ws) == (0, 0)

@@ -1,6 +1,6 @@
 """Mounting volumes at create through the app with a fake agent: the agent is asked to attach them; one
-read-write holder at a time (a second is 409 and creates nothing), any number of readers; a failed create, a
-delete and a bad ask leave no attachment; a snapshot records the mounts and a restore re-attaches them."""
+writer or any number of readers (otherwise 409, and nothing is created); a failed create, a delete and a bad ask
+leave no attachment; a snapshot records the mounts and a restore re-attaches them."""
 
 from __future__ import annotations
 
@@ -45,12 +45,17 @@ async def test_one_writer_many_readers_and_a_delete_detaches(env: Env) -> None:
     second = await env.create(volumes=[{"name": "data", "path": "/work"}])
     assert second.status_code == 409 and second.json()["details"]["writer"] == writer.json()["id"], second.text
     assert len(specs(env)) == 1  # the agent was never asked
+    reader = await env.create(volumes=[{"name": "data", "readOnly": True}])
+    assert reader.status_code == 409 and len(specs(env)) == 1  # not while it is written
+    await env.client.delete(f"/v1/sandboxes/{writer.json()['id']}")
     readers = [await env.create(volumes=[{"name": "data", "readOnly": True}]) for _ in range(2)]
     assert [r.status_code for r in readers] == [201, 201]
     assert specs(env)[1:] == [[(data_id, "/mnt/data", True)]] * 2  # PandaStack's shape: no path
-    assert len(attached(env, "data")) == 3
-    await env.client.delete(f"/v1/sandboxes/{writer.json()['id']}")
     assert [a[2] for a in attached(env, "data")] == [True, True]
+    busy = await env.create(volumes=[{"name": "data", "path": "/work"}])
+    assert busy.status_code == 409 and busy.json()["details"]["readers"] == sorted(r.json()["id"] for r in readers)
+    for r in readers:
+        await env.client.delete(f"/v1/sandboxes/{r.json()['id']}")
     again = await env.create(volumes=[{"name": "data", "path": "/work"}, {"name": "models", "path": "/models"}])
     assert again.status_code == 201, again.text
 

@@ -14,7 +14,7 @@ serial is a request to the device, ~2 ms under TCG, so it is only the fallback. 
 0755, parents too) and ext4 mounted with mount(2) itself: an exec of mount(8) costs ~40 ms under TCG, the syscall
 ~5.
 Options: ``nosuid,nodev``; read-write adds ``noinit_itable`` (no background zeroing of a fresh filesystem's inode
-tables competing with the sandbox: measured +3.5 ms on the first command after a create); a read-only slot adds
+tables competing with the sandbox's first commands); a read-only slot adds
 ``ro`` and ``noload`` (its disk refuses writes, so a journal needing recovery could not be replayed: it is
 skipped, as for any read-only copy of a live ext4).
 

@@ -20,8 +20,8 @@ RW_SLOTS = 4
 RO_SLOTS = 4
 """Slots per template machine. Measured on the TCG host: QEMU start-up with 0, 4, 8 and 16 empty slots, p50 of 30
 each, 38.7 / 38.2 / 38.7 / 41.1 ms; a warm-pool create (which never starts a QEMU) does not see them at all.
-microvm with ACPI has 24 virtio-mmio transports and the machine uses 5 (+1 with an agent disk), so 8 slots leave
-10 for devices to come. Changing either number changes every template's generation (a re-bake)."""
+microvm with ACPI has 24 virtio-mmio transports and the machine uses 4 (5 with an agent disk), so 8 slots leave
+11 or 12 for devices to come. Changing either number changes every template's generation (a re-bake)."""
 SERIAL_PREFIX = "cbx-"
 MAX_SERIAL = 20  # VIRTIO_BLK_ID_BYTES
 

@@ -160,10 +160,11 @@ async def test_volumes_join_warm_pool_sandboxes(
         assert _e2("e2fsck", "-fn", str(ref)).returncode == 0  # never written
 
 
-async def test_fsynced_writes_survive_a_sigkill_of_qemu(
+async def test_fsynced_writes_survive_a_sigkill_and_a_woken_sandbox_keeps_its_volume(
     tmp_path: Path, cache_dir: Path, templates: dict[str, Template]
 ) -> None:
-    """Without a pool every create spawns a QEMU and attaches while its state is loaded (before ``cont``)."""
+    """Without a pool every create spawns a QEMU and attaches while its state is loaded (before ``cont``); a wake
+    re-attaches the same way."""
     volumes = tmp_path / "data" / "vol" / "volumes"
     async with host_agent(tmp_path, cache_dir, prespawn=0, mode=PoolMode.SPAWNED) as host:
         service = host.service
@@ -181,4 +182,14 @@ async def test_fsynced_writes_survive_a_sigkill_of_qemu(
         # the lock died with QEMU: the volume joins the next sandbox, its data there
         second = await service.create(BASE.name, volumes=[VolumeAttach(data, mount_path="/srv/v", name="data")])
         assert await _out(second, "cat /srv/v/durable") == "written before the kill"
+
+        # hibernated and woken: the same slot points at the image again, the guest's mount carries on
+        await _out(second, "echo before > /srv/v/hibernated && sync")
+        await service.hibernate(second.id)
+        await service.resume(second.id)
+        assert await _out(second, "cat /srv/v/hibernated && echo after > /srv/v/woken && sync && cat /srv/v/woken") == (
+            "before\nafter\n"
+        )
         await service.delete(second.id)
+        assert _e2("e2fsck", "-fn", str(data)).returncode == 0
+        assert _e2("debugfs", "-R", "cat /woken", str(data)).stdout == "after\n"

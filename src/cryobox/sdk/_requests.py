@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote
@@ -59,6 +59,7 @@ def create_request(
     from_snapshot: str | None,
     on_timeout: str | None = None,
     auto_wake: bool | None = None,
+    volumes: Sequence[Mapping[str, Any]] | None = None,
 ) -> ApiRequest:
     """``network`` is the field as sent, already validated (``_network.create_body``)."""
     body: dict[str, Any] = {
@@ -77,6 +78,8 @@ def create_request(
         body["on_timeout"] = on_timeout
     if auto_wake is not None:
         body["auto_wake"] = auto_wake
+    if volumes is not None:
+        body["volumes"] = [dict(v) for v in volumes]
     return ApiRequest("POST", "/v1/sandboxes", json=body, retry_capacity=True)
 
 

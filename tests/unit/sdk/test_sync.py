@@ -452,6 +452,7 @@ def test_create_posts_body_and_returns_sandbox(make_http: MakeHttp) -> None:
         from_snapshot="snap_1",
         on_timeout="hibernate",
         auto_wake=False,
+        volumes=[{"name": "data", "path": "/data"}],
         http=http,
     )
     assert isinstance(sbx.info, models.Sandbox)
@@ -469,6 +470,7 @@ def test_create_posts_body_and_returns_sandbox(make_http: MakeHttp) -> None:
         "from_snapshot": "snap_1",
         "on_timeout": "hibernate",
         "auto_wake": False,
+        "volumes": [{"name": "data", "path": "/data"}],
     }
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, overload
 
@@ -103,6 +103,7 @@ class AsyncSandbox(PortUrls, AsyncCodeInterpreter, AsyncNetworkControl, AsyncObs
         from_snapshot: str | None = None,
         on_timeout: OnTimeoutAction | None = None,
         auto_wake: bool | None = None,
+        volumes: Sequence[Mapping[str, Any]] | None = None,
         api_url: str | None = None,
         api_key: str | None = None,
         timeout_s: float = 300.0,
@@ -118,7 +119,8 @@ class AsyncSandbox(PortUrls, AsyncCodeInterpreter, AsyncNetworkControl, AsyncObs
         ``{"egress": "allow"|"deny", "allow": [cidrs]}`` is still accepted); none: the server's default.
         ``on_timeout``: what the TTL's expiry does — ``"kill"`` (the default) or ``"hibernate"`` (kept, paused,
         until resumed or the server's paused retention passes); ``auto_wake``: whether any request wakes it when
-        hibernated (default ``True``; ``False``: only ``resume()``).
+        hibernated (default ``True``; ``False``: only ``resume()``). ``volumes``: ``[{"name", "path", "read_only"}]``
+        of the workspace's volumes to mount (one writer or any number of readers; see ``Volumes``).
 
         :raises HostUnavailable: no capacity within the retry budget (``retry_after_s`` says when to try again).
         :raises QuotaExceeded: rate limited beyond the retry budget.
@@ -135,6 +137,7 @@ class AsyncSandbox(PortUrls, AsyncCodeInterpreter, AsyncNetworkControl, AsyncObs
             from_snapshot=from_snapshot,
             on_timeout=on_timeout,
             auto_wake=auto_wake,
+            volumes=volumes,
         )
         return await cls._attach(ClientConfig.resolve(api_url, api_key, timeout_s), http, request, retry)
 

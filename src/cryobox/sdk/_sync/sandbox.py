@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, overload
 
@@ -105,6 +105,7 @@ class Sandbox(PortUrls, CodeInterpreter, NetworkControl, Observe):
         from_snapshot: str | None = None,
         on_timeout: OnTimeoutAction | None = None,
         auto_wake: bool | None = None,
+        volumes: Sequence[Mapping[str, Any]] | None = None,
         api_url: str | None = None,
         api_key: str | None = None,
         timeout_s: float = 300.0,
@@ -120,7 +121,8 @@ class Sandbox(PortUrls, CodeInterpreter, NetworkControl, Observe):
         ``{"egress": "allow"|"deny", "allow": [cidrs]}`` is still accepted); none: the server's default.
         ``on_timeout``: what the TTL's expiry does — ``"kill"`` (the default) or ``"hibernate"`` (kept, paused,
         until resumed or the server's paused retention passes); ``auto_wake``: whether any request wakes it when
-        hibernated (default ``True``; ``False``: only ``resume()``).
+        hibernated (default ``True``; ``False``: only ``resume()``). ``volumes``: ``[{"name", "path", "read_only"}]``
+        of the workspace's volumes to mount (one writer or any number of readers; see ``Volumes``).
 
         :raises HostUnavailable: no capacity within the retry budget (``retry_after_s`` says when to try again).
         :raises QuotaExceeded: rate limited beyond the retry budget.
@@ -137,6 +139,7 @@ class Sandbox(PortUrls, CodeInterpreter, NetworkControl, Observe):
             from_snapshot=from_snapshot,
             on_timeout=on_timeout,
             auto_wake=auto_wake,
+            volumes=volumes,
         )
         return cls._attach(ClientConfig.resolve(api_url, api_key, timeout_s), http, request, retry)
 

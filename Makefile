@@ -65,6 +65,7 @@ bench: setup qemu10
 	$(CRYOBOX) bench restart --json $(ARGS)
 	$(CRYOBOX) bench code --json $(ARGS)
 	$(CRYOBOX) bench resume --json $(ARGS)
+	$(CRYOBOX) bench volume --json $(ARGS)
 
 ENVD_DIR := src/cryobox/compat/e2b/envd
 ENVD_PROTOS := process/process.proto filesystem/filesystem.proto

@@ -124,6 +124,26 @@ def bench_resume(
     _print_result(result, as_json)
 
 
+@bench_app.command("volume")
+def bench_volume(
+    n: Annotated[int, typer.Option("--n", min=1, help="creates per variant")] = 20,
+    as_json: AsJson = False,
+    out_dir: OutDir = RESULTS_DIR,
+    cache_dir: CacheDir = None,
+) -> None:
+    """What attaching volumes adds to a create (none, one read-write, one read-only, both), to the first exec."""
+    import tempfile
+
+    from ..bench.volume import measure
+    from ..config import Paths
+
+    paths = Paths.from_env(None, cache_dir)
+    with tempfile.TemporaryDirectory(prefix="cryobox-bench-volume-") as tmp:
+        result = asyncio.run(measure(Path(tmp) / "data", paths.cache_dir, out_dir, n))
+    console.print(f"added to a create (p50): {result.get('added_ms')}")
+    _print_result(result, as_json)
+
+
 @bench_app.command("net")
 def bench_net(
     n: Annotated[int, typer.Option("--n", help="creates per snapshot age for the clock error")] = 5,

@@ -110,9 +110,15 @@ async def run(
 
 
 async def measure(
-    data_dir: Path, cache_dir: Path, out_dir: Path, n: int = 20, pool_mode: PoolMode = PoolMode.WARM
+    data_dir: Path,
+    cache_dir: Path,
+    out_dir: Path,
+    n: int = 20,
+    pool_mode: PoolMode = PoolMode.WARM,
+    progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """:func:`run`, its result written to ``out_dir`` as ``volume-<time>.json``."""
-    result = await run(data_dir, cache_dir, n, pool_mode)
+    """:func:`run`, its result written to ``out_dir`` as ``volume-<time>.json``; ``progress`` gets the host's
+    start-up lines (the CLI sends them to stderr: stdout is the JSON)."""
+    result = await run(data_dir, cache_dir, n, pool_mode, progress)
     write_result(out_dir, "volume", result)
     return result

@@ -139,7 +139,7 @@ def bench_volume(
 
     paths = Paths.from_env(None, cache_dir)
     with tempfile.TemporaryDirectory(prefix="cryobox-bench-volume-") as tmp:
-        result = asyncio.run(measure(Path(tmp) / "data", paths.cache_dir, out_dir, n))
+        result = asyncio.run(measure(Path(tmp) / "data", paths.cache_dir, out_dir, n, progress=console.print))
     console.print(f"added to a create (p50): {result.get('added_ms')}")
     _print_result(result, as_json)
 

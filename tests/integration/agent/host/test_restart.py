@@ -58,7 +58,9 @@ def test_sandboxes_survive_sigkill_and_sigterm(
         first = serve(KEEP)
         client = Client(first.url, first.api_key)
         policy = {"allow": ["example.org"]}
-        running, paused = (client.create(network=policy)["id"] for _ in range(2))
+        client.call("POST", "/v1/volumes", 201, json={"name": "kept", "size_mb": 32})
+        running = client.create(network=policy)["id"]
+        paused = client.create(network=policy, volumes=[{"name": "kept", "path": "/data"}])["id"]
         timeout: dict[str, Any] = {"ttl_seconds": 3, "on_timeout": "hibernate", "auto_wake": False}  # as agents ask
         hibernated = client.create(network=policy, **timeout)["id"]
         assert reached(client, running) == {"example.org"}
@@ -68,6 +70,7 @@ def test_sandboxes_survive_sigkill_and_sigterm(
         while _states(client)[hibernated] != "hibernated":  # its TTL's expiry hibernates it (reaper: every 5 s)
             assert time.monotonic() < deadline, "not hibernated at its timeout"
             time.sleep(0.5)
+        client.sh(paused, "echo synced > /data/f && sync /data/f")  # on the volume, fsynced
         client.call("POST", f"/v1/sandboxes/{paused}/pause", 204)
         snap = client.snapshot(running, retain=True)
         before = set(find_own_qemus(run_dir))
@@ -83,6 +86,9 @@ def test_sandboxes_survive_sigkill_and_sigterm(
         assert reached(client, running) == {"example.org"}  # its policy served again by the new agent
         client.call("POST", f"/v1/sandboxes/{paused}/resume", 204)
         assert client.sh(paused, check) == f"{paused}\nalive\n"
+        # its volume stayed attached through the SIGKILL of the agent: the same mount, the fsynced file, writable
+        assert client.sh(paused, "cat /data/f; echo more >> /data/f; grep -c ' /data ' /proc/mounts") == "synced\n1\n"
+        assert [a["sandbox_id"] for a in client.call("GET", "/v1/volumes/kept")["attached_to"]] == [paused]
         refused = client.http.post(f"/v1/sandboxes/{hibernated}/exec", json={"cmd": "true"})
         assert refused.status_code == 409 and _states(client)[hibernated] == "hibernated", refused.text  # no auto-wake
         client.call("PATCH", f"/v1/sandboxes/{hibernated}/lifecycle", json={"ttl_seconds": 3600})

@@ -12,9 +12,12 @@ import subprocess
 import time
 from pathlib import Path
 
+from cryobox.agent.host.gcscan import remove_cgroups
 from cryobox.agent.net.netlink import reclaim as reclaim_net
 from cryobox.agent.net.slots import tag_for
 from cryobox.bench.server import release_serve_state
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def processes_naming(path: Path) -> list[int]:
@@ -43,6 +46,8 @@ def reclaim_data_dir(data_dir: Path, cache_dir: Path | None) -> None:
     tag = tag_for(data_dir)
     reclaim_net(tag)
     subprocess.run(["nft", "delete", "table", "inet", f"cryobox_{tag}"], capture_output=True, check=False)
+    with contextlib.suppress(OSError):  # the jail's cgroups of the VMs just killed (one still busy stays)
+        remove_cgroups(CGROUP_ROOT, tag)
 
 
 def reclaim_previous_run(root: Path) -> list[str]:

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from cryobox.agent.net.slots import tag_for
-from tests.support.teardown import reclaim_dead_postgres, reclaim_previous_run
+from tests.support.teardown import CGROUP_ROOT, reclaim_data_dir, reclaim_dead_postgres, reclaim_previous_run
 
 
 def _mounted(path: Path) -> bool:
@@ -57,3 +57,20 @@ def test_a_killed_runs_postgres_dirs_go_and_a_live_or_young_ones_stay(tmp_path: 
     assert sorted(reclaim_dead_postgres(tmp_path)) == sorted([dead, no_pid])
     assert not dead.exists() and not no_pid.exists()
     assert live.exists() and young.exists() and other.exists()
+
+
+def test_a_failed_tests_data_dir_loses_its_jail_cgroups_too(tmp_path: Path) -> None:
+    """``reclaim_data_dir`` (what a test's teardown calls after a failure) removes the VMs' jail cgroups of the
+    data dir's tag, which a killed QEMU leaves behind (the suite's host check counts them as leaks)."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    controller = next(c for c in ("pids", "cpu", "memory") if (CGROUP_ROOT / c).is_dir())
+    base = CGROUP_ROOT / controller / f"cryobox-{tag_for(data_dir)}"
+    (base / "vm-test").mkdir(parents=True)
+    try:
+        reclaim_data_dir(data_dir, None)
+        assert not base.exists()
+    finally:
+        for path in (base / "vm-test", base):
+            if path.exists():
+                path.rmdir()

@@ -209,6 +209,17 @@ class VolumeRecords:
             s.execute(update(m.Volume).where(m.Volume.writer == sandbox_id).values(writer=None))
             return ids
 
+    def mounts_of(self, sandbox_id: str) -> list[tuple[VolumeAttachment, str]]:
+        """The sandbox's attachments with their volumes' names, in one read."""
+        with self._db.session(write=False) as s:
+            rows = s.execute(
+                select(m.VolumeAttachment, m.Volume.name)
+                .join(m.Volume, m.Volume.id == m.VolumeAttachment.volume_id)
+                .where(m.VolumeAttachment.sandbox_id == sandbox_id)
+                .order_by(m.VolumeAttachment.created_at, m.VolumeAttachment.volume_id)
+            ).all()
+            return [(_attachment(a), name) for a, name in rows]
+
     def attachments_of(self, sandbox_id: str) -> list[VolumeAttachment]:
         with self._db.session(write=False) as s:
             return [

@@ -214,20 +214,10 @@ class SnapshotControl:
         return row
 
     def _mounts(self, sandbox_id: str) -> list[dict[str, Any]]:
-        records = VolumeRecords(self.registry.database)
-        out = []
-        for attached in records.attachments_of(sandbox_id):
-            with contextlib.suppress(NotFound):
-                name = records.by_id(attached.volume_id).name
-                out.append(
-                    {
-                        "volume_id": attached.volume_id,
-                        "name": name,
-                        "path": attached.path,
-                        "read_only": attached.read_only,
-                    }
-                )
-        return out
+        return [
+            {"volume_id": a.volume_id, "name": name, "path": a.path, "read_only": a.read_only}
+            for a, name in VolumeRecords(self.registry.database).mounts_of(sandbox_id)
+        ]
 
     async def publish(self, snapshot_id: str, workspace_id: str) -> dict[str, str]:
         """Make sure the snapshot is in the object store (every snapshot gets there by itself; this waits)."""

@@ -238,15 +238,8 @@ class VolumeControl:
 
     async def mounts_of(self, sandbox_id: str) -> list[tuple[str, str, bool]]:
         """(volume name, path, read-only) of each of the sandbox's mounts."""
-
-        def read() -> list[tuple[str, str, bool]]:
-            out = []
-            for attached in self.records.attachments_of(sandbox_id):
-                with contextlib.suppress(NotFound):
-                    out.append((self.records.by_id(attached.volume_id).name, attached.path, attached.read_only))
-            return out
-
-        return await asyncio.to_thread(read)
+        mounts = await asyncio.to_thread(self.records.mounts_of, sandbox_id)
+        return [(name, a.path, a.read_only) for a, name in mounts]
 
     async def sandbox_gone(self, sandbox_id: str) -> None:
         """A deleted sandbox's attachments go (its volumes and their data stay)."""

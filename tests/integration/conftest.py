@@ -6,10 +6,7 @@ Ladder: ``templates`` (built/baked once, cached across runs) -> ``server`` (a re
 
 from __future__ import annotations
 
-import fcntl
 import secrets
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +21,7 @@ from cryobox.bench.server import ServeProcess
 from cryobox.objstore.client import open_store
 from cryobox.objstore.gc import GcPolicy, collect
 from tests.support.archives import archive_names, archive_networks
+from tests.support.e2b import sdk_python
 from tests.support.host import cache_dir, host_paths, templates
 from tests.support.internet import Internet, internet
 from tests.support.netutil import OUTSIDE_RANGE
@@ -106,24 +104,7 @@ def client(server: ServeProcess) -> Iterator[Client]:
         http.close()
 
 
-E2B_VERSION = "2.63.0"
-E2B_CODE_INTERPRETER_VERSION = "2.11.5"
-"""The ``e2b`` and ``e2b-code-interpreter`` SDKs the compatibility tests run unchanged (their own virtualenv:
-their dependencies are not ours)."""
-
-
 @pytest.fixture(scope="session")
 def e2b_python(cache_dir: Path) -> Path:
     """The python of a virtualenv holding the pinned ``e2b`` SDK (made once; reused while the pin holds)."""
-    venv = cache_dir / "venvs" / f"e2b-{E2B_VERSION}-ci-{E2B_CODE_INTERPRETER_VERSION}"
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    with open(venv.parent / f".e2b-{E2B_VERSION}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        marker = venv / ".installed"
-        if not marker.exists():
-            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-            pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-            pins = [f"e2b=={E2B_VERSION}", f"e2b-code-interpreter=={E2B_CODE_INTERPRETER_VERSION}"]
-            subprocess.run([*pip, *pins], check=True, timeout=600)
-            marker.touch()
-    return venv / "bin" / "python"
+    return sdk_python(cache_dir)

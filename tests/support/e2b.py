@@ -3,13 +3,38 @@ the environment a user of a self-hosted E2B sets; for the E2B and the fleet inte
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from tests.support.paths import APPS, REPO
+
+E2B_VERSION = "2.63.0"
+E2B_CODE_INTERPRETER_VERSION = "2.11.5"
+"""The ``e2b`` and ``e2b-code-interpreter`` SDKs the compatibility tests run unchanged (their own virtualenv:
+their dependencies are not ours)."""
+
+
+def sdk_python(cache_dir: Path) -> Path:
+    """The python of a virtualenv holding the pinned SDKs, made from PyPI the first time (under a lock: the
+    suite's workers share it) and reused while the pins hold. Never a reason to skip a test."""
+    venv = cache_dir / "venvs" / f"e2b-{E2B_VERSION}-ci-{E2B_CODE_INTERPRETER_VERSION}"
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f".e2b-{E2B_VERSION}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        marker = venv / ".installed"
+        if not marker.exists():
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+            pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+            pins = [f"e2b=={E2B_VERSION}", f"e2b-code-interpreter=={E2B_CODE_INTERPRETER_VERSION}"]
+            subprocess.run([*pip, *pins], check=True, timeout=600)
+            marker.touch()
+    return venv / "bin" / "python"
+
 
 APP = APPS / "e2b_app.py"
 

@@ -1,5 +1,5 @@
 """A served control plane with one fake agent (a memory object store) for E2B's template SDK, run unchanged in its
-own virtualenv (:data:`PYTHON`) by the applications in ``tests/integration/apps``: bind the fixture into a test
+own virtualenv (:func:`python`) by the applications in ``tests/integration/apps``: bind the fixture into a test
 module as ``served = e2b_templates.served`` (with ``registry`` bound there too)."""
 
 from __future__ import annotations
@@ -14,17 +14,20 @@ import pytest
 
 from cryobox.agentapi.heartbeat import heartbeat_of
 from cryobox.compose.app import create_app, wire_registration
+from cryobox.config import Paths
 from cryobox.objstore.client import open_store
 from cryobox.registry import Registry
 from cryobox.server.access.ratelimit import RateLimitConfig, RateLimiter
 from tests.support.control import close_control, control_plane
-from tests.support.e2b import e2b_env
+from tests.support.e2b import e2b_env, sdk_python
 from tests.support.fake_agent import FakeAgent
 from tests.support.paths import APPS
 from tests.support.serving import serving
 
-PYTHON = Path("/var/cache/cryobox/venvs/e2b-2.63.0-ci-2.11.5/bin/python")
-needs_sdk = pytest.mark.skipif(not PYTHON.exists(), reason="the pinned e2b SDK's virtualenv is not there")
+
+def python() -> Path:
+    """The pinned SDK's python (its virtualenv made on first use, in the cache dir the suite uses)."""
+    return sdk_python(Paths.from_env().cache_dir)
 
 
 class Served:
@@ -34,7 +37,7 @@ class Served:
     async def app(self, app: str, *args: str) -> dict[str, Any]:
         """Run ``tests/integration/apps/<app>`` with ``args``; its report (the last line it prints, JSON)."""
         proc = await asyncio.create_subprocess_exec(
-            str(PYTHON),
+            str(python()),
             str(APPS / app),
             *args,
             env=e2b_env(self.url, self.key, self.home),

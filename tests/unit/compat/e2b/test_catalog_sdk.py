@@ -14,7 +14,6 @@ from tests.support.e2b_templates import Served
 
 registry = registry_support.sqlite_registry
 served = e2b_templates.served
-pytestmark = e2b_templates.needs_sdk
 
 
 async def test_the_sdks_generated_client_parses_the_catalog_after_two_builds(served: Served) -> None:

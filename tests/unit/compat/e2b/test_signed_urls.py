@@ -96,7 +96,6 @@ async def test_a_signed_upload_at_the_root_writes_and_a_refused_one_writes_nothi
     assert signed.env.agent.files[signed.sandbox_id][new] == b"N"
 
 
-@e2b_templates.needs_sdk
 async def test_the_sdks_urls_work_with_curl_and_wrong_ones_are_refused(served: Served) -> None:
     async with httpx.AsyncClient(base_url=served.url, headers={"Authorization": f"Bearer {served.key}"}) as client:
         made = await client.post("/v1/sandboxes", json={"template": "base"})

@@ -19,7 +19,6 @@ from tests.support.e2b_templates import Served, context_dir
 
 registry = registry_support.sqlite_registry
 served = e2b_templates.served
-pytestmark = e2b_templates.needs_sdk
 
 
 async def test_the_sdk_builds_a_template_and_reads_every_log_line_once(served: Served, tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ __all__ = ["registry"]  # the fixture
 served = e2b_templates.served
 
 
-@e2b_templates.needs_sdk
 async def test_the_sdks_volume_calls(served: Served, registry: Registry) -> None:
     report = await served.app("e2b_volumes_app.py", "dataset")
     assert "fatal" not in report, report
@@ -30,7 +29,6 @@ async def test_the_sdks_volume_calls(served: Served, registry: Registry) -> None
     assert served.agent.volumes == {}  # the image went with it
 
 
-@e2b_templates.needs_sdk
 async def test_a_volume_of_another_workspace_is_not_found_and_tokens_differ(served: Served, registry: Registry) -> None:
     headers = {"X-API-Key": served.key}
     async with httpx.AsyncClient(base_url=f"{served.url}/e2b", headers=headers) as client:

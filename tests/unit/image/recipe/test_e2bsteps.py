@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cryobox.config import Paths
 from cryobox.errors import InvalidArgument
 from cryobox.image.recipe.e2bsteps import files_hashes, recipe_from_e2b
 from cryobox.image.recipe.model import Base, Step
+from tests.support.e2b import sdk_python
 
-E2B_PYTHON = Path("/var/cache/cryobox/venvs/e2b-2.63.0-ci-2.11.5/bin/python")
 H1, H2 = "a" * 64, "b" * 64
 
 SDK_SCRIPT = """
@@ -47,12 +47,14 @@ print(json.dumps([body(a), body(b), body(c)]))
 
 @pytest.fixture(scope="module")
 def sdk_bodies(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    if not E2B_PYTHON.exists():
-        pytest.skip("the e2b SDK's venv is not installed")
     ctx = tmp_path_factory.mktemp("e2bctx")
     (ctx / "app.py").write_text("print('hi')\n")
     out = subprocess.run(
-        [str(E2B_PYTHON), "-c", SDK_SCRIPT, str(ctx)], capture_output=True, text=True, timeout=60, check=True
+        [str(sdk_python(Paths.from_env().cache_dir)), "-c", SDK_SCRIPT, str(ctx)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     bodies: list[dict[str, Any]] = json.loads(out.stdout)
     return bodies

@@ -36,13 +36,16 @@ class App {
   }
 
   async start() {
-    // on #/login the form shows at once, while the session check runs (a live session then moves on)
-    if (location.hash === "#/login") this.route();
+    // on #/login the form shows at once, while the session check runs (a live session then moves on; without
+    // one the form stays as it is: rendering it again would drop what the user typed or submitted meanwhile)
+    const shown = location.hash === "#/login";
+    if (shown) this.route();
     try {
       const session = await this.api.get("/ui/session", { noRedirect: true });
       this.loggedInAs(session);
     } catch {
       this.loggedIn = false;
+      if (shown && location.hash === "#/login") return;
     }
     this.route();
   }

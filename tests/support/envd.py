@@ -147,11 +147,14 @@ class FakeEnvdAgent:
         self.watchers: dict[str, tuple[str, list[mp.FsEvent]]] = {}
         self._pids = itertools.count(100)
         self._watcher_ids = itertools.count(1)
+        self.start_delay = 0.0  # a start that takes this long (a sandbox waking first)
 
     # -- processes
     async def proc_start(self, sandbox_id: str, request: mp.ProcStart) -> AsyncIterator[mp.ProcEvent]:
         self.calls.append("proc_start")
         self.starts.append(request)
+        if self.start_delay:
+            await asyncio.sleep(self.start_delay)
         pid = next(self._pids)
         behaviour, args = _behaviour(request)
         info = mp.ProcInfo(

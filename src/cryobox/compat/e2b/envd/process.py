@@ -60,11 +60,14 @@ class ProcessService(Process):
         spec = procmap.start_spec(request, target)
         deadline_ms = ctx.timeout_ms
         kill: asyncio.Task[None] | None = None
+        started = False  # the SDK takes the first event for the start event: no keepalive before it
         async with self._events(target.agent.proc_start(target.sandbox_id, spec), ctx) as events:
             async for event in events:
                 if event is None:
-                    yield pb.StartResponse(event=procmap.keepalive())
+                    if started:
+                        yield pb.StartResponse(event=procmap.keepalive())
                     continue
+                started = True
                 if event.kind == "start" and event.pid is not None and deadline_ms is not None:
                     kill = self._kill_later(target, event.pid, max(deadline_ms, 0.0) / 1000)
                 if event.kind == "end" and kill is not None:
@@ -78,11 +81,14 @@ class ProcessService(Process):
     ) -> AsyncIterator[pb.ConnectResponse]:
         target = await self._target(ctx)
         process = procmap.selector(request.process)
+        started = False  # as in start: the first event the SDK reads must be the start event
         async with self._events(target.agent.proc_connect(target.sandbox_id, process), ctx) as events:
             async for event in events:
                 if event is None:
-                    yield pb.ConnectResponse(event=procmap.keepalive())
+                    if started:
+                        yield pb.ConnectResponse(event=procmap.keepalive())
                     continue
+                started = True
                 yield pb.ConnectResponse(event=procmap.process_event(event))
                 if event.kind == "end":
                     return

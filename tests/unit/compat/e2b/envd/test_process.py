@@ -331,6 +331,21 @@ async def test_keepalives_in_quiet_gaps(env: Env) -> None:
     await until(lambda: env.agent.closed_streams == 1)
 
 
+async def test_no_keepalive_comes_before_the_start_event(env: Env) -> None:
+    # the SDK takes the first event for the start event ("expected start event, got keepalive" otherwise): a
+    # start that waits for the sandbox to wake stays silent until it has started
+    env.agent.start_delay = 0.3
+    headers = {**HEADERS, "Keepalive-Ping-Interval": "0.05"}
+    stream = env.client.start(pb.StartRequest(process=config("sleep")), headers=headers)
+    kinds = []
+    async for response in stream:
+        kinds.append(kind(response.event))
+        if len(kinds) == 2:
+            break
+    assert kinds == ["start", "keepalive"]
+    await aclose(stream)
+
+
 async def test_deadline_kills_the_process_even_after_a_disconnect(env: Env) -> None:
     stream = env.client.start(pb.StartRequest(process=config("sleep")), headers=HEADERS, timeout_ms=30_000)
     pid = pid_of(await anext(stream))

@@ -2,7 +2,8 @@
 
 The host's QEMU processes, network namespaces, nft tables, mounts, ``/dev/shm`` entries and VM cgroups are recorded when
 the session starts and compared when it ends (after every fixture's teardown): anything new that is still there is
-a leak, and fails the run. With ``pytest -n`` (pytest-xdist, as ``make test`` runs it) only the controller checks,
+a leak, and fails the run. The machine's shared object store is then swept of what the suite's (now gone) data
+dirs stored in it. With ``pytest -n`` (pytest-xdist, as ``make test`` runs it) only the controller checks,
 before its workers start and after all of them have finished, so one worker's live VMs are never taken for the
 other's leaks.
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.teardown import reclaim_dead_postgres, reclaim_previous_run
+from tests.support.teardown import reclaim_dead_postgres, reclaim_previous_run, sweep_shared_store
 
 HostState = dict[str, set[str]]
 BEFORE = pytest.StashKey[HostState]()
@@ -101,6 +102,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         # a passed run keeps none of its ~10 GiB of data dirs (a failed one keeps them to look at, until the next
         # run's start reclaims them): the disk is shared with the store and the images
         shutil.rmtree(basetemp, ignore_errors=True)
+    if basetemp:  # what the suite's data dirs stored goes with them (a full disk stopped CI)
+        print(f"\n{sweep_shared_store()}")
 
 
 def _mounts_below(root: Path) -> bool:

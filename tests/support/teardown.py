@@ -138,3 +138,22 @@ def _subdirs(path: Path) -> list[Path]:
         return [child for child in path.iterdir() if child.is_dir() and not child.is_symlink()]
     except OSError:
         return []
+
+
+def sweep_shared_store(grace_s: float = 600.0) -> str:
+    """Collect the machine's shared object store the way ``cryobox gc --store`` does, consulting this machine's
+    registries: what the suite's data dirs stored goes once their registries are gone (a passed run removed its
+    base temp dir; a failed run's goes when the next run's start empties it). Chunks younger than ``grace_s``
+    wait for the next run (another process on the machine may be publishing). Returns a one-line summary."""
+    from cryobox.config import Paths
+    from cryobox.objstore.client import open_store
+    from cryobox.objstore.gc import GcPolicy, collect
+    from cryobox.registry.oracle import RegistryOracle, machine_id
+
+    url = Paths.from_env().default_store_url
+    report = collect(open_store(url), GcPolicy(grace_s=grace_s), oracle=RegistryOracle(machine_id()))
+    disowned = {r.group for r in report.removed if r.kind == "disowned"}
+    return (
+        f"store {url}: removed {report.removed_objects} objects ({report.removed_bytes >> 20} MiB, "
+        f"{len(disowned)} images of registries gone), kept {report.kept_bytes >> 20} MiB"
+    )

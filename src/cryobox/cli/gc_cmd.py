@@ -51,14 +51,31 @@ def gc(
     keep_generations: Annotated[
         int, typer.Option("--keep-generations", help="with --store: newest generations kept per template")
     ] = 2,
+    database_urls: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--database-url",
+            envvar="CRYOBOX_DATABASE_URL",
+            help="with --store: a fleet's PostgreSQL registry to consult (repeatable); this machine's SQLite "
+            "registries are consulted by themselves",
+        ),
+    ] = None,
 ) -> None:
     """Reclaim QEMUs, memory servers, mounts, network namespaces and links, nft tables and hot dirs of data dirs
     that are gone (their owner record remains, their agent.lock does not) or, with --data-dir, not locked.
     With --store: delete template generations nothing needs, leftovers of images without a manifest and chunk
-    objects no live image names, once older than --grace."""
+    objects no live image names, once older than --grace; and stored snapshots and hibernations whose registry is
+    gone or no longer lists them (this machine's data dirs, and the PostgreSQL registries given)."""
     if store:
         url = store_url or Paths.from_env(cache_dir=cache_dir).default_store_url
-        run_store_gc(url, grace=grace, keep_generations=keep_generations, dry_run=dry_run, as_json=as_json)
+        run_store_gc(
+            url,
+            grace=grace,
+            keep_generations=keep_generations,
+            dry_run=dry_run,
+            as_json=as_json,
+            database_urls=database_urls or [],
+        )
         return
     roots = Roots(owners=owners_dir_from_env())
     run(roots, data_dir, all_unowned=all_unowned, dry_run=dry_run, as_json=as_json)

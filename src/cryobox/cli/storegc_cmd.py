@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 
 import typer
 from rich.console import Console
@@ -12,18 +13,31 @@ from ..objstore.buildsteps import store_budget
 from ..objstore.client import open_store
 from ..objstore.gc import KINDS, GcPolicy, GcReport, collect
 from ..objstore.leases import REFRESH_S
+from ..registry.db import normalize_url
+from ..registry.oracle import RegistryOracle, machine_id
 from ._common import parse_duration
 
 out = Console(soft_wrap=True)  # a line per object or summary, never broken at the terminal width (scripts grep it)
 MIN_GRACE_S = 5 * REFRESH_S  # leases are re-put every REFRESH_S: a shorter grace could expire a live one
 
 
-def run_store_gc(url: str, *, grace: str, keep_generations: int, dry_run: bool, as_json: bool) -> GcReport:
+def run_store_gc(
+    url: str,
+    *,
+    grace: str,
+    keep_generations: int,
+    dry_run: bool,
+    as_json: bool,
+    database_urls: Sequence[str] = (),
+) -> GcReport:
+    """One store GC run, consulting this machine's SQLite registries and the PostgreSQL ones at ``database_urls``
+    about the snapshots and hibernations they claimed (:mod:`cryobox.objstore.owners`)."""
     grace_s = parse_duration(grace)
     if grace_s < MIN_GRACE_S:
         raise typer.BadParameter(f"--grace must be at least {MIN_GRACE_S:g}s (publishes re-put their leases)")
     policy = GcPolicy(grace_s=grace_s, keep_generations=keep_generations, dry_run=dry_run, step_budget=store_budget())
-    report = collect(open_store(url), policy)
+    oracle = RegistryOracle(machine_id(), [normalize_url(u) for u in database_urls if u.strip()])
+    report = collect(open_store(url), policy, oracle=oracle)
     if as_json:
         sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
     else:

@@ -24,6 +24,7 @@ from ..errors import InvalidArgument
 from ..objstore.client import ObjectStore
 from ..registry import Registry
 from ..server.control.fleet import DEFAULT_DEADLINE_S, Fleet, FleetConfig
+from ..server.control.ownership import StoreOwnership
 from ..server.control.placement import DEFAULT_RESERVATION_TTL_S, Placement
 from ..server.control.quotas import QuotaGuard
 from ..server.control.sandboxes import ControlPlane
@@ -116,18 +117,23 @@ def build_control(
     *,
     clock: Callable[[], float] = time.time,
     quotas: QuotaGuard | None = None,
+    machine: str | None = None,
 ) -> ControlPlane:
     """The control plane over ``registry``: the fleet (with ``local`` agents in this process), placement,
     snapshots and template jobs, all on one wall ``clock``; ``quotas`` ``None``: the limits from the environment
-    (``CRYOBOX_QUOTA_*``). The CLI passes neither ``clock`` nor ``quotas``; the tests assemble the same way with
-    a fake clock or given limits."""
+    (``CRYOBOX_QUOTA_*``); ``machine`` ``None``: ``/etc/machine-id``. The registry is announced in ``objects``
+    (:mod:`~cryobox.server.control.ownership`). The CLI passes neither ``clock`` nor ``quotas``; the tests assemble
+    the same way with a fake clock or given limits."""
     fleet = Fleet(registry, config, clock=clock, local=dict(local or {}))
-    return ControlPlane(
+    owners = StoreOwnership.announced(objects, registry, machine) if objects is not None else None
+    control = ControlPlane(
         fleet,
         registry,
         Placement(registry, deadline_s=config.deadline_s, ttl_s=reservation_ttl_s(), clock=clock),
         metrics,
-        SnapshotControl(registry, fleet, clock, retention, objects=objects),
+        SnapshotControl(registry, fleet, clock, retention, objects=objects, owners=owners),
         TemplateJobs(registry, fleet),
         quotas=quotas,
     )
+    control.templates.owners = owners
+    return control

@@ -8,6 +8,8 @@ A run (:func:`collect`) scans the store (:mod:`.gcscan`) and removes, in this or
    hibernation's manifest sits on (an import rebases onto that template's disk), not named by a fresh lease, and
    out of the newest ``keep_generations`` for at least the grace period. The manifest goes first, so a run killed
    half-way leaves a manifest-less leftover, never a live image with objects missing;
+   With an oracle (:mod:`.owners`), **disowned snapshots and hibernations** go the same way: stored images whose
+   every claiming registry is gone or no longer lists them (consulted after the listing), then their claims;
 2. **leftovers of images without a manifest** (a publish that died, a deletion cut short) whose every object is
    older than the grace period and that no fresh lease names (a publish in progress has no manifest yet);
 3. **format-1 packs** (``memory.pack``, ``images/**.pack``) beside an index that has been published again in the
@@ -47,12 +49,17 @@ from dataclasses import dataclass, field
 from ..errors import InvalidArgument, ObjectNotFound, StoreError
 from .buildsteps import DEFAULT_STEP_BYTES, StepRemoval, plan_steps
 from .client import ObjectMeta, ObjectStore
+from .gcgenerations import dead_generations
+from .gcowners import disowned_groups, holds, let_go, owned_objects
+from .gcreport import KINDS, GcReport, Removal
 from .gcscan import MANIFEST, ImageGroup, StoreView, scan
 from .leases import GC_WINDOW_S, GcMarker, Leases, read_leases
+from .owners import OWNERS, Judgement, Oracle, judge
+
+__all__ = ["KINDS", "GcClock", "GcPlan", "GcPolicy", "GcReport", "Removal", "collect", "plan"]
 
 log = logging.getLogger(__name__)
 
-KINDS = ("generation", "stray", "legacy", "image", "chunk", "lease", "marker", "step")
 COLLECTABLE_IMAGES = ("images/rootfs-recipe/",)
 """Base images made for one recipe template (its flattened root filesystem): collected once no manifest names
 them. The others (kernels, initramfs, the built-ins' root filesystems) are shared roots and always kept."""
@@ -77,64 +84,14 @@ class GcClock:
     mono: Callable[[], float] = time.monotonic  # the lease window and the run's own duration
 
 
-@dataclass(frozen=True)
-class Removal:
-    key: str
-    size: int
-    kind: str  # one of KINDS
-    group: str | None = None  # the image prefix, for generation and stray removals
-
-
-@dataclass
-class GcReport:
-    """What a run removed (or, with ``dry_run``, would remove) and kept."""
-
-    store: str
-    dry_run: bool
-    removed: list[Removal] = field(default_factory=list)
-    kept_objects: int = 0
-    kept_bytes: int = 0
-    chunks_referenced: int = 0
-    chunks_missing: list[str] = field(default_factory=list)  # named by a live index but absent (reported)
-    skipped: list[str] = field(default_factory=list)  # what was kept because a lease appeared, and why
-    notes: list[str] = field(default_factory=list)
-    complete: bool = True
-
-    @property
-    def removed_objects(self) -> int:
-        return len(self.removed)
-
-    @property
-    def removed_bytes(self) -> int:
-        return sum(r.size for r in self.removed)
-
-    def by_kind(self) -> dict[str, tuple[int, int]]:
-        """kind -> (objects, bytes) removed."""
-        found = {kind: (0, 0) for kind in KINDS}
-        for r in self.removed:
-            n, b = found[r.kind]
-            found[r.kind] = (n + 1, b + r.size)
-        return found
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "store": self.store,
-            "dry_run": self.dry_run,
-            "complete": self.complete,
-            "removed": {"objects": self.removed_objects, "bytes": self.removed_bytes},
-            "kept": {"objects": self.kept_objects, "bytes": self.kept_bytes},
-            "by_kind": {k: {"objects": n, "bytes": b} for k, (n, b) in self.by_kind().items()},
-            "chunks_referenced": self.chunks_referenced,
-            "chunks_missing": self.chunks_missing,
-            "skipped": self.skipped,
-            "notes": self.notes,
-            "keys": [r.key for r in self.removed],
-        }
-
-
 @dataclass
 class GcPlan:
     generations: list[ImageGroup]  # dead template generations, to delete whole (manifest first)
+    disowned: list[ImageGroup]  # stored images no registry holds any more (:mod:`.owners`), deleted the same way
+    owned: dict[str, list[ObjectMeta]]  # claimed prefix let go -> its claims (and a template's latest), deleted
+    # once nothing under the prefix is left
+    stale: list[ObjectMeta]  # claims of images no longer stored, records of registries gone
+    listed: set[str]  # every image prefix the scan found
     strays: list[ImageGroup]
     legacy: list[ObjectMeta]
     chunk_candidates: dict[str, ObjectMeta]  # unreferenced (unless a kept generation names them), old enough
@@ -146,14 +103,25 @@ class GcPlan:
     image_chunks: set[str] = field(default_factory=set)  # what their indexes name (kept if a delete fails)
 
 
-def plan(view: StoreView, leases: Leases, now: float, policy: GcPolicy, own_marker: str = "") -> GcPlan:
-    """What to remove, from a scan and the fresh leases (pure; ``now`` is the wall clock)."""
+def plan(
+    view: StoreView,
+    leases: Leases,
+    now: float,
+    policy: GcPolicy,
+    own_marker: str = "",
+    owners: Judgement | None = None,
+) -> GcPlan:
+    """What to remove, from a scan, the fresh leases and what the registries say of the images they claimed
+    (``owners``; ``None``: none consulted, every stored snapshot kept) (pure; ``now`` is the wall clock)."""
     old = now - policy.grace_s
     notes = list(view.problems) + [f"lease {key} cannot be read" for key in leases.unreadable]
     unsafe = bool(notes)
+    owners = owners or Judgement()
     live = {p: g for p, g in view.groups.items() if g.has_manifest}
-    dead = [] if unsafe else _dead_generations(view, live, leases, old, policy.keep_generations)
-    dead_prefixes = {g.prefix for g in dead}
+    dead = [] if unsafe else dead_generations(view, live, leases, old, policy.keep_generations)
+    disowned = [] if unsafe else disowned_groups(live, owners, leases)
+    disowned = [g for g in disowned if g.prefix not in {d.prefix for d in dead}]
+    dead_prefixes = {g.prefix for g in dead + disowned}
     protected = set(leases.chunks)
     for group in live.values():
         if group.prefix not in dead_prefixes:
@@ -166,7 +134,10 @@ def plan(view: StoreView, leases: Leases, now: float, policy: GcPolicy, own_mark
     strays = [
         g
         for g in view.groups.values()
-        if not g.has_manifest and g.newest <= old and not leases.names_prefix(g.prefix) and not leases.unreadable
+        if not g.has_manifest
+        and (g.newest <= old or let_go(g.prefix, owners))
+        and not leases.names_prefix(g.prefix)
+        and not leases.unreadable
     ]
     candidates: dict[str, ObjectMeta] = {}
     if not unsafe:
@@ -175,6 +146,10 @@ def plan(view: StoreView, leases: Leases, now: float, policy: GcPolicy, own_mark
     expired += [m for m in view.markers if m.key != own_marker and _modified(m, now) <= old]
     return GcPlan(
         generations=dead,
+        disowned=disowned,
+        owned={} if unsafe else owned_objects(view, owners),
+        stale=owners.stale,
+        listed=set(view.groups),
         strays=strays,
         legacy=[m for m in view.legacy_packs if _modified(m, now) <= old],
         chunk_candidates=candidates,
@@ -221,37 +196,6 @@ def _modified(meta: ObjectMeta, now: float) -> float:
     return meta.last_modified if meta.last_modified is not None else now
 
 
-def _dead_generations(
-    view: StoreView, live: dict[str, ImageGroup], leases: Leases, old: float, keep: int
-) -> list[ImageGroup]:
-    needed = {g.referenced_template() for g in live.values()}
-    by_name: dict[str, list[ImageGroup]] = {}
-    for group in live.values():
-        if group.kind == "templates":
-            by_name.setdefault(group.prefix.split("/")[1], []).append(group)
-    dead = []
-    for name, generations in by_name.items():
-        if view.latest.get(name) == "*":
-            continue
-        generations.sort(key=_published_at, reverse=True)
-        for position, group in enumerate(generations):
-            if position < keep or group.prefix.split("/")[2] == view.latest.get(name):
-                continue
-            if group.prefix in needed or leases.names_prefix(group.prefix) or "unreadable" in (group.manifest or {}):
-                continue
-            if _published_at(generations[position - keep]) > old:  # left the newest `keep` less than grace ago
-                continue
-            dead.append(group)
-    return dead
-
-
-def _published_at(group: ImageGroup) -> float:
-    value = (group.manifest or {}).get("published_at")
-    manifest = next((m for m in group.objects if m.key.endswith(f"/{MANIFEST}")), None)
-    fallback = manifest.last_modified if manifest is not None and manifest.last_modified else 0.0
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else fallback
-
-
 class _Fence:
     """Re-reads ``leases/`` whenever its last listing started more than the window ago; ends the run's deleting
     once half the grace period has passed."""
@@ -271,31 +215,49 @@ class _Fence:
         return not self.leases.unreadable
 
 
-def collect(store: ObjectStore, policy: GcPolicy | None = None, clock: GcClock | None = None) -> GcReport:
-    """One GC run over ``store`` (see the module doc); with ``policy.dry_run`` nothing is written or deleted."""
+def collect(
+    store: ObjectStore, policy: GcPolicy | None = None, clock: GcClock | None = None, oracle: Oracle | None = None
+) -> GcReport:
+    """One GC run over ``store`` (see the module doc); with ``policy.dry_run`` nothing is written or deleted.
+    With an ``oracle``, the registries that claimed stored snapshots and hibernations are consulted (after the
+    listing: see :mod:`.owners`) and what none of them holds any more goes too."""
     policy = policy or GcPolicy()
     clock = clock or GcClock()
     report = GcReport(store.url, policy.dry_run)
     if policy.dry_run:
         leases = read_leases(store, clock.wall(), policy.grace_s)
         view = scan(store)
-        todo = plan(view, leases, clock.wall(), policy)
+        todo = plan(view, leases, clock.wall(), policy, owners=_judge(store, view, oracle, clock, policy))
         _would(report, todo)
         return _summarise(report, view, todo)
     with GcMarker(store) as marker:
         listed_at = clock.mono()
         leases = read_leases(store, clock.wall(), policy.grace_s)
         view = scan(store)
-        todo = plan(view, leases, clock.wall(), policy, marker.key)
+        owners = _judge(store, view, oracle, clock, policy)
+        todo = plan(view, leases, clock.wall(), policy, marker.key, owners)
         _apply(store, todo, _Fence(store, leases, listed_at, policy, clock), report)
     return _summarise(report, view, todo, marker.key)
+
+
+def _judge(
+    store: ObjectStore, view: StoreView, oracle: Oracle | None, clock: GcClock, policy: GcPolicy
+) -> Judgement | None:
+    if oracle is None:
+        return None
+    return judge(store, view.owners, set(view.groups), oracle, clock.wall(), policy.grace_s)
 
 
 def _would(report: GcReport, todo: GcPlan) -> None:
     for group in todo.generations:
         report.removed += [Removal(m.key, m.size, "generation", group.prefix) for m in _manifest_first(group)]
+    for group in todo.disowned:
+        report.removed += [Removal(m.key, m.size, "disowned", group.prefix) for m in _manifest_first(group)]
     for group in todo.strays:
         report.removed += [Removal(m.key, m.size, "stray", group.prefix) for m in group.objects]
+    gone = {g.prefix for g in todo.disowned + todo.strays}
+    left = [m for p, metas in todo.owned.items() if not holds(todo.listed - gone, p) for m in metas] + todo.stale
+    report.removed += [Removal(m.key, m.size, "claim" if m.key.startswith(f"{OWNERS}/") else "disowned") for m in left]
     report.removed += [Removal(m.key, m.size, "legacy") for m in todo.legacy]
     report.removed += [Removal(m.key, m.size, "image") for m in todo.images]
     report.removed += [Removal(m.key, m.size, "chunk") for m in todo.chunk_candidates.values()]
@@ -308,8 +270,21 @@ def _apply(store: ObjectStore, todo: GcPlan, fence: _Fence, report: GcReport) ->
     for group in todo.generations:
         if not _delete_group(store, group, "generation", fence, report):
             kept_generations.append(group)
+    gone: list[str] = []
+    for group in todo.disowned:
+        if _delete_group(store, group, "disowned", fence, report):
+            gone.append(group.prefix)
+        else:
+            kept_generations.append(group)
     for group in todo.strays:
-        _delete_group(store, group, "stray", fence, report)
+        if _delete_group(store, group, "stray", fence, report):
+            gone.append(group.prefix)
+    remaining = todo.listed - set(gone)
+    left = [m for p, metas in todo.owned.items() if not holds(remaining, p) for m in metas] + todo.stale
+    for meta in left:
+        kind = "claim" if meta.key.startswith(f"{OWNERS}/") else "disowned"  # or a template's `latest`
+        if not _delete(store, Removal(meta.key, meta.size, kind), fence, report):
+            break
     for meta in todo.legacy:
         if not _delete(store, Removal(meta.key, meta.size, "legacy"), fence, report):
             break
@@ -400,7 +375,7 @@ def _summarise(report: GcReport, view: StoreView, todo: GcPlan, own_marker: str 
     kept = [m for m in view.listed if m.key not in gone]
     report.kept_objects, report.kept_bytes = len(kept), sum(m.size for m in kept)
     referenced = set(todo.protected)
-    for group in todo.generations:
+    for group in todo.generations + todo.disowned:
         if not any(r.group == group.prefix for r in report.removed):
             referenced |= group.index.digests
     report.chunks_referenced = len(referenced)

@@ -11,6 +11,7 @@ every index a live image or a base image has. Nothing is decided here (:mod:`.gc
     build-steps/<key>/...               recipe builds' step layers and their metas (read: :mod:`.buildsteps`)
     chunks/<sha[:2]>/<sha>              chunk objects
     leases/..., gc/...                  publishes and GCs in progress (:mod:`.leases`)
+    owners/...                          registries and the images they claim (:mod:`.owners`)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .chunkfmt import ChunkIndex, digest_of_key, index_format
 from .client import ObjectMeta, ObjectStore
 from .keys import BUILD_STEPS
 from .leases import GC_PREFIX, LEASES_PREFIX
+from .owners import OWNERS
 
 IMAGE_ROOTS = {"templates": 3, "snapshots": 2, "hibernations": 2}  # top-level prefix -> segments naming an image
 MANIFEST = "manifest.json"
@@ -86,6 +88,7 @@ class StoreView:
     legacy_packs: list[ObjectMeta] = field(default_factory=list)  # format-1 packs nothing reads any more
     leases: list[ObjectMeta] = field(default_factory=list)
     markers: list[ObjectMeta] = field(default_factory=list)
+    owners: list[ObjectMeta] = field(default_factory=list)  # owners/: registries and their claims (:mod:`.owners`)
     steps: dict[str, StepEntry] = field(default_factory=dict)  # build-steps/ by step key, metas read
     step_problems: list[str] = field(default_factory=list)  # step metas that could not be read (they only stop
     # the step trim; reported)
@@ -143,6 +146,9 @@ def _place(view: StoreView, meta: ObjectMeta) -> None:
         return
     elif top == GC_PREFIX:
         view.markers.append(meta)
+        return
+    elif top == OWNERS:
+        view.owners.append(meta)
         return
     elif top == "images":
         view.base.append(meta)

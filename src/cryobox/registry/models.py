@@ -277,3 +277,13 @@ class VolumeAttachment(Base):
     path: Mapped[str] = mapped_column(Text)
     read_only: Mapped[bool] = mapped_column(Boolean)
     created_at: Mapped[float] = mapped_column(Double)
+
+
+class RegistryMeta(Base):
+    """Facts about the registry itself, by key (revision 0015): ``registry_id``, its identity in the object store's
+    ``owners/`` (see :mod:`cryobox.objstore.owners`)."""
+
+    __tablename__ = "registry_meta"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)

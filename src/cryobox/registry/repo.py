@@ -89,6 +89,14 @@ class Registry:
         """Agents, capacity reservations and per-host reconciliation (the fleet's shared state)."""
         return self._fleet
 
+    def identity(self) -> str:
+        """This registry's id (revision 0015): how it names itself in the object store (``owners/``)."""
+        with self._db.session(write=False, what="registry identity") as s:
+            row = s.get(m.RegistryMeta, "registry_id")
+            if row is None:
+                raise NotFound("the registry has no identity: migrate it first")
+            return row.value
+
     def migrate(self) -> None:
         """Bring the schema to the newest Alembic revision and seal any plaintext env left by older versions
         (idempotent)."""

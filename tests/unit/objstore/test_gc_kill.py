@@ -17,9 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from cryobox.objstore import owners
 from cryobox.objstore.client import ObjectStore, open_store
 from cryobox.objstore.gc import GcPolicy, collect
 from cryobox.objstore.gcscan import scan
+from cryobox.registry.oracle import RegistryOracle, machine_id
+from cryobox.server.control.ownership import StoreOwnership
+from tests.support.registry import migrated, sandbox, snapshot
 from tests.support.storegc import (
     HOUR,
     hours_later,
@@ -31,12 +35,14 @@ from tests.support.storegc import (
 )
 
 ROUNDS = 20
+GONE = "gone-registry"
 DELETE_LATENCY_S = 0.004  # every delete of the killed runs takes this long: a run lasts ~0.1-0.3 s
 
 ZYGOTE = """
 import os, sys, time
 from cryobox.objstore.client import open_store
 from cryobox.objstore.gc import GcClock, GcPolicy, collect
+from cryobox.registry.oracle import RegistryOracle, machine_id
 
 url, latency, mutant = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "mutant"
 if mutant:  # the classic mistake: delete an image's objects before its manifest
@@ -57,7 +63,8 @@ class Slow:
 
 def run():
     store = Slow(open_store(url))
-    collect(store, GcPolicy(grace_s=3600), GcClock(wall=lambda: time.time() + 2 * 3600))
+    oracle = RegistryOracle(machine_id())
+    collect(store, GcPolicy(grace_s=3600), GcClock(wall=lambda: time.time() + 2 * 3600), oracle)
     os._exit(0)
 
 print("ready", flush=True)
@@ -97,6 +104,8 @@ def garbage(store: ObjectStore, work: Path, n: int) -> None:
     put_image(store, work, f"snapshots/died{n}", {0: f"died {n}".encode(), 2: b"heap"}, None)
     put_image(store, work, f"snapshots/gone{n}", {0: b"kernel", 3: f"gone {n}".encode()}, {"template": "base"})
     store.delete(f"snapshots/gone{n}/manifest.json")
+    put_image(store, work, f"snapshots/dis{n}", {0: b"kernel", 6: f"disowned {n}".encode()}, {"template": "base"})
+    owners.claim(store, GONE, f"snapshots/dis{n}")  # its registry (a deleted data dir) is gone
 
 
 def must_live(store: ObjectStore, n: int) -> list[str]:
@@ -108,7 +117,8 @@ def must_live(store: ObjectStore, n: int) -> list[str]:
 
 
 def seeded(tmp_path: Path) -> tuple[str, ObjectStore, Path]:
-    """A store holding the images every round must leave whole."""
+    """A store holding the images every round must leave whole; ``s1`` and ``h1`` are claimed by a registry (a
+    real SQLite file) that lists them, and a registry that is gone is announced."""
     url = f"file://{tmp_path / 'store'}"
     store = open_store(url)
     work = tmp_path / "work"
@@ -117,6 +127,15 @@ def seeded(tmp_path: Path) -> tuple[str, ObjectStore, Path]:
     put_image(store, work, "snapshots/s1", snap, {"template_prefix": "templates/base/g1"})
     put_image(store, work, "hibernations/h1", {0: b"kernel", 5: b"asleep"}, {"template": "base"})
     put_generation(store, work, "g2", {0: b"kernel", 1: b"gen 2"}, time.time() - 2 * HOUR, latest=True)
+    for reg in migrated(f"sqlite:///{tmp_path / 'data' / 'registry.sqlite'}"):
+        ws = reg.ensure_workspace("default").id
+        reg.add_snapshot(snapshot("s1", ws))
+        reg.add_sandbox(sandbox("h1", ws))
+        ownership = StoreOwnership.announced(store, reg, machine_id())
+        ownership.claim("snapshots/s1")
+        ownership.claim("hibernations/h1")
+    gone = tmp_path / "deleted" / "registry.sqlite"
+    owners.announce(store, owners.RegistryRecord(GONE, "sqlite", str(gone), machine_id()))
     return url, store, work
 
 
@@ -156,7 +175,7 @@ def test_kill_9_at_any_instant_leaves_every_live_image_whole(tmp_path: Path) -> 
     with zygote(url, tmp_path / "zygote.py") as proc:
         assert kill_rounds(proc, store, work, stop_at_problem=False, early=0.5) == []
 
-    report = collect(store, GcPolicy(grace_s=HOUR), hours_later(2))
+    report = collect(store, GcPolicy(grace_s=HOUR), hours_later(2), RegistryOracle(machine_id()))
     assert report.complete and report.chunks_missing == []
     assert live_problems(store) == []
     assert sorted(store.list("chunks")) == sorted(referenced(store)), "exactly the referenced chunks remain"

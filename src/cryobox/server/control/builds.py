@@ -386,6 +386,9 @@ class RecipeBuilds:
                     await asyncio.to_thread(delete_published, self.objects, f"{keys.TEMPLATES}/{row.name}/")
                 except StoreError as err:
                     log.warning("could not delete the published template %s: %s", row.name, err.message)
+                else:
+                    if self.templates.owners is not None:
+                        await asyncio.to_thread(self.templates.owners.release, f"{keys.TEMPLATES}/{row.name}")
         mine = recipe_contexts(row.spec)
         if row.workspace_id is not None:
             for build in await self.builds_of(row.workspace_id, row.name):

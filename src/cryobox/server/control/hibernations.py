@@ -47,6 +47,7 @@ from ...registry import (
     SandboxRow,
 )
 from .fleet import Fleet
+from .ownership import StoreOwnership
 from .placement import Placement, PlacementRequest
 from .quotas import QuotaGuard
 
@@ -104,11 +105,20 @@ class DrainReport:
 
 
 class HibernationControl:
-    def __init__(self, registry: Registry, fleet: Fleet, placement: Placement, objects: ObjectStore | None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        fleet: Fleet,
+        placement: Placement,
+        objects: ObjectStore | None,
+        owners: StoreOwnership | None = None,
+    ) -> None:
         self.registry = registry
         self.fleet = fleet
         self.placement = placement
         self.objects = objects
+        self.owners = owners
+        """This registry's claims in the object store (:mod:`.ownership`); ``None``: nothing claimed."""
         self.moves = MoveRecords(registry.database, registry.sealer)
         self._moving: dict[str, asyncio.Lock] = {}
         self._draining: dict[str, asyncio.Lock] = {}
@@ -164,7 +174,7 @@ class HibernationControl:
         info = await agent.hibernate(row.id)
         if not await asyncio.to_thread(self.moves.hibernated, row.id, host, info.egress):
             raise NotFound(f"sandbox {row.id} went during the drain", details={"id": row.id})
-        stored = await agent.store_hibernation(row.id)
+        stored = await self._store(agent, row.id)
         if not await asyncio.to_thread(self.moves.stored, row.id, host, stored.generation, stored.manifest_sha256):
             raise StateError(
                 f"sandbox {row.id} woke (or went) during the drain; drain again",
@@ -214,7 +224,7 @@ class HibernationControl:
                     return row  # its host is up and holds it: it wakes there
                 # draining: a request may have woken it there since the drain; capture what it is now
                 await agent.hibernate(row.id)
-                stored = await agent.store_hibernation(row.id)
+                stored = await self._store(agent, row.id)
             except (NotFound, HostUnavailable):
                 pass  # the host lacks it (or cannot be reached): the stored image is the sandbox
             else:  # what is stored now may be a newer image: its manifest is the one to pin
@@ -309,6 +319,12 @@ class HibernationControl:
         except CryoboxError as err:  # it forgets it when it registers again (agent_registered)
             log.info("agent %s keeps a copy of moved sandbox %s for now: %s", host, sandbox_id, err.message)
 
+    async def _store(self, agent: Agent, sandbox_id: str) -> am.StoredHibernation:
+        """Claim the hibernation's prefix for this registry, then have ``agent`` store it."""
+        if self.owners is not None:
+            await asyncio.to_thread(self.owners.claim, hibernation_prefix(sandbox_id))
+        return await agent.store_hibernation(sandbox_id)
+
     async def forget_stored(self, sandbox_id: str) -> None:
         """Delete the sandbox's stored hibernation (if this control plane has the object store)."""
         if self.objects is None:
@@ -317,6 +333,9 @@ class HibernationControl:
             await asyncio.to_thread(delete_published, self.objects, hibernation_prefix(sandbox_id))
         except CryoboxError as err:
             log.warning("deleting the stored hibernation of %s failed: %s", sandbox_id, err.message)
+        else:
+            if self.owners is not None:
+                await asyncio.to_thread(self.owners.release, hibernation_prefix(sandbox_id))
 
     async def close(self) -> None:
         """Wait for moves under way (a stopping control plane does not leave half-woken copies)."""

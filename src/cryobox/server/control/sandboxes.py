@@ -103,7 +103,9 @@ class ControlPlane:
         self.templates = templates
         self.builds = RecipeBuilds(registry, templates, snapshots.objects, clock=fleet.clock)
         """Recipe builds of templates (context blobs, build records and logs): :mod:`.builds`."""
-        self.hibernations = hibernations or HibernationControl(registry, fleet, placement, snapshots.objects)
+        self.hibernations = hibernations or HibernationControl(
+            registry, fleet, placement, snapshots.objects, snapshots.owners
+        )
         fleet.relocator = self.hibernations.relocate  # a stored hibernation wakes where there is room
         self.quotas = quotas or QuotaGuard(QuotaRecords(registry.database))  # defaults: CRYOBOX_QUOTA_* (env)
         # one guard for every path that makes or wakes a sandbox, snapshot or template

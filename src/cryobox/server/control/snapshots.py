@@ -37,6 +37,7 @@ from ...registry import Registry, SandboxRow, SnapshotRow
 from ...registry.volumes import VolumeRecords
 from ..mapping import snapshot_row
 from .fleet import Fleet
+from .ownership import StoreOwnership
 from .quotas import QuotaGuard
 
 log = logging.getLogger(__name__)
@@ -114,12 +115,15 @@ class SnapshotControl:
         clock: Callable[[], float],
         retention: RetentionPolicy,
         objects: ObjectStore | None = None,
+        owners: StoreOwnership | None = None,
     ) -> None:
         self.registry = registry
         self.fleet = fleet
         self.clock = clock
         self.retention = retention
         self.objects = objects
+        self.owners = owners
+        """This registry's claims in the object store (:mod:`.ownership`); ``None``: nothing claimed."""
         self._storing: dict[str, asyncio.Task[None]] = {}
         self.quotas: QuotaGuard | None = None
         """The workspace quotas (set by the control plane); ``None``: unlimited."""
@@ -147,13 +151,22 @@ class SnapshotControl:
 
     async def _store(self, row: SnapshotRow) -> None:
         try:
-            stored = await (await self.fleet.agent(row.host)).store_snapshot(row.id)
+            stored = await self._store_on_agent(row)
             await asyncio.to_thread(self._mark_stored, row.id, stored)
             log.info("snapshot %s stored in the object store", row.id)
         except NotFound:
             log.info("snapshot %s went before it was stored", row.id)
         except (CryoboxError, OSError) as err:
             log.warning("storing snapshot %s failed (retried at the agent's next registration): %s", row.id, err)
+
+    async def _store_on_agent(self, row: SnapshotRow) -> am.StoredSnapshot:
+        """Claim the snapshot's prefix for this registry, then have its agent store it."""
+        await self._claim(row.id)
+        return await (await self.fleet.agent(row.host)).store_snapshot(row.id)
+
+    async def _claim(self, snapshot_id: str) -> None:
+        if self.owners is not None:
+            await asyncio.to_thread(self.owners.claim, snapshot_prefix(snapshot_id))
 
     def _mark_stored(self, snapshot_id: str, stored: am.StoredSnapshot) -> SnapshotRow:
         """The row says ``stored``, with the sha256 of the manifest the agent uploaded (``None`` from an agent
@@ -222,7 +235,7 @@ class SnapshotControl:
     async def publish(self, snapshot_id: str, workspace_id: str) -> dict[str, str]:
         """Make sure the snapshot is in the object store (every snapshot gets there by itself; this waits)."""
         row = await self.get(snapshot_id, workspace_id)
-        stored = await (await self.fleet.agent(row.host)).store_snapshot(row.id) if row.location != "stored" else None
+        stored = await self._store_on_agent(row) if row.location != "stored" else None
         if stored is not None:
             await asyncio.to_thread(self._mark_stored, row.id, stored)
         store = stored.store if stored is not None else self._objects().url
@@ -275,6 +288,7 @@ class SnapshotControl:
             manifest_sha256=hashlib.sha256(data).hexdigest(),
         )
         await asyncio.to_thread(self.registry.add_snapshot, row)
+        await self._claim(row.id)  # this registry lists it now too: kept while either does
         return row
 
     async def _home(self, row: SnapshotRow) -> Agent | None:
@@ -358,6 +372,9 @@ class SnapshotControl:
                 await asyncio.to_thread(delete_published, self.objects, snapshot_prefix(snapshot_id))
             except CryoboxError as err:
                 log.warning("deleting the stored copy of snapshot %s failed: %s", snapshot_id, err.message)
+            else:
+                if self.owners is not None:
+                    await asyncio.to_thread(self.owners.release, snapshot_prefix(snapshot_id))
 
     async def sandbox_gone(self, sandbox_id: str, *, keep_snapshots: bool) -> tuple[list[str], list[str]]:
         """Apply retention when a sandbox is deleted: returns (deleted, orphaned) snapshot ids."""

@@ -23,9 +23,11 @@ from ...agentapi import models as am
 from ...agentapi.models_templates import spec_from_request
 from ...errors import BuildQueueFull, CryoboxError, HostUnavailable, InvalidArgument, NotFound, StateError
 from ...image.buildpolicy import BuildAllowlist, BuildLimits
+from ...objstore.keys import TEMPLATES
 from ...registry import Registry, TemplateRow
 from ..mapping import template_row
 from .fleet import Fleet
+from .ownership import StoreOwnership
 from .quotas import QuotaGuard
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,8 @@ class TemplateJobs:
         self._rows: dict[str, tuple[float, TemplateRow]] = {}
         self.quotas: QuotaGuard | None = None
         """The workspace quotas (set by the control plane); ``None``: unlimited."""
+        self.owners: StoreOwnership | None = None
+        """This registry's claims in the object store (set by the control plane); ``None``: nothing claimed."""
         self.allowlist = BuildAllowlist.from_env()
         self.max_builds = BuildLimits.from_env().per_agent
         """Builds (running and queued) one control plane sends to one agent at a time."""
@@ -245,6 +249,8 @@ class TemplateJobs:
         step: str | None = None
         built: am.TemplateInfo | None = None
         try:
+            if self.owners is not None:  # the agent publishes what it builds: the template is this registry's
+                await asyncio.to_thread(self.owners.claim, f"{TEMPLATES}/{name}")
             # the stored spec (a recipe's BuildSpec, or the public request read into one) is what the agent builds
             async for event in agent.build_template(build_of(spec)):
                 if event.progress and not keep_status:

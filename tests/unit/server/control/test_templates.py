@@ -15,8 +15,11 @@ from cryobox.agentapi.models_templates import spec_from_request
 from cryobox.errors import BuildQueueFull, Forbidden, NotFound
 from cryobox.image.buildpolicy import BuildAllowlist
 from cryobox.image.specs import by_name
+from cryobox.objstore.client import open_store
+from cryobox.objstore.owners import claim_key
 from cryobox.registry import Registry
 from cryobox.server.control.fleet import Fleet, FleetConfig
+from cryobox.server.control.ownership import StoreOwnership
 from cryobox.server.control.templates import TemplateJobs
 from tests.support import registry as registry_support
 from tests.support.fake_agent import FakeAgent
@@ -143,3 +146,19 @@ async def test_the_agent_gets_the_spec_read_from_the_request_and_the_request_for
     assert base is not None and spec.packages[-1] == "jq" and spec.warmup == base.warmup
     assert build.request == asked.model_dump()  # what an agent of the previous version reads
     assert registry.get_template("typed").spec == asked.model_dump()  # the registry keeps the public request
+
+
+async def test_a_build_claims_its_template_in_the_store_before_the_agent_builds(
+    jobs: tuple[TemplateJobs, HeldAgent], registry: Registry
+) -> None:
+    """The agent publishes what it builds; a store GC must know whose it is (``owners/``)."""
+    templates, agent = jobs
+    store = open_store("memory://")
+    templates.owners = StoreOwnership.announced(store, registry, "m1")
+    ws = registry.ensure_workspace("alpha").id
+    await templates.start_build(ws, request("mine"))
+    for _ in range(500):
+        if agent.running:
+            break
+        await asyncio.sleep(0.01)
+    assert agent.running == 1 and claim_key(registry.identity(), "templates/mine") in store.list("owners")

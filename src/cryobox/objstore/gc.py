@@ -60,9 +60,11 @@ __all__ = ["KINDS", "GcClock", "GcPlan", "GcPolicy", "GcReport", "Removal", "col
 
 log = logging.getLogger(__name__)
 
-COLLECTABLE_IMAGES = ("images/rootfs-recipe/",)
-"""Base images made for one recipe template (its flattened root filesystem): collected once no manifest names
-them. The others (kernels, initramfs, the built-ins' root filesystems) are shared roots and always kept."""
+COLLECTABLE_IMAGES = ("images/rootfs-recipe/", "images/rootfs/")
+"""Root filesystems, collected once no manifest names them: a recipe template's (made for it alone), and the
+built-ins' of earlier image versions (each change of a built-in's packages or of the image builder makes a new one,
+~450 MiB; the generations that named the old ones are gone). The others (kernels, initramfs, the build VM's root
+filesystem, which no manifest names) are shared roots and always kept."""
 
 
 @dataclass(frozen=True)
@@ -171,17 +173,22 @@ def _orphan_images(
     view: StoreView, live: dict[str, ImageGroup], dead: set[str], leases: Leases, old: float, now: float
 ) -> list[ObjectMeta]:
     """Objects of collectable base images (:data:`COLLECTABLE_IMAGES`) that no manifest staying in the store names
-    (by the image's directory), no lease names, and nothing of which is younger than the grace period."""
+    (by the image's directory), no lease names, and nothing of which is younger than the grace period. A staying
+    template whose manifest names no files (an earlier layout) may sit on any built-in root filesystem: then none
+    of those is collected."""
     named: set[str] = set()
+    collectable: tuple[str, ...] = COLLECTABLE_IMAGES
     for group in live.values():
         if group.prefix in dead:
             continue
         files = (group.manifest or {}).get("files")
         if isinstance(files, dict):
             named |= {_image_dir(str(key)) for key in files.values()}
+        elif group.kind == "templates":
+            collectable = tuple(c for c in collectable if c != "images/rootfs/")
     by_dir: dict[str, list[ObjectMeta]] = {}
     for meta in view.base:
-        if meta.key.startswith(COLLECTABLE_IMAGES):
+        if meta.key.startswith(collectable):
             by_dir.setdefault(_image_dir(meta.key), []).append(meta)
     orphans: list[ObjectMeta] = []
     for directory, objects in by_dir.items():

@@ -249,14 +249,17 @@ def test_a_recipe_root_filesystem_no_manifest_names_is_collected_with_its_chunks
     store: ObjectStore, tmp_path: Path
 ) -> None:
     """A recipe template's flattened root filesystem is a base image made for that template alone: once no manifest
-    names it (its template deleted) and it is older than the grace period, it goes with the chunks only it names.
-    One a live template names stays, as do the built-ins' shared base images and a young one."""
+    names it (its template deleted) and it is older than the grace period, it goes with the chunks only it names;
+    so does a built-in's root filesystem of an earlier image version. One a live template names stays, as do the
+    build VM's (no manifest names it) and a young one."""
     named = put_image(store, tmp_path, "images/rootfs-recipe/named/rootfs.ext4", {0: b"named rootfs"}, None)
     orphan = put_image(
         store, tmp_path, "images/rootfs-recipe/gone/rootfs.ext4", {0: b"deleted template's rootfs"}, None
     )
     young = put_image(store, tmp_path, "images/rootfs-recipe/young/rootfs.ext4", {0: b"being published"}, None)
     shared = put_image(store, tmp_path, "images/rootfs/builtin/rootfs.ext4", {0: b"base's rootfs"}, None)
+    earlier = put_image(store, tmp_path, "images/rootfs/earlier/rootfs.ext4", {0: b"an earlier version's"}, None)
+    build_vm = put_image(store, tmp_path, "images/rootfs-vm/vm/rootfs.ext4", {0: b"the build VM's"}, None)
     for key in store.list("images/rootfs-recipe/young") + [young.key(0)]:
         age(store, key, -2 * HOUR)
     put_image(
@@ -267,15 +270,20 @@ def test_a_recipe_root_filesystem_no_manifest_names_is_collected_with_its_chunks
         {"name": "web", "generation": "g1", "files": {"rootfs": "images/rootfs-recipe/named/rootfs.ext4"}},
     )
     store.put("templates/web/latest", json.dumps({"generation": "g1"}).encode())
+    put_generation(store, tmp_path, "g1", {0: b"base memory"}, 0.0, latest=True)  # a built-in's, naming its rootfs
+    base = json.loads(store.get("templates/base/g1/manifest.json"))
+    base["files"] = {"rootfs": "images/rootfs/builtin/rootfs.ext4"}
+    store.put("templates/base/g1/manifest.json", json.dumps(base).encode())
 
     report = collect(store, GcPolicy(grace_s=HOUR), hours_later(2))
 
     listed = set(store.list(""))
     assert not store.list("images/rootfs-recipe/gone")
     assert orphan.key(0) not in listed  # its chunk: only the orphan named it
-    for index in (named, young, shared):
+    for index in (named, young, shared, build_vm):
         assert index.key(0) in listed
     assert store.list("images/rootfs-recipe/named") and store.list("images/rootfs-recipe/young")
-    assert store.list("images/rootfs/builtin")
+    assert store.list("images/rootfs/builtin") and store.list("images/rootfs-vm/vm")
+    assert not store.list("images/rootfs/earlier") and earlier.key(0) not in listed  # nothing names it any more
     assert live_problems(store) == []
     assert report.by_kind()["image"][0] == len({r.key for r in report.removed if r.kind == "image"}) >= 1

@@ -46,6 +46,7 @@ def e2b_env(url: str, api_key: str, home: Path) -> dict[str, str]:
         "HOME": str(home),
         "E2B_API_URL": f"{url}/e2b",
         "E2B_SANDBOX_URL": f"{url}/e2b/sandbox",
+        "E2B_VOLUME_API_URL": f"{url}/e2b",
         "E2B_API_KEY": api_key,
     }
 

@@ -161,7 +161,9 @@ def _print_urls(console: Console, options: ServeOptions, key: str) -> None:
     base = f"http://{options.host}:{options.port}"
     console.print(f"export CRYOBOX_API_URL={base} CRYOBOX_API_KEY={key}", soft_wrap=True)
     console.print(  # the E2B SDK, unchanged: every sandbox call goes to one URL (no wildcard DNS or TLS)
-        f"export E2B_API_URL={base}/e2b E2B_SANDBOX_URL={base}/e2b/sandbox E2B_API_KEY={key}", soft_wrap=True
+        f"export E2B_API_URL={base}/e2b E2B_SANDBOX_URL={base}/e2b/sandbox E2B_VOLUME_API_URL={base}/e2b "
+        f"E2B_API_KEY={key}",
+        soft_wrap=True,
     )
     if options.tls is not None:
         console.print(f"HTTPS on https://{options.tls.host}:{options.tls.port} ({options.tls.cert})", soft_wrap=True)
@@ -169,7 +171,8 @@ def _print_urls(console: Console, options: ServeOptions, key: str) -> None:
     if domain is not None:
         console.print(  # or with sandbox hosts: wildcard DNS *.DOMAIN to this server, HTTPS on 443
             f"sandbox hosts {{port}}-{{sandbox_id}}.{domain}: "
-            f"export E2B_API_URL=https://api.{domain}/e2b E2B_DOMAIN={domain} E2B_API_KEY={key}",
+            f"export E2B_API_URL=https://api.{domain}/e2b E2B_DOMAIN={domain} "
+            f"E2B_VOLUME_API_URL=https://api.{domain}/e2b E2B_API_KEY={key}",
             soft_wrap=True,
         )
     console.print(f"web console: {base}/ui (log in with the API key)", soft_wrap=True)

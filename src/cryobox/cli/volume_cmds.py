@@ -12,6 +12,7 @@ from rich.table import Table
 from .. import models
 from ..errors import CryoboxError
 from ..sdk import Volumes
+from . import volume_cp
 from ._common import ApiKey, ApiUrl, Json, err, fail, out, print_json
 
 volume_app = typer.Typer(help="Volumes: data that outlives sandboxes.", no_args_is_help=True)
@@ -103,3 +104,20 @@ def rm(names: list[str], as_json: Json = False, api_url: ApiUrl = None, api_key:
                 err.print(f"deleted {name}")
     if as_json:
         print_json({"deleted": deleted})
+
+
+@volume_app.command("cp")
+def cp(src: str, dst: str, as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
+    """Copy a file or directory between here and a volume: `cryobox volume cp ./data VOLUME:/data` or
+    `cryobox volume cp VOLUME:/out ./out` (no sandbox of yours needed; refused while a sandbox has the volume
+    mounted read-write)."""
+    with _volumes(api_url, api_key) as volumes:
+        try:
+            done = volume_cp.copy(volumes, src, dst)
+        except CryoboxError as error:
+            fail(error)
+    if as_json:
+        print_json(done.to_json())
+    else:
+        skipped = f", {len(done.skipped)} skipped (symlinks)" if done.skipped else ""
+        err.print(f"copied {done.files} file(s), {done.bytes} bytes, {done.dirs} dir(s){skipped}")

@@ -22,6 +22,7 @@ from ..compat.e2b.observe import router as e2b_observe_router
 from ..compat.e2b.sandbox_hosts import SandboxHosts, normal_domain
 from ..compat.e2b.sandbox_url import mount_sandbox_url
 from ..compat.e2b.templates import router as e2b_templates_router
+from ..compat.e2b.volumecontent import router as e2b_volume_content_router
 from ..compat.e2b.volumes import router as e2b_volumes_router
 from ..compat.pandastack.repl import router as repl_router
 from ..compat.pandastack.templates import router as pandastack_templates_router
@@ -42,6 +43,7 @@ from ..server.access.sessions import PURGE_EVERY_S, ConsoleSessions
 from ..server.control.fleet import DEFAULT_HEARTBEAT_INTERVAL_S
 from ..server.control.forks import ForkControl
 from ..server.control.sandboxes import ControlPlane
+from ..server.control.volumecontent import SWEEP_EVERY_S as VOLUME_CONTENT_SWEEP_S
 from ..server.execlog import ExecHistory
 from ..server.metrics import MetricsMiddleware
 from ..server.routes.builds import OWN_BODY_LIMITS
@@ -61,6 +63,7 @@ from ..server.routes.pty import router as pty_router
 from ..server.routes.quota import router as quota_router
 from ..server.routes.sandboxes import router as sandboxes_router
 from ..server.routes.snapshots import router as snapshots_router
+from ..server.routes.volumefiles import router as volume_files_router
 from ..server.routes.volumes import router as volumes_router
 
 log = logging.getLogger(__name__)
@@ -139,6 +142,7 @@ def create_app(
             asyncio.create_task(
                 every(max(0.2, control.fleet.config.deadline_s / 4), "agent liveness", control.fleet.check_stale)
             ),
+            asyncio.create_task(every(VOLUME_CONTENT_SWEEP_S, "volume content sweep", control.volume_content.sweep)),
         ]
         tasks.append(asyncio.create_task(console.sampler.run(), name="console metrics sampler"))
         tasks.append(
@@ -158,6 +162,7 @@ def create_app(
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await control.volume_content.close()
             await control.templates.close()
             await control.snapshots.close()
             await control.hibernations.close()
@@ -212,6 +217,7 @@ def create_app(
     app.include_router(sandboxes_router)
     app.include_router(network_router)
     app.include_router(volumes_router)
+    app.include_router(volume_files_router)
     app.include_router(observe_router)
     app.include_router(files_router)
     app.include_router(snapshots_router)
@@ -235,6 +241,7 @@ def create_app(
     app.state.envd = mount_sandbox_url(app, sandbox_access, app.state.ctx.proxy)
     app.include_router(e2b_templates_router)  # before e2b_router, whose last route catches the rest
     app.include_router(e2b_volumes_router)
+    app.include_router(e2b_volume_content_router)
     app.include_router(e2b_catalog_router)
     app.include_router(e2b_observe_router)  # before e2b_router: GET /sandboxes/metrics vs /sandboxes/{id}
     app.include_router(e2b_router)

@@ -60,3 +60,26 @@ class VolumeMountRequest(BaseModel):
     @property
     def mount_path(self) -> str:
         return self.path if self.path is not None else f"/mnt/{self.name}"
+
+
+class VolumeEntry(BaseModel):
+    """A file, directory or symlink in a volume (``/v1/volumes/{name}/…``; E2B's ``VolumeEntryStat``): ``path``
+    absolute in the volume, times in RFC 3339."""
+
+    name: str
+    type: str
+    """``file``, ``directory``, ``symlink`` or ``unknown``."""
+    path: str
+    size: int
+    mode: int
+    uid: int
+    gid: int
+    atime: str
+    mtime: str
+    ctime: str
+    target: str | None = None
+    """A symlink's target (never followed)."""
+
+
+class VolumeEntryList(BaseModel):
+    items: list[VolumeEntry]

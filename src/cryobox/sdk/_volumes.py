@@ -48,6 +48,49 @@ def delete_request(name: str) -> ApiRequest:
     return ApiRequest("DELETE", _path(name))
 
 
+def _in_volume(path: str) -> str:
+    if not path or "\0" in path or len(path) > 4096:
+        raise InvalidArgument("a path in a volume is 1-4096 characters without NUL", details={"path": path[:200]})
+    return path if path.startswith("/") else f"/{path}"
+
+
+def read_file_request(name: str, path: str) -> ApiRequest:
+    return ApiRequest("GET", f"{_path(name)}/files", params={"path": _in_volume(path)})
+
+
+def write_file_request(name: str, path: str, data: bytes | str, overwrite: bool) -> ApiRequest:
+    body = data.encode() if isinstance(data, str) else bytes(data)
+    params = {"path": _in_volume(path), "overwrite": "true" if overwrite else "false"}
+    return ApiRequest("PUT", f"{_path(name)}/files", params=params, content=body)
+
+
+def remove_request(name: str, path: str) -> ApiRequest:
+    return ApiRequest("DELETE", f"{_path(name)}/files", params={"path": _in_volume(path)})
+
+
+def list_files_request(name: str, path: str, depth: int) -> ApiRequest:
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 64:
+        raise InvalidArgument(f"depth must be 1 to 64, not {depth!r}", details={"depth": depth})
+    return ApiRequest("GET", f"{_path(name)}/entries", params={"path": _in_volume(path), "depth": str(depth)})
+
+
+def stat_request(name: str, path: str) -> ApiRequest:
+    return ApiRequest("GET", f"{_path(name)}/stat", params={"path": _in_volume(path)})
+
+
+def make_dir_request(name: str, path: str, parents: bool) -> ApiRequest:
+    params = {"path": _in_volume(path), "parents": "true" if parents else "false"}
+    return ApiRequest("POST", f"{_path(name)}/dirs", params=params)
+
+
+def parse_entry(response: httpx.Response) -> models.VolumeEntry:
+    return parse_model(models.VolumeEntry, response)
+
+
+def parse_entries(response: httpx.Response) -> list[models.VolumeEntry]:
+    return parse_model(models.VolumeEntryList, response).items
+
+
 def parse_volume(response: httpx.Response) -> models.Volume:
     return parse_model(models.Volume, response)
 

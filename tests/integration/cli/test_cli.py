@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
+
 from cryobox.bench.server import ServeProcess
 
 
@@ -55,3 +57,37 @@ def test_sandbox_commands_end_to_end(server: ServeProcess, tmp_path: Path) -> No
     assert killed.returncode == 0
     missing = cli(server, "sandbox", "get", sandbox_id)
     assert missing.returncode == 2 and "not_found" in missing.stderr
+
+
+def test_volume_cp_copies_both_ways_without_a_sandbox_of_yours(server: ServeProcess, tmp_path: Path) -> None:
+    name = f"cp-{os.urandom(4).hex()}"
+    assert cli(server, "volume", "create", name, "--size-mb", "64").returncode == 0
+    try:
+        src = tmp_path / "src"
+        (src / "sub").mkdir(parents=True)
+        (src / "a.txt").write_text("alpha\n")
+        (src / "sub" / "b.bin").write_bytes(bytes(range(256)) * 16)
+        (src / "link").symlink_to("/etc/passwd")  # skipped: never followed
+        up = cli(server, "volume", "cp", str(src), f"{name}:/data", "--json")
+        assert up.returncode == 0, up.stderr
+        assert json.loads(up.stdout) == {"files": 2, "bytes": 6 + 4096, "dirs": 2, "skipped": [str(src / "link")]}
+        listed = httpx.get(
+            f"{server.url}/v1/volumes/{name}/entries",
+            params={"path": "/", "depth": 4},
+            headers={"Authorization": f"Bearer {server.api_key}"},
+            timeout=120,
+        ).json()["items"]
+        assert [(e["path"], e["type"]) for e in listed] == [
+            ("/data", "directory"), ("/data/a.txt", "file"), ("/data/sub", "directory"), ("/data/sub/b.bin", "file"),
+        ]  # fmt: skip
+        down = cli(server, "volume", "cp", f"{name}:/data", str(tmp_path / "back"))
+        assert down.returncode == 0, down.stderr
+        assert (tmp_path / "back" / "a.txt").read_text() == "alpha\n"
+        assert (tmp_path / "back" / "sub" / "b.bin").read_bytes() == bytes(range(256)) * 16
+        one = cli(server, "volume", "cp", f"{name}:/data/a.txt", str(tmp_path))
+        assert one.returncode == 0 and (tmp_path / "a.txt").read_text() == "alpha\n", one.stderr
+        missing = cli(server, "volume", "cp", f"{name}:/nope", str(tmp_path))
+        assert missing.returncode != 0 and "not found" in missing.stderr.lower(), missing.stderr
+    finally:
+        cli(server, "volume", "rm", name)
+    assert cli(server, "volume", "get", name).returncode != 0

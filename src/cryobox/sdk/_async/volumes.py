@@ -43,3 +43,35 @@ class AsyncVolumes(AsyncApiClient):
     async def delete(self, name: str) -> None:
         """:raises StateError: a sandbox has it attached. :raises NotFound: no such volume."""
         await self._send(_volumes.delete_request(name))
+
+    # -- its files, without a sandbox of yours (read and written in a system sandbox with the volume mounted) --
+
+    async def read_file(self, name: str, path: str) -> bytes:
+        """The bytes of ``path`` (absolute in the volume).
+
+        :raises NotFound: no such file. :raises StateError: a sandbox has the volume mounted read-write."""
+        return (await self._send(_volumes.read_file_request(name, path))).content
+
+    async def write_file(
+        self, name: str, path: str, data: bytes | str, *, overwrite: bool = True
+    ) -> models.VolumeEntry:
+        """Write ``path`` (its directory must exist); ``overwrite=False`` refuses an existing file.
+
+        :raises StateError: the file exists (without ``overwrite``), or a sandbox has the volume mounted."""
+        return _volumes.parse_entry(await self._send(_volumes.write_file_request(name, path, data, overwrite)))
+
+    async def list_files(self, name: str, path: str = "/", *, depth: int = 1) -> builtins.list[models.VolumeEntry]:
+        """The entries under directory ``path``, ``depth`` levels down (symlinks are listed, never followed)."""
+        return _volumes.parse_entries(await self._send(_volumes.list_files_request(name, path, depth)))
+
+    async def stat(self, name: str, path: str) -> models.VolumeEntry:
+        """:raises NotFound: nothing at ``path``."""
+        return _volumes.parse_entry(await self._send(_volumes.stat_request(name, path)))
+
+    async def make_dir(self, name: str, path: str, *, parents: bool = False) -> models.VolumeEntry:
+        """:raises StateError: something is there already (with ``parents``, a directory there is fine)."""
+        return _volumes.parse_entry(await self._send(_volumes.make_dir_request(name, path, parents)))
+
+    async def remove(self, name: str, path: str) -> None:
+        """Remove a file, or a directory with everything in it. :raises NotFound: nothing at ``path``."""
+        await self._send(_volumes.remove_request(name, path))

@@ -27,14 +27,15 @@ MAX_JSON_BYTES = 1 << 20
 PUBLIC_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/redoc", "/docs/oauth2-redirect"})
 NODE_PREFIXES = ("/internal/",)
 """Agent-to-control-plane routes: authenticated by the node token in their own dependency."""
-SIGNED_PREFIXES = ("/e2b/template-uploads/",)
-"""Signed upload URLs (E2B's template files): the URL's token is the authorization, checked by the route before
-it reads the body (which it caps itself)."""
+SIGNED_PREFIXES = ("/e2b/template-uploads/", "/e2b/volumecontent/")
+"""Signed upload URLs (E2B's template files) and E2B's volume content API: the URL's token, or the volume's bearer
+token (a 256-bit HMAC of its id: nothing to guess), is the authorization, checked by the route before it reads the
+body (which it caps itself)."""
 SIGNED_FILE_URL = re.compile(r"^/v1/sandboxes/[^/]+/files/signed$")
 """Signed file URLs (``POST /v1/sandboxes/{id}/files/url``): likewise, the route checks the signature first."""
-UPLOAD = re.compile(r"^/v1/sandboxes/[^/]+/(files|fs|exec|ports|proxy)(/|$)")
-"""Routes whose bodies are file contents, exec stdin or a guest port's traffic (proxied as it comes, never
-parsed): the large limit."""
+UPLOAD = re.compile(r"^/v1/(sandboxes/[^/]+/(files|fs|exec|ports|proxy)(/|$)|volumes/[^/]+/files$)")
+"""Routes whose bodies are file contents (a sandbox's, a volume's), exec stdin or a guest port's traffic (proxied
+as it comes, never parsed): the large limit."""
 BUILD_UPLOAD = "/v1/templates/build"
 """A template build's Dockerfile and context: the route caps its body itself (the build context limit)."""
 SANDBOX_PREFIX = "/e2b/sandbox"

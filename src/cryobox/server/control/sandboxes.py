@@ -44,8 +44,10 @@ from .network import NetworkControl, reconcile
 from .placement import Placement, PlacementRequest
 from .quotas import QuotaGuard, check_ttl
 from .snapshots import SnapshotControl
+from .systemsandboxes import SystemSandboxes
 from .templates import TemplateJobs
 from .timeouts import OnTimeout, TimeoutActions, TimeoutReport
+from .volumecontent import VolumeContent
 from .volumes import MountRequest, VolumeControl
 
 log = logging.getLogger(__name__)
@@ -117,6 +119,9 @@ class ControlPlane:
         """Network policies changed live, egress decisions: :mod:`.network`."""
         self.volumes = VolumeControl(registry, fleet, self.quotas, fleet.clock)
         """Named volumes and their attachments: :mod:`.volumes`."""
+        self.volume_content = VolumeContent(SystemSandboxes(self), fleet.clock)
+        """A volume's files through a system sandbox: :mod:`.volumecontent`."""
+        self.volumes.evict = self.volume_content.evict
         self.timeouts = TimeoutActions(
             registry,
             fleet,

@@ -18,7 +18,7 @@ import logging
 import posixpath
 import re
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from ...agentapi.models_volumes import MAX_VOLUME_BYTES, MIN_VOLUME_BYTES, VolumeMount, VolumeResize, VolumeSpec
@@ -104,6 +104,8 @@ class VolumeControl:
         self.fleet = fleet
         self.quotas = quotas
         self._clock = clock
+        self.evict: Callable[[str], Awaitable[bool]] | None = None
+        """Let go of a volume the content API's system sandbox holds (:mod:`.volumecontent`): a create wins."""
 
     async def _host(self) -> str:
         live = await self.fleet.live_agents()
@@ -183,6 +185,8 @@ class VolumeControl:
                 f"a volume only grows: {size_bytes} bytes is less than its {row.size_bytes}",
                 details={"size_bytes": size_bytes, "current_bytes": row.size_bytes},
             )
+        if row.attachments and await self._let_go(row):
+            row = await asyncio.to_thread(self.records.get, workspace_id, name)
         if row.attachments:
             raise StateError(
                 f"volume {name!r} is attached: resize it while no sandbox has it",
@@ -200,6 +204,8 @@ class VolumeControl:
     async def delete(self, workspace_id: str, name: str) -> None:
         """Delete a volume no sandbox has attached (409 otherwise; 404 when there is none)."""
         row = await asyncio.to_thread(self.records.get, workspace_id, name)
+        if row.attachments:
+            await self._let_go(row)
         await asyncio.to_thread(self.records.delete, row.id)  # 409 while attached
         try:
             await (await self.fleet.agent(row.host)).delete_volume(row.id)
@@ -227,14 +233,27 @@ class VolumeControl:
         attached: list[VolumeMount] = []
         try:
             for row, mount in zip(rows, mounts, strict=True):
-                await asyncio.to_thread(
-                    functools.partial(self.records.attach, row.id, sandbox_id, mount.path, read_only=mount.read_only)
-                )
+                await self._attach(row, sandbox_id, mount)
                 attached.append(VolumeMount(volume_id=row.id, path=mount.path, read_only=mount.read_only))
         except BaseException:
             await self.sandbox_gone(sandbox_id)
             raise
         return attached, hosts[0]
+
+    async def _let_go(self, row: VolumeRow) -> bool:
+        """Whether the content API's system sandbox held the volume (it is gone now)."""
+        return self.evict is not None and await self.evict(row.id)
+
+    async def _attach(self, row: VolumeRow, sandbox_id: str, mount: MountRequest) -> None:
+        """Record the attachment; one refused while the content API's system sandbox holds the volume is tried
+        again once that sandbox is gone."""
+        attach = functools.partial(self.records.attach, row.id, sandbox_id, mount.path, read_only=mount.read_only)
+        try:
+            await asyncio.to_thread(attach)
+        except StateError:
+            if not await self._let_go(row):
+                raise
+            await asyncio.to_thread(attach)
 
     async def mounts_of(self, sandbox_id: str) -> list[tuple[str, str, bool]]:
         """(volume name, path, read-only) of each of the sandbox's mounts."""

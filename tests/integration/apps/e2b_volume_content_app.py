@@ -55,14 +55,13 @@ def main() -> int:
         step("read_text", lambda: vol.read_file("/hello.txt"))
         step("read_bytes", lambda: bytes(vol.read_file("/d/e/data.bin", format="bytes")) == DATA)
         REPORT["read_missing"] = refusal(lambda: vol.read_file("/nope"))
-        sandbox = Sandbox.create(volume_mounts={"/mnt/data": vol})  # the content API's sandbox lets go of it
-        step(
-            "in_sandbox",
-            lambda: sandbox.commands.run("cat /mnt/data/hello.txt; stat -c %a /mnt/data/d/e/data.bin").stdout,
-        )
+        mounted = Sandbox.create(volume_mounts={"/mnt/data": vol})  # the content API's sandbox lets go of it
+        sandbox = mounted
+        show = "cat /mnt/data/hello.txt; stat -c %a /mnt/data/d/e/data.bin"
+        step("in_sandbox", lambda: mounted.commands.run(show).stdout)
         REPORT["while_mounted"] = refusal(lambda: vol.read_file("/hello.txt"))
-        sandbox.commands.run("echo from-sandbox > /mnt/data/out.txt && sync")
-        sandbox.kill()
+        mounted.commands.run("echo from-sandbox > /mnt/data/out.txt && sync")
+        mounted.kill()
         sandbox = None
         step("after_kill", lambda: vol.read_file("/out.txt"))
         step("removed", lambda: [vol.remove("/d"), vol.exists("/d")][1])

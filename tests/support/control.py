@@ -19,9 +19,10 @@ from cryobox.compose.parts import build_control
 from cryobox.netpolicy import EgressPolicy
 from cryobox.objstore.client import ObjectStore, open_store
 from cryobox.registry import QuotaRecords, Registry, SandboxRow
+from cryobox.server.control.createrequest import CreateRequest
 from cryobox.server.control.fleet import FleetConfig
 from cryobox.server.control.quotas import Quota, QuotaGuard
-from cryobox.server.control.sandboxes import ControlPlane, CreateRequest
+from cryobox.server.control.sandboxes import ControlPlane
 from cryobox.server.control.snapshots import RetentionPolicy
 from cryobox.server.metrics import Metrics
 from tests.support.clock import FakeClock

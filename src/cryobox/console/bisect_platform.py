@@ -7,8 +7,9 @@ import asyncio
 from typing import Protocol
 
 from ..agentapi import models as am
+from ..server.control.createrequest import CreateRequest
 from ..server.control.forks import ForkControl
-from ..server.control.sandboxes import ControlPlane, CreateRequest
+from ..server.control.sandboxes import ControlPlane
 
 JOB_LABEL = "cryobox.bisect_job"
 """Metadata on every sandbox a job makes: what is left with it when the job ends is deleted."""

@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse
 
 from ...errors import InvalidArgument, NotFound, StateError
 from ...registry import ON_TIMEOUT_HIBERNATE, ON_TIMEOUT_KILL, SandboxRow, SnapshotRow
-from ...server.control.sandboxes import INHERIT, CreateRequest
+from ...server.control.createrequest import INHERIT, CreateRequest
 from ...server.control.timeouts import OnTimeout
 from ...server.control.volumes import MountRequest
 from ...server.routes.deps import Caller

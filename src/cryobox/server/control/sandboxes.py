@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import secrets
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
-from typing import Literal
+from dataclasses import replace
 
 from ...agentapi import Agent
 from ...agentapi import models as am
@@ -38,6 +36,7 @@ from ...registry import (
 from ..mapping import live_row, row_for
 from ..metrics import Metrics
 from .builds import RecipeBuilds
+from .createrequest import INHERIT, CreateRequest
 from .fleet import Fleet
 from .hibernations import HibernationControl
 from .network import NetworkControl, reconcile
@@ -58,31 +57,6 @@ SNAPSHOT_LOCALITY_BONUS_MIB = 4096  # a local restore maps the hot copy; elsewhe
 
 def new_sandbox_id() -> str:
     return f"sb-{secrets.token_hex(6)}"
-
-
-class Inherit(enum.Enum):
-    """A create that names no network: from a snapshot it gets the snapshot's recorded policy, else none."""
-
-    INHERIT = "inherit"
-
-
-INHERIT = Inherit.INHERIT
-
-
-@dataclass(frozen=True)
-class CreateRequest:
-    template: str
-    workspace_id: str
-    metadata: dict[str, str]
-    env: dict[str, str]
-    ttl_s: int | None
-    persistent: bool
-    from_snapshot: str | None = None
-    egress: EgressPolicy | None | Literal[Inherit.INHERIT] = INHERIT
-    """The network policy (``None``: nothing allowed); :data:`INHERIT`: the snapshot's, if any."""
-    on_timeout: OnTimeout = OnTimeout()
-    volumes: tuple[MountRequest, ...] | None = None
-    """Volumes to mount; ``None``: the snapshot's mounts (from a snapshot), else none."""
 
 
 class ControlPlane:

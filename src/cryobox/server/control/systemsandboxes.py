@@ -3,15 +3,29 @@ control plane like any other sandbox, so placement, quotas, the volume's attachm
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ...agentapi import Agent
+from ...registry import SandboxRow
 from ...registry.volumes import VolumeRow
+from .createrequest import CreateRequest
 from .volumecontent import SYSTEM_KEY, SYSTEM_VALUE
 from .volumes import MountRequest
 
-if TYPE_CHECKING:
-    from .sandboxes import ControlPlane
+
+class Sandboxes(Protocol):
+    """The control plane's calls a system sandbox needs."""
+
+    async def create(self, request: CreateRequest, timing: dict[str, float] | None = None) -> SandboxRow: ...
+
+    async def route(
+        self, sandbox_id: str, workspace_id: str | None, *, wake: bool = True, explicit: bool = False
+    ) -> tuple[SandboxRow, Agent]: ...
+
+    async def delete(
+        self, sandbox_id: str, workspace_id: str | None, keep_snapshots: bool = False, *, host: str | None = None
+    ) -> None: ...
+
 
 TEMPLATE = "base"
 TTL_S = 300
@@ -19,12 +33,10 @@ TTL_S = 300
 
 
 class SystemSandboxes:
-    def __init__(self, control: ControlPlane) -> None:
+    def __init__(self, control: Sandboxes) -> None:
         self.control = control
 
     async def make(self, row: VolumeRow, mount: MountRequest) -> tuple[str, Agent]:
-        from .sandboxes import CreateRequest  # the control plane imports this module
-
         request = CreateRequest(
             template=TEMPLATE,
             workspace_id=row.workspace_id,

@@ -16,7 +16,8 @@ from ...agentapi import models as am
 from ...errors import CryoboxError, SandboxTimeout
 from ...registry import HIBERNATED
 from ...util.times import rfc3339
-from ..control.sandboxes import INHERIT, UNSET, CreateRequest
+from ..control.createrequest import INHERIT, CreateRequest
+from ..control.sandboxes import UNSET
 from ..control.timeouts import OnTimeout
 from ..control.volumes import MountRequest
 from ..execlog import ExecRecord

@@ -20,8 +20,9 @@ from cryobox.agentapi.heartbeat import heartbeat_of
 from cryobox.compose.app import wire_registration
 from cryobox.errors import GuestError, HostUnavailable, NotFound, StateError
 from cryobox.registry import Registry, SandboxRow, SnapshotRow, TemplateRow
+from cryobox.server.control.createrequest import CreateRequest
 from cryobox.server.control.forks import ForkControl
-from cryobox.server.control.sandboxes import ControlPlane, CreateRequest
+from cryobox.server.control.sandboxes import ControlPlane
 from tests.support import registry as registry_support
 from tests.support.clock import T0, FakeClock
 from tests.support.control import DEADLINE_S, control_plane

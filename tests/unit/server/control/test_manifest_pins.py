@@ -12,7 +12,7 @@ import json
 import pytest
 
 from cryobox.errors import IntegrityError
-from cryobox.server.control.sandboxes import CreateRequest
+from cryobox.server.control.createrequest import CreateRequest
 from tests.support import registry as registry_support
 from tests.support.control import Fleetish, made
 

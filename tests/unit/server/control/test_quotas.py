@@ -17,9 +17,9 @@ from cryobox.compose.app import wire_registration
 from cryobox.errors import NotFound, WorkspaceQuotaExceeded
 from cryobox.registry import Registry
 from cryobox.sdk._base import capacity_retry_after, error_from_response
+from cryobox.server.control.createrequest import CreateRequest
 from cryobox.server.control.fleet import FleetConfig
 from cryobox.server.control.quotas import Quota
-from cryobox.server.control.sandboxes import CreateRequest
 from tests.support.app import Env, agent, env, limits, quota, registry
 from tests.support.control import control_plane
 from tests.support.fake_agent import FakeAgent

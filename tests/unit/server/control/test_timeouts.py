@@ -11,8 +11,9 @@ from cryobox.agentapi.heartbeat import heartbeat_of
 from cryobox.compose.app import wire_registration
 from cryobox.errors import InvalidArgument, NotFound, StateError, WorkspaceQuotaExceeded
 from cryobox.registry import Registry, SandboxRow
+from cryobox.server.control.createrequest import CreateRequest
 from cryobox.server.control.quotas import Quota
-from cryobox.server.control.sandboxes import ControlPlane, CreateRequest
+from cryobox.server.control.sandboxes import ControlPlane
 from cryobox.server.control.snapshots import RetentionPolicy
 from cryobox.server.control.timeouts import OnTimeout
 from tests.support import registry as registry_support

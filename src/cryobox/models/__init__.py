@@ -51,6 +51,7 @@ SandboxLogs = _observe.SandboxLogs
 # volumes (volumes.py), in this one namespace
 CreateVolumeRequest = _volumes.CreateVolumeRequest
 ResizeVolumeRequest = _volumes.ResizeVolumeRequest
+SandboxVolume = _volumes.SandboxVolume
 Volume = _volumes.Volume
 VolumeEntry = _volumes.VolumeEntry
 VolumeEntryList = _volumes.VolumeEntryList
@@ -142,6 +143,9 @@ class Sandbox(BaseModel):
     auto_wake: bool = True
     hibernated_at: str | None = None
     """When it was hibernated (``null`` unless it is)."""
+    volumes: list[_volumes.SandboxVolume] | None = None
+    """Its mounted volumes: in ``GET /v1/sandboxes/{id}`` and a create's answer (``null`` in lists and other
+    answers, which do not read them)."""
 
 
 class SandboxList(BaseModel):

@@ -28,6 +28,14 @@ class VolumeMount(BaseModel):
     read_only: bool
 
 
+class SandboxVolume(BaseModel):
+    """One of a sandbox's mounts, as its view shows it: volume ``name`` at ``path``."""
+
+    name: str
+    path: str
+    read_only: bool
+
+
 class Volume(BaseModel):
     id: str
     name: str

@@ -16,9 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -27,10 +25,8 @@ from playwright.sync_api import Page, expect
 from cryobox.agent.host.reclaim import find_own_qemus
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
-from tests.support.browser import Chromium, check_screenshot
-from tests.support.paths import REPO
+from tests.support.console_ui import UI_WAIT_MS, Console, no_dialogs, open_console
 
-ARTIFACTS = REPO / "test-artifacts" / "console"
 HOSTILE_FILE = "<img src=x onerror=alert('file')>"
 HOSTILE_META = "<b>bold</b><img src=x onerror=alert('meta')>"
 HOSTILE_LOG = "<script>alert('evidence')</script>"
@@ -42,65 +38,12 @@ raise SystemExit(3)
 BURST = 3
 # a small server restoring with lazy memory (its memory server keeps the herd counters); as in test_lazy_memory
 LAZY = ["--memory", "lazy", "--no-prefetch", "--templates", "base", "--net-pool", "4"]
-UI_WAIT_MS = 60_000
-
-
-@dataclass
-class Console:
-    """The logged-in browser page plus what the flow made (deleted at the end) and learnt."""
-
-    page: Page
-    browser: Chromium
-    url: str
-    key: str
-    http: httpx.Client
-    sandboxes: list[str] = field(default_factory=list)
-    snapshots: list[str] = field(default_factory=list)
-    facts: dict[str, Any] = field(default_factory=dict)
-
-    def go(self, route: str, testid: str) -> None:
-        self.page.goto(f"{self.url}/ui/#/{route}")
-        self.page.get_by_test_id(testid).wait_for(timeout=UI_WAIT_MS)
-
-    def shot(self, name: str) -> Path:
-        path = ARTIFACTS / f"{name}.png"
-        self.page.screenshot(path=str(path), full_page=True)
-        colours = check_screenshot(path)
-        print(f"screenshot {path} ({colours} colours)")
-        return path
-
-    def confirm(self) -> None:
-        self.page.get_by_test_id("confirm-ok").click()
-
-    def cleanup(self) -> None:
-        for sandbox_id in self.sandboxes:
-            self.http.delete(f"/v1/sandboxes/{sandbox_id}")
-        for snapshot_id in self.snapshots:
-            self.http.delete(f"/v1/snapshots/{snapshot_id}")
 
 
 @pytest.fixture(scope="module")
 def console(server: ServeProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    # a namespace of its own: Chromium aborts requests whenever an interface of its namespace changes
-    browser = Chromium(tmp_path_factory.mktemp("chromium-profile"), ports=[int(server.url.rsplit(":", 1)[1])])
-    http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.api_key}"}, timeout=300)
-    try:
-        page = browser.start()
-        page.set_default_timeout(UI_WAIT_MS)
-        ui = Console(page=page, browser=browser, url=server.url, key=server.api_key, http=http)
+    with open_console(server, tmp_path_factory) as ui:
         yield ui
-        ui.cleanup()
-    finally:
-        try:
-            browser.close()
-        finally:
-            http.close()
-
-
-def no_dialogs(ui: Console) -> None:
-    assert not ui.browser.dialogs, f"a hostile string ran as HTML: {ui.browser.dialogs}"
-    assert not ui.browser.page_errors, ui.browser.page_errors
 
 
 def test_login_create_and_terminal(console: Console) -> None:

@@ -61,7 +61,7 @@ async def create_sandbox(
     agent_ms = timing.get("agent_ms", 0.0)
     control_ms = (time.monotonic() - started) * 1000 - agent_ms
     response.headers["Server-Timing"] = f"control;dur={control_ms:.2f}, agent;dur={agent_ms:.2f}"
-    return sandbox_view(row)
+    return await _with_volumes(ctx, sandbox_view(row))
 
 
 @router.get("", response_model=models.SandboxList)
@@ -73,7 +73,14 @@ async def list_sandboxes(request: Request, ctx: Ctx, status: models.SandboxStatu
 
 @router.get("/{sandbox_id}", response_model=models.Sandbox)
 async def get_sandbox(sandbox_id: str, ctx: Ctx) -> models.Sandbox:
-    return sandbox_view(await ctx.control.get(sandbox_id, ctx.workspace_id))
+    return await _with_volumes(ctx, sandbox_view(await ctx.control.get(sandbox_id, ctx.workspace_id)))
+
+
+async def _with_volumes(ctx: Ctx, view: models.Sandbox) -> models.Sandbox:
+    """The view with the sandbox's mounts (one registry read)."""
+    mounts = await ctx.control.volumes.mounts_of(view.id)
+    view.volumes = [models.SandboxVolume(name=name, path=path, read_only=ro) for name, path, ro in mounts]
+    return view
 
 
 @router.delete("/{sandbox_id}", status_code=204, response_class=Response)

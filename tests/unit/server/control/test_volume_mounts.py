@@ -93,3 +93,25 @@ async def test_a_snapshot_records_the_mounts_and_a_restore_reattaches_them(env: 
     assert specs(env)[-1] == [(data_id, "/work", False)]
     plain = await env.create(from_snapshot=row.id, volumes=[])  # asked for none: none
     assert plain.status_code == 201 and specs(env)[-1] == []
+
+
+async def test_the_sandbox_view_names_its_mounts(env: Env) -> None:
+    """A create's answer and ``GET /v1/sandboxes/{id}`` carry ``volumes``; a restore's shows the mounts it got
+    back; a list does not read them (``null``)."""
+    made = await env.create(volumes=[{"name": "data", "path": "/work"}, {"name": "models", "readOnly": True}])
+    assert made.status_code == 201, made.text
+    expected = [
+        {"name": "data", "path": "/work", "read_only": False},
+        {"name": "models", "path": "/mnt/models", "read_only": True},
+    ]
+    assert made.json()["volumes"] == expected
+    sandbox_id = made.json()["id"]
+    assert (await env.client.get(f"/v1/sandboxes/{sandbox_id}")).json()["volumes"] == expected
+    bare = await env.made()
+    assert (await env.client.get(f"/v1/sandboxes/{bare}")).json()["volumes"] == []
+    listed = (await env.client.get("/v1/sandboxes")).json()["items"]
+    assert {s["id"]: s["volumes"] for s in listed} == {sandbox_id: None, bare: None}
+    snap = (await env.client.post(f"/v1/sandboxes/{sandbox_id}/snapshots", json={"retain": True})).json()["id"]
+    assert (await env.client.delete(f"/v1/sandboxes/{sandbox_id}")).status_code == 204
+    restored = await env.create(from_snapshot=snap)
+    assert restored.status_code == 201 and restored.json()["volumes"] == expected, restored.text

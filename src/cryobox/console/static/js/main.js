@@ -9,6 +9,7 @@ import { sandboxPage } from "./pages/sandbox.js";
 import { snapshotsPage } from "./pages/snapshots.js";
 import { snapshotPage } from "./pages/snapshot.js";
 import { templatesPage } from "./pages/templates.js";
+import { volumesPage } from "./pages/volumes.js";
 import { fleetPage } from "./pages/fleet.js";
 
 const ROUTES = [
@@ -17,6 +18,7 @@ const ROUTES = [
   [/^#\/sandboxes\/([^/]+)$/, sandboxPage, true],
   [/^#\/snapshots$/, snapshotsPage, true],
   [/^#\/snapshots\/([^/]+)$/, snapshotPage, true],
+  [/^#\/volumes$/, volumesPage, true],
   [/^#\/templates$/, templatesPage, true],
   [/^#\/fleet$/, fleetPage, true],
 ];

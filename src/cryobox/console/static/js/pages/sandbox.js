@@ -58,6 +58,20 @@ async function kill(app, id) {
   return "killed";
 }
 
+/** The sandbox's mounted volumes (the `volumes` of its GET view; `null` from a server that does not say). */
+function volumesTable(volumes) {
+  if (!Array.isArray(volumes)) return h("p", { class: "muted" }, "–");
+  if (!volumes.length) return h("p", { class: "muted", testid: "sandbox-volumes-none" }, "No volumes.");
+  return table(
+    ["volume", "path", "mode"],
+    volumes.map((v) => ({
+      attrs: { testid: "sandbox-volume-row", dataset: { name: v.name, mode: v.read_only ? "ro" : "rw" } },
+      cells: [link(v.name, "volumes"), h("span", { testid: "sandbox-volume-path" }, v.path), v.read_only ? "read-only" : "read-write"],
+    })),
+    { class: "grid" },
+  );
+}
+
 function facts(s) {
   return table(
     ["id", "state", "template", "host", "cpu", "memory", "created", "expires", "at timeout", "from snapshot", "boot"],
@@ -83,6 +97,7 @@ function facts(s) {
 export function sandboxPage(app, root, id) {
   const info = h("div", { testid: "sandbox-facts" }, h("p", { class: "muted" }, "Loading…"));
   const meta = h("div", { testid: "sandbox-detail-metadata" });
+  const volumes = h("div", { testid: "sandbox-volumes" }, h("p", { class: "muted" }, "Loading…"));
   const result = h("div", { class: "result", testid: "action-result" });
   const actions = h(
     "div",
@@ -129,7 +144,9 @@ export function sandboxPage(app, root, id) {
 
   async function refresh() {
     try {
-      show(await app.api.get(sbxPath(id)));
+      const s = await app.api.get(sbxPath(id));
+      show(s);
+      replace(volumes, volumesTable(s.volumes)); // only the GET view carries them (not the live list's rows)
     } catch (err) {
       replace(info, h("p", { class: "error", testid: "sandbox-error" }, errorText(err)));
     }
@@ -144,6 +161,7 @@ export function sandboxPage(app, root, id) {
       meta,
       actions,
       result,
+      h("div", { class: "card", testid: "volumes-card" }, h("h3", null, "Volumes"), volumes),
       h("div", { class: "card", testid: "usage-card" }, h("h3", null, "Usage"), usage.el),
       h("div", { class: "columns" },
         h("div", { class: "card col-wide" }, h("h3", null, "Terminal"), terminal.el),

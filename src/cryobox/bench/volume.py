@@ -5,7 +5,8 @@ A host agent (:func:`~cryobox.agent.host.startup.start_host`, the ``base`` templ
 volume, one of each. Each create waits for the pool to be full again first (so every one takes a prepared VM, as
 between real requests) and is timed from the call to the answer of its first ``exec`` (``create_to_first_exec_ms``:
 what a caller waits for); the sandbox is then deleted (its volumes settled). Volumes are 64 MiB ext4 images made
-once for the run. ``added_ms`` is each variant's p50 minus the no-volume p50.
+once for the run. ``added_ms`` is each variant's p50 minus the no-volume p50. Then ``io``: sequential and 4 KiB
+random reads and writes in the guest on a 1 GiB volume against its root disk (:mod:`.volumeio`).
 
 :func:`measure` is what ``cryobox bench volume`` calls; it returns the result (and writes it under ``out_dir``).
 """
@@ -19,18 +20,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..agent.guest.exec import run_exec
+from ..agent.guest.exec import ExecSpec, run_exec
 from ..agent.host.startup import HostConfig, start_host
 from ..agent.sandbox.factory import PoolMode
 from ..agent.vm.volumes import VolumeAttach
 from ..config import Paths
 from ..image.specs import BASE
+from . import volumeio
 from .report import write_result
 from .stats import stats
 
 VOLUME_BYTES = 64 << 20
 POOL = 2
 SETTLE_S = 0.5  # between creates, as between real requests (the pool refills, the host goes idle)
+IO_VOLUME_BYTES = 1 << 30
+IO_FILE_MIB = 256
+IO_OPS = 2000
+IO_RUNS = 3
+ROOT_DIR = "/var/tmp"  # on the sandbox's root disk (not a tmpfs)
 
 
 def make_ext4(path: Path, size_bytes: int, label: str, content: Path | None = None) -> Path:
@@ -66,8 +73,10 @@ async def run(
     n: int = 20,
     pool_mode: PoolMode = PoolMode.WARM,
     progress: Callable[[str], None] = print,
+    io_runs: int = IO_RUNS,
 ) -> dict[str, Any]:
-    """``n`` rounds of the four variants on a fresh host agent on ``data_dir``; the samples' summary."""
+    """``n`` rounds of the four variants on a fresh host agent on ``data_dir``, then (``io_runs`` > 0) the in-guest
+    I/O of :mod:`.volumeio`; the samples' summary."""
     config = HostConfig(
         paths=Paths(data_dir=data_dir, cache_dir=cache_dir),
         prespawn=POOL,
@@ -93,6 +102,7 @@ async def run(
                         raise RuntimeError(f"first exec failed: {result.stderr}")
                 finally:
                     await service.delete(sandbox.id)
+        io = await _io(service, config.paths.volume_dir / "volumes", progress, io_runs) if io_runs else None
     finally:
         await host.close()
     summary = {label: stats(values) for label, values in samples.items()}
@@ -105,8 +115,31 @@ async def run(
         "volume_bytes": VOLUME_BYTES,
         "create_to_first_exec_ms": summary,
         "added_ms": {label: round(s["p50"] - base, 1) for label, s in summary.items() if label != "none"},
+        "io": io,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+async def _io(service: Any, volumes_dir: Path, progress: Callable[[str], None], n_runs: int) -> dict[str, Any]:
+    """:mod:`.volumeio` in one sandbox with a 1 GiB read-write volume, alternating volume and root disk."""
+    image = volumeio.make_volume_image(volumes_dir / "bench-io.ext4", IO_VOLUME_BYTES, "bench-io")
+    sandbox = await service.create(BASE.name, volumes=(VolumeAttach(image, mount_path="/mnt/io", name="bench-io"),))
+    runs: dict[str, list[dict[str, float]]] = {"volume": [], "root": []}
+    try:
+        guest = await sandbox.vm.connect_guest()
+        for _ in range(n_runs):
+            for where, directory in (("volume", "/mnt/io"), ("root", ROOT_DIR)):
+                cmd = volumeio.command(f"{directory}/bench.io", IO_FILE_MIB, IO_OPS)
+                spec = ExecSpec(cmd=cmd, stdin=volumeio.PROGRAM.encode(), user="root", timeout_s=600)
+                result = await run_exec(guest, spec)
+                if result.exit_code != 0:
+                    raise RuntimeError(f"I/O run on {where} failed: {result.stderr[-500:]}")
+                runs[where].append(volumeio.parse(result.stdout))
+                progress(f"io {where}: {runs[where][-1]}")
+    finally:
+        await service.delete(sandbox.id)
+        image.unlink(missing_ok=True)
+    return {"file_mib": IO_FILE_MIB, "ops": IO_OPS, **volumeio.summary(runs["volume"], runs["root"])}
 
 
 async def measure(
@@ -116,9 +149,10 @@ async def measure(
     n: int = 20,
     pool_mode: PoolMode = PoolMode.WARM,
     progress: Callable[[str], None] = print,
+    io_runs: int = IO_RUNS,
 ) -> dict[str, Any]:
     """:func:`run`, its result written to ``out_dir`` as ``volume-<time>.json``; ``progress`` gets the host's
     start-up lines (the CLI sends them to stderr: stdout is the JSON)."""
-    result = await run(data_dir, cache_dir, n, pool_mode, progress)
+    result = await run(data_dir, cache_dir, n, pool_mode, progress, io_runs)
     write_result(out_dir, "volume", result)
     return result

@@ -127,11 +127,15 @@ def bench_resume(
 @bench_app.command("volume")
 def bench_volume(
     n: Annotated[int, typer.Option("--n", min=1, help="creates per variant")] = 20,
+    io_runs: Annotated[
+        int, typer.Option("--io-runs", min=0, help="in-guest I/O runs on volume and root (0: none)")
+    ] = 3,
     as_json: AsJson = False,
     out_dir: OutDir = RESULTS_DIR,
     cache_dir: CacheDir = None,
 ) -> None:
-    """What attaching volumes adds to a create (none, one read-write, one read-only, both), to the first exec."""
+    """What attaching volumes adds to a create (none, one read-write, one read-only, both), to the first exec;
+    then sequential and 4 KiB random I/O in the guest on a volume against the root disk."""
     import tempfile
 
     from ..bench.volume import measure
@@ -139,8 +143,11 @@ def bench_volume(
 
     paths = Paths.from_env(None, cache_dir)
     with tempfile.TemporaryDirectory(prefix="cryobox-bench-volume-") as tmp:
-        result = asyncio.run(measure(Path(tmp) / "data", paths.cache_dir, out_dir, n, progress=console.print))
+        data = Path(tmp) / "data"
+        result = asyncio.run(measure(data, paths.cache_dir, out_dir, n, progress=console.print, io_runs=io_runs))
     console.print(f"added to a create (p50): {result.get('added_ms')}")
+    if result.get("io"):
+        console.print(f"volume / root disk in the guest: {result['io']['ratio_volume_to_root']}")
     _print_result(result, as_json)
 
 

@@ -52,6 +52,7 @@ INFO: dict[str, Any] = {
     "on_timeout": "kill",
     "auto_wake": True,
     "hibernated_at": None,
+    "volumes": None,
 }
 LIFECYCLE = {
     "ttl_seconds": 600,

@@ -83,6 +83,7 @@ class FakeAgent(FakeProcs, FakeRecipeBuilds, FakeVolumes):
         self.snapshots: dict[str, m.SnapshotInfo] = {}
         self.snapshot_files: dict[str, dict[str, bytes]] = {}
         self.volumes: dict[str, int] = {}
+        self.attached_here: set[str] = set()
         self.stored: set[str] = set()
         self.stored_manifests: dict[str, str] = {}
         """Snapshot id -> the sha256 of the manifest its store_snapshot "uploaded"."""

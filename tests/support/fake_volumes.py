@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from cryobox.agentapi.models_volumes import VolumeInfo, VolumeResize, VolumeSpec
-from cryobox.errors import InvalidArgument, NotFound
+import hashlib
+import json
+
+from cryobox.agentapi.models_volumes import StoredVolume, VolumeFetch, VolumeInfo, VolumeResize, VolumeSpec
+from cryobox.errors import IntegrityError, InvalidArgument, NotFound, ObjectNotFound, StateError
+from cryobox.objstore.client import ObjectStore
 
 
 class FakeVolumes:
     """Mixed into ``FakeAgent`` (whose ``_record`` it uses); ``volumes``: id -> size in bytes."""
 
     volumes: dict[str, int]
+    objects: ObjectStore
+    attached_here: set[str]
+    """Volumes a sandbox of this fake has attached (store, fetch and delete refuse them: 409)."""
 
     def _record(self, method: str, *args: object) -> None:
         raise NotImplementedError
@@ -43,4 +50,40 @@ class FakeVolumes:
 
     async def delete_volume(self, volume_id: str) -> None:
         self._record("delete_volume", volume_id)
+        self._not_attached(volume_id)
         self.volumes.pop(volume_id, None)
+
+    def _not_attached(self, volume_id: str) -> None:
+        if volume_id in getattr(self, "attached_here", set()):
+            raise StateError(f"volume {volume_id} is attached here", state="attached", required="detached")
+
+    async def store_volume(self, volume_id: str) -> StoredVolume:
+        """ "Uploads" the image: ``volumes/<id>/manifest.json`` in ``objects`` names its size (and a store count)."""
+        self._record("store_volume", volume_id)
+        size = self._volume(volume_id).size_bytes
+        self._not_attached(volume_id)
+        key = f"volumes/{volume_id}/manifest.json"
+        count = len(self.objects.list(f"volumes/{volume_id}/stores")) + 1
+        self.objects.put(f"volumes/{volume_id}/stores/{count}", b"")
+        data = json.dumps({"volume_id": volume_id, "size_bytes": size, "store": count}).encode()
+        self.objects.put(key, data)
+        return StoredVolume(
+            volume_id=volume_id,
+            key=f"volumes/{volume_id}",
+            manifest_sha256=hashlib.sha256(data).hexdigest(),
+            size_bytes=size,
+            stored_bytes=size,
+            uploaded_bytes=size,
+        )
+
+    async def fetch_volume(self, request: VolumeFetch) -> VolumeInfo:
+        self._record("fetch_volume", request)
+        self._not_attached(request.volume_id)
+        try:
+            data = self.objects.get(f"volumes/{request.volume_id}/manifest.json")
+        except ObjectNotFound:
+            raise NotFound(f"volume {request.volume_id} has no stored image") from None
+        if hashlib.sha256(data).hexdigest() != request.manifest_sha256:
+            raise IntegrityError("the stored volume manifest is not the pinned one")
+        self.volumes[request.volume_id] = int(json.loads(data)["size_bytes"])
+        return self._volume(request.volume_id)

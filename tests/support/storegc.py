@@ -97,7 +97,8 @@ def referenced(store: ObjectStore) -> set[str]:
     keys = store.list("")
     found: set[str] = set()
     for key in keys:
-        idx = key.rsplit("/", 1)[0] + "/memory.idx" if key.endswith("/manifest.json") else key
+        name = "/image.idx" if key.startswith("volumes/") else "/memory.idx"
+        idx = key.rsplit("/", 1)[0] + name if key.endswith("/manifest.json") else key
         if (key.endswith("/manifest.json") or (key.startswith("images/") and key.endswith(".idx"))) and idx in keys:
             found |= {chunk_key(sha) for sha in ChunkIndex.from_bytes(store.get(idx)).digests()}
     return found

@@ -62,7 +62,7 @@ from .models_procs import (
     ProcStart,
     WatchRequest,
 )
-from .models_volumes import VolumeInfo, VolumeResize, VolumeSpec
+from .models_volumes import StoredVolume, VolumeFetch, VolumeInfo, VolumeResize, VolumeSpec
 
 FILE_OPS = frozenset({"delete", "list_dir", "stat", "mkdir"})
 MAX_FILE_BYTES = 64 << 20
@@ -194,7 +194,20 @@ class Agent(Protocol):
 
     @op.delete("/volumes/{volume_id}")
     async def delete_volume(self, volume_id: str) -> None:
-        """Remove the image (idempotent)."""
+        """Remove the image (idempotent; 409 while a sandbox of this host has it attached). A move's source
+        removes its copy with it once the target holds the volume."""
+        ...
+
+    @op.post("/volumes/{volume_id}/store", timeout=LONG)
+    async def store_volume(self, volume_id: str) -> StoredVolume:
+        """Upload the detached image to the object store (``volumes/<id>/``: the chunks the store lacks, the index,
+        the manifest last); 409 while a sandbox of this host has it attached, 404 when it is not here."""
+        ...
+
+    @op.post("/volumes/{volume_id}/fetch", timeout=LONG)  # the segment is the body's volume_id
+    async def fetch_volume(self, request: VolumeFetch) -> VolumeInfo:
+        """Materialize the stored image here, atomically, once its manifest matches the registry's pin
+        (``IntegrityError`` otherwise, nothing installed); replaces a stale copy (409 while attached here)."""
         ...
 
     @op.post("/sandboxes/{sandbox_id}/touch")

@@ -48,3 +48,33 @@ class VolumeMount(_Model):
     volume_id: str = Field(pattern=VOLUME_ID.pattern)
     path: str = Field(min_length=2, max_length=4096, pattern=r"^/")
     read_only: bool = False
+
+
+SHA256 = r"^[0-9a-f]{64}$"
+
+
+class StoredVolume(_Model):
+    """A volume's image in the object store (``volumes/<volume_id>/``): its index of content-addressed chunks and
+    its manifest, whose sha256 the registry pins (:class:`VolumeFetch`)."""
+
+    volume_id: str
+    key: str
+    """The store prefix (``volumes/<volume_id>``)."""
+    manifest_sha256: str
+    size_bytes: int
+    """The image's size."""
+    stored_bytes: int
+    """Its non-zero chunks' bytes: what the store holds of it."""
+    uploaded_bytes: int
+    """What this store uploaded: the chunks the store lacked (an unchanged image: 0)."""
+    chunks_put: int = 0
+    chunks_reused: int = 0
+    seconds: float = 0.0
+
+
+class VolumeFetch(_Model):
+    """Materialize volume ``volume_id`` on this host from ``volumes/<volume_id>/``; the stored manifest must hash
+    to ``manifest_sha256`` (the registry's pin) before anything of it is parsed."""
+
+    volume_id: str = Field(pattern=VOLUME_ID.pattern)
+    manifest_sha256: str = Field(pattern=SHA256)

@@ -92,6 +92,17 @@ def resize(name: str, size_mb: SizeMb, as_json: Json = False, api_url: ApiUrl = 
         out.print(f"{volume.name}: {volume.size_mb} MiB")
 
 
+@volume_app.command("restore")
+def restore(name: str, as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
+    """Bring a volume whose host is lost back from its last stored copy (writes made after it are lost)."""
+    with _volumes(api_url, api_key) as volumes:
+        done = volumes.restore(name)
+    if as_json:
+        print_json(done.model_dump())
+    else:
+        out.print(done.message)
+
+
 @volume_app.command("rm")
 def rm(names: list[str], as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
     """Delete volumes (refused while a sandbox has one attached)."""

@@ -56,6 +56,7 @@ Volume = _volumes.Volume
 VolumeEntry = _volumes.VolumeEntry
 VolumeEntryList = _volumes.VolumeEntryList
 VolumeList = _volumes.VolumeList
+VolumeRestored = _volumes.VolumeRestored
 VolumeMount = _volumes.VolumeMount
 VolumeMountRequest = _volumes.VolumeMountRequest
 

@@ -49,6 +49,19 @@ class Volume(BaseModel):
     host: str | None = None
     attached_to: list[VolumeMount] = Field(default_factory=list)
     created_at: str
+    stored_at: str | None = None
+    """When its image was last copied to the object store (a move, a restore's source); ``null``: never."""
+
+
+class VolumeRestored(BaseModel):
+    """``POST /v1/volumes/{name}/restore``: the volume, back on a live host from its last stored copy."""
+
+    volume: Volume
+    lost_host: str
+    """The host it was lost on; if it returns, its copy is stale and no longer the volume's."""
+    restored_from: str
+    """When the copy was stored: writes made on ``lost_host`` after this are lost."""
+    message: str
 
 
 class VolumeList(BaseModel):

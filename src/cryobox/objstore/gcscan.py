@@ -7,6 +7,7 @@ every index a live image or a base image has. Nothing is decided here (:mod:`.gc
     templates/<name>/latest             which generation is newest  (always kept)
     snapshots/<id>/...                  a snapshot                 (an image)
     hibernations/<sandbox id>/...       a stored hibernation       (an image)
+    volumes/<volume id>/...             a volume's last stored image (an image; its index is image.idx)
     images/<kind>/<key>/<file>[.idx]    base images (kernel, initrd, rootfs: roots; a recipe's rootfs only while named)
     build-steps/<key>/...               recipe builds' step layers and their metas (read: :mod:`.buildsteps`)
     chunks/<sha[:2]>/<sha>              chunk objects
@@ -28,9 +29,10 @@ from .keys import BUILD_STEPS
 from .leases import GC_PREFIX, LEASES_PREFIX
 from .owners import OWNERS
 
-IMAGE_ROOTS = {"templates": 3, "snapshots": 2, "hibernations": 2}  # top-level prefix -> segments naming an image
+IMAGE_ROOTS = {"templates": 3, "snapshots": 2, "hibernations": 2, "volumes": 2}  # top-level prefix -> segments
 MANIFEST = "manifest.json"
 INDEX = "memory.idx"
+INDEXES = {"volumes": "image.idx"}  # an image root whose chunk index is not INDEX
 LEGACY_PACK = "memory.pack"
 
 
@@ -51,7 +53,7 @@ class ImageGroup:
     """The objects under one image prefix, and (for a live one) its manifest and index."""
 
     prefix: str
-    kind: str  # "templates" | "snapshots" | "hibernations"
+    kind: str  # "templates" | "snapshots" | "hibernations" | "volumes"
     objects: list[ObjectMeta] = field(default_factory=list)
     manifest: dict[str, Any] | None = None  # parsed, for a live image
     has_manifest: bool = False
@@ -115,8 +117,9 @@ def scan(store: ObjectStore) -> StoreView:
         if not group.has_manifest:
             continue
         group.manifest = _manifest(store, group, view)
-        if any(m.key == f"{group.prefix}/{INDEX}" for m in group.objects):
-            group.index = _index(store, f"{group.prefix}/{INDEX}", view)
+        index = f"{group.prefix}/{INDEXES.get(group.kind, INDEX)}"
+        if any(m.key == index for m in group.objects):
+            group.index = _index(store, index, view)
         if group.index.format == 2:  # published again in the current format: the old pack is garbage
             pack = f"{group.prefix}/{LEGACY_PACK}"
             view.legacy_packs += [m for m in group.objects if m.key == pack]

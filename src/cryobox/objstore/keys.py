@@ -7,6 +7,8 @@
     templates/<name>/latest             {"generation": ...} of the newest publish
     snapshots/<id>/...                  a snapshot (the same files, plus evidence/<name>)
     hibernations/<sandbox id>/...       a hibernated sandbox's image, so it can wake on another host
+    volumes/<volume id>/...             a volume's last stored image (image.idx, manifest.json written last), so it
+                                        can move to another host (:mod:`cryobox.agent.volumes.transfer`)
     images/<kind>/<cache key>/<file>    kernel, initrd, rootfs base of the content-addressed image cache
     chunks/<sha256[:2]>/<sha256>        every distinct non-zero 4 MiB chunk of every image, stored once
     build-contexts/<sha256>             a template recipe's COPY sources (gzip'd tar, named by its SHA-256)
@@ -31,6 +33,8 @@ LAYOUT_VERSION = 2
 TEMPLATES = "templates"
 SNAPSHOTS = "snapshots"
 HIBERNATIONS = "hibernations"
+VOLUMES = "volumes"
+VOLUME_INDEX = "image.idx"
 IMAGES = "images"
 CHUNKS = "chunks"
 MANIFEST = "manifest.json"
@@ -40,7 +44,7 @@ BUILD_CONTEXTS = "build-contexts"
 BUILD_STEPS = "build-steps"
 STEP_META = "meta.json"
 
-IMAGE_ROOTS = {TEMPLATES: 3, SNAPSHOTS: 2, HIBERNATIONS: 2}
+IMAGE_ROOTS = {TEMPLATES: 3, SNAPSHOTS: 2, HIBERNATIONS: 2, VOLUMES: 2}
 """Top-level prefix -> how many key segments name one image (``templates/<name>/<generation>``, ``snapshots/<id>``)."""
 
 EVIDENCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -87,6 +91,10 @@ def snapshot_prefix(snapshot_id: str) -> str:
 
 def hibernation_prefix(sandbox_id: str) -> str:
     return f"{HIBERNATIONS}/{sandbox_id}"
+
+
+def volume_prefix(volume_id: str) -> str:
+    return f"{VOLUMES}/{volume_id}"
 
 
 def manifest_key(prefix: str) -> str:

@@ -3,8 +3,9 @@ store there, so that ``cryobox gc --store`` can tell an image whose registry is 
 
     owners/<registry id>.json              the registry: {"id", "kind": "sqlite"|"postgres", "locator", "machine"}
     owners/<registry id>/<image prefix>    a claim: that registry stored the image (an empty object):
-                                           snapshots/<id>, hibernations/<sandbox id>, templates/<name> (every
-                                           generation of a custom template, and its ``latest``)
+                                           snapshots/<id>, hibernations/<sandbox id>, volumes/<volume id>,
+                                           templates/<name> (every generation of a custom template, and its
+                                           ``latest``)
 
 A control plane announces its registry when it starts, claims an image *before* it asks an agent to store it (the
 row is already in the registry then), and releases the claim after it deleted the stored image. A GC lists the
@@ -12,7 +13,8 @@ store first and consults the registries after (:class:`Oracle`, implemented over
 :mod:`cryobox.registry.oracle`), so every claim it saw belongs to a row that existed before the consultation. Each
 claim then reads as:
 
-- ``listed``: the registry lists the image (its snapshot row, the sandbox of a hibernation, the template): kept;
+- ``listed``: the registry lists the image (its snapshot row, the sandbox of a hibernation, the template, the
+  volume row): kept;
 - ``unlisted``: the registry is there and lists no such image (a row deleted whose objects stayed: a crash);
 - ``gone``: the registry is gone (its SQLite file deleted, or another registry's file in its place);
 - ``unknown``: cannot tell (another machine's SQLite file, a PostgreSQL this run was not given, an error): kept.
@@ -36,7 +38,12 @@ from .client import ObjectMeta, ObjectStore
 log = logging.getLogger(__name__)
 
 OWNERS = "owners"
-OWNED_ROOTS = ("snapshots", "hibernations", "templates")  # what registries claim (built-in templates: nobody)
+OWNED_ROOTS = (
+    "snapshots",
+    "hibernations",
+    "templates",
+    "volumes",
+)  # what registries claim (built-in templates: nobody)
 RegistryKind = Literal["sqlite", "postgres"]
 Verdict = Literal["listed", "unlisted", "gone", "unknown"]
 
@@ -72,11 +79,17 @@ class Listing:
     snapshots: frozenset[str] = frozenset()
     sandboxes: frozenset[str] = frozenset()
     templates: frozenset[str] = frozenset()
+    volumes: frozenset[str] = frozenset()
 
     def verdict(self, root: str, image_id: str) -> Verdict:
         if self.state != "live":
             return self.state
-        ids = {"snapshots": self.snapshots, "hibernations": self.sandboxes, "templates": self.templates}[root]
+        ids = {
+            "snapshots": self.snapshots,
+            "hibernations": self.sandboxes,
+            "templates": self.templates,
+            "volumes": self.volumes,
+        }[root]
         return "listed" if image_id in ids else "unlisted"
 
 

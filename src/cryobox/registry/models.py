@@ -265,6 +265,13 @@ class Volume(Base):
     status: Mapped[str] = mapped_column(String(16))
     writer: Mapped[str | None] = mapped_column(ID, nullable=True)
     created_at: Mapped[float] = mapped_column(Double)
+    stored_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """The sha256 of the manifest of its last copy in the object store (revision 0016)."""
+    stored_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    move_token: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """The move lease: held by the replica that took it (no attachment is recorded meanwhile)."""
+    move_target: Mapped[str | None] = mapped_column(NAME, nullable=True)
+    move_started_at: Mapped[float | None] = mapped_column(Double, nullable=True)
 
 
 class VolumeAttachment(Base):

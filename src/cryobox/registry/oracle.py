@@ -3,7 +3,7 @@ stored images holds now, read from its database.
 
 - A **SQLite** registry (a ``serve`` data dir) is judged only on the machine it announced (``/etc/machine-id``):
   its file missing, or holding another registry (a data dir made again at the same path), reads as ``gone``;
-  otherwise it is opened read-only and its snapshot and sandbox ids and template names are read.
+  otherwise it is opened read-only and its snapshot, sandbox and volume ids and template names are read.
 - A **PostgreSQL** registry is consulted when this run was given its URL (``cryobox gc --store --database-url``)
   and the database there has the announced id; any other reads as ``unknown`` and its images are kept (a fleet's
   database that is down for a moment must never look gone).
@@ -32,6 +32,7 @@ _IDENTITY = text("SELECT value FROM registry_meta WHERE key = 'registry_id'")
 _SNAPSHOTS = text("SELECT id FROM snapshots")
 _SANDBOXES = text("SELECT id FROM sandboxes")
 _TEMPLATES = text("SELECT name FROM templates")
+_VOLUMES = text("SELECT id FROM volumes")
 
 
 def machine_id(path: Path = MACHINE_ID) -> str:
@@ -98,4 +99,5 @@ def _read(engine: Engine, registry_id: str) -> Listing:
         snapshots = frozenset(str(v) for v in conn.execute(_SNAPSHOTS).scalars())
         sandboxes = frozenset(str(v) for v in conn.execute(_SANDBOXES).scalars())
         templates = frozenset(str(v) for v in conn.execute(_TEMPLATES).scalars())
-    return Listing("live", snapshots, sandboxes, templates)
+        volumes = frozenset(str(v) for v in conn.execute(_VOLUMES).scalars())
+    return Listing("live", snapshots, sandboxes, templates, volumes)

@@ -11,6 +11,7 @@ synchronous and runs one short transaction, like :class:`~.repo.Registry`.
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -46,6 +47,12 @@ class VolumeRow:
     writer: str | None = None
     """The sandbox holding its read-write attachment, if any."""
     attachments: tuple[VolumeAttachment, ...] = ()
+    stored_sha256: str | None = None
+    """The manifest sha256 of its last copy in the object store (``None``: never stored)."""
+    stored_at: float | None = None
+    move_target: str | None = None
+    """Where a move in progress takes it (its lease is held)."""
+    move_started_at: float | None = None
 
 
 def _attachment(row: m.VolumeAttachment) -> VolumeAttachment:
@@ -74,6 +81,10 @@ class VolumeRecords:
             status=obj.status,
             writer=obj.writer,
             attachments=tuple(_attachment(a) for a in attached),
+            stored_sha256=obj.stored_sha256,
+            stored_at=obj.stored_at,
+            move_target=obj.move_target,
+            move_started_at=obj.move_started_at,
         )
 
     def add(self, row: VolumeRow) -> VolumeRow:
@@ -156,8 +167,11 @@ class VolumeRecords:
         read-only one when it has no writer; 409 otherwise (nothing is written)."""
         now = time.time()
         with self._db.session(what=f"volume {volume_id}") as s:
-            if s.get(m.Volume, volume_id) is None:
+            vol = s.scalar(select(m.Volume).where(m.Volume.id == volume_id).with_for_update())
+            if vol is None:
                 raise NotFound(f"volume {volume_id} not found", details={"volume_id": volume_id})
+            if vol.move_token is not None:
+                raise _moving(volume_id, vol.move_target)
             others = (
                 select(m.VolumeAttachment.sandbox_id)
                 .where(m.VolumeAttachment.volume_id == volume_id, m.VolumeAttachment.sandbox_id != sandbox_id)
@@ -230,3 +244,97 @@ class VolumeRecords:
                     .order_by(m.VolumeAttachment.created_at, m.VolumeAttachment.volume_id)
                 )
             ]
+
+    # -- moves (revision 0016) ------------------------------------------------------------------------------------
+
+    def begin_move(
+        self, volume_id: str, source: str, target: str, now: float, stale_s: float, *, attached_ok: bool = False
+    ) -> str:
+        """Take the move lease of a volume that is on ``source``, has no attachment (unless ``attached_ok``: a
+        restore from a lost host) and no fresh lease (one older than ``stale_s`` is taken over); returns its token.
+        409 otherwise, nothing written. The row is locked first, so an attachment recorded concurrently is seen."""
+        token = secrets.token_hex(16)
+        with self._db.session(what=f"volume {volume_id}") as s:
+            vol = s.scalar(select(m.Volume).where(m.Volume.id == volume_id).with_for_update())
+            if vol is None:
+                raise NotFound(f"volume {volume_id} not found", details={"volume_id": volume_id})
+            if vol.host != source:
+                raise StateError(
+                    f"volume {volume_id} is on {vol.host} now, not {source}",
+                    state="moved",
+                    required=f"on {source}",
+                    details={"host": vol.host},
+                )
+            if vol.move_token is not None and (vol.move_started_at or 0.0) > now - stale_s:
+                raise _moving(volume_id, vol.move_target)
+            holders = sorted(
+                s.scalars(select(m.VolumeAttachment.sandbox_id).where(m.VolumeAttachment.volume_id == volume_id))
+            )
+            if holders and not attached_ok:
+                raise StateError(
+                    f"volume {volume_id} is attached to {', '.join(holders)} on {source}: it cannot move",
+                    state="attached",
+                    required="detached",
+                    details={"attached_to": holders},
+                )
+            held = m.Volume.move_token.is_(None) if vol.move_token is None else m.Volume.move_token == vol.move_token
+            taken = s.execute(
+                update(m.Volume)
+                .where(m.Volume.id == volume_id, m.Volume.host == source, held)
+                .values(move_token=token, move_target=target, move_started_at=now)
+            )
+            if not taken.rowcount:  # type: ignore[attr-defined]
+                raise _moving(volume_id, target)
+        return token
+
+    def record_stored(self, volume_id: str, token: str | None, sha256: str, at: float) -> VolumeRow:
+        """Record the volume's copy in the object store (with ``token``: only while that move lease is held)."""
+        with self._db.session(what=f"volume {volume_id}") as s:
+            cond = [m.Volume.id == volume_id]
+            if token is not None:
+                cond.append(m.Volume.move_token == token)
+            done = s.execute(update(m.Volume).where(*cond).values(stored_sha256=sha256, stored_at=at))
+            if not done.rowcount:  # type: ignore[attr-defined]
+                raise _moving(volume_id, None)
+            obj = s.get(m.Volume, volume_id)
+            assert obj is not None
+            s.refresh(obj)
+            return self._row(s, obj)
+
+    def finish_move(self, volume_id: str, token: str, target: str, *, detach: bool = False) -> VolumeRow:
+        """The target holds the volume now: ``host`` becomes ``target`` and the lease is released, in one
+        conditional update (only the lease's holder can). ``detach``: drop its attachments too (a restore: they
+        were the lost host's sandboxes). 409 when the lease was taken over; nothing is written then."""
+        with self._db.session(what=f"volume {volume_id}") as s:
+            done = s.execute(
+                update(m.Volume)
+                .where(m.Volume.id == volume_id, m.Volume.move_token == token)
+                .values(host=target, move_token=None, move_target=None, move_started_at=None, status="ready")
+            )
+            if not done.rowcount:  # type: ignore[attr-defined]
+                raise _moving(volume_id, None)
+            if detach:
+                s.execute(delete(m.VolumeAttachment).where(m.VolumeAttachment.volume_id == volume_id))
+                s.execute(update(m.Volume).where(m.Volume.id == volume_id).values(writer=None))
+            obj = s.get(m.Volume, volume_id)
+            assert obj is not None
+            s.refresh(obj)
+            return self._row(s, obj)
+
+    def abort_move(self, volume_id: str, token: str) -> None:
+        """Release the lease without moving (idempotent; a lease taken over is left to its new holder)."""
+        with self._db.session(what=f"volume {volume_id}") as s:
+            s.execute(
+                update(m.Volume)
+                .where(m.Volume.id == volume_id, m.Volume.move_token == token)
+                .values(move_token=None, move_target=None, move_started_at=None)
+            )
+
+
+def _moving(volume_id: str, target: str | None) -> StateError:
+    return StateError(
+        f"volume {volume_id} is moving between hosts{f' (to {target})' if target else ''}: try again shortly",
+        state="moving",
+        required="settled",
+        details={"volume_id": volume_id, "target": target},
+    )

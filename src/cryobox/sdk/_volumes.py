@@ -48,6 +48,10 @@ def delete_request(name: str) -> ApiRequest:
     return ApiRequest("DELETE", _path(name))
 
 
+def restore_request(name: str) -> ApiRequest:
+    return ApiRequest("POST", _path(name) + "/restore")
+
+
 def _in_volume(path: str) -> str:
     if not path or "\0" in path or len(path) > 4096:
         raise InvalidArgument("a path in a volume is 1-4096 characters without NUL", details={"path": path[:200]})
@@ -93,6 +97,10 @@ def parse_entries(response: httpx.Response) -> list[models.VolumeEntry]:
 
 def parse_volume(response: httpx.Response) -> models.Volume:
     return parse_model(models.Volume, response)
+
+
+def parse_restored(response: httpx.Response) -> models.VolumeRestored:
+    return parse_model(models.VolumeRestored, response)
 
 
 def parse_list(response: httpx.Response) -> list[models.Volume]:

@@ -89,6 +89,8 @@ def test_the_table_keeps_the_wire_contract() -> None:
         n for n, op in OPERATIONS.items() if op.streamed and n != "exec_stream"
     }
     assert {n for n, t in timeouts.items() if t is Timeout.LONG} == {
+        "store_volume",
+        "fetch_volume",
         "store_hibernation",
         "wake_stored",
         "snapshot",

@@ -152,3 +152,28 @@ def test_a_custom_template_of_a_gone_registry_goes_but_not_a_generation_a_listed
     assert live_problems(store) == [] and set(store.list("chunks")) == referenced(store)
     assert owners.claim_key("gone", "templates/tpl") not in store.list(owners.OWNERS)
     assert owners.claim_key("gone", "templates/held") in store.list(owners.OWNERS)  # it still holds a generation
+
+
+def test_stored_volumes_of_deleted_volumes_and_gone_registries_go_and_live_ones_stay(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    from cryobox.agent.volumes.transfer import store_volume
+    from cryobox.objstore.leases import LeaseTiming
+
+    ids = {"live": "vol-00000000000a", "deleted": "vol-00000000000b", "orphan": "vol-00000000000c"}
+    for n, volume_id in enumerate(ids.values()):
+        path = tmp_path / f"{volume_id}.ext4"
+        path.write_bytes(f"the bytes of volume {n}".encode() * 1000)
+        store_volume(store, volume_id, path, LeaseTiming(settle_s=0))
+    registry(store, "live", f"volumes/{ids['live']}", f"volumes/{ids['deleted']}")
+    registry(store, "gone", f"volumes/{ids['orphan']}")
+    oracle = Oracle({"live": Listing("live", volumes=frozenset({ids["live"]})), "gone": Listing("gone")})
+
+    collect(store, GcPolicy(grace_s=HOUR), hours_later(2), oracle)
+
+    assert {k.split("/")[1] for k in store.list("volumes")} == {ids["live"]}
+    assert set(store.list(f"volumes/{ids['live']}")) == {
+        f"volumes/{ids['live']}/{n}" for n in ("image.idx", "manifest.json")
+    }
+    assert set(store.list("chunks")) == referenced(store) != set(), "the live volume's chunks stay, the others' go"
+    assert len(store.list("chunks")) == 1

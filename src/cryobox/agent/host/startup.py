@@ -439,5 +439,5 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
         logs,
         start_warming(snapshots.staging),
         observer=observer,
-        volumes=VolumeStore(config.paths.volumes_dir),
+        volumes=VolumeStore(config.paths.volumes_dir, swept=True),
     )

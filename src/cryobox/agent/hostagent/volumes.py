@@ -3,13 +3,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import logging
 from collections.abc import Sequence
 
-from ...agentapi.models_volumes import VolumeInfo, VolumeMount, VolumeResize, VolumeSpec
-from ...errors import HostUnavailable
+from ...agentapi.models_volumes import StoredVolume, VolumeFetch, VolumeInfo, VolumeMount, VolumeResize, VolumeSpec
+from ...errors import HostUnavailable, NotFound, ObjectNotFound
 from ..host.startup import Host
 from ..vm.volumes import VolumeAttach
 from ..volumes.store import VolumeStore
+from ..volumes.transfer import fetch_volume, store_volume
+
+log = logging.getLogger(__name__)
 
 
 class VolumeEndpoints:
@@ -53,4 +59,56 @@ class VolumeEndpoints:
         return self._volumes.grow(volume_id, request.size_bytes)
 
     async def delete_volume(self, volume_id: str) -> None:
-        self._volumes.delete(volume_id)
+        self._volumes.delete(volume_id, in_use=self._attached_here(volume_id))
+
+    def _attached_here(self, volume_id: str) -> bool:
+        """Whether a sandbox of this host has the volume's image attached (its VM may write it)."""
+        path = str(self._volumes.path(volume_id))
+        return any(v.path == path for sb in self.host.service.sandboxes.values() for v in sb.volumes)
+
+    @functools.cached_property
+    def _moving(self) -> dict[str, asyncio.Lock]:
+        return {}
+
+    def _volume_lock(self, volume_id: str) -> asyncio.Lock:
+        return self._moving.setdefault(volume_id, asyncio.Lock())
+
+    async def store_volume(self, volume_id: str) -> StoredVolume:
+        store = self._volumes
+        async with self._volume_lock(volume_id):  # one store or fetch of a volume at a time
+            store.info(volume_id)  # 404: not here
+            if self._attached_here(volume_id):
+                store.delete(volume_id, in_use=True)  # raises the 409
+            stored = await asyncio.to_thread(store_volume, self.host.store, volume_id, store.path(volume_id))
+        log.info(
+            "volume %s stored as %s: %d of %d bytes uploaded in %.1f s",
+            volume_id,
+            stored.key,
+            stored.uploaded_bytes,
+            stored.stored_bytes,
+            stored.seconds,
+        )
+        return stored
+
+    async def fetch_volume(self, request: VolumeFetch) -> VolumeInfo:
+        store = self._volumes
+        volume_id = request.volume_id
+        async with self._volume_lock(volume_id):
+            if self._attached_here(volume_id):
+                store.delete(volume_id, in_use=True)  # raises the 409: never replace an image a VM has
+            store.root.mkdir(parents=True, exist_ok=True)
+            try:
+                size = await asyncio.to_thread(
+                    fetch_volume,
+                    self.host.store,
+                    volume_id,
+                    request.manifest_sha256,
+                    store.path(volume_id),
+                    store.room_for,
+                )
+            except ObjectNotFound:
+                raise NotFound(
+                    f"volume {volume_id} has no stored image in the object store", details={"volume_id": volume_id}
+                ) from None
+        log.info("volume %s (%d bytes) fetched from the object store", volume_id, size)
+        return store.info(volume_id)

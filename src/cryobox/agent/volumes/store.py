@@ -60,9 +60,15 @@ def used_bytes(path: Path) -> int | None:
 
 
 class VolumeStore:
-    def __init__(self, root: Path, run: Runner = run_checked) -> None:
+    def __init__(self, root: Path, run: Runner = run_checked, *, swept: bool = False) -> None:
+        """``swept``: remove what a crash left of fetches and creates first (hidden temporary images,
+        ``*.partial``): an agent starting holds no fetch in progress."""
         self.root = root
         self._run = run
+        if swept and root.is_dir():
+            for path in [*root.glob(".*"), *root.glob("*.partial")]:
+                if path.is_file():
+                    path.unlink(missing_ok=True)
 
     def path(self, volume_id: str) -> Path:
         if not VOLUME_ID.match(volume_id):
@@ -94,7 +100,7 @@ class VolumeStore:
         if path.exists():
             return self.info(spec.volume_id)
         self.root.mkdir(parents=True, exist_ok=True)
-        self._room_for(spec.size_bytes)
+        self.room_for(spec.size_bytes)
         partial = path.with_suffix(".partial")
         try:
             with open(partial, "wb") as f:
@@ -131,13 +137,14 @@ class VolumeStore:
                 details={"size_bytes": size_bytes, "current_bytes": current.size_bytes},
             )
         if size_bytes > current.size_bytes:
-            self._room_for(size_bytes - current.size_bytes)
+            self.room_for(size_bytes - current.size_bytes)
             with open(self.path(volume_id), "r+b") as f:
                 os.posix_fallocate(f.fileno(), 0, size_bytes)
                 os.fsync(f.fileno())
         return self.info(volume_id)
 
-    def _room_for(self, size_bytes: int) -> None:
+    def room_for(self, size_bytes: int) -> None:
+        """503 unless the data volume has room for ``size_bytes`` more (plus the headroom)."""
         st = os.statvfs(self.root)
         free = st.f_bavail * st.f_frsize
         if free < size_bytes + HEADROOM_BYTES:

@@ -46,6 +46,13 @@ class Volumes(ApiClient):
         """:raises StateError: a sandbox has it attached. :raises NotFound: no such volume."""
         self._send(_volumes.delete_request(name))
 
+    def restore(self, name: str) -> models.VolumeRestored:
+        """Bring a volume whose host is lost back from its last copy in the object store, on a live host; writes
+        made after that copy (``restored_from``) are lost.
+
+        :raises StateError: its host is up, or it was never stored."""
+        return _volumes.parse_restored(self._send(_volumes.restore_request(name)))
+
     # -- its files, without a sandbox of yours (read and written in a system sandbox with the volume mounted) --
 
     def read_file(self, name: str, path: str) -> bytes:

@@ -96,6 +96,7 @@ class ControlPlane:
         self.volume_content = VolumeContent(SystemSandboxes(self), fleet.clock)
         """A volume's files through a system sandbox: :mod:`.volumecontent`."""
         self.volumes.evict = self.volume_content.evict
+        self.volumes.owners = snapshots.owners
         self.timeouts = TimeoutActions(
             registry,
             fleet,

@@ -22,11 +22,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from ...agentapi.models_volumes import MAX_VOLUME_BYTES, MIN_VOLUME_BYTES, VolumeMount, VolumeResize, VolumeSpec
-from ...errors import CryoboxError, HostUnavailable, InvalidArgument, NotFound, StateError
+from ...errors import CryoboxError, InvalidArgument, NotFound, StateError
 from ...registry import Registry
 from ...registry.volumes import VolumeRecords, VolumeRow
 from .fleet import Fleet
+from .ownership import StoreOwnership
 from .quotas import QuotaGuard
+from .volumemoves import Restored, VolumeMover
 
 log = logging.getLogger(__name__)
 NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -96,6 +98,12 @@ class VolumeState:
 
     row: VolumeRow
     used_bytes: int | None
+    lost: bool = False
+    """Its host is down or lost (:mod:`.volumemoves`)."""
+
+    @property
+    def status(self) -> str:
+        return "lost" if self.lost else self.row.status
 
 
 class VolumeControl:
@@ -106,17 +114,13 @@ class VolumeControl:
         self._clock = clock
         self.evict: Callable[[str], Awaitable[bool]] | None = None
         """Let go of a volume the content API's system sandbox holds (:mod:`.volumecontent`): a create wins."""
+        self.owners: StoreOwnership | None = None
+        """This registry's claims in the object store (set by the control plane): a stored volume is claimed."""
+        self.mover = VolumeMover(self.records, fleet, clock, lambda: self.owners)
 
     async def _host(self) -> str:
-        live = await self.fleet.live_agents()
-        if not live:
-            raise HostUnavailable("no agent is up to hold the volume", retry_after_s=2.0)
-        held = await asyncio.to_thread(self.records.list_volumes)
-        count = {row.name: 0 for row, _ in live}
-        for volume in held:
-            if volume.host in count:
-                count[volume.host] += 1
-        return min(count, key=lambda name: (count[name], name))
+        """Where a new volume goes: the up (not draining) agent holding the fewest volumes."""
+        return await self.mover.target_for([])
 
     async def create(self, workspace_id: str, name: str, size_bytes: int) -> VolumeState:
         check_name(name)
@@ -153,6 +157,8 @@ class VolumeControl:
         return StateError(f"volume {name!r} already exists", state="exists", required="absent", details={"name": name})
 
     async def _state(self, row: VolumeRow) -> VolumeState:
+        if await self.mover.host_state(row.host) == "down":
+            return VolumeState(row, None, lost=True)
         try:
             info = await (await self.fleet.agent(row.host)).volume_info(row.id)
         except CryoboxError:
@@ -222,14 +228,8 @@ class VolumeControl:
         if not mounts:
             return [], None
         rows = [await asyncio.to_thread(self.records.get, workspace_id, m.name) for m in mounts]
+        rows = await self._gather(rows)
         hosts = sorted({row.host for row in rows})
-        if len(hosts) > 1:
-            raise StateError(
-                "the volumes are on different hosts; a sandbox needs them on one",
-                state="elsewhere",
-                required="one host",
-                details={"hosts": hosts},
-            )
         attached: list[VolumeMount] = []
         try:
             for row, mount in zip(rows, mounts, strict=True):
@@ -239,6 +239,35 @@ class VolumeControl:
             await self.sandbox_gone(sandbox_id)
             raise
         return attached, hosts[0]
+
+    async def _gather(self, rows: list[VolumeRow]) -> list[VolumeRow]:
+        """``rows`` on one host that takes sandboxes: as they are when they are, else those elsewhere moved to one
+        (:mod:`.volumemoves`; 409 ``lost`` when a host holding one is down, 409 when one is attached there)."""
+        states = {host: await self.mover.host_state(host) for host in {row.host for row in rows}}
+        lost = [row for row in rows if states[row.host] == "down"]
+        if lost:
+            raise StateError(
+                f"volume {lost[0].name!r} is lost: its host {lost[0].host} is down; it is back when the host is, or "
+                f"when an operator restores it from its last stored copy (POST /v1/volumes/{lost[0].name}/restore)",
+                state="lost",
+                required="ready",
+                details={"volume": lost[0].name, "host": lost[0].host, "stored_at": lost[0].stored_at},
+            )
+        if len(states) == 1 and next(iter(states.values())) == "up":
+            return rows
+        target = await self.mover.target_for(rows)
+        out = []
+        for row in rows:
+            if row.host != target:
+                if row.attachments and await self._let_go(row):
+                    row = await asyncio.to_thread(self.records.by_id, row.id)
+                row = await self.mover.move(row, target)
+            out.append(row)
+        return out
+
+    async def restore(self, workspace_id: str, name: str) -> Restored:
+        """Bring a lost volume back from its last stored copy (see :mod:`.volumemoves`)."""
+        return await self.mover.restore(await asyncio.to_thread(self.records.get, workspace_id, name))
 
     async def _let_go(self, row: VolumeRow) -> bool:
         """Whether the content API's system sandbox held the volume (it is gone now)."""

@@ -5,6 +5,8 @@
 - ``GET /v1/volumes``: ``{"items": [...]}``; ``GET /v1/volumes/{name}``: the volume (404 across workspaces).
 - ``PATCH /v1/volumes/{name}`` ``{size_mb}``: grow it (400 to shrink, 409 while attached).
 - ``DELETE /v1/volumes/{name}``: 204; 409 while attached.
+- ``POST /v1/volumes/{name}/restore``: a volume whose host is lost, back on a live host from its last stored copy
+  (writes after ``stored_at`` are lost, and the answer says so); 409 when its host is up or it was never stored.
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ def volume_view(state: VolumeState) -> models.Volume:
         size_bytes=row.size_bytes,
         used_bytes=state.used_bytes,
         filesystem=row.filesystem,
-        status=row.status,
+        status=state.status,
         host=row.host or None,
         attached_to=[
             models.VolumeMount(sandbox_id=a.sandbox_id, path=a.path, read_only=a.read_only) for a in row.attachments
         ],
         created_at=rfc3339(row.created_at),
+        stored_at=rfc3339(row.stored_at) if row.stored_at is not None else None,
     )
 
 
@@ -65,3 +68,17 @@ async def resize_volume(name: str, body: models.ResizeVolumeRequest, ctx: Ctx) -
 async def delete_volume(name: str, ctx: Ctx) -> Response:
     await ctx.control.volumes.delete(ctx.workspace_id, name)
     return Response(status_code=204)
+
+
+@router.post("/{name}/restore", response_model=models.VolumeRestored)
+async def restore_volume(name: str, ctx: Ctx) -> models.VolumeRestored:
+    """Bring a lost volume back from its last stored copy; writes made after that copy are lost."""
+    done = await ctx.control.volumes.restore(ctx.workspace_id, name)
+    since = rfc3339(done.stored_at)
+    return models.VolumeRestored(
+        volume=volume_view(await ctx.control.volumes.get(ctx.workspace_id, name)),
+        lost_host=done.lost_host,
+        restored_from=since,
+        message=f"volume {name!r} restored from its copy stored at {since}: writes made on {done.lost_host} "
+        "after that are lost",
+    )

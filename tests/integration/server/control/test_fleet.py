@@ -474,3 +474,37 @@ def test_e2b_sdk_and_guest_ports_through_the_fleet(fleet: Fleet, e2b_python: Pat
             assert closed.status_code == 502 and "port is not open" in closed.json()["error"]
         finally:
             client.delete_all()
+
+
+def test_a_volume_written_on_one_agent_is_read_on_another_after_its_agent_drains(fleet: Fleet) -> None:
+    """Issue 34's fleet case: a volume written by a sandbox on agent A moves through the object store when A
+    drains, and a sandbox placed on agent B reads the same bytes."""
+    for name in ("a0", "a1", "a2"):
+        fleet.wait_agent_status(name, "up", 60)
+    with api(fleet) as client:
+        volume = client.call("POST", "/v1/volumes", 201, json={"name": "fleetvol", "size_mb": 64})
+        source = volume["host"]
+        try:
+            writer = client.create(volumes=[{"name": "fleetvol", "path": "/data"}])
+            assert writer["host"] == source
+            digest = client.sh(
+                writer["id"], "head -c 8388608 /dev/urandom > /data/blob && sync && sha256sum /data/blob | cut -c1-64"
+            ).strip()
+            client.call("DELETE", f"/v1/sandboxes/{writer['id']}", 204)
+            report = client.call("POST", f"/v1/agents/{source}/drain")
+            assert report["status"] == "draining"
+            started = time.monotonic()
+            reader = client.create(volumes=[{"name": "fleetvol", "path": "/data", "read_only": True}])
+            moved_s = time.monotonic() - started
+            assert reader["host"] != source
+            assert client.sh(reader["id"], "sha256sum /data/blob | cut -c1-64").strip() == digest
+            view = client.call("GET", "/v1/volumes/fleetvol")
+            assert (view["host"], view["status"]) == (reader["host"], "ready") and view["stored_at"] is not None
+            store = open_store(fleet.store_url, env=S3_CREDENTIALS)
+            assert store.exists(f"volumes/{volume['id']}/manifest.json")
+            print(f"\nvolume move on create (64 MiB, 8 MiB written): {moved_s:.2f} s to the created sandbox")
+            client.call("DELETE", f"/v1/sandboxes/{reader['id']}", 204)
+        finally:
+            client.http.post(f"/v1/agents/{source}/undrain")
+            client.delete_all()
+            client.http.delete("/v1/volumes/fleetvol")

@@ -115,3 +115,10 @@ async def test_the_sandbox_view_names_its_mounts(env: Env) -> None:
     assert (await env.client.delete(f"/v1/sandboxes/{sandbox_id}")).status_code == 204
     restored = await env.create(from_snapshot=snap)
     assert restored.status_code == 201 and restored.json()["volumes"] == expected, restored.text
+
+
+async def test_restore_is_409_while_the_volumes_host_is_up(env: Env) -> None:
+    response = await env.client.post("/v1/volumes/data/restore")
+    assert response.status_code == 409 and "not lost" in response.text, response.text
+    view = (await env.client.get("/v1/volumes/data")).json()
+    assert (view["status"], view["stored_at"]) == ("ready", None)

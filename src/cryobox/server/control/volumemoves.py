@@ -1,0 +1,182 @@
+"""Volumes that move between hosts through the object store, and volumes of a lost host.
+
+A volume lives on one host (``volumes.host``). When a create needs it and that host is **draining**, the volume
+moves, if no sandbox has it attached:
+
+1. the move lease: one conditional update of the volume row (``move_token``; :meth:`~cryobox.registry.volumes.
+   VolumeRecords.begin_move`), so two replicas never move it at once and no attachment is recorded meanwhile (a
+   create asking for it gets 409 ``moving``); a lease older than :data:`LEASE_STALE_S` (its replica died) is
+   taken over;
+2. this registry claims ``volumes/<id>`` in the object store (so ``cryobox gc --store`` keeps it while the row
+   exists), then the source agent stores the image (only the chunks the store lacks go up) and the row records
+   the stored copy (``stored_sha256``: the manifest's sha256, ``stored_at``);
+3. the target agent fetches it (the manifest checked against ``stored_sha256``, the image renamed into place
+   only when whole);
+4. ``host`` becomes the target and the lease is released, in one conditional update that only the lease's
+   holder can make; then the source removes its copy (best effort: a copy left behind is a stray its agent
+   reports).
+
+A failure at any step releases the lease and removes what the target fetched; the volume stays where it was.
+
+**Lost.** A volume whose host is down or lost (no heartbeat past the deadline) reads ``status: lost`` and a
+create asking for it is 409 ``lost``, until the host comes back (then it is ``ready`` again, on that host, with
+every write it had) or an operator **restores** it from its last stored copy (:meth:`VolumeMover.restore`):
+the copy is fetched on a live host, the row names that host and the lost host's attachments are dropped. Writes
+made after ``stored_at`` are lost; if the old host returns, its copy is stale and no longer the volume's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from ...agentapi import Agent
+from ...agentapi.models_volumes import StoredVolume, VolumeFetch
+from ...errors import CryoboxError, HostUnavailable, NotFound, StateError
+from ...objstore.keys import volume_prefix
+from ...registry.volumes import VolumeRecords, VolumeRow
+from .fleet import Fleet
+from .ownership import StoreOwnership
+
+log = logging.getLogger(__name__)
+
+LEASE_STALE_S = 900.0
+"""A move lease older than this belonged to a replica that died mid-move: another may take it over."""
+HostState = str  # "up" | "draining" | "down"
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What a restore did: the volume's row now, the host it was lost on, and since when writes are lost."""
+
+    row: VolumeRow
+    lost_host: str
+    stored_at: float
+
+
+class VolumeMover:
+    def __init__(
+        self,
+        records: VolumeRecords,
+        fleet: Fleet,
+        clock: Callable[[], float],
+        owners: Callable[[], StoreOwnership | None] = lambda: None,
+    ) -> None:
+        self.records = records
+        self.fleet = fleet
+        self._clock = clock
+        self._owners = owners
+        self.after_store: Callable[[StoredVolume], Awaitable[None]] | None = None
+        """Called after each store (tests, the bench)."""
+
+    async def host_state(self, name: str) -> HostState:
+        """``up``, ``draining`` (alive, takes nothing new) or ``down`` (down, lost, silent or unknown)."""
+        try:
+            row = await asyncio.to_thread(self.fleet.registry.fleet.get_agent, name)
+        except CryoboxError:
+            return "down"
+        if not self.fleet.is_alive(row):
+            return "down"
+        return "draining" if row.status == "draining" else "up"
+
+    async def target_for(self, rows: list[VolumeRow]) -> str:
+        """Where a create needing ``rows`` goes: the up host holding most of them (ties: fewest volumes held, then
+        name), else the up host holding the fewest volumes. 503 when no host is up."""
+        up = [row.name for row, _ in await self.fleet.live_agents() if row.status == "up"]
+        if not up:
+            raise HostUnavailable("no agent is up to hold the volumes", retry_after_s=2.0)
+        held = await asyncio.to_thread(self.records.list_volumes)
+        count = {name: 0 for name in up}
+        for volume in held:
+            if volume.host in count:
+                count[volume.host] += 1
+        mine = {name: sum(1 for r in rows if r.host == name) for name in up}
+        return min(up, key=lambda name: (-mine[name], count[name], name))
+
+    async def move(self, row: VolumeRow, target: str) -> VolumeRow:
+        """Move the volume to ``target`` (see the module doc); its row afterwards."""
+        now = self._clock()
+        token = await asyncio.to_thread(self.records.begin_move, row.id, row.host, target, now, LEASE_STALE_S)
+        fetched = False
+        try:
+            source = await self.fleet.agent(row.host)  # 503: the source cannot store it
+            stored = await self._store(row, source)
+            row = await asyncio.to_thread(
+                self.records.record_stored, row.id, token, stored.manifest_sha256, self._clock()
+            )
+            agent = await self.fleet.agent(target)
+            fetched = True
+            await agent.fetch_volume(VolumeFetch(volume_id=row.id, manifest_sha256=stored.manifest_sha256))
+            moved = await asyncio.to_thread(self.records.finish_move, row.id, token, target)
+        except BaseException:
+            await asyncio.to_thread(self.records.abort_move, row.id, token)
+            if fetched:
+                await self._remove(target, row.id)
+            raise
+        await self._remove(row.host, row.id)
+        log.info("volume %s moved from %s to %s through the object store", row.id, row.host, target)
+        return moved
+
+    async def _store(self, row: VolumeRow, source: Agent) -> StoredVolume:
+        owners = self._owners()
+        if owners is not None:
+            await asyncio.to_thread(owners.claim, volume_prefix(row.id))  # before anything is stored
+        stored = await source.store_volume(row.id)
+        if self.after_store is not None:
+            await self.after_store(stored)
+        return stored
+
+    async def _remove(self, host: str, volume_id: str) -> None:
+        try:
+            await (await self.fleet.agent(host)).delete_volume(volume_id)
+        except CryoboxError as err:
+            log.warning("the copy of volume %s on %s was not removed: %s", volume_id, host, err)
+
+    async def store(self, row: VolumeRow) -> VolumeRow:
+        """Store the volume's image now (it must be detached) and record the copy; no lease (the host stays)."""
+        stored = await self._store(row, await self.fleet.agent(row.host))
+        return await asyncio.to_thread(self.records.record_stored, row.id, None, stored.manifest_sha256, self._clock())
+
+    async def restore(self, row: VolumeRow) -> Restored:
+        """Bring a lost volume back from its last stored copy on an up host (409 unless its host is down, or when
+        it was never stored)."""
+        if await self.host_state(row.host) != "down":
+            raise StateError(
+                f"volume {row.name!r} is not lost: its host {row.host} is up",
+                state="ready",
+                required="lost",
+                details={"host": row.host},
+            )
+        if row.stored_sha256 is None or row.stored_at is None:
+            raise StateError(
+                f"volume {row.name!r} was never stored in the object store: there is nothing to restore it from; "
+                f"it comes back when {row.host} does",
+                state="lost",
+                required="a stored copy",
+                details={"host": row.host},
+            )
+        target = await self.target_for([])
+        token = await asyncio.to_thread(
+            self.records.begin_move, row.id, row.host, target, self._clock(), LEASE_STALE_S, attached_ok=True
+        )
+        try:
+            await (await self.fleet.agent(target)).fetch_volume(
+                VolumeFetch(volume_id=row.id, manifest_sha256=row.stored_sha256)
+            )
+            moved = await asyncio.to_thread(self.records.finish_move, row.id, token, target, detach=True)
+        except BaseException:
+            await asyncio.to_thread(self.records.abort_move, row.id, token)
+            with contextlib.suppress(NotFound):
+                await self._remove(target, row.id)
+            raise
+        log.warning(
+            "volume %s restored on %s from its copy stored at %.0f: writes on %s since then are lost",
+            row.id,
+            target,
+            row.stored_at,
+            row.host,
+        )
+        return Restored(moved, row.host, row.stored_at)

@@ -1,0 +1,165 @@
+"""Volumes moving between hosts through the object store, in the control plane over fake agents ``a`` and ``b``
+(one object store) on a real (SQLite) registry: a draining host's volume moves to where the create goes (stored,
+claimed, fetched, then the row names the target and the source's copy goes); two replicas never both move it
+(the lease); an attached volume does not move; a lost host's volume is ``lost`` (409) until restored from its last
+stored copy, which says what may be lost."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from cryobox.agentapi.models_volumes import StoredVolume
+from cryobox.errors import StateError
+from cryobox.registry import Registry
+from cryobox.registry.volumes import VolumeRow
+from cryobox.server.control.createrequest import CreateRequest
+from cryobox.server.control.volumemoves import LEASE_STALE_S
+from cryobox.server.control.volumes import MountRequest
+from tests.support import registry as registry_support
+from tests.support.clock import T0, FakeClock
+from tests.support.control import DEADLINE_S, Fleetish, made
+
+__all__ = ["made"]  # fixtures
+registry = registry_support.sqlite_registry
+clock = registry_support.clock
+
+
+async def volume_on_a(c: Fleetish, name: str = "data") -> VolumeRow:
+    state = await c.control.volumes.create(c.ws, name, 64 << 20)
+    assert state.row.host == "a"
+    return state.row
+
+
+def request(c: Fleetish, name: str = "data", read_only: bool = False) -> CreateRequest:
+    return CreateRequest(
+        template="base",
+        workspace_id=c.ws,
+        metadata={},
+        env={},
+        ttl_s=600,
+        persistent=False,
+        volumes=(MountRequest(name, f"/mnt/{name}", read_only),),
+    )
+
+
+async def test_a_draining_hosts_volume_moves_to_the_host_the_create_goes_to(made: Fleetish) -> None:
+    c = made
+    vol = await volume_on_a(c)
+    await c.control.hibernations.drain("a")
+
+    row = await c.control.create(request(c))
+
+    assert row.host == "b"
+    moved = c.control.volumes.records.by_id(vol.id)
+    assert (moved.host, moved.move_target, [a.sandbox_id for a in moved.attachments]) == ("b", None, [row.id])
+    assert c.a.call_names().count("store_volume") == 1 and vol.id not in c.a.volumes  # the source's copy went
+    fetched = [args[0] for name, args in c.b.calls if name == "fetch_volume"]
+    assert [f.manifest_sha256 for f in fetched] == [moved.stored_sha256] and vol.id in c.b.volumes
+    owner = c.control.volumes.owners
+    assert owner is not None and c.objects.exists(f"owners/{owner.record.id}/volumes/{vol.id}")  # claimed
+
+
+async def test_an_attached_volume_on_a_draining_host_does_not_move(made: Fleetish) -> None:
+    c = made
+    vol = await volume_on_a(c)
+    first = await c.control.create(request(c, read_only=True))
+    assert first.host == "a"
+    await c.control.hibernations.drain("a")
+    with pytest.raises(StateError) as refused:
+        await c.control.create(request(c, read_only=True))
+    assert refused.value.details.get("attached_to") == [first.id]
+    assert c.control.volumes.records.by_id(vol.id).host == "a" and "store_volume" not in c.a.call_names()
+
+
+async def test_two_replicas_never_both_move_a_volume(made: Fleetish, monkeypatch: pytest.MonkeyPatch) -> None:
+    c = made
+    vol = await volume_on_a(c)
+    await c.control.hibernations.drain("a")
+    store = c.a.store_volume
+    stored_once = asyncio.Event()
+
+    async def slow_store(volume_id: str) -> StoredVolume:
+        done = await store(volume_id)
+        stored_once.set()
+        await asyncio.sleep(0.05)
+        return done
+
+    monkeypatch.setattr(c.a, "store_volume", slow_store)
+    other = c.replica()
+    results = await asyncio.gather(
+        c.control.create(request(c)), other.create(request(c, read_only=True)), return_exceptions=True
+    )
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert len(errors) == 1 and isinstance(errors[0], StateError) and errors[0].state == "moving", results
+    assert c.a.call_names().count("store_volume") == 1 and c.b.call_names().count("fetch_volume") == 1
+    assert c.control.volumes.records.by_id(vol.id).host == "b"
+
+
+def test_the_lease_is_one_holders_and_a_stale_one_is_taken_over(registry: Registry, clock: FakeClock) -> None:
+    from cryobox.registry.volumes import VolumeRecords
+
+    records = VolumeRecords(registry.database)
+    ws = registry.ensure_workspace("w").id
+    row = records.add(VolumeRow("vol-0000000000aa", ws, "v", 64 << 20, "a", T0))
+    first = records.begin_move(row.id, "a", "b", T0, LEASE_STALE_S)
+    with pytest.raises(StateError, match="moving"):
+        records.begin_move(row.id, "a", "c", T0 + 1, LEASE_STALE_S)
+    with pytest.raises(StateError, match="moving"):  # no attachment while it moves
+        records.attach(row.id, "sb-1", "/mnt/v", read_only=True)
+    second = records.begin_move(row.id, "a", "c", T0 + LEASE_STALE_S + 1, LEASE_STALE_S)  # its replica died
+    with pytest.raises(StateError, match="moving"):
+        records.finish_move(row.id, first, "b")  # the first holder lost it: nothing written
+    assert records.by_id(row.id).host == "a"
+    assert records.finish_move(row.id, second, "c").host == "c"
+    with pytest.raises(StateError, match="now, not a"):
+        records.begin_move(row.id, "a", "b", T0 + LEASE_STALE_S + 2, LEASE_STALE_S)
+    records.attach(row.id, "sb-1", "/mnt/v", read_only=True)
+    with pytest.raises(StateError, match="attached"):
+        records.begin_move(row.id, "c", "b", T0 + LEASE_STALE_S + 3, LEASE_STALE_S)
+
+
+async def test_a_lost_hosts_volume_is_lost_until_restored_from_its_last_stored_copy(
+    made: Fleetish, clock: FakeClock
+) -> None:
+    c = made
+    vol = await volume_on_a(c)
+    writer = await c.control.create(request(c))
+    assert writer.host == "a"
+    await c.control.volumes.sandbox_gone(writer.id)  # detached, then stored (as a drain's last detach would)
+    stored = await c.control.volumes.mover.store(c.control.volumes.records.by_id(vol.id))
+    assert stored.stored_sha256 is not None and stored.host == "a"
+    again = await c.control.create(request(c))  # written again after the store: those writes are at risk
+
+    clock.now = T0 + DEADLINE_S + 1
+    await c.beat("b")
+    assert await c.control.fleet.check_stale() == ["a"]
+    state = await c.control.volumes.get(c.ws, "data")
+    assert state.status == "lost"
+    with pytest.raises(StateError) as refused:
+        await c.control.create(request(c, read_only=True))
+    assert refused.value.state == "lost" and "restore" in refused.value.message
+
+    restored = await c.control.volumes.restore(c.ws, "data")
+
+    assert (restored.row.host, restored.lost_host, restored.stored_at) == ("b", "a", stored.stored_at)
+    assert restored.row.attachments == () and restored.row.writer is None  # the lost sandbox's attachment went
+    assert vol.id in c.b.volumes and again.host == "a"
+    with pytest.raises(StateError, match="not lost"):
+        await c.control.volumes.restore(c.ws, "data")
+    assert (await c.control.volumes.get(c.ws, "data")).status == "ready"
+
+
+async def test_a_never_stored_lost_volume_cannot_be_restored(made: Fleetish, clock: FakeClock) -> None:
+    c = made
+    vol = await volume_on_a(c)
+    clock.now = T0 + DEADLINE_S + 1
+    await c.beat("b")
+    await c.control.fleet.check_stale()
+    with pytest.raises(StateError, match="never stored"):
+        await c.control.volumes.restore(c.ws, "data")
+    assert c.control.volumes.records.by_id(vol.id) == replace(vol)  # nothing written
+    await c.beat("a")  # the host comes back: so does the volume, with every write
+    assert (await c.control.volumes.get(c.ws, "data")).status == "ready"

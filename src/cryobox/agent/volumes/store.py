@@ -94,7 +94,7 @@ class VolumeStore:
         if path.exists():
             return self.info(spec.volume_id)
         self.root.mkdir(parents=True, exist_ok=True)
-        self._room_for(spec.size_bytes)
+        self.room_for(spec.size_bytes)
         partial = path.with_suffix(".partial")
         try:
             with open(partial, "wb") as f:
@@ -131,13 +131,13 @@ class VolumeStore:
                 details={"size_bytes": size_bytes, "current_bytes": current.size_bytes},
             )
         if size_bytes > current.size_bytes:
-            self._room_for(size_bytes - current.size_bytes)
+            self.room_for(size_bytes - current.size_bytes)
             with open(self.path(volume_id), "r+b") as f:
                 os.posix_fallocate(f.fileno(), 0, size_bytes)
                 os.fsync(f.fileno())
         return self.info(volume_id)
 
-    def _room_for(self, size_bytes: int) -> None:
+    def room_for(self, size_bytes: int) -> None:
         st = os.statvfs(self.root)
         free = st.f_bavail * st.f_frsize
         if free < size_bytes + HEADROOM_BYTES:
@@ -146,6 +146,14 @@ class VolumeStore:
                 retry_after_s=60.0,
                 details={"free_bytes": free, "requested_bytes": size_bytes},
             )
+
+    def new_path(self, volume_id: str) -> Path:
+        """Where new volume ``volume_id``'s image goes (a clone's): 409 when this host has an image of that id."""
+        path = self.path(volume_id)
+        if path.exists():
+            raise StateError(f"volume {volume_id} exists on this host already", state="exists", required="absent")
+        self.root.mkdir(parents=True, exist_ok=True)
+        return path
 
     def delete(self, volume_id: str, *, in_use: bool = False) -> None:
         """Remove the image (idempotent); 409 while a VM of this host has it attached."""

@@ -1,6 +1,6 @@
 """Volumes through the sandbox service, on fake VMs: attached before the vCPUs run and mounted in the guest's
 ``resume``; a create without volumes touches no slot; refusals leave nothing; a delete settles them; a hibernated
-sandbox wakes with them re-attached (not re-mounted); a sandbox with volumes is not snapshotted."""
+sandbox wakes with them re-attached (not re-mounted); snapshots and forks: test_forking_volumes.py."""
 
 from __future__ import annotations
 
@@ -103,11 +103,9 @@ async def test_delete_settles_the_volumes_before_the_kill(rig: Rig, tmp_path: Pa
     assert vm.state is VmState.KILLED and data.exists()
 
 
-async def test_a_woken_sandbox_gets_its_volumes_back_unmounted_and_no_snapshot(rig: Rig, tmp_path: Path) -> None:
+async def test_a_woken_sandbox_gets_its_volumes_back_not_mounted_again(rig: Rig, tmp_path: Path) -> None:
     data = _image(tmp_path, "data.ext4")
     sandbox = await rig.service.create("vols", sandbox_id="sb-1", volumes=[VolumeAttach(data, mount_path="/d")])
-    with pytest.raises(StateError, match="cannot be snapshotted"):
-        await rig.forking.snapshot("sb-1")
     await rig.service.hibernate("sb-1")
     await rig.service.resume("sb-1")
     woken = rig.vm("sb-1")

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -339,11 +340,30 @@ class Rig:
         return record_states(self.records)
 
 
-def make_template(root: Path, name: str = "base") -> Template:
+SLOTTED = dataclasses.replace(MACHINE, rw_volume_slots=2, ro_volume_slots=2)
+"""A machine with two read-write and two read-only volume slots (the ``vols`` template of :func:`with_volume_slots`)."""
+
+
+def make_template(root: Path, name: str = "base", machine: MachineConfig = MACHINE) -> Template:
     path = root / "templates" / f"{name}-g1"
     path.mkdir(parents=True)
     (path / "vmstate").write_bytes(b"template devices")
-    return Template(name, "g1", path, MACHINE, {"created_at": 1.0})
+    return Template(name, "g1", path, machine, {"created_at": 1.0})
+
+
+def with_volume_slots(rig: Rig, root: Path) -> Rig:
+    """``rig`` serving template ``vols`` too, baked with volume slots (:data:`SLOTTED`)."""
+    rig.service.add_template(make_template(root, "vols", SLOTTED))
+    return rig
+
+
+def blank_image(root: Path, name: str, content: bytes = b"") -> Path:
+    """A 1 MiB file starting with ``content``: a volume's image as far as fake VMs care."""
+    path = root / name
+    with open(path, "wb") as fh:
+        fh.write(content)
+        fh.truncate(1 << 20)
+    return path
 
 
 def make_rig(root: Path) -> Rig:

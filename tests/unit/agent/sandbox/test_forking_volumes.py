@@ -6,37 +6,24 @@ its clones; a cold fork child gets its volumes after its boot, its clones made i
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 
-from cryobox.agent.templates.bake import Template
 from cryobox.agent.vm import VmState
 from cryobox.agent.vm.volumes import VolumeAttach
 from cryobox.agent.volumes.clones import VolumeClone
 from cryobox.errors import StateError
-from tests.support.fake_vm import MACHINE, Rig, make_rig
-
-SLOTTED = dataclasses.replace(MACHINE, rw_volume_slots=2, ro_volume_slots=2)
+from tests.support.fake_vm import Rig, blank_image, make_rig, with_volume_slots
 
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Rig:
-    rig = make_rig(tmp_path)
-    path = tmp_path / "templates" / "vols-g1"
-    path.mkdir(parents=True)
-    (path / "vmstate").write_bytes(b"template devices")
-    rig.service.add_template(Template("vols", "g1", path, SLOTTED, {"created_at": 1.0}))
-    return rig
+    return with_volume_slots(make_rig(tmp_path), tmp_path)
 
 
-def _image(tmp_path: Path, name: str, content: bytes = b"ext4") -> Path:
-    path = tmp_path / name
-    with open(path, "wb") as fh:
-        fh.write(content)
-        fh.truncate(1 << 20)
-    return path
+def _image(tmp_path: Path, name: str, content: bytes = b"") -> Path:
+    return blank_image(tmp_path, name, content)
 
 
 async def _parent(rig: Rig, tmp_path: Path) -> tuple[Path, Path]:

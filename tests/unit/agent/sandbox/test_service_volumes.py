@@ -4,7 +4,6 @@ sandbox wakes with them re-attached (not re-mounted); snapshots and forks: test_
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -17,26 +16,16 @@ from cryobox.agent.templates.bake import Template
 from cryobox.agent.vm import VmState
 from cryobox.agent.vm.volumes import VolumeAttach
 from cryobox.errors import InvalidArgument, StateError
-from tests.support.fake_vm import MACHINE, FakeVm, Rig, make_rig
-
-SLOTTED = dataclasses.replace(MACHINE, rw_volume_slots=2, ro_volume_slots=2)
+from tests.support.fake_vm import SLOTTED, FakeVm, Rig, blank_image, make_rig, with_volume_slots
 
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Rig:
-    rig = make_rig(tmp_path)
-    path = tmp_path / "templates" / "vols-g1"
-    path.mkdir(parents=True)
-    (path / "vmstate").write_bytes(b"template devices")
-    rig.service.add_template(Template("vols", "g1", path, SLOTTED, {"created_at": 1.0}))
-    return rig
+    return with_volume_slots(make_rig(tmp_path), tmp_path)
 
 
-def _image(tmp_path: Path, name: str) -> Path:
-    path = tmp_path / name
-    with open(path, "wb") as fh:
-        fh.truncate(1 << 20)
-    return path
+def _image(tmp_path: Path, name: str, content: bytes = b"") -> Path:
+    return blank_image(tmp_path, name, content)
 
 
 def _resume_args(vm: FakeVm) -> list[dict[str, Any]]:

@@ -32,7 +32,7 @@ from ..disk.volume import clone_file
 from ..snapshot.store import CaptureInfo, SnapshotImage, SnapshotStore
 from ..templates.quiesce import require_quiesced
 from ..vm import VmState
-from ..vm.volumes import VolumeAttach
+from ..vm.volumes import VolumeAttach, assign_slots
 from ..volumes.clones import VolumeClone, drop_clones, make_clones
 from .factory import new_id
 from .mapping import fork_child
@@ -178,6 +178,7 @@ class Forking:
             if parent.state is not SandboxState.PAUSED:
                 parent.require_running()
             vm = parent.vm
+            assign_slots(vm.config, volumes)  # too many, or a path twice: refused before anything is copied
             disk = service.factory.run_dir / f".fork-{new_id('disk')}.qcow2"
             was_running = vm.state is VmState.RUNNING
             started = time.monotonic()

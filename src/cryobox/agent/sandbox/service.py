@@ -321,8 +321,8 @@ class SandboxService(Lifecycle, GuestCalls):
         guest awaited (``boot_timeout_s``), ``volumes`` attached (:func:`.volumehold.join_booted`) and mounted
         in the guest's rejoin; then it is running and recorded. Its ``boot_ms`` counts from ``started``
         (``time.monotonic``) plus the parent's pause. On failure nothing of it stays (its VM is destroyed)."""
-        assign_slots(child.vm.config, volumes)  # too many, or a path twice: refused before the boot is awaited
         try:
+            assign_slots(child.vm.config, volumes)  # too many, or a path twice: refused before the boot is awaited
             self._take(child)
             await self.factory.apply_egress(child.vm, child.id, child.egress)
             await child.vm.wait_guest_ready(boot_timeout_s)

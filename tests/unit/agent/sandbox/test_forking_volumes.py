@@ -13,7 +13,7 @@ import pytest
 from cryobox.agent.vm import VmState
 from cryobox.agent.vm.volumes import VolumeAttach
 from cryobox.agent.volumes.clones import VolumeClone
-from cryobox.errors import StateError
+from cryobox.errors import InvalidArgument, StateError
 from tests.support.fake_vm import Rig, blank_image, make_rig, with_volume_slots
 
 
@@ -146,3 +146,12 @@ async def test_a_cold_fork_child_gets_its_volumes_after_its_boot(rig: Rig, tmp_p
             "sb-p", child_id="sb-d", volumes=[VolumeAttach(again, mount_path="/d")], clones=[VolumeClone(data, again)]
         )
     assert not again.exists() and "sb-d" not in rig.service.sandboxes
+
+
+async def test_too_many_volumes_for_a_fork_child_copy_nothing(rig: Rig, tmp_path: Path) -> None:
+    data, _ = await _parent(rig, tmp_path)
+    clone = tmp_path / "clone.ext4"
+    made = len(rig.factory.made)
+    with pytest.raises(InvalidArgument, match="at most 2 read-write"):
+        await rig.forking.fork("sb-p", volumes=[VolumeAttach(data)] * 3, clones=[VolumeClone(data, clone)])
+    assert not clone.exists() and len(rig.factory.made) == made and rig.vm("sb-p").state is VmState.RUNNING

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from cryobox.agentapi import models as am
-from cryobox.errors import HostUnavailable
+from cryobox.errors import HostUnavailable, StateError
 from cryobox.registry import Registry
 from cryobox.server.control.forkvolumes import clone_name
 from cryobox.server.control.quotas import Quota
@@ -149,3 +149,14 @@ async def test_a_parent_without_volumes_forks_as_before(env: Env) -> None:
     assert tree.status_code == 201 and len(tree.json()["children"]) == 2
     (_, request) = [args for name, args in env.agent.calls if name == "fork_tree"][-1]
     assert request.volumes == {} and _names(env) == {"data", "models"}
+
+
+async def test_a_busy_parent_is_a_409_and_leaves_no_clone(env: Env) -> None:
+    parent = await _parent(env)
+    busy = StateError("the volume at /work is in use", state="volume_busy", details={"path": "/work"})
+    env.agent.fail_next["fork_tree"] = busy
+    refused = await env.client.post(f"/v1/sandboxes/{parent}/fork-tree", json={"count": 2})
+    assert refused.status_code == 409 and refused.json()["details"]["state"] == "volume_busy", refused.text
+    assert _names(env) == {"data", "models"}
+    models = env.control.volumes.records.get(env.ws, "models")
+    assert [a.sandbox_id for a in models.attachments] == [parent]  # the children's read-only attachments went too

@@ -84,6 +84,8 @@ class FakeAgent(FakeProcs, FakeRecipeBuilds, FakeVolumes):
         self.snapshot_files: dict[str, dict[str, bytes]] = {}
         self.volumes: dict[str, int] = {}
         self.attached_here: set[str] = set()
+        self.failing_children: set[str] = set()
+        """Fork and tree children whose boot or restore fails (``GuestError``)."""
         self.stored: set[str] = set()
         self.stored_manifests: dict[str, str] = {}
         """Snapshot id -> the sha256 of the manifest its store_snapshot "uploaded"."""
@@ -613,9 +615,19 @@ class FakeAgent(FakeProcs, FakeRecipeBuilds, FakeVolumes):
     async def fork(self, sandbox_id: str, request: m.ForkRequest) -> m.SandboxInfo:
         self._record("fork", sandbox_id, request)
         parent = self._require(sandbox_id, "running", "paused")
-        child = self._new_sandbox(self._child(parent, request.child_id, dict(request.metadata)), boot_mode="cold")
+        clones = self._clone_volumes(request.volumes)
+        try:
+            child = self._new_child(self._child(parent, request.child_id, dict(request.metadata)), boot_mode="cold")
+        except CryoboxError:
+            self._drop_clones(clones)
+            raise
         self.files[child.id] = dict(self.files[sandbox_id])
         return child
+
+    def _new_child(self, spec: m.CreateSpec, *, boot_mode: str = "restore") -> m.SandboxInfo:
+        if spec.sandbox_id in self.failing_children:
+            raise GuestError(f"child {spec.sandbox_id} did not come up")
+        return self._new_sandbox(spec, boot_mode=boot_mode)
 
     async def fork_tree(self, sandbox_id: str, request: m.TreeRequest) -> m.TreeResult:
         self._record("fork_tree", sandbox_id, request)
@@ -626,9 +638,11 @@ class FakeAgent(FakeProcs, FakeRecipeBuilds, FakeVolumes):
         for child_id in request.child_ids:
             metadata = {**request.metadata, "cryobox.tree_id": request.tree_id, "cryobox.parent_id": sandbox_id}
             ref = m.SnapshotRef(id=snap.id, template=snap.template)
+            clones = self._clone_volumes(request.volumes.get(child_id, []))
             try:
-                children.append(self._new_sandbox(self._child(parent, child_id, metadata, ref)))
+                children.append(self._new_child(self._child(parent, child_id, metadata, ref)))
             except CryoboxError as exc:
+                self._drop_clones(clones)
                 errors.append(m.TreeChildError(child_id=child_id, error=f"{exc.code}: {exc.message}"))
         return m.TreeResult(snapshot=snap, children=children, errors=errors)
 

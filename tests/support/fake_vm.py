@@ -4,8 +4,9 @@
 - :class:`FakeVm` is a :class:`~cryobox.agent.vm.MicroVM` whose QMP and process are simulated: it keeps the real
   state guards (``restore`` needs ``incoming``, ``pause`` needs ``running``, ``resume`` needs ``paused``), records
   every QMP command (``qmp_log``; ``qmp_errors`` makes one fail) and has a guest agent (:class:`FakeGuest`) that
-  answers ``resume`` (mounting the volumes it names)/``set_clock``/``exec``/files/``volumes_settle`` only while
-  it runs.
+  answers ``resume`` (mounting the volumes it names)/``set_clock``/``exec``/files/``volumes_settle`` and
+  ``volumes_release``/``volumes_mount`` (``mounted``: what it has mounted; ``busy``: paths it cannot release) only
+  while it runs.
 - :class:`FakeFactory` makes them (restores, cold boots, adoptions, placeholders) and records what it destroyed
   and which egress it granted; ``rejoin_error`` makes the guests it makes from then on fail to rejoin.
 - :class:`FakeImageStore` is a real :class:`~cryobox.agent.snapshot.store.SnapshotStore` directory (load, delete,
@@ -17,6 +18,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -55,6 +57,9 @@ class FakeGuest:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.files: dict[str, bytes] = {}
         self.closed = False
+        self.mounted: set[str] = set()
+        self.busy: set[str] = set()
+        """Mount paths a ``volumes_release`` finds in use (EBUSY)."""
 
     def ops(self) -> list[str]:
         return [op for op, _ in self.calls]
@@ -70,13 +75,14 @@ class FakeGuest:
             errors = {"clock": self.vm.rejoin_error} if self.vm.rejoin_error else {}
             reply = {"step_ns": 0, "instance_id": args["instance_id"], "reseeded": True, "hooks": [], "errors": errors}
             if "volumes" in args:
-                reply["volumes"] = [
-                    {"path": v["path"], "device": v["device"], "ok": v["path"] not in self.vm.unmountable, "ms": 1.0}
-                    for v in args["volumes"]
-                ]
+                reply["volumes"] = self._mount(args["volumes"])
             return reply
         if op == "volumes_settle":
             return {"settled": {p: "frozen" for p in args["paths"]}, "errors": {}}
+        if op == "volumes_mount":
+            return {"volumes": self._mount(args["volumes"])}
+        if op == "volumes_release":
+            return self._release(args["volumes"])
         if op == "set_clock":
             return {"before_ns": args["epoch_ns"]}
         if op == "exec":
@@ -89,6 +95,23 @@ class FakeGuest:
         if op == "read_file":
             return {"content": b64(self.files[args["path"]])}
         return {}
+
+    def _mount(self, volumes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        results = []
+        for v in volumes:
+            ok = v["path"] not in self.vm.unmountable
+            results.append({"path": v["path"], "device": v["device"], "ok": ok, "ms": 1.0})
+            if ok:
+                self.mounted.add(v["path"])
+        return results
+
+    def _release(self, volumes: list[dict[str, Any]]) -> dict[str, Any]:
+        for v in volumes:
+            if v["path"] in self.busy:
+                return {"ok": False, "step": "umount", "path": v["path"], "device": v["device"], "error": "EBUSY: x"}
+        released = [v["path"] for v in volumes if v["path"] in self.mounted]
+        self.mounted -= set(released)
+        return {"ok": True, "released": released, "ms": 1.0}
 
 
 class FakeVm(MicroVM):
@@ -230,12 +253,16 @@ class FakeImageStore(SnapshotStore):
     def __init__(self, root: Path, hot: HotImages) -> None:
         super().__init__(root, hot, "QEMU emulator version 0.0 (fake)")
         self.finish_error: Exception | None = None
+        self.mounted_at_capture: dict[str, set[str]] = {}
+        """Snapshot id -> what the guest of the VM captured had mounted then."""
 
     async def begin(
         self, vm: MicroVM, snapshot_id: str, info: CaptureInfo, *, keep_running: bool = True
     ) -> SnapshotImage:
         path = self.root / snapshot_id
         path.mkdir(parents=True)
+        if isinstance(vm, FakeVm):
+            self.mounted_at_capture[snapshot_id] = set(vm.fake_guest.mounted)
         for name, data in (("memory", b"ram"), ("vmstate", b"devices"), ("disk.qcow2", vm.disk.read_bytes())):
             (path / name).write_bytes(data)
         manifest = {
@@ -313,11 +340,30 @@ class Rig:
         return record_states(self.records)
 
 
-def make_template(root: Path, name: str = "base") -> Template:
+SLOTTED = dataclasses.replace(MACHINE, rw_volume_slots=2, ro_volume_slots=2)
+"""A machine with two read-write and two read-only volume slots (the ``vols`` template of :func:`with_volume_slots`)."""
+
+
+def make_template(root: Path, name: str = "base", machine: MachineConfig = MACHINE) -> Template:
     path = root / "templates" / f"{name}-g1"
     path.mkdir(parents=True)
     (path / "vmstate").write_bytes(b"template devices")
-    return Template(name, "g1", path, MACHINE, {"created_at": 1.0})
+    return Template(name, "g1", path, machine, {"created_at": 1.0})
+
+
+def with_volume_slots(rig: Rig, root: Path) -> Rig:
+    """``rig`` serving template ``vols`` too, baked with volume slots (:data:`SLOTTED`)."""
+    rig.service.add_template(make_template(root, "vols", SLOTTED))
+    return rig
+
+
+def blank_image(root: Path, name: str, content: bytes = b"") -> Path:
+    """A 1 MiB file starting with ``content``: a volume's image as far as fake VMs care."""
+    path = root / name
+    with open(path, "wb") as fh:
+        fh.write(content)
+        fh.truncate(1 << 20)
+    return path
 
 
 def make_rig(root: Path) -> Rig:

@@ -1,11 +1,14 @@
-"""The volume methods of :class:`~.fake_agent.FakeAgent`: images in memory (sizes only, nothing formatted)."""
+"""The volume methods of :class:`~.fake_agent.FakeAgent`: images in memory (sizes only, nothing formatted); a fork
+child's clones are made as the real agent makes them (404 for a source not here, 409 for an id held) and go again
+when the child fails."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 
-from cryobox.agentapi.models_volumes import StoredVolume, VolumeFetch, VolumeInfo, VolumeResize, VolumeSpec
+from cryobox.agentapi.models_volumes import ChildVolume, StoredVolume, VolumeFetch, VolumeInfo, VolumeResize, VolumeSpec
 from cryobox.errors import IntegrityError, InvalidArgument, NotFound, ObjectNotFound, StateError
 from cryobox.objstore.client import ObjectStore
 
@@ -20,6 +23,21 @@ class FakeVolumes:
 
     def _record(self, method: str, *args: object) -> None:
         raise NotImplementedError
+
+    def _clone_volumes(self, volumes: Sequence[ChildVolume]) -> list[str]:
+        """Make a fork child's clones (all or nothing); their ids."""
+        wanted = [v for v in volumes if v.clone_of is not None]
+        for v in wanted:
+            self._volume(v.clone_of or "")
+            if v.volume_id in self.volumes:
+                raise StateError(f"volume {v.volume_id} exists on this host already", state="exists")
+        for v in wanted:
+            self.volumes[v.volume_id] = self.volumes[v.clone_of or ""]
+        return [v.volume_id for v in wanted]
+
+    def _drop_clones(self, volume_ids: Sequence[str]) -> None:
+        for volume_id in volume_ids:
+            self.volumes.pop(volume_id, None)
 
     def _volume(self, volume_id: str) -> VolumeInfo:
         if volume_id not in self.volumes:

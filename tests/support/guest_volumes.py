@@ -1,7 +1,7 @@
 """A guest's view of volume slots without a kernel: a ``/sys/block`` tree under a tmp dir (``vda`` the root disk,
 ``vdb`` a read-write slot holding an 8192-sector volume, ``vdc`` a read-only slot holding 4096 sectors, ``vdd`` an
-empty read-write slot) and a :class:`~cryobox.guest.ops_volumes.VolumeSystem` whose mount, unmount, freeze and sync
-only call back."""
+empty read-write slot) and a :class:`~cryobox.guest.ops_volumes.VolumeSystem` whose mount, unmount, freeze, claim
+and sync only call back."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ def fake_volumes(
         mount=on_mount,
         umount=lambda path: on_other("umount", path),
         freeze=lambda path: on_other("freeze", path),
+        claim=lambda device: on_other("claim", device),
         sync=lambda: on_other("sync", ""),
         capacity_timeout=0.05,
         sleep=lambda seconds: None,

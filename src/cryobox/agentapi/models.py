@@ -17,7 +17,7 @@ from ..proxy.target import PortTarget as PortTarget
 from . import models_guest as _guest
 from . import models_procs as _procs
 from . import models_templates as _templates
-from .models_volumes import VolumeMount
+from .models_volumes import ChildVolume, VolumeMount
 
 SandboxState = Literal["starting", "running", "paused", "hibernated", "stopped", "error"]
 
@@ -233,6 +233,9 @@ class WakeSpec(_Model):
 class ForkRequest(_Model):
     child_id: str
     metadata: dict[str, str] = Field(default_factory=dict)
+    volumes: list[ChildVolume] = Field(default_factory=list)
+    """The child's volumes (clones of the parent's read-write ones, taken in the parent's pause, and its
+    read-only ones), mounted once it has booted."""
 
 
 class TreeRequest(_Model):
@@ -243,6 +246,9 @@ class TreeRequest(_Model):
     child_ids: list[str] = Field(default_factory=list)
     metadata: dict[str, str] = Field(default_factory=dict)
     tree_id: str
+    volumes: dict[str, list[ChildVolume]] = Field(default_factory=dict)
+    """Per child id, its volumes: clones (made while the parent's guest has its volumes released for the
+    capture) and the read-only ones it shares."""
 
 
 class TreeChildError(_Model):

@@ -78,3 +78,11 @@ class VolumeFetch(_Model):
 
     volume_id: str = Field(pattern=VOLUME_ID.pattern)
     manifest_sha256: str = Field(pattern=SHA256)
+
+
+class ChildVolume(VolumeMount):
+    """A volume a fork child gets. With ``clone_of``, ``volume_id`` is a new volume (its row written already):
+    the agent makes its image a copy-on-write clone of volume ``clone_of``'s (the parent's) while the parent's
+    file system cannot change under it, and removes it again if the child fails."""
+
+    clone_of: str | None = Field(default=None, pattern=VOLUME_ID.pattern)

@@ -29,6 +29,7 @@ from .ops_inspect import InspectSources, NetInspector
 from .ops_procs import ProcTable
 from .ops_pty import PtySessions
 from .ops_resume import Resumer, ResumeSystem
+from .ops_volume_release import VolumeHolds
 from .ops_volumes import VolumeSettler
 from .ops_watch import WatcherTable, op_watch_dir
 from .protocol import HEADER, FrameError, decode_body, decode_length, encode
@@ -211,6 +212,8 @@ class GuestAgent:
             "watch_dir": op_watch_dir,
             "volumes_settle": VolumeSettler(resume_system.volumes if resume_system is not None else None),
         }
+        holds = VolumeHolds(resume_system.volumes if resume_system is not None else None)
+        self._ops.update(volumes_release=holds.release_op, volumes_mount=holds.mount_op)
         for name, op in FILE_OPS.items():
             self.register(name, _without_events(op))
         self.pty = PtySessions()

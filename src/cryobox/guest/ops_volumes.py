@@ -20,7 +20,8 @@ skipped, as for any read-only copy of a live ext4).
 
 ``volumes_settle`` ``{"paths": [...], "mode": "freeze" | "unmount"}`` syncs, then freezes (``FIFREEZE``: the
 journal is checkpointed and the filesystem marked clean, open files or not) or unmounts each path; the host calls
-it before killing a VM whose volumes stay (a delete), so an image it keeps needs no journal replay.
+it before killing a VM whose volumes stay (a delete), so an image it keeps needs no journal replay. Letting go of
+every volume for a snapshot, and mounting them again, are :mod:`.ops_volume_release`'s.
 """
 
 from __future__ import annotations
@@ -79,24 +80,28 @@ def parse_mounts(value: object) -> tuple[VolumeMount, ...]:
         return ()
     if not isinstance(value, list) or len(value) > MAX_VOLUMES:
         raise invalid(f"'volumes' must be a list of at most {MAX_VOLUMES} objects")
-    mounts: list[VolumeMount] = []
-    for item in value:
-        if not isinstance(item, dict):
-            raise invalid("each volume must be an object")
-        serial, device, read_only = item.get("serial"), item.get("device"), item.get("read_only")
-        if not isinstance(serial, str) or not SERIAL_RE.fullmatch(serial):
-            raise invalid(f"volume serial {serial!r} is not a volume slot's")
-        if not isinstance(device, str) or not DEVICE_RE.fullmatch(device):
-            raise invalid(f"volume device {device!r} is not a virtio disk name")
-        if not isinstance(read_only, bool):
-            raise invalid("a volume's 'read_only' must be a boolean")
-        sectors = item.get("sectors", 0)
-        if isinstance(sectors, bool) or not isinstance(sectors, int) or sectors < 0:
-            raise invalid("a volume's 'sectors' must be a non-negative integer")
-        mounts.append(VolumeMount(serial, device, _check_path(item.get("path")), read_only, sectors))
+    mounts = tuple(parse_disk(item, with_path=True) for item in value)
     if len({m.path for m in mounts}) != len(mounts) or len({m.serial for m in mounts}) != len(mounts):
         raise invalid("two volumes name the same path or slot")
-    return tuple(mounts)
+    return mounts
+
+
+def parse_disk(item: object, *, with_path: bool) -> VolumeMount:
+    """One volume of a list the host sent; without ``with_path`` a disk the platform does not mount (its
+    ``path`` is ``""``). :raises OpError: ``invalid_argument``."""
+    if not isinstance(item, dict):
+        raise invalid("each volume must be an object")
+    serial, device, read_only = item.get("serial"), item.get("device"), item.get("read_only", False)
+    if not isinstance(serial, str) or not SERIAL_RE.fullmatch(serial):
+        raise invalid(f"volume serial {serial!r} is not a volume slot's")
+    if not isinstance(device, str) or not DEVICE_RE.fullmatch(device):
+        raise invalid(f"volume device {device!r} is not a virtio disk name")
+    if not isinstance(read_only, bool) or with_path and "read_only" not in item:
+        raise invalid("a volume's 'read_only' must be a boolean")
+    sectors = item.get("sectors", 0)
+    if isinstance(sectors, bool) or not isinstance(sectors, int) or sectors < 0:
+        raise invalid("a volume's 'sectors' must be a non-negative integer")
+    return VolumeMount(serial, device, _check_path(item.get("path")) if with_path else "", read_only, sectors)
 
 
 @functools.cache
@@ -131,6 +136,19 @@ def sys_freeze(target: str) -> None:
         os.close(fd)
 
 
+BLKFLSBUF = 0x1261  # _IO(0x12, 97)
+
+
+def sys_claim(device: str) -> None:
+    """Open block device ``device`` exclusively (EBUSY while a file system on it is mounted anywhere: another
+    mount namespace, a bind mount) and drop its buffer cache, so the guest's memory keeps none of its blocks."""
+    fd = os.open(device, os.O_RDONLY | os.O_EXCL | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(fd, BLKFLSBUF, 0)
+    finally:
+        os.close(fd)
+
+
 @dataclass(frozen=True)
 class VolumeSystem:
     """What mounting touches (the defaults act on this machine; tests replace every field)."""
@@ -140,6 +158,7 @@ class VolumeSystem:
     mount: Callable[[str, str, str, int, str | None], None] = sys_mount
     umount: Callable[[str], None] = sys_umount
     freeze: Callable[[str], None] = sys_freeze
+    claim: Callable[[str], None] = sys_claim
     sync: Callable[[], None] = os.sync
     capacity_timeout: float = CAPACITY_TIMEOUT
     sleep: Callable[[float], None] = time.sleep
@@ -226,7 +245,7 @@ def mount_one(mount: VolumeMount, system: VolumeSystem, steps: dict[str, float] 
     return disk
 
 
-def _describe(err: BaseException) -> str:
+def describe(err: BaseException) -> str:
     if isinstance(err, OSError) and err.errno is not None:
         return f"{errno.errorcode.get(err.errno, str(err.errno))}: {err.strerror or err}"
     return f"{type(err).__name__}: {err}"
@@ -243,7 +262,7 @@ def mount_volumes(mounts: tuple[VolumeMount, ...], system: VolumeSystem) -> list
             result["device"] = mount_one(mount, system, steps)
             result["ok"] = True
         except Exception as err:
-            result.update(ok=False, error=_describe(err))
+            result.update(ok=False, error=describe(err))
         result["ms"] = round((time.perf_counter() - started) * 1000, 3)
         results.append(result)
     return results
@@ -277,5 +296,5 @@ class VolumeSettler:
                     self.system.umount(path)
                     settled[path] = "unmounted"
             except Exception as err:
-                errors[path] = _describe(err)
+                errors[path] = describe(err)
         return {"settled": settled, "errors": errors}

@@ -340,3 +340,38 @@ async def test_volume_images(agent: Agent) -> None:
     await agent.delete_volume(volume_id)  # idempotent
     with pytest.raises(NotFound):
         await agent.volume_info(volume_id)
+
+
+async def test_snapshots_and_trees_with_volumes(agent: Agent) -> None:
+    """Both transports carry a tree child's volumes (a clone of the parent's, ``clone_of``) and the 409 of a volume
+    in use (``volume_busy``, with its path)."""
+    source, clone = f"vol-{secrets.token_hex(6)}", f"vol-{secrets.token_hex(6)}"
+    await agent.create_volume(am_volumes.VolumeSpec(volume_id=source, size_bytes=32 << 20, label="fcvol-contract"))
+    parent = await agent.create(spec(volumes=[am_volumes.VolumeMount(volume_id=source, path="/data")]))
+    child = f"sb-{secrets.token_hex(6)}"
+    tree_snap = f"snap-{secrets.token_hex(6)}"
+    try:
+        await sh(agent, parent.id, "echo parent > /data/f && sync")
+        await sh(agent, parent.id, "nohup sh -c 'cd /data && exec sleep 600' >/dev/null 2>&1 & echo $! > /tmp/h")
+        await sh(agent, parent.id, "sleep 0.5")
+        with pytest.raises(StateError) as busy:
+            await agent.snapshot(parent.id, am.SnapshotRequest(snapshot_id=f"snap-{secrets.token_hex(6)}"))
+        assert busy.value.state == "volume_busy" and busy.value.details["path"] == "/data"
+        await sh(agent, parent.id, "kill $(cat /tmp/h); while kill -0 $(cat /tmp/h) 2>/dev/null; do sleep 0.1; done")
+        request = am.TreeRequest(
+            snapshot_id=tree_snap,
+            child_ids=[child],
+            tree_id="tree-v",
+            volumes={child: [am_volumes.ChildVolume(volume_id=clone, path="/data", clone_of=source)]},
+        )
+        tree = await agent.fork_tree(parent.id, request)
+        assert tree.errors == [] and [c.id for c in tree.children] == [child]
+        assert await sh(agent, child, "cat /data/f; echo child > /data/f; sync") == "parent\n"
+        assert await sh(agent, parent.id, "cat /data/f") == "parent\n"  # the clone is the child's own
+        assert {source, clone} <= {v.volume_id for v in await agent.list_volumes()}
+    finally:
+        for sandbox_id in (parent.id, child):
+            await agent.delete(sandbox_id)
+        await agent.delete_snapshot(tree_snap)
+        for volume_id in (source, clone):
+            await agent.delete_volume(volume_id)

@@ -345,12 +345,15 @@ class HostAgent(HibernationEndpoints, ProcEndpoints, VolumeEndpoints):
         return await self.snapshots.prune(set(keep))
 
     async def fork(self, sandbox_id: str, request: am.ForkRequest) -> am.SandboxInfo:
-        forking, slot = self.host.forking, self.admission.slot  # a child's boot holds a slot like any restore
-        child = await forking.fork(sandbox_id, metadata=dict(request.metadata), child_id=request.child_id, slot=slot)
-        return self._info(child)
+        volumes, clones = self.fork_volumes({request.child_id: request.volumes})  # refused before anything is done
+        # a child's boot holds an admission slot like any restore
+        return self._info(await self.snapshots.fork(sandbox_id, request, self.admission.slot, volumes, clones))
 
     async def fork_tree(self, sandbox_id: str, request: am.TreeRequest) -> am.TreeResult:
-        return await self.snapshots.fork_tree(sandbox_id, request, self._info, slot=self.admission.slot)
+        volumes, clones = self.fork_volumes(request.volumes)  # refused before anything is done
+        return await self.snapshots.fork_tree(
+            sandbox_id, request, self._info, slot=self.admission.slot, volumes=volumes, clones=clones
+        )
 
     async def evidence_list(self, snapshot_id: str) -> list[am.EvidenceEntry]:
         return await self.snapshots.evidence_list(snapshot_id)

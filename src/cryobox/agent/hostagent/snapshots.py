@@ -22,7 +22,7 @@ from ...objstore.manifests import delete_published, recorded_manifest
 from ...util.background import Background
 from ..host.startup import Host
 from ..publish.templates import import_snapshot, publish_snapshot
-from ..sandbox.forking import SlotFactory
+from ..sandbox.forking import ChildClones, ChildVolumes, SlotFactory
 from ..sandbox.sandbox import Sandbox
 from ..snapshot import evidence
 from ..snapshot.store import SnapshotImage
@@ -162,15 +162,36 @@ class SnapshotOps:
                 log.warning("removing %s failed: %s", snapshot_id, err)
         return gone
 
+    async def fork(
+        self,
+        sandbox_id: str,
+        request: am.ForkRequest,
+        slot: SlotFactory | None,
+        volumes: ChildVolumes,
+        clones: ChildClones,
+    ) -> Sandbox:
+        """A cold-booted child of the parent's disk, with its ``volumes`` and ``clones`` (by child id)."""
+        child_id = request.child_id
+        return await self.host.forking.fork(
+            sandbox_id,
+            metadata=dict(request.metadata),
+            child_id=child_id,
+            slot=slot,
+            volumes=volumes.get(child_id, ()),
+            clones=clones.get(child_id, ()),
+        )
+
     async def fork_tree(
         self,
         sandbox_id: str,
         request: am.TreeRequest,
         info: Callable[[Sandbox], am.SandboxInfo],
         slot: SlotFactory | None = None,
+        volumes: ChildVolumes | None = None,
+        clones: ChildClones | None = None,
     ) -> am.TreeResult:
         """Snapshot the parent and restore the requested children here, each child in its own admission ``slot``
-        (the snapshot takes none)."""
+        (the snapshot takes none), with its ``volumes`` and ``clones`` (by child id)."""
         if not request.child_ids:  # only the snapshot: the children are placed on other agents
             image = await self.host.forking.snapshot(sandbox_id, snapshot_id=request.snapshot_id)
             return am.TreeResult(snapshot=self._with_generation(image, {"cryobox.tree_id": request.tree_id}))
@@ -181,6 +202,8 @@ class SnapshotOps:
             child_ids=list(request.child_ids),
             tree_id=request.tree_id,
             slot=slot,
+            volumes=volumes,
+            clones=clones,
         )
         return am.TreeResult(
             snapshot=self._with_generation(tree.snapshot, {"cryobox.tree_id": request.tree_id}),

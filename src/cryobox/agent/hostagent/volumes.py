@@ -6,12 +6,21 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from ...agentapi.models_volumes import StoredVolume, VolumeFetch, VolumeInfo, VolumeMount, VolumeResize, VolumeSpec
+from ...agentapi.models_volumes import (
+    ChildVolume,
+    StoredVolume,
+    VolumeFetch,
+    VolumeInfo,
+    VolumeMount,
+    VolumeResize,
+    VolumeSpec,
+)
 from ...errors import HostUnavailable, NotFound, ObjectNotFound
 from ..host.startup import Host
 from ..vm.volumes import VolumeAttach
+from ..volumes.clones import VolumeClone
 from ..volumes.store import VolumeStore
 from ..volumes.transfer import fetch_volume, store_volume
 
@@ -44,6 +53,35 @@ class VolumeEndpoints:
                 )
             )
         return out
+
+    def fork_volumes(
+        self, wanted: Mapping[str, Sequence[ChildVolume]]
+    ) -> tuple[dict[str, list[VolumeAttach]], dict[str, list[VolumeClone]]]:
+        """Per fork child id, what it attaches and the clones to make for it. 404: a volume or a clone's source
+        is not on this host; 409: a clone's image exists already; 503: no room for every clone's full size."""
+        volumes: dict[str, list[VolumeAttach]] = {}
+        clones: dict[str, list[VolumeClone]] = {}
+        for child_id, asked in wanted.items():
+            volumes[child_id], clones[child_id] = self._child_volumes(asked)
+        every = [clone for made in clones.values() for clone in made]
+        if every:
+            self._volumes.room_for(sum(c.source.stat().st_size for c in every))
+        return volumes, clones
+
+    def _child_volumes(self, volumes: Sequence[ChildVolume]) -> tuple[list[VolumeAttach], list[VolumeClone]]:
+        if not volumes:
+            return [], []
+        attaches = self.volume_attaches([v for v in volumes if v.clone_of is None])
+        clones: list[VolumeClone] = []
+        store = self._volumes
+        for volume in volumes:
+            if volume.clone_of is None:
+                continue
+            store.info(volume.clone_of)  # 404: the source is not here
+            clone = VolumeClone(source=store.path(volume.clone_of), target=store.new_path(volume.volume_id))
+            clones.append(clone)
+            attaches.append(VolumeAttach(clone.target, volume.read_only, volume.path, volume.volume_id))
+        return attaches, clones
 
     async def list_volumes(self) -> list[VolumeInfo]:
         store = self._volumes

@@ -52,7 +52,7 @@ async def sync_clock(guest: GuestClient) -> int:
     return host_ns - int(reply["before_ns"])
 
 
-def _check_mounts(wanted: list[dict[str, Any]], reply: dict[str, Any]) -> list[dict[str, Any]]:
+def check_mounts(wanted: list[dict[str, Any]], reply: dict[str, Any]) -> list[dict[str, Any]]:
     """The guest's volume results, one per mount asked for. :raises StateError: one failed (naming it)."""
     results = reply.get("volumes")
     if not isinstance(results, list) or len(results) != len(wanted):
@@ -83,7 +83,7 @@ async def rejoin(
     if mounts:
         args["volumes"] = mounts
     reply = await guest.call("resume", args, timeout=RESUME_TIMEOUT_S)
-    mounted = _check_mounts(mounts, reply) if mounts else []
+    mounted = check_mounts(mounts, reply) if mounts else []
     errors: dict[str, str] = dict(reply.get("errors") or {})
     if not reply.get("reseeded"):
         errors.setdefault("reseed", "the guest RNG was not reseeded")

@@ -42,6 +42,7 @@ from .lifecycle import Lifecycle, RestoreGate
 from .mapping import sandbox_record
 from .records import SandboxRecord, SandboxRecords
 from .sandbox import Sandbox, SandboxState
+from .volumehold import join_booted
 
 log = logging.getLogger(__name__)
 
@@ -308,17 +309,26 @@ class SandboxService(Lifecycle, GuestCalls):
             await self.persist(sandbox)
 
     async def register_child(
-        self, child: Sandbox, *, started: float, paused_ms: float = 0.0, boot_timeout_s: float
+        self,
+        child: Sandbox,
+        *,
+        started: float,
+        paused_ms: float = 0.0,
+        boot_timeout_s: float,
+        volumes: Sequence[VolumeAttach] = (),
     ) -> Sandbox:
         """Hold a fork child whose VM is cold-booting (:mod:`.forking`) and bring it up: egress granted, the
-        guest awaited (``boot_timeout_s``) and rejoined; then it is running and recorded. Its ``boot_ms`` counts
-        from ``started`` (``time.monotonic``) plus the parent's pause. On failure nothing of it stays (its VM is
-        destroyed)."""
+        guest awaited (``boot_timeout_s``), ``volumes`` attached (:func:`.volumehold.join_booted`) and mounted
+        in the guest's rejoin; then it is running and recorded. Its ``boot_ms`` counts from ``started``
+        (``time.monotonic``) plus the parent's pause. On failure nothing of it stays (its VM is destroyed)."""
         try:
+            assign_slots(child.vm.config, volumes)  # too many, or a path twice: refused before the boot is awaited
             self._take(child)
             await self.factory.apply_egress(child.vm, child.id, child.egress)
             await child.vm.wait_guest_ready(boot_timeout_s)
-            await rejoin(await child.vm.connect_guest(), child.instance_id)
+            await join_booted(child.vm, volumes)
+            await rejoin(await child.vm.connect_guest(), child.instance_id, volumes=child.vm.volumes)
+            child.volumes = child.vm.volumes
         except BaseException:
             self._let_go(child)
             await self.factory.destroy(child.vm)

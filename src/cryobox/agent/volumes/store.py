@@ -154,6 +154,14 @@ class VolumeStore:
                 details={"free_bytes": free, "requested_bytes": size_bytes},
             )
 
+    def new_path(self, volume_id: str) -> Path:
+        """Where new volume ``volume_id``'s image goes (a clone's): 409 when this host has an image of that id."""
+        path = self.path(volume_id)
+        if path.exists():
+            raise StateError(f"volume {volume_id} exists on this host already", state="exists", required="absent")
+        self.root.mkdir(parents=True, exist_ok=True)
+        return path
+
     def delete(self, volume_id: str, *, in_use: bool = False) -> None:
         """Remove the image (idempotent); 409 while a VM of this host has it attached."""
         if in_use:

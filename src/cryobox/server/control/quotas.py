@@ -237,12 +237,19 @@ class QuotaGuard:
     async def admit_volume(self, workspace_id: str, name: str | None, added_bytes: int) -> Admission:
         """A new volume ``name`` of ``added_bytes`` (``name`` None: a resize adding them) within the ``volumes``
         and ``volume_bytes`` quotas. Release once its row says so (or the attempt failed)."""
-        claim = _Claim(volume_names=(name,) if name is not None else (), volume_bytes=added_bytes)
+        return await self.admit_volumes(workspace_id, [name] if name is not None else [], added_bytes)
+
+    async def admit_volumes(self, workspace_id: str, names: Sequence[str], added_bytes: int) -> Admission:
+        """New volumes ``names`` (none: a resize) adding ``added_bytes`` in all (fork children's clones), within
+        the ``volumes`` and ``volume_bytes`` quotas; asking for nothing is never refused. Release once their rows
+        say so (or the attempt failed)."""
+        claim = _Claim(volume_names=tuple(names), volume_bytes=added_bytes)
         async with self._lock(workspace_id):
             quota, used = await self._read(workspace_id)
-            if name is not None:
-                _require("volumes", quota.volumes, used.volumes, 1)
-            _require("volume_bytes", quota.volume_bytes, used.volume_bytes, added_bytes)
+            if names:
+                _require("volumes", quota.volumes, used.volumes, len(names))
+            if added_bytes or names:
+                _require("volume_bytes", quota.volume_bytes, used.volume_bytes, added_bytes)
             self._claims.setdefault(workspace_id, []).append(claim)
         return Admission(self, workspace_id, claim, quota)
 

@@ -111,7 +111,7 @@ class VolumeControl:
         self.records = VolumeRecords(registry.database)
         self.fleet = fleet
         self.quotas = quotas
-        self._clock = clock
+        self.clock = clock
         self.evict: Callable[[str], Awaitable[bool]] | None = None
         """Let go of a volume the content API's system sandbox holds (:mod:`.volumecontent`): a create wins."""
         self.owners: StoreOwnership | None = None
@@ -127,7 +127,7 @@ class VolumeControl:
         check_size(size_bytes)
         with contextlib.suppress(NotFound):  # a taken name is a 409 before any quota is counted
             await asyncio.to_thread(self.records.get, workspace_id, name)
-            raise self._exists(name)
+            raise self.exists(name)
         with await self.quotas.admit_volume(workspace_id, name, size_bytes):
             host = await self._host()
             row = VolumeRow(
@@ -136,12 +136,12 @@ class VolumeControl:
                 name=name,
                 size_bytes=size_bytes,
                 host=host,
-                created_at=self._clock(),
+                created_at=self.clock(),
             )
             try:
                 row = await asyncio.to_thread(self.records.add, row)
             except InvalidArgument as err:  # AlreadyExists: the workspace has one of that name
-                raise self._exists(name) from err
+                raise self.exists(name) from err
             try:
                 spec = VolumeSpec(volume_id=row.id, size_bytes=size_bytes, label=(LABEL_PREFIX + name)[:16])
                 info = await (await self.fleet.agent(host)).create_volume(spec)
@@ -153,7 +153,7 @@ class VolumeControl:
         return VolumeState(row, info.used_bytes)
 
     @staticmethod
-    def _exists(name: str) -> StateError:
+    def exists(name: str) -> StateError:
         return StateError(f"volume {name!r} already exists", state="exists", required="absent", details={"name": name})
 
     async def _state(self, row: VolumeRow) -> VolumeState:

@@ -1,10 +1,9 @@
 """Volumes through the sandbox service, on fake VMs: attached before the vCPUs run and mounted in the guest's
 ``resume``; a create without volumes touches no slot; refusals leave nothing; a delete settles them; a hibernated
-sandbox wakes with them re-attached (not re-mounted); a sandbox with volumes is not snapshotted."""
+sandbox wakes with them re-attached (not re-mounted); snapshots and forks: test_forking_volumes.py."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -17,26 +16,16 @@ from cryobox.agent.templates.bake import Template
 from cryobox.agent.vm import VmState
 from cryobox.agent.vm.volumes import VolumeAttach
 from cryobox.errors import InvalidArgument, StateError
-from tests.support.fake_vm import MACHINE, FakeVm, Rig, make_rig
-
-SLOTTED = dataclasses.replace(MACHINE, rw_volume_slots=2, ro_volume_slots=2)
+from tests.support.fake_vm import SLOTTED, FakeVm, Rig, blank_image, make_rig, with_volume_slots
 
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Rig:
-    rig = make_rig(tmp_path)
-    path = tmp_path / "templates" / "vols-g1"
-    path.mkdir(parents=True)
-    (path / "vmstate").write_bytes(b"template devices")
-    rig.service.add_template(Template("vols", "g1", path, SLOTTED, {"created_at": 1.0}))
-    return rig
+    return with_volume_slots(make_rig(tmp_path), tmp_path)
 
 
-def _image(tmp_path: Path, name: str) -> Path:
-    path = tmp_path / name
-    with open(path, "wb") as fh:
-        fh.truncate(1 << 20)
-    return path
+def _image(tmp_path: Path, name: str, content: bytes = b"") -> Path:
+    return blank_image(tmp_path, name, content)
 
 
 def _resume_args(vm: FakeVm) -> list[dict[str, Any]]:
@@ -103,11 +92,9 @@ async def test_delete_settles_the_volumes_before_the_kill(rig: Rig, tmp_path: Pa
     assert vm.state is VmState.KILLED and data.exists()
 
 
-async def test_a_woken_sandbox_gets_its_volumes_back_unmounted_and_no_snapshot(rig: Rig, tmp_path: Path) -> None:
+async def test_a_woken_sandbox_gets_its_volumes_back_not_mounted_again(rig: Rig, tmp_path: Path) -> None:
     data = _image(tmp_path, "data.ext4")
     sandbox = await rig.service.create("vols", sandbox_id="sb-1", volumes=[VolumeAttach(data, mount_path="/d")])
-    with pytest.raises(StateError, match="cannot be snapshotted"):
-        await rig.forking.snapshot("sb-1")
     await rig.service.hibernate("sb-1")
     await rig.service.resume("sb-1")
     woken = rig.vm("sb-1")

@@ -6,7 +6,8 @@ volume, one of each. Each create waits for the pool to be full again first (so e
 between real requests) and is timed from the call to the answer of its first ``exec`` (``create_to_first_exec_ms``:
 what a caller waits for); the sandbox is then deleted (its volumes settled). Volumes are 64 MiB ext4 images made
 once for the run. ``added_ms`` is each variant's p50 minus the no-volume p50. Then ``io``: sequential and 4 KiB
-random reads and writes in the guest on a 1 GiB volume against its root disk (:mod:`.volumeio`).
+random reads and writes in the guest on a 1 GiB volume against its root disk (:mod:`.volumeio`); then
+``detach_upload``: storing a 1 GiB volume again after 10 % of it changed (:mod:`.volume_upload`, no VM).
 
 :func:`measure` is what ``cryobox bench volume`` calls; it returns the result (and writes it under ``out_dir``).
 """
@@ -26,7 +27,7 @@ from ..agent.sandbox.factory import PoolMode
 from ..agent.vm.volumes import VolumeAttach
 from ..config import Paths
 from ..image.specs import BASE
-from . import volumeio
+from . import volume_upload, volumeio
 from .report import write_result
 from .stats import stats
 
@@ -150,9 +151,17 @@ async def measure(
     pool_mode: PoolMode = PoolMode.WARM,
     progress: Callable[[str], None] = print,
     io_runs: int = IO_RUNS,
+    upload: bool = True,
 ) -> dict[str, Any]:
-    """:func:`run`, its result written to ``out_dir`` as ``volume-<time>.json``; ``progress`` gets the host's
-    start-up lines (the CLI sends them to stderr: stdout is the JSON)."""
+    """:func:`run` (and, with ``upload``, :mod:`.volume_upload`'s detach-upload of 1 GiB with 10 % changed), its
+    result written to ``out_dir`` as ``volume-<time>.json``; ``progress`` gets the host's start-up lines (the CLI
+    sends them to stderr: stdout is the JSON)."""
     result = await run(data_dir, cache_dir, n, pool_mode, progress, io_runs)
+    if upload:  # no VM: a 1 GiB image stored, 10 % of it rewritten, stored again (what a move's source uploads)
+        progress("detach-upload: 1 GiB, 10 % rewritten in 4 MiB and in 1 MiB writes")
+        result["detach_upload"] = {
+            "4MiB writes": await asyncio.to_thread(volume_upload.measure),
+            "1MiB writes": await asyncio.to_thread(volume_upload.measure, block=1 << 20),
+        }
     write_result(out_dir, "volume", result)
     return result

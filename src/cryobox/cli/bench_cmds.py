@@ -130,6 +130,7 @@ def bench_volume(
     io_runs: Annotated[
         int, typer.Option("--io-runs", min=0, help="in-guest I/O runs on volume and root (0: none)")
     ] = 3,
+    upload: Annotated[bool, typer.Option("--upload/--no-upload", help="detach-upload of 1 GiB, 10 % changed")] = True,
     as_json: AsJson = False,
     out_dir: OutDir = RESULTS_DIR,
     cache_dir: CacheDir = None,
@@ -144,10 +145,14 @@ def bench_volume(
     paths = Paths.from_env(None, cache_dir)
     with tempfile.TemporaryDirectory(prefix="cryobox-bench-volume-") as tmp:
         data = Path(tmp) / "data"
-        result = asyncio.run(measure(data, paths.cache_dir, out_dir, n, progress=console.print, io_runs=io_runs))
+        result = asyncio.run(
+            measure(data, paths.cache_dir, out_dir, n, progress=console.print, io_runs=io_runs, upload=upload)
+        )
     console.print(f"added to a create (p50): {result.get('added_ms')}")
     if result.get("io"):
         console.print(f"volume / root disk in the guest: {result['io']['ratio_volume_to_root']}")
+    if result.get("detach_upload"):
+        console.print(f"detach-upload, 1 GiB with 10 % changed: {result['detach_upload']}")
     _print_result(result, as_json)
 
 

@@ -42,3 +42,26 @@ def test_a_volume_outlives_its_sandbox_with_one_writer_or_many_readers(client: C
         client.http.delete(f"/v1/volumes/{name}")
     assert client.http.get(f"/v1/volumes/{name}").status_code == 404
     assert volume["id"].startswith("vol-")
+
+
+def test_a_full_volume_is_the_guests_enospc_and_nobody_elses(client: Client) -> None:
+    small, other = f"full-{secrets.token_hex(3)}", f"other-{secrets.token_hex(3)}"
+    client.call("POST", "/v1/volumes", 201, json={"name": small, "size_mb": 16})
+    client.call("POST", "/v1/volumes", 201, json={"name": other, "size_mb": 16})
+    try:
+        sbx = client.create(volumes=[{"name": small, "path": "/small"}, {"name": other, "path": "/other"}])["id"]
+        filled = client.call(
+            "POST",
+            f"/v1/sandboxes/{sbx}/exec",
+            json={"cmd": "dd if=/dev/zero of=/small/fill bs=1M count=64 conv=fsync", "timeout_seconds": 120},
+        )
+        assert filled["exit_code"] != 0 and "No space left on device" in filled["stderr"], filled
+        # the other volume and the sandbox's own disk take writes as before
+        assert client.sh(sbx, "echo ok > /other/f && sync && cat /other/f") == "ok\n"
+        assert client.sh(sbx, "echo ok > /var/tmp/f && sync && cat /var/tmp/f") == "ok\n"
+        client.call("DELETE", f"/v1/sandboxes/{sbx}", 204)
+        got = client.call("GET", f"/v1/volumes/{small}")
+        assert got["size_bytes"] == 16 << 20 and got["used_bytes"] is not None and got["used_bytes"] <= 16 << 20, got
+    finally:
+        for name in (small, other):
+            client.http.delete(f"/v1/volumes/{name}")

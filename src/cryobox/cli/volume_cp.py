@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from ..errors import InvalidArgument, NotFound
+from ..models.volumes import NAME_CHARS
 from ..sdk import Volumes
 
-REMOTE = re.compile(r"^(?P<name>[A-Za-z0-9._-]{1,64}):(?P<path>.*)$")
+REMOTE = re.compile(rf"^(?P<name>{NAME_CHARS}):(?P<path>.*)$")
 
 
 @dataclass(frozen=True)

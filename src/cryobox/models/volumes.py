@@ -6,12 +6,16 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 MIN_SIZE_MB = 16
+NAME_CHARS = r"[A-Za-z0-9._-]{1,64}"
+"""A volume's name (PandaStack's rule; E2B's ``[A-Za-z0-9_-]+`` is inside it): the one rule of the server, the
+SDK and the CLI."""
+NAME_PATTERN = f"^{NAME_CHARS}$"
 MAX_SIZE_MB = 1 << 20
 
 
 class CreateVolumeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+    name: str = Field(min_length=1, max_length=64, pattern=NAME_PATTERN)
     size_mb: int = Field(default=1024, ge=MIN_SIZE_MB, le=MAX_SIZE_MB)
     """MiB (default 1 GiB)."""
 
@@ -74,7 +78,7 @@ class VolumeMountRequest(BaseModel):
     read-only ones)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+    name: str = Field(min_length=1, max_length=64, pattern=NAME_PATTERN)
     path: str | None = Field(default=None, min_length=2, max_length=4096)
     read_only: bool = Field(default=False, alias="readOnly")
 

@@ -9,10 +9,11 @@ import httpx
 
 from .. import models
 from ..errors import InvalidArgument
+from ..models.volumes import NAME_PATTERN
 from ._base import parse_model
 from ._requests import ApiRequest
 
-NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+NAME = re.compile(NAME_PATTERN)
 
 
 def _path(name: str) -> str:

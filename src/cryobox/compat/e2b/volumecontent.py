@@ -23,15 +23,12 @@ from ...registry.volumes import VolumeRecords, VolumeRow
 from ...server.access.gate import bearer_key
 from ...server.control.volumecontent import Meta, VolumeContent
 from ...server.routes.deps import AppContext, context
+from ...server.routes.volumefiles import Id, Mode, Path, volume_entry
 from ...util.httpbody import read_body
-from ...util.times import rfc3339
 from .routing import E2BRoute
 from .volumes import TOKEN_PURPOSE
 
 router = APIRouter(prefix="/e2b/volumecontent", route_class=E2BRoute, include_in_schema=False)
-Path = Annotated[str, Query(min_length=1, max_length=4096)]
-Id = Annotated[int | None, Query(ge=0, le=(1 << 31))]
-Mode = Annotated[int | None, Query(ge=0, le=0o7777)]
 
 
 class Holder:
@@ -61,12 +58,8 @@ Volume = Annotated[Holder, Depends(holder)]
 
 
 def entry(raw: dict[str, Any]) -> dict[str, Any]:
-    """The guest's entry as E2B's ``VolumeEntryStat``."""
-    found = {k: raw[k] for k in ("name", "type", "path", "size", "mode", "uid", "gid")}
-    found.update({k: rfc3339(float(raw[k])) for k in ("atime", "mtime", "ctime")})
-    if raw.get("target") is not None:
-        found["target"] = raw["target"]
-    return found
+    """The guest's entry as E2B's ``VolumeEntryStat`` (``/v1``'s ``VolumeEntry``: the same fields)."""
+    return volume_entry(raw).model_dump(exclude_none=True)
 
 
 @router.get("/{volume_id}/dir")

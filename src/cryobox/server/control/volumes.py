@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from ...agentapi.models_volumes import MAX_VOLUME_BYTES, MIN_VOLUME_BYTES, VolumeMount, VolumeResize, VolumeSpec
 from ...errors import CryoboxError, InvalidArgument, NotFound, StateError
+from ...models.volumes import NAME_PATTERN
 from ...registry import Registry
 from ...registry.volumes import VolumeRecords, VolumeRow
 from .fleet import Fleet
@@ -31,8 +32,7 @@ from .quotas import QuotaGuard
 from .volumemoves import Restored, VolumeMover
 
 log = logging.getLogger(__name__)
-NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-"""PandaStack's rule (E2B's ``[A-Za-z0-9_-]+`` is inside it)."""
+NAME = re.compile(NAME_PATTERN)
 LABEL_PREFIX = "fcvol-"
 """PandaStack labels a volume's file system ``fcvol-<name>``; ext4 keeps 16 bytes of a label."""
 

@@ -25,6 +25,8 @@ from ..agent.guest.exec import ExecSpec, run_exec
 from ..agent.host.startup import HostConfig, start_host
 from ..agent.sandbox.factory import PoolMode
 from ..agent.vm.volumes import VolumeAttach
+from ..agent.volumes.store import VolumeStore
+from ..agentapi.models_volumes import VolumeSpec
 from ..config import Paths
 from ..image.specs import BASE
 from . import volume_upload, volumeio
@@ -35,6 +37,7 @@ VOLUME_BYTES = 64 << 20
 POOL = 2
 SETTLE_S = 0.5  # between creates, as between real requests (the pool refills, the host goes idle)
 IO_VOLUME_BYTES = 1 << 30
+IO_VOLUME_ID = "vol-00000000b10e"
 IO_FILE_MIB = 256
 IO_OPS = 2000
 IO_RUNS = 3
@@ -123,7 +126,9 @@ async def run(
 
 async def _io(service: Any, volumes_dir: Path, progress: Callable[[str], None], n_runs: int) -> dict[str, Any]:
     """:mod:`.volumeio` in one sandbox with a 1 GiB read-write volume, alternating volume and root disk."""
-    image = volumeio.make_volume_image(volumes_dir / "bench-io.ext4", IO_VOLUME_BYTES, "bench-io")
+    store = VolumeStore(volumes_dir)  # made as the agent makes a volume's image: allocated in full, ext4
+    await store.create(VolumeSpec(volume_id=IO_VOLUME_ID, size_bytes=IO_VOLUME_BYTES, label="bench-io"))
+    image = store.path(IO_VOLUME_ID)
     sandbox = await service.create(BASE.name, volumes=(VolumeAttach(image, mount_path="/mnt/io", name="bench-io"),))
     runs: dict[str, list[dict[str, float]]] = {"volume": [], "root": []}
     try:

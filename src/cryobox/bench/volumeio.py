@@ -1,7 +1,7 @@
 """In-guest I/O on a volume against the sandbox's own root disk (``cryobox bench volume``'s ``io`` part).
 
-One sandbox with a read-write volume (an image allocated in full and made like the agent makes them:
-``posix_fallocate``, ``mkfs.ext4 -E nodiscard``); in the guest, for the volume's mount and a directory on the root
+One sandbox with a read-write volume (an image the agent's volume store makes: allocated in full, ext4); in the
+guest, for the volume's mount and a directory on the root
 disk in turn, :data:`PROGRAM` measures, on a file of ``size_mib``:
 
 - ``seq_write_mib_s``: 1 MiB writes of the whole file, then ``fdatasync`` (counted in);
@@ -16,9 +16,6 @@ virtio-blk and QEMU block layer (the root disk is a qcow2 overlay, the volume a 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from pathlib import Path
 from typing import Any
 
 PROGRAM = r"""
@@ -63,19 +60,6 @@ print(json.dumps(out))
 """
 
 KEYS = ("seq_write_mib_s", "seq_read_mib_s", "rand_write_iops", "rand_read_iops")
-
-
-def make_volume_image(path: Path, size_bytes: int, label: str) -> Path:
-    """An image made as the agent makes a volume's: allocated in full, then ``mkfs.ext4 -E nodiscard``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.posix_fallocate(fd, 0, size_bytes)
-    finally:
-        os.close(fd)
-    cmd = ["mkfs.ext4", "-q", "-F", "-E", "nodiscard", "-L", label, str(path)]
-    subprocess.run(cmd, check=True, capture_output=True)
-    return path
 
 
 def command(path: str, size_mib: int, ops: int) -> str:

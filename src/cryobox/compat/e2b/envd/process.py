@@ -60,14 +60,11 @@ class ProcessService(Process):
         spec = procmap.start_spec(request, target)
         deadline_ms = ctx.timeout_ms
         kill: asyncio.Task[None] | None = None
-        started = False  # the SDK takes the first event for the start event: no keepalive before it
         async with self._events(target.agent.proc_start(target.sandbox_id, spec), ctx) as events:
             async for event in events:
                 if event is None:
-                    if started:
-                        yield pb.StartResponse(event=procmap.keepalive())
+                    yield pb.StartResponse(event=procmap.keepalive())
                     continue
-                started = True
                 if event.kind == "start" and event.pid is not None and deadline_ms is not None:
                     kill = self._kill_later(target, event.pid, max(deadline_ms, 0.0) / 1000)
                 if event.kind == "end" and kill is not None:
@@ -81,14 +78,11 @@ class ProcessService(Process):
     ) -> AsyncIterator[pb.ConnectResponse]:
         target = await self._target(ctx)
         process = procmap.selector(request.process)
-        started = False  # as in start: the first event the SDK reads must be the start event
         async with self._events(target.agent.proc_connect(target.sandbox_id, process), ctx) as events:
             async for event in events:
                 if event is None:
-                    if started:
-                        yield pb.ConnectResponse(event=procmap.keepalive())
+                    yield pb.ConnectResponse(event=procmap.keepalive())
                     continue
-                started = True
                 yield pb.ConnectResponse(event=procmap.process_event(event))
                 if event.kind == "end":
                     return
@@ -97,7 +91,8 @@ class ProcessService(Process):
         self, source: AsyncIterator[mp.ProcEvent], ctx: RequestContext[Any, Any]
     ) -> aclosing[AsyncGenerator[mp.ProcEvent | None, None]]:
         """The agent's events with keepalives; leaving the ``async with`` closes the agent's stream."""
-        return aclosing(with_keepalive(source, keepalive_interval(ctx.request_headers)))
+        # the SDK takes a stream's first event for the start event: no keepalive before it
+        return aclosing(with_keepalive(source, keepalive_interval(ctx.request_headers), quiet_until_first=True))
 
     def _kill_later(self, target: Target, pid: int, delay_s: float) -> asyncio.Task[None]:
         task = asyncio.create_task(self._kill_at(target, pid, delay_s), name=f"envd-deadline-{pid}")

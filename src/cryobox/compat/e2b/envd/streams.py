@@ -70,18 +70,24 @@ class _Pump(Generic[T]):
                     await aclose()
 
 
-async def with_keepalive(source: AsyncIterator[T], interval: float) -> AsyncGenerator[T | None, None]:
-    """``source``'s items, and ``None`` after every ``interval`` seconds without one. Its errors are raised here;
+async def with_keepalive(
+    source: AsyncIterator[T], interval: float, *, quiet_until_first: bool = False
+) -> AsyncGenerator[T | None, None]:
+    """``source``'s items, and ``None`` after every ``interval`` seconds without one (with ``quiet_until_first``,
+    none before the first item: a process stream's first event must be its start). Its errors are raised here;
     closing this generator (use :func:`contextlib.aclosing`) closes ``source`` before the close returns."""
     pump = _Pump(source)
     task = asyncio.create_task(pump.run(), name="envd-stream-pump")
+    started = not quiet_until_first
     try:
         while True:
             try:
                 item = await asyncio.wait_for(pump.queue.get(), interval)
             except TimeoutError:
-                yield None
+                if started:
+                    yield None
                 continue
+            started = True
             if isinstance(item, _End):
                 return
             if isinstance(item, _Failed):

@@ -8,12 +8,18 @@
   describes). It maps the names of a data dir's host-wide resources (netns ``cryobox-<tag>-*``, links
   ``cb<tag>h*``, the nft table ``inet cryobox_<tag>``, the hot dir) back to the data dir, so ``cryobox gc`` can
   reclaim them once that data dir is gone (:mod:`.gc`).
+- **Slot network** (:meth:`Ownership.claim_slots`): the record also names the CIDR the agent's network slots use.
+  Two agents starting at once on one host both read the routing table before either has built a slot; so the pick
+  happens under a host-wide lock (``<owners dir>/slots.lock``) and counts the CIDRs of other running agents'
+  records as taken, besides the routes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
+import ipaddress
 import json
 import logging
 import os
@@ -31,6 +37,7 @@ from ..net.slots import tag_for
 log = logging.getLogger(__name__)
 
 LOCK_NAME = "agent.lock"
+SLOTS_LOCK_NAME = "slots.lock"
 OWNERS_DIR = Path("/run/cryobox/owners")
 OWNERS_DIR_ENV = "CRYOBOX_OWNERS_DIR"
 ACQUIRE_WAIT_S = 1.0
@@ -145,6 +152,8 @@ class OwnerRecord:
     started_at: float
     uid_base: int | None = None
     """The first uid of the data dir's jail range (``None``: not jailed)."""
+    slot_cidr: str | None = None
+    """The CIDR of the data dir's network slots (``None``: not chosen yet)."""
 
     @classmethod
     def for_paths(
@@ -170,6 +179,7 @@ class OwnerRecord:
             pid=int(value["pid"]),
             started_at=float(value["started_at"]),
             uid_base=int(value["uid_base"]) if value.get("uid_base") is not None else None,
+            slot_cidr=str(value["slot_cidr"]) if value.get("slot_cidr") else None,
         )
 
 
@@ -235,5 +245,39 @@ class Ownership:
             raise
         return self
 
+    def claim_slots(
+        self,
+        pick: Callable[[list[ipaddress.IPv4Network]], str],
+        routes: Callable[[], list[ipaddress.IPv4Network]],
+    ) -> str:
+        """Choose this agent's slot CIDR with ``pick(taken)`` and record it, atomically with respect to other agents
+        on this host: ``taken`` is ``routes()`` (read under the lock) plus the slot CIDRs recorded by every other
+        agent that runs now. Call after :meth:`claim`. Returns the CIDR picked."""
+        if self.record is None:
+            raise StateError("claim the data dir before its slot network", state="unclaimed", required="claimed")
+        self.owners_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.owners_dir / SLOTS_LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held for a netlink dump and two small files: milliseconds
+            taken = routes() + running_slot_networks(self.owners_dir, exclude=self.record.data_dir)
+            cidr = pick(taken)
+            self.record = dataclasses.replace(self.record, slot_cidr=cidr)
+            write_owner(self.record, self.owners_dir)
+            return cidr
+        finally:
+            os.close(fd)
+
     def release(self) -> None:
         self.lock.release()
+
+
+def running_slot_networks(owners_dir: Path, exclude: str = "") -> list[ipaddress.IPv4Network]:
+    """The slot CIDRs recorded by agents that run now (their data dir's lock is held), except ``exclude``'s."""
+    found = []
+    for other in read_owners(owners_dir):
+        if other.slot_cidr and other.data_dir != exclude and held_by_other(Path(other.data_dir)):
+            with contextlib.suppress(ValueError):
+                net = ipaddress.ip_network(other.slot_cidr)
+                if isinstance(net, ipaddress.IPv4Network):
+                    found.append(net)
+    return found

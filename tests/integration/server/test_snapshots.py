@@ -242,6 +242,22 @@ def test_pause_resume_hibernate_and_transparent_wake(client: Client) -> None:
     assert client.sh(sid, READ_STATE).split()[0] == secret
 
 
+def test_a_paused_sandbox_is_captured_again_and_again(client: Client) -> None:
+    """After one capture a paused VM idles in QEMU's postmigrate state, from which QEMU refuses another migration:
+    the second snapshot of a paused sandbox (or its hibernation after a snapshot) was a 500."""
+    sid = client.create()["id"]
+    secret, _ = _start_stateful(client, sid)
+    client.call("POST", f"/v1/sandboxes/{sid}/pause", 204)
+    first, second = client.snapshot(sid), client.snapshot(sid)
+    assert first["id"] != second["id"]
+    assert client.call("GET", f"/v1/sandboxes/{sid}")["status"] == "paused"  # still paused between captures
+    assert client.call("POST", f"/v1/sandboxes/{sid}/hibernate") == {"status": "hibernated"}
+    assert client.call("POST", f"/v1/sandboxes/{sid}/wake") == {"status": "running"}
+    assert client.sh(sid, READ_STATE).split()[0] == secret
+    restored = client.create(from_snapshot=second["id"])
+    assert client.sh(restored["id"], READ_STATE).split()[0] == secret
+
+
 def test_orphans_are_swept_only_after_their_grace(
     tmp_path_factory: Any, cache_dir: Path, templates: dict[str, Template]
 ) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -33,6 +34,8 @@ from ...errors import VmmError
 from . import qemu
 from .microvm import MicroVM
 from .states import VmState
+
+log = logging.getLogger(__name__)
 
 MAX_BANDWIDTH = 8 << 30  # bytes/s; the default (128 MiB/s) throttles a local stream for nothing
 FD_NAME = "cryobox-snapshot"
@@ -162,6 +165,18 @@ async def _wait(listener: Any, background: bool, started: float, timeout: float)
     return pause, (completed - started) * 1000
 
 
+async def _leave_postmigrate(vm: MicroVM) -> None:
+    """A paused VM that was captured before idles in QEMU's ``postmigrate`` run state, from which QEMU refuses
+    another migration ("Can't migrate the vm that was paused due to previous migration") and which no command leaves
+    except ``cont``: so ``cont`` and ``stop`` go out back to back (pipelined, one round trip; the vCPUs run for
+    well under a millisecond) and the VM is an ordinary paused one again. A paused sandbox can then be snapshotted,
+    forked or hibernated any number of times."""
+    status = await vm.execute("query-status")
+    if status.get("status") == "postmigrate":
+        await asyncio.gather(vm.execute("cont"), vm.execute("stop"))
+        log.info("left QEMU's postmigrate state of a paused VM (cont + stop) for another capture")
+
+
 async def capture(
     vm: MicroVM,
     consume: Callable[[BinaryIO], T],
@@ -190,6 +205,8 @@ async def capture(
         t = time.monotonic()
         await asyncio.to_thread(prepopulate, vm.pid, vm.memory.path)
         prepopulate_ms = (time.monotonic() - t) * 1000
+    if vm.state is VmState.PAUSED:
+        await _leave_postmigrate(vm)
     await _capabilities(vm, background)
     stream = await _open_stream(vm)
     consumer: asyncio.Future[T] | None = None

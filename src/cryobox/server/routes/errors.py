@@ -28,6 +28,10 @@ _DESCRIPTIONS = {
         "rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: "
         "details resource, limit, used, requested; nothing was created)"
     ),
+    502: (
+        "an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry "
+        "(image_pull_failed) or the object store (store_error)"
+    ),
     503: "no capacity; nothing was created; retry after Retry-After seconds",
     504: "the command timed out (process group killed)",
 }

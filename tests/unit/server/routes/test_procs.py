@@ -178,13 +178,13 @@ async def test_a_failing_guest_stream_ends_with_an_error_event(api: Client, sid:
         ("stdout", {"chunk": "half "}),
         ("error", {"error": "the guest went away", "code": "guest_error"}),
     ]
-    error(await api.post(f"/v1/sandboxes/{sid}/processes/{pid}/wait"), 500, "guest_error")
+    error(await api.post(f"/v1/sandboxes/{sid}/processes/{pid}/wait"), 502, "guest_error")
     # an end without an exit code (the guest could not run it); the incomplete character is flushed first
     agent.broken = "end"
     events = sse_events((await api.get(f"/v1/sandboxes/{sid}/processes/{pid}/stream")).text)
     assert events[:2] == [("stdout", {"chunk": "half "}), ("stdout", {"chunk": "\ufffd"})]
     assert events[2][0] == "error" and "exec: no such file" in events[2][1]["error"] and len(events) == 3
-    body = error(await api.post(f"/v1/sandboxes/{sid}/processes/{pid}/wait"), 500, "guest_error")
+    body = error(await api.post(f"/v1/sandboxes/{sid}/processes/{pid}/wait"), 502, "guest_error")
     assert "exec: no such file" in body["error"]
 
 

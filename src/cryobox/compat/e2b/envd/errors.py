@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from ....errors import (
     CryoboxError,
     Forbidden,
+    GuestError,
     HostUnavailable,
     InvalidArgument,
     NotFound,
@@ -89,6 +90,8 @@ def envd_error(exc: Exception) -> tuple[int, dict[str, Any], list[tuple[str, str
         log.exception("envd file call failed unexpectedly", exc_info=exc)
         return 500, {"code": 500, "message": INTERNAL_MESSAGE}, []
     status = exc.http_status if exc.http_status >= 400 else 500
+    if type(exc) is GuestError:
+        status = 500  # what E2B's envd answers when its own work fails (its SDK reads a 502 as the sandbox's timeout)
     if status >= 500 and not isinstance(exc, (SandboxUnavailable, HostUnavailable, StoreThrottled)):
         log.warning("envd file call failed: %s (%s)", exc.message, exc.code)
     headers: list[tuple[str, str]] = []

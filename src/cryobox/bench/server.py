@@ -6,6 +6,7 @@ import os
 import secrets
 import shutil
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +22,19 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+HAND_OVER = """
+import os, sys
+fd = int(sys.argv[1])
+if fd != 3:
+    os.dup2(fd, 3)
+    os.close(fd)
+os.environ["LISTEN_PID"] = str(os.getpid())
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+"""What systemd does between its fork and the exec: the socket at fd 3 (``SD_LISTEN_FDS_START``), ``LISTEN_PID``
+naming the process that will run cryobox (``os.execv`` keeps the pid)."""
 
 
 def release_serve_state(data_dir: Path, cache_dir: Path | None) -> None:
@@ -50,12 +64,16 @@ class ServeProcess(ChildProcess):
         log_path: Path | None = None,
         extra_env: dict[str, str] | None = None,
         extra_args: list[str] | None = None,
+        listen_socket: socket.socket | None = None,
     ) -> None:
         super().__init__(data_dir, log_path or data_dir / "serve.log", extra_env, extra_args)
         self.cache_dir = cache_dir
         self.prespawn = prespawn
         self.pool_mode = pool_mode
-        self.port = free_port()
+        self.listen_socket = listen_socket
+        """Given, this harness is the supervisor: every process it starts is handed this listening socket as
+        systemd's socket activation does (fd 3, ``LISTEN_FDS``), so connections wait across restarts."""
+        self.port = int(listen_socket.getsockname()[1]) if listen_socket is not None else free_port()
         self.api_key = "cbx_test_" + secrets.token_hex(8)
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -65,6 +83,23 @@ class ServeProcess(ChildProcess):
         if self.cache_dir is not None:
             argv += ["--cache-dir", str(self.cache_dir)]
         return argv + self.extra_args
+
+    def launch(self) -> None:
+        if self.listen_socket is None:
+            super().launch()
+            return
+        fd = self.listen_socket.fileno()
+        env = {**self.child_env(), "LISTEN_FDS": "1", "LISTEN_FDNAMES": "http"}
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", HAND_OVER, str(fd), *self.argv()],
+                stdout=log,
+                stderr=log,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                pass_fds=(fd,),
+            )
 
     def child_env(self) -> dict[str, str]:
         # a harness's server leaves nothing running when stopped, unless the caller asks (extra_env)

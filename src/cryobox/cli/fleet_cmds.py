@@ -5,6 +5,9 @@ Run one control plane (or several replicas) on PostgreSQL and an S3-compatible s
     CRYOBOX_DATABASE_URL=postgresql://... CRYOBOX_NODE_TOKEN=T cryobox control --listen 0.0.0.0:8080 --store s3://...
     CRYOBOX_NODE_TOKEN=T cryobox agent --listen 10.0.0.5:9090 --control http://ctl:8080 --data-dir /srv/cryobox \\
         --store s3://... --template-source store
+
+Under systemd (``packaging/systemd/``, ``docs/deploy.md``) both take their listening socket from a ``.socket`` unit
+(:mod:`cryobox.compose.activation`): restarts and upgrades refuse no connection.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ import socket
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
 from .frontdoor import SandboxDomain, TlsCert, TlsKey, front_door
+
+if TYPE_CHECKING:
+    from ..compose.activation import Activation
 
 console = Console(stderr=True)
 
@@ -59,6 +65,18 @@ def _run_until_signalled(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     except CryoboxError as error:
         console.print(f"[red]cannot start[/red] ({error.code}): {error.message}")
         raise typer.Exit(2) from error
+
+
+def _activation() -> Activation:
+    """The listening sockets a supervisor passed (systemd socket activation); a malformed hand-over is a usage
+    error."""
+    from ..compose.activation import take_activation
+    from ..errors import CryoboxError
+
+    try:
+        return take_activation()
+    except CryoboxError as err:
+        raise typer.BadParameter(err.message) from None
 
 
 def _log_to_stderr() -> None:
@@ -107,12 +125,13 @@ def agent(
     from ..agent.sandbox.factory import PoolMode
     from ..agentapi import create_agent_app
     from ..agentapi.heartbeat import HeartbeatSender
-    from ..compose.listeners import http_server
+    from ..compose.listeners import http_server, serve
     from ..compose.parts import AgentOptions, boot_agent, on_stop_mode
     from ..config import Paths
     from ..errors import CryoboxError
     from .templates_opt import parse_templates
 
+    activation = _activation()
     token = _token()
     host, port = _split(listen)
     agent_name = name or socket.gethostname()
@@ -155,7 +174,7 @@ def agent(
         beating = asyncio.create_task(sender.run(), name="heartbeats")
         console.print(f"agent {agent_name} serving {url}, reporting to {control}")
         try:
-            await http_server(create_agent_app(hostagent, token), host, port).serve()
+            await serve(http_server(create_agent_app(hostagent, token), host, port), None, activation)
         finally:
             beating.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -201,6 +220,7 @@ def control(
     from ..server.metrics import Metrics
     from ._common import parse_duration
 
+    activation = _activation()
     _token()
     host, port = _split(listen)
     https_host, https_port = _split(https_listen) if https_listen else (host, HTTPS_PORT)
@@ -234,7 +254,7 @@ def control(
         if domain is not None:
             console.print(f"sandbox hosts {{port}}-{{sandbox_id}}.{domain}", soft_wrap=True)
         console.print(f"web console: http://{host}:{port}/ui", soft_wrap=True)
-        await serve(http_server(app, host, port), tls)
+        await serve(http_server(app, host, port), tls, activation)
 
     try:
         _run_until_signalled(main)

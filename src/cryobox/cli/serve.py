@@ -17,6 +17,7 @@ from ..agent.memory.settings import StorageConfig
 from ..agent.sandbox.admission import AdmissionConfig
 from ..agent.sandbox.factory import PoolMode
 from ..agentapi import Agent, InProcessAgent
+from ..compose.activation import take_activation
 from ..compose.app import Intervals, create_app
 from ..compose.listeners import TlsListener, http_server
 from ..compose.listeners import serve as serve_listeners
@@ -62,6 +63,7 @@ class ServeOptions:
 
 
 def serve(options: ServeOptions, console: Console) -> None:
+    activation = take_activation()  # first: before any thread or child process could see the variables
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the memory server's control calls
     paths = Paths.from_env(options.data_dir, options.cache_dir)
@@ -141,8 +143,10 @@ def serve(options: ServeOptions, console: Console) -> None:
             console.print(f"API key (workspace {DEFAULT_WORKSPACE}): [bold]{key}[/bold]", soft_wrap=True)
         _print_urls(console, options, key)
         server = http_server(app, options.host, options.port)
+        if activation.get("http") is not None:
+            console.print(f"listening on {activation.describe('http')}", soft_wrap=True)
         try:
-            await serve_listeners(server, options.tls)
+            await serve_listeners(server, options.tls, activation)
         finally:
             await host.close(on_stop)
             console.print(f"stopped ({on_stop.value}: {host.service.running()} sandbox(es) left running)")

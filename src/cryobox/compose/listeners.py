@@ -25,6 +25,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from ..errors import InvalidArgument
+from .activation import Activation
 from .parts import GRACEFUL_STOP_S
 
 HTTPS_PORT = 443
@@ -112,15 +113,22 @@ def _bind(listener: TlsListener) -> socket.socket:
     return sock
 
 
-async def serve(primary: uvicorn.Server, tls: TlsListener | None = None) -> None:
+async def serve(primary: uvicorn.Server, tls: TlsListener | None = None, activation: Activation | None = None) -> None:
     """Serve ``primary`` (:func:`http_server`) and, given ``tls``, the same app over HTTPS beside it, until
     ``primary`` stops (a signal, or ``should_exit``); the HTTPS socket is bound first, so a taken port fails the
     start before anything serves. ``primary`` runs in the caller's task (the ``SystemExit`` a signal ends it with
-    unwinds the caller), the HTTPS server in one of its own; if that one ends, so does ``primary``."""
+    unwinds the caller), the HTTPS server in one of its own; if that one ends, so does ``primary``.
+
+    Sockets in ``activation`` (a supervisor's, :mod:`.activation`) are served instead of binding the configured
+    addresses: ``http`` for ``primary``, ``https`` for the TLS listener."""
+    activation = activation or Activation()
+    plain = activation.get("http")
+    primary_sockets = [plain] if plain is not None else None
     if tls is None:
-        await primary.serve()
+        await primary.serve(sockets=primary_sockets)
         return
-    sock = _bind(tls)
+    passed = activation.get("https")
+    sock = passed if passed is not None else _bind(tls)
     app = cast(ASGIApp, primary.config.app)  # what http_server was given
     follower = _Follower(_config(app, tls.host, tls.port, lifespan="off", tls=tls), primary)
 
@@ -136,7 +144,7 @@ async def serve(primary: uvicorn.Server, tls: TlsListener | None = None) -> None
 
     following = asyncio.create_task(follow(), name="https listener")
     try:
-        await primary.serve()
+        await primary.serve(sockets=primary_sockets)
     finally:
         follower.should_exit = True
         await following

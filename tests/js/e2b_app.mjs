@@ -5,7 +5,7 @@
 // Sandboxes: one made with metadata/envs/timeout that every step uses, one restored from its snapshot, one fork
 // child; all killed in `finally`.
 
-import { CommandExitError, FilesystemEventType, NotFoundError, Sandbox, TimeoutError } from 'e2b'
+import { CommandExitError, FilesystemEventType, NotFoundError, Sandbox, TimeoutError, Volume } from 'e2b'
 
 import { REPORT, printAndExit, sleep, step, until } from './report.mjs'
 
@@ -320,6 +320,40 @@ async function snapshotsAndFork(sbx, extra) {
   })
 }
 
+async function volumes() {
+  // E2B_VOLUME_API_URL: the volume's content API; then mounted in a sandbox of its own
+  const vol = await step('volume_create', () => Volume.create(`e2b-js-${RUN}`))
+  if (!vol) return
+  try {
+    await step('volume_files', async () => {
+      await vol.makeDir('/docs')
+      await vol.writeFile('/docs/hello.txt', 'from js volume')
+      const info = await vol.getInfo('/docs/hello.txt')
+      return {
+        read: await vol.readFile('/docs/hello.txt'),
+        list: (await vol.list('/docs')).map((e) => `${e.name}:${e.type}`),
+        exists: [await vol.exists('/docs/hello.txt'), await vol.exists('/nope')],
+        info: { name: info.name, size: info.size, type: info.type },
+        listed: (await Volume.list()).some((v) => v.volumeId === vol.volumeId),
+      }
+    })
+    await step('volume_mount', async () => {
+      const mounted = await Sandbox.create({ volumeMounts: { '/mnt/data': vol } })
+      let seen
+      let killed
+      try {
+        seen = (await mounted.commands.run('cat /mnt/data/docs/hello.txt')).stdout
+        await mounted.commands.run('echo from-guest > /mnt/data/docs/guest.txt')
+      } finally {
+        killed = await mounted.kill()
+      }
+      return { seen, killed, afterKill: await vol.readFile('/docs/guest.txt') }
+    })
+  } finally {
+    await step('volume_destroy', () => Volume.destroy(vol.volumeId))
+  }
+}
+
 async function main() {
   const extra = []
   const sbx = await step('create', () =>
@@ -332,6 +366,7 @@ async function main() {
     await files(sbx)
     await lifecycle(sbx)
     await snapshotsAndFork(sbx, extra)
+    await volumes()
     for (const other of extra.splice(0)) await step(`kill_${other.sandboxId}`, () => other.kill())
     await step('kill', () => sbx.kill())
     await step('is_running_after_kill', () => sbx.isRunning())

@@ -2,7 +2,8 @@
 
 npm's ``e2b`` and ``@e2b/code-interpreter`` (pinned in ``tests/js/package.json``, installed by ``make setup``) run in
 node programs under ``tests/js/`` that see only ``E2B_API_URL``, ``E2B_SANDBOX_URL`` and ``E2B_API_KEY`` — the
-variables the JS SDK reads, as the Python SDK does — and print one JSON report; every entry is asserted here.
+variables the JS SDK reads, as the Python SDK does (and ``E2B_VOLUME_API_URL`` for volumes) — and print one JSON
+report; every entry is asserted here.
 """
 
 from __future__ import annotations
@@ -113,6 +114,16 @@ def test_e2b_js_sdk_application_runs_unchanged(server: ServeProcess) -> None:
     assert snap["original"] == "1\n", snap  # the restored sandbox's write stayed its own
     assert report["fork"] == {"count": 1, "children": [{"id": True, "file": "child\n"}], "parent": "before-fork\n"}
     assert report["delete_snapshot"] == {"deleted": True, "listed": False}
+    # volumes: the content API (E2B_VOLUME_API_URL), and a mount whose guest write outlives its sandbox
+    assert report["volume_files"] == {
+        "read": "from js volume",
+        "list": ["hello.txt:file"],
+        "exists": [True, False],
+        "info": {"name": "hello.txt", "size": 14, "type": "file"},
+        "listed": True,
+    }
+    assert report["volume_mount"] == {"seen": "from js volume", "killed": True, "afterKill": "from-guest\n"}
+    assert report["volume_destroy"] is True
     # kill
     kills = {k: v for k, v in report.items() if k.startswith("kill_sb")}
     assert len(kills) == 2 and all(v is True for v in kills.values()), kills

@@ -19,11 +19,11 @@ PAGE = "<h1>from the guest, by its host</h1>\n"
 
 def test_the_e2b_js_sdk_needs_only_a_domain(hosted: Hosted) -> None:
     env = node_app_env(hosted.serve.url, hosted.serve.api_key, hosted.serve.data_dir)
-    for name in ("E2B_SANDBOX_URL", "E2B_VOLUME_API_URL"):
-        del env[name]
+    del env["E2B_SANDBOX_URL"]
     env |= {
         "E2B_API_URL": f"https://api.{DOMAIN}/e2b",
         "E2B_DOMAIN": DOMAIN,
+        "E2B_VOLUME_API_URL": f"https://api.{DOMAIN}/e2b",
         "NODE_EXTRA_CA_CERTS": str(hosted.authority.file),
     }
     with DomainNamespace(DOMAIN, hosted.https_port) as ns:

@@ -13,10 +13,12 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from cryobox.bench.server import ServeProcess
 from tests.support.internet_dns import Zone
 from tests.support.internet_servers import Hub, Service
 from tests.support.internet_tls import Authority
@@ -26,6 +28,17 @@ from tests.support.netutil import in_thread_netns
 LOOPBACK = "127.0.0.1"
 HTTPS = 443
 NETNS_ETC = Path("/etc/netns")
+DOMAIN = "cbx.test"
+"""The sandbox domain of the host tests' servers (``hosted`` in tests/integration/compat/conftest.py)."""
+
+
+@dataclass(frozen=True)
+class Hosted:
+    """A server with sandbox hosts under :data:`DOMAIN`: its HTTPS port and the CA its certificate is from."""
+
+    serve: ServeProcess
+    https_port: int
+    authority: Authority
 
 
 def wildcard_certificate(domain: str, directory: Path) -> tuple[Authority, Path, Path]:

@@ -164,7 +164,7 @@ def serve(options: ServeOptions, console: Console) -> None:
 def _print_urls(console: Console, options: ServeOptions, key: str) -> None:
     base = f"http://{options.host}:{options.port}"
     console.print(f"export CRYOBOX_API_URL={base} CRYOBOX_API_KEY={key}", soft_wrap=True)
-    console.print(  # the E2B SDK, unchanged: every sandbox call goes to one URL (no wildcard DNS or TLS)
+    console.print(  # E2B's SDKs (Python and JS), unchanged: every sandbox call goes to one URL (no wildcard DNS or TLS)
         f"export E2B_API_URL={base}/e2b E2B_SANDBOX_URL={base}/e2b/sandbox E2B_VOLUME_API_URL={base}/e2b "
         f"E2B_API_KEY={key}",
         soft_wrap=True,

@@ -35,6 +35,7 @@ from .network import UPDATE_KEYS, E2BSettings, default_policy, to_policy
 from .network import refuse_unenforced as refuse_network
 from .paging import page_offset, page_token
 from .routing import E2BCtx, E2BRoute
+from .tags import DEFAULT_TAG, split_name, tagged_template
 from .views import (
     DEFAULT_TIMEOUT_S,
     PAUSED_STATES,
@@ -91,6 +92,10 @@ async def _create(ctx: Caller, body: NewSandbox, e2b: E2BSettings) -> JSONRespon
         snapshot = await _snapshot_named(ctx, body.template_id)
         if snapshot is not None:
             from_snapshot, template = snapshot.id, snapshot.template
+        elif ":" in template:  # name:tag (:mod:`.tags`)
+            name, tag = split_name(template)
+            builds = await ctx.control.builds.builds_of(ctx.workspace_id, name)
+            template = TEMPLATE_ALIASES.get(name, tagged_template(name, tag or DEFAULT_TAG, builds))
     asked = to_policy(body.allow_internet_access, body.network, e2b)
     egress = asked if asked is not None else INHERIT if from_snapshot is not None else default_policy(e2b)
     row = await ctx.control.create(

@@ -31,7 +31,8 @@ from ...server.routes.deps import Caller
 from ...util.times import rfc3339
 from .paging import page_offset, page_token
 from .routing import E2BCtx, E2BRoute
-from .templates import LEVELS, log_entry, split_name
+from .tags import split_name
+from .templates import LEVELS, log_entry
 from .views import ENVD_VERSION, TEMPLATE_ALIASES
 
 router = APIRouter(prefix="/e2b", route_class=E2BRoute, include_in_schema=False)

@@ -32,6 +32,7 @@ from ...registry.builds import BuildLogEntry, BuildRecord
 from ...server.routes.deps import AppContext, Caller, context
 from ...util.httpbody import read_body
 from .routing import E2BCtx, E2BRoute
+from .tags import split_name
 from .uploads import TTL_S, UploadGrant, sign, verify
 
 router = APIRouter(prefix="/e2b", route_class=E2BRoute, include_in_schema=False)
@@ -68,12 +69,6 @@ def _tags(value: Any, field: str = "tags") -> list[str]:
     if not isinstance(value, list) or not all(isinstance(t, str) and t for t in value):
         raise InvalidArgument(f"{field} must be a list of non-empty strings", details={"field": field})
     return list(value)
-
-
-def split_name(name: str) -> tuple[str, str | None]:
-    """``name:tag`` -> (name, tag)."""
-    base, sep, tag = name.partition(":")
-    return base, (tag if sep else None)
 
 
 @router.post("/v3/templates", status_code=202)
@@ -248,4 +243,4 @@ async def template_tags(template_id: str, ctx: E2BCtx) -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["LEVELS", "log_entry", "router", "split_name"]
+__all__ = ["LEVELS", "log_entry", "router"]

@@ -17,47 +17,20 @@ import ssl
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-from cryobox.agent.templates.bake import Template
-from cryobox.bench.server import ServeProcess, free_port
-from tests.support.internet_tls import Authority
 from tests.support.paths import APPS
-from tests.support.sandbox_domain import DomainNamespace, wildcard_certificate
+from tests.support.sandbox_domain import DOMAIN, DomainNamespace, Hosted
 from tests.support.serve import Client
 
-DOMAIN = "cbx.test"
 APP = APPS / "e2b_hosts_app.py"
 WS_ECHO = APPS / "ws_echo.py"
 HTTP_PORT, WS_PORT = 8000, 8765
 PAGE = "<h1>from the guest, by its host</h1>\n"
-
-
-@dataclass(frozen=True)
-class Hosted:
-    serve: ServeProcess
-    https_port: int
-    authority: Authority
-
-
-@pytest.fixture(scope="module")
-def hosted(
-    tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, templates: dict[str, Template]
-) -> Iterator[Hosted]:
-    """A server of its own: the sandbox domain, the certificate, HTTPS on a free port (no warm pool: two creates)."""
-    authority, cert, key = wildcard_certificate(DOMAIN, tmp_path_factory.mktemp("hosts-tls"))
-    https_port = free_port()
-    args = ["--sandbox-domain", DOMAIN, "--tls-cert", str(cert), "--tls-key", str(key)]
-    args += ["--https-port", str(https_port), "--templates", "base"]
-    data_dir = tmp_path_factory.mktemp("hosts")
-    internet = {"CRYOBOX_E2B_INTERNET": "deny"}  # the guests reach nothing: no stand-in internet here
-    with ServeProcess(data_dir, cache_dir=cache_dir, prespawn=0, extra_args=args, extra_env=internet) as serve:
-        yield Hosted(serve, https_port, authority)
 
 
 def test_the_e2b_sdk_needs_only_a_domain(e2b_python: Path, hosted: Hosted) -> None:

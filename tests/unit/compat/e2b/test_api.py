@@ -186,3 +186,16 @@ async def test_create_fields_cryobox_does_not_enforce_are_refused_naming_them_an
     )
     assert fine.status_code == 201, fine.text
     assert (await env.client.delete(f"/e2b/sandboxes/{fine.json()['sandboxID']}", headers=e2b(env))).status_code == 204
+
+
+async def test_a_template_by_name_and_tag(env: Env) -> None:
+    """``Sandbox.create("name:tag")``: the tag must be on the build the template serves (``base`` has one build, its
+    ``default``); an unknown tag is a 404 and creates nothing (:mod:`cryobox.compat.e2b.tags`)."""
+    made = await create(env, templateID="base:default")
+    assert made.status_code == 201 and made.json()["templateID"] == "base", made.text
+    interpreter = await create(env, templateID="code-interpreter-v1:default")  # the alias, resolved (not built here)
+    assert interpreter.json()["message"] == "template 'code-interpreter' not found (not_found)", interpreter.text
+    before = env.calls("create")
+    missing = await create(env, templateID="base:stable")
+    assert missing.status_code == 404 and "stable" in missing.json()["message"], missing.text
+    assert env.calls("create") == before

@@ -1,5 +1,6 @@
 // exec("true") through the TypeScript SDK: p50 / p95 over RUNS runs (after WARMUP) on one sandbox of TEMPLATE.
 // Needs the built SDK (`npm run build`) and CRYOBOX_API_URL / CRYOBOX_API_KEY. Prints one JSON line.
+// SANDBOX_ID: run on that sandbox (left running) instead of a new one, e.g. to compare SDKs on one sandbox.
 import { Sandbox } from "../dist/index.js";
 
 const RUNS = Number(process.env.RUNS ?? 30);
@@ -13,7 +14,10 @@ function percentile(sorted, p) {
   return sorted[low] + (sorted[high] - sorted[low]) * (at - low);
 }
 
-const sbx = await Sandbox.create({ template: TEMPLATE, ttlSeconds: 600, metadata: { bench: "run_true" } });
+const given = process.env.SANDBOX_ID;
+const sbx = given
+  ? await Sandbox.connect(given)
+  : await Sandbox.create({ template: TEMPLATE, ttlSeconds: 600, metadata: { bench: "run_true" } });
 try {
   const ms = [];
   for (let i = 0; i < WARMUP + RUNS; i++) {
@@ -28,7 +32,7 @@ try {
   console.log(JSON.stringify({
     sdk: "cryobox-typescript",
     node: process.version,
-    template: TEMPLATE,
+    template: sbx.info.template,
     runs: RUNS,
     p50_ms: round(percentile(ms, 0.5)),
     p95_ms: round(percentile(ms, 0.95)),
@@ -36,5 +40,5 @@ try {
     max_ms: round(ms[ms.length - 1]),
   }));
 } finally {
-  await sbx.kill();
+  if (!given) await sbx.kill();
 }

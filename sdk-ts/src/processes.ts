@@ -7,7 +7,7 @@ import { CryoboxError, GuestError, InvalidArgument, NotFound } from "./errors.js
 import { type CallOptions, execTimeoutMs, sandboxPath } from "./http.js";
 import type { SandboxRef } from "./filesystem.js";
 import { type OutputHandlers, outputEvents } from "./streams.js";
-import type { ProcessInfo, ProcessResult, StreamEvent } from "./types.js";
+import type { ProcessEvent, ProcessInfo, ProcessResult } from "./types.js";
 
 export interface StartOptions extends CallOptions {
   env?: Record<string, string>;
@@ -59,8 +59,8 @@ export class Process {
   }
 
   /** Its output, from what it printed so far to its live output, then one `exit` event (`-1`: a signal ended
-   * it). Leaving the loop (or aborting) only detaches. @throws {NotFound} the guest does not know it (any more). */
-  async *stream(options: CallOptions & OutputHandlers = {}): AsyncGenerator<StreamEvent, void, undefined> {
+   * it); `pty` data for a process on a terminal. Leaving the loop (or aborting) only detaches. @throws {NotFound} the guest does not know it (any more). */
+  async *stream(options: CallOptions & OutputHandlers = {}): AsyncGenerator<ProcessEvent, void, undefined> {
     const { onStdout, onStderr, ...call } = options;
     const { body, done } = await this.sbx.http.stream({ method: "GET", path: this.path("/stream"), ...call });
     yield* outputEvents(body, done, { onStdout, onStderr }, () => new GuestError(

@@ -331,7 +331,9 @@ export class Sandbox {
       timeoutMs,
       ...(options.signal ? { signal: options.signal } : {}),
     });
-    yield* outputEvents(body, done, options, () => new GuestError(STREAM_ENDED_EARLY));
+    for await (const event of outputEvents(body, done, options, () => new GuestError(STREAM_ENDED_EARLY))) {
+      if (event.kind !== "pty") yield event; // a command run by exec has no terminal
+    }
   }
 
   /** Run a cell in the code interpreter (see {@link runCode}). */

@@ -1,14 +1,14 @@
 /** The exec-style output streams (`exec/stream`, a process's `stream`): SSE messages to {@link StreamEvent}s. */
 import { GuestError } from "./errors.js";
 import { type SSEMessage, messages, objectData, streamError } from "./sse.js";
-import type { OutputCallback, StreamEvent } from "./types.js";
+import type { OutputCallback, ProcessEvent } from "./types.js";
 
 export const STREAM_ENDED_EARLY = "exec stream ended before the command reported an exit code";
 
-/** One message of an exec stream as an event (`undefined` for events this SDK does not know).
+/** One message of an exec (or process) stream as an event (`undefined` for events this SDK does not know).
  * @throws the mapped error of an `error` event, or {@link GuestError} for malformed data. */
-export function decodeExecMessage(message: SSEMessage): StreamEvent | undefined {
-  if (!["stdout", "stderr", "exit", "error"].includes(message.event)) return undefined;
+export function decodeExecMessage(message: SSEMessage): ProcessEvent | undefined {
+  if (!["stdout", "stderr", "pty", "exit", "error"].includes(message.event)) return undefined;
   const data = objectData(message, "exec stream");
   if (message.event === "error") throw streamError(data, "exec stream reported an error");
   if (message.event === "exit") {
@@ -17,6 +17,10 @@ export function decodeExecMessage(message: SSEMessage): StreamEvent | undefined 
       throw new GuestError(`exec stream exit event without an integer exit_code: ${message.data.slice(0, 200)}`);
     }
     return { kind: "exit", exitCode: code };
+  }
+  if (message.event === "pty") {
+    const raw = atob(typeof data["data_b64"] === "string" ? data["data_b64"] : "");
+    return { kind: "pty", data: Uint8Array.from(raw, (ch) => ch.charCodeAt(0)) };
   }
   const chunk = data["chunk"];
   const text = typeof chunk === "string" ? chunk : String(chunk ?? "");
@@ -35,7 +39,7 @@ export async function* outputEvents(
   done: () => void,
   handlers: OutputHandlers,
   endedEarly: () => Error,
-): AsyncGenerator<StreamEvent, void, undefined> {
+): AsyncGenerator<ProcessEvent, void, undefined> {
   for await (const message of messages(body, done)) {
     const event = decodeExecMessage(message);
     if (event === undefined) continue;

@@ -40,11 +40,15 @@ export interface ExecResult {
   durationMs: number;
 }
 
-/** One event of a streamed exec (or a process's stream): output chunks, then exactly one `exit`. */
+/** One event of a streamed exec: output chunks, then exactly one `exit`. */
 export type StreamEvent =
   | { kind: "stdout"; chunk: string }
   | { kind: "stderr"; chunk: string }
   | { kind: "exit"; exitCode: number };
+
+/** One event of a background process's stream: a process started with `pty` reports its terminal's output as
+ * `pty` data instead of `stdout` / `stderr`. */
+export type ProcessEvent = StreamEvent | { kind: "pty"; data: Uint8Array };
 
 /** One event of `filesystem.watch`: `start` once the watch is in place, then changes of `name`. */
 export interface FsWatchEvent {

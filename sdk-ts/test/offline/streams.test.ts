@@ -122,6 +122,20 @@ describe("streams from a server", () => {
     assert.equal(JSON.parse(server.seen.at(-1)?.body ?? "{}").context_id, "ctx-1");
   });
 
+  it("decodes a process's stream, terminal data included", async () => {
+    server.answer(json(201, { pid: 42, cmd: "sh", running: true, started_at: "2026-01-01T00:00:00Z" }));
+    const process = await sbx.processes.start("sh", { pty: { cols: 80, rows: 24 } });
+    assert.deepEqual(JSON.parse(server.seen.at(-1)?.body ?? "{}"), { cmd: "sh", env: {}, stdin: false, pty: { cols: 80, rows: 24 } });
+    server.answer(
+      pieces(["event: pty\ndata: {\"data_b64\": \"AP9h\"}\n\n", "event: exit\ndata: {\"exit_code\": -1, \"status\": \"signal\"}\n\n"]),
+    );
+    assert.deepEqual(await collect(process.stream()), [
+      { kind: "pty", data: Uint8Array.from([0, 255, 97]) },
+      { kind: "exit", exitCode: -1 },
+    ]);
+    assert.equal(server.seen.at(-1)?.url, "/v1/sandboxes/sbx-s/processes/42/stream");
+  });
+
   it("decodes a directory watch", async () => {
     server.answer(
       pieces(["event: start\ndata: {\"kind\": \"start\"}\n\n", "event: create\ndata: {\"kind\": \"create\", \"name\": \"a.txt\"}\n\n"], {

@@ -57,10 +57,11 @@ qemu10:
 run: setup
 	$(CRYOBOX) serve $(ARGS)
 
-lint: venv
+lint: venv js
 	$(VENV)/bin/ruff check src tests scripts
 	$(VENV)/bin/ruff format --check src tests scripts
 	$(VENV)/bin/mypy
+	PATH="$(NODE_BIN):$$PATH" node sdk-ts/node_modules/typescript/bin/tsc --noEmit -p sdk-ts/tsconfig.json
 
 test: setup lint
 	$(VENV)/bin/pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)

@@ -2952,6 +2952,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -3075,6 +3084,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -3180,6 +3198,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3308,6 +3335,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -3422,6 +3458,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3545,6 +3590,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3682,6 +3736,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -3796,6 +3859,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3926,6 +3998,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -4040,6 +4121,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4168,6 +4258,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -4282,6 +4381,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4414,6 +4522,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -4534,6 +4651,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -4647,6 +4773,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4779,6 +4914,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -4904,6 +5048,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -5020,6 +5173,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5152,6 +5314,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -5270,6 +5441,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5398,6 +5578,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -5512,6 +5701,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5644,6 +5842,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -5762,6 +5969,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5894,6 +6110,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -6011,6 +6236,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6142,6 +6376,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -6257,6 +6500,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6388,6 +6640,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -6505,6 +6766,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6637,6 +6907,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -6751,6 +7030,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6879,6 +7167,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -6997,6 +7294,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -7131,6 +7437,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -7248,6 +7563,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -7378,6 +7702,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -7492,6 +7825,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -7624,6 +7966,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -7736,6 +8087,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -7857,6 +8217,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -7989,6 +8358,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -8103,6 +8481,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -8235,6 +8622,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -8360,6 +8756,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -8476,6 +8881,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -8608,6 +9022,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -8733,6 +9156,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -8849,6 +9281,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -8981,6 +9422,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -9106,6 +9556,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -9219,6 +9678,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -9352,6 +9820,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -9464,6 +9941,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -9596,6 +10082,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -9710,6 +10205,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -9838,6 +10342,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -9952,6 +10465,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -10078,6 +10600,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -10196,6 +10727,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -10330,6 +10870,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -10444,6 +10993,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -10573,6 +11131,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -10695,6 +11262,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -10809,6 +11385,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -10939,6 +11524,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -11042,6 +11636,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -11172,6 +11775,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -11286,6 +11898,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -11412,6 +12033,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -11527,6 +12157,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -11660,6 +12299,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -11777,6 +12425,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -11935,6 +12592,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -12038,6 +12704,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -12159,6 +12834,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -12289,6 +12973,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -12392,6 +13085,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -12522,6 +13224,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -12636,6 +13347,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -12762,6 +13482,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -12880,6 +13609,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -13015,6 +13753,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -13140,6 +13887,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -13257,6 +14013,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -13392,6 +14157,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -13507,6 +14281,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -13635,6 +14418,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description no capacity; nothing was created; retry after Retry-After seconds */
             503: {
                 headers: {
@@ -13752,6 +14544,15 @@ export interface operations {
             };
             /** @description rate limited (rate_limited: retry after Retry-After seconds), or a workspace quota reached (quota_exceeded: details resource, limit, used, requested; nothing was created) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description an upstream failed: the sandbox's guest (guest_error), a port in it (port_unreachable), an image registry (image_pull_failed) or the object store (store_error) */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -118,8 +118,10 @@ export class VmmError extends CryoboxError {
   static override readonly code: string = "vmm_error";
 }
 
+/** The sandbox's guest failed to do what was asked: the tenant's machine is the failing upstream (a 502). */
 export class GuestError extends CryoboxError {
   static override readonly code: string = "guest_error";
+  static override readonly httpStatus: number = 502;
 }
 
 export class ResumeHookFailed extends GuestError {
@@ -229,7 +231,7 @@ const WIRE_CLASSES: ErrorClass[] = [
 export const ERRORS_BY_CODE: ReadonlyMap<string, ErrorClass> = new Map(WIRE_CLASSES.map((cls) => [cls.code, cls]));
 
 // for bodies without a known code (a proxy's page, say): only the statuses the Python SDK maps too
-// (the store's and image registries' 502/503 classes are never guessed from a bare status)
+// (a bare 502 is ambiguous: the guest, a port, the store, an image registry; a store's 503 is never guessed either)
 const BY_STATUS: ReadonlyMap<number, ErrorClass> = new Map<number, ErrorClass>(
   [
     InvalidArgument,
@@ -242,7 +244,6 @@ const BY_STATUS: ReadonlyMap<number, ErrorClass> = new Map<number, ErrorClass>(
     HostUnavailable,
     SandboxTimeout,
     ResumeHookFailed,
-    PortUnreachable,
   ].map((cls) => [cls.httpStatus, cls]),
 );
 

@@ -4,6 +4,7 @@ import { after, before, describe, it } from "node:test";
 import {
   CryoboxError,
   ERRORS_BY_CODE,
+  GuestError,
   HostUnavailable,
   ImageTooLarge,
   InvalidArgument,
@@ -46,7 +47,9 @@ describe("errors by wire code", () => {
     assert.ok(errorFromBody("<html>bad gateway</html>", 404) instanceof NotFound);
     assert.ok(errorFromBody(undefined, 401) instanceof Unauthorized);
     assert.ok(errorFromBody({ error: "full" }, 503) instanceof HostUnavailable);
-    assert.ok(errorFromBody(undefined, 502) instanceof PortUnreachable);
+    assert.equal(errorFromBody(undefined, 502).constructor, CryoboxError); // the guest, a port, the store: ambiguous
+    assert.ok(errorFromBody({ error: "x", code: "port_unreachable" }, 502) instanceof PortUnreachable);
+    assert.ok(errorFromBody({ error: "x", code: "guest_error" }, 502) instanceof GuestError);
     assert.ok(errorFromBody({ error: "x", code: "store_error" }, 502) instanceof StoreError);
     const plain = errorFromBody(undefined, 500);
     assert.equal(plain.constructor, CryoboxError);

@@ -50,9 +50,33 @@ def dir_state(data_dir: str) -> DirState:
     return DirState.IDLE if (Path(data_dir) / LOCK_NAME).exists() else DirState.GONE
 
 
+def runs_cryobox(argv: list[str] | tuple[str, ...]) -> bool:
+    """Whether the process is cryobox itself (``cryobox …``, ``python -m cryobox…``, ``python …/bin/cryobox``),
+    not a program that only names it in its arguments (``timeout 60 cryobox gc --data-dir D``, an editor, a shell)."""
+    if not argv:
+        return False
+    program = os.path.basename(argv[0])
+    if program == "cryobox":
+        return True
+    if not program.startswith("python"):
+        return False
+    rest = list(argv[1:])
+    while rest:
+        arg = rest.pop(0)
+        if arg == "-m":
+            return bool(rest) and rest[0].split(".")[0] == "cryobox"
+        if arg in ("-c", "-"):
+            return False
+        if not arg.startswith("-"):
+            return os.path.basename(arg) == "cryobox"
+        if arg in ("-W", "-X"):  # options with a value
+            rest = rest[1:]
+    return False
+
+
 def _data_dir_of(pid: int, argv: list[str], proc: Path) -> str | None:
     """The data dir a cryobox agent runs on: ``--data-dir``, else ``CRYOBOX_DATA_DIR``, else the default."""
-    if not any("cryobox" in arg for arg in argv) or is_memory_server(argv):
+    if not runs_cryobox(argv) or is_memory_server(argv):
         return None
     value = procfs.flag_value(argv, "--data-dir")
     value = value or next((a.split("=", 1)[1] for a in argv if a.startswith("--data-dir=")), None)

@@ -17,6 +17,9 @@ import contextlib
 import errno
 import logging
 import os
+import signal
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,11 +125,44 @@ class CgroupHost:
                 found.update(entry.name for entry in os.scandir(base) if entry.is_dir())
         return found
 
-    def reclaim(self, keep: set[str] = frozenset()) -> int:  # type: ignore[assignment]
-        """Remove the empty cgroups of VMs not in ``keep`` (their QEMUs were reclaimed); returns how many."""
+    def members(self, vm_id: str) -> set[int]:
+        """The pids in ``vm_id``'s cgroup(s), as this host sees them."""
+        pids: set[int] = set()
+        for path in self.dirs(vm_id):
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                pids.update(int(line) for line in (path / "cgroup.procs").read_text().split())
+        return pids
+
+    def kill(self, vm_id: str) -> int:
+        """SIGKILL every process in ``vm_id``'s cgroup(s): a QEMU whose pid the agent never learned (a launch
+        cancelled after the launcher forked it) or whose records went. Returns how many were signalled."""
+        pids = self.members(vm_id)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return len(pids)
+
+    def reclaim(
+        self,
+        keep: set[str] = frozenset(),  # type: ignore[assignment]
+        wait_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> int:
+        """Remove the cgroups of VMs not in ``keep``; returns how many. A cgroup that still holds a process holds
+        a QEMU nothing else knows of (the run-dir reclaim kills the ones it finds): it is killed first, and its
+        cgroup removed once init has reaped it (``wait_s``)."""
         removed = 0
         for vm_id in self.vm_ids() - keep:
             if self.remove(vm_id):
+                removed += 1
+                continue
+            killed = self.kill(vm_id)
+            log.warning("killed %d stray process(es) in the cgroup of VM %s (a QEMU no record named)", killed, vm_id)
+            deadline = clock() + wait_s
+            while not (gone := self.remove(vm_id)) and clock() < deadline:
+                sleep(0.01)
+            if gone:
                 removed += 1
             else:
                 log.warning("cgroup of VM %s still holds a process; left in place", vm_id)

@@ -283,11 +283,32 @@ class VmJail:
             proc = await asyncio.create_subprocess_exec(
                 *command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=qemu_log, start_new_session=True
             )
-            out, _ = await proc.communicate()
+            try:
+                out, _ = await proc.communicate()
+            except BaseException:
+                # cancelled (a stopping agent, a pool shrinking): the launcher runs on and forks QEMU, whose pid
+                # no one would learn; let it finish, then kill what its cgroup holds
+                await asyncio.shield(asyncio.create_task(self._abandon(proc, vm_id)))
+                raise
         if proc.returncode != 0:
             self.release(vm_id)
             raise VmmError(f"jailed QEMU did not start (launcher exit {proc.returncode}); see {log_path}")
         return int(out.decode().strip())
+
+    async def _abandon(self, proc: asyncio.subprocess.Process, vm_id: str) -> None:
+        """Stop what a launch nobody waits for any more started: the launcher (a fork and an exec, then it exits)
+        and the QEMU it leaves in the VM's cgroup."""
+        try:
+            async with asyncio.timeout(10):
+                await proc.wait()
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+        cgroups = self.settings.cgroups
+        if cgroups is not None:
+            await asyncio.to_thread(cgroups.kill, vm_id)
+            await asyncio.to_thread(self.release, vm_id)
 
     def release(self, vm_id: str, wait_s: float = 2.0) -> None:
         """Remove the VM's cgroup once its QEMU is gone. A dead QEMU stays a member until its parent (init,

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import secrets
 import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +15,7 @@ import pytest
 from cryobox.agent.guest.exec import run_exec
 from cryobox.agent.templates.bake import Template
 from cryobox.agent.vm import MemoryBacking, MicroVM, VmPaths, VmState
+from cryobox.agent.vm.jail import JailSettings, VmJail, prepare_host
 from cryobox.errors import StateError
 
 
@@ -18,8 +23,6 @@ def _vm(tmp_path: Path, template: Template) -> MicroVM:
     paths = VmPaths(tmp_path / "vm")
     paths.root.mkdir()
     disk = paths.root / "disk.qcow2"
-    import subprocess
-
     subprocess.run(
         ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(template.disk), str(disk)], check=True
     )
@@ -70,3 +73,55 @@ async def test_template_files_are_never_modified_by_a_restore(tmp_path: Path, te
         await vm.kill()
     after = {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in template.path.iterdir()}
     assert before == after
+
+
+async def test_a_jailed_start_cancelled_mid_launch_leaves_no_qemu(
+    tmp_path: Path, templates: dict[str, Template]
+) -> None:
+    """A start cancelled while the jail's launcher runs (a stopping agent, a pool shrinking) used to leave the QEMU
+    the launcher forked running, unknown to anyone, holding its slot's tap: the launch now waits for the launcher
+    and kills what the VM's cgroup holds."""
+    template = templates["base"]
+    settings = JailSettings.for_tag(secrets.token_hex(3))
+    assert settings is not None and settings.cgroups is not None, "the suite runs VMs jailed, with cgroups"
+    await asyncio.to_thread(prepare_host, settings)
+    memory = tmp_path / "memory"  # a copy: the jail hands a private RAM file to its image group
+    subprocess.run(["cp", "--sparse=always", str(template.memory), str(memory)], check=True)
+    paths = VmPaths(tmp_path / "vm")
+    paths.root.mkdir()
+    disk = paths.root / "disk.qcow2"
+    subprocess.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(template.disk), str(disk)], check=True
+    )
+    vm_id = f"vm-{secrets.token_hex(8)}"
+    jail = VmJail(settings, settings.slot_uid(0))
+    vm = MicroVM(vm_id, template.machine, paths, MemoryBacking(memory, share=False), disk, jail=jail)
+    starting = asyncio.create_task(vm.start(incoming=True))
+    try:
+        deadline = time.monotonic() + 30
+        while not settings.cgroups.members(vm_id):  # the launcher has joined the VM's cgroup: it runs
+            assert time.monotonic() < deadline and not starting.done(), "the launcher never joined its cgroup"
+            await asyncio.sleep(0.001)
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        assert settings.cgroups.members(vm_id) == set(), "the cancelled launch's QEMU still runs"
+        assert not any(path.exists() for path in settings.cgroups.dirs(vm_id))
+        assert not _named_processes(f"cryobox-{vm_id}")
+    finally:
+        settings.cgroups.kill(vm_id)
+        await vm.kill()
+        await asyncio.to_thread(jail.release, vm_id)
+        settings.cgroups.remove_base()
+
+
+def _named_processes(name: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if name.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cryobox.agent.host.gc import Action, DirState, Effects, HostState, Plan, ProcInfo, apply, plan, tag_of
-from cryobox.agent.host.gcscan import cgroup_tags, remove_cgroups
+from cryobox.agent.host.gcscan import cgroup_tags, remove_cgroups, runs_cryobox
 from cryobox.agent.host.ownership import OwnerRecord
 
 GONE_DIR = "/tmp/t/gone"
@@ -310,3 +310,18 @@ def test_remove_cgroups_removes_one_tag_only(tmp_path: Path) -> None:
     assert (tmp_path / "memory" / "cryobox-fedcba" / "vm-9").is_dir()
     assert cgroup_tags(tmp_path) == ("fedcba",)
     assert remove_cgroups(tmp_path, CG_TAG) == 0  # nothing left: fine
+
+
+def test_only_cryobox_itself_runs_on_a_data_dir() -> None:
+    """A wrapper that names cryobox in its arguments (``timeout 120 cryobox gc --data-dir D``) used to count as a
+    cryobox process on D, and ``gc --data-dir D`` then refused D ("a live cryobox process runs on it")."""
+    assert runs_cryobox(("cryobox", "serve", "--data-dir", "/d"))
+    assert runs_cryobox(("/opt/cryobox/venv/bin/cryobox", "agent"))
+    assert runs_cryobox(("/usr/bin/python3", "-m", "cryobox.cli.main", "serve"))
+    assert runs_cryobox(("/usr/bin/python3.11", "-X", "dev", "-m", "cryobox", "serve"))
+    assert runs_cryobox(("python3", "/opt/cryobox/venv/bin/cryobox", "gc"))
+    assert not runs_cryobox(("timeout", "120", "cryobox", "gc", "--data-dir", "/d"))
+    assert not runs_cryobox(("/usr/bin/python3", "-c", "import cryobox", "--data-dir", "/d"))
+    assert not runs_cryobox(("python3", "-m", "pytest", "tests/cryobox"))
+    assert not runs_cryobox(("vim", "/etc/cryobox/cryobox.env"))
+    assert not runs_cryobox(())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -268,9 +269,37 @@ def test_reclaim_does_not_count_a_busy_cgroup(
 
     monkeypatch.setattr(Path, "rmdir", rmdir)
     with caplog.at_level(logging.WARNING, logger="cryobox.agent.vm.cgroups"):
-        assert host.reclaim() == 1
+        assert host.reclaim(wait_s=0.0) == 1
     assert host.vm_ids() == {"vm-busy"}
     assert "vm-busy" in caplog.text
+
+
+def test_reclaim_kills_a_qemu_no_record_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A QEMU whose pid the agent never learned (its launch was cancelled after the launcher forked it) still sits
+    in its VM's cgroup: a reclaim that does not keep that VM kills it, then removes the cgroup."""
+    host = _v2_host(tmp_path)
+    _empty_vm_dirs(host, "vm-lost", "vm-kept")
+    stray = subprocess.Popen(["sleep", "60"])
+    lost, kept = host.dirs("vm-lost")[0], host.dirs("vm-kept")[0]
+    (lost / "cgroup.procs").write_text(f"{stray.pid}\n")
+    real_rmdir = Path.rmdir
+
+    def rmdir(self: Path) -> None:  # cgroupfs: EBUSY while a member lives (here: until it is reaped)
+        if self == lost:
+            if stray.poll() is None:
+                raise OSError(errno.EBUSY, "Device or resource busy", str(self))
+            (self / "cgroup.procs").unlink(missing_ok=True)
+        real_rmdir(self)
+
+    monkeypatch.setattr(Path, "rmdir", rmdir)
+    try:
+        assert host.members("vm-lost") == {stray.pid}
+        assert host.reclaim(keep={"vm-kept"}) == 1
+        assert stray.wait(timeout=5) == -9  # killed, not left running
+        assert host.vm_ids() == {"vm-kept"} and kept.is_dir()
+    finally:
+        stray.kill()
+        stray.wait()
 
 
 def test_remove_base_keeps_a_base_in_use(tmp_path: Path) -> None:

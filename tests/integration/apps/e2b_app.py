@@ -168,7 +168,11 @@ def lifecycle(sbx: Sandbox) -> None:
             "samples": len(samples),
             "in_order": [s.timestamp for s in samples] == sorted(s.timestamp for s in samples),
             "cpu_ok": all(0 <= s.cpu_used_pct <= 100 for s in samples),
-            "since": 1 <= len(since) < len(samples),
+            # from the newest sample on (more may have been taken since: the agent samples every second), without
+            # the older ones
+            "since": bool(since)
+            and all(s.timestamp >= sample.timestamp for s in since)
+            and samples[0].timestamp not in {s.timestamp for s in since},
             "listed": sbx.sandbox_id in (newest.parsed.sandboxes if newest.parsed is not None else {}),
         }
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
 
 from ..config import Paths
-from .snapshot_api import Api, ms_since
+from .snapshot_api import Api
 from .snapshot_report import BenchError
 from .snapshot_result import _MIB, Samples
 from .stats import percentile
@@ -43,7 +44,14 @@ def _p50(samples: list[float]) -> float:
     return round(percentile(samples, 50), 1)
 
 
-def dirty_sweep(api: Api, paths: Paths, s: Samples, console: Console, reps: int = SWEEP_REPS) -> None:
+def dirty_sweep(
+    api: Api,
+    paths: Paths,
+    s: Samples,
+    console: Console,
+    reps: int = SWEEP_REPS,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
     """Per size, ``reps`` 2 GiB sandboxes that write ``mib`` of fresh random data (kept resident in the guest's
     tmpfs), each snapshotted twice; one entry per size in ``s.dirty_sweep``."""
     for mib in SWEEP_MIB:
@@ -54,9 +62,9 @@ def dirty_sweep(api: Api, paths: Paths, s: Samples, console: Console, reps: int 
             sbx = api.create({"template": SWEEP_TEMPLATE})
             api.exec(sbx["id"], sweep_cmd(mib))
             for walls in (first, again):
-                started = time.monotonic()
+                started = clock()
                 snap = api.snapshot(sbx["id"])
-                walls.append(round(ms_since(started), 1))
+                walls.append(round((clock() - started) * 1000, 1))
                 manifests.append(read_manifest(paths, snap["id"]))
                 api.delete_snapshot(snap["id"])
             api.delete_sandbox(sbx["id"])

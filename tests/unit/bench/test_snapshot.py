@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -343,6 +342,7 @@ def test_binaries_to_run_dedupes_and_checks(tmp_path: Path) -> None:
 def test_the_dirty_sweep_takes_the_p50_of_several_sandboxes_and_deletes_them(tmp_path: Path) -> None:
     paths = Paths(tmp_path / "data", tmp_path / "cache")
     walls = iter([0.05, 0.02, 0.01, 0.03, 0.04, 0.02] * len(snapshot_sweep.SWEEP_MIB))
+    now = [1000.0]
 
     class FakeApi:
         def __init__(self) -> None:
@@ -363,7 +363,7 @@ def test_the_dirty_sweep_takes_the_p50_of_several_sandboxes_and_deletes_them(tmp
             return {"exit_code": 0}
 
         def snapshot(self, sandbox_id: str) -> dict[str, Any]:
-            time.sleep(next(walls))
+            now[0] += next(walls)  # the snapshot's wall time, on the sweep's clock
             self.taken += 1
             sid = f"snap{self.taken}"
             self.snapshots.add(sid)
@@ -380,7 +380,7 @@ def test_the_dirty_sweep_takes_the_p50_of_several_sandboxes_and_deletes_them(tmp
 
     fake = FakeApi()
     s = Samples()
-    snapshot_sweep.dirty_sweep(cast(Api, fake), paths, s, Console(quiet=True), reps=3)
+    snapshot_sweep.dirty_sweep(cast(Api, fake), paths, s, Console(quiet=True), reps=3, clock=lambda: now[0])
     assert fake.made == 3 * len(snapshot_sweep.SWEEP_MIB) and not fake.sandboxes and not fake.snapshots
     assert fake.commands[0] == "dd if=/dev/urandom of=/dev/shm/sweep bs=1M count=16 status=none"
     assert [p["dirtied_mib"] for p in s.dirty_sweep] == [16.0, 64.0, 256.0]
@@ -388,5 +388,5 @@ def test_the_dirty_sweep_takes_the_p50_of_several_sandboxes_and_deletes_them(tmp
         first, again = point["snapshot_ms_samples"], point["snapshot_ms_again_samples"]
         assert len(first) == len(again) == 3 and len(point["pause_ms"]) == 6
         assert point["snapshot_ms"] == sorted(first)[1] and point["snapshot_ms_again"] == sorted(again)[1]
-        assert 40 <= point["snapshot_ms"] < 48 and 20 <= point["snapshot_ms_again"] < 28  # 50/10/40, 20/30/20
+        assert point["snapshot_ms"] == 40.0 and point["snapshot_ms_again"] == 20.0  # p50 of 50/10/40 and 20/30/20
         assert (point["unique_mib"], point["shared_mib"]) == (20.0, 180.0)

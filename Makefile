@@ -7,7 +7,7 @@ APT_PACKAGES := qemu-system-x86 qemu-utils debootstrap busybox-static e2fsprogs 
 PYTEST_ARGS ?=
 # two workers (pytest-xdist), a file's tests on one worker; a short base temp dir, because VM sockets live under it
 # and a unix socket path has 107 bytes (pytest's own /tmp/pytest-of-root/pytest-N/popen-gwN/... is too long)
-PYTEST_PARALLEL ?= -n 2 --dist loadfile --basetemp=/tmp/cbx-t
+PYTEST_PARALLEL ?= -n 2 --dist loadfile --basetemp=/tmp/cbx-t --durations=25
 ARGS ?=
 # QEMU 10 from bookworm-backports, unpacked beside the system's 7.2 (not installed as the system QEMU): measured
 # against 7.2 by `make bench` (docs/design/snapshots.md, "QEMU versions"); VMs use it only with CRYOBOX_QEMU=$(QEMU10).

@@ -7,7 +7,7 @@
 
 import { CommandExitError, FilesystemEventType, NotFoundError, Sandbox, TimeoutError, Volume } from 'e2b'
 
-import { REPORT, printAndExit, sleep, step, until } from './report.mjs'
+import { REPORT, runApp, sleep, step, until } from './report.mjs'
 
 const RUN = process.env.E2B_JS_RUN ?? String(Date.now())
 const decode = (bytes) => new TextDecoder().decode(bytes)
@@ -386,9 +386,4 @@ async function main() {
   return 0
 }
 
-main()
-  .catch((err) => {
-    REPORT.fatal = String(err?.stack ?? err)
-    return 1
-  })
-  .then(printAndExit)
+runApp(main)

@@ -4,7 +4,7 @@
 
 import { Sandbox } from '@e2b/code-interpreter'
 
-import { REPORT, printAndExit, sleep, step } from './report.mjs'
+import { REPORT, runApp, sleep, step } from './report.mjs'
 
 async function main() {
   const sbx = await step('create', () => Sandbox.create({ metadata: { app: 'e2b-js-code' } }))
@@ -84,9 +84,4 @@ async function main() {
   return 0
 }
 
-main()
-  .catch((err) => {
-    REPORT.fatal = String(err?.stack ?? err)
-    return 1
-  })
-  .then(printAndExit)
+runApp(main)

@@ -6,7 +6,7 @@
 
 import { Sandbox } from 'e2b'
 
-import { REPORT, printAndExit, sleep, step } from './report.mjs'
+import { REPORT, runApp, sleep, step } from './report.mjs'
 
 const PAGE = '<h1>from the guest, by its host</h1>\n'
 const PORT = 8000
@@ -81,9 +81,4 @@ async function main() {
   return 0
 }
 
-main()
-  .catch((err) => {
-    REPORT.fatal = String(err?.stack ?? err)
-    return 1
-  })
-  .then(printAndExit)
+runApp(main)

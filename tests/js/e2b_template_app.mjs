@@ -5,7 +5,7 @@
 
 import { Sandbox, Template } from 'e2b'
 
-import { REPORT, printAndExit, step } from './report.mjs'
+import { REPORT, runApp, step } from './report.mjs'
 
 const NAME = `e2b-js-tpl-${process.env.E2B_JS_RUN ?? Date.now()}`
 
@@ -48,9 +48,4 @@ async function main() {
   return 0
 }
 
-main()
-  .catch((err) => {
-    REPORT.fatal = String(err?.stack ?? err)
-    return 1
-  })
-  .then(printAndExit)
+runApp(main)

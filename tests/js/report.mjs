@@ -24,6 +24,16 @@ export function printAndExit(code) {
   process.stdout.write(JSON.stringify(REPORT) + '\n', () => process.exit(code))
 }
 
+// Run an application's main() (its exit code) and print the report, a thrown error recorded as `fatal`.
+export function runApp(main) {
+  main()
+    .catch((err) => {
+      REPORT.fatal = String(err?.stack ?? err)
+      return 1
+    })
+    .then(printAndExit)
+}
+
 export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 
 export async function until(check, timeoutMs = 20000, everyMs = 100) {

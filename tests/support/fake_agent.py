@@ -31,7 +31,7 @@ from cryobox.agent.observe.logbook import LogBook
 from cryobox.agent.observe.rings import RingBounds
 from cryobox.agentapi import models as m
 from cryobox.agentapi.interface import FILE_OPS, MAX_FILE_BYTES
-from cryobox.agentapi.models_obs import LogPage, LogQuery, MetricSample, MetricSeries
+from cryobox.agentapi.models_obs import AgentCounters, LogPage, LogQuery, MetricSample, MetricSeries
 from cryobox.errors import (
     CryoboxError,
     GuestError,
@@ -95,6 +95,8 @@ class FakeAgent(FakeProcs, FakeRecipeBuilds, FakeVolumes):
         self.egress_decisions: dict[str, list[m.EgressDecision]] = {}
         self.samples: dict[str, list[MetricSample]] = {}
         """What ``sandbox_metrics`` answers (a test puts samples there); oldest first."""
+        self.herd = AgentCounters()
+        """What ``counters`` answers (a test sets the figures)."""
         self.logbook = LogBook(RingBounds(1000, 1 << 20, 1 << 24))
         """What ``sandbox_logs`` pages through (the agent's real log book; a test adds lines)."""
         self.ptys: dict[str, tuple[str, asyncio.Queue[bytes | None]]] = {}
@@ -205,6 +207,10 @@ class FakeAgent(FakeProcs, FakeRecipeBuilds, FakeVolumes):
     async def templates(self) -> list[m.TemplateInfo]:
         self._record("templates")
         return list(self.template_infos.values())
+
+    async def counters(self) -> AgentCounters:
+        self._record("counters")
+        return self.herd
 
     async def metrics_text(self) -> bytes:
         self._record("metrics_text")

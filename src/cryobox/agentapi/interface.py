@@ -49,7 +49,7 @@ from .models import (
     WakeSpec,
     WriteResult,
 )
-from .models_obs import LogPage, LogQuery, MetricSeries
+from .models_obs import AgentCounters, LogPage, LogQuery, MetricSeries
 from .models_procs import (
     FsEvent,
     FsRequest,
@@ -101,6 +101,13 @@ class Agent(Protocol):
     @op.get("/metrics", media_type=METRICS_MEDIA_TYPE)
     async def metrics_text(self) -> bytes:
         """The agent's own Prometheus series (memory server, admission), text exposition format."""
+        ...
+
+    @op.get("/counters")
+    async def counters(self) -> AgentCounters:
+        """The host's herd counters (its memory server's), typed: what the control plane gathers from every
+        agent for ``/metrics``, the console and ``cryobox top``. ``HostUnavailable`` when the memory server does
+        not answer."""
         ...
 
     # -- sandboxes -----------------------------------------------------------------------------------------

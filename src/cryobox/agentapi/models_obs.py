@@ -1,4 +1,5 @@
-"""Wire models of what an agent observes of a sandbox: its CPU and memory samples and its log.
+"""Wire models of what an agent observes: a sandbox's CPU and memory samples and its log, and the host's own
+counters (:class:`AgentCounters`).
 
 Kept apart from :mod:`.models` (one concept per file). Times are epoch seconds on the agent's clock, sizes bytes.
 """
@@ -89,3 +90,37 @@ class LogPage(_Model):
     entries: list[LogEntry]
     next_offset: int
     dropped: int = 0
+
+
+COUNTER_FIELDS: tuple[str, ...] = (
+    "faults",
+    "chunk_fetches",
+    "zero_fills",
+    "cache_hits",
+    "prefetch_hits",
+    "prefetch_chunks",
+    "store_gets",
+    "chunk_fetch_failures",
+)
+"""The cumulative counters of :class:`AgentCounters`, in the order they are shown."""
+
+
+class AgentCounters(_Model):
+    """The host's counters as its memory server exports them (``faults_total``, ``chunk_fetches_total``...:
+    :mod:`cryobox.agent.memory.server.metrics`), cumulative since that server started (a restart starts them
+    from 0 again), and the chunk cache's size now. A fixed set of numbers: the answer's size is bounded."""
+
+    faults: int = Field(default=0, ge=0)
+    """Reads of memory images served (page faults reaching the resolver)."""
+    chunk_fetches: int = Field(default=0, ge=0)
+    """Chunks fetched from the object store and verified."""
+    zero_fills: int = Field(default=0, ge=0)
+    cache_hits: int = Field(default=0, ge=0)
+    """Chunks served from the local chunk cache."""
+    prefetch_hits: int = Field(default=0, ge=0)
+    prefetch_chunks: int = Field(default=0, ge=0)
+    store_gets: int = Field(default=0, ge=0)
+    """GET attempts against the object store, retries included."""
+    chunk_fetch_failures: int = Field(default=0, ge=0)
+    chunk_cache_bytes: int = Field(default=0, ge=0)
+    """Bytes the chunk cache holds now (a gauge, not a counter)."""

@@ -1,5 +1,5 @@
 """Samples and logs cross both agent transports alike (``pair``: in-process and HTTP on a real server): query
-values, the log query's body, its validation (400 over HTTP, before the agent), and 404."""
+values, the log query's body, its validation (400 over HTTP, before the agent), and 404; the host's counters."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from cryobox.agentapi import models as m
-from cryobox.agentapi.models_obs import LogQuery, MetricSample
-from cryobox.errors import NotFound
+from cryobox.agentapi.models_obs import AgentCounters, LogQuery, MetricSample
+from cryobox.errors import HostUnavailable, NotFound
 from tests.support.fake_agent import FakeAgent
 from tests.unit.agentapi.test_contract import TOKEN, Pair, http_fake, pair
 
@@ -48,3 +48,12 @@ async def test_bad_queries_never_reach_the_agent(http_fake: tuple[str, FakeAgent
         worse = await client.get("/agent/v1/sandboxes/sb-1/metrics", params={"start": "yesterday"})
     assert (bad.status_code, worse.status_code) == (400, 400)
     assert not [c for c in fake.calls if c[0] in ("sandbox_logs", "sandbox_metrics")]
+
+
+async def test_counters(pair: Pair) -> None:
+    pair.fake.herd = AgentCounters(faults=120, chunk_fetches=30, cache_hits=90, store_gets=33, chunk_cache_bytes=7)
+    got = await pair.agent.counters()
+    assert got == pair.fake.herd and pair.fake.calls[-1] == ("counters", ())
+    pair.fake.fail_next["counters"] = HostUnavailable("memory server down")
+    with pytest.raises(HostUnavailable):
+        await pair.agent.counters()

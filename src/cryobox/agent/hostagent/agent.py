@@ -33,6 +33,7 @@ from ..sandbox.admission import AdmissionController
 from ..sandbox.lifecycle import UNCHANGED
 from ..sandbox.sandbox import Sandbox, SandboxState
 from ..templates.bake import Template
+from .counters import CounterEndpoints
 from .hibernations import HibernationEndpoints
 from .info import host_memory_mib, sandbox_info, template_info
 from .procs import ProcEndpoints
@@ -55,7 +56,7 @@ PTY_CALL_TIMEOUT_S = 30.0
 MAX_EGRESS_LOG = 1000
 
 
-class HostAgent(HibernationEndpoints, ProcEndpoints, VolumeEndpoints):
+class HostAgent(HibernationEndpoints, ProcEndpoints, VolumeEndpoints, CounterEndpoints):
     """One host's agent (implements :class:`cryobox.agentapi.Agent`; portable hibernation in the base class)."""
 
     def __init__(

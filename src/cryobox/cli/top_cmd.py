@@ -1,4 +1,4 @@
-"""``cryobox top``: the workspace's sandboxes, the agents' capacity and the herd counters, redrawn every
+"""``cryobox top``: the workspace's sandboxes, the agents' capacity and counters and the herd counters, redrawn every
 ``--interval`` seconds (rich.Live) with per-interval rates; ``--once`` draws one frame, ``--json`` prints one object."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from .. import models
 from ..errors import CryoboxError
 from ..sdk._transport import ClientConfig, raise_for_error
 from ._common import ApiKey, ApiUrl, Json, err, fail, out, print_json
-from .top_model import Frame, Scrape, parse_counters, rates, render
+from .top_model import Frame, Scrape, parse_agent_counters, parse_counters, rates, render, with_counters
 
 
 class TopSource:
@@ -33,9 +33,11 @@ class TopSource:
     def frame(self) -> Frame:
         sandboxes = models.SandboxList.model_validate(self._get("/v1/sandboxes").json()).items
         agents: list[dict[str, Any]] = self._get("/v1/agents").json().get("agents", [])
-        counters = parse_counters(self._get("/metrics").text)
+        text = self._get("/metrics").text
+        counters = parse_counters(text)
         now = self.clock()
-        scrape = Scrape(now, counters)
+        scrape = Scrape(now, counters, parse_agent_counters(text))
+        agents = with_counters(agents, self.previous, scrape)
         frame = Frame(now, sandboxes, agents, counters, rates(self.previous, scrape))
         self.previous = scrape
         return frame

@@ -1,12 +1,16 @@
 """The console's metrics sampler: every 2 s, the herd counters and the create-latency histogram read from the
-same exposition as ``GET /metrics`` (this registry plus every external source, i.e. the memory servers), kept
-for 10 minutes in a ring and handed to every ``/ui/api/events`` stream.
+same exposition as ``GET /metrics`` (this registry plus every external source), kept for 10 minutes in a ring and
+handed to every ``/ui/api/events`` stream.
 
-Series (summed over every source that exports them):
+Series:
 
-- ``herd.faults`` ← ``faults_total``, ``herd.chunk_fetches`` ← ``chunk_fetches_total``, ``herd.cache_hits`` ←
-  ``cache_hits_total``, ``herd.store_gets`` ← ``store_gets_total`` (the memory server's resolver,
-  :mod:`cryobox.agent.memory.server.metrics`);
+- ``herd.faults`` ← ``cryobox_fleet_faults_total``, ``herd.chunk_fetches`` ← ``cryobox_fleet_chunk_fetches_total``,
+  ``herd.cache_hits`` ← ``cryobox_fleet_cache_hits_total``, ``herd.store_gets`` ← ``cryobox_fleet_store_gets_total``:
+  the memory servers' counters of every live agent as the control plane gathers them
+  (:mod:`cryobox.server.control.counters`), so a ``cryobox control`` replica shows its agents' and ``cryobox serve``
+  counts its one memory server once (its own ``faults_total``... in the same text are not read);
+- ``agents.<name>``: the same four per agent (``cryobox_agent_<counter>_total{agent}``) and ``up`` (it answered the
+  last gather; ``false`` with the counters it last gave);
 - ``creates.count`` / ``creates.sum_s`` / ``creates.buckets`` ← ``cryobox_create_duration_seconds_count``,
   ``_sum`` and ``_bucket{le}`` (cumulative, ``le`` ascending, ``+Inf`` last as ``null``).
 
@@ -28,12 +32,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 log = logging.getLogger(__name__)
 
-HERD_SERIES = {
-    "faults_total": "faults",
-    "chunk_fetches_total": "chunk_fetches",
-    "cache_hits_total": "cache_hits",
-    "store_gets_total": "store_gets",
-}
+HERD = ("faults", "chunk_fetches", "cache_hits", "store_gets")
+HERD_SERIES = {f"cryobox_fleet_{key}_total": key for key in HERD}
+AGENT_SERIES = {f"cryobox_agent_{key}_total": key for key in HERD}
+AGENT_UP = "cryobox_agent_counters_up"
 CREATE_HISTOGRAM = "cryobox_create_duration_seconds"
 INTERVAL_S = 2.0
 WINDOW_S = 600.0
@@ -44,13 +46,20 @@ Source = Callable[[], Awaitable[str]]
 
 def parse_sample(text: str, t: float) -> Sample:
     """One sample from a text exposition (unknown series are ignored; absent ones are 0)."""
-    herd = dict.fromkeys(HERD_SERIES.values(), 0.0)
+    herd = dict.fromkeys(HERD, 0.0)
+    agents: dict[str, dict[str, Any]] = {}
     count = total = 0.0
     buckets: dict[float, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name in HERD_SERIES:
                 herd[HERD_SERIES[sample.name]] += sample.value
+            elif sample.name in AGENT_SERIES or sample.name == AGENT_UP:
+                row = agents.setdefault(sample.labels.get("agent", ""), {"up": False, **dict.fromkeys(HERD, 0)})
+                if sample.name == AGENT_UP:
+                    row["up"] = sample.value == 1
+                else:
+                    row[AGENT_SERIES[sample.name]] = int(sample.value)
             elif sample.name == CREATE_HISTOGRAM + "_count":
                 count += sample.value
             elif sample.name == CREATE_HISTOGRAM + "_sum":
@@ -61,6 +70,7 @@ def parse_sample(text: str, t: float) -> Sample:
     return {
         "t": round(t, 3),
         "herd": {name: int(value) for name, value in herd.items()},
+        "agents": dict(sorted(agents.items())),
         "creates": {
             "count": int(count),
             "sum_s": round(total, 6),

@@ -15,10 +15,22 @@ from typer.testing import CliRunner
 
 from cryobox import models
 from cryobox.agent.memory.server.metrics import MemoryMetrics
+from cryobox.agentapi.models_obs import AgentCounters
 from cryobox.cli.main import app
 from cryobox.cli.top_cmd import TopSource
-from cryobox.cli.top_model import Frame, Scrape, duration, parse_counters, rates, render
+from cryobox.cli.top_model import (
+    Frame,
+    Scrape,
+    duration,
+    parse_agent_counters,
+    parse_counters,
+    rates,
+    render,
+    with_counters,
+)
 from cryobox.sdk import ClientConfig
+from cryobox.server.control.counters import AgentReading, FleetCounters
+from cryobox.server.control.counters import exposition as counters_exposition
 from cryobox.server.metrics import Metrics
 from tests.support.sdk import INFO
 
@@ -41,8 +53,10 @@ AGENT = {
 }
 
 
-def exposition(faults: int, fetches: int, hits: int, gets: int, creates: list[float]) -> str:
-    """What ``/metrics`` sends: the control plane's registry, then the memory server's appended."""
+def exposition(faults: int, fetches: int, hits: int, gets: int, creates: list[float], *, answered: bool = True) -> str:
+    """What ``cryobox serve``'s ``/metrics`` sends: the control plane's registry, its in-process agent's memory
+    server's series, then the counters the control plane gathered from its live agent ``host-a`` (the same memory
+    server's: they must be counted once)."""
     control, memory = Metrics(), MemoryMetrics()
     for seconds in creates:
         control.observe_create("ok", "restore", seconds)
@@ -51,7 +65,10 @@ def exposition(faults: int, fetches: int, hits: int, gets: int, creates: list[fl
     memory.chunk_fetches.inc(fetches)
     memory.cache_hits.inc(hits)
     memory.store_gets.inc(gets)
-    return control.render()[0].decode() + memory.render()[0].decode()
+    herd = AgentCounters(faults=faults, chunk_fetches=fetches, cache_hits=hits, store_gets=gets)
+    reading = AgentReading("host-a", "ok" if answered else "timeout", herd)
+    gathered = counters_exposition(FleetCounters(0.0, (reading,)))
+    return control.render()[0].decode() + memory.render()[0].decode() + gathered
 
 
 def test_counters_are_read_from_the_real_exposition() -> None:
@@ -65,6 +82,27 @@ def test_counters_are_read_from_the_real_exposition() -> None:
         "create_seconds_sum": pytest.approx(0.6),
         "create_seconds_count": 2.0,
     }
+
+
+def test_each_agents_counters_beside_its_capacity_with_their_rates() -> None:
+    other = {**AGENT, "name": "host-b", "status": "down"}  # not live: the control plane gathered nothing of it
+    before = Scrape(10.0, {}, parse_agent_counters(exposition(100, 10, 50, 12, [])))
+    after = Scrape(12.0, {}, parse_agent_counters(exposition(160, 14, 90, 16, [], answered=False)))
+    assert after.agents == {
+        "host-a": {"up": False, "faults": 160.0, "chunk_fetches": 14.0, "cache_hits": 90.0, "store_gets": 16.0}
+    }
+    first, second = with_counters([AGENT, other], None, before), with_counters([AGENT, other], before, after)
+    assert first[0]["counters"]["faults"] == 100.0 and first[0]["counters_up"] is True
+    assert first[0]["counter_rates"]["faults"] is None and first[1]["counters"] is None
+    assert second[0]["counter_rates"] == {"faults": 30.0, "chunk_fetches": 2.0, "cache_hits": 20.0, "store_gets": 2.0}
+    assert second[0]["counters_up"] is False and second[0]["capacity"] == AGENT["capacity"]
+    buffer = io.StringIO()
+    counters = parse_counters(exposition(160, 14, 90, 16, []))
+    Console(file=buffer, width=220, force_terminal=False).print(render(Frame(12.0, [], second, counters, {})))
+    row_a = next(line for line in buffer.getvalue().splitlines() if "host-a" in line)
+    row_b = next(line for line in buffer.getvalue().splitlines() if "host-b" in line)
+    assert "160 (30/s)" in row_a and "14 (2/s)" in row_a and "(no answer)" in row_a
+    assert row_b.count(" - ") >= 3  # no counters for an agent that is not live
 
 
 def test_counters_absent_from_the_text_are_zero() -> None:
@@ -121,7 +159,7 @@ def test_frame_renders_sandboxes_agents_and_counters() -> None:
         assert expected in text
     assert "host-a" in text and "1/256" in text and "512/4096" in text
     assert "2.5/s" in text  # the faults rate
-    faults_row = next(line for line in text.splitlines() if "faults" in line)
+    faults_row = next(line for line in text.splitlines() if line.strip("│ ").startswith("faults"))  # the herd's
     assert "1" in faults_row
 
 

@@ -10,8 +10,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
+from cryobox.agentapi.models_obs import AgentCounters
 from cryobox.console.events import Cadence, event_stream
 from cryobox.console.sampler import MetricsSampler, parse_sample
+from cryobox.server.control.counters import AgentReading, FleetCounters, exposition
 from cryobox.server.execlog import ExecHistory, ExecRecord
 from cryobox.server.metrics import Metrics
 from tests.support import registry as registry_support
@@ -22,9 +24,22 @@ __all__ = ["console_env", "registry"]
 
 
 def herd_text(faults: int, fetches: int, hits: int, gets: int) -> str:
+    """What the control plane appends to its scrape for one live agent ``a`` (the gathered counters)."""
+    return agents_text(a=(faults, fetches, hits, gets))
+
+
+def agents_text(**agents: tuple[int, int, int, int]) -> str:
+    readings = tuple(
+        AgentReading(name, "ok", AgentCounters(faults=f, chunk_fetches=c, cache_hits=h, store_gets=g))
+        for name, (f, c, h, g) in agents.items()
+    )
+    return exposition(FleetCounters(0.0, readings))
+
+
+def memory_server_text(faults: int) -> str:
+    """A memory server's own series, as ``cryobox serve`` appends its in-process agent's scrape."""
     r = CollectorRegistry()
-    for name, value in (("faults", faults), ("chunk_fetches", fetches), ("cache_hits", hits), ("store_gets", gets)):
-        Counter(name, name, registry=r).inc(value)
+    Counter("faults", "faults", registry=r).inc(faults)
     return generate_latest(r).decode()
 
 
@@ -32,10 +47,15 @@ def test_a_sample_reads_the_herd_counters_and_the_create_histogram() -> None:
     metrics = Metrics()
     metrics.observe_create("ok", "restore", 0.3)
     metrics.observe_create("ok", "restore", 4.0)
-    text = metrics.render()[0].decode() + herd_text(10, 3, 7, 4) + herd_text(1, 1, 1, 1)  # two memory servers
+    gathered = agents_text(a=(10, 3, 7, 4), b=(1, 1, 1, 1))  # two agents' memory servers
+    text = metrics.render()[0].decode() + memory_server_text(10) + gathered  # a's also in the scrape, as on serve
     sample = parse_sample(text, 123.4567)
     assert sample["t"] == 123.457
     assert sample["herd"] == {"faults": 11, "chunk_fetches": 4, "cache_hits": 8, "store_gets": 5}
+    assert sample["agents"] == {
+        "a": {"up": True, "faults": 10, "chunk_fetches": 3, "cache_hits": 7, "store_gets": 4},
+        "b": {"up": True, "faults": 1, "chunk_fetches": 1, "cache_hits": 1, "store_gets": 1},
+    }
     creates = sample["creates"]
     assert creates["count"] == 2 and abs(creates["sum_s"] - 4.3) < 1e-9
     buckets = dict((le, n) for le, n in creates["buckets"])
@@ -44,6 +64,7 @@ def test_a_sample_reads_the_herd_counters_and_the_create_histogram() -> None:
     assert [le for le, _ in creates["buckets"][:-1]] == sorted(le for le, _ in creates["buckets"][:-1])
     empty = parse_sample("", 0.0)
     assert empty["herd"] == {"faults": 0, "chunk_fetches": 0, "cache_hits": 0, "store_gets": 0}
+    assert empty["agents"] == {}
 
 
 async def test_the_sampler_keeps_ten_minutes_with_an_injected_clock() -> None:
@@ -238,6 +259,6 @@ async def test_metrics_history_over_the_api(console_env: ConsoleEnv) -> None:
     await console_env.console.sampler.sample_once()
     await console_env.login()
     samples = (await console_env.client.get("/ui/api/metrics/history")).json()["samples"]
-    assert len(samples) == 1 and set(samples[0]) == {"t", "herd", "creates"}
+    assert len(samples) == 1 and set(samples[0]) == {"t", "herd", "agents", "creates"}
     console_env.client.cookies.clear()
     assert (await console_env.client.get("/ui/api/metrics/history")).status_code == 401

@@ -36,6 +36,7 @@ from ...registry import (
 from ..mapping import live_row, row_for
 from ..metrics import Metrics
 from .builds import RecipeBuilds
+from .counters import CounterGatherer, fleet_roster
 from .createrequest import INHERIT, CreateRequest
 from .fleet import Fleet
 from .hibernations import HibernationControl
@@ -89,6 +90,9 @@ class ControlPlane:
         self.hibernations.quotas = snapshots.quotas = templates.quotas = self.quotas
         self._states: dict[str, int] = {}
         metrics.set_sandbox_state_provider(lambda: self._states)
+        self.counters = CounterGatherer(fleet_roster(fleet))
+        """The live agents' counters, gathered and appended to every scrape: :mod:`.counters`."""
+        metrics.add_source(self.counters.exposition)
         self.network = NetworkControl(registry, fleet)
         """Network policies changed live, egress decisions: :mod:`.network`."""
         self.volumes = VolumeControl(registry, fleet, self.quotas, fleet.clock)

@@ -1,5 +1,6 @@
-// #/fleet: agents (SSE "agents"), capacity (GET /v1/info), herd counters as rates over time and the
-// create-latency histogram over time (GET /ui/api/metrics/history, then SSE "metrics" samples).
+// #/fleet: agents (SSE "agents", each with its own herd counters from the latest "metrics" sample's "agents"),
+// capacity (GET /v1/info), herd counters as rates over time and the create-latency histogram over time
+// (GET /ui/api/metrics/history, then SSE "metrics" samples).
 import { errorText } from "../api.js";
 import { fmtDuration, h, now, replace, statusBadge, table, toEpoch } from "../dom.js";
 import { heatmap, lineChart } from "../charts.js";
@@ -64,10 +65,19 @@ function capacityTable(info) {
   );
 }
 
-function agentsTable(agents) {
+// an agent's herd counters as the control plane last gathered them: "–" when it has none of the agent's (not
+// live), the last ones marked when the agent did not answer the last gather
+export function counterCells(counters) {
+  if (!counters) return HERD.map(() => "–");
+  const cells = HERD.map(([key]) => String(counters[key] ?? 0));
+  if (!counters.up) cells[cells.length - 1] += " (no answer)";
+  return cells;
+}
+
+function agentsTable(agents, counters) {
   if (!agents.length) return h("p", { class: "muted" }, "No agents registered.");
   return table(
-    ["name", "status", "url", "last heartbeat", "registered", "sandboxes", "memory", "vCPUs"],
+    ["name", "status", "url", "last heartbeat", "registered", "sandboxes", "memory", "vCPUs", "faults", "chunk fetches", "cache hits", "store GETs"],
     agents.map((a) => {
       const cap = a.capacity || {};
       const beat = toEpoch(a.heartbeat_at);
@@ -82,6 +92,7 @@ function agentsTable(agents) {
           String(cap.sandboxes ?? "–"),
           `${cap.memory_committed_mib ?? "–"} / ${cap.memory_total_mib ?? "–"} MiB`,
           String(cap.vcpus_total ?? "–"),
+          ...counterCells((counters || {})[a.name]),
         ],
       };
     }),
@@ -91,6 +102,7 @@ function agentsTable(agents) {
 
 export function fleetPage(app, root) {
   let samples = [];
+  let agentList = null;
   const capacity = h("div", { testid: "fleet-capacity" }, h("p", { class: "muted" }, "Loading…"));
   const agents = h("div", { testid: "agent-list" }, h("p", { class: "muted" }, "Loading…"));
   const totals = new Map();
@@ -106,6 +118,12 @@ export function fleetPage(app, root) {
   const createsTotal = h("span", { class: "total", testid: "creates-total" }, "–");
   const createsMean = h("span", { class: "muted", testid: "creates-mean" });
   const sampleCount = h("span", { class: "muted", testid: "metrics-samples" }, "0 samples");
+
+  function drawAgents() {
+    if (agentList === null) return;
+    const last = samples[samples.length - 1];
+    replace(agents, agentsTable(agentList, last ? last.agents : null));
+  }
 
   function draw() {
     const cutoff = now() - WINDOW_S;
@@ -123,6 +141,7 @@ export function fleetPage(app, root) {
       heatmap(histCanvas, [], []);
     }
     sampleCount.textContent = `${samples.length} samples`;
+    drawAgents();
   }
 
   async function loadInfo() {
@@ -148,7 +167,10 @@ export function fleetPage(app, root) {
 
   app.api
     .get("/v1/agents")
-    .then((body) => replace(agents, agentsTable(body.agents)))
+    .then((body) => {
+      agentList = body.agents;
+      drawAgents();
+    })
     .catch((err) => replace(agents, h("p", { class: "error" }, errorText(err))));
   app.api
     .get("/ui/api/metrics/history")
@@ -158,7 +180,10 @@ export function fleetPage(app, root) {
       draw();
     })
     .catch((err) => replace(sampleCount, h("span", { class: "error" }, `history: ${errorText(err)}`)));
-  const offAgents = app.live.on("agents", (data) => replace(agents, agentsTable(data.agents)));
+  const offAgents = app.live.on("agents", (data) => {
+    agentList = data.agents;
+    drawAgents();
+  });
   const offMetrics = app.live.on("metrics", (sample) => {
     if (!samples.length || sample.t > samples[samples.length - 1].t) samples.push(sample);
     draw();

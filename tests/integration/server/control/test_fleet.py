@@ -3,7 +3,8 @@ burst) and three ``cryobox agent`` processes, each in its own network namespace 
 separate data dirs, slot networks and memory servers; the agents fetch the template from the store.
 
 Proved here: a burst spreads over all three by reservation (each agent takes exactly its capacity, the excess
-is refused, through two control-plane replicas sharing one database); a snapshot taken on one agent restores
+is refused, through two control-plane replicas sharing one database; a replica's ``/metrics`` shows each agent's
+memory-server counters and their sum); a snapshot taken on one agent restores
 by id on another; a fork_tree lands on several agents; a SIGKILLed agent's sandboxes turn ``lost`` within the
 deadline while creates keep succeeding elsewhere; its restart changes no row of another host; a restarted
 control plane loses nothing; a bad node token is refused and changes nothing; a drained agent's sandboxes wake
@@ -26,6 +27,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.fleetproc import S3_CREDENTIALS, ControlProcess, Fleet
@@ -114,6 +116,16 @@ def wait_for(what: str, check: Any, timeout_s: float) -> float:
     return time.monotonic() - started
 
 
+def herd_faults(text: str) -> dict[str, float]:
+    """``cryobox_agent_faults_total`` by agent, and the fleet's sum under ``""``, of a control plane's scrape."""
+    return {
+        sample.labels.get("agent", ""): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name in ("cryobox_agent_faults_total", "cryobox_fleet_faults_total")
+    }
+
+
 def test_burst_spreads_by_reservation_across_agents_and_replicas(fleet: Fleet, cache_dir: Path) -> None:
     assert fleet.postgres is not None
     second = ControlProcess(
@@ -148,6 +160,17 @@ def test_burst_spreads_by_reservation_across_agents_and_replicas(fleet: Fleet, c
         with api(fleet, second.url) as other:
             for index, sandbox in enumerate(created):  # routed by the row to its agent, from either replica
                 assert (other if index % 2 else first).sh(sandbox["id"], "echo ok") == "ok\n"
+        # a replica's scrape shows every agent's memory server (gathered from the agents), each counted once
+        faults: dict[str, float] = {}
+
+        def gathered() -> bool:  # an agent busy past the gather's 1 s shows up at a later scrape
+            faults.clear()
+            faults.update(herd_faults(httpx.get(f"{second.url}/metrics", timeout=30, trust_env=False).text))
+            return {"a0", "a1", "a2"} <= set(faults)
+
+        wait_for("every agent's counters in the replica's scrape", gathered, 30)
+        assert set(faults) == {"a0", "a1", "a2", ""} and all(faults[a] > 0 for a in ("a0", "a1", "a2")), faults
+        assert faults[""] == faults["a0"] + faults["a1"] + faults["a2"], faults
     finally:
         first.delete_all()
         second.stop()

@@ -165,7 +165,9 @@ def test_burst_spreads_by_reservation_across_agents_and_replicas(fleet: Fleet, c
 
         def gathered() -> bool:  # an agent busy past the gather's 1 s shows up at a later scrape
             faults.clear()
-            faults.update(herd_faults(httpx.get(f"{second.url}/metrics", timeout=30, trust_env=False).text))
+            faults.update(
+                herd_faults(httpx.get(f"{second.url}/metrics", headers=headers, timeout=30, trust_env=False).text)
+            )
             return {"a0", "a1", "a2"} <= set(faults)
 
         wait_for("every agent's counters in the replica's scrape", gathered, 30)

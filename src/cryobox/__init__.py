@@ -16,6 +16,11 @@ interpreter (template ``code-interpreter``): ``sbx.run_code(code)`` → ``Execut
 ``sbx.egress_log()`` → ``EgressLog`` of ``EgressDecision``s.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     CommandFailed,
     CryoboxError,
@@ -31,41 +36,79 @@ from .errors import (
     VmmError,
     WorkspaceQuotaExceeded,
 )
-from .models import (
-    EgressDecision,
-    EgressLog,
-    ForkTreeError,
-    NetworkPolicy,
-    ProcessResult,
-    PromoteFailure,
-    PromoteResult,
-    Snapshot,
-)
-from .sdk import (
-    AsyncCodeContexts,
-    AsyncFilesystem,
-    AsyncForkTree,
-    AsyncProcess,
-    AsyncProcesses,
-    AsyncSandbox,
-    AsyncSnapshots,
-    CodeContext,
-    CodeContexts,
-    ExecResult,
-    Execution,
-    ExecutionError,
-    Filesystem,
-    ForkTree,
-    FsWatchEvent,
-    Logs,
-    Process,
-    Processes,
-    Result,
-    RetryPolicy,
-    Sandbox,
-    Snapshots,
-    StreamEvent,
-)
+
+if TYPE_CHECKING:
+    from .models import (
+        EgressDecision,
+        EgressLog,
+        ForkTreeError,
+        NetworkPolicy,
+        ProcessResult,
+        PromoteFailure,
+        PromoteResult,
+        Snapshot,
+    )
+    from .sdk import (
+        AsyncCodeContexts,
+        AsyncFilesystem,
+        AsyncForkTree,
+        AsyncProcess,
+        AsyncProcesses,
+        AsyncSandbox,
+        AsyncSnapshots,
+        CodeContext,
+        CodeContexts,
+        ExecResult,
+        Execution,
+        ExecutionError,
+        Filesystem,
+        ForkTree,
+        FsWatchEvent,
+        Logs,
+        Process,
+        Processes,
+        Result,
+        RetryPolicy,
+        Sandbox,
+        Snapshots,
+        StreamEvent,
+    )
+
+_LAZY = {
+    "EgressDecision": "models",
+    "EgressLog": "models",
+    "ForkTreeError": "models",
+    "NetworkPolicy": "models",
+    "ProcessResult": "models",
+    "PromoteFailure": "models",
+    "PromoteResult": "models",
+    "Snapshot": "models",
+    "AsyncCodeContexts": "sdk",
+    "AsyncFilesystem": "sdk",
+    "AsyncForkTree": "sdk",
+    "AsyncProcess": "sdk",
+    "AsyncProcesses": "sdk",
+    "AsyncSandbox": "sdk",
+    "AsyncSnapshots": "sdk",
+    "CodeContext": "sdk",
+    "CodeContexts": "sdk",
+    "ExecResult": "sdk",
+    "Execution": "sdk",
+    "ExecutionError": "sdk",
+    "Filesystem": "sdk",
+    "ForkTree": "sdk",
+    "FsWatchEvent": "sdk",
+    "Logs": "sdk",
+    "Process": "sdk",
+    "Processes": "sdk",
+    "Result": "sdk",
+    "RetryPolicy": "sdk",
+    "Sandbox": "sdk",
+    "Snapshots": "sdk",
+    "StreamEvent": "sdk",
+}
+"""The SDK and the models, imported on first use: ``import cryobox.cli.main`` (every ``cryobox`` command) pays
+neither httpx nor pydantic unless the command uses them."""
 
 __version__ = "0.1.0"
 
@@ -116,3 +159,16 @@ __all__ = [
     "WorkspaceQuotaExceeded",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

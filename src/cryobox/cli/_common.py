@@ -8,17 +8,21 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from pydantic import TypeAdapter
 from rich.console import Console
 from rich.table import Table
 
-from .. import models
 from ..errors import CryoboxError
-from ..sdk.sandbox import Sandbox
+
+if TYPE_CHECKING:  # the SDK (httpx) and the models (pydantic) are imported when a command uses them
+    from pydantic import TypeAdapter
+
+    from .. import models
+    from ..sdk.sandbox import Sandbox
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -40,7 +44,14 @@ CacheDir = Annotated[Path | None, typer.Option("--cache-dir", help="image cache 
 ApiUrl = Annotated[str | None, typer.Option("--api-url", envvar="CRYOBOX_API_URL", help="API base URL")]
 ApiKey = Annotated[str | None, typer.Option("--api-key", envvar="CRYOBOX_API_KEY", help="API key")]
 
-_SNAPSHOT = TypeAdapter(models.Snapshot)
+
+@cache
+def _snapshot_adapter() -> TypeAdapter[models.Snapshot]:
+    from pydantic import TypeAdapter
+
+    from .. import models
+
+    return TypeAdapter(models.Snapshot)
 
 
 def fail(error: CryoboxError) -> NoReturn:
@@ -51,6 +62,8 @@ def fail(error: CryoboxError) -> NoReturn:
 @contextmanager
 def connected(sandbox_id: str, api_url: str | None, api_key: str | None) -> Iterator[Sandbox]:
     """The sandbox, closed afterwards; an API error on the way exits with its message."""
+    from ..sdk.sandbox import Sandbox
+
     try:
         sbx = Sandbox.connect(sandbox_id, api_url=api_url, api_key=api_key)
     except CryoboxError as error:
@@ -98,7 +111,7 @@ def sandbox_table(items: list[models.Sandbox]) -> Table:
 
 def snapshot_json(snapshot: models.Snapshot) -> dict[str, Any]:
     """The snapshot as the API sends it (``created_at`` in RFC 3339)."""
-    value: dict[str, Any] = _SNAPSHOT.dump_python(snapshot, mode="json")
+    value: dict[str, Any] = _snapshot_adapter().dump_python(snapshot, mode="json")
     return value
 
 

@@ -7,12 +7,10 @@ from __future__ import annotations
 from typing import Annotated, Any
 from urllib.parse import quote
 
-import httpx
 import typer
 from rich.table import Table
 
 from ..errors import CryoboxError
-from ..sdk._transport import ClientConfig, raise_for_error
 from ._common import ApiKey, ApiUrl, Json, err, fail, out, print_json
 from .fleet_cmds import agent
 
@@ -26,6 +24,10 @@ AgentName = Annotated[str, typer.Argument(help="the agent's name (see GET /v1/ag
 
 
 def _post(path: str, api_url: str | None, api_key: str | None) -> dict[str, Any]:
+    import httpx
+
+    from ..sdk._transport import ClientConfig, raise_for_error
+
     config = ClientConfig.resolve(api_url, api_key, timeout_s=DRAIN_TIMEOUT_S)
     try:
         with config.client() as http:

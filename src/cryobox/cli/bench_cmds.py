@@ -4,7 +4,6 @@ prints it on stdout."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Annotated
@@ -39,6 +38,8 @@ def bench_create(
     cache_dir: CacheDir = None,
 ) -> None:
     """Cold boot vs bare restore vs API create, each to the first exec answered, in one run."""
+    import asyncio
+
     from ..bench.create import run_create_bench
 
     with open_reporter(console, as_json=as_json) as progress:
@@ -137,6 +138,7 @@ def bench_volume(
 ) -> None:
     """What attaching volumes adds to a create (none, one read-write, one read-only, both), to the first exec;
     then sequential and 4 KiB random I/O in the guest on a volume against the root disk."""
+    import asyncio
     import tempfile
 
     from ..bench.volume import measure

@@ -4,17 +4,15 @@ count how many children reproduce)."""
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..capture.bisect import bisect as run_bisect
-from ..capture.bisect import sdk_api
-from ..capture.debug import DebugReport, ShellError, open_shell
-from ..capture.debug import debug as run_debug
 from ..errors import CryoboxError
-from ..sdk import ClientConfig, Sandbox
 from ._common import ApiKey, ApiUrl, Json, err, fail, print_json
+
+if TYPE_CHECKING:  # the capture tools and the SDK load when a command runs
+    from ..capture.debug import DebugReport
 
 
 def debug(
@@ -28,6 +26,10 @@ def debug(
 ) -> None:
     """Restore SNAPSHOT into an independent sandbox; print /failure.json, the processes, the test log's tail
     and, for a hang, the stuck process's kernel stack and open files. The copy is killed unless --keep."""
+    from ..capture.debug import ShellError, open_shell
+    from ..capture.debug import debug as run_debug
+    from ..sdk import ClientConfig, Sandbox
+
     config = ClientConfig.resolve(api_url, api_key)
     exit_code: list[int | None] = []
 
@@ -77,6 +79,9 @@ def bisect(
     text = " ".join(command)
     if not text.strip():
         raise typer.BadParameter("give the command after --")
+    from ..capture.bisect import bisect as run_bisect
+    from ..capture.bisect import sdk_api
+
     try:
         report = run_bisect(
             target,

@@ -12,7 +12,6 @@ Under systemd (``packaging/systemd/``, ``docs/deploy.md``) both take their liste
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -56,6 +55,8 @@ def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
 
 def _run_until_signalled(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """Run ``main()`` until SIGTERM or SIGINT (a clean exit); a :class:`CryoboxError` from it exits 2."""
+    import asyncio
+
     from ..errors import CryoboxError
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -119,6 +120,8 @@ def agent(
         return
     if listen is None or control is None or data_dir is None:
         raise typer.BadParameter("--listen, --control and --data-dir are required to run an agent")
+    import asyncio
+
     from ..agent.host.startup import HostConfig
     from ..agent.memory.settings import MemoryMode, StorageConfig, TemplateSource
     from ..agent.sandbox.admission import AdmissionConfig
@@ -208,6 +211,8 @@ def control(
     ] = None,
 ) -> None:
     """Run the control plane alone: the public API, placement and the registry; agents register with it."""
+    import asyncio
+
     from ..compose.app import Intervals, create_app
     from ..compose.listeners import HTTPS_PORT, http_server, serve
     from ..compose.parts import build_control, fleet_config

@@ -4,14 +4,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..compat.e2b.sandbox_hosts import DOMAIN_ENV, normal_domain
-from ..compose.listeners import TlsListener, tls_listener
 from ..errors import CryoboxError
 
+if TYPE_CHECKING:  # the listeners (uvicorn) and the E2B front door (starlette) load when a server starts
+    from ..compose.listeners import TlsListener
+
+DOMAIN_ENV = "CRYOBOX_SANDBOX_DOMAIN"
+"""The environment's ``--sandbox-domain`` (:mod:`cryobox.compat.e2b.sandbox_hosts` serves those hosts)."""
 SandboxDomain = Annotated[
     str | None,
     typer.Option(
@@ -31,6 +34,9 @@ def front_door(
 ) -> tuple[str | None, TlsListener | None]:
     """The sandbox domain (normal form) and the HTTPS listener the options ask for, checked before anything
     starts (:raises typer.BadParameter: a bad domain, certificate or key)."""
+    from ..compat.e2b.sandbox_hosts import normal_domain
+    from ..compose.listeners import tls_listener
+
     try:
         return (normal_domain(domain) if domain else None), tls_listener(cert, key, https_host, https_port)
     except CryoboxError as err:

@@ -7,16 +7,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..agent.host.gc import Outcome, Plan, apply, plan, summary
-from ..agent.host.gcscan import Roots, host_effects, scan
-from ..agent.host.ownership import owners_dir_from_env
 from ..config import Paths
 from ._common import stdout_console
-from .storegc_cmd import run_store_gc
+
+if TYPE_CHECKING:  # the host's GC (agent/) and the store's (objstore/, the registries) load when gc runs
+    from ..agent.host.gc import Outcome, Plan
+    from ..agent.host.gcscan import Roots
 
 out = stdout_console()
 
@@ -67,6 +67,8 @@ def gc(
     objects no live image names, once older than --grace; and stored snapshots and hibernations whose registry is
     gone or no longer lists them (this machine's data dirs, and the PostgreSQL registries given)."""
     if store:
+        from .storegc_cmd import run_store_gc
+
         url = store_url or Paths.from_env(cache_dir=cache_dir).default_store_url
         run_store_gc(
             url,
@@ -77,11 +79,17 @@ def gc(
             database_urls=database_urls or [],
         )
         return
+    from ..agent.host.gcscan import Roots
+    from ..agent.host.ownership import owners_dir_from_env
+
     roots = Roots(owners=owners_dir_from_env())
     run(roots, data_dir, all_unowned=all_unowned, dry_run=dry_run, as_json=as_json)
 
 
 def run(roots: Roots, data_dir: Path | None, *, all_unowned: bool, dry_run: bool, as_json: bool) -> list[Outcome]:
+    from ..agent.host.gc import apply, plan
+    from ..agent.host.gcscan import host_effects, scan
+
     state, explicit = scan(roots, data_dir, deep=all_unowned)
     todo = plan(state, explicit, all_unowned=all_unowned)
     outcomes = [] if dry_run else apply(todo, host_effects(roots))
@@ -111,5 +119,7 @@ def _print(todo: Plan, outcomes: list[Outcome], dry_run: bool) -> None:
         a = outcome.action
         status = "[green]reclaimed[/green]" if outcome.error is None else f"[red]failed[/red] ({outcome.error})"
         out.print(f"{status} {a.kind:8} {a.target}  [dim]({a.owner})[/dim]")
+    from ..agent.host.gc import summary
+
     counts = ", ".join(f"{n} {kind}" for kind, n in sorted(summary(outcomes).items()))
     out.print(f"reclaimed: {counts or 'nothing'}")

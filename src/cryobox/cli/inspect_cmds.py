@@ -8,7 +8,6 @@ import typer
 from rich.table import Table
 
 from ..errors import CryoboxError
-from ..sdk.sandbox import Sandbox
 from ._common import ApiKey, ApiUrl, Json, fail, out, print_json
 
 inspect_app = typer.Typer(help="Look inside a sandbox.", no_args_is_help=True)
@@ -62,6 +61,8 @@ def net(sandbox_id: str, as_json: Json = False, api_url: ApiUrl = None, api_key:
 
     Run it before a snapshot and after a restore (``--json`` both times) and diff the two.
     """
+    from ..sdk.sandbox import Sandbox
+
     try:
         sbx = Sandbox.connect(sandbox_id, api_url=api_url, api_key=api_key)  # not `with`: that would kill it
         try:

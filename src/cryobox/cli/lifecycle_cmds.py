@@ -4,12 +4,14 @@ whether requests wake it when hibernated; the options ``sandbox create`` shares.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..sdk._base import Lifecycle
 from ._common import ApiKey, ApiUrl, Json, connected, out, print_json
+
+if TYPE_CHECKING:
+    from ..sdk._base import Lifecycle
 
 
 class TimeoutAction(StrEnum):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Annotated
 
@@ -234,6 +233,8 @@ def serve(
 @image_app.command("build")
 def image_build(data_dir: DataDir = None, cache_dir: CacheDir = None) -> None:
     """Build the guest images and bake the default templates (cached: a second run rebuilds nothing)."""
+    import asyncio
+
     from ..agent.host.startup import HostConfig, prepare_templates
     from ..config import Paths
     from ..util.progress import RoutedReporter, open_reporter

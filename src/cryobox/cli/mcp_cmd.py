@@ -4,15 +4,16 @@ else may be printed there."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
-
-from ..mcpserver.stdio import serve_stdio
-from ..sdk import ClientConfig
 
 
 def mcp() -> None:
     """Serve the cryobox tools over MCP on stdio (API from $CRYOBOX_API_URL, key from $CRYOBOX_API_KEY)."""
+    import asyncio
+
+    from ..mcpserver.stdio import serve_stdio
+    from ..sdk import ClientConfig
+
     config = ClientConfig.resolve()
     if not config.api_key:
         print("cryobox mcp: CRYOBOX_API_KEY is not set; every tool call will be refused", file=sys.stderr)

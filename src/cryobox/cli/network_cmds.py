@@ -4,14 +4,16 @@ egress decision log), through the SDK; the policy options ``sandbox create`` sha
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from .. import models
 from ._common import ApiKey, ApiUrl, Json, connected, err, out, print_json, utc_time
+
+if TYPE_CHECKING:
+    from .. import models
 
 
 class Default(StrEnum):

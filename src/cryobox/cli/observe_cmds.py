@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import time
 from enum import StrEnum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from .. import models
 from ._common import ApiKey, ApiUrl, Json, connected, err, out, print_json, utc_time
+
+if TYPE_CHECKING:
+    from .. import models
+
 
 MIB = 1 << 20
 LEVEL_STYLES = {"debug": "dim", "info": "", "warn": "yellow", "error": "red"}

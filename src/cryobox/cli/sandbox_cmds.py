@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import httpx
 import typer
 from rich.table import Table
 
-from .. import models
 from ..errors import CryoboxError
-from ..sdk import _requests
-from ..sdk._base import DEFAULT_RETRY
-from ..sdk._sync._http import send
-from ..sdk._transport import ClientConfig, raise_for_error
-from ..sdk.sandbox import Sandbox
 from ._common import (
     ApiKey,
     ApiUrl,
@@ -32,6 +25,9 @@ from ._common import (
 )
 from .lifecycle_cmds import AutoWakeOpt, OnTimeoutOpt
 from .network_cmds import AllowOpt, DefaultOpt, DenyOpt, MaskOpt, PortOpt, PublicOpt, policy_from_options
+
+if TYPE_CHECKING:
+    from .. import models
 
 sandbox_app = typer.Typer(help="Create, inspect, use and delete sandboxes.", no_args_is_help=True)
 template_app = typer.Typer(help="Templates.", no_args_is_help=True)
@@ -64,6 +60,8 @@ def create(
     With any network option the sandbox starts with that network policy (options not given take their defaults:
     --default deny, no rules, any port); without one, the server's default. Change it later with `network`.
     """
+    from ..sdk.sandbox import Sandbox
+
     what = f"snapshot {from_snapshot}" if from_snapshot else f"a {template} sandbox"
     try:
         with err.status(f"restoring {what}"):
@@ -91,6 +89,8 @@ def create(
 @sandbox_app.command("list")
 def list_(as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
     """List sandboxes."""
+    from ..sdk.sandbox import Sandbox
+
     try:
         items = Sandbox.list(api_url=api_url, api_key=api_key)
     except CryoboxError as error:
@@ -122,6 +122,8 @@ def exec_(
     api_key: ApiKey = None,
 ) -> None:
     """Run a command in a sandbox; stream its output (or print a JSON result); exit with its exit code."""
+    from ..sdk.sandbox import Sandbox
+
     try:
         sbx = Sandbox.connect(sandbox_id, api_url=api_url, api_key=api_key)
         try:
@@ -161,6 +163,8 @@ def cp(
     api_key: ApiKey = None,
 ) -> None:
     """Copy a file into (local -> sbx:/path) or out of (sbx:/path -> local) a sandbox."""
+    from ..sdk.sandbox import Sandbox
+
     src_remote = ":/" in source and not Path(source).exists()
     dst_remote = ":/" in dest
     if src_remote == dst_remote:
@@ -351,6 +355,11 @@ def kill(
     api_key: ApiKey = None,
 ) -> None:
     """Delete sandboxes (and, unless --keep-snapshots, their snapshots not marked retain)."""
+    from ..sdk import _requests
+    from ..sdk._base import DEFAULT_RETRY
+    from ..sdk._sync._http import send
+    from ..sdk._transport import ClientConfig
+
     config = ClientConfig.resolve(api_url, api_key)
     killed: list[str] = []
     with config.client() as http:
@@ -369,6 +378,11 @@ def kill(
 @template_app.command("list")
 def template_list(as_json: Json = False, api_url: ApiUrl = None, api_key: ApiKey = None) -> None:
     """List templates."""
+    import httpx
+
+    from .. import models
+    from ..sdk._transport import ClientConfig, raise_for_error
+
     config = ClientConfig.resolve(api_url, api_key)
     try:
         with config.client() as http:

@@ -9,15 +9,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from ..errors import CryoboxError
-from ..sdk import Snapshots
 from ..util.progress import open_reporter
 from ._common import ApiKey, ApiUrl, Json, err, fail, out, parse_pairs, print_json, snapshot_json, snapshot_table
+
+if TYPE_CHECKING:
+    from ..sdk import Snapshots
 
 snapshot_app = typer.Typer(help="Snapshots: list, inspect, label and delete.", no_args_is_help=True)
 
@@ -25,6 +27,8 @@ snapshot_app = typer.Typer(help="Snapshots: list, inspect, label and delete.", n
 @contextmanager
 def _snapshots(api_url: str | None, api_key: str | None) -> Iterator[Snapshots]:
     """A ``Snapshots`` handle, closed afterwards; an API error on the way exits with its message."""
+    from ..sdk import Snapshots
+
     with Snapshots(api_url=api_url, api_key=api_key) as snapshots:
         try:
             yield snapshots

@@ -8,15 +8,17 @@ printing the failing step, its Dockerfile line and the log's last lines."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from .. import models
 from ..errors import CryoboxError, TemplateBuildFailed
-from ..sdk import Build, Templates
 from ..util.progress import Phase, Reporter, open_reporter
 from ._common import ApiKey, ApiUrl, Json, err, fail, out, parse_pairs, print_json
+
+if TYPE_CHECKING:  # the SDK loads when a build starts
+    from .. import models
+    from ..sdk import Build
 
 TAIL_SHOWN = 10
 
@@ -104,6 +106,8 @@ def template_build(
         raise typer.BadParameter(f"no Dockerfile at {dockerfile} (give -f)")
     template = _name_of(name, directory if image is None else None, image, image_archive)
     args = parse_pairs(build_arg, "--build-arg")
+    from ..sdk import Templates
+
     try:
         with Templates(api_url=api_url, api_key=api_key) as templates:
             if image_archive is not None:

@@ -6,17 +6,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import httpx
 import typer
-from pydantic import ValidationError
 
-from .. import models
 from ..errors import CryoboxError
-from ..sdk._transport import ClientConfig, raise_for_error
 from ..util.progress import Reporter, open_reporter
 from ._common import ApiKey, ApiUrl, Json, err, fail, out, print_json
+
+if TYPE_CHECKING:  # httpx, pydantic and the models load when a command runs
+    import httpx
+
+    from .. import models
 
 POLL_S = 1.0
 
@@ -46,6 +47,9 @@ def follow_build(
 ) -> models.Template:
     """Poll the template until it is no longer ``building``; each new ``progress`` line is printed, the phase's note
     shows the latest. :raises CryoboxError: the API refused a poll; ``TimeoutError``: still building."""
+    from .. import models
+    from ..sdk._transport import raise_for_error
+
     deadline = clock() + timeout_s
     last: str | None = None
     with reporter.phase(f"template {name}") as phase:
@@ -83,6 +87,12 @@ def template_create(
 ) -> None:
     """Create a custom template: a built-in's image plus packages, files and warm-up commands, baked by the
     server. Shows the build's progress; exits 1 when the build fails."""
+    import httpx
+    from pydantic import ValidationError
+
+    from .. import models
+    from ..sdk._transport import ClientConfig, raise_for_error
+
     body: dict[str, Any] = {
         "name": name,
         "base": base,

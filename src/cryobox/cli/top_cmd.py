@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import httpx
 import typer
-from rich.live import Live
 
-from .. import models
 from ..errors import CryoboxError
-from ..sdk._transport import ClientConfig, raise_for_error
 from ._common import ApiKey, ApiUrl, Json, err, fail, out, print_json
-from .top_model import Frame, Scrape, parse_agent_counters, parse_counters, rates, render, with_counters
+
+if TYPE_CHECKING:  # httpx, the models and prometheus' parser load when top runs
+    import httpx
+
+    from .top_model import Frame, Scrape
 
 
 class TopSource:
@@ -26,11 +26,16 @@ class TopSource:
         self.previous: Scrape | None = None
 
     def _get(self, path: str) -> httpx.Response:
+        from ..sdk._transport import raise_for_error
+
         response = self.http.get(path)
         raise_for_error(response)
         return response
 
     def frame(self) -> Frame:
+        from .. import models
+        from .top_model import Frame, Scrape, parse_agent_counters, parse_counters, rates, with_counters
+
         sandboxes = models.SandboxList.model_validate(self._get("/v1/sandboxes").json()).items
         agents: list[dict[str, Any]] = self._get("/v1/agents").json().get("agents", [])
         text = self._get("/metrics").text
@@ -52,6 +57,12 @@ def top(
 ) -> None:
     """Live table of the workspace's sandboxes, the agents' capacity and the herd counters (page faults, chunk
     fetches, cache hits, store GETs, creates and their latency) with per-interval rates. Ctrl-C exits."""
+    import httpx
+    from rich.live import Live
+
+    from ..sdk._transport import ClientConfig
+    from .top_model import render
+
     config = ClientConfig.resolve(api_url, api_key, timeout_s=30.0)
     try:
         with config.client() as http:

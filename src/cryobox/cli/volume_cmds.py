@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
-from .. import models
 from ..errors import CryoboxError
-from ..sdk import Volumes
-from . import volume_cp
 from ._common import ApiKey, ApiUrl, Json, err, fail, out, print_json
+
+if TYPE_CHECKING:  # the SDK (httpx) and the models (pydantic) load when a command runs
+    from .. import models
+    from ..sdk import Volumes
 
 volume_app = typer.Typer(help="Volumes: data that outlives sandboxes.", no_args_is_help=True)
 SizeMb = Annotated[int, typer.Option("--size-mb", min=16, help="size in MiB")]
@@ -22,6 +23,8 @@ SizeMb = Annotated[int, typer.Option("--size-mb", min=16, help="size in MiB")]
 @contextmanager
 def _volumes(api_url: str | None, api_key: str | None) -> Iterator[Volumes]:
     """A ``Volumes`` handle, closed afterwards; an API error on the way exits with its message."""
+    from ..sdk import Volumes
+
     with Volumes(api_url=api_url, api_key=api_key) as volumes:
         try:
             yield volumes
@@ -122,6 +125,8 @@ def cp(src: str, dst: str, as_json: Json = False, api_url: ApiUrl = None, api_ke
     """Copy a file or directory between here and a volume: `cryobox volume cp ./data VOLUME:/data` or
     `cryobox volume cp VOLUME:/out ./out` (no sandbox of yours needed; refused while a sandbox has the volume
     mounted read-write)."""
+    from . import volume_cp
+
     with _volumes(api_url, api_key) as volumes:
         try:
             done = volume_cp.copy(volumes, src, dst)

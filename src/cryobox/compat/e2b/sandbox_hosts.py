@@ -24,7 +24,6 @@ from ...errors import InvalidArgument
 from .access import PORT_HEADER, SANDBOX_HEADER
 from .sandbox_url import PREFIX
 
-DOMAIN_ENV = "CRYOBOX_SANDBOX_DOMAIN"
 _LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
 _SANDBOX_LABEL = re.compile(r"^(?P<port>[1-9][0-9]{0,4})-(?P<id>[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)$")
 """``{port}-{id}``: cryobox's sandbox ids are lower-case letters, digits and ``-`` (``sb-`` and hex)."""

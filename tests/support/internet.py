@@ -131,6 +131,7 @@ class Internet:
         self.workdir = Path(tempfile.mkdtemp(prefix=f"cryobox-{tag}-internet-"))
         self._ca: Authority | None = None
         self._hub: Hub | None = None
+        self._extra = 0
         self._created = False  # the namespace is ours: one of the same tag already there is someone else's
         self._closed = False
 
@@ -144,6 +145,24 @@ class Internet:
     def ca_file(self) -> Path:
         assert self._ca is not None, "not started"
         return self._ca.file
+
+    @property
+    def authority(self) -> Authority:
+        """The test CA, to issue certificates for servers of the test's own (e.g. a registry)."""
+        assert self._ca is not None, "not started"
+        return self._ca
+
+    def add_address(self) -> str:
+        """One more IPv4 address of the namespace's ``eth0`` (``.20`` on), for a server of the test's own."""
+        address = f"10.199.{self.k}.{20 + self._extra}"
+        self._extra += 1
+
+        def inside() -> None:
+            with IPRoute() as ipr:
+                ipr.addr("add", index=ipr.link_lookup(ifname="eth0")[0], address=address, prefixlen=24)
+
+        in_thread_netns(self.netns, inside)
+        return address
 
     def client_context(self) -> ssl.SSLContext:
         """A client TLS context that trusts the test CA (and nothing else)."""

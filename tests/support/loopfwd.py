@@ -27,43 +27,34 @@ def _relay(source: socket.socket, sink: socket.socket) -> None:
         sink.shutdown(socket.SHUT_WR)
 
 
-class LoopbackNamespace:
-    """A network namespace with only ``lo`` up, where ``127.0.0.1:<port>`` reaches the host's ``127.0.0.1:<port>``
-    for every port in ``ports``. :meth:`close` removes it all (idempotent)."""
+class Relays:
+    """Listeners in network namespaces, each relaying every connection to an address of this host's namespace
+    (its loopback, usually). :meth:`close` stops them and ends their connections (idempotent)."""
 
-    def __init__(self, ports: list[int]) -> None:
-        self.name = f"cryobox-{secrets.token_hex(3)}-br"
-        subprocess.run(["ip", "netns", "add", self.name], check=True)
+    def __init__(self) -> None:
         self._stop = threading.Event()
         self._listeners: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
         self._open: set[socket.socket] = set()
-        try:
-            subprocess.run(["ip", "-n", self.name, "link", "set", "lo", "up"], check=True)
-            for port in ports:
-                self.add(port)
-        except BaseException:
-            self.close()
-            raise
 
-    def add(self, port: int, to: int | None = None) -> None:
-        """Forward ``port`` too (a server started later), to the host's ``to`` (default: the same port)."""
-        listener = in_thread_netns(self.name, lambda: self._listen(port))
+    def add(self, netns: str, bind: tuple[str, int], target: tuple[str, int]) -> None:
+        """Listen on ``bind`` inside ``netns``; relay each connection to ``target`` (in the host's namespace)."""
+        listener = in_thread_netns(netns, lambda: self._listen(bind))
         self._listeners.append(listener)
-        thread = threading.Thread(target=self._accept, args=(listener, port if to is None else to), daemon=True)
+        thread = threading.Thread(target=self._accept, args=(listener, target), daemon=True)
         thread.start()
         self._threads.append(thread)
 
     @staticmethod
-    def _listen(port: int) -> socket.socket:
+    def _listen(bind: tuple[str, int]) -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", port))
+        sock.bind(bind)
         sock.listen(64)
         sock.settimeout(0.2)
         return sock
 
-    def _accept(self, listener: socket.socket, port: int) -> None:
+    def _accept(self, listener: socket.socket, target: tuple[str, int]) -> None:
         while not self._stop.is_set():
             try:
                 inside, _ = listener.accept()
@@ -72,7 +63,7 @@ class LoopbackNamespace:
             except OSError:
                 return
             try:
-                outside = socket.create_connection(("127.0.0.1", port), timeout=10)
+                outside = socket.create_connection(target, timeout=10)
             except OSError:
                 inside.close()
                 continue
@@ -92,13 +83,6 @@ class LoopbackNamespace:
             self._open.discard(sock)
             sock.close()
 
-    def wrapper(self, executable: Path, directory: Path) -> Path:
-        """A script that runs ``executable`` inside the namespace (Playwright talks to it over pipes)."""
-        script = directory / "in-netns.sh"
-        script.write_text(f'#!/bin/sh\nexec nsenter --net=/run/netns/{self.name} {executable} "$@"\n')
-        script.chmod(0o755)
-        return script
-
     def close(self) -> None:
         self._stop.set()
         for listener in self._listeners:
@@ -110,4 +94,35 @@ class LoopbackNamespace:
             thread.join(5)
         self._listeners.clear()
         self._threads.clear()
+
+
+class LoopbackNamespace:
+    """A network namespace with only ``lo`` up, where ``127.0.0.1:<port>`` reaches the host's ``127.0.0.1:<port>``
+    for every port in ``ports``. :meth:`close` removes it all (idempotent)."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.name = f"cryobox-{secrets.token_hex(3)}-br"
+        subprocess.run(["ip", "netns", "add", self.name], check=True)
+        self._relays = Relays()
+        try:
+            subprocess.run(["ip", "-n", self.name, "link", "set", "lo", "up"], check=True)
+            for port in ports:
+                self.add(port)
+        except BaseException:
+            self.close()
+            raise
+
+    def add(self, port: int, to: int | None = None) -> None:
+        """Forward ``port`` too (a server started later), to the host's ``to`` (default: the same port)."""
+        self._relays.add(self.name, ("127.0.0.1", port), ("127.0.0.1", port if to is None else to))
+
+    def wrapper(self, executable: Path, directory: Path) -> Path:
+        """A script that runs ``executable`` inside the namespace (Playwright talks to it over pipes)."""
+        script = directory / "in-netns.sh"
+        script.write_text(f'#!/bin/sh\nexec nsenter --net=/run/netns/{self.name} {executable} "$@"\n')
+        script.chmod(0o755)
+        return script
+
+    def close(self) -> None:
+        self._relays.close()
         subprocess.run(["ip", "netns", "delete", self.name], capture_output=True, check=False)

@@ -47,6 +47,8 @@ class OciRegistry:
     users: dict[str, str] = field(default_factory=dict)
     """user -> password the token server accepts (empty: no auth at all)."""
     token_requests: list[str] = field(default_factory=list)
+    tls: bool = False
+    """HTTPS (a certificate of the test's CA) instead of plain HTTP."""
     """The ``scope`` of every token the token server issued (tests check a pull asked for one)."""
 
 
@@ -136,19 +138,23 @@ def _token_server(signer: _Signer, registry: OciRegistry) -> ThreadingHTTPServer
 
 
 @contextlib.contextmanager
-def run_registry(users: dict[str, str] | None = None) -> Iterator[OciRegistry]:
-    """A registry on loopback, stopped (and its storage removed) when the block ends."""
+def run_registry(users: dict[str, str] | None = None, tls: tuple[Path, Path] | None = None) -> Iterator[OciRegistry]:
+    """A registry on loopback, stopped (and its storage removed) when the block ends; with ``tls`` (certificate and
+    key files) it serves HTTPS."""
     if shutil.which(REGISTRY) is None:
         pytest.fail(f"{REGISTRY} is not installed (Debian package docker-registry; `make setup` installs it)")
     port = free_port()
-    registry = OciRegistry(host=f"127.0.0.1:{port}", users=dict(users or {}))
+    registry = OciRegistry(host=f"127.0.0.1:{port}", users=dict(users or {}), tls=tls is not None)
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cbx-registry-")))
+        http: dict[str, object] = {"addr": registry.host, "secret": secrets.token_hex(16)}
+        if tls is not None:
+            http["tls"] = {"certificate": str(tls[0]), "key": str(tls[1])}
         config: dict[str, object] = {
             "version": 0.1,
             "log": {"level": "warn", "accesslog": {"disabled": True}},
             "storage": {"filesystem": {"rootdirectory": str(work / "storage")}, "delete": {"enabled": True}},
-            "http": {"addr": registry.host, "secret": secrets.token_hex(16)},
+            "http": http,
         }
         if users:
             signer = _Signer()
@@ -191,7 +197,8 @@ def _wait_ready(registry: OciRegistry, proc: subprocess.Popen[bytes], log: Path)
         if proc.poll() is not None:
             pytest.fail(f"{REGISTRY} exited with {proc.returncode}: {log.read_text()[-2000:]}")
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"http://{registry.host}/v2/", timeout=2).status_code in (200, 401):
+            scheme = "https" if registry.tls else "http"
+            if httpx.get(f"{scheme}://{registry.host}/v2/", timeout=2, verify=False).status_code in (200, 401):
                 return
         time.sleep(0.1)
     pytest.fail(f"{REGISTRY} did not answer on {registry.host}: {log.read_text()[-2000:]}")

@@ -21,13 +21,13 @@ class Api(TypedDict):
     api_key: str
 
 
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run ``cryobox`` in a subprocess (``env`` is added to this process's environment)."""
     return subprocess.run(
         [sys.executable, "-m", "cryobox.cli.main", *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         env={**os.environ, **(env or {})},
     )
 

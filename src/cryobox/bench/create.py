@@ -27,7 +27,7 @@ from ..agent.host.startup import HostConfig, prepare_templates
 from ..agent.templates.bake import Template
 from ..agent.vm import MemoryBacking, MicroVM, VmPaths
 from ..config import Paths
-from ..image.specs import DEFAULT_TEMPLATES
+from ..image.specs import BUILTIN_TEMPLATES
 from ..sdk.sandbox import Sandbox
 from ..util.progress import Reporter
 from .report import write_result
@@ -102,7 +102,7 @@ async def run_create_bench(
     progress: Reporter,
     cold_n: int = 5,
 ) -> dict[str, Any]:
-    specs = tuple(s for s in DEFAULT_TEMPLATES if s.name == template)
+    specs = tuple(s for s in BUILTIN_TEMPLATES if s.name == template)
     with tempfile.TemporaryDirectory(prefix="cryobox-bench-") as tmp:
         work = Path(tmp)
         paths = Paths.from_env(work / "data", cache_dir)

@@ -140,7 +140,11 @@ def serve(
     ] = True,
     templates: Annotated[
         str | None,
-        typer.Option(envvar="CRYOBOX_TEMPLATES", help="built-in templates to serve, comma-separated (default: all)"),
+        typer.Option(
+            envvar="CRYOBOX_TEMPLATES",
+            help="built-in templates to serve, comma-separated, of base, code-interpreter, docker "
+            "(default: base,code-interpreter)",
+        ),
     ] = None,
     max_sandboxes: Annotated[
         int, typer.Option(envvar="CRYOBOX_MAX_SANDBOXES", min=1, help="sandboxes this host may run (placement)")

@@ -13,6 +13,7 @@ from .agentdisk import AgentDisk, build_agent_disk
 from .cache import ContentCache
 from .initramfs import Initramfs, build_initramfs
 from .kernel import Kernel, build_kernel
+from .modules import build_kernel_modules
 from .rootfs import Rootfs, build_rootfs
 from .specs import TemplateSpec
 
@@ -59,7 +60,8 @@ def build_images(images_dir: Path, spec: TemplateSpec, progress: Progress, runne
         phase.advance()
         initramfs = build_initramfs(cache, kernel, progress)
         phase.advance()
-        rootfs = build_rootfs(cache, spec.packages, progress, runner)
+        modules = build_kernel_modules(cache, progress, runner) if spec.kernel_modules else None
+        rootfs = build_rootfs(cache, spec.packages, progress, runner, modules=modules, free_mib=spec.disk_free_mib)
         phase.advance()
         agent_disk = None
         if spec.agent_disk:

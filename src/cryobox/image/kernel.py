@@ -14,6 +14,7 @@ import json
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -140,18 +141,10 @@ def build_kernel(cache: ContentCache, progress: Progress, runner: Runner = run) 
 
     def build(out: Path) -> None:
         progress(f"downloading {package.name} {package.version}")
-        with tempfile.TemporaryDirectory(prefix="cryobox-kernel-") as tmp:
-            work = Path(tmp)
-            if _has_user("_apt"):  # apt downloads as _apt when it can write the target directory
-                shutil.chown(work, user="_apt")
-            runner(["apt-get", "download", f"{package.name}={package.version}"], cwd=work)
-            debs = list(work.glob("*.deb"))
-            if len(debs) != 1:
-                raise ImageBuildError(f"expected one kernel .deb, found {debs}")
-            runner(["dpkg-deb", "-x", str(debs[0]), str(work / "root")])
-            vmlinuz = next((work / "root" / "boot").glob("vmlinuz-*"))
+        with unpacked_package(package, runner) as root:
+            vmlinuz = next((root / "boot").glob("vmlinuz-*"))
             shutil.copy2(vmlinuz, out / "vmlinuz")
-            modules = {p.stem: p for p in (work / "root" / "lib" / "modules").rglob("*.ko")}
+            modules = {p.stem: p for p in (root / "lib" / "modules").rglob("*.ko")}
             order = module_load_order(modules, BOOT_MODULES)
             (out / "modules").mkdir()
             for name in order:
@@ -161,6 +154,21 @@ def build_kernel(cache: ContentCache, progress: Progress, runner: Runner = run) 
 
     path, _ = cache.get_or_build("kernel", inputs, build)
     return Kernel(path)
+
+
+@contextlib.contextmanager
+def unpacked_package(package: KernelPackage, runner: Runner = run) -> Iterator[Path]:
+    """The kernel package downloaded (never installed) and unpacked into a temporary root, removed on exit."""
+    with tempfile.TemporaryDirectory(prefix="cryobox-kernel-") as tmp:
+        work = Path(tmp)
+        if _has_user("_apt"):  # apt downloads as _apt when it can write the target directory
+            shutil.chown(work, user="_apt")
+        runner(["apt-get", "download", f"{package.name}={package.version}"], cwd=work)
+        debs = list(work.glob("*.deb"))
+        if len(debs) != 1:
+            raise ImageBuildError(f"expected one kernel .deb, found {debs}")
+        runner(["dpkg-deb", "-x", str(debs[0]), str(work / "root")])
+        yield work / "root"
 
 
 def _has_user(name: str) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 from ..util.files import tree_hash
 from ..util.proc import Progress, Runner, run
 from .cache import ContentCache
+from .modules import KernelModules, install_modules
 from .specs import DEBIAN_SUITE
 
 GUEST_PACKAGE_DIR = Path(__file__).resolve().parent.parent / "guest"
@@ -125,16 +126,32 @@ def make_ext4(
     return size_mib
 
 
-def build_rootfs(cache: ContentCache, packages: tuple[str, ...], progress: Progress, runner: Runner = run) -> Rootfs:
+def build_rootfs(
+    cache: ContentCache,
+    packages: tuple[str, ...],
+    progress: Progress,
+    runner: Runner = run,
+    *,
+    modules: KernelModules | None = None,
+    free_mib: int = 0,
+) -> Rootfs:
+    """The read-only root image of a built-in package set; with ``modules`` the kernel's module tree in it, with
+    ``free_mib`` that much more free space than the default (room for what the sandbox writes, e.g. images)."""
     tree = build_tree(cache, packages, progress, runner)
-    inputs = {"tree": tree.parent.name, **guest_inputs(), "layout": 1}
+    inputs: dict[str, object] = {"tree": tree.parent.name, **guest_inputs(), "layout": 1}
+    if modules is not None:
+        inputs["modules"] = modules.path.name
+    if free_mib:
+        inputs["free_mib"] = free_mib
 
     def build(out: Path) -> None:
         progress("assembling root filesystem image")
         staging = out / "staging"
         stage(tree, staging, runner)
+        if modules is not None:
+            install_modules(modules, staging, runner)
         image = out / "rootfs.ext4"
-        size_mib = make_ext4(staging, image, ROOT_LABEL, runner)
+        size_mib = make_ext4(staging, image, ROOT_LABEL, runner, extra_bytes=free_mib << 20)
         shutil.rmtree(staging)
         image.chmod(0o444)
         progress(f"root filesystem ready ({size_mib} MiB ext4, sparse)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from typing import Any
 
 DEBIAN_SUITE = "bookworm"
@@ -30,10 +31,15 @@ class TemplateSpec:
     """Boot with the agent disk (:mod:`cryobox.image.agentdisk`): the guest agent runs from a read-only disk
     of its own at ``/.cryobox`` and needs nothing of the image's userland (a static busybox or musl image boots).
     Off for the built-in templates, whose images carry the agent and ``/sbin/cryobox-init`` themselves."""
+    kernel_modules: bool = False
+    """The guest kernel's whole module tree in the image (``/lib/modules/<release>``, indexed), for guests that load
+    modules (Docker's overlay, bridge, veth and netfilter); the other images carry only the initramfs's virtio ones."""
+    disk_free_mib: int = 0
+    """Free space in the root filesystem beyond the default 1 GiB (room for what sandboxes write: container images)."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        for optional in ("pip", "base", "recipe", "agent_disk"):
+        for optional in ("pip", "base", "recipe", "agent_disk", "kernel_modules", "disk_free_mib"):
             if not data[optional]:
                 del data[optional]  # keeps the generations of specs that predate the field
         return data
@@ -100,7 +106,32 @@ CODE_INTERPRETER = TemplateSpec(
     ),
 )
 
+
+def _guest_file(name: str) -> str:
+    return resources.files("cryobox.image").joinpath(f"files/{name}").read_text()
+
+
+DOCKER_PACKAGES = ("docker.io", "docker-compose", "kmod", "iptables", "ca-certificates")
+DOCKER = TemplateSpec(
+    # Debian's Docker (20.10: dockerd, containerd, runc) and docker-compose 1.29, which `docker compose` also runs
+    # (a CLI plugin shim: bookworm has no compose v2); dockerd baked alive, so `docker ps` answers at once
+    name="docker",
+    packages=BASE_PACKAGES + DOCKER_PACKAGES,
+    memory_mib=1024,
+    cpus=1,
+    files={
+        "/usr/libexec/docker/cli-plugins/docker-compose": _guest_file("docker-compose-plugin"),
+        "/etc/docker/daemon.json": _guest_file("docker-daemon.json"),
+    },
+    warmup=("true", _guest_file("docker-start")),
+    kernel_modules=True,
+    disk_free_mib=4096,
+)
+
 DEFAULT_TEMPLATES: tuple[TemplateSpec, ...] = (BASE, CODE_INTERPRETER)
+"""What a host serves unless told (``--templates`` / ``CRYOBOX_TEMPLATES``)."""
+BUILTIN_TEMPLATES: tuple[TemplateSpec, ...] = (*DEFAULT_TEMPLATES, DOCKER)
+"""Every built-in a host can be told to serve (``--templates base,docker``)."""
 
 
 def derived_spec(
@@ -129,4 +160,4 @@ def derived_spec(
 
 
 def by_name(name: str) -> TemplateSpec | None:
-    return next((spec for spec in DEFAULT_TEMPLATES if spec.name == name), None)
+    return next((spec for spec in BUILTIN_TEMPLATES if spec.name == name), None)

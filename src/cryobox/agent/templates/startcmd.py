@@ -18,7 +18,7 @@ from typing import Any
 
 from ...errors import ImageBuildError
 from ...image.recipe.model import ImageConfig, Recipe
-from ...image.specs import TemplateSpec
+from ...image.specs import TemplateSpec, by_name
 from ..guest.client import GuestClient
 from ..guest.exec import ExecSpec, run_exec
 from .quiesce import listening_ports
@@ -60,8 +60,20 @@ def config_of(spec: TemplateSpec) -> ImageConfig | None:
 
 def baked_spec(spec: TemplateSpec, config: ImageConfig) -> TemplateSpec:
     """``spec`` as baked: with the image's defaults file (so the generation covers them), booted with the agent
-    disk (the guest agent never depends on what the recipe left in the image)."""
-    return dataclasses.replace(spec, files={**spec.files, DEFAULTS_PATH: defaults_json(config)}, agent_disk=True)
+    disk (the guest agent never depends on what the recipe left in the image). A recipe ``FROM`` a built-in
+    template (``cryobox/docker``) is baked as that template is, its files and warm-up first (``dockerd`` baked
+    alive), then its own start command."""
+    inherited = _builtin_base(spec)
+    files = {**(inherited.files if inherited else {}), **spec.files, DEFAULTS_PATH: defaults_json(config)}
+    warmup = (inherited.warmup if inherited else ()) + spec.warmup
+    return dataclasses.replace(spec, files=files, warmup=warmup, agent_disk=True)
+
+
+def _builtin_base(spec: TemplateSpec) -> TemplateSpec | None:
+    recipe = recipe_of(spec)
+    if recipe is None or recipe.base.kind != "template":
+        return None
+    return by_name(recipe.base.ref)
 
 
 def recipe_of(spec: TemplateSpec) -> Recipe | None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import pytest
 import typer
@@ -32,8 +32,8 @@ def test_install_copies_the_tree_drops_header_links_and_indexes_it(tmp_path: Pat
     image.mkdir()
     calls: list[list[str]] = []
 
-    def runner(cmd: list[str], **_: Any) -> str:
-        calls.append(cmd)
+    def runner(argv: Sequence[str], *, cwd: Path | None = None, progress: Callable[[str], None] | None = None) -> str:
+        calls.append(list(argv))
         return ""
 
     install_modules(modules, image, runner)

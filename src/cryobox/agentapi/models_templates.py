@@ -67,6 +67,10 @@ class BuildSpec(_Model):
     store (:func:`cryobox.objstore.keys.build_context`) before the build is sent."""
     agent_disk: bool = False
     """Boot from the agent disk (:mod:`cryobox.image.agentdisk`): the image needs no userland of its own."""
+    kernel_modules: bool = False
+    """The kernel's module tree in the image (the built-in ``docker``)."""
+    disk_free_mib: int = 0
+    """Free space in the root filesystem beyond the default."""
 
     @classmethod
     def of(cls, spec: TemplateSpec) -> BuildSpec:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..config import Paths
-from ._common import stdout_console
+from ._common import err, stdout_console
 
 if TYPE_CHECKING:  # the host's GC (agent/) and the store's (objstore/, the registries) load when gc runs
     from ..agent.host.gc import Outcome, Plan
@@ -31,6 +31,12 @@ def gc(
         typer.Option("--all-unowned", help="also hot dirs, netns tags and nft tables no owner record claims"),
     ] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="only print what would be reclaimed")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="with --data-dir: kill its VMs that still run without asking (their sandboxes are lost)"
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     store: Annotated[
         bool,
@@ -83,21 +89,34 @@ def gc(
     from ..agent.host.ownership import owners_dir_from_env
 
     roots = Roots(owners=owners_dir_from_env())
-    run(roots, data_dir, all_unowned=all_unowned, dry_run=dry_run, as_json=as_json)
+    run(roots, data_dir, all_unowned=all_unowned, dry_run=dry_run, as_json=as_json, force=force)
 
 
-def run(roots: Roots, data_dir: Path | None, *, all_unowned: bool, dry_run: bool, as_json: bool) -> list[Outcome]:
+def run(
+    roots: Roots, data_dir: Path | None, *, all_unowned: bool, dry_run: bool, as_json: bool, force: bool = False
+) -> list[Outcome]:
     from ..agent.host.gc import apply, plan
     from ..agent.host.gcscan import host_effects, scan
 
     state, explicit = scan(roots, data_dir, deep=all_unowned)
     todo = plan(state, explicit, all_unowned=all_unowned)
+    if data_dir is not None and todo.vms and not dry_run and not force:
+        _confirm_vms(data_dir, len(todo.vms))
     outcomes = [] if dry_run else apply(todo, host_effects(roots))
     if as_json:
         sys.stdout.write(json.dumps(_json(todo, outcomes, dry_run), indent=2) + "\n")
     else:
         _print(todo, outcomes, dry_run)
     return outcomes
+
+
+def _confirm_vms(data_dir: Path, count: int) -> None:
+    """A kept data dir's VMs still run its sandboxes: ask before killing them (a terminal), else refuse (exit 2)."""
+    question = f"{count} VM(s) of {data_dir} still run (kept sandboxes): kill them and lose those sandboxes?"
+    if sys.stdin.isatty() and typer.confirm(question, default=False):
+        return
+    err.print(f"[red]refused[/red]: {question.replace('?', '')} — answer yes on a terminal, or pass --force")
+    raise typer.Exit(2)
 
 
 def _json(todo: Plan, outcomes: list[Outcome], dry_run: bool) -> dict[str, object]:

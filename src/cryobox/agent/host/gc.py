@@ -97,6 +97,8 @@ class Action:
 class Plan:
     actions: list[Action] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    vms: list[str] = field(default_factory=list)
+    """The pids among the ``kill`` actions that are VMs (QEMU): sandboxes whose memory a reclaim loses."""
 
     def of(self, kind: str) -> list[str]:
         return [a.target for a in self.actions if a.kind == kind]
@@ -151,10 +153,11 @@ def _live_dirs(state: HostState) -> set[str]:
 def _reclaim_owner(plan: Plan, state: HostState, tag: str, data_dir: str, hot_dir: str, gone: bool) -> None:
     owner = data_dir
     for p in state.processes:
-        if (qemu_data_dir(p) or "") == data_dir or (
-            _is_memserver(p) and _under(_flag(p.argv, "--mount") or "", f"{data_dir}/memserver")
-        ):
+        vm = (qemu_data_dir(p) or "") == data_dir
+        if vm or (_is_memserver(p) and _under(_flag(p.argv, "--mount") or "", f"{data_dir}/memserver")):
             plan.actions.append(Action("kill", str(p.pid), owner, tag))
+            if vm:
+                plan.vms.append(str(p.pid))
     for mount in sorted((m for m in state.mounts if _under(m, data_dir)), key=lambda m: (-m.count("/"), m)):
         plan.actions.append(Action("unmount", mount, owner, tag))
     plan.actions += [Action("netns", n, owner, tag) for n in sorted(state.netns) if n.startswith(netns_prefix(tag))]

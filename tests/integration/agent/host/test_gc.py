@@ -185,3 +185,26 @@ def test_gc_reclaims_a_deleted_data_dir_and_spares_a_live_one(made: Fixture, tmp
         assert stray.exists() and all(present(made, live, live_tag).values())
     finally:
         holder.release()
+
+
+@pytest.mark.timeout(120)
+def test_gc_of_a_kept_data_dir_asks_before_killing_its_vms(made: Fixture, tmp_path: Path) -> None:
+    """``--data-dir`` of a data dir stopped with ``keep`` (no agent holds its lock, its VMs still run): without a
+    terminal to ask on it refuses (exit 2) and touches nothing; with ``--force`` it reclaims everything."""
+    owners = tmp_path / "owners"
+    kept, kept_tag = made.owner("kept")
+    Ownership(kept, owners).claim().release()  # an agent ran on it and stopped, keeping its sandboxes
+    made.resources(kept, kept_tag)
+    time.sleep(0.2)  # the fake QEMU has exec'd
+    qemu = made.procs[-1]
+    env = {**os.environ, "CRYOBOX_OWNERS_DIR": str(owners)}
+    argv = [sys.executable, "-m", "cryobox.cli.main", "gc", "--data-dir", str(kept.data_dir)]
+    refused = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, stdin=subprocess.DEVNULL)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "--force" in refused.stderr and "1 VM(s)" in refused.stderr
+    assert qemu.poll() is None and all(present(made, kept, kept_tag).values())  # nothing was touched
+    result = gc(owners, "--data-dir", str(kept.data_dir), "--force")
+    assert qemu.wait(10) == -9
+    assert present(made, kept, kept_tag) == {"netns": False, "link": False, "nft": False, "hot_dir": False}
+    reclaimed = result["reclaimed"]
+    assert isinstance(reclaimed, list) and all(item["ok"] for item in reclaimed), reclaimed

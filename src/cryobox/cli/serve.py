@@ -12,13 +12,16 @@ from types import FrameType
 
 from rich.console import Console
 
+from ..agent.host.ownership import wait_unlocked
 from ..agent.host.startup import HostConfig
+from ..agent.host.stopmode import OnStop
 from ..agent.memory.settings import StorageConfig
 from ..agent.sandbox.admission import AdmissionConfig
 from ..agent.sandbox.factory import PoolMode
 from ..agentapi import Agent, InProcessAgent
 from ..compose.activation import take_activation
 from ..compose.app import Intervals, create_app
+from ..compose.handover import announce_ready, bind_http, own_command, spawn_successor, take_handover
 from ..compose.listeners import TlsListener, http_server
 from ..compose.listeners import serve as serve_listeners
 from ..compose.parts import AgentOptions, boot_agent, build_control, fleet_config, on_stop_mode
@@ -64,6 +67,9 @@ class ServeOptions:
 
 def serve(options: ServeOptions, console: Console) -> None:
     activation = take_activation()  # first: before any thread or child process could see the variables
+    handover = take_handover()  # started by a running serve's upgrade (SIGUSR2): tell it when ready
+    if activation.get("http") is None:  # bound here, not by uvicorn: an upgrade hands this socket over
+        activation.sockets["http"] = bind_http(options.host, options.port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the memory server's control calls
     paths = Paths.from_env(options.data_dir, options.cache_dir)
@@ -85,11 +91,15 @@ def serve(options: ServeOptions, console: Console) -> None:
     retention = RetentionPolicy.from_env(
         options.snapshot_grace_s, options.orphan_sweep_interval_s, paused_s=options.paused_retention_s
     )
-    on_stop = on_stop_mode(options.on_stop)
+    stop_mode = [on_stop_mode(options.on_stop)]  # an upgrade stops as keep whatever the option says
     paths.ensure()
     registry = Registry.for_data_dir(paths.data_dir)
 
     async def main() -> None:
+        if handover is not None:  # imports are done: the predecessor stops now, and releases the data dir
+            announce_ready(handover)
+            console.print("upgrade: ready; waiting for the previous process to hand over the data dir")
+            await asyncio.to_thread(wait_unlocked, paths.data_dir)
         console.print(
             f"[bold]cryobox[/bold] data dir {paths.data_dir}, cache {paths.cache_dir}, "
             f"accelerator {config.accel.value}, registry {registry.url}"
@@ -143,11 +153,33 @@ def serve(options: ServeOptions, console: Console) -> None:
             console.print(f"API key (workspace {DEFAULT_WORKSPACE}): [bold]{key}[/bold]", soft_wrap=True)
         _print_urls(console, options, key)
         server = http_server(app, options.host, options.port)
-        if activation.get("http") is not None:
-            console.print(f"listening on {activation.describe('http')}", soft_wrap=True)
+        upgrading: list[asyncio.Task[None]] = []
+
+        async def upgrade() -> None:
+            sock = activation.get("http")
+            if options.tls is not None or sock is None:
+                console.print("upgrade refused: a TLS listener is not handed over (restart instead)")
+                return
+            successor = spawn_successor(sock, own_command())
+            console.print(f"upgrade: successor pid {successor.process.pid} starting; serving until it is ready")
+            if not await successor.wait_ready():
+                console.print(f"upgrade failed: the successor exited ({successor.process.poll()}); still serving")
+                upgrading.clear()
+                return
+            console.print("upgrade: successor ready; stopping (sandboxes kept) to hand over")
+            stop_mode[0] = OnStop.KEEP
+            server.should_exit = True
+
+        def on_upgrade() -> None:
+            if not upgrading:
+                upgrading.append(asyncio.create_task(upgrade(), name="upgrade"))
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, on_upgrade)
+        console.print(f"listening on {activation.describe('http')}", soft_wrap=True)
         try:
             await serve_listeners(server, options.tls, activation)
         finally:
+            on_stop = stop_mode[0]
             await host.close(on_stop)
             console.print(f"stopped ({on_stop.value}: {host.service.running()} sandbox(es) left running)")
 

@@ -214,6 +214,12 @@ def remove_owner(tag: str, owners_dir: Path = OWNERS_DIR) -> bool:
     return True
 
 
+def wait_unlocked(data_dir: Path, timeout_s: float = 120.0) -> None:
+    """Wait until no process holds ``data_dir``'s agent lock (an upgrade's predecessor stopping), without taking it
+    for longer than a moment. :raises StateError: still held after ``timeout_s``."""
+    OwnerLock(data_dir, wait_s=timeout_s).acquire().release()
+
+
 class Ownership:
     """What an agent holds for its lifetime: the data dir's lock and its owner record (``claim`` at start,
     ``release`` at stop; the record stays for ``cryobox gc``)."""

@@ -249,7 +249,9 @@ def bench_fleet(
 @bench_app.command("restart")
 def bench_restart(
     n: Annotated[int, typer.Option("--n", min=1, help="sandboxes that must survive every restart")] = 8,
-    rounds: Annotated[int, typer.Option(min=1, help="restarts of each kind (SIGKILL, SIGTERM) for the window")] = 5,
+    rounds: Annotated[
+        int, typer.Option(min=1, help="restarts of each kind (SIGKILL, upgrade, SIGTERM) for the window")
+    ] = 5,
     clients: Annotated[int, typer.Option(min=1, help="threads exec'ing `true` in a tight loop meanwhile")] = 2,
     vms: Annotated[int, typer.Option(min=1, help="running sandboxes for the SIGTERM-to-exit time")] = 50,
     memory_mib: Annotated[int, typer.Option(help="--memory-mib of that server (placement's host memory)")] = 65536,

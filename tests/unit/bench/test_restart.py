@@ -112,17 +112,21 @@ def test_survival_summary_reports_the_worst_restart() -> None:
 
 
 def test_targets_pass_and_fail() -> None:
-    good = [_round(k, 1.5, 1.0) for k in ("sigkill", "sigterm")]
+    good = [_round("sigkill", 1.5, 1.0), _round("upgrade", 0.9, 0.1), _round("sigterm", 0.8, 0.5)]
     survival, window = survival_summary(8, good), window_summary(good)
     stop = {"keep": {"signal_to_exit_s": 3.2, "forced": False}}
     result = targets(survival, window, stop)
     assert all(t["pass"] for t in result.values())
     assert result["sigterm_exit_le_10s"]["value"] == 3.2
-    slow = [_round("sigkill", 8.0, 7.0), _round("sigterm", 1.0, 0.5, survived=6)]
+    # a SIGTERM restart's 1.5 s is within the old 2 s target for every kind, not within issue 37's 1 s for it
+    slower = [_round("sigkill", 1.5, 1.0), _round("upgrade", 0.9, 0.1), _round("sigterm", 1.5, 1.0)]
+    result = targets(survival_summary(8, slower), window_summary(slower), stop)
+    assert result["window_p99_le_2s"]["pass"] and not result["window_p99_per_kind"]["pass"]
+    slow = [_round("sigkill", 8.0, 7.0), _round("upgrade", 1.0, 0.5), _round("sigterm", 1.0, 0.5, survived=6)]
     result = targets(survival_summary(8, slow), window_summary(slow), {"keep": {"signal_to_exit_s": 12.0}})
     assert not result["all_survive"]["pass"]
     assert not result["window_p99_le_2s"]["pass"]
-    assert result["window_p99_le_2s"]["value"] == {"sigkill": 8.0, "sigterm": 1.0}
+    assert result["window_p99_le_2s"]["value"] == {"sigkill": 8.0, "upgrade": 1.0, "sigterm": 1.0}
     assert not result["sigterm_exit_le_10s"]["pass"]
     forced = targets(survival, window, {"keep": {"signal_to_exit_s": 1.0, "forced": True}})
     assert not forced["sigterm_exit_le_10s"]["pass"]

@@ -18,9 +18,21 @@ from typing import Any
 
 from rich.console import Console
 
-from .analysis import KINDS, first_success_after, round_window, survival_summary, window_summary
+from .analysis import KINDS, UPGRADE, first_success_after, round_window, survival_summary, window_summary
 from .api import Api, ExecLoop, wait_successes
-from .host import KEEP_ENV, BenchServe, guest_cpu_cores, import_seconds, reclaim_data_dir, signal_and_wait, timed_start
+from .host import (
+    KEEP_ENV,
+    STARTUP_MARKS,
+    STOP_MARKS,
+    BenchServe,
+    LogWatch,
+    guest_cpu_cores,
+    import_seconds,
+    reclaim_data_dir,
+    signal_and_wait,
+    timed_start,
+)
+from .successor import Adopted, become_subreaper, wait_successor
 
 SIGNALS = {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM}
 RECOVER_TIMEOUT_S = 120.0
@@ -48,12 +60,15 @@ def restart_round(
     t_round = time.monotonic()
     if not wait_successes(loops, t_round, 2, RECOVER_TIMEOUT_S):
         raise RuntimeError(f"exec clients not answered before a {kind} restart")
-    t_signal = time.monotonic()
-    stop = signal_and_wait(serve, SIGNALS[kind], timeout_s=60)
-    t_exit = t_signal + float(stop["signal_to_exit_s"])
-    serve.extra_env["CRYOBOX_ON_STOP"] = next_on_stop
-    t_launch = time.monotonic()
-    startup_s, marks = timed_start(serve)
+    if kind == UPGRADE:
+        stop, t_exit, t_launch, startup_s, marks = _upgrade(serve)
+    else:
+        t_signal = time.monotonic()
+        stop = signal_and_wait(serve, SIGNALS[kind], timeout_s=60)
+        t_exit = t_signal + float(stop["signal_to_exit_s"])
+        serve.extra_env["CRYOBOX_ON_STOP"] = next_on_stop
+        t_launch = time.monotonic()
+        startup_s, marks = timed_start(serve)
     t_ready = t_launch + startup_s
     recovered = wait_successes(loops, t_exit, 1, RECOVER_TIMEOUT_S)
     per_client = [loop.between(t_round, time.monotonic()) for loop in loops]
@@ -84,6 +99,29 @@ def restart_round(
     }
 
 
+def _upgrade(serve: BenchServe) -> tuple[dict[str, Any], float, float, float, dict[str, float]]:
+    """``SIGUSR2``: the running serve starts its successor and hands over (it keeps its on-stop mode, which the
+    upgrade overrides with keep). Returns the stop block, the old process's exit, the launch (the signal: the
+    successor starts then) and the seconds from it until the successor answers ``/healthz``."""
+    proc = serve.proc
+    if proc is None or proc.poll() is not None:
+        raise RuntimeError("serve is not running")
+    t_signal = time.monotonic()
+    watch = LogWatch(serve.log_path, {**STARTUP_MARKS, **STOP_MARKS}, t_signal)
+    watch.start()
+    try:
+        proc.send_signal(signal.SIGUSR2)
+        code = proc.wait(timeout=180)
+        t_exit = time.monotonic()
+        serve.proc = Adopted(wait_successor(serve.data_dir, proc.pid, timeout_s=120))
+        serve.wait_ready(120)
+        ready = time.monotonic()
+    finally:
+        marks = watch.finish()
+    stop = {"signal_to_exit_s": round(t_exit - t_signal, 3), "exit_code": code, "forced": False, "marks_s": marks}
+    return stop, t_exit, t_signal, ready - t_signal, marks
+
+
 def run_survival(
     root: Path, *, n: int, rounds: int, clients: int, template: str, cache_dir: Path | None, console: Console
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -94,6 +132,7 @@ def run_survival(
     loops: list[ExecLoop] = []
     extra: dict[str, Any] = {}
     samples: list[dict[str, Any]] = []
+    become_subreaper()  # an upgrade's successor is the old serve's child: re-parented here, reaped here
     try:
         extra["python_import_s"] = round(import_seconds(), 3)
         extra["first_startup_s"] = round(timed_start(serve, serve.start_timeout_s)[0], 3)

@@ -65,7 +65,14 @@ def run_restart_bench(
 
         def phases_1_2() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
             return run_survival(
-                root, n=n, rounds=rounds, clients=clients, template=template, cache_dir=cache_dir, console=console
+                root,
+                n=n,
+                rounds=rounds,
+                clients=clients,
+                template=template,
+                cache_dir=cache_dir,
+                console=console,
+                memory_mib=memory_mib,
             )
 
         failed: dict[str, Any] = {"error": "see errors"}

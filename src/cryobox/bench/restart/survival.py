@@ -123,11 +123,22 @@ def _upgrade(serve: BenchServe) -> tuple[dict[str, Any], float, float, float, di
 
 
 def run_survival(
-    root: Path, *, n: int, rounds: int, clients: int, template: str, cache_dir: Path | None, console: Console
+    root: Path,
+    *,
+    n: int,
+    rounds: int,
+    clients: int,
+    template: str,
+    cache_dir: Path | None,
+    console: Console,
+    memory_mib: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(survival, window, extra): phase 1, phase 2 and the final stop with ``kill``."""
+    """(survival, window, extra): phase 1, phase 2 and the final stop with ``kill``. ``memory_mib``: what the
+    server offers placement (``--memory-mib``; 50 idle ``base`` sandboxes need more than this host's RAM)."""
     data_dir = root / "restart"
     args = ["--templates", template, "--net-pool", "2"]
+    if memory_mib is not None:
+        args += ["--memory-mib", str(memory_mib)]
     serve = BenchServe(data_dir, cache_dir=cache_dir, prespawn=1, extra_env=KEEP_ENV, extra_args=args)
     loops: list[ExecLoop] = []
     extra: dict[str, Any] = {}

@@ -283,3 +283,51 @@ def bench_restart(
     _print_result(result, as_json)
     if result["errors"]:
         raise typer.Exit(1)
+
+
+def _ints(text: str, option: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{option} takes comma-separated whole numbers, not {text!r}") from None
+    if not values or min(values) < 1:
+        raise typer.BadParameter(f"{option} takes comma-separated numbers of at least 1, not {text!r}")
+    return values
+
+
+@bench_app.command("density")
+def bench_density(
+    samples: Annotated[int, typer.Option(min=1, help="create-to-first-exec samples per concurrency level")] = 40,
+    levels: Annotated[str, typer.Option(help="concurrency levels, comma-separated")] = "1,4,8,16",
+    pss_at: Annotated[str, typer.Option(help="idle-sandbox counts to read Pss at, comma-separated")] = "10,25,50",
+    cap: Annotated[int, typer.Option(min=1, help="idle sandboxes at most, if admission never refuses")] = 200,
+    snapshot_mib: Annotated[str, typer.Option(help="MiB dirtied before each snapshot, comma-separated")] = "16,64,128",
+    snapshot_reps: Annotated[int, typer.Option(min=1, help="snapshots per size")] = 3,
+    memory_mib: Annotated[
+        int | None, typer.Option(help="--memory-mib of the server (memory offered to placement; default the host's)")
+    ] = None,
+    as_json: AsJson = False,
+    plot: Annotated[bool, typer.Option("--plot", help="write an SVG next to the JSON: latency, Pss per N")] = False,
+    out_dir: OutDir = RESULTS_DIR,
+    cache_dir: CacheDir = None,
+) -> None:
+    """Create-to-first-exec at concurrency 1/4/8/16, Pss per idle sandbox at N=10/25/50, idle sandboxes held
+    until admission refuses, snapshot ms per 100 MiB dirtied, and the machine; one server, one run."""
+    from ..bench.density import run_density_bench
+
+    with open_reporter(console, as_json=as_json) as progress:
+        result = run_density_bench(
+            samples=samples,
+            levels=_ints(levels, "--levels"),
+            pss_at=_ints(pss_at, "--pss-at"),
+            cap=cap,
+            snapshot_mib=_ints(snapshot_mib, "--snapshot-mib"),
+            snapshot_reps=snapshot_reps,
+            memory_mib=memory_mib,
+            plot=plot,
+            out_dir=out_dir,
+            cache_dir=cache_dir,
+            console=console,
+            progress=progress,
+        )
+    _print_result(result, as_json)

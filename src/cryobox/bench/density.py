@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 from rich.console import Console
 
+from ..agent.host.reclaim import find_own_qemus
 from ..config import DEFAULT_CACHE_DIR, Paths
 from ..util.progress import Reporter
 from .density_result import (
@@ -45,7 +46,9 @@ from .report import write_result
 from .server import ServeProcess
 from .snapshot import hot_dir_bytes, qemu_version
 from .snapshot_api import Api, api_session
+from .snapshot_report import BenchError
 from .snapshot_sweep import sweep_cmd
+from .stats import percentile
 
 TEMPLATE = "base"
 LEVELS = (1, 4, 8, 16)
@@ -60,9 +63,11 @@ def _meminfo_kib() -> dict[str, int]:
     return parse_rollup(Path("/proc/meminfo").read_text())
 
 
-async def _level(url: str, api_key: str, concurrency: int, samples: int) -> tuple[list[float], list[str]]:
-    """``concurrency`` clients looping create -> exec true -> delete until ``samples`` were started."""
+async def _level(url: str, api_key: str, concurrency: int, samples: int) -> tuple[list[float], list[float], list[str]]:
+    """``concurrency`` clients looping create -> exec true -> delete, back to back, until ``samples`` were started;
+    returns the latencies (ms), the server's ``boot_ms`` of each create and the failures."""
     latencies: list[float] = []
+    boots: list[float] = []
     errors: list[str] = []
     remaining = [samples]
     headers = {"Authorization": f"Bearer {api_key}"}
@@ -76,6 +81,7 @@ async def _level(url: str, api_key: str, concurrency: int, samples: int) -> tupl
                 errors.append(f"create: HTTP {created.status_code} {created.text[:200]}")
                 return
             sandbox_id = str(created.json()["id"])
+            boots.append(float(created.json().get("boot_ms") or 0.0))
             try:
                 answer = await client.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": "true"})
                 if answer.status_code == 200 and answer.json().get("exit_code") == 0:
@@ -94,7 +100,7 @@ async def _level(url: str, api_key: str, concurrency: int, samples: int) -> tupl
                     errors.append(repr(err))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return latencies, errors
+    return latencies, boots, errors
 
 
 def measure_creates(
@@ -104,8 +110,12 @@ def measure_creates(
     with progress.phase("creates per concurrency level", len(levels)) as phase:
         for c in levels:
             time.sleep(LEVEL_PAUSE_S)
-            latencies, errors = asyncio.run(_level(serve.url, serve.api_key, c, samples))
-            out[str(c)] = {**latency_summary(latencies, len(errors)), "first_errors": errors[:3]}
+            latencies, boots, errors = asyncio.run(_level(serve.url, serve.api_key, c, samples))
+            out[str(c)] = {
+                **latency_summary(latencies, len(errors)),
+                "server_boot_ms_p50": round(percentile(boots, 50), 1) if boots else None,
+                "first_errors": errors[:3],
+            }
             s = out[str(c)]
             console.print(f"  concurrency {c}: avg {s['avg']} p50 {s['p50']} p95 {s['p95']} p99 {s['p99']} ms")
             phase.advance()
@@ -139,6 +149,9 @@ def _memserver_pid(paths: Paths) -> int | None:
 def _pss_now(api: Api, paths: Paths, before_kib: int) -> dict[str, Any]:
     time.sleep(SETTLE_S)
     pids = sandbox_pids(paths.records_dir, api.sandboxes)
+    strangers = set(pids.values()) - set(find_own_qemus(paths.run_dir))
+    if strangers:
+        raise BenchError(f"records name pids that are no QEMU of this server: {sorted(strangers)}")
     return pss_level(
         len(api.sandboxes),
         list(pids.values()),

@@ -297,7 +297,7 @@ def _ints(text: str, option: str) -> list[int]:
 
 @bench_app.command("density")
 def bench_density(
-    samples: Annotated[int, typer.Option(min=1, help="create-to-first-exec samples per concurrency level")] = 40,
+    samples: Annotated[int, typer.Option(min=1, help="create-to-first-exec samples per concurrency level")] = 100,
     levels: Annotated[str, typer.Option(help="concurrency levels, comma-separated")] = "1,4,8,16",
     pss_at: Annotated[str, typer.Option(help="idle-sandbox counts to read Pss at, comma-separated")] = "10,25,50",
     cap: Annotated[int, typer.Option(min=1, help="idle sandboxes at most, if admission never refuses")] = 200,

@@ -77,6 +77,7 @@ bench: setup qemu10
 	$(CRYOBOX) bench burst --n 32 --faults latency_ms=50,bandwidth_mbps=200 --json --plot bench/results/burst-slow-store.png $(ARGS)
 	$(CRYOBOX) bench fleet --n 48 --agents 3 --json --plot bench/results/fleet.png $(ARGS)
 	$(CRYOBOX) bench restart --json $(ARGS)
+	$(CRYOBOX) bench density --json --plot $(ARGS)
 	$(CRYOBOX) bench code --json $(ARGS)
 	$(CRYOBOX) bench resume --json $(ARGS)
 	$(CRYOBOX) bench volume --json $(ARGS)

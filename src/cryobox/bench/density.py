@@ -1,8 +1,9 @@
 """``cryobox bench density``: the table peers publish, against one real ``cryobox serve`` (``--templates base``,
 the default warm pool of 2), in one run:
 
-1. Creates at concurrency 1/4/8/16: ``c`` clients each loop create -> ``exec true`` -> delete until the level has
-   its samples; a sample is the time from the create request to the exec's answer.
+1. Creates at concurrency 1/4/8/16: ``c`` clients each loop create -> ``exec true`` -> delete, back to back (no
+   think time: the warm pool refills while they keep coming, as under sustained load), until the level has its
+   samples; a sample is the time from the create request to the exec's answer.
 2. Snapshot cost: a ``base`` sandbox writes X MiB of fresh random data to its tmpfs, then is snapshotted (the API
    call's wall time, as ``bench snapshot``'s dirty sweep); the slope over the sizes, in ms per 100 MiB.
 3. Idle sandboxes, one after another, until admission refuses (503 ``capacity`` or 429) or ``--cap``; at
@@ -51,9 +52,6 @@ from .snapshot_sweep import sweep_cmd
 from .stats import percentile
 
 TEMPLATE = "base"
-LEVELS = (1, 4, 8, 16)
-PSS_AT = (10, 25, 50)
-SNAPSHOT_MIB = (16, 64, 128)
 TTL_S = 1800  # a safety net: the server is stopped with --on-stop kill anyway
 SETTLE_S = 5.0  # before reading memory: guests go idle, the warm pool refills
 LEVEL_PAUSE_S = 3.0  # between concurrency levels: the warm pool refills

@@ -63,15 +63,16 @@ def slope(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
 
 
 def snapshot_summary(samples: Mapping[int, Sequence[float]]) -> dict[str, Any]:
-    """Snapshot call times per MiB dirtied -> per-size p50 and the slope over every sample, in ms per 100 MiB."""
-    points = [(float(mib), ms) for mib, values in samples.items() for ms in values]
+    """Snapshot call times per MiB dirtied -> each size's p50 and the least-squares slope through those p50s, in ms
+    per 100 MiB (a server's first snapshot pays one-time costs: fitted through every sample, one such outlier at
+    the smallest size would flatten the slope)."""
     per_size = [
         {"dirtied_mib": mib, "snapshot_ms_p50": round(percentile(list(values), 50), 1), "samples_ms": list(values)}
         for mib, values in sorted(samples.items())
         if values
     ]
     try:
-        k, intercept = slope(points)
+        k, intercept = slope([(float(p["dirtied_mib"]), float(p["snapshot_ms_p50"])) for p in per_size])
     except ValueError:
         return {"points": per_size, "ms_per_100_mib": None, "intercept_ms": None}
     return {"points": per_size, "ms_per_100_mib": round(k * 100, 1), "intercept_ms": round(intercept, 1)}

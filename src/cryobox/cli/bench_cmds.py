@@ -301,8 +301,10 @@ def bench_density(
     levels: Annotated[str, typer.Option(help="concurrency levels, comma-separated")] = "1,4,8,16",
     pss_at: Annotated[str, typer.Option(help="idle-sandbox counts to read Pss at, comma-separated")] = "10,25,50",
     cap: Annotated[int, typer.Option(min=1, help="idle sandboxes at most, if admission never refuses")] = 200,
-    snapshot_mib: Annotated[str, typer.Option(help="MiB dirtied before each snapshot, comma-separated")] = "16,64,128",
-    snapshot_reps: Annotated[int, typer.Option(min=1, help="snapshots per size")] = 3,
+    snapshot_mib: Annotated[
+        str, typer.Option(help="MiB dirtied before each snapshot, comma-separated")
+    ] = "16,64,128,192",
+    snapshot_reps: Annotated[int, typer.Option(min=1, help="snapshots per size")] = 5,
     memory_mib: Annotated[
         int | None, typer.Option(help="--memory-mib of the server (memory offered to placement; default the host's)")
     ] = None,

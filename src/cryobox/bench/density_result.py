@@ -66,13 +66,12 @@ def snapshot_summary(samples: Mapping[int, Sequence[float]]) -> dict[str, Any]:
     """Snapshot call times per MiB dirtied -> each size's p50 and the least-squares slope through those p50s, in ms
     per 100 MiB (a server's first snapshot pays one-time costs: fitted through every sample, one such outlier at
     the smallest size would flatten the slope)."""
+    p50s = {mib: round(percentile(list(values), 50), 1) for mib, values in samples.items() if values}
     per_size = [
-        {"dirtied_mib": mib, "snapshot_ms_p50": round(percentile(list(values), 50), 1), "samples_ms": list(values)}
-        for mib, values in sorted(samples.items())
-        if values
+        {"dirtied_mib": mib, "snapshot_ms_p50": p50s[mib], "samples_ms": list(samples[mib])} for mib in sorted(p50s)
     ]
     try:
-        k, intercept = slope([(float(p["dirtied_mib"]), float(p["snapshot_ms_p50"])) for p in per_size])
+        k, intercept = slope([(float(mib), ms) for mib, ms in p50s.items()])
     except ValueError:
         return {"points": per_size, "ms_per_100_mib": None, "intercept_ms": None}
     return {"points": per_size, "ms_per_100_mib": round(k * 100, 1), "intercept_ms": round(intercept, 1)}

@@ -36,7 +36,8 @@ class Panel:
 
 
 def nice_max(value: float) -> float:
-    """The smallest 1, 2 or 5 times a power of ten at or above ``value`` (an axis' top); 1 for nothing."""
+    """The smallest 1, 2, 4, 5 or 8 times a power of ten at or above ``value`` (an axis' top, whose quarters are
+    round too); 1 for nothing."""
     if value <= 0:
         return 1.0
     step = 1.0
@@ -44,7 +45,7 @@ def nice_max(value: float) -> float:
         step *= 10
     while step > value:
         step /= 10
-    for factor in (1, 2, 5, 10):
+    for factor in (1, 2, 4, 5, 8, 10):
         if step * factor >= value:
             return step * factor
     return step * 10  # pragma: no cover - the loop above always returns

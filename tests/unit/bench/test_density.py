@@ -201,7 +201,8 @@ def test_svg_of_a_result_without_samples_still_renders() -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "top"), [(0, 1.0), (0.7, 1.0), (3, 5.0), (5, 5.0), (12, 20.0), (480, 500.0), (5100, 10000.0)]
+    ("value", "top"),
+    [(0, 1.0), (1, 1.0), (3, 4.0), (5, 5.0), (12, 20.0), (480, 500.0), (6271, 8000.0), (9000, 10000.0)],
 )
 def test_nice_max(value: float, top: float) -> None:
     assert nice_max(value) == top

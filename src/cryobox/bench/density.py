@@ -112,6 +112,7 @@ def measure_creates(
             out[str(c)] = {
                 **latency_summary(latencies, len(errors)),
                 "server_boot_ms_p50": round(percentile(boots, 50), 1) if boots else None,
+                "samples_ms": [round(x, 1) for x in latencies],
                 "first_errors": errors[:3],
             }
             s = out[str(c)]

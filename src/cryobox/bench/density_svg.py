@@ -97,7 +97,7 @@ def _legend(left: float, top: float, entries: Sequence[tuple[str, str]]) -> list
 def latency_panel(levels: Mapping[str, Mapping[str, Any]], left: float, top: float) -> list[str]:
     """p50/p95/p99 create-to-first-exec (ms) against concurrency."""
     rows = [(float(c), s) for c, s in levels.items() if s.get("p50") is not None]
-    x_max = nice_max(max((c for c, _ in rows), default=1.0) * 1.1)
+    x_max = max((c for c, _ in rows), default=1.0) * 1.08  # ticks are the levels measured: no round top needed
     y_max = nice_max(max((float(s["p99"]) for _, s in rows), default=0.0) * 1.05)
     panel = Panel(left, top, x_max, y_max)
     out = _axes(panel, "create → first exec", "concurrent creates", "ms", [c for c, _ in rows])
@@ -109,7 +109,7 @@ def latency_panel(levels: Mapping[str, Mapping[str, Any]], left: float, top: flo
 def pss_panel(levels: Sequence[Mapping[str, Any]], left: float, top: float) -> list[str]:
     """Pss per idle sandbox (and MemAvailable's fall per sandbox, dashed) against N."""
     rows = [(float(level["n"]), level) for level in levels]
-    x_max = nice_max(max((n for n, _ in rows), default=1.0) * 1.1)
+    x_max = max((n for n, _ in rows), default=1.0) * 1.08
     tallest = max(
         (max(float(lv["pss_per_sandbox_mib"]), float(lv["host_used_per_sandbox_mib"])) for _, lv in rows), default=0.0
     )

@@ -69,9 +69,9 @@ def compress(data: bytes, compression: str) -> bytes:
     return data
 
 
-def busybox_files() -> Files:
-    """``/bin/busybox`` (the host's static one) with ``/bin/sh`` and ``/bin/echo`` linking to it."""
-    return {"bin/busybox": BUSYBOX.read_bytes(), "bin/sh": Link("busybox"), "bin/echo": Link("busybox")}
+def busybox_files(applets: tuple[str, ...] = ("sh", "echo")) -> Files:
+    """``/bin/busybox`` (the host's static one) with ``/bin/<applet>`` linking to it for each of ``applets``."""
+    return {"bin/busybox": BUSYBOX.read_bytes(), **{f"bin/{applet}": Link("busybox") for applet in applets}}
 
 
 def image_config(diff_ids: list[str], *, arch: str = "amd64", **run: Any) -> dict[str, Any]:

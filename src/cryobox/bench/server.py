@@ -14,6 +14,7 @@ import httpx
 
 from ..agent.disk.volume import release_volume
 from ..agent.memory.mounts import unmount
+from ..compose.handover import LAUNCHER
 from ..config import DEFAULT_CACHE_DIR, Paths
 from .childproc import ChildProcess
 
@@ -24,17 +25,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-HAND_OVER = """
-import os, sys
-fd = int(sys.argv[1])
-if fd != 3:
-    os.dup2(fd, 3)
-    os.close(fd)
-os.environ["LISTEN_PID"] = str(os.getpid())
-os.execv(sys.argv[2], sys.argv[2:])
-"""
-"""What systemd does between its fork and the exec: the socket at fd 3 (``SD_LISTEN_FDS_START``), ``LISTEN_PID``
-naming the process that will run cryobox (``os.execv`` keeps the pid)."""
+HAND_OVER = LAUNCHER
+"""What systemd does between its fork and the exec (:data:`cryobox.compose.handover.LAUNCHER`)."""
 
 
 def release_serve_state(data_dir: Path, cache_dir: Path | None) -> None:

@@ -8,44 +8,15 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
-
-import httpx
 
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
+from tests.support.execload import Call, start_load
 from tests.support.serve import Client
 from tests.support.teardown import reclaim_data_dir
 
 SMALL = ["--templates", "base", "--net-pool", "2"]
-
-
-@dataclass
-class Call:
-    started: float
-    ended: float
-    error: str | None
-
-
-def _load(url: str, key: str, sandbox_id: str, stop: threading.Event, calls: list[Call]) -> None:
-    """Exec ``echo`` in a loop, one connection per request (a keep-alive connection the old process closes while
-    idle is the client's to reopen; what is tested here is that no *new* connection is refused or dropped)."""
-    headers = {"Authorization": f"Bearer {key}", "Connection": "close"}
-    n = 0
-    while not stop.is_set():
-        n += 1
-        started = time.monotonic()
-        error = None
-        try:
-            response = httpx.post(
-                f"{url}/v1/sandboxes/{sandbox_id}/exec", json={"cmd": f"echo {n}"}, headers=headers, timeout=120
-            )
-            if response.status_code != 200 or response.json()["stdout"] != f"{n}\n":
-                error = f"{response.status_code} {response.text[:200]}"
-        except httpx.HTTPError as err:
-            error = repr(err)
-        calls.append(Call(started, time.monotonic(), error))
 
 
 def test_a_restart_under_exec_load_fails_no_request(
@@ -69,12 +40,7 @@ def test_a_restart_under_exec_load_fails_no_request(
         client = Client(serve.url, serve.api_key)
         sandboxes = [client.create()["id"] for _ in range(2)]
         client.http.close()
-        workers = [
-            threading.Thread(target=_load, args=(serve.url, serve.api_key, sid, stop, calls), daemon=True)
-            for sid in sandboxes
-        ]
-        for worker in workers:
-            worker.start()
+        workers = start_load(serve.url, serve.api_key, sandboxes, stop, calls)
         time.sleep(1.5)
         before = len(calls)
         stopping = time.monotonic()

@@ -14,24 +14,13 @@ from pathlib import Path
 import httpx
 
 from cryobox.agent.templates.bake import Template
+from cryobox.bench.restart.successor import wait_successor
 from cryobox.bench.server import ServeProcess
-from tests.integration.compose.test_activation import SMALL, Call, _load
+from tests.integration.compose.test_activation import SMALL
+from tests.support.execload import Call, start_load
+from tests.support.pids import alive
 from tests.support.serve import Client
 from tests.support.teardown import reclaim_data_dir
-
-
-def _lock_pid(data_dir: Path) -> int | None:
-    with contextlib.suppress(OSError, ValueError):
-        return int((data_dir / "agent.lock").read_text().strip())
-    return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_an_upgrade_under_exec_load_fails_no_request_and_keeps_the_sandboxes(
@@ -51,12 +40,7 @@ def test_an_upgrade_under_exec_load_fails_no_request_and_keeps_the_sandboxes(
         sandboxes = [client.create()["id"] for _ in range(2)]
         sleeper = client.sh(sandboxes[0], "setsid sleep 600 >/dev/null 2>&1 < /dev/null & echo $!").strip()
         client.http.close()
-        workers = [
-            threading.Thread(target=_load, args=(serve.url, serve.api_key, sid, stop, calls), daemon=True)
-            for sid in sandboxes
-        ]
-        for worker in workers:
-            worker.start()
+        workers = start_load(serve.url, serve.api_key, sandboxes, stop, calls)
         time.sleep(1.5)
         before = len(calls)
         asked = time.monotonic()
@@ -64,9 +48,8 @@ def test_an_upgrade_under_exec_load_fails_no_request_and_keeps_the_sandboxes(
         assert serve.proc.wait(timeout=180) == 0  # the old process handed over and exited cleanly
         exited = time.monotonic()
         deadline = exited + 120
-        while (successor := _lock_pid(data_dir)) in (None, old) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert successor is not None and successor != old and _alive(successor), successor
+        successor = wait_successor(data_dir, old, timeout_s=120)
+        assert alive(successor), successor
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{serve.url}/healthz", timeout=2).status_code == 200:
@@ -96,12 +79,12 @@ def test_an_upgrade_under_exec_load_fails_no_request_and_keeps_the_sandboxes(
         stop.set()
         for worker in workers:
             worker.join(timeout=150)
-        if successor is not None and _alive(successor):
+        if successor is not None and alive(successor):
             os.kill(successor, signal.SIGTERM)  # --on-stop kill (inherited): its VMs go with it
             deadline = time.monotonic() + 60
-            while _alive(successor) and time.monotonic() < deadline:
+            while alive(successor) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            if _alive(successor):
+            if alive(successor):
                 os.kill(successor, signal.SIGKILL)
         serve.stop(signal.SIGKILL)
         reclaim_data_dir(data_dir, cache_dir)

@@ -20,7 +20,7 @@ from tests.integration.conftest import ALLOW_PRIVATE
 from tests.support.docker_registry import InternetRegistry, registry_on
 from tests.support.internet import Internet
 from tests.support.netutil import OUTSIDE_RANGE, Listener, outside_network, probe
-from tests.support.oci import BUSYBOX, Files, Link, write_docker_archive
+from tests.support.oci import Files, busybox_files, write_docker_archive
 from tests.support.serve import cli
 
 APPLETS = ("sh", "echo", "cat", "ls", "sleep", "wget", "httpd", "hostname", "mkdir", "rm", "mv", "true", "nc")
@@ -42,7 +42,7 @@ services:
 
 
 def busybox_layer() -> Files:
-    return {"bin/busybox": BUSYBOX.read_bytes(), **{f"bin/{applet}": Link("busybox") for applet in APPLETS}}
+    return busybox_files(APPLETS)
 
 
 @pytest.fixture(scope="module")

@@ -21,20 +21,13 @@ from cryobox.bench.server import ServeProcess
 from tests.support.guestnet import reached
 from tests.support.internet import Internet
 from tests.support.netutil import OUTSIDE_RANGE
+from tests.support.pids import alive
 from tests.support.serve import Client
 from tests.support.teardown import reclaim_data_dir
 
 # One template and two network slots are all this test needs (each extra template and slot is start-up time).
 SMALL = ["--templates", "base", "--net-pool", "2"]
 KEEP = {"CRYOBOX_ON_STOP": "keep"}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _states(client: Client) -> dict[str, str]:
@@ -76,7 +69,7 @@ def test_sandboxes_survive_sigkill_and_sigterm(
         before = set(find_own_qemus(run_dir))
         client.http.close()
         first.stop(signal.SIGKILL)
-        assert before and all(_alive(pid) for pid in before), "QEMUs outlive a SIGKILLed server"
+        assert before and all(alive(pid) for pid in before), "QEMUs outlive a SIGKILLed server"
 
         second = serve(KEEP)
         client = Client(second.url, second.api_key)
@@ -104,7 +97,7 @@ def test_sandboxes_survive_sigkill_and_sigterm(
         took = time.monotonic() - began
         assert took < 10, f"SIGTERM took {took:.1f}s"
         left = set(find_own_qemus(run_dir))
-        assert len(left) >= 4 and all(_alive(pid) for pid in left), "--on-stop keep leaves the VMs running"
+        assert len(left) >= 4 and all(alive(pid) for pid in left), "--on-stop keep leaves the VMs running"
 
         third = serve({"CRYOBOX_ON_STOP": "kill"})
         client = Client(third.url, third.api_key)
@@ -114,7 +107,7 @@ def test_sandboxes_survive_sigkill_and_sigterm(
         client.http.close()
         assert third.stop(signal.SIGTERM) == 0
         assert find_own_qemus(run_dir) == [], "--on-stop kill leaves no QEMU"
-        assert not any(_alive(pid) for pid in left)
+        assert not any(alive(pid) for pid in left)
     finally:
         for proc in started:
             proc.stop(signal.SIGKILL)
@@ -169,7 +162,7 @@ def test_lazily_paged_vms_survive_a_restart(tmp_path: Path, cache_dir: Path, tem
         first.stop(signal.SIGKILL)
         (qemu,) = find_own_qemus(data_dir / "vol" / "run")
         time.sleep(1.0)  # the guest runs on with nobody but the memory server behind it
-        assert _alive(memserver) and _alive(qemu)
+        assert alive(memserver) and alive(qemu)
 
         second = ServeProcess(data_dir, cache_dir=cache_dir, prespawn=0, extra_args=lazy).start()
         client = Client(second.url, second.api_key)
@@ -177,10 +170,10 @@ def test_lazily_paged_vms_survive_a_restart(tmp_path: Path, cache_dir: Path, tem
         # touch pages of the image the guest never read yet: every one is a FUSE read
         touch = "cat /usr/lib/x86_64-linux-gnu/*.so* > /dev/null; kill -0 $(cat /root/pid) && echo alive"
         assert client.sh(sandbox, touch) == "alive\n"
-        assert _alive(qemu)
+        assert alive(qemu)
         client.http.close()
         assert second.stop(signal.SIGTERM) == 0
-        assert not _alive(memserver) and not _alive(qemu), "--on-stop kill stops the VM and the memory server"
+        assert not alive(memserver) and not alive(qemu), "--on-stop kill stops the VM and the memory server"
     finally:
         first.stop(signal.SIGKILL)
         if second is not None:

@@ -49,7 +49,14 @@ def test_top_once_and_json_show_the_sandbox_and_the_counters(
     for key in ("faults", "chunk_fetches", "cache_hits", "store_gets", "creates"):
         assert isinstance(frame["counters"][key], float), key
     assert frame["counters"]["creates"] >= 1  # this test's create at least
-    assert frame["agents"] and frame["agents"][0]["capacity"]["sandboxes"] >= 1
+    # an agent's capacity is what its last heartbeat (every 2 s) reported: it counts this sandbox within a few beats
+    deadline = time.monotonic() + 10
+    while not (frame["agents"] and frame["agents"][0]["capacity"]["sandboxes"] >= 1):
+        assert time.monotonic() < deadline, frame["agents"]
+        time.sleep(0.5)
+        again = cli("top", "--json", env=server.env())
+        assert again.returncode == 0, again.stderr
+        frame = json.loads(again.stdout)
 
 
 def test_snapshot_publish_then_import_after_rm(

@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import time
 
 from .agent import GuestAgent, log
+from .hostwatch import block_sigio, host_away, watch_host
 from .protocol import PORT_NAME
 from .runtime import settle_environ
 
 DEV_PORT = f"/dev/virtio-ports/{PORT_NAME}"
 SYS_PORTS = "/sys/class/virtio-ports"
-REOPEN_DELAY = 0.01  # after a session ends (EOF comes back at once while the host is disconnected)
-MAX_REOPEN_DELAY = 0.25
-"""While the host stays away (its agent restarting: the VM outlives it), every reopen answers EOF at once; the
-delay doubles up to this, so a waiting guest costs next to no CPU (at 10 ms a TCG guest spun a whole core)
-and still answers a reconnected host within a quarter second."""
+HOST_WAIT_S = 5.0
+"""While the host is away (its agent restarting: the VM outlives it) the port answers hang-up at once, so the agent
+waits for the kernel's SIGIO, which virtio_console sends when the host connects; this bounds what a lost signal
+would cost. (It used to reopen the port every 10-250 ms: 50 waiting TCG guests burned 0.7 of a host core, which
+the restarting agent needed.)"""
+REOPEN_DELAY = 0.01  # --socket: after a session ends
 RETRY_DELAY = 0.05  # while the port or socket does not exist yet
 
 
@@ -47,18 +50,10 @@ def find_port(dev_link: str = DEV_PORT, sys_dir: str = SYS_PORTS, dev_dir: str =
     return None
 
 
-def reopen_delay(previous: float, requests: int) -> float:
-    """How long to wait before reopening the port: short after a session that served requests, doubling
-    (up to :data:`MAX_REOPEN_DELAY`) while sessions end at once without any."""
-    if requests:
-        return REOPEN_DELAY
-    return min(MAX_REOPEN_DELAY, max(REOPEN_DELAY, previous * 2))
-
-
 def serve_port(agent: GuestAgent) -> None:
     waiting_logged = False
     opened_logged = False
-    delay = 0.0
+    block_sigio()
     while True:
         path = find_port()
         if path is None:
@@ -80,15 +75,16 @@ def serve_port(agent: GuestAgent) -> None:
             opened_logged = True
         count = 0
         try:
+            watch_host(fd)  # before looking: a host that connects between the look and the wait still wakes it
+            while host_away(fd):
+                signal.sigtimedwait([signal.SIGIO], HOST_WAIT_S)
             count = agent.serve_fd(fd)
         except Exception as err:  # keep serving whatever happens
             log(f"session on {path} failed: {err!r}")
         finally:
-            os.close(fd)
+            os.close(fd)  # and reopen: the kernel drops what a host that went away left unread
         if count:
             log(f"host session ended after {count} requests; reopening {path}")
-        delay = reopen_delay(delay, count)
-        time.sleep(delay)
 
 
 def serve_unix_socket(agent: GuestAgent, path: str) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -269,16 +270,47 @@ def test_find_port_scans_sysfs(tmp_path: Path) -> None:
     assert find_port(missing, str(tmp_path / "nothing"), str(dev_dir)) is None
 
 
-def test_reopening_a_port_nobody_is_behind_backs_off() -> None:
-    from cryobox.guest.__main__ import MAX_REOPEN_DELAY, REOPEN_DELAY, reopen_delay
+def test_a_port_nobody_is_behind_polls_as_away_without_consuming_anything() -> None:
+    from cryobox.guest.hostwatch import host_away
 
-    delays, delay = [], 0.0
-    for _ in range(8):  # the host is gone: every session ends at once with no request
-        delay = reopen_delay(delay, 0)
-        delays.append(delay)
-    assert delays[0] == REOPEN_DELAY and delays == sorted(delays) and delays[-1] == MAX_REOPEN_DELAY
-    assert sum(delays) > 1.0, "a waiting guest reopens a few times a second, not a hundred"
-    assert reopen_delay(MAX_REOPEN_DELAY, 3) == REOPEN_DELAY  # a host that talked: back to quick
+    guest, host = socket.socketpair()
+    try:
+        assert not host_away(guest.fileno())
+        host.sendall(b"x")
+        assert not host_away(guest.fileno())  # data waiting is a host that is there
+        assert guest.recv(1) == b"x"  # and the look took nothing
+        host.close()
+        assert host_away(guest.fileno())
+    finally:
+        guest.close()
+        host.close()
+
+
+def test_a_waiting_agent_sleeps_until_the_kernel_signals_its_port() -> None:
+    """The guest agent's main thread waits for SIGIO on the port (no polling loop): nothing wakes it while nothing
+    happens, and activity on the port does, at once, in this thread."""
+    from cryobox.guest.hostwatch import block_sigio, watch_host
+
+    previous = signal.getsignal(signal.SIGIO)
+    guest, host = socket.socketpair()
+    try:
+        block_sigio()
+        watch_host(guest.fileno())
+        started = time.monotonic()
+        assert signal.sigtimedwait([signal.SIGIO], 0.3) is None  # nothing happened: no wake-up
+        assert time.monotonic() - started >= 0.29
+        timer = threading.Timer(0.1, host.sendall, args=(b"x",))
+        timer.start()
+        started = time.monotonic()
+        info = signal.sigtimedwait([signal.SIGIO], 10)
+        timer.join()
+        assert info is not None and info.si_signo == signal.SIGIO
+        assert time.monotonic() - started < 5
+    finally:
+        guest.close()
+        host.close()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGIO})
+        signal.signal(signal.SIGIO, previous)
 
 
 def test_a_hung_up_port_ends_the_session_instead_of_spinning(monkeypatch: pytest.MonkeyPatch) -> None:

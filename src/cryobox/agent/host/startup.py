@@ -334,7 +334,7 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
         return adopted_cidr if adopted_cidr is not None else SlotPlan.from_env(tag, taken=taken).cidr
 
     plan = SlotPlan(tag, await asyncio.to_thread(ownership.claim_slots, pick, host_networks))
-    await asyncio.to_thread(reclaim_net, tag, found.slots(plan))
+    leftovers = await asyncio.to_thread(functools.partial(reclaim_net, tag, found.slots(plan), defer=True))
     await asyncio.to_thread(reclaim_bakes)
     await asyncio.to_thread(reclaim_bakes_dirs, paths.bake_dir, paths.templates_dir)
     endpoints = endpoint_networks([config.resolved_store_url, os.environ.get("CRYOBOX_DATABASE_URL")])
@@ -343,6 +343,7 @@ async def _start_host(config: HostConfig, progress: Progress, started: _Started)
     firewall = started.firewall = Firewall(plan)
     await asyncio.to_thread(functools.partial(firewall.ensure, fresh=True))
     slots = started.slots = SlotPool(plan, size=config.net_pool)
+    slots.reclaim_later(leftovers.deferred)  # destroyed in the background once the pool starts
     egress_metrics = EgressMetrics()
     egress = started.egress = EgressService(
         ProxyEnv(Resolver(upstream_from_env()), floor=deny, observer=egress_metrics), metrics=egress_metrics

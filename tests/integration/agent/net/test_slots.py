@@ -36,6 +36,7 @@ from cryobox.agent.net import (
     list_tagged,
     reclaim,
 )
+from cryobox.agent.net.netlink import Reclaimed
 from tests.support.netutil import (
     Listener,
     attach_fake_guest,
@@ -183,7 +184,7 @@ async def test_200_slots_acquired_released_reacquired_leave_nothing_behind(plan:
         await pool.close()  # 50 slots still leased: close must take them too
     # pyroute2's sync API refuses to run on a thread whose event loop is running: always go through a thread
     await asyncio.to_thread(assert_nothing_tagged, plan.tag)
-    assert await asyncio.to_thread(reclaim, plan.tag) == (0, 0)
+    assert await asyncio.to_thread(reclaim, plan.tag) == Reclaimed(0, 0)
     await asyncio.to_thread(firewall.remove)
     assert not await asyncio.to_thread(firewall.exists)
 
@@ -209,8 +210,16 @@ def test_reclaim_removes_a_crashed_pools_leftovers(plan: SlotPlan) -> None:
     left = list_tagged(plan.tag)
     assert len(left.netns) >= 4 and len(left.links) == len(left.netns)
     other = SlotPlan(secrets.token_hex(3), plan.cidr)
-    assert reclaim(other.tag) == (0, 0)  # another tag's reclaim leaves them alone
-    assert reclaim(plan.tag) == (len(left.netns), len(left.links))
+    assert reclaim(other.tag) == Reclaimed(0, 0)  # another tag's reclaim leaves them alone
+    # a restarting agent with adopted VMs leaves whole slots to its pool, which destroys them after it starts
+    deferred = reclaim(plan.tag, defer=True)
+    assert deferred[:2] == (0, 0) and list_tagged(plan.tag) == left
+    assert [plan.slot(i).netns for i in deferred.deferred] == sorted(left.netns, key=lambda n: int(n.rsplit("-", 1)[1]))
+    pool = SlotPool(plan, size=0)
+    pool.reclaim_later(deferred.deferred[1:])
+    asyncio.run(pool.close())  # closed before it started (a kill stop): the leftovers it was given go anyway
+    assert list_tagged(plan.tag).netns == [plan.slot(deferred.deferred[0]).netns]
+    assert reclaim(plan.tag) == Reclaimed(1, 1)
     assert_nothing_tagged(plan.tag)
 
 

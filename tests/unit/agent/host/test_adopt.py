@@ -3,8 +3,10 @@ adoption, hot-copy and firewall grants kept, and crash points."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -147,9 +149,47 @@ async def test_an_adopted_slot_is_leased_never_rebuilt_and_released_normally() -
     await pool.release(slot)
     assert pool.stats().recycled == 1
     other = pool.adopt(5)
-    await pool.detach()  # --on-stop keep: idle slots go, the leased one stays for the next agent
-    assert other.index not in builder.destroyed and builder.live == set()
+    idle = set(builder.live)
+    destroyed = list(builder.destroyed)
+    await pool.detach()  # --on-stop keep: nothing is destroyed (the next agent's pool reclaims the idle ones)
+    assert other.index not in builder.destroyed and builder.destroyed == destroyed and builder.live == idle
     await pool.close()
+
+
+async def test_leftover_slots_are_destroyed_in_the_background_and_never_handed_out_before() -> None:
+    """A killed agent's pre-built slots are reclaimed by the next one's pool after it starts (not in its start-up):
+    their indices are built again only once destroyed; a pool closed first destroys the rest (a kill stop)."""
+    builder = FakeBuilder()
+    held = threading.Event()
+    destroy = builder.destroy
+    builder.destroy = lambda slot: (held.wait(10), destroy(slot))[1]  # type: ignore[method-assign]
+    pool = SlotPool(PLAN, size=2, builder=builder)
+    pool.adopt(0)
+    pool.reclaim_later([1, 2])
+    await pool.wait_warm()  # while the leftovers are being destroyed: other indices
+    assert builder.created == [3, 4] and builder.destroyed == []
+    held.set()
+    for _ in range(500):
+        if builder.destroyed == [1, 2]:
+            break
+        await asyncio.sleep(0.01)
+    assert builder.destroyed == [1, 2]
+    slot = await pool.acquire()
+    await pool.acquire()
+    assert slot.index == 3 and (await pool.acquire()).index in (1, 2)  # a reclaimed index is free again
+    await pool.close()
+
+    closing = FakeBuilder()
+    early = SlotPool(PLAN, size=0, builder=closing)
+    early.reclaim_later([3, 7])
+    await early.close()  # never started: a kill stop still leaves none of them
+    assert sorted(closing.destroyed) == [3, 7] and closing.created == []
+
+    kept = FakeBuilder()
+    keep = SlotPool(PLAN, size=0, builder=kept)
+    keep.reclaim_later([4])
+    await keep.detach()  # a keep stop before it started: left on the host for the next agent
+    assert kept.destroyed == []
 
 
 def test_hot_wipe_keeps_what_adopted_vms_map(tmp_path: Path) -> None:

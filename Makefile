@@ -16,9 +16,15 @@ QEMU10_SEABIOS := 1.16.3-2~bpo12+1
 QEMU10_PREFIX := /opt/cryobox/qemu-10.0.2
 QEMU10 := $(QEMU10_PREFIX)/usr/bin/qemu-system-x86_64
 
-.PHONY: setup apt venv js images qemu10 run test lint unit bench clean-venv
+.PHONY: setup apt venv js images bytecode qemu10 run test lint unit bench clean-venv
 
-setup: apt venv js images
+setup: apt venv js images bytecode
+
+# the project's bytecode, compiled now: with PYTHONDONTWRITEBYTECODE set (as on these machines) Python still reads
+# .pyc files but never writes them, so every process (a restarting serve, each CLI call, each test worker)
+# compiled ~400 modules again: 0.9 s of serve's 3.4 s of imports. Stale ones (a file edited since) are ignored.
+bytecode: venv
+	$(PY) -m compileall -q src tests >/dev/null
 
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

@@ -8,18 +8,19 @@ address: they pass the gate, the metrics, the body limits, the route's own authe
 quotas and the per-workspace rate limit exactly as the caller's own requests would.
 
 The SDK's session manager runs a task group that must live inside the app's lifespan: :meth:`McpEndpoint.run`
-is entered there (a fresh manager per lifespan); outside of it the endpoint answers 503.
+is entered there; outside of it the endpoint answers 503. The SDK (0.3 s of imports) is loaded, and the manager
+started in a task of that lifespan, by the first request to ``/mcp``: a restarting server does not wait for it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.requests import Request
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -27,8 +28,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..errors import CryoboxError, HostUnavailable, Unauthorized
 from ..sdk._base import CONNECT_TIMEOUT_S
 from ..server.access.gate import bearer
-from .server import build_server
-from .tools import ApiBinding
+
+if TYPE_CHECKING:
+    from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+    from .tools import ApiBinding
 
 PATH = "/mcp"
 URL_KEY_PARAMS = frozenset({"api_key", "apikey", "key", "token", "access_token"})
@@ -44,21 +48,60 @@ class McpEndpoint:
 
     def __init__(self, target: ASGIApp) -> None:
         self.target = target
-        self.server = build_server(self.binding)
+        self._running: asyncio.Event | None = None  # set while a lifespan holds run(); cleared as it ends
         self._manager: StreamableHTTPSessionManager | None = None
+        self._starting: asyncio.Lock | None = None
+        self._task: asyncio.Task[None] | None = None
 
     @contextlib.asynccontextmanager
     async def run(self) -> AsyncIterator[None]:
-        manager = StreamableHTTPSessionManager(self.server, json_response=True, stateless=True)
-        async with manager.run():
-            self._manager = manager
-            try:
-                yield
-            finally:
-                self._manager = None
+        """The endpoint serves while this is entered; the manager (started by the first request) stops with it."""
+        self._running, self._starting = asyncio.Event(), asyncio.Lock()
+        self._running.set()
+        try:
+            yield
+        finally:
+            self._running.clear()
+            task, self._task, self._manager = self._task, None, None
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            self._running = self._starting = None
+
+    async def _started(self) -> StreamableHTTPSessionManager | None:
+        """The session manager, started on first use inside :meth:`run`; None outside of it."""
+        if self._manager is not None or self._running is None or self._starting is None:
+            return self._manager
+        async with self._starting:
+            if self._manager is None and self._running.is_set():
+                from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+                from .server import build_server
+
+                manager = StreamableHTTPSessionManager(build_server(self.binding), json_response=True, stateless=True)
+                up = asyncio.Event()
+
+                async def hold() -> None:
+                    try:
+                        async with manager.run():
+                            up.set()
+                            await asyncio.Event().wait()  # until run() ends and cancels this
+                    finally:
+                        up.set()  # a manager that failed to start wakes its starter too
+
+                task = self._task = asyncio.get_running_loop().create_task(hold(), name="mcp session manager")
+                await up.wait()
+                if task.done():
+                    self._task = None
+                    task.result()  # its error, to this request (the next one tries again)
+                self._manager = manager
+        return self._manager
 
     def binding(self, request: Any) -> ApiBinding:
         """The API as the caller of ``request`` (the HTTP request an MCP message came in) sees it."""
+        from .tools import ApiBinding
+
         if not isinstance(request, Request):
             raise Unauthorized("no HTTP request to take the API key from")
         key = bearer(request.scope.get("headers", []))
@@ -83,7 +126,7 @@ class McpEndpoint:
         if URL_KEY_PARAMS & {name.lower() for name in request.query_params}:
             await _refuse(send, Unauthorized("API keys in the URL are refused; send Authorization: Bearer <key>"))
             return
-        manager = self._manager
+        manager = await self._started()
         if manager is None:
             await _refuse(send, HostUnavailable("the MCP endpoint is not running (the app is starting or stopping)"))
             return

@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from ...util import procfs
 from ..vm.qemu import is_qemu_argv0
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,11 @@ def find_own_qemus(run_dir: Path, proc: Path = Path("/proc")) -> list[int]:
 
 
 def _wait_gone(pid: int, proc: Path, timeout: float) -> None:
+    """Until ``pid`` has exited: a zombie has (its memory, fds and taps are released before it becomes one; whoever
+    it was re-parented to reaps it when it does: a harness's subreaper or this container's init took ~2 s, and a
+    restart waited for them)."""
     deadline = time.monotonic() + timeout
-    while (proc / str(pid)).exists() and time.monotonic() < deadline:
+    while procfs.alive(pid, proc) and time.monotonic() < deadline:
         try:
             # reap it if it happens to be our child (an earlier agent in this same process)
             os.waitpid(pid, os.WNOHANG)

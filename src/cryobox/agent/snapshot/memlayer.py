@@ -40,15 +40,17 @@ import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
-import numpy.typing as npt
 from blake3 import blake3
 
 from ...errors import VmmError
 from ...util.files import data_extents, punch_hole
 from ..disk.volume import FICLONE, copy_sparse
+
+if TYPE_CHECKING:  # numpy is imported where pages are compared: a restarting agent does not wait for it
+    import numpy as np
+    import numpy.typing as npt
 
 PAGE_SIZE = 4096
 _ZERO_PAGE = bytes(PAGE_SIZE)
@@ -242,6 +244,8 @@ class LayerImage:
 def image_digest(path: Path, chunk: int = 4 << 20) -> str:
     """The content digest of a whole image file (:func:`chain_digest` over the empty parent: its runs of non-zero
     pages). Holes are never read."""
+    import numpy as np
+
     runs: list[Run] = []
     current: list[Any] = []  # [address, length, hasher] of the run being hashed
     with open(path, "rb") as fh:
@@ -277,6 +281,8 @@ def image_digest(path: Path, chunk: int = 4 << 20) -> str:
 
 def true_runs(mask: npt.NDArray[np.bool_]) -> list[tuple[int, int]]:
     """``[first, last)`` of every run of ``True`` in ``mask``."""
+    import numpy as np
+
     edges = np.flatnonzero(np.diff(np.concatenate(([False], mask, [False])).astype(np.int8)))
     return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True)]
 

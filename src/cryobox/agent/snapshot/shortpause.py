@@ -26,7 +26,6 @@ from ..vm.migration import CaptureReport
 from ..vm.states import VmState
 from ..vm.vmstream import SplitStats, devices_vmstate
 from .devstate import Staged, WrittenPagesCopy, capture_written, ms_since, saves_devices
-from .layersettle import settle_staged
 from .memlayer import AllWritten, LayerImage, ParentImage, Run, account_runs, chain_digest, clone_parent
 from .staging import StagingPool
 
@@ -80,6 +79,8 @@ async def capture_layer(
         sink = LayerImage(fd, parent_fd, AllWritten(), parent.digest)
 
         def settle(buffer: mmap.mmap, staged: Staged) -> None:
+            from .layersettle import settle_staged  # numpy: not imported before a snapshot needs it
+
             with open(_compare_source(vm, parent, ram_bytes), "rb", buffering=0) as old:
                 pages, zeros, runs = settle_staged(sink, tmp, buffer, staged.pending, old.fileno(), settled, found)
             counts.append((pages, zeros))

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+import uvicorn
 from rich.console import Console
 
 from ..agent.host.ownership import wait_unlocked
@@ -25,6 +26,7 @@ from ..compose.handover import announce_ready, bind_http, own_command, spawn_suc
 from ..compose.listeners import TlsListener, http_server
 from ..compose.listeners import serve as serve_listeners
 from ..compose.parts import AgentOptions, boot_agent, build_control, fleet_config, on_stop_mode
+from ..compose.sdnotify import notify
 from ..config import Paths
 from ..image.specs import DEFAULT_TEMPLATES, TemplateSpec
 from ..registry import Registry
@@ -154,6 +156,7 @@ def serve(options: ServeOptions, console: Console) -> None:
         _print_urls(console, options, key)
         server = http_server(app, options.host, options.port)
         upgrading: list[asyncio.Task[None]] = []
+        handed_over: list[int] = []
 
         async def upgrade() -> None:
             sock = activation.get("http")
@@ -168,6 +171,8 @@ def serve(options: ServeOptions, console: Console) -> None:
                 return
             console.print("upgrade: successor ready; stopping (sandboxes kept) to hand over")
             stop_mode[0] = OnStop.KEEP
+            handed_over.append(successor.process.pid)  # systemd follows the successor from here (Type=notify)
+            notify(f"MAINPID={successor.process.pid}", "STATUS=upgrading: the new process takes over")
             server.should_exit = True
 
         def on_upgrade() -> None:
@@ -176,9 +181,13 @@ def serve(options: ServeOptions, console: Console) -> None:
 
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, on_upgrade)
         console.print(f"listening on {activation.describe('http')}", soft_wrap=True)
+        ready = asyncio.create_task(_notify_when_serving(server), name="sd_notify READY")
         try:
             await serve_listeners(server, options.tls, activation)
         finally:
+            ready.cancel()
+            if not handed_over:  # after a hand-over the successor is the main process systemd listens to
+                notify("STOPPING=1")
             on_stop = stop_mode[0]
             await host.close(on_stop)
             console.print(f"stopped ({on_stop.value}: {host.service.running()} sandbox(es) left running)")
@@ -191,6 +200,15 @@ def serve(options: ServeOptions, console: Console) -> None:
         asyncio.run(main())
     finally:
         registry.close()
+
+
+async def _notify_when_serving(server: uvicorn.Server) -> None:
+    """``READY=1`` to systemd (``Type=notify``) once uvicorn serves: its lifespan has run and it accepts."""
+    while not server.started:
+        if server.should_exit:
+            return
+        await asyncio.sleep(0.02)
+    notify("READY=1", "STATUS=serving")
 
 
 def _print_urls(console: Console, options: ServeOptions, key: str) -> None:

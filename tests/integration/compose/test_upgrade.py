@@ -1,6 +1,8 @@
 """An upgrade (``SIGUSR2``) under a steady exec load fails no request: the running ``serve`` starts its successor
 with the listening socket, keeps serving while the successor imports, then stops keeping its sandboxes (though
-started with ``--on-stop kill``); the successor adopts them and answers on the same socket."""
+started with ``--on-stop kill``); the successor adopts them and answers on the same socket. Told over a stand-in
+for systemd's notification socket: ``READY=1`` from the first process once it serves, ``MAINPID=<successor>`` from
+it at the hand-over (no ``STOPPING=1``: the service goes on), ``READY=1`` from the successor."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from cryobox.bench.server import ServeProcess
 from tests.integration.compose.test_activation import SMALL
 from tests.support.execload import Call, start_load
 from tests.support.pids import alive
+from tests.support.sdnotify import notify_socket
 from tests.support.serve import Client
 from tests.support.teardown import reclaim_data_dir
 
@@ -27,7 +30,11 @@ def test_an_upgrade_under_exec_load_fails_no_request_and_keeps_the_sandboxes(
     tmp_path: Path, cache_dir: Path, templates: dict[str, Template]
 ) -> None:
     data_dir = tmp_path / "data"
-    serve = ServeProcess(data_dir, cache_dir=cache_dir, prespawn=1, extra_args=SMALL)  # --on-stop kill
+    systemd = contextlib.ExitStack()
+    notes = systemd.enter_context(notify_socket(tmp_path / "notify"))
+    serve = ServeProcess(
+        data_dir, cache_dir=cache_dir, prespawn=1, extra_args=SMALL, extra_env={"NOTIFY_SOCKET": str(notes.path)}
+    )  # --on-stop kill
     stop = threading.Event()
     calls: list[Call] = []
     workers: list[threading.Thread] = []
@@ -36,6 +43,7 @@ def test_an_upgrade_under_exec_load_fails_no_request_and_keeps_the_sandboxes(
         serve.start()
         assert serve.proc is not None
         old = serve.proc.pid
+        notes.wait_for("READY=1", old)
         client = Client(serve.url, serve.api_key)
         sandboxes = [client.create()["id"] for _ in range(2)]
         sleeper = client.sh(sandboxes[0], "setsid sleep 600 >/dev/null 2>&1 < /dev/null & echo $!").strip()
@@ -50,6 +58,9 @@ def test_an_upgrade_under_exec_load_fails_no_request_and_keeps_the_sandboxes(
         deadline = exited + 120
         successor = wait_successor(data_dir, old, timeout_s=120)
         assert alive(successor), successor
+        notes.wait_for(f"MAINPID={successor}", old)  # systemd follows the successor
+        notes.wait_for("READY=1", successor)
+        assert (old, "STOPPING=1") not in notes.messages
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{serve.url}/healthz", timeout=2).status_code == 200:
@@ -88,3 +99,4 @@ def test_an_upgrade_under_exec_load_fails_no_request_and_keeps_the_sandboxes(
                 os.kill(successor, signal.SIGKILL)
         serve.stop(signal.SIGKILL)
         reclaim_data_dir(data_dir, cache_dir)
+        systemd.close()

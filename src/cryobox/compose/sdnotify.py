@@ -1,0 +1,35 @@
+"""systemd's readiness protocol (``sd_notify``): datagrams of ``KEY=value`` lines to ``$NOTIFY_SOCKET``.
+
+``cryobox serve`` under ``Type=notify`` says ``READY=1`` once it serves (not when the process starts, which is
+~3 s and, on a first run, the template bakes before), ``STOPPING=1`` when it stops, and at an upgrade
+(:mod:`.handover`) the old main process names its successor with ``MAINPID=`` before it stops, so systemd keeps
+tracking the service (``KillMode=process``: the VMs stay) instead of taking the old process's exit for the service's.
+The variable is kept in the environment: a successor inherits it, and its ``READY=1`` is the new main pid's.
+Nothing is sent when the variable is unset (not under systemd).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+
+NOTIFY_ENV = "NOTIFY_SOCKET"
+
+
+def notify(*lines: str, env: Mapping[str, str] | None = None) -> bool:
+    """Send ``lines`` (``READY=1``, ``MAINPID=123`` ...) to the service manager; False when there is none to tell or
+    the datagram could not be sent (a readiness note never stops the server)."""
+    address = (os.environ if env is None else env).get(NOTIFY_ENV, "")
+    if not address or not lines:
+        return False
+    if address.startswith("@"):  # an abstract socket
+        address = "\0" + address[1:]
+    elif not address.startswith("/"):
+        return False  # vsock and other transports: not used by a service on this host
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        try:
+            sock.sendto("\n".join(lines).encode(), address)
+        except OSError:
+            return False
+    return True

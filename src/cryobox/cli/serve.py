@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -198,8 +200,21 @@ def serve(options: ServeOptions, console: Console) -> None:
         signal.signal(sig, _exit_cleanly)
     try:
         asyncio.run(main())
+    except SystemExit as stop:
+        if stop.code not in (0, None):
+            raise
     finally:
         registry.close()
+    _exit_now()
+
+
+def _exit_now() -> None:
+    """Exit 0 once everything is stopped and closed, skipping the interpreter's finalization: freeing every module
+    and object took 0.5 s here, which a restart waited for (systemd starts the next process when this one exits)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 async def _notify_when_serving(server: uvicorn.Server) -> None:

@@ -5,8 +5,9 @@ Three measurements in one run (processes from :mod:`.fleetproc`; every agent in 
 
 ``hop``    the price of the HTTP hop. ``k`` sequential creates (each to its first exec answered) and ``k`` execs of
            ``true``, against ``cryobox serve`` (the in-process agent) and against a fleet of ONE ``cryobox agent`` on
-           the same machine, same template, memory mode and pool size. Create call latency and exec latency,
-           p50/p99, both ways.
+           the same machine, same template, memory mode and pool size, both up at once and taking turns (A, B, B, A
+           …: :mod:`.hop`). Create call latency and exec latency, p50/p99, both ways, and per operation the p-value
+           of a permutation test of the two medians: whether the difference is real or noise.
 ``burst``  ``n`` simultaneous creates against a fleet of ``agents`` agents running ``--memory lazy
            --template-source store`` (every agent pages the template's memory from the S3 store): how many landed
            on each agent (each sandbox's ``host``), and per agent the store GETs and unique chunks touched (its
@@ -53,6 +54,7 @@ from .fleet_result import (
     restore_summary,
 )
 from .fleetproc import AgentProcess, Fleet
+from .hop import Side, by_side, measure_hop
 from .report import write_result
 from .server import ServeProcess
 
@@ -75,33 +77,6 @@ def _exec(client: httpx.Client, sandbox_id: str, cmd: str) -> dict[str, Any]:
     if body.get("exit_code") != 0:
         raise CryoboxError(f"exec {cmd!r} exited {body.get('exit_code')}: {body.get('stderr', '')[:300]}")
     return body
-
-
-def measure_hop(url: str, api_key: str, template: str, k: int, settle_s: float) -> dict[str, list[float]]:
-    """``k`` creates (call latency, and to first exec answered), then ``k`` execs of ``true`` on one sandbox."""
-    headers = {"Authorization": f"Bearer {api_key}"}
-    out: dict[str, list[float]] = {"create_ms": [], "first_exec_ms": [], "exec_ms": []}
-    with httpx.Client(base_url=url, headers=headers, timeout=900, trust_env=False) as client:
-        for i in range(k + 1):  # the first round warms up and is not counted
-            t0 = time.monotonic()
-            sandbox = _check(client.post("/v1/sandboxes", json={"template": template, "ttl_seconds": 600}), "create")
-            t1 = time.monotonic()
-            _exec(client, sandbox["id"], "true")
-            t2 = time.monotonic()
-            if i:
-                out["create_ms"].append((t1 - t0) * 1000)
-                out["first_exec_ms"].append((t2 - t0) * 1000)
-            if i < k:
-                client.delete(f"/v1/sandboxes/{sandbox['id']}")
-                time.sleep(settle_s)  # let the pool refill, as a caller pausing between creates would
-        try:
-            for _ in range(k):
-                t0 = time.monotonic()
-                _exec(client, sandbox["id"], "true")
-                out["exec_ms"].append((time.monotonic() - t0) * 1000)
-        finally:
-            client.delete(f"/v1/sandboxes/{sandbox['id']}")
-    return out
 
 
 async def _burst(url: str, api_key: str, template: str, n: int) -> tuple[list[float], list[str], list[str]]:
@@ -259,14 +234,13 @@ def run_fleet_bench(
     progress: Reporter,
 ) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="cryobox-fleet-", dir="/var/tmp"))
-    stages = progress.phase("stages: hop (serve), hop (fleet), burst, restores", 4)
+    stages = progress.phase("stages: hop (serve and fleet, interleaved), burst, restores", 4)
     try:
-        console.print(f"[bold]hop[/bold]: {k} creates and {k} execs against cryobox serve (in-process agent)")
+        console.print(
+            f"[bold]hop[/bold]: {k} creates and {k} execs each, taking turns, against cryobox serve (in-process "
+            f"agent) and a fleet of one agent ({isolation})"
+        )
         serve_args = ["--templates", template, "--memory", "hot", "--net-pool", "4"]
-        with ServeProcess(root / "serve", cache_dir=cache_dir, prespawn=prespawn, extra_args=serve_args) as serve:
-            inproc = measure_hop(serve.url, serve.api_key, template, k, settle_s)
-        stages.advance()
-        console.print(f"[bold]hop[/bold]: the same against a fleet of one agent ({isolation})")
         one = Fleet(
             root / "hop",
             agents=1,
@@ -278,9 +252,12 @@ def run_fleet_bench(
             prespawn=prespawn,
             net_pool=4,
         )
-        with one:
-            http = measure_hop(one.url, one.api_key, template, k, settle_s)
-        stages.advance()
+        with ServeProcess(root / "serve", cache_dir=cache_dir, prespawn=prespawn, extra_args=serve_args) as serve, one:
+            samples = measure_hop(
+                [Side("inproc", serve.url, serve.api_key), Side("http", one.url, one.api_key)], template, k, settle_s
+            )
+        inproc, http = by_side(samples, "inproc"), by_side(samples, "http")
+        stages.advance(2)
         hop = hop_summary(inproc, http)
         per_agent = math.ceil(n / agents)
         admission = {"CRYOBOX_ADMISSION_QUEUE": str(max(64, n)), "CRYOBOX_ADMISSION_TIMEOUT_S": "900"}
@@ -333,12 +310,12 @@ def keep_logs(root: Path) -> Path:
 
 def _print(result: Mapping[str, Any], console: Console) -> None:
     hop = result["hop"]
-    table = Table(title=f"HTTP hop ({hop['k']} samples each)")
-    for column in ("", "in-process p50", "in-process p99", "HTTP p50", "HTTP p99"):
+    table = Table(title=f"HTTP hop ({hop['k']} samples each, interleaved)")
+    for column in ("", "in-process p50", "in-process p99", "HTTP p50", "HTTP p99", "hop p50", "p-value"):
         table.add_column(column, justify="right")
     for op in ("create", "first_exec", "exec"):
         keys = (f"{op}_p50_ms_inproc", f"{op}_p99_ms_inproc", f"{op}_p50_ms_http", f"{op}_p99_ms_http")
-        table.add_row(op, *(str(hop[key]) for key in keys))
+        table.add_row(op, *(str(hop[key]) for key in keys), str(hop[f"{op}_hop_p50_ms"]), str(hop[f"{op}_hop_p_value"]))
     console.print(table)
     burst = result["burst"]
     table = Table(title=f"burst of {burst['n']} (p50 {burst['p50_ms']} ms, p99 {burst['p99_ms']} ms)")

@@ -7,13 +7,15 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .stats import percentile
+from .stats import percentile, permutation_p
 
 HOP_KEYS = tuple(
     f"{op}_{q}_ms_{side}" for op in ("create", "exec") for q in ("p50", "p99") for side in ("inproc", "http")
 )
 BURST_KEYS = ("n", "per_agent", "store_gets_per_agent", "unique_chunks_per_agent")
 TOP_KEYS = ("hop", "burst", "cross_host_restore_ok", "cross_host_restore_p50_ms", "same_host_restore_p50_ms")
+SIGNIFICANT = 0.01
+"""A hop difference counts as real below this p-value (medians compared by a permutation test)."""
 _METRIC_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
@@ -22,7 +24,8 @@ def quantile(samples: Sequence[float], q: float) -> float | None:
 
 
 def hop_summary(inproc: Mapping[str, Sequence[float]], http: Mapping[str, Sequence[float]]) -> dict[str, Any]:
-    """``{create,exec,first_exec}_{p50,p99}_ms_{inproc,http}`` and the HTTP hop's added p50 (ms)."""
+    """``{create,exec,first_exec}_{p50,p99}_ms_{inproc,http}``, the HTTP hop's added p50 (ms), and whether that
+    difference is real: ``{op}_hop_p_value`` (a permutation test of the medians) and ``{op}_hop_significant``."""
     out: dict[str, Any] = {"k": len(inproc.get("create_ms", ()))}
     for op in ("create", "first_exec", "exec"):
         for q in (50, 99):
@@ -30,6 +33,9 @@ def hop_summary(inproc: Mapping[str, Sequence[float]], http: Mapping[str, Sequen
                 out[f"{op}_p{q}_ms_{side}"] = quantile(samples.get(f"{op}_ms", ()), q)
         a, b = out[f"{op}_p50_ms_http"], out[f"{op}_p50_ms_inproc"]
         out[f"{op}_hop_p50_ms"] = round(a - b, 1) if a is not None and b is not None else None
+        p = permutation_p(list(inproc.get(f"{op}_ms", ())), list(http.get(f"{op}_ms", ())))
+        out[f"{op}_hop_p_value"] = round(p, 4) if p is not None else None
+        out[f"{op}_hop_significant"] = p is not None and p < SIGNIFICANT
     out["samples_ms"] = {
         side: {key: [round(x, 1) for x in values] for key, values in samples.items()}
         for side, samples in (("inproc", inproc), ("http", http))

@@ -35,6 +35,8 @@ from cryobox.bench.fleetproc import (
     s3_store_url,
     slot_cidrs,
 )
+from cryobox.bench.hop import Side, turns
+from cryobox.bench.stats import permutation_p
 
 
 def _hop() -> dict[str, Any]:
@@ -235,3 +237,30 @@ def test_agents_by_name() -> None:
     payload = {"agents": [{"name": "a0", "status": "up"}, {"name": "a1", "status": "down"}, {"url": "x"}, "junk"]}
     assert agents_by_name(payload) == {"a0": {"name": "a0", "status": "up"}, "a1": {"name": "a1", "status": "down"}}
     assert agents_by_name({}) == {}
+
+
+def test_the_hop_says_whether_its_difference_is_real() -> None:
+    same = [10.0 + (i % 7) for i in range(40)]
+    shifted = [x + 5.0 for x in same]
+    hop = hop_summary({"create_ms": same, "exec_ms": same}, {"create_ms": shifted, "exec_ms": list(reversed(same))})
+    assert hop["create_hop_p50_ms"] == 5.0 and hop["create_hop_p_value"] < 0.01 and hop["create_hop_significant"]
+    assert hop["exec_hop_p50_ms"] == 0.0 and hop["exec_hop_p_value"] > 0.5 and not hop["exec_hop_significant"]
+    assert hop["first_exec_hop_p_value"] is None and not hop["first_exec_hop_significant"]  # no samples
+
+
+def test_permutation_p_is_seeded_and_small_only_for_a_real_shift() -> None:
+    noise = [100.0, 130.0, 90.0, 150.0, 110.0, 95.0, 170.0, 105.0]
+    assert permutation_p(noise, noise[::-1], rounds=2000) == permutation_p(noise, noise[::-1], rounds=2000)
+    assert (permutation_p(noise, noise[::-1], rounds=2000) or 0) > 0.5  # the same samples relabelled: no difference
+    assert (permutation_p(noise, [x + 200 for x in noise], rounds=2000) or 1) < 0.01
+    assert permutation_p([], noise) is None
+
+
+def test_sides_take_turns_first() -> None:
+    a, b = Side("inproc", "http://a", "k"), Side("http", "http://b", "k")
+    assert [[s.name for s in turns(i, [a, b])] for i in range(4)] == [
+        ["inproc", "http"],
+        ["http", "inproc"],
+        ["inproc", "http"],
+        ["http", "inproc"],
+    ]

@@ -1,0 +1,98 @@
+"""The price of the control plane → agent hop, measured A, B, A, B …: ``cryobox serve`` (the agent in process) and a
+fleet of one ``cryobox agent`` (the agent over HTTP) run side by side and take turns, so that whatever else the
+machine does in the meantime (a pool refilling, a noisy neighbour, the page cache) falls on both alike. A first
+version measured all of one side and then the other, and reported the in-process path as the slower one (create
+125 vs 81 ms p50): the noise of one period, not the hop. Each round alternates which side goes first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from ..errors import CryoboxError
+
+OPS = ("create_ms", "first_exec_ms", "exec_ms")
+
+
+@dataclass(frozen=True)
+class Side:
+    name: str
+    url: str
+    api_key: str
+
+
+def turns(i: int, sides: Sequence[Side]) -> list[Side]:
+    """Round ``i``'s order: as given on even rounds, reversed on odd ones (A B, B A, A B …)."""
+    return list(sides) if i % 2 == 0 else list(reversed(sides))
+
+
+def _check(response: httpx.Response, what: str) -> dict[str, Any]:
+    if response.status_code >= 400:
+        raise CryoboxError(f"{what} failed: HTTP {response.status_code} {response.text[:300]}")
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _exec(client: httpx.Client, sandbox_id: str) -> None:
+    body = _check(client.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": "true"}), "exec")
+    if body.get("exit_code") != 0:
+        raise CryoboxError(f"exec exited {body.get('exit_code')}: {body.get('stderr', '')[:300]}")
+
+
+def _create(client: httpx.Client, template: str) -> tuple[str, float, float]:
+    """A sandbox: its id, the create call's ms and the ms to its first exec answered."""
+    t0 = time.monotonic()
+    sandbox = _check(client.post("/v1/sandboxes", json={"template": template, "ttl_seconds": 600}), "create")
+    t1 = time.monotonic()
+    _exec(client, sandbox["id"])
+    return str(sandbox["id"]), (t1 - t0) * 1000, (time.monotonic() - t0) * 1000
+
+
+def measure_hop(sides: Sequence[Side], template: str, k: int, settle_s: float) -> dict[str, dict[str, list[float]]]:
+    """Per side, ``k`` creates (call, and to the first exec answered) and ``k`` execs of ``true`` on one sandbox,
+    the sides taking turns. A first round per side warms up and is not counted; after each create the sandbox is
+    deleted and ``settle_s`` passes (the pool refills, as for a caller pausing between creates)."""
+    out: dict[str, dict[str, list[float]]] = {side.name: {op: [] for op in OPS} for side in sides}
+    clients = {
+        side.name: httpx.Client(
+            base_url=side.url, headers={"Authorization": f"Bearer {side.api_key}"}, timeout=900, trust_env=False
+        )
+        for side in sides
+    }
+    kept: dict[str, str] = {}
+    try:
+        for i in range(k + 1):
+            for side in turns(i, sides):
+                client = clients[side.name]
+                sandbox_id, call_ms, first_ms = _create(client, template)
+                if i:
+                    out[side.name]["create_ms"].append(call_ms)
+                    out[side.name]["first_exec_ms"].append(first_ms)
+                if i < k:
+                    client.delete(f"/v1/sandboxes/{sandbox_id}")
+                else:
+                    kept[side.name] = sandbox_id  # the exec phase's sandbox
+            time.sleep(settle_s)
+        for i in range(k):
+            for side in turns(i, sides):
+                t0 = time.monotonic()
+                _exec(clients[side.name], kept[side.name])
+                out[side.name]["exec_ms"].append((time.monotonic() - t0) * 1000)
+    finally:
+        for name, sandbox_id in kept.items():
+            try:
+                clients[name].delete(f"/v1/sandboxes/{sandbox_id}")
+            except httpx.HTTPError:
+                pass
+        for client in clients.values():
+            client.close()
+    return out
+
+
+def by_side(samples: Mapping[str, Mapping[str, list[float]]], name: str) -> dict[str, list[float]]:
+    return {op: list(values) for op, values in samples.get(name, {}).items()}

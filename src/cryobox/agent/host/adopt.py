@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..memory.hot import HotImages
-from ..net.netlink import load_slot_rules
+from ..net.netlink import load_slot_rules, slot_rules_digest
 from ..net.slots import Slot, SlotPlan
 from ..sandbox.fidelity import rejoin
 from ..sandbox.mapping import adopted_sandbox
@@ -94,7 +94,8 @@ async def _adopt_live(service: SandboxService, record: SandboxRecord) -> Sandbox
             await vm.wait_guest_ready(ADOPT_GUEST_TIMEOUT_S)
         sandbox = adopted_sandbox(record, vm, now, state=wanted, slot=service.factory.slot_of(vm))
         if sandbox.slot is not None:  # today's slot rules (an older agent built it), its policy served again
-            await asyncio.to_thread(load_slot_rules, sandbox.slot)
+            if record.vm.slot_rules != slot_rules_digest(sandbox.slot):  # an nsenter + nft: most of an adoption
+                await asyncio.to_thread(load_slot_rules, sandbox.slot)
             await service.factory.apply_egress(vm, sandbox.id, sandbox.egress)
     except BaseException:
         await service.factory.destroy(vm)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import errno
+import hashlib
 import ipaddress
 import logging
 import os
@@ -196,6 +197,12 @@ def _build_in_new_netns(slot: Slot, progress: set[str]) -> None:
             host.link("set", index=veth, state="up")
     finally:
         os.close(host_fd)
+
+
+def slot_rules_digest(slot: Slot) -> str:
+    """What identifies the rules :func:`slot_ruleset` gives ``slot`` today (a VM's record keeps the digest of the
+    rules its slot was loaded with: an adopting agent that has the same rules does not load them again)."""
+    return hashlib.sha256(slot_ruleset(slot).encode()).hexdigest()[:16]
 
 
 def load_slot_rules(slot: Slot, *, runner: Runner = run_command) -> None:

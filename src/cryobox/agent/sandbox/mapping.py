@@ -16,6 +16,7 @@ from typing import Any
 from ...agentapi import models as am
 from ...errors import VmmError
 from ...netpolicy import EgressPolicy, legacy_policy
+from ..net.netlink import slot_rules_digest
 from ..net.slots import Slot
 from ..snapshot.store import SnapshotImage
 from ..vm import MicroVM
@@ -53,6 +54,7 @@ def vm_record(vm: MicroVM, slot: Slot | None, slot_cidr: str | None) -> VmRecord
         slot_index=slot.index if slot is not None else None,
         slot_cidr=slot_cidr if slot is not None else None,
         uid=vm.jail.uid if vm.jail is not None else None,
+        slot_rules=slot_rules_digest(slot) if slot is not None else None,
     )
 
 

@@ -53,6 +53,9 @@ class VmRecord:
     """The jail uid QEMU runs as (``None``: not jailed)."""
     memory_origin: str | None = None
     """The durable file the VM's RAM image is a copy of (``MemoryBacking.origin``)."""
+    slot_rules: str | None = None
+    """The digest of the nft rules its slot holds (:func:`..net.netlink.slot_rules_digest`): an adopting agent
+    reloads them only when its own differ (an upgrade that changed them; ``None``: a record from before)."""
 
     def alive(self, proc: Path = Path("/proc")) -> bool:
         """The recorded QEMU still runs (same pid, same start time)."""

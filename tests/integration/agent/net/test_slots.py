@@ -37,6 +37,7 @@ from cryobox.agent.net import (
     reclaim,
 )
 from cryobox.agent.net.netlink import Reclaimed
+from cryobox.bench.egress import ip_forward_on
 from tests.support.netutil import (
     Listener,
     attach_fake_guest,
@@ -254,13 +255,15 @@ def test_guests_reach_nothing_but_the_egress_proxy(
         for target, port in ((b.address, on_b.port), (a.host_ip, on_host.port), (server_ip, on_outside.port)):
             assert probe(a.netns, target, port) == DENIED
 
-        # control: those drops are the host table's doing (without it the host routes slot to slot)
-        firewall.remove()
-        assert probe(a.netns, b.address, on_b.port) == "ok"
-        assert probe(a.netns, a.host_ip, on_host.port) == "ok"
-        assert probe(guest_a, b.address, on_b.port) == "refused"  # the guest still only meets the redirect
-        firewall.ensure()
-        assert probe(a.netns, b.address, on_b.port) == DENIED
+        # control: those drops are the host table's doing (without it a host that forwards routes slot to slot;
+        # whether this host forwards is its own setting, 0 after a boot here: on for the control, then put back)
+        with ip_forward_on():
+            firewall.remove()
+            assert probe(a.netns, b.address, on_b.port) == "ok"
+            assert probe(a.netns, a.host_ip, on_host.port) == "ok"
+            assert probe(guest_a, b.address, on_b.port) == "refused"  # the guest still only meets the redirect
+            firewall.ensure()
+            assert probe(a.netns, b.address, on_b.port) == DENIED
     finally:
         for listener in (on_b, on_host, on_outside):
             listener.close()

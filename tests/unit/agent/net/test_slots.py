@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import ipaddress
 import re
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 from cryobox.agent.net import GUEST_IP, Slot, SlotPlan, SlotPool, tag_for
 from cryobox.agent.net.firewall import Firewall
-from cryobox.agent.net.netlink import in_netns, slot_ruleset
+from cryobox.agent.net.netlink import in_netns, slot_rules_digest, slot_ruleset
 from cryobox.agent.net.pool import IndexAllocator
 from cryobox.agent.net.slots import IFNAME_MAX, MAX_SLOTS, PROXY_PORT
 from cryobox.errors import HostUnavailable, InvalidArgument, StateError
@@ -256,3 +257,14 @@ def test_index_allocator() -> None:
     with pytest.raises(StateError):
         alloc.give(2)
     assert alloc.live == 2
+
+
+def test_the_rules_digest_tells_whether_a_slot_needs_its_rules_again() -> None:
+    """An adopting agent reloads an adopted slot's nft rules only when the digest its record keeps differs from the
+    rules it would load (an nsenter and an nft per sandbox were most of adopting 50)."""
+    one, two = PLAN.slot(1), PLAN.slot(2)
+    assert slot_rules_digest(one) == slot_rules_digest(PLAN.slot(1))  # the same rules, the same digest
+    assert slot_rules_digest(one) != slot_rules_digest(two)  # another slot's addresses
+    other_plan = SlotPlan(TAG, "10.24.0.0/16").slot(1)
+    assert slot_rules_digest(one) != slot_rules_digest(other_plan)
+    assert slot_rules_digest(one) == hashlib.sha256(slot_ruleset(one).encode()).hexdigest()[:16]

@@ -46,3 +46,14 @@ def start_load(
     for worker in workers:
         worker.start()
     return workers
+
+
+def end_load(stop: threading.Event, workers: list[threading.Thread], calls: list[Call], before: int) -> None:
+    """Stop the load and judge it: no request failed, and at least two ran before ``before`` was counted and two
+    after (idempotent: also the tests' clean-up)."""
+    stop.set()
+    for worker in workers:
+        worker.join(timeout=150)
+    failed = [call for call in calls if call.error is not None]
+    assert not failed, f"{len(failed)} of {len(calls)} requests failed: {failed[:3]}"
+    assert before >= 2 and len(calls) - before >= 2, (before, len(calls))

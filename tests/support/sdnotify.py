@@ -39,7 +39,7 @@ class NotifySocket:
 
     def wait_for(self, line: str, pid: int | None = None, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
-        while (line, pid) not in {(m, p if pid is not None else None) for p, m in self.messages}:
+        while not any(m == line and pid in (None, p) for p, m in self.messages):
             assert time.monotonic() < deadline, f"no {line!r} from {pid}: {self.messages}"
             time.sleep(0.02)
 

@@ -54,29 +54,13 @@ from .fleet_result import (
     restore_summary,
 )
 from .fleetproc import AgentProcess, Fleet
-from .hop import Side, by_side, measure_hop
+from .hop import Side, by_side, checked, exec_ok, measure_hop
 from .report import write_result
 from .server import ServeProcess
 
 MARKER_PATH = "/root/cbx-fleet-marker"
 
 # -- measurements ----------------------------------------------------------------------------------------------------
-
-
-def _check(response: httpx.Response, what: str) -> dict[str, Any]:
-    if response.status_code >= 300:
-        raise CryoboxError(f"{what} failed: {response.status_code} {response.text[:300]}")
-    if response.status_code == 204 or not response.content:
-        return {}
-    body: dict[str, Any] = response.json()
-    return body
-
-
-def _exec(client: httpx.Client, sandbox_id: str, cmd: str) -> dict[str, Any]:
-    body = _check(client.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": cmd, "timeout_seconds": 120}), "exec")
-    if body.get("exit_code") != 0:
-        raise CryoboxError(f"exec {cmd!r} exited {body.get('exit_code')}: {body.get('stderr', '')[:300]}")
-    return body
 
 
 async def _burst(url: str, api_key: str, template: str, n: int) -> tuple[list[float], list[str], list[str]]:
@@ -91,7 +75,7 @@ async def _burst(url: str, api_key: str, template: str, n: int) -> tuple[list[fl
             t0 = time.monotonic()
             response = await c.post("/v1/sandboxes", json={"template": template, "ttl_seconds": 900})
             elapsed = (time.monotonic() - t0) * 1000
-            return elapsed, _check(response, "create")
+            return elapsed, checked(response, "create")
 
         tasks = [asyncio.create_task(one()) for _ in range(n)]
         await asyncio.sleep(0.2)
@@ -142,7 +126,7 @@ def _wait_stored(client: httpx.Client, snapshot_id: str, timeout_s: float) -> tu
     t0 = time.monotonic()
     location = "?"
     while time.monotonic() - t0 < timeout_s:
-        location = str(_check(client.get(f"/v1/snapshots/{snapshot_id}"), "get snapshot").get("location"))
+        location = str(checked(client.get(f"/v1/snapshots/{snapshot_id}"), "get snapshot").get("location"))
         if location == "stored":
             return (time.monotonic() - t0) * 1000, location
         time.sleep(0.25)
@@ -159,12 +143,12 @@ def _restore_once(
     sample: dict[str, Any] = {"phase": phase, "snapshot": index, "host": "?", "ok": False}
     t0 = time.monotonic()
     try:
-        body = _check(client.post("/v1/sandboxes", json={"from_snapshot": snapshot_id, "ttl_seconds": 600}), "restore")
+        body = checked(client.post("/v1/sandboxes", json={"from_snapshot": snapshot_id, "ttl_seconds": 600}), "restore")
     except (CryoboxError, httpx.HTTPError) as err:
         return {**sample, "ms": round((time.monotonic() - t0) * 1000, 1), "error": str(err)}
     sample.update(host=host_to_agent(body.get("host"), view), ms=round((time.monotonic() - t0) * 1000, 1))
     try:
-        seen = _exec(client, body["id"], f"cat {MARKER_PATH}")["stdout"].strip()
+        seen = exec_ok(client, body["id"], f"cat {MARKER_PATH}")["stdout"].strip()
         sample["ok"] = seen == token
         if not sample["ok"]:
             sample["error"] = f"marker {seen!r} != {token!r}"
@@ -182,15 +166,15 @@ def measure_restores(fleet: Fleet, template: str, m: int, kill_source: bool, sto
     headers = {"Authorization": f"Bearer {fleet.api_key}"}
     with httpx.Client(base_url=fleet.url, headers=headers, timeout=900, trust_env=False) as client:
         view = fleet.agents_view()
-        source = _check(client.post("/v1/sandboxes", json={"template": template, "ttl_seconds": 1800}), "create")
+        source = checked(client.post("/v1/sandboxes", json={"template": template, "ttl_seconds": 1800}), "create")
         source_host = host_to_agent(source.get("host"), view)
         snapshots: list[tuple[int, str, str]] = []
         store_waits = []
         for index in range(m):
             token = secrets.token_hex(8)
-            _exec(client, source["id"], f"echo {token} > {MARKER_PATH} && sync")
+            exec_ok(client, source["id"], f"echo {token} > {MARKER_PATH} && sync")
             body = {"retain": True, "labels": {"bench": "fleet"}}  # retain: outlives its sandbox (and its host)
-            snapshot = _check(client.post(f"/v1/sandboxes/{source['id']}/snapshots", json=body), "snapshot")
+            snapshot = checked(client.post(f"/v1/sandboxes/{source['id']}/snapshots", json=body), "snapshot")
             store_waits.append(_wait_stored(client, snapshot["id"], store_timeout_s)[0])
             snapshots.append((index, str(snapshot["id"]), token))
         samples = [_restore_once(client, snapshots[0], view, "all-up") for _ in range(m)]

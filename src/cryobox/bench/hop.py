@@ -31,25 +31,30 @@ def turns(i: int, sides: Sequence[Side]) -> list[Side]:
     return list(sides) if i % 2 == 0 else list(reversed(sides))
 
 
-def _check(response: httpx.Response, what: str) -> dict[str, Any]:
-    if response.status_code >= 400:
-        raise CryoboxError(f"{what} failed: HTTP {response.status_code} {response.text[:300]}")
+def checked(response: httpx.Response, what: str) -> dict[str, Any]:
+    """The JSON body of a successful API answer (``{}`` when it has none); a failure raises naming ``what``."""
+    if response.status_code >= 300:
+        raise CryoboxError(f"{what} failed: {response.status_code} {response.text[:300]}")
+    if response.status_code == 204 or not response.content:
+        return {}
     body: dict[str, Any] = response.json()
     return body
 
 
-def _exec(client: httpx.Client, sandbox_id: str) -> None:
-    body = _check(client.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": "true"}), "exec")
+def exec_ok(client: httpx.Client, sandbox_id: str, cmd: str) -> dict[str, Any]:
+    """``cmd`` run in the sandbox; anything but exit code 0 raises."""
+    body = checked(client.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": cmd, "timeout_seconds": 120}), "exec")
     if body.get("exit_code") != 0:
-        raise CryoboxError(f"exec exited {body.get('exit_code')}: {body.get('stderr', '')[:300]}")
+        raise CryoboxError(f"exec {cmd!r} exited {body.get('exit_code')}: {body.get('stderr', '')[:300]}")
+    return body
 
 
 def _create(client: httpx.Client, template: str) -> tuple[str, float, float]:
     """A sandbox: its id, the create call's ms and the ms to its first exec answered."""
     t0 = time.monotonic()
-    sandbox = _check(client.post("/v1/sandboxes", json={"template": template, "ttl_seconds": 600}), "create")
+    sandbox = checked(client.post("/v1/sandboxes", json={"template": template, "ttl_seconds": 600}), "create")
     t1 = time.monotonic()
-    _exec(client, sandbox["id"])
+    exec_ok(client, sandbox["id"], "true")
     return str(sandbox["id"]), (t1 - t0) * 1000, (time.monotonic() - t0) * 1000
 
 
@@ -81,7 +86,7 @@ def measure_hop(sides: Sequence[Side], template: str, k: int, settle_s: float) -
         for i in range(k):
             for side in turns(i, sides):
                 t0 = time.monotonic()
-                _exec(clients[side.name], kept[side.name])
+                exec_ok(clients[side.name], kept[side.name], "true")
                 out[side.name]["exec_ms"].append((time.monotonic() - t0) * 1000)
     finally:
         for name, sandbox_id in kept.items():

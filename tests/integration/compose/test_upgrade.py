@@ -19,7 +19,7 @@ from cryobox.agent.templates.bake import Template
 from cryobox.bench.restart.successor import wait_successor
 from cryobox.bench.server import ServeProcess
 from tests.integration.compose.test_activation import SMALL
-from tests.support.execload import Call, start_load
+from tests.support.execload import Call, end_load, start_load
 from tests.support.pids import alive
 from tests.support.sdnotify import notify_socket
 from tests.support.serve import Client
@@ -68,12 +68,7 @@ def test_an_upgrade_under_exec_load_fails_no_request_and_keeps_the_sandboxes(
             time.sleep(0.05)
         serving = time.monotonic()
         time.sleep(1.5)
-        stop.set()
-        for worker in workers:
-            worker.join(timeout=150)
-        failed = [call for call in calls if call.error is not None]
-        assert not failed, f"{len(failed)} of {len(calls)} requests failed: {failed[:3]}"
-        assert before >= 2 and len(calls) - before >= 2, (before, len(calls))
+        end_load(stop, workers, calls, before)
         spanning = [call for call in calls if call.started < exited < call.ended]
         longest = max(call.ended - call.started for call in calls)
         client = Client(serve.url, serve.api_key)

@@ -1,8 +1,8 @@
 """Session-wide guard: whatever the suite starts on this host, it must leave nothing behind.
 
-The host's QEMU processes, network namespaces, nft tables, mounts, ``/dev/shm`` entries and VM cgroups are recorded when
-the session starts and compared when it ends (after every fixture's teardown): anything new that is still there is
-a leak, and fails the run. The machine's shared object store is then swept of what the suite's (now gone) data
+The host's QEMU processes, network namespaces, nft tables, mounts, ``/dev/shm`` entries, VM cgroups and the template
+cache's bakes are recorded when the session starts and compared when it ends (after every fixture's teardown):
+anything new that is still there is a leak, and fails the run. The machine's shared object store is then swept of what the suite's (now gone) data
 dirs stored in it. With ``pytest -n`` (pytest-xdist, as ``make test`` runs it) only the controller checks,
 before its workers start and after all of them have finished, so one worker's live VMs are never taken for the
 other's leaks.
@@ -48,7 +48,22 @@ def host_state() -> dict[str, set[str]]:
         "mounts": {" ".join(line.split()[:3]) for line in Path("/proc/self/mounts").read_text().splitlines()},
         "/dev/shm entries": {p.name for p in Path("/dev/shm").iterdir()},
         "cgroups": _vm_cgroups(),
+        "template bakes": _test_bakes(),
     }
+
+
+# bakes in the host's shared template cache that outlive a run on purpose: the built-ins' (every server uses them)
+# and the capture test's template with pytest in it (its pip install needs PyPI; one per image generation)
+KEPT_BAKES = ("base-", "code-interpreter-", "docker-", "capture-pytest-")
+
+
+def _test_bakes() -> set[str]:
+    """The template cache's bakes but the kept ones: a template a test builds is a test's to delete (its bake is
+    ~160 MB in a cache no data dir's removal cleans)."""
+    root = Path(os.environ.get("CRYOBOX_CACHE_DIR", "/var/cache/cryobox")) / "templates"
+    if not root.is_dir():
+        return set()
+    return {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", *KEPT_BAKES))}
 
 
 def _vm_cgroups() -> set[str]:

@@ -110,6 +110,21 @@ def bench_code(
     _print_result(result, as_json)
 
 
+@bench_app.command("docker")
+def bench_docker(
+    n: Annotated[int, typer.Option("--n", min=1, help="creates per measurement")] = 10,
+    as_json: AsJson = False,
+    out_dir: OutDir = RESULTS_DIR,
+    cache_dir: CacheDir = None,
+) -> None:
+    """Docker inside: create → first `docker ps`, create → `docker run` of a hello image, and the template's size."""
+    from ..bench.docker import run_docker_bench
+
+    with open_reporter(console, as_json=as_json) as progress:
+        result = run_docker_bench(n=n, out_dir=out_dir, cache_dir=cache_dir, console=console, progress=progress)
+    _print_result(result, as_json)
+
+
 @bench_app.command("resume")
 def bench_resume(
     n: Annotated[int, typer.Option("--n", min=1, help="hibernate/resume rounds")] = 20,

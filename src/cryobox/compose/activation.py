@@ -18,6 +18,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
 from ..errors import InvalidArgument
+from ..util.tcp import no_delay
 
 FIRST_FD = 3
 """``SD_LISTEN_FDS_START``."""
@@ -70,7 +71,7 @@ def take_activation(
                 sock.detach()
                 raise InvalidArgument(f"passed fd {fd} ({name}) is not a listening stream socket")
             sock.set_inheritable(False)
-            activation.sockets[name] = sock
+            activation.sockets[name] = no_delay(sock)  # whoever made it may not have
     except BaseException:
         for taken in activation.sockets.values():
             taken.detach()  # a refused hand-over leaves the fds as they came

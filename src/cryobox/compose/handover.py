@@ -24,6 +24,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 from ..errors import InvalidArgument
+from ..util.tcp import listen_tcp
 
 HANDOVER_ENV = "CRYOBOX_HANDOVER_FD"
 READY = b"ready\n"
@@ -104,13 +105,7 @@ def announce_ready(fd: int) -> None:
 
 def bind_http(host: str, port: int) -> socket.socket:
     """The plain HTTP listener, bound here (not by uvicorn), so an upgrade has a socket to hand over."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(2048)
+        return listen_tcp(host, port)
     except OSError as err:
-        sock.close()
         raise InvalidArgument(f"cannot listen on {host}:{port}: {err}") from None
-    return sock

@@ -25,6 +25,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from ..errors import InvalidArgument
+from ..util.tcp import listen_tcp
 from .activation import Activation
 from .parts import GRACEFUL_STOP_S
 
@@ -100,14 +101,9 @@ class _Follower(uvicorn.Server):
 
 def _bind(listener: TlsListener) -> socket.socket:
     """The HTTPS socket, bound and listening (:raises InvalidArgument: the address is taken or not ours)."""
-    family = socket.AF_INET6 if ":" in listener.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((listener.host, listener.port))
-        sock.listen(2048)
+        sock = listen_tcp(listener.host, listener.port)
     except OSError as err:
-        sock.close()
         raise InvalidArgument(f"cannot listen on {listener.host}:{listener.port} for HTTPS: {err}") from None
     sock.set_inheritable(True)
     return sock

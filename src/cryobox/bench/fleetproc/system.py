@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ...util.system import in_fresh_thread
+from ...util.tcp import tcp_socket
 
 T = TypeVar("T")
 
@@ -61,7 +62,7 @@ def socket_in_netns(path: Path, family: int = socket.AF_INET, kind: int = socket
 
     def make() -> socket.socket:
         setns(path)
-        return socket.socket(family, kind)
+        return tcp_socket(family) if kind == socket.SOCK_STREAM else socket.socket(family, kind)
 
     return in_thread(make)
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from ....agentapi.models import EgressDecision
 from ....netpolicy import EgressPolicy, Verdict, decide
+from ....util.tcp import tcp_socket
 from .decisions import DecisionLog, DecisionObserver
 from .relay import pump
 from .resolver import Resolver
@@ -180,7 +181,7 @@ class SlotProxy:
             self._record(started, name, target, port, verdict, flow, error="cut" if flow.cut else None)
 
     async def _connect(self, target: ipaddress.IPv4Address, port: int) -> socket.socket | None:
-        up = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        up = tcp_socket()  # no Nagle: a pump forwards what it has at once (the guest's side: the listener's)
         up.setblocking(False)
         try:
             connecting = asyncio.get_running_loop().sock_connect(up, (str(target), port))

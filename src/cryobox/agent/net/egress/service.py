@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from ....agentapi.models import EgressLog
 from ....netpolicy import EgressPolicy
 from ....util.system import in_fresh_thread
+from ....util.tcp import tcp_socket
 from ..slots import GATEWAY_IP, NETNS_DIR, PROXY_PORT
 from .decisions import DecisionLog
 from .guestdns import DnsServer, GuestDns
@@ -51,7 +52,7 @@ def _bind_in_netns(netns: str, address: str) -> tuple[socket.socket, socket.sock
                 (socket.SOCK_DGRAM, DNS_PORT),
                 (socket.SOCK_STREAM, DNS_PORT),
             ):
-                sock = socket.socket(socket.AF_INET, kind)
+                sock = tcp_socket() if kind == socket.SOCK_STREAM else socket.socket(socket.AF_INET, kind)
                 made.append(sock)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind((address, port))

@@ -6,7 +6,8 @@ and ``proc_connect`` stream: ``start`` (the pid in ASCII), ``dropped`` (ASCII by
 was already discarded: before a replay, or when a slow follower fell behind), the output (``stdout`` and
 ``stderr``, or ``pty``; chunks of at most 64 KiB), then ``{pid, exit_code, status, exited: true}``; a
 cancelled stream ends with ``{pid, detached: true}`` and the process runs on. Ended processes stay listed
-(and connectable) for :data:`KEEP_EXITED_SECONDS`, at most the :data:`KEEP_EXITED` latest of them.
+(and connectable) for :data:`KEEP_EXITED_SECONDS`, at most the :data:`KEEP_EXITED` latest of them, except one
+started attached with ``forget`` (the host's warm-ups), which goes once its stream has ended with it.
 ``exit_code`` and ``status`` follow Go's ProcessState: ``exit status N``, or ``-1`` and ``signal: killed``.
 
 Processes are owned by a :class:`ProcTable` (one per agent), never by module state.
@@ -124,6 +125,9 @@ class ProcTable:
 
     def op_start(self, args: dict[str, Any], emit: Emit) -> dict[str, Any]:
         spec = parse_start(args)
+        forget = optional_bool(args, "forget", False)  # the host's own warm-ups: not listed once they end
+        if forget and not spec.attach:
+            raise invalid("'forget' needs 'attach'")
         with self._lock:
             self._prune()
             if spec.tag is not None:
@@ -143,7 +147,12 @@ class ProcTable:
         threading.Thread(target=pump, args=(proc,), name=f"cryobox-proc-{proc.pid}", daemon=True).start()
         if not spec.attach:
             return {"pid": proc.pid}
-        return self._follow(proc, emit)
+        result = self._follow(proc, emit)
+        if forget and not result.get("detached"):
+            with self._lock:
+                if self._procs.get(proc.pid) is proc:
+                    del self._procs[proc.pid]
+        return result
 
     def op_connect(self, args: dict[str, Any], emit: Emit) -> dict[str, Any]:
         return self._follow(self._select(args), emit)

@@ -85,6 +85,21 @@ def test_attach_streams_start_output_and_final(mux: Mux) -> None:
     assert final["result"] == {"pid": pid, "exit_code": 0, "status": "exit status 0", "exited": True}
 
 
+def test_a_forgotten_attached_process_is_not_listed_once_it_ended(mux: Mux) -> None:
+    """The host's pool warm-up runs a login shell this way: nothing of it is listed in the sandbox it becomes."""
+    kept = sh(mux, "exit 0")
+    wait_ended(mux, kept)
+    req = mux.send("proc_start", {"cmd": "/bin/sh", "args": ["-c", "echo warm"], "attach": True, "forget": True})
+    final = mux.final(req)
+    events = mux.events(req)
+    pid = int(events[0][1])
+    assert output(events, "stdout") == b"warm\n" and final["result"]["exit_code"] == 0
+    pids = [p["pid"] for p in mux.ok("proc_list", {})["processes"]]
+    assert pid not in pids and kept in pids  # the control: an ended process stays listed
+    refused = mux.final(mux.send("proc_start", {"cmd": "/bin/true", "forget": True}))
+    assert refused["ok"] is False and "attach" in refused["error"]["message"], refused
+
+
 def test_cancelled_attach_detaches_and_connect_replays_everything_byte_exact(mux: Mux, tmp_path: Path) -> None:
     payload = os.urandom(700_000)
     (tmp_path / "payload").write_bytes(payload)

@@ -21,7 +21,6 @@ from pathlib import Path
 from ...errors import CryoboxError, VmmError
 from ...netpolicy import EgressPolicy
 from ..disk.volume import clone_file
-from ..guest.exec import run_exec
 from ..memory.hot import HotImages
 from ..memory.settings import MemoryMode
 from ..net.egress.service import EgressService
@@ -31,11 +30,9 @@ from ..snapshot.store import SnapshotImage
 from ..templates.bake import Template
 from ..vm import MachineConfig, MemoryBacking, MicroVM, NetAttach, VmPaths, VmState
 from ..vm.jail import EXTRA_UIDS, JailSettings, VmJail
-from ..vm.volumes import attach_fd, detach_volumes
-from ..vm.volumewarm import WARMUP_MOUNT, private_copy, warmup_volume
-from .fidelity import rejoin
 from .mapping import vm_record
 from .memsource import MemorySource
+from .poolwarm import PoolWarmer
 from .records import VmRecord
 
 RestoreSource = Template | SnapshotImage
@@ -61,8 +58,7 @@ class VmFactory:
     ) -> None:
         self.run_dir = run_dir
         self.jail = jail
-        self.volume_warmup = volume_warmup
-        """The ext4 image a warm pool VM mounts once (:mod:`..vm.volumewarm`); ``None``: no volume warm-up."""
+        self.warmer = PoolWarmer(volume_warmup)
         self._extra_uids = IndexAllocator(EXTRA_UIDS)
         self._extra: dict[str, int] = {}
         self.hot = hot
@@ -214,40 +210,13 @@ class VmFactory:
         return vm
 
     async def warm(self, vm: MicroVM, template: Template) -> None:
-        """Load the template's state, run one ``exec true`` (translation cache for the exec path) and one
-        ``resume`` (the rejoin path; with volume slots, mounting a throwaway volume: :mod:`..vm.volumewarm`),
-        stop."""
+        """Bring a pool VM's paths into QEMU's translation cache, then pause it (:meth:`.poolwarm.PoolWarmer.warm`);
+        a VM whose warm-up fails is destroyed."""
         try:
-            await vm.restore(template.vmstate)
-            guest = await vm.connect_guest()
-            await run_exec(guest, "true", timeout_s=60)
-            if self.volume_warmup is not None and vm.config.rw_volume_slots:
-                await self._warm_volumes(vm, self.volume_warmup)
-            else:
-                await rejoin(guest, "pool-warm", run_hooks=False)  # translates the rejoin path; redone at hand-out
-                await vm.pause()
+            await self.warmer.warm(vm, template)
         except BaseException:
             await self.destroy(vm)
             raise
-
-    @staticmethod
-    async def _warm_volumes(vm: MicroVM, image: Path) -> None:
-        """The rejoin of :meth:`warm` with a volume mounted, unmounted and detached again; ends paused."""
-        await vm.pause()
-        fd = await asyncio.to_thread(private_copy, image)
-        try:
-            await attach_fd(vm, fd, warmup_volume(image))
-        finally:
-            os.close(fd)
-        await vm.resume()
-        guest = await vm.connect_guest()
-        await rejoin(guest, "pool-warm", run_hooks=False, volumes=vm.volumes)
-        reply = await guest.call("volumes_settle", {"paths": [WARMUP_MOUNT], "mode": "unmount"}, timeout=60)
-        if reply.get("errors"):
-            raise VmmError(f"the volume warm-up did not unmount: {reply['errors']}")
-        await guest.call("delete", {"path": WARMUP_MOUNT}, timeout=60)
-        await vm.pause()
-        await detach_volumes(vm)
 
     def vm_record(self, vm: MicroVM) -> VmRecord:
         """What a later agent needs to adopt ``vm`` (see :mod:`.records`)."""

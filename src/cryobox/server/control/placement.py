@@ -130,7 +130,8 @@ class Placement:
 
     async def reserve(self, request: PlacementRequest, sandbox_id: str | None = None) -> ReservationRow:
         now = self.clock()
-        require_servable(request, await asyncio.to_thread(self.registry.fleet.list_agents))
+        if request.generation is not None:  # a snapshot's: is its generation served anywhere (409 if not)
+            require_servable(request, await asyncio.to_thread(self.registry.fleet.list_agents))
         return await asyncio.to_thread(
             lambda: self.registry.fleet.reserve(
                 memory_mib=request.memory_mib,

@@ -33,6 +33,7 @@ from ...registry import (
     ReservationRow,
     SandboxRow,
 )
+from ...util.steps import step
 from ..mapping import live_row, row_for
 from ..metrics import Metrics
 from .builds import RecipeBuilds
@@ -171,9 +172,61 @@ class ControlPlane:
     # -- create --------------------------------------------------------------------------------------------
 
     async def create(self, request: CreateRequest, timing: dict[str, float] | None = None) -> SandboxRow:
-        """Place and restore a sandbox; ``timing`` (when given) receives ``agent_ms``: the agent's share."""
+        """Place and restore a sandbox; ``timing`` (when given) receives each step's ms: ``ttl``, ``source`` (the
+        template or snapshot), ``volumes``, ``admit``, ``reserve``, ``agent`` (the agent's share: the restore)
+        and ``commit``."""
         started = time.monotonic()
-        ttl_s = await self.quotas.ttl(request.workspace_id, request.ttl_s, request.persistent)  # 400 first
+        with step(timing, "ttl"):
+            ttl_s = await self.quotas.ttl(request.workspace_id, request.ttl_s, request.persistent)  # 400 first
+        with step(timing, "source"):
+            template, placement, ref, egress, mounts = await self._source(request)
+        sandbox_id = new_sandbox_id()
+        with step(timing, "volumes"):
+            attached, volume_host = await self.volumes.claim(request.workspace_id, sandbox_id, mounts)
+        if volume_host is not None:  # a sandbox goes where its volumes are
+            if placement.only is not None and placement.only != volume_host:
+                await self.volumes.sandbox_gone(sandbox_id)
+                raise StateError(
+                    f"the snapshot is on {placement.only} and the volumes on {volume_host}",
+                    state="elsewhere",
+                    required="one host",
+                )
+            placement = replace(placement, only=volume_host, prefer=volume_host)
+        spec = am.CreateSpec(
+            sandbox_id=sandbox_id,
+            template=template,
+            workspace_id=request.workspace_id,
+            from_snapshot=ref,
+            metadata=request.metadata,
+            env=request.env,
+            ttl_s=ttl_s,
+            persistent=request.persistent,
+            egress=egress,
+            volumes=attached,
+        )
+        try:
+            with step(timing, "admit"):
+                admission = await self.quotas.admit(
+                    request.workspace_id, placement.cpus, placement.memory_mib, sandbox_ids=[sandbox_id]
+                )
+            with admission:
+                row = await self.place(placement, spec, timing, request.on_timeout)
+        except (HostUnavailable, WorkspaceQuotaExceeded):
+            await self.volumes.sandbox_gone(sandbox_id)
+            self.metrics.observe_create("refused", "restore")
+            raise
+        except BaseException:
+            await self.volumes.sandbox_gone(sandbox_id)
+            self.metrics.observe_create("error", "restore")
+            raise
+        self.metrics.observe_create("ok", row.boot_mode, time.monotonic() - started)
+        return row
+
+    async def _source(
+        self, request: CreateRequest
+    ) -> tuple[str, PlacementRequest, am.SnapshotRef | None, EgressPolicy | None, tuple[MountRequest, ...]]:
+        """What a create restores (a template, or a snapshot: 404 before anything is reserved) and where it may go:
+        the template's name, the placement asked for, the snapshot's reference, the egress policy, the mounts."""
         ref: am.SnapshotRef | None = None
         mounts: tuple[MountRequest, ...] = request.volumes or ()
         egress = None if request.egress is INHERIT else request.egress
@@ -204,44 +257,7 @@ class ControlPlane:
                 template=template,
                 local_keys=frozenset({f"tpl-{template}-{tpl.generation}"}),
             )
-        sandbox_id = new_sandbox_id()
-        attached, volume_host = await self.volumes.claim(request.workspace_id, sandbox_id, mounts)
-        if volume_host is not None:  # a sandbox goes where its volumes are
-            if placement.only is not None and placement.only != volume_host:
-                await self.volumes.sandbox_gone(sandbox_id)
-                raise StateError(
-                    f"the snapshot is on {placement.only} and the volumes on {volume_host}",
-                    state="elsewhere",
-                    required="one host",
-                )
-            placement = replace(placement, only=volume_host, prefer=volume_host)
-        spec = am.CreateSpec(
-            sandbox_id=sandbox_id,
-            template=template,
-            workspace_id=request.workspace_id,
-            from_snapshot=ref,
-            metadata=request.metadata,
-            env=request.env,
-            ttl_s=ttl_s,
-            persistent=request.persistent,
-            egress=egress,
-            volumes=attached,
-        )
-        try:
-            with await self.quotas.admit(
-                request.workspace_id, placement.cpus, placement.memory_mib, sandbox_ids=[sandbox_id]
-            ):
-                row = await self.place(placement, spec, timing, request.on_timeout)
-        except (HostUnavailable, WorkspaceQuotaExceeded):
-            await self.volumes.sandbox_gone(sandbox_id)
-            self.metrics.observe_create("refused", "restore")
-            raise
-        except BaseException:
-            await self.volumes.sandbox_gone(sandbox_id)
-            self.metrics.observe_create("error", "restore")
-            raise
-        self.metrics.observe_create("ok", row.boot_mode, time.monotonic() - started)
-        return row
+        return template, placement, ref, egress, mounts
 
     async def place(
         self,
@@ -251,18 +267,18 @@ class ControlPlane:
         on_timeout: OnTimeout | None = None,
     ) -> SandboxRow:
         """Reserve an agent, have it restore ``spec``, then commit the row with the reservation."""
-        reservation = await self.placement.reserve(placement, spec.sandbox_id)
+        with step(timing, "reserve"):
+            reservation = await self.placement.reserve(placement, spec.sandbox_id)
         try:
             agent = await self.fleet.agent(reservation.agent)
-            called = time.monotonic()
-            info = await agent.create(spec)
-            if timing is not None:
-                timing["agent_ms"] = (time.monotonic() - called) * 1000
+            with step(timing, "agent"):
+                info = await agent.create(spec)
         except BaseException:
             with contextlib.suppress(CryoboxError):
                 await self.placement.release(reservation)
             raise
-        return await self.commit(info, reservation.agent, agent, reservation, on_timeout)
+        with step(timing, "commit"):
+            return await self.commit(info, reservation.agent, agent, reservation, on_timeout)
 
     async def commit(
         self,

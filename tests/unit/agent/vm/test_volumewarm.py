@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from cryobox.agent.sandbox.factory import VmFactory
+from cryobox.agent.sandbox.poolwarm import warm_volumes
 from cryobox.agent.vm import VmState
 from cryobox.agent.vm.volumes import DOORBELL
-from cryobox.agent.vm.volumewarm import IMAGE_NAME, WARMUP_BYTES, WARMUP_MOUNT, ensure_image, private_copy
+from cryobox.agent.vm.volumewarm import IMAGE_NAME, WARMUP_BYTES, WARMUP_MOUNT, WarmupData, ensure_image, private_copy
 from tests.support.fake_vm import MACHINE, FakeVm
 
 needs_mkfs = pytest.mark.skipif(shutil.which("mkfs.ext4") is None, reason="no mkfs.ext4 on this host")
@@ -27,7 +27,9 @@ def test_the_image_is_made_once_and_copied_sparsely(tmp_path: Path) -> None:
     made = image.stat().st_mtime_ns
     assert ensure_image(tmp_path) == image and image.stat().st_mtime_ns == made
     assert [p.name for p in tmp_path.iterdir()] == [IMAGE_NAME]  # no temporary file left
-    fd = private_copy(image)
+    data = WarmupData.read(image)
+    assert sum(len(chunk) for _, chunk in data.chunks) < WARMUP_BYTES // 8  # what mkfs wrote is kept, not zeros
+    fd = private_copy(data)
     try:
         assert os.fstat(fd).st_size == WARMUP_BYTES
         assert os.pread(fd, WARMUP_BYTES, 0) == image.read_bytes()
@@ -42,7 +44,7 @@ async def test_the_warm_step_mounts_unmounts_and_empties_the_slot(tmp_path: Path
         fh.truncate(1 << 20)
     machine = dataclasses.replace(MACHINE, rw_volume_slots=2, ro_volume_slots=1)
     vm = FakeVm("vm-1", machine, tmp_path, VmState.RUNNING, "")
-    await VmFactory._warm_volumes(vm, image)
+    await warm_volumes(vm, image, WarmupData.read(image))
     assert vm.state is VmState.PAUSED and vm.volumes == ()
     ops = [op for op, _ in vm.fake_guest.calls]
     assert ops == ["resume", "set_clock", "volumes_settle", "delete"]

@@ -24,6 +24,9 @@ def sbx(server: ServeProcess) -> Iterator[Sandbox]:
 
 
 def test_background_processes(sbx: Sandbox) -> None:
+    # a fresh sandbox lists no process: its pool VM's warm-up ran a login shell (agent/sandbox/poolwarm.py)
+    # that the guest forgot when it ended
+    assert sbx.processes.list() == []
     ticker = sbx.exec("for i in $(seq 1 5); do echo tick$i; sleep 0.2; done; echo err >&2; exit 4", background=True)
     assert ticker.pid > 1
     waited = ticker.wait(timeout_seconds=60)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import functools
 import os
 import random
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -64,6 +66,7 @@ class ClientConfig:
             "base_url": self.api_url,
             "headers": headers,
             "timeout": httpx.Timeout(self.timeout_s, connect=CONNECT_TIMEOUT_S),
+            "verify": tls_context(),
         }
 
     def client(self) -> httpx.Client:
@@ -71,6 +74,14 @@ class ClientConfig:
 
     def async_client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(**self.client_options())
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """httpx's default TLS verification (its CA bundle, ``SSL_CERT_FILE``/``SSL_CERT_DIR``), made once per process
+    and shared by every client the SDK makes: ``httpx.Client()`` builds a new one each time, reading and parsing
+    the CA bundle (29 ms p50 here), which every ``Sandbox.create`` paid — with it shared, 1 ms."""
+    return httpx.create_ssl_context()
 
 
 class SharedClient:

@@ -14,6 +14,7 @@ import httpx
 
 from ...agent.host.reclaim import find_own_qemus
 from ...agent.net.slots import CIDR_ENV, tag_for
+from ...agent.vm.cgroups import CgroupHost
 from ...config import DEFAULT_CACHE_DIR, Paths
 from ...util.sealing import SECRET_KEY_ENV
 from ..childproc import ChildProcess
@@ -31,8 +32,8 @@ def agents_by_name(payload: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _release_host_state(data_dir: Path, cache_dir: Path | None) -> None:
     """What :meth:`ServeProcess.cleanup` does (:func:`release_serve_state`), after the stragglers a SIGKILLed agent
-    leaves: its QEMUs (their ``-pidfile`` lies in our run dir) and its memory server (by pid file); then its
-    per-sandbox namespaces (by tag)."""
+    leaves: its QEMUs (their ``-pidfile`` lies in our run dir) and its memory server (by pid file); then its VMs'
+    cgroups and its per-sandbox namespaces (by tag)."""
     paths = Paths(data_dir, cache_dir or DEFAULT_CACHE_DIR)
     for pid in find_own_qemus(paths.run_dir):
         kill_pid(pid)
@@ -42,6 +43,10 @@ def _release_host_state(data_dir: Path, cache_dir: Path | None) -> None:
         if b"cryobox.agent.memory.server.main" in Path(f"/proc/{pid}/cmdline").read_bytes():
             kill_pid(pid)
     release_serve_state(data_dir, cache_dir)
+    cgroups = CgroupHost.detect(tag_for(data_dir))
+    if cgroups is not None:  # its VMs' cgroups (empty once their QEMUs are gone), then its own
+        cgroups.reclaim()
+        cgroups.remove_base()
     if data_dir.exists():
         from ...agent.net.netlink import reclaim
 

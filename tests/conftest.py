@@ -2,10 +2,10 @@
 
 The host's QEMU processes, network namespaces, nft tables, mounts, ``/dev/shm`` entries, VM cgroups and the template
 cache's bakes are recorded when the session starts and compared when it ends (after every fixture's teardown):
-anything new that is still there is a leak, and fails the run. The machine's shared object store is then swept of what the suite's (now gone) data
-dirs stored in it. With ``pytest -n`` (pytest-xdist, as ``make test`` runs it) only the controller checks,
-before its workers start and after all of them have finished, so one worker's live VMs are never taken for the
-other's leaks.
+anything new that is still there is a leak, and fails the run. The machine's shared object store is then swept of
+what the suite's (now gone) data dirs stored in it. With ``pytest -n`` (pytest-xdist, as ``make test`` runs it)
+only the controller checks, before its workers start and after all of them have finished, so one worker's live VMs
+are never taken for the other's leaks.
 """
 
 from __future__ import annotations

@@ -28,7 +28,10 @@ from rich.console import Console
 from .frontdoor import SandboxDomain, TlsCert, TlsKey, front_door
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from ..compose.activation import Activation
+    from ..compose.listeners import TlsListener
 
 console = Console(stderr=True)
 
@@ -63,9 +66,28 @@ def _run_until_signalled(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
         signal.signal(sig, _exit_cleanly)
     try:
         asyncio.run(main())
+    except SystemExit as stop:  # a signal: main's cleanup has run (asyncio.run cancelled it)
+        if stop.code not in (0, None):
+            raise
     except CryoboxError as error:
         console.print(f"[red]cannot start[/red] ({error.code}): {error.message}")
         raise typer.Exit(2) from error
+
+
+async def _serve_notifying(server: uvicorn.Server, tls: TlsListener | None, activation: Activation) -> None:
+    """Serve as :func:`..compose.listeners.serve` does, telling systemd (``Type=notify``) ``READY=1`` once the
+    server serves and ``STOPPING=1`` when it stops."""
+    import asyncio
+
+    from ..compose.listeners import serve
+    from ..compose.sdnotify import notify, notify_when_serving
+
+    ready = asyncio.create_task(notify_when_serving(server), name="sd_notify READY")
+    try:
+        await serve(server, tls, activation)
+    finally:
+        ready.cancel()
+        notify("STOPPING=1")
 
 
 def _activation() -> Activation:
@@ -128,7 +150,7 @@ def agent(
     from ..agent.sandbox.factory import PoolMode
     from ..agentapi import create_agent_app
     from ..agentapi.heartbeat import HeartbeatSender
-    from ..compose.listeners import http_server, serve
+    from ..compose.listeners import http_server
     from ..compose.parts import AgentOptions, boot_agent, on_stop_mode
     from ..config import Paths
     from ..errors import CryoboxError
@@ -177,7 +199,7 @@ def agent(
         beating = asyncio.create_task(sender.run(), name="heartbeats")
         console.print(f"agent {agent_name} serving {url}, reporting to {control}")
         try:
-            await serve(http_server(create_agent_app(hostagent, token), host, port), None, activation)
+            await _serve_notifying(http_server(create_agent_app(hostagent, token), host, port), None, activation)
         finally:
             beating.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -186,6 +208,9 @@ def agent(
             await booted.close(stop_mode)
 
     _run_until_signalled(main)
+    from ..compose.processexit import exit_now
+
+    exit_now()
 
 
 def control(
@@ -214,7 +239,7 @@ def control(
     import asyncio
 
     from ..compose.app import Intervals, create_app
-    from ..compose.listeners import HTTPS_PORT, http_server, serve
+    from ..compose.listeners import HTTPS_PORT, http_server
     from ..compose.parts import build_control, fleet_config
     from ..config import Paths
     from ..objstore.client import open_store
@@ -259,9 +284,12 @@ def control(
         if domain is not None:
             console.print(f"sandbox hosts {{port}}-{{sandbox_id}}.{domain}", soft_wrap=True)
         console.print(f"web console: http://{host}:{port}/ui", soft_wrap=True)
-        await serve(http_server(app, host, port), tls, activation)
+        await _serve_notifying(http_server(app, host, port), tls, activation)
 
     try:
         _run_until_signalled(main)
     finally:
         registry.close()
+    from ..compose.processexit import exit_now
+
+    exit_now()

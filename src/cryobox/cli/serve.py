@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import socket
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-import uvicorn
 from rich.console import Console
 
 from ..agent.host.ownership import wait_unlocked
@@ -28,7 +25,8 @@ from ..compose.handover import announce_ready, bind_http, own_command, spawn_suc
 from ..compose.listeners import TlsListener, http_server
 from ..compose.listeners import serve as serve_listeners
 from ..compose.parts import AgentOptions, boot_agent, build_control, fleet_config, on_stop_mode
-from ..compose.sdnotify import notify
+from ..compose.processexit import exit_now
+from ..compose.sdnotify import notify, notify_when_serving
 from ..config import Paths
 from ..image.specs import DEFAULT_TEMPLATES, TemplateSpec
 from ..registry import Registry
@@ -183,7 +181,7 @@ def serve(options: ServeOptions, console: Console) -> None:
 
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, on_upgrade)
         console.print(f"listening on {activation.describe('http')}", soft_wrap=True)
-        ready = asyncio.create_task(_notify_when_serving(server), name="sd_notify READY")
+        ready = asyncio.create_task(notify_when_serving(server), name="sd_notify READY")
         try:
             await serve_listeners(server, options.tls, activation)
         finally:
@@ -205,25 +203,7 @@ def serve(options: ServeOptions, console: Console) -> None:
             raise
     finally:
         registry.close()
-    _exit_now()
-
-
-def _exit_now() -> None:
-    """Exit 0 once everything is stopped and closed, skipping the interpreter's finalization: freeing every module
-    and object took 0.5 s here, which a restart waited for (systemd starts the next process when this one exits)."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-async def _notify_when_serving(server: uvicorn.Server) -> None:
-    """``READY=1`` to systemd (``Type=notify``) once uvicorn serves: its lifespan has run and it accepts."""
-    while not server.started:
-        if server.should_exit:
-            return
-        await asyncio.sleep(0.02)
-    notify("READY=1", "STATUS=serving")
+    exit_now()
 
 
 def _print_urls(console: Console, options: ServeOptions, key: str) -> None:

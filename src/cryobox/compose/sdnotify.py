@@ -1,18 +1,23 @@
 """systemd's readiness protocol (``sd_notify``): datagrams of ``KEY=value`` lines to ``$NOTIFY_SOCKET``.
 
-``cryobox serve`` under ``Type=notify`` says ``READY=1`` once it serves (not when the process starts, which is
-~3 s and, on a first run, the template bakes before), ``STOPPING=1`` when it stops, and at an upgrade
-(:mod:`.handover`) the old main process names its successor with ``MAINPID=`` before it stops, so systemd keeps
-tracking the service (``KillMode=process``: the VMs stay) instead of taking the old process's exit for the service's.
-The variable is kept in the environment: a successor inherits it, and its ``READY=1`` is the new main pid's.
-Nothing is sent when the variable is unset (not under systemd).
+``cryobox serve``, ``cryobox agent`` and ``cryobox control`` under ``Type=notify`` say ``READY=1`` once they
+serve (not when the process starts, which is ~3 s and, on a first run, the template bakes before) and
+``STOPPING=1`` when they stop. At an upgrade (:mod:`.handover`) the old main ``serve`` names its successor with
+``MAINPID=`` before it stops, so systemd keeps tracking the service (``KillMode=process``: the VMs stay) instead of
+taking the old process's exit for the service's. The variable is kept in the environment: a successor inherits it,
+and its ``READY=1`` is the new main pid's. Nothing is sent when the variable is unset (not under systemd).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import uvicorn
 
 NOTIFY_ENV = "NOTIFY_SOCKET"
 
@@ -33,3 +38,12 @@ def notify(*lines: str, env: Mapping[str, str] | None = None) -> bool:
         except OSError:
             return False
     return True
+
+
+async def notify_when_serving(server: uvicorn.Server) -> None:
+    """``READY=1`` once ``server`` serves: its lifespan has run and it accepts (nothing if it stops first)."""
+    while not server.started:
+        if server.should_exit:
+            return
+        await asyncio.sleep(0.02)
+    notify("READY=1", "STATUS=serving")

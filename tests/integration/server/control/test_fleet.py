@@ -35,6 +35,7 @@ from cryobox.objstore.client import open_store
 from cryobox.registry import Registry
 from cryobox.util.sealing import Sealer
 from tests.support.e2b import run_app
+from tests.support.sdnotify import NotifySocket, notify_socket
 
 DEADLINE_S = 4.0
 CAPACITY = 3  # sandboxes per agent
@@ -128,21 +129,28 @@ def herd_faults(text: str) -> dict[str, float]:
 
 def test_burst_spreads_by_reservation_across_agents_and_replicas(fleet: Fleet, cache_dir: Path) -> None:
     assert fleet.postgres is not None
-    second = ControlProcess(
-        fleet.root / "control-2",
-        database_url=fleet.postgres.url,
-        node_token=fleet.node_token,
-        api_key=fleet.api_key,
-        secret_key=fleet.secret_key,
-        store_url=fleet.store_url,
-        cache_dir=cache_dir,
-        agent_deadline_s=DEADLINE_S,
-    ).start()
+    with notify_socket(fleet.root / "control-2.notify") as notes:  # systemd's, as cryobox-control.service has it
+        second = ControlProcess(
+            fleet.root / "control-2",
+            database_url=fleet.postgres.url,
+            node_token=fleet.node_token,
+            api_key=fleet.api_key,
+            secret_key=fleet.secret_key,
+            store_url=fleet.store_url,
+            cache_dir=cache_dir,
+            agent_deadline_s=DEADLINE_S,
+            extra_env={"NOTIFY_SOCKET": str(notes.path)},
+        ).start()
+        replicas_check(fleet, second, notes)
+
+
+def replicas_check(fleet: Fleet, second: ControlProcess, notes: NotifySocket) -> None:
     replicas = [fleet.url, second.url]
     first = api(fleet)
     headers = {"Authorization": f"Bearer {fleet.api_key}"}
     burst = 3 * CAPACITY + 2
     try:
+        notes.wait_for("READY=1", second.pid)  # once it serves, from the main process (NotifyAccess=main)
         assert set(second.agents()) == {"a0", "a1", "a2"}  # the second replica knows the fleet from the registry
 
         def create(i: int) -> httpx.Response:
@@ -175,8 +183,11 @@ def test_burst_spreads_by_reservation_across_agents_and_replicas(fleet: Fleet, c
         assert faults[""] == faults["a0"] + faults["a1"] + faults["a2"], faults
     finally:
         first.delete_all()
-        second.stop()
+        pid = second.pid
+        stopped = second.stop()
         second.cleanup()
+    assert stopped == 0  # a clean stop (its interpreter's finalization skipped: os._exit)
+    notes.wait_for("STOPPING=1", pid)
     assert first.call("GET", "/v1/sandboxes")["items"] == []
     first.http.close()
 
@@ -430,7 +441,14 @@ def streaming_restart(fleet: Fleet, client: Api) -> None:
         time.sleep(3)  # every writer is under way
         began = time.monotonic()
         fleet.kill_agent(victim)
-        fleet.agent(victim).start()
+        restarted = fleet.agent(victim)
+        with notify_socket(fleet.root / f"{victim}.notify") as notes:  # systemd's, as cryobox-agent.service has it
+            restarted.extra_env["NOTIFY_SOCKET"] = str(notes.path)
+            try:
+                restarted.start()
+                notes.wait_for("READY=1")  # once it serves (sent from inside its network namespace's wrapper)
+            finally:
+                del restarted.extra_env["NOTIFY_SOCKET"]
         fleet.wait_agent_status(victim, "up", 60)
         results = {f.result(timeout=120)[0]: f.result()[1:] for f in futures}
     print(f"\nagent restart under 8 streams: up again in {time.monotonic() - began:.1f} s")

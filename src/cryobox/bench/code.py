@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from .report import write_result
 from .server import ServeProcess
 from .snapshot import qemu_version
 from .snapshot_report import BenchError
-from .stats import stats
+from .stats import stats, timed
 
 TEMPLATE = "code-interpreter"
 IMPORT_PANDAS = "python3 -c 'import pandas'"
@@ -39,12 +39,6 @@ NOTES = {
     "import_pandas_ms": "a fresh sandbox's exec(python3 -c 'import pandas'): a new process importing pandas",
     "steady_run_code_ms": "run_code('1+1') again and again in one warm sandbox",
 }
-
-
-def _timed(fn: Any) -> tuple[float, Any]:
-    started = time.monotonic()
-    value = fn()
-    return (time.monotonic() - started) * 1000, value
 
 
 def measure(url: str, key: str, n: int, console: Console, progress: Reporter) -> dict[str, list[float]]:
@@ -64,18 +58,18 @@ def measure(url: str, key: str, n: int, console: Console, progress: Reporter) ->
             sbx = Sandbox.create(template=TEMPLATE, api_url=url, api_key=key)
             try:
                 if kind == "first":
-                    wall, execution = _timed(lambda s=sbx: s.run_code("1+1"))
+                    wall, execution = timed(partial(sbx.run_code, "1+1"))
                     if execution.text != "2":
                         raise BenchError(f"run_code('1+1') answered {execution.text!r}")
                     server = execution.duration_ms
                 elif kind == "frame":
                     code = "import pandas as pd\npd.DataFrame({'a': range(5), 'b': range(5)})"
-                    wall, execution = _timed(lambda s=sbx, c=code: s.run_code(c))
+                    wall, execution = timed(partial(sbx.run_code, code))
                     if not execution.results or "<table" not in (execution.results[0].html or ""):
                         raise BenchError("the DataFrame did not render to HTML")
                     server = execution.duration_ms
                 else:
-                    wall, result = _timed(lambda s=sbx: s.exec(IMPORT_PANDAS, timeout_seconds=120))
+                    wall, result = timed(partial(sbx.exec, IMPORT_PANDAS, timeout_seconds=120))
                     if result.exit_code != 0:
                         raise BenchError(f"import pandas failed: {result.stderr}")
                     server = result.duration_ms
@@ -94,7 +88,7 @@ def measure(url: str, key: str, n: int, console: Console, progress: Reporter) ->
         sbx.run_code("1+1")
         with progress.phase("steady run_code", n * 10) as steady:
             for _ in range(n * 10):
-                wall, execution = _timed(lambda: sbx.run_code("1+1"))
+                wall, execution = timed(lambda: sbx.run_code("1+1"))
                 samples["steady_wall"].append(wall)
                 samples["steady_server"].append(execution.duration_ms)
                 steady.advance()

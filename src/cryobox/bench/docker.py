@@ -21,9 +21,9 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 from rich.console import Console
@@ -35,7 +35,7 @@ from .report import write_result
 from .server import ServeProcess
 from .snapshot import qemu_version
 from .snapshot_report import BenchError
-from .stats import stats
+from .stats import stats, timed
 
 TEMPLATE = "docker"
 IMAGE = "bench/hello:1"
@@ -54,14 +54,6 @@ NOTES = {
     "steady_docker_run_ms": "`docker run --rm` of that image again and again in one sandbox",
     "exec_true_ms": "`exec('true')` in the same sandbox, for scale",
 }
-
-T = TypeVar("T")
-
-
-def _timed(fn: Callable[[], T]) -> tuple[float, T]:
-    started = time.monotonic()
-    value = fn()
-    return (time.monotonic() - started) * 1000, value
 
 
 def _sh(sbx: Sandbox, cmd: str, timeout_s: float = 120) -> str:
@@ -84,9 +76,9 @@ def measure(url: str, key: str, n: int, console: Console, progress: Reporter) ->
     guest: dict[str, float] = {}
     with progress.phase("creates", n) as phase:
         for i in range(n):
-            wall, sbx = _timed(lambda: Sandbox.create(template=TEMPLATE, api_url=url, api_key=key))
+            wall, sbx = timed(lambda: Sandbox.create(template=TEMPLATE, api_url=url, api_key=key))
             try:
-                ps_ms, ps = _timed(lambda: sbx.exec("docker ps -q", timeout_seconds=60))  # noqa: B023 (called at once)
+                ps_ms, ps = timed(partial(sbx.exec, "docker ps -q", timeout_seconds=60))
                 if ps.exit_code != 0 or ps.stdout:
                     raise BenchError(f"docker ps after a create: {ps.exit_code} {ps.stdout!r} {ps.stderr!r}")
                 if i == 0:
@@ -122,8 +114,8 @@ def measure(url: str, key: str, n: int, console: Console, progress: Reporter) ->
             httpx.delete(f"{url}/v1/snapshots/{snap.id}", headers={"Authorization": f"Bearer {key}"}, timeout=60)
         with progress.phase("steady docker run", n * 2) as phase:
             for _ in range(n * 2):
-                samples["steady_run"].append(_timed(lambda: _run_hello(source))[0])
-                samples["exec"].append(_timed(lambda: _sh(source, "true"))[0])
+                samples["steady_run"].append(timed(lambda: _run_hello(source))[0])
+                samples["exec"].append(timed(lambda: _sh(source, "true"))[0])
                 phase.advance()
     finally:
         source.kill()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from .report import write_result
 from .server import ServeProcess
 from .snapshot import qemu_version
 from .snapshot_report import BenchError
-from .stats import stats
+from .stats import stats, timed
 
 TEMPLATE = "base"
 SETUP = "echo kept > /tmp/kept; (sleep 100000 &); pgrep -n sleep > /tmp/pid"
@@ -53,12 +52,6 @@ def _resume_and_check(sbx: Sandbox) -> None:
     _checked(sbx)
 
 
-def _timed_ms(fn: Any) -> float:
-    started = time.monotonic()
-    fn()
-    return (time.monotonic() - started) * 1000
-
-
 def measure(url: str, key: str, n: int, console: Console, progress: Reporter) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {"resume": [], "auto": [], "running": []}
     explicit = Sandbox.create(TEMPLATE, on_timeout="hibernate", auto_wake=False, api_url=url, api_key=key)
@@ -70,9 +63,9 @@ def measure(url: str, key: str, n: int, console: Console, progress: Reporter) ->
             for round_ in range(n):
                 explicit.hibernate()
                 auto.hibernate()
-                samples["resume"].append(_timed_ms(lambda: _resume_and_check(explicit)))
-                samples["auto"].append(_timed_ms(lambda: _checked(auto)))
-                samples["running"].append(_timed_ms(lambda: _checked(auto)))
+                samples["resume"].append(timed(lambda: _resume_and_check(explicit))[0])
+                samples["auto"].append(timed(lambda: _checked(auto))[0])
+                samples["running"].append(timed(lambda: _checked(auto))[0])
                 console.print(
                     f"round {round_ + 1}/{n}: resume + command {samples['resume'][-1]:.0f} ms, auto-wake command "
                     f"{samples['auto'][-1]:.0f} ms, running {samples['running'][-1]:.0f} ms"

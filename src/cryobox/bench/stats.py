@@ -5,6 +5,18 @@ from __future__ import annotations
 import math
 import random
 import statistics
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def timed(fn: Callable[[], T]) -> tuple[float, T]:
+    """``fn()``'s wall time in ms (monotonic clock) and its value."""
+    started = time.monotonic()
+    value = fn()
+    return (time.monotonic() - started) * 1000, value
 
 
 def percentile(samples: list[float], q: float) -> float:

@@ -12,6 +12,7 @@ from typing import Any, Self
 import httpx
 
 from ...errors import CryoboxError
+from ..hop import checked
 from .analysis import Sample
 
 START_BACKGROUND = (
@@ -33,32 +34,23 @@ class Api:
         headers = {"Authorization": f"Bearer {api_key}"}
         self.client = httpx.Client(base_url=url, headers=headers, timeout=timeout_s, trust_env=False)
 
-    @staticmethod
-    def check(response: httpx.Response, what: str) -> dict[str, Any]:
-        if response.status_code >= 300:
-            raise CryoboxError(f"{what} failed: {response.status_code} {response.text[:300]}")
-        if response.status_code == 204 or not response.content:
-            return {}
-        body: dict[str, Any] = response.json()
-        return body
-
     def create(self, template: str, ttl_s: int = 3600) -> dict[str, Any]:
         response = self.client.post("/v1/sandboxes", json={"template": template, "ttl_seconds": ttl_s})
-        return self.check(response, "create")
+        return checked(response, "create")
 
     def exec(self, sandbox_id: str, cmd: str, timeout_s: float = 60.0) -> dict[str, Any]:
         body = {"cmd": cmd, "timeout_seconds": timeout_s}
-        result = self.check(self.client.post(f"/v1/sandboxes/{sandbox_id}/exec", json=body), "exec")
+        result = checked(self.client.post(f"/v1/sandboxes/{sandbox_id}/exec", json=body), "exec")
         if result.get("exit_code") != 0:
             raise CryoboxError(f"exec {cmd!r} exited {result.get('exit_code')}: {str(result.get('stderr'))[:300]}")
         return result
 
     def get(self, sandbox_id: str) -> dict[str, Any]:
-        return self.check(self.client.get(f"/v1/sandboxes/{sandbox_id}"), "get")
+        return checked(self.client.get(f"/v1/sandboxes/{sandbox_id}"), "get")
 
     def statuses(self) -> dict[str, str]:
         """Every listed sandbox's status, by id."""
-        items = self.check(self.client.get("/v1/sandboxes"), "list").get("items", [])
+        items = checked(self.client.get("/v1/sandboxes"), "list").get("items", [])
         return {str(item["id"]): str(item["status"]) for item in items}
 
     def delete(self, sandbox_id: str) -> None:

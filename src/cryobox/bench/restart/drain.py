@@ -20,6 +20,7 @@ from rich.console import Console
 from ...errors import CryoboxError
 from ..fleet_result import host_to_agent
 from ..fleetproc import Fleet
+from ..hop import checked
 from .analysis import drain_summary
 from .api import Api, check_background_cmd
 
@@ -74,7 +75,7 @@ def run_drain(root: Path, *, n: int, template: str, cache_dir: Path | None, cons
             wall = round(time.monotonic() - t0, 3)
             if response.status_code in (404, 405):
                 return {"error": f"drain route answered {response.status_code}: {response.text[:200]}"}
-            answer = Api.check(response, "drain")
+            answer = checked(response, "drain")
             console.print(f"  drained in {wall} s: {answer.get('count')} sandbox(es); first exec of each")
             view = fleet.agents_view()
             wakes = [_first_exec(api, sandbox_id, process, view) for sandbox_id, process in processes.items()]

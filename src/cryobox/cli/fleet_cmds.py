@@ -75,19 +75,12 @@ def _run_until_signalled(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
 
 async def _serve_notifying(server: uvicorn.Server, tls: TlsListener | None, activation: Activation) -> None:
-    """Serve as :func:`..compose.listeners.serve` does, telling systemd (``Type=notify``) ``READY=1`` once the
-    server serves and ``STOPPING=1`` when it stops."""
-    import asyncio
-
+    """Serve (:func:`..compose.listeners.serve`), telling systemd (``Type=notify``) when it serves and stops."""
     from ..compose.listeners import serve
-    from ..compose.sdnotify import notify, notify_when_serving
+    from ..compose.sdnotify import readiness
 
-    ready = asyncio.create_task(notify_when_serving(server), name="sd_notify READY")
-    try:
+    async with readiness(server):
         await serve(server, tls, activation)
-    finally:
-        ready.cancel()
-        notify("STOPPING=1")
 
 
 def _activation() -> Activation:

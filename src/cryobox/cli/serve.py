@@ -26,7 +26,7 @@ from ..compose.listeners import TlsListener, http_server
 from ..compose.listeners import serve as serve_listeners
 from ..compose.parts import AgentOptions, boot_agent, build_control, fleet_config, on_stop_mode
 from ..compose.processexit import exit_now
-from ..compose.sdnotify import notify, notify_when_serving
+from ..compose.sdnotify import notify, readiness
 from ..config import Paths
 from ..image.specs import DEFAULT_TEMPLATES, TemplateSpec
 from ..registry import Registry
@@ -181,13 +181,10 @@ def serve(options: ServeOptions, console: Console) -> None:
 
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, on_upgrade)
         console.print(f"listening on {activation.describe('http')}", soft_wrap=True)
-        ready = asyncio.create_task(notify_when_serving(server), name="sd_notify READY")
         try:
-            await serve_listeners(server, options.tls, activation)
+            async with readiness(server, stopping=lambda: not handed_over):  # after a hand-over: the successor's
+                await serve_listeners(server, options.tls, activation)
         finally:
-            ready.cancel()
-            if not handed_over:  # after a hand-over the successor is the main process systemd listens to
-                notify("STOPPING=1")
             on_stop = stop_mode[0]
             await host.close(on_stop)
             console.print(f"stopped ({on_stop.value}: {host.service.running()} sandbox(es) left running)")

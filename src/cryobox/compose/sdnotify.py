@@ -11,9 +11,10 @@ and its ``READY=1`` is the new main pid's. Nothing is sent when the variable is 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -47,3 +48,16 @@ async def notify_when_serving(server: uvicorn.Server) -> None:
             return
         await asyncio.sleep(0.02)
     notify("READY=1", "STATUS=serving")
+
+
+@contextlib.asynccontextmanager
+async def readiness(server: uvicorn.Server, stopping: Callable[[], bool] = lambda: True) -> AsyncIterator[None]:
+    """For the block that serves ``server``: ``READY=1`` once it serves, ``STOPPING=1`` when the block ends (unless
+    ``stopping()`` says no: after an upgrade's hand-over the successor is the main process)."""
+    ready = asyncio.create_task(notify_when_serving(server), name="sd_notify READY")
+    try:
+        yield
+    finally:
+        ready.cancel()
+        if stopping():
+            notify("STOPPING=1")

@@ -31,6 +31,9 @@ __all__ = ["cache_dir", "host_paths", "templates"]  # the session fixtures, boun
 ALLOW_PRIVATE = "CRYOBOX_EGRESS_ALLOW_PRIVATE"
 
 TIMEOUT_S = 600  # per test (setup, call and teardown), unless it has its own @pytest.mark.timeout
+SERVE_LOG_AT = pytest.StashKey[int]()
+SERVE_LOG_LINES = 80
+NOTABLE = (" WARNING ", " ERROR ", " CRITICAL ")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -39,6 +42,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.vm)
             if item.get_closest_marker("timeout") is None:
                 item.add_marker(pytest.mark.timeout(TIMEOUT_S))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A test of the shared server that fails carries the server's warnings and errors logged while it ran (the
+    server's log is gone with its data dir at the end of the session): a flake in CI can be read afterwards."""
+    outcome = yield
+    proc = getattr(item, "funcargs", {}).get("server")
+    if not isinstance(proc, ServeProcess) or not proc.log_path.exists():
+        return
+    if call.when == "setup":
+        item.stash[SERVE_LOG_AT] = proc.log_path.stat().st_size
+        return
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if call.when != "call" or not report.failed or SERVE_LOG_AT not in item.stash:
+        return
+    with open(proc.log_path, "rb") as log:
+        log.seek(item.stash[SERVE_LOG_AT])
+        lines = log.read().decode(errors="replace").splitlines()
+    notable = [line for line in lines if any(mark in line for mark in NOTABLE) or line.startswith(("Traceback", " "))]
+    report.sections.append(("serve.log: warnings and errors during the test", "\n".join(notable[-SERVE_LOG_LINES:])))
 
 
 @pytest.fixture(scope="session")

@@ -69,6 +69,30 @@ def alive(pid: int, proc: Path = PROC) -> bool:
     return found is not None and found.state not in ("Z", "X")
 
 
+def holders(path: Path, proc: Path = PROC) -> list[int]:
+    """The processes with ``path`` open (compared by device and inode, so whatever path their mount namespace
+    shows it by): for an error that names who holds a file. Scans every process's fds: diagnostics only."""
+    try:
+        target = os.stat(path)
+    except OSError:
+        return []
+    found = []
+    for pid in pids(proc):
+        try:
+            fds = os.listdir(proc / str(pid) / "fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                info = os.stat(proc / str(pid) / "fd" / fd)
+            except OSError:
+                continue
+            if (info.st_dev, info.st_ino) == (target.st_dev, target.st_ino):
+                found.append(pid)
+                break
+    return sorted(found)
+
+
 def flag_value(argv: list[str], flag: str) -> str | None:
     """The value after ``flag`` in ``argv`` (``-pidfile X``), or ``None``."""
     for name, value in zip(argv, argv[1:], strict=False):

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import InvalidArgument, NotFound, StateError, VmmError
+from ...util.procfs import cmdline, holders
 from .slots import VolumeSlot
 from .states import VmState
 
@@ -282,6 +283,16 @@ async def attach_volumes(vm: MicroVM, volumes: Sequence[VolumeAttach]) -> tuple[
             fd, size = _open_image(volume)  # a local open and fstat: not worth a thread hop on the create path
             try:
                 await _plug(vm, slot, fd, size, volume.read_only, volume.label)
+            except StateError:
+                held_by = [pid for pid in await asyncio.to_thread(holders, volume.path) if pid != os.getpid()]
+                vm.log.warning(
+                    "VM %s: volume %s (%s) is locked by another process: %s",
+                    vm.vm_id,
+                    volume.label,
+                    volume.path,
+                    "; ".join(f"pid {pid}: {' '.join((cmdline(pid) or [])[:12])}" for pid in held_by) or "none now",
+                )
+                raise
             finally:
                 os.close(fd)
             attached.append(_attached(vm, slot, volume, size))

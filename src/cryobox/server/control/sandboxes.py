@@ -347,14 +347,18 @@ class ControlPlane:
         if host is not None and row.host != host:
             raise NotFound(f"sandbox {sandbox_id} is not on {host}", details={"sandbox_id": sandbox_id})
         await asyncio.to_thread(self.registry.delete_sandbox, sandbox_id)
-        await self.volumes.sandbox_gone(sandbox_id)  # detached: the volumes and their data stay
-        await self.snapshots.sandbox_gone(sandbox_id, keep_snapshots=keep_snapshots)
-        if row.hibernation == HIBERNATION_STORED:
-            await self.hibernations.forget_stored(sandbox_id)
         try:
-            await (await self.fleet.agent(row.host)).delete(sandbox_id)
-        except HostUnavailable as err:  # its agent reports it at its next registration; it has no row then
-            log.warning("sandbox %s deleted while its agent is unreachable: %s", sandbox_id, err.message)
+            await self.snapshots.sandbox_gone(sandbox_id, keep_snapshots=keep_snapshots)
+            if row.hibernation == HIBERNATION_STORED:
+                await self.hibernations.forget_stored(sandbox_id)
+            try:
+                await (await self.fleet.agent(row.host)).delete(sandbox_id)
+            except HostUnavailable as err:  # its agent reports it at its next registration; it has no row then
+                log.warning("sandbox %s deleted while its agent is unreachable: %s", sandbox_id, err.message)
+        finally:
+            # detached (the volumes and their data stay) once its QEMU is gone, not before: until then the image
+            # is still locked, and a create or content call let in by the registry would meet that lock
+            await self.volumes.sandbox_gone(sandbox_id)
 
     async def record_state(self, sandbox_id: str, info: am.SandboxInfo) -> None:
         """Write the state an agent reported; a sandbox that became hibernated is stamped ``hibernated_at`` on the

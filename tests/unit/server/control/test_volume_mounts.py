@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from cryobox.errors import HostUnavailable
+from cryobox.errors import HostUnavailable, VmmError
 from cryobox.registry import Registry
 from cryobox.server.control.quotas import Quota
 from tests.support.app import Env, app_env, registry
@@ -122,3 +122,27 @@ async def test_restore_is_409_while_the_volumes_host_is_up(env: Env) -> None:
     assert response.status_code == 409 and "not lost" in response.text, response.text
     view = (await env.client.get("/v1/volumes/data")).json()
     assert (view["status"], view["stored_at"]) == ("ready", None)
+
+
+async def test_a_delete_detaches_only_once_the_agent_has_killed_the_vm(env: Env) -> None:
+    """Until the agent answers, its QEMU still holds the image's lock: a create or content call let in by the
+    registry meanwhile would meet that lock instead of the registry's clear 409. A delete the agent fails still
+    detaches (the sandbox has no row to detach it later)."""
+    seen: list[list[tuple[str, str, bool]]] = []
+    plain = env.agent.delete
+
+    async def delete(sandbox_id: str) -> None:
+        seen.append(attached(env, "data"))
+        await plain(sandbox_id)
+
+    env.agent.delete = delete  # type: ignore[method-assign]
+    made = await env.create(volumes=[{"name": "data", "path": "/work"}])
+    assert made.status_code == 201, made.text
+    gone = await env.client.delete(f"/v1/sandboxes/{made.json()['id']}")
+    assert gone.status_code == 204, gone.text
+    assert seen == [[(made.json()["id"], "/work", False)]]  # still attached while the agent deleted it
+    assert attached(env, "data") == []
+    again = await env.create(volumes=[{"name": "data", "path": "/work"}])
+    env.agent.fail_next["delete"] = VmmError("QEMU would not die")
+    failed = await env.client.delete(f"/v1/sandboxes/{again.json()['id']}")
+    assert failed.status_code >= 500 and attached(env, "data") == []

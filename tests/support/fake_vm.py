@@ -141,9 +141,17 @@ class FakeVm(MicroVM):
         if command in self.qmp_errors:
             raise VmmError(f"QMP {command} failed: {self.qmp_errors[command]}")
         if command == "add-fd":
+            if "fdset-id" in (arguments or {}):
+                return {"fdset-id": arguments["fdset-id"]}  # type: ignore[index]
             self._fdsets += 1
             return {"fdset-id": self._fdsets}
         return {}
+
+    def stage_fd(self, fd: int, opaque: str) -> tuple[int, tuple[str, dict[str, Any]]]:
+        os.fstat(fd)  # a descriptor that is open
+        self._fdsets += 1
+        fdset = (1 << 20) + self._fdsets
+        return fdset, ("add-fd", {"fdset-id": fdset, "opaque": opaque})
 
     async def add_fd(self, fd: int, opaque: str) -> int:
         os.fstat(fd)  # a descriptor that is open

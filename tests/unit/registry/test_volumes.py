@@ -59,3 +59,21 @@ def test_one_writer_many_readers_and_no_delete_while_attached(registry: Registry
     records.delete("vol-000000000001")
     assert [v.name for v in records.list_volumes()] == ["data"] and records.usage(ws) == (0, 0)
     assert records.usage(other) == (1, 1 << 30)
+
+
+def test_attach_by_name_reads_the_host_in_the_same_transaction(registry: Registry) -> None:
+    ws = registry.ensure_workspace("w").id
+    records = VolumeRecords(registry.database)
+    records.add(volume(ws, "data", "vol-000000000001"))
+    with pytest.raises(NotFound):
+        records.attach_named(ws, "missing", "sb-a", "/data", read_only=False)
+    row, seen = records.attach_named(ws, "data", "sb-a", "/data", read_only=False)
+    assert (row.writer, [a.sandbox_id for a in row.attachments], seen) == ("sb-a", ["sb-a"], None)  # no agent h1
+    with pytest.raises(StateError) as info:
+        records.attach_named(ws, "data", "sb-b", "/data", read_only=False)
+    assert info.value.details["writer"] == "sb-a"
+    records.detach_sandbox("sb-a")
+    registry.fleet.heartbeat("h1", url="http://h1", boot_id="b1", capacity={}, info={}, now=42.0)
+    row, seen = records.attach_named(ws, "data", "sb-c", "/ro", read_only=True)
+    assert seen is not None and (seen.status, seen.heartbeat_at) == ("up", 42.0)
+    assert (row.writer, [(a.sandbox_id, a.read_only) for a in row.attachments]) == (None, [("sb-c", True)])

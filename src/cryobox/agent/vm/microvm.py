@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import time
@@ -38,6 +39,9 @@ from .vmstream import config_prefix
 from .volumes import AttachedVolume
 
 log = logging.getLogger(__name__)
+FDSET_BASE = 1 << 20
+FDSET_SPAN = (1 << 31) - 1 - FDSET_BASE
+"""Fd set ids :meth:`MicroVM.stage_fd` picks from: above the small ones QEMU assigns itself, below 2^31."""
 PREFIX_READ = 4096  # the file header and configuration section of a vmstate are ~80 bytes
 MAX_UNIX_PATH = 107  # sun_path holds 108 bytes including the terminating NUL
 
@@ -286,6 +290,15 @@ class MicroVM:
         self.qmp.send_fd_scm(fd)
         await self.execute("getfd", {"fdname": name})
         return f"fd:{name}"
+
+    def stage_fd(self, fd: int, opaque: str) -> tuple[int, tuple[str, dict[str, Any]]]:
+        """Send QEMU a copy of ``fd`` now (SCM_RIGHTS) and return a new fd set's id with the ``add-fd`` command
+        that files it there, to be sent next, in the same pipeline as the commands that open ``/dev/fdset/<id>``
+        (one round trip, not two). The id is ours, random, not QEMU's next free one: a set still held by a
+        node is never added to, even by an agent that adopted this QEMU; QEMU parses it as a positive int."""
+        self.qmp.send_fd_scm(fd)
+        fdset = FDSET_BASE + secrets.randbelow(FDSET_SPAN)
+        return fdset, ("add-fd", {"fdset-id": fdset, "opaque": opaque})
 
     async def add_fd(self, fd: int, opaque: str) -> int:
         """Hand QEMU a copy of ``fd`` as a new fd set (SCM_RIGHTS + ``add-fd``); returns the set's id, which QEMU

@@ -14,7 +14,8 @@ For each volume, while the vCPUs are stopped (after ``migrate-incoming`` complet
 ``blockdev-change-medium`` and ``x-blockdev-change`` do not work on virtio-blk; ``qom-set drive`` on a realized
 device replaces its BlockBackend's node (QEMU 6.0+, ``realized_set_allowed``). The doorbell is one memfd node per
 VM, made once (:func:`ensure_doorbell`: a warm pool VM has it already). Everything after ``add-fd`` is sent in one
-go (:func:`_pipeline`): two QMP round trips per volume.
+go (:func:`_pipeline`), ``add-fd`` too (the set's id is ours: :meth:`~.microvm.MicroVM.stage_fd`): one QMP round
+trip per volume.
 
 **Durability.** ``cache.direct=off, no-flush=off`` and a raw image: a write the guest completed is in the host's
 page cache (QEMU keeps no buffers of its own for raw), so it survives a SIGKILL of QEMU (and of the agent, which
@@ -222,8 +223,8 @@ def _ring(slot: VolumeSlot, size: int) -> list[tuple[str, dict[str, Any]]]:
 
 
 async def _plug(vm: MicroVM, slot: VolumeSlot, fd: int, size: int, read_only: bool, label: str) -> None:
-    """Point ``slot`` at the raw image open as ``fd`` (``size`` bytes): two round trips."""
-    fdset = await vm.add_fd(fd, slot.volume_node)
+    """Point ``slot`` at the raw image open as ``fd`` (``size`` bytes): one round trip."""
+    fdset, add_fd = vm.stage_fd(fd, slot.volume_node)
     volume = {
         "driver": "raw",
         "node-name": slot.volume_node,
@@ -235,6 +236,7 @@ async def _plug(vm: MicroVM, slot: VolumeSlot, fd: int, size: int, read_only: bo
     await _pipeline(
         vm,
         [
+            add_fd,
             ("blockdev-add", volume),
             ("remove-fd", {"fdset-id": fdset}),  # the node holds its own copy; the set goes with the node
             *_ring(slot, size),

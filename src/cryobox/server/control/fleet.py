@@ -75,22 +75,18 @@ class Fleet:
         return await asyncio.to_thread(self.registry.fleet.list_agents)
 
     def is_alive(self, row: AgentRow) -> bool:
-        return row.status in ("up", "draining") and row.heartbeat_at >= self.clock() - self.config.deadline_s
+        return row.status in ("up", "draining") and self.beating(row.heartbeat_at)
+
+    def beating(self, heartbeat_at: float) -> bool:
+        """A heartbeat at ``heartbeat_at`` is recent enough for its agent to count as alive."""
+        return heartbeat_at >= self.clock() - self.config.deadline_s
 
     async def agent(self, name: str) -> Agent:
         """The transport to agent ``name``; ``HostUnavailable`` (503) when it is unknown, down or silent."""
         local = self.local.get(name)
         if local is not None:
             return local
-        cached = self._rows.get(name)
-        if cached is not None and cached[0] > self.clock():
-            row = cached[1]
-        else:
-            try:
-                row = await asyncio.to_thread(self.registry.fleet.get_agent, name)
-            except Exception:
-                raise HostUnavailable(f"agent {name!r} is not registered", details={"agent": name}) from None
-            self._rows[name] = (self.clock() + ROW_CACHE_S, row)
+        row = await self.agent_row(name)
         if not self.is_alive(row):
             raise HostUnavailable(
                 f"agent {name!r} is {row.status if row.status != 'up' else 'not answering heartbeats'}",
@@ -98,6 +94,19 @@ class Fleet:
                 details={"agent": name, "status": row.status},
             )
         return self._client(row)
+
+    async def agent_row(self, name: str) -> AgentRow:
+        """Agent ``name``'s registry row, read at most once per :data:`ROW_CACHE_S` (heartbeats are seconds
+        apart: a fresher read would say nothing newer); ``HostUnavailable`` when it is not registered."""
+        cached = self._rows.get(name)
+        if cached is not None and cached[0] > self.clock():
+            return cached[1]
+        try:
+            row = await asyncio.to_thread(self.registry.fleet.get_agent, name)
+        except Exception:
+            raise HostUnavailable(f"agent {name!r} is not registered", details={"agent": name}) from None
+        self._rows[name] = (self.clock() + ROW_CACHE_S, row)
+        return row
 
     def _client(self, row: AgentRow) -> HttpAgent:
         cached = self._clients.get(row.name)

@@ -175,6 +175,14 @@ class ControlPlane:
         """Place and restore a sandbox; ``timing`` (when given) receives each step's ms: ``ttl``, ``source`` (the
         template or snapshot), ``volumes``, ``admit``, ``reserve``, ``agent`` (the agent's share: the restore)
         and ``commit``."""
+        row, _ = await self.create_mounted(request, timing)
+        return row
+
+    async def create_mounted(
+        self, request: CreateRequest, timing: dict[str, float] | None = None
+    ) -> tuple[SandboxRow, tuple[MountRequest, ...]]:
+        """:meth:`create`, and the mounts the sandbox got (those asked for, or its snapshot's): what its view
+        shows, without reading them back."""
         started = time.monotonic()
         with step(timing, "ttl"):
             ttl_s = await self.quotas.ttl(request.workspace_id, request.ttl_s, request.persistent)  # 400 first
@@ -220,7 +228,7 @@ class ControlPlane:
             self.metrics.observe_create("error", "restore")
             raise
         self.metrics.observe_create("ok", row.boot_mode, time.monotonic() - started)
-        return row
+        return row, mounts
 
     async def _source(
         self, request: CreateRequest

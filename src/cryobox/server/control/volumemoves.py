@@ -75,7 +75,7 @@ class VolumeMover:
     async def host_state(self, name: str) -> HostState:
         """``up``, ``draining`` (alive, takes nothing new) or ``down`` (down, lost, silent or unknown)."""
         try:
-            row = await asyncio.to_thread(self.fleet.registry.fleet.get_agent, name)
+            row = await self.fleet.agent_row(name)  # cached for a second: a create with volumes reads no agent row
         except CryoboxError:
             return "down"
         if not self.fleet.is_alive(row):

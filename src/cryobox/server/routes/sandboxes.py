@@ -15,7 +15,7 @@ from ... import models
 from ...agentapi import models as am
 from ...errors import CryoboxError, SandboxTimeout
 from ...registry import HIBERNATED
-from ...util.steps import server_timing, step
+from ...util.steps import server_timing
 from ...util.times import rfc3339
 from ..control.createrequest import INHERIT, CreateRequest
 from ..control.sandboxes import UNSET
@@ -42,7 +42,7 @@ async def create_sandbox(
     # validated (and a legacy shape translated) before anything is created; none given: nothing allowed, or the
     # snapshot's recorded policy
     egress = body.network if body.network is not None else INHERIT
-    row = await ctx.control.create(
+    row, mounts = await ctx.control.create_mounted(
         CreateRequest(
             template=body.template,
             workspace_id=ctx.workspace_id,
@@ -59,11 +59,9 @@ async def create_sandbox(
         ),
         timing,
     )
+    view = sandbox_view(row)
     if body.volumes or body.from_snapshot is not None:  # mounts asked for, or a snapshot's re-attached
-        with step(timing, "view"):
-            view = await _with_volumes(ctx, sandbox_view(row))
-    else:
-        view = sandbox_view(row)  # no volume can be attached: no registry read
+        view.volumes = [models.SandboxVolume(name=m.name, path=m.path, read_only=m.read_only) for m in mounts]
     control_ms = (time.monotonic() - started) * 1000 - timing.get("agent", 0.0)
     response.headers["Server-Timing"] = server_timing({"control": control_ms, **timing})
     return view

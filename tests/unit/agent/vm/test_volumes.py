@@ -62,7 +62,9 @@ async def test_a_volume_joins_through_the_doorbell(tmp_path: Path) -> None:
     assert doorbell["node-name"] == DOORBELL
     assert volume["node-name"] == "vol-rw0-volume" and volume["read-only"] is False
     assert volume["cache"] == {"direct": False, "no-flush": False}  # guest flushes reach the image
-    assert volume["file"]["filename"] == "/dev/fdset/2" and volume["file"]["locking"] == "on"
+    (_, add_volume_fd) = _calls(vm, "add-fd")  # the set's id is ours, sent in the same pipeline as the node
+    assert volume["file"]["filename"] == f"/dev/fdset/{add_volume_fd['fdset-id']}" and volume["file"]["locking"] == "on"
+    assert _calls(vm, "remove-fd")[1] == {"fdset-id": add_volume_fd["fdset-id"]}
     ring, swap = _calls(vm, "qom-set")
     assert ring == {"path": "/machine/peripheral/vol-rw0", "property": "drive", "value": DOORBELL}
     assert swap == {"path": "/machine/peripheral/vol-rw0", "property": "drive", "value": "vol-rw0-volume"}

@@ -28,7 +28,7 @@ async def test_a_create_reports_each_step(env: Env) -> None:
     made = await env.client.post("/v1/sandboxes", json={"template": "base"})
     assert made.status_code == 201, made.text
     timing = parse(made.headers["server-timing"])
-    assert list(timing) == STEPS  # no volumes asked for: no registry read of mounts ("view")
+    assert list(timing) == STEPS  # the answer is built from what the create did: no registry read ("view")
     assert all(ms >= 0 for ms in timing.values())
 
 

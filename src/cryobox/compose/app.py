@@ -117,10 +117,26 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        for agent in local.values():
-            await control.fleet.heartbeat(await heartbeat_of(agent))
-        for row, _agent in await control.fleet.live_agents():  # copies to the store a previous process left unfinished
-            await control.snapshots.store_pending(row.name)
+        async def register() -> None:
+            for agent in local.values():
+                await control.fleet.heartbeat(await heartbeat_of(agent))
+            for row, _agent in await control.fleet.live_agents():  # copies to the store a process left unfinished
+                await control.snapshots.store_pending(row.name)
+
+        async def register_logged() -> None:
+            try:
+                await register()
+            except Exception:  # the next beat registers it (every heartbeat_s)
+                log.exception("registering this host's agents failed")
+
+        # a restart or an upgrade: the registry has this host's agents alive (the previous process's heartbeats),
+        # so placement works already and the first beat (a new boot's reconcile, ~0.1-0.4 s) follows the answer
+        # to requests instead of delaying it; a first start registers before it serves
+        registering = None
+        if local and all([await control.fleet.alive(name) for name in local]):
+            registering = asyncio.create_task(register_logged(), name="register local agents")
+        else:
+            await register()
 
         async def every(interval_s: float, what: str, job: Callable[[], Awaitable[object]]) -> None:
             while True:
@@ -152,6 +168,8 @@ def create_app(
         )
         if local:
             tasks.append(asyncio.create_task(every(every_s.heartbeat_s, "local heartbeat", beat)))
+        if registering is not None:
+            tasks.append(registering)
         try:
             async with mcp.run():  # the MCP SDK's session manager: its task group lives as long as the app
                 yield

@@ -29,6 +29,8 @@ registry = registry_support.registry
 def test_migrate_twice_is_idempotent_and_matches_models(db_url: str) -> None:
     with Registry(db_url) as reg:
         assert reg.database.current_revision() is None
+        assert not reg.migrated_already()  # an upgrade's successor then migrates after the hand-over
+        assert reg.database.current_revision() is None  # and the check wrote no schema
         reg.migrate()
         reg.migrate()
         head = reg.database.head_revision()
@@ -43,6 +45,7 @@ def test_migrate_twice_is_idempotent_and_matches_models(db_url: str) -> None:
                 assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
                 assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
     with Registry(db_url) as again:  # a second process starting up
+        assert again.migrated_already()
         again.migrate()
         assert again.database.current_revision() == head
         assert again.list_workspaces() == [ws]

@@ -331,6 +331,21 @@ class PrespawnPool:
         self.refill()
         return await self.factory.spawn_incoming(self.template)
 
+    def refill_later(self, delay_s: float) -> None:
+        """:meth:`refill` in ``delay_s`` (at once if a :meth:`take` comes first): an agent that adopted running
+        sandboxes lets their first requests after its restart go before the pool's QEMUs take the cores."""
+        if delay_s <= 0:
+            self.refill()
+            return
+
+        async def later() -> None:
+            await asyncio.sleep(delay_s)
+            self.refill()
+
+        task = asyncio.create_task(later())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def refill(self) -> None:
         while not self._closed and len(self._ready) + self._spawning < self.size:
             self._spawning += 1

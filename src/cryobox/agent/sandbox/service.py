@@ -138,14 +138,15 @@ class SandboxService(Lifecycle, GuestCalls):
 
     # -- templates and their pools -----------------------------------------------------------------------------
 
-    def add_template(self, template: Template) -> None:
-        """Serve creates from a newly built template (replacing one of the same name)."""
+    def add_template(self, template: Template, *, refill_after_s: float = 0.0) -> None:
+        """Serve creates from a newly built template (replacing one of the same name); its pool fills now, or
+        after ``refill_after_s`` (:meth:`PrespawnPool.refill_later`)."""
         old = self.pools.pop(template.name, None)
         if old is not None:
             self._spawn_background(old.close())
         self.templates[template.name] = template
         self.pools[template.name] = PrespawnPool(self.factory, template, self.prespawn, self.pool_mode)
-        self.pools[template.name].refill()
+        self.pools[template.name].refill_later(refill_after_s)
 
     async def remove_template(self, name: str) -> None:
         """Stop creating from ``name``; running sandboxes of it keep running. Its hot copy goes unless a

@@ -77,6 +77,13 @@ class Fleet:
     def is_alive(self, row: AgentRow) -> bool:
         return row.status in ("up", "draining") and self.beating(row.heartbeat_at)
 
+    async def alive(self, name: str) -> bool:
+        """Agent ``name`` is registered and alive (:meth:`is_alive` of its row, cached as :meth:`agent_row`)."""
+        try:
+            return self.is_alive(await self.agent_row(name))
+        except HostUnavailable:
+            return False
+
     def beating(self, heartbeat_at: float) -> bool:
         """A heartbeat at ``heartbeat_at`` is recent enough for its agent to count as alive."""
         return heartbeat_at >= self.clock() - self.config.deadline_s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -54,3 +55,28 @@ async def test_a_pooled_vm_that_died_is_destroyed_not_handed_out(tmp_path: Path)
     assert fresh.vm_id == "vm-fresh-1"  # drained: spawned inline
     await factory.destroy(fresh)
     await pool.close()
+
+
+async def test_a_delayed_refill_waits_its_delay_unless_a_create_comes_first(tmp_path: Path) -> None:
+    factory = FakeFactory(tmp_path)
+    pool = PrespawnPool(factory, object(), size=2, mode=PoolMode.WARM)  # type: ignore[arg-type]
+    pool.refill_later(0.2)  # an agent that adopted sandboxes: their first requests go first
+    await asyncio.sleep(0.05)
+    assert factory.spawned == 0 and pool.ready_count == 0
+    taken = await pool.take()  # a create does not wait for the delay: spawned inline, the pool refills now
+    for _ in range(100):
+        if pool.ready_count == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert pool.ready_count == 2 and factory.spawned == 3
+    await asyncio.sleep(0.3)  # the delayed refill finds the pool full: nothing more
+    assert factory.spawned == 3
+    await factory.destroy(taken)
+    later = PrespawnPool(factory, object(), size=1, mode=PoolMode.WARM)  # type: ignore[arg-type]
+    later.refill_later(0.05)
+    await asyncio.sleep(0.2)
+    assert later.ready_count == 1 and factory.spawned == 4
+    await pool.close()
+    await later.close()
+    assert len(factory.destroyed) == 4  # the one taken, and the three the closed pools held
+    assert pool.ready_count == 0 and later.ready_count == 0

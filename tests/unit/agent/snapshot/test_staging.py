@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import mmap
+import time
 from collections.abc import Callable
 
 import pytest
 
 from cryobox.agent.snapshot import staging
-from cryobox.agent.snapshot.staging import StagingPool, reserve_from_env, start_warming
+from cryobox.agent.snapshot.staging import StagingPool, allocate, reserve_from_env, start_warming
 from cryobox.errors import InvalidArgument
 
 MIB = 1 << 20
@@ -80,3 +81,20 @@ def test_the_reserve_size_comes_from_the_environment() -> None:
     for bad in ("lots", "-1"):
         with pytest.raises(InvalidArgument, match="CRYOBOX_STAGING_RESERVE_MIB"):
             reserve_from_env({"CRYOBOX_STAGING_RESERVE_MIB": bad})
+
+
+async def test_faulting_in_a_reserve_leaves_the_event_loop_free() -> None:
+    """``allocate`` runs on a thread; faulting in 512 MiB in one ``madvise`` held the GIL for all of it (~0.25 s
+    here), so the loop stalled: it must keep ticking while the pages come in."""
+    loop = asyncio.get_running_loop()
+    gaps: list[float] = []
+    last = time.monotonic()
+    job = loop.run_in_executor(None, allocate, 512 << 20)
+    while not job.done():
+        await asyncio.sleep(0.001)
+        now = time.monotonic()
+        gaps.append(now - last)
+        last = now
+    (await job).close()
+    assert max(gaps) < 0.1, f"the loop stalled {max(gaps):.3f} s ({len(gaps)} ticks)"
+    assert len(gaps) > 5  # the loop ran while the pages came in

@@ -63,10 +63,7 @@ from .reclaim import reclaim
 from .stopmode import OnStop
 
 log = logging.getLogger(__name__)
-ADOPTED_POOL_DELAY_S = 2.0
-"""After a restart that adopted running sandboxes, the warm pools start filling this long after start-up (or at
-the first create): their QEMUs' start and warm-up took the cores from the first requests to the adopted sandboxes
-(an upgrade's exec gap, 10 sandboxes: ~1.0 s without a pool filling, 1.3-1.5 s with)."""
+ADOPTED_POOL_DELAY_S = 2.0  # pools fill late after a restart that adopted sandboxes (docs/design/operations.md)
 
 
 @dataclass(frozen=True)

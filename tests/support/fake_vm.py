@@ -213,6 +213,8 @@ class FakeFactory:
         """What each cold-booted VM's disk held when it was spawned."""
         self.rejoin_error = ""
         """Non-empty: the guests of VMs made from now on fail their rejoin with this message."""
+        self.background: dict[str, bool] = {}
+        """Each VM's CPU weight as the pool last set it (``True``: small, while it warms)."""
 
     def _make(self, config: MachineConfig, state: VmState, prefix: str = "vm") -> FakeVm:
         vm = FakeVm(f"{prefix}-{len(self.made) + 1}", config, self.run_dir, state, self.rejoin_error)
@@ -249,6 +251,9 @@ class FakeFactory:
 
     async def explain_failure(self, vm: MicroVM) -> None:
         return None
+
+    def set_background(self, vm: Any, background: bool) -> None:
+        self.background[vm.vm_id] = background
 
     async def destroy(self, vm: MicroVM) -> None:
         await vm.kill()

@@ -256,6 +256,12 @@ class VmFactory:
         fetched), if there is one."""
         return await self.memory.explain(vm)
 
+    def set_background(self, vm: MicroVM, background: bool) -> None:
+        """A pool QEMU's CPU weight while it warms (small) and once a create takes it (normal): see
+        :meth:`~..vm.cgroups.CgroupHost.set_background`. Nothing without the jail's cgroups."""
+        if self.jail is not None and self.jail.cgroups is not None and vm.jail is not None:
+            self.jail.cgroups.set_background(vm.vm_id, background)
+
     async def destroy(self, vm: MicroVM) -> None:
         """Kill the VM and remove its run directory. Idempotent."""
         await vm.kill()
@@ -325,6 +331,7 @@ class PrespawnPool:
         while self._ready:
             vm = self._ready.pop(0)
             if vm.state.alive and vm.alive():  # a pooled QEMU can die while it waits
+                self.factory.set_background(vm, False)
                 self.refill()
                 return vm
             await self.factory.destroy(vm)
@@ -356,6 +363,7 @@ class PrespawnPool:
     async def _spawn_one(self) -> None:
         try:
             vm = await self.factory.spawn_incoming(self.template)
+            self.factory.set_background(vm, True)  # its warm-up yields the cores to what runs meanwhile
             if self.mode.preloads_state:
                 await self.factory.warm(vm, self.template)
         except Exception as err:

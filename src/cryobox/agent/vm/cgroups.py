@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 CONTROLLERS = ("memory", "cpu", "pids")
 CPU_PERIOD_US = 100_000
 PREFIX = "cryobox-"
+BACKGROUND_SHARES_V1 = 64
+BACKGROUND_WEIGHT_V2 = 6
+"""A warming pool QEMU's CPU weight: 1/16 of a normal cgroup's (1024 shares on v1, weight 100 on v2)."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,19 @@ class CgroupHost:
                     raise
                 gone = False
         return gone
+
+    def set_background(self, vm_id: str, background: bool) -> None:
+        """Give ``vm_id``'s cgroup a small CPU weight (``background``) or the normal one: a pool QEMU warming up
+        yields the cores to the sandboxes and creates that run meanwhile, and gets its share back when a create
+        takes it. Best effort (a cgroup gone, a controller without weights: nothing changes)."""
+        if self.version == 2:
+            path, value = self.bases[0] / vm_id / "cpu.weight", BACKGROUND_WEIGHT_V2 if background else 100
+        else:
+            path, value = self.bases[1] / vm_id / "cpu.shares", BACKGROUND_SHARES_V1 if background else 1024
+        try:
+            path.write_text(str(value))
+        except OSError as err:
+            log.debug("cannot set the CPU weight of %s: %s", vm_id, err)
 
     def vm_ids(self) -> set[str]:
         found: set[str] = set()

@@ -25,6 +25,10 @@ class FakeFactory:
         self.tmp_path = tmp_path
         self.destroyed: list[str] = []
         self.spawned = 0
+        self.background: dict[str, bool] = {}
+
+    def set_background(self, vm: MicroVM, background: bool) -> None:
+        self.background[vm.vm_id] = background
 
     async def spawn_incoming(self, template: Any) -> MicroVM:
         self.spawned += 1
@@ -80,3 +84,18 @@ async def test_a_delayed_refill_waits_its_delay_unless_a_create_comes_first(tmp_
     await later.close()
     assert len(factory.destroyed) == 4  # the one taken, and the three the closed pools held
     assert pool.ready_count == 0 and later.ready_count == 0
+
+
+async def test_a_pooled_vm_warms_with_a_small_cpu_weight_and_gets_the_normal_one_when_taken(tmp_path: Path) -> None:
+    factory = FakeFactory(tmp_path)
+    pool = PrespawnPool(factory, object(), size=1, mode=PoolMode.WARM)  # type: ignore[arg-type]
+    pool.refill()
+    for _ in range(100):
+        if pool.ready_count == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert factory.background == {"vm-fresh-1": True}  # yields the cores while it warms and waits
+    taken = await pool.take()
+    assert taken.vm_id == "vm-fresh-1" and factory.background["vm-fresh-1"] is False  # a sandbox's share now
+    await factory.destroy(taken)
+    await pool.close()

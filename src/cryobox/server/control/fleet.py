@@ -56,12 +56,16 @@ class Fleet:
     """Agent rows read in the last ``ROW_CACHE_S`` (a routed call costs no registry read for its agent;
     liveness is still judged against the row's heartbeat time, so a silent agent is refused all the same)."""
     _on_register: list[RegisterHook] = field(default_factory=list)
+    _started_at: float = field(default=0.0, init=False)
     relocator: Relocator | None = None
     """Given the row of a sandbox hibernated in the object store, the row of where it runs now (woken on
     another agent when its own is draining, down or lacks it); set by the control plane."""
     waker: Waker | None = None
     """Given a hibernated row and its agent, wakes it there (inside the workspace's quota) and returns the row;
     set by the control plane, used by :meth:`route` with ``wake``."""
+
+    def __post_init__(self) -> None:
+        self._started_at = self.clock()
 
     def on_register(self, hook: RegisterHook) -> None:
         """Run ``hook(name, heartbeat)`` after an agent registered (new boot) or came back and was reconciled."""
@@ -84,6 +88,13 @@ class Fleet:
         except HostUnavailable:
             return False
 
+    def _trusted_after_start(self, row: AgentRow) -> bool:
+        """In this process's first ``deadline_s`` an ``up`` row's silence is this process's own absence (its agents'
+        heartbeats could not reach it while it was down), not theirs: a request is routed by the row's status (a
+        dead agent then fails at the transport, a 503 all the same). A restarted control plane answered its first
+        requests to every remote agent's sandboxes with 503 until each agent's next heartbeat."""
+        return row.status in ("up", "draining") and self.clock() - self._started_at < self.config.deadline_s
+
     def beating(self, heartbeat_at: float) -> bool:
         """A heartbeat at ``heartbeat_at`` is recent enough for its agent to count as alive."""
         return heartbeat_at >= self.clock() - self.config.deadline_s
@@ -94,7 +105,7 @@ class Fleet:
         if local is not None:
             return local
         row = await self.agent_row(name)
-        if not self.is_alive(row):
+        if not self.is_alive(row) and not self._trusted_after_start(row):
             raise HostUnavailable(
                 f"agent {name!r} is {row.status if row.status != 'up' else 'not answering heartbeats'}",
                 retry_after_s=self.config.deadline_s,

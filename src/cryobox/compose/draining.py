@@ -1,0 +1,47 @@
+"""uvicorn's HTTP/1.1 protocol with a graceful stop that drops no request it accepted.
+
+uvicorn's ``shutdown`` closes every connection without a request in progress at once. A connection accepted a
+moment before the stop whose request has not been read yet counts as one of them: its client sees "Server
+disconnected without sending a response", a request failed by an upgrade or a restart (found by
+``tests/integration/compose/test_upgrade.py``: one of 152 execs, each on a new connection). Here such a
+connection gets :data:`IDLE_GRACE_S` to send its request, which is served and then closes the connection
+(``keep_alive`` off); one that sends nothing in that time is closed as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+IDLE_GRACE_S = 0.25
+"""How long a stopping server waits for the request of a connection it accepted but has read nothing of."""
+
+
+class DrainingH11Protocol(H11Protocol):
+    """:class:`H11Protocol` whose :meth:`shutdown` lets an idle connection's arriving request through."""
+
+    draining = False
+    _grace: asyncio.TimerHandle | None = None
+
+    def shutdown(self) -> None:
+        if self.cycle is None or self.cycle.response_complete:
+            self.draining = True
+            if self._grace is None:
+                self._grace = self.loop.call_later(IDLE_GRACE_S, self._close_if_idle)
+        else:
+            self.cycle.keep_alive = False
+
+    def _close_if_idle(self) -> None:
+        if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+            super().shutdown()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.draining and self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.keep_alive = False  # the request that arrived while stopping: answered, then closed
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._grace is not None:
+            self._grace.cancel()
+        super().connection_lost(exc)

@@ -26,14 +26,6 @@ VOLUME_STATUSES = ("ready", "lost")
 
 
 @dataclass(frozen=True)
-class HostSeen:
-    """A volume's host as the registry saw it in the same transaction: its agent's status and last heartbeat."""
-
-    status: str
-    heartbeat_at: float
-
-
-@dataclass(frozen=True)
 class VolumeAttachment:
     volume_id: str
     sandbox_id: str
@@ -180,21 +172,24 @@ class VolumeRecords:
             return self._attach(s, vol, sandbox_id, path, read_only)
 
     def attach_named(
-        self, workspace_id: str, name: str, sandbox_id: str, path: str, *, read_only: bool
-    ) -> tuple[VolumeRow, HostSeen | None]:
-        """:meth:`attach` by the volume's name, in one transaction that also reads its host's status and last
-        heartbeat (``None``: no such agent): a create's common case, one volume on one live host, in one round
-        trip. 404 for an unknown name; 409 as :meth:`attach`."""
+        self, workspace_id: str, name: str, sandbox_id: str, path: str, *, read_only: bool, alive_after: float
+    ) -> VolumeRow | None:
+        """:meth:`attach` by the volume's name where it is, in one transaction that first reads its host: only
+        when that agent is ``up`` with a heartbeat at or after ``alive_after`` (a create's common case, in one round
+        trip); ``None`` otherwise, and nothing is written (an attachment made only to be undone could stop another
+        replica's move of the volume). 404 for an unknown name; 409 as :meth:`attach`."""
         with self._db.session(what=f"volume {name}") as s:
             vol = s.scalar(
                 select(m.Volume).where(m.Volume.workspace_id == workspace_id, m.Volume.name == name).with_for_update()
             )
             if vol is None:
                 raise NotFound(f"volume {name!r} not found", details={"volume": name})
+            host = s.get(m.Agent, vol.host)
+            if host is None or host.status != "up" or host.heartbeat_at < alive_after:
+                return None
             self._attach(s, vol, sandbox_id, path, read_only)
             s.refresh(vol)
-            host = s.get(m.Agent, vol.host)
-            return self._row(s, vol), None if host is None else HostSeen(host.status, host.heartbeat_at)
+            return self._row(s, vol)
 
     def _attach(self, s: Session, vol: m.Volume, sandbox_id: str, path: str, read_only: bool) -> VolumeAttachment:
         volume_id = vol.id

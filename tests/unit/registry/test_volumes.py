@@ -61,19 +61,24 @@ def test_one_writer_many_readers_and_no_delete_while_attached(registry: Registry
     assert records.usage(other) == (1, 1 << 30)
 
 
-def test_attach_by_name_reads_the_host_in_the_same_transaction(registry: Registry) -> None:
+def test_attach_by_name_only_where_its_host_is_alive(registry: Registry) -> None:
     ws = registry.ensure_workspace("w").id
     records = VolumeRecords(registry.database)
     records.add(volume(ws, "data", "vol-000000000001"))
     with pytest.raises(NotFound):
-        records.attach_named(ws, "missing", "sb-a", "/data", read_only=False)
-    row, seen = records.attach_named(ws, "data", "sb-a", "/data", read_only=False)
-    assert (row.writer, [a.sandbox_id for a in row.attachments], seen) == ("sb-a", ["sb-a"], None)  # no agent h1
+        records.attach_named(ws, "missing", "sb-a", "/data", read_only=False, alive_after=0.0)
+    assert records.attach_named(ws, "data", "sb-a", "/data", read_only=False, alive_after=0.0) is None  # no agent h1
+    registry.fleet.heartbeat("h1", url="http://h1", boot_id="b1", capacity={}, info={}, now=42.0)
+    assert records.attach_named(ws, "data", "sb-a", "/data", read_only=False, alive_after=50.0) is None  # silent
+    assert records.get(ws, "data").attachments == ()  # nothing written when it is not attached
+    row = records.attach_named(ws, "data", "sb-a", "/data", read_only=False, alive_after=40.0)
+    assert row is not None and (row.writer, [a.sandbox_id for a in row.attachments]) == ("sb-a", ["sb-a"])
     with pytest.raises(StateError) as info:
-        records.attach_named(ws, "data", "sb-b", "/data", read_only=False)
+        records.attach_named(ws, "data", "sb-b", "/data", read_only=False, alive_after=40.0)
     assert info.value.details["writer"] == "sb-a"
     records.detach_sandbox("sb-a")
-    registry.fleet.heartbeat("h1", url="http://h1", boot_id="b1", capacity={}, info={}, now=42.0)
-    row, seen = records.attach_named(ws, "data", "sb-c", "/ro", read_only=True)
-    assert seen is not None and (seen.status, seen.heartbeat_at) == ("up", 42.0)
-    assert (row.writer, [(a.sandbox_id, a.read_only) for a in row.attachments]) == (None, [("sb-c", True)])
+    row = records.attach_named(ws, "data", "sb-c", "/ro", read_only=True, alive_after=40.0)
+    assert row is not None and (row.writer, [(a.sandbox_id, a.read_only) for a in row.attachments]) == (
+        None,
+        [("sb-c", True)],
+    )

@@ -97,7 +97,11 @@ class Fleet:
 
     def beating(self, heartbeat_at: float) -> bool:
         """A heartbeat at ``heartbeat_at`` is recent enough for its agent to count as alive."""
-        return heartbeat_at >= self.clock() - self.config.deadline_s
+        return heartbeat_at >= self.alive_after()
+
+    def alive_after(self) -> float:
+        """The oldest heartbeat time that still counts as alive now."""
+        return self.clock() - self.config.deadline_s
 
     async def agent(self, name: str) -> Agent:
         """The transport to agent ``name``; ``HostUnavailable`` (503) when it is unknown, down or silent."""

@@ -92,10 +92,6 @@ def check_mounts(mounts: Sequence[MountRequest]) -> None:
         names.add(mount.name)
 
 
-class _Elsewhere(Exception):
-    """A volume a create asked for is not where the create can simply attach it."""
-
-
 @dataclass(frozen=True)
 class VolumeState:
     """A volume's row with what its agent says of its image now (``None``: the agent did not answer)."""
@@ -250,27 +246,20 @@ class VolumeControl:
     async def _claim_in_place(
         self, workspace_id: str, sandbox_id: str, mounts: Sequence[MountRequest]
     ) -> tuple[list[VolumeMount], str] | None:
-        """The common case, one registry transaction per mount: each volume attached by name where it is, all on
-        one host that is up. ``None`` when that is not so (a volume held, moving, on another host, or its host
-        not up): nothing is kept then, and the caller takes the long way (moves, the content API's eviction)."""
-        attached: list[VolumeMount] = []
-        hosts: set[str] = set()
-        try:
-            for mount in mounts:
-                name, path, read_only = mount.name, mount.path, mount.read_only
-                attach = functools.partial(self.records.attach_named, workspace_id, name, sandbox_id, path)
-                row, seen = await asyncio.to_thread(attach, read_only=read_only)
-                attached.append(VolumeMount(volume_id=row.id, path=path, read_only=read_only))
-                hosts.add(row.host)
-                if len(hosts) > 1 or seen is None or seen.status != "up" or not self.fleet.beating(seen.heartbeat_at):
-                    raise _Elsewhere
-        except (_Elsewhere, StateError):
-            await self.sandbox_gone(sandbox_id)
+        """The common case, one volume where it is on a live host, in one registry transaction; ``None`` when that
+        is not so (more volumes, its host not up, the volume held or moving): nothing is kept then, and the caller
+        takes the long way (moves, the content API's eviction)."""
+        if len(mounts) != 1:
             return None
-        except BaseException:
-            await self.sandbox_gone(sandbox_id)
-            raise
-        return attached, hosts.pop()
+        mount = mounts[0]
+        attach = functools.partial(self.records.attach_named, workspace_id, mount.name, sandbox_id, mount.path)
+        try:
+            row = await asyncio.to_thread(attach, read_only=mount.read_only, alive_after=self.fleet.alive_after())
+        except StateError:
+            return None
+        if row is None:
+            return None
+        return [VolumeMount(volume_id=row.id, path=mount.path, read_only=mount.read_only)], row.host
 
     async def _gather(self, rows: list[VolumeRow]) -> list[VolumeRow]:
         """``rows`` on one host that takes sandboxes: as they are when they are, else those elsewhere moved to one

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import functools
 import logging
 import mmap
 import os
@@ -54,11 +53,6 @@ def reserve_from_env(env: Mapping[str, str] | None = None) -> int:
     return mib << 20
 
 
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
 def _populate(buffer: mmap.mmap, size: int) -> None:
     """Fault in ``buffer``'s ``size`` bytes with ``madvise(MADV_POPULATE_WRITE)`` through ctypes, which lets go
     of the GIL for the call: ``mmap.madvise`` holds it, and faulting in 512 MiB (~0.25 s here) that way stalled
@@ -66,8 +60,8 @@ def _populate(buffer: mmap.mmap, size: int) -> None:
     :raises OSError: the kernel has no ``MADV_POPULATE_WRITE`` (before 5.14)."""
     view = ctypes.c_char.from_buffer(buffer)  # the mapping's address; released before the buffer can close
     try:
-        address = ctypes.addressof(view)
-        if _libc().madvise(ctypes.c_void_p(address), ctypes.c_size_t(size), MADV_POPULATE_WRITE) != 0:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise  # the process's own libc: dlopen(NULL) is cheap
+        if madvise(ctypes.c_void_p(ctypes.addressof(view)), ctypes.c_size_t(size), MADV_POPULATE_WRITE) != 0:
             code = ctypes.get_errno()
             raise OSError(code, f"madvise(MADV_POPULATE_WRITE): {os.strerror(code)}")
     finally:

@@ -79,7 +79,7 @@ class Fleet:
         return await asyncio.to_thread(self.registry.fleet.list_agents)
 
     def is_alive(self, row: AgentRow) -> bool:
-        return row.status in ("up", "draining") and self.beating(row.heartbeat_at)
+        return row.status in ("up", "draining") and row.heartbeat_at >= self.alive_after()
 
     async def alive(self, name: str) -> bool:
         """Agent ``name`` is registered and alive (:meth:`is_alive` of its row, cached as :meth:`agent_row`)."""
@@ -94,10 +94,6 @@ class Fleet:
         dead agent then fails at the transport, a 503 all the same). A restarted control plane answered its first
         requests to every remote agent's sandboxes with 503 until each agent's next heartbeat."""
         return row.status in ("up", "draining") and self.clock() - self._started_at < self.config.deadline_s
-
-    def beating(self, heartbeat_at: float) -> bool:
-        """A heartbeat at ``heartbeat_at`` is recent enough for its agent to count as alive."""
-        return heartbeat_at >= self.alive_after()
 
     def alive_after(self) -> float:
         """The oldest heartbeat time that still counts as alive now."""

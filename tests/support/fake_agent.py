@@ -84,6 +84,8 @@ class FakeAgent(FakeProcs, FakeRecipeBuilds, FakeVolumes):
         self.snapshot_files: dict[str, dict[str, bytes]] = {}
         self.volumes: dict[str, int] = {}
         self.attached_here: set[str] = set()
+        self.held: dict[str, list[str]] = {}
+        """Sandbox id -> the volume ids it has attached here, in slot order (a hibernated one's VM writes none)."""
         self.failing_children: set[str] = set()
         """Fork and tree children whose boot or restore fails (``GuestError``)."""
         self.stored: set[str] = set()
@@ -178,6 +180,7 @@ class FakeAgent(FakeProcs, FakeRecipeBuilds, FakeVolumes):
             egress=spec.egress,
         )
         self.sandboxes[spec.sandbox_id] = info
+        self.held[spec.sandbox_id] = [v.volume_id for v in spec.volumes]
         source = self.snapshot_files.get(spec.from_snapshot.id, {}) if spec.from_snapshot else {}
         self.files[spec.sandbox_id] = dict(source)
         self.dirs[spec.sandbox_id] = {"/"}
@@ -241,6 +244,7 @@ class FakeAgent(FakeProcs, FakeRecipeBuilds, FakeVolumes):
     async def delete(self, sandbox_id: str) -> None:
         self._record("delete", sandbox_id)
         self.sandboxes.pop(sandbox_id, None)
+        self.held.pop(sandbox_id, None)
         self.files.pop(sandbox_id, None)
         self.dirs.pop(sandbox_id, None)
         self.net.pop(sandbox_id, None)
@@ -270,7 +274,12 @@ class FakeAgent(FakeProcs, FakeRecipeBuilds, FakeVolumes):
         template = self.template_infos[info.template]
         files = {path: base64.b64encode(data).decode() for path, data in self.files[sandbox_id].items()}
         key = f"hibernations/{sandbox_id}"
-        manifest = {"sandbox": info.model_dump(mode="json"), "files": files, "generation": template.generation}
+        manifest = {
+            "sandbox": info.model_dump(mode="json"),
+            "files": files,
+            "generation": template.generation,
+            "volumes": self.held.get(sandbox_id, []),
+        }
         data = json.dumps(manifest).encode()
         self.objects.put(f"{key}/manifest.json", data)
         return m.StoredHibernation(
@@ -303,6 +312,10 @@ class FakeAgent(FakeProcs, FakeRecipeBuilds, FakeVolumes):
             raise StateError("the hibernation is of another generation", state="wrong_generation", required="same")
         if len(self.sandboxes) >= self.max_sandboxes:
             raise HostUnavailable("the fake agent is full", retry_after_s=3.0, details={"agent": self.name})
+        missing = [v for v in manifest.get("volumes", []) if v not in self.volumes]
+        if missing:  # the real agent's 409: the control plane moves them here first
+            raise StateError(f"volumes {missing} are not on this host", state="elsewhere", required="here")
+        self.held[spec.sandbox_id] = list(manifest.get("volumes", []))
         n = next(self._ids)
         now = self.clock()
         self.sandboxes[spec.sandbox_id] = m.SandboxInfo(

@@ -8,6 +8,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 
+from cryobox.agentapi.models import SandboxInfo
 from cryobox.agentapi.models_volumes import ChildVolume, StoredVolume, VolumeFetch, VolumeInfo, VolumeResize, VolumeSpec
 from cryobox.errors import IntegrityError, InvalidArgument, NotFound, ObjectNotFound, StateError
 from cryobox.objstore.client import ObjectStore
@@ -20,6 +21,9 @@ class FakeVolumes:
     objects: ObjectStore
     attached_here: set[str]
     """Volumes a sandbox of this fake has attached (store, fetch and delete refuse them: 409)."""
+    held: dict[str, list[str]]
+    """Sandbox id -> the volumes it was created (or woke) with."""
+    sandboxes: dict[str, SandboxInfo]
 
     def _record(self, method: str, *args: object) -> None:
         raise NotImplementedError
@@ -71,15 +75,19 @@ class FakeVolumes:
         self._not_attached(volume_id)
         self.volumes.pop(volume_id, None)
 
-    def _not_attached(self, volume_id: str) -> None:
-        if volume_id in getattr(self, "attached_here", set()):
+    def _not_attached(self, volume_id: str, *, hibernated_ok: bool = False) -> None:
+        """409 while a sandbox here has it attached (``hibernated_ok``: unless every such sandbox is hibernated,
+        its VM gone, as the real agent stores a drained sandbox's volume)."""
+        states = {self.sandboxes[sid].state for sid, ids in self.held.items() if volume_id in ids}
+        writing = bool(states) and not (hibernated_ok and states == {"hibernated"})
+        if volume_id in self.attached_here or writing:
             raise StateError(f"volume {volume_id} is attached here", state="attached", required="detached")
 
     async def store_volume(self, volume_id: str) -> StoredVolume:
         """ "Uploads" the image: ``volumes/<id>/manifest.json`` in ``objects`` names its size (and a store count)."""
         self._record("store_volume", volume_id)
         size = self._volume(volume_id).size_bytes
-        self._not_attached(volume_id)
+        self._not_attached(volume_id, hibernated_ok=True)
         key = f"volumes/{volume_id}/manifest.json"
         count = len(self.objects.list(f"volumes/{volume_id}/stores")) + 1
         self.objects.put(f"volumes/{volume_id}/stores/{count}", b"")

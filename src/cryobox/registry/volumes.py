@@ -272,11 +272,20 @@ class VolumeRecords:
     # -- moves (revision 0016) ------------------------------------------------------------------------------------
 
     def begin_move(
-        self, volume_id: str, source: str, target: str, now: float, stale_s: float, *, attached_ok: bool = False
+        self,
+        volume_id: str,
+        source: str,
+        target: str,
+        now: float,
+        stale_s: float,
+        *,
+        attached_ok: bool = False,
+        holder: str | None = None,
     ) -> str:
         """Take the move lease of a volume that is on ``source``, has no attachment (unless ``attached_ok``: a
-        restore from a lost host) and no fresh lease (one older than ``stale_s`` is taken over); returns its token.
-        409 otherwise, nothing written. The row is locked first, so an attachment recorded concurrently is seen."""
+        restore from a lost host; or only ``holder``'s: a hibernated sandbox the volume follows to its new host) and
+        no fresh lease (one older than ``stale_s`` is taken over); returns its token. 409 otherwise, nothing
+        written. The row is locked first, so an attachment recorded concurrently is seen."""
         token = secrets.token_hex(16)
         with self._db.session(what=f"volume {volume_id}") as s:
             vol = s.scalar(select(m.Volume).where(m.Volume.id == volume_id).with_for_update())
@@ -294,7 +303,7 @@ class VolumeRecords:
             holders = sorted(
                 s.scalars(select(m.VolumeAttachment.sandbox_id).where(m.VolumeAttachment.volume_id == volume_id))
             )
-            if holders and not attached_ok:
+            if holders and not attached_ok and set(holders) != {holder}:
                 raise StateError(
                     f"volume {volume_id} is attached to {', '.join(holders)} on {source}: it cannot move",
                     state="attached",

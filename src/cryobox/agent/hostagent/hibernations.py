@@ -20,14 +20,23 @@ import functools
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from ...agentapi import models as am
 from ...errors import NotFound, ObjectNotFound, StateError
 from ..host.startup import Host
-from ..publish.hibernations import import_hibernation, publish_hibernation
+from ..publish.hibernations import (
+    VOLUMES_FIELD,
+    import_hibernation,
+    portable_volumes,
+    publish_hibernation,
+    stored_volumes,
+)
 from ..sandbox.admission import AdmissionController
 from ..sandbox.mapping import stored_wake
 from ..sandbox.sandbox import Sandbox, SandboxState
+from ..vm.volumes import AttachedVolume
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +63,10 @@ class HibernationOps:
                     state=sandbox.state.value,
                     required="hibernated",
                 )
-            if sandbox.volumes:  # they are files of this host: it can only wake here
-                raise StateError(
-                    f"sandbox {sandbox_id} has volumes of this host: its hibernation cannot move",
-                    state="attached",
-                    required="no volumes",
-                )
             started = time.monotonic()
-            published = await asyncio.to_thread(publish_hibernation, self.host.store, sandbox_id, image, template)
+            volumes = portable_volumes(sandbox.volumes)  # the control plane moves them before a wake elsewhere
+            publish = functools.partial(publish_hibernation, volumes=volumes)
+            published = await asyncio.to_thread(publish, self.host.store, sandbox_id, image, template)
         log.info("hibernation of %s stored as %s in %.1f s", sandbox_id, published.key, time.monotonic() - started)
         return am.StoredHibernation(
             id=sandbox_id,
@@ -105,8 +110,13 @@ class HibernationOps:
                 ) from None
         imported_s = time.monotonic() - started
         image = await asyncio.to_thread(service.hibernation.load, image_id)
+        try:
+            volumes = self._volumes_here(spec.sandbox_id, image.manifest)
+        except StateError:
+            await asyncio.to_thread(service.hibernation.delete, image_id)
+            raise
         placeholder = service.factory.placeholder(spec.sandbox_id, image.machine)  # no QEMU until it wakes
-        sandbox = stored_wake(spec, image, placeholder, service.clock())
+        sandbox = stored_wake(spec, image, placeholder, service.clock(), volumes)
         await service.wake_here(sandbox, started=started)  # recorded as hibernated here, then woken
         log.info(
             "sandbox %s woke here from the object store in %.0f ms (import %.1f s)",
@@ -115,6 +125,23 @@ class HibernationOps:
             imported_s,
         )
         return sandbox
+
+    def _volumes_here(self, sandbox_id: str, manifest: dict[str, Any]) -> tuple[AttachedVolume, ...]:
+        """The stored sandbox's volumes, each in its slot, at this host's copy (409 when one is not here: the
+        control plane moves them first)."""
+        if not manifest.get(VOLUMES_FIELD):
+            return ()
+        store = self.host.volumes
+        volumes = stored_volumes(manifest, store.path) if store is not None else ()
+        missing = [v.name for v in volumes if not Path(v.path).is_file()] if store is not None else ["(any)"]
+        if missing:
+            raise StateError(
+                f"sandbox {sandbox_id} wakes with volume(s) {', '.join(missing)}, which this host does not hold",
+                state="elsewhere",
+                required="its volumes here",
+                details={"id": sandbox_id, "volumes": missing},
+            )
+        return volumes
 
 
 class HibernationEndpoints:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Mapping, Sequence
@@ -19,6 +20,7 @@ from ...agentapi.models_volumes import (
 )
 from ...errors import HostUnavailable, NotFound, ObjectNotFound
 from ..host.startup import Host
+from ..sandbox.sandbox import Sandbox, SandboxState
 from ..vm.volumes import VolumeAttach
 from ..volumes.clones import VolumeClone
 from ..volumes.store import VolumeStore
@@ -101,8 +103,11 @@ class VolumeEndpoints:
 
     def _attached_here(self, volume_id: str) -> bool:
         """Whether a sandbox of this host has the volume's image attached (its VM may write it)."""
+        return bool(self._holders_here(volume_id))
+
+    def _holders_here(self, volume_id: str) -> list[Sandbox]:
         path = str(self._volumes.path(volume_id))
-        return any(v.path == path for sb in self.host.service.sandboxes.values() for v in sb.volumes)
+        return [sb for sb in self.host.service.sandboxes.values() if any(v.path == path for v in sb.volumes)]
 
     @functools.cached_property
     def _moving(self) -> dict[str, asyncio.Lock]:
@@ -113,10 +118,16 @@ class VolumeEndpoints:
 
     async def store_volume(self, volume_id: str) -> StoredVolume:
         store = self._volumes
-        async with self._volume_lock(volume_id):  # one store or fetch of a volume at a time
+        async with self._volume_lock(volume_id), contextlib.AsyncExitStack() as held:
             store.info(volume_id)  # 404: not here
-            if self._attached_here(volume_id):
-                store.delete(volume_id, in_use=True)  # raises the 409
+            holders = sorted(self._holders_here(volume_id), key=lambda sb: sb.id)
+            for sandbox in holders:  # hibernated holders (a drain) stay so while it is read: no VM writes it
+                await held.enter_async_context(sandbox.lock)
+            now = self._holders_here(volume_id)
+            if {id(sb) for sb in now} != {id(sb) for sb in holders} or any(
+                sb.state is not SandboxState.HIBERNATED for sb in now
+            ):
+                store.delete(volume_id, in_use=True)  # raises the 409: a VM may write it
             stored = await asyncio.to_thread(store_volume, self.host.store, volume_id, store.path(volume_id))
         log.info(
             "volume %s stored as %s: %d of %d bytes uploaded in %.1f s",

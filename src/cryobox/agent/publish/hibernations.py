@@ -11,11 +11,14 @@ whole image home, memory included (downloaded and verified chunk by chunk), so t
 and the stored objects can be deleted as soon as its row names its new host. Every object is checked against
 its pin in the manifest (:mod:`cryobox.objstore.pins`) before it is renamed into place or parsed, and the
 manifest against the sha256 the registry pins for it (:mod:`cryobox.objstore.manifests`) before it is parsed.
+A sandbox with volumes records them in the manifest, slot by slot (the volumes themselves move through
+``volumes/<id>/``, driven by the control plane, before the wake).
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +28,12 @@ from ...objstore.leases import DEFAULT_TIMING, LeaseTiming
 from ...objstore.manifests import Published, delete_published
 from ..snapshot.store import SnapshotImage
 from ..templates.bake import Template
+from ..vm.volumes import AttachedVolume
 from . import images
 from .images import StoredImage, import_image, publish_image
+
+VOLUMES_FIELD = "volumes"
+"""The manifest's list of the sandbox's attached volumes (:func:`portable_volumes`)."""
 
 
 def hibernation_image(sandbox_id: str) -> StoredImage:
@@ -51,13 +58,29 @@ def publish_hibernation(
     image: SnapshotImage,
     template: Template,
     *,
+    volumes: Sequence[Mapping[str, Any]] = (),
     timing: LeaseTiming = DEFAULT_TIMING,
 ) -> Published:
     """Upload ``sandbox_id``'s hibernation ``image`` (over ``template``'s disk); the manifest goes last, and the
-    sha256 of its bytes is returned (the registry pins it). Idempotent: nothing is uploaded while the store holds
-    the manifest this image was published with; another image of the sandbox is replaced (its chunks stay until
-    ``cryobox gc --store`` finds them unreferenced)."""
-    return publish_image(store, hibernation_image(sandbox_id), image, template, timing)
+    sha256 of its bytes is returned (the registry pins it). ``volumes``: the sandbox's attached volumes, slot by
+    slot (:func:`portable_volumes`), recorded in the manifest so that a wake elsewhere points the same slots at
+    them. Idempotent: nothing is uploaded while the store holds the manifest this image was published with;
+    another image of the sandbox is replaced (its chunks stay until ``cryobox gc --store`` finds them
+    unreferenced)."""
+    extra = {VOLUMES_FIELD: [dict(v) for v in volumes]} if volumes else None
+    return publish_image(store, hibernation_image(sandbox_id), image, template, timing, extra)
+
+
+def portable_volumes(volumes: Sequence[AttachedVolume]) -> list[dict[str, Any]]:
+    """What a stored hibernation records of its sandbox's volumes: each slot's volume, without this host's path
+    (``name`` is the volume id)."""
+    return [{k: v for k, v in volume.to_json().items() if k != "path"} for volume in volumes]
+
+
+def stored_volumes(manifest: Mapping[str, Any], path: Callable[[str], Path]) -> tuple[AttachedVolume, ...]:
+    """The volumes a stored hibernation's sandbox had (:func:`portable_volumes`), at this host's ``path`` of each
+    volume id."""
+    return tuple(AttachedVolume.from_json({**v, "path": str(path(v["name"]))}) for v in manifest.get(VOLUMES_FIELD, ()))
 
 
 def import_hibernation(

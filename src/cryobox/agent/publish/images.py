@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,11 +127,17 @@ def memory_summary(index: ChunkIndex) -> dict[str, int]:
 
 
 def publish_image(
-    store: ObjectStore, stored: StoredImage, image: SnapshotImage, template: Template, timing: LeaseTiming
+    store: ObjectStore,
+    stored: StoredImage,
+    image: SnapshotImage,
+    template: Template,
+    timing: LeaseTiming,
+    extra: Mapping[str, Any] | None = None,
 ) -> Published:
-    """Upload ``image`` (captured over ``template``'s disk) under ``stored.prefix``; the manifest goes last, and
-    the sha256 of its bytes is returned (the registry pins it). Idempotent: nothing is uploaded while the store
-    holds the manifest this host uploaded for the image; otherwise (none, or another one) it is uploaded again.
+    """Upload ``image`` (captured over ``template``'s disk) under ``stored.prefix``; the manifest goes last (with
+    ``extra``'s fields added), and the sha256 of its bytes is returned (the registry pins it). Idempotent:
+    nothing is uploaded while the store holds the manifest this host uploaded for the image; otherwise (none, or
+    another one) it is uploaded again.
     Chunks the store has (its template's, its siblings') are not uploaded again.
 
     :raises StateError: the image is not over the current generation of ``template``.
@@ -149,7 +156,7 @@ def publish_image(
         if found is not None and found.get("id") != image.id:
             delete_published(store, stored.prefix)  # an earlier image under the prefix
     index, pins = upload_captured(store, stored.prefix, image, template, timing)
-    manifest = dict(image.manifest)
+    manifest = {**image.manifest, **(extra or {})}
     if stored.one_image:
         manifest["id"] = image.id  # what a later publish compares
     manifest.update(

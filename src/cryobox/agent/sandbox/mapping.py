@@ -154,10 +154,12 @@ def fork_child(
     )
 
 
-def stored_wake(spec: am.WakeSpec, image: SnapshotImage, vm: MicroVM, now: float) -> Sandbox:
+def stored_wake(
+    spec: am.WakeSpec, image: SnapshotImage, vm: MicroVM, now: float, volumes: tuple[AttachedVolume, ...] = ()
+) -> Sandbox:
     """A sandbox hibernated on another host, taken in here as hibernated: the identity and settings the control
     plane gives (``spec``), the size its imported ``image`` was captured with, ``vm`` a placeholder (no QEMU
-    until it wakes)."""
+    until it wakes), its ``volumes`` (this host's copies, in the slots the image has them in)."""
     return Sandbox(
         id=spec.sandbox_id,
         template=spec.template,
@@ -177,6 +179,7 @@ def stored_wake(spec: am.WakeSpec, image: SnapshotImage, vm: MicroVM, now: float
         instance_id=spec.instance_id,
         egress=spec.egress,
         hibernation=image,
+        volumes=volumes,
     )
 
 

@@ -11,14 +11,15 @@ sandbox already stored is reported ``already``; one a crashed drain left hiberna
 **Wake elsewhere** (:meth:`HibernationControl.relocate`, the fleet's ``relocator``: every request resolves its
 agent through :meth:`Fleet.route <cryobox.server.control.fleet.Fleet.route>`): a stored hibernation whose host is
 draining, down or no longer holds it is placed like a create (reservation, the template generation it needs),
-the chosen agent imports and wakes it as the same sandbox (``Agent.wake_stored``), and the row's host changes in
-the transaction that settles the reservation, only if the row still names the old host and the stored image (of
-two requests racing, one wins; the other's copy is deleted unless it is the winner's). Then the stored objects
-are deleted and the old agent, if reachable, forgets its copy (the row names the new host first, so that delete
-cannot touch the new one). An old agent that was unreachable forgets it when it registers again
-(:meth:`agent_registered`). While the old host is draining and alive, its copy is hibernated and stored again
-first (idempotent), so a wake there during the drain is not lost. Such a wake asks the workspace's quota first
-(:mod:`.quotas`: its vCPUs and memory count again).
+its volumes follow it there (:meth:`VolumeMover.follow <.volumemoves.VolumeMover.follow>`; a drain stored them
+after the hibernation), the chosen agent imports and wakes it as the same sandbox (``Agent.wake_stored``), and
+the row's host changes in the transaction that settles the reservation, only if the row still names the old host
+and the stored image (of two requests racing, one wins; the other's copy is deleted unless it is the winner's).
+Then the stored objects are deleted and the old agent, if reachable, forgets its copy (the row names the new host
+first, so that delete cannot touch the new one), and its copies of the volumes that followed go too. An old
+agent that was unreachable forgets it when it registers again (:meth:`agent_registered`). While the old host is
+draining and alive, its copy is hibernated and stored again first (idempotent), so a wake there during the drain
+is not lost. Such a wake asks the workspace's quota first (:mod:`.quotas`: its vCPUs and memory count again).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from .fleet import Fleet
 from .ownership import StoreOwnership
 from .placement import Placement, PlacementRequest
 from .quotas import QuotaGuard
+from .volumemoves import VolumeMover
 
 log = logging.getLogger(__name__)
 DRAINABLE = ("running", "paused", HIBERNATED)
@@ -125,6 +127,8 @@ class HibernationControl:
         self._tasks: set[asyncio.Task[SandboxRow]] = set()
         self.quotas: QuotaGuard | None = None
         """The workspace quotas (set by the control plane); ``None``: unlimited."""
+        self.volumes: VolumeMover | None = None
+        """Moves a sandbox's volumes with it (set by the control plane); ``None``: no volumes."""
 
     # -- drain -------------------------------------------------------------------------------------------------
 
@@ -175,6 +179,8 @@ class HibernationControl:
         if not await asyncio.to_thread(self.moves.hibernated, row.id, host, info.egress):
             raise NotFound(f"sandbox {row.id} went during the drain", details={"id": row.id})
         stored = await self._store(agent, row.id)
+        if self.volumes is not None:  # its volumes' copies, before it is portable (its host may be gone by its wake)
+            await self.volumes.store_held(row.id)
         if not await asyncio.to_thread(self.moves.stored, row.id, host, stored.generation, stored.manifest_sha256):
             raise StateError(
                 f"sandbox {row.id} woke (or went) during the drain; drain again",
@@ -256,8 +262,11 @@ class HibernationControl:
         reservation = await self.placement.reserve(request, row.id)
         target = reservation.agent
         started = time.monotonic()
+        carried: list[tuple[str, str]] = []
         try:
             agent = await self.fleet.agent(target)
+            if self.volumes is not None:  # its volumes first: the guest wakes with them mounted
+                carried = await self.volumes.follow(row.id, target)
             info = await agent.wake_stored(wake_spec(row))
         except BaseException as err:
             with contextlib.suppress(CryoboxError):
@@ -293,6 +302,9 @@ class HibernationControl:
         await self.forget_stored(row.id)
         if target != row.host:
             await self._forget_on(row.host, row.id)
+        if self.volumes is not None:
+            for host, volume_id in carried:  # after the old host forgot the sandbox that held them
+                await self.volumes.remove_copy(host, volume_id)
         return moved
 
     async def _after_missing_image(self, row: SandboxRow) -> SandboxRow:

@@ -98,6 +98,7 @@ class ControlPlane:
         """Network policies changed live, egress decisions: :mod:`.network`."""
         self.volumes = VolumeControl(registry, fleet, self.quotas, fleet.clock)
         """Named volumes and their attachments: :mod:`.volumes`."""
+        self.hibernations.volumes = self.volumes.mover  # a drained sandbox's volumes follow it
         self.volume_content = VolumeContent(SystemSandboxes(self), fleet.clock)
         """A volume's files through a system sandbox: :mod:`.volumecontent`."""
         self.volumes.evict = self.volume_content.evict

@@ -18,6 +18,15 @@ moves, if no sandbox has it attached:
 
 A failure at any step releases the lease and removes what the target fetched; the volume stays where it was.
 
+**With a sandbox that moves** (a drain): the drain hibernates the sandbox, stores its hibernation, then stores each
+volume attached to it (:meth:`VolumeMover.store_held`: the agent stores a volume only while every holder is
+hibernated, their locks held, so the copy is what the guest's memory has mounted). When the sandbox wakes on
+another host, its volumes follow first (:meth:`VolumeMover.follow`): the same lease, taken although the sandbox
+holds them (only that sandbox: a volume other sandboxes read stays, and the wake is 409), stored again from the
+source when it is alive (only changed chunks go up: none), else fetched from the drain's copy, which is current —
+the sandbox has been hibernated since; the attachments stay. The source's copies go once the sandbox's old host
+forgot it (:meth:`VolumeMover.remove_copy`).
+
 **Lost.** A volume whose host is down or lost (no heartbeat past the deadline) reads ``status: lost`` and a
 create asking for it is 409 ``lost``, until the host comes back (then it is ``ready`` again, on that host, with
 every write it had) or an operator **restores** it from its last stored copy (:meth:`VolumeMover.restore`):
@@ -29,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -114,9 +124,9 @@ class VolumeMover:
         except BaseException:
             await asyncio.to_thread(self.records.abort_move, row.id, token)
             if fetched:
-                await self._remove(target, row.id)
+                await self.remove_copy(target, row.id)
             raise
-        await self._remove(row.host, row.id)
+        await self.remove_copy(row.host, row.id)
         log.info("volume %s moved from %s to %s through the object store", row.id, row.host, target)
         return moved
 
@@ -129,7 +139,58 @@ class VolumeMover:
             await self.after_store(stored)
         return stored
 
-    async def _remove(self, host: str, volume_id: str) -> None:
+    async def follow(self, sandbox_id: str, target: str) -> list[tuple[str, str]]:
+        """Move every volume attached to the hibernated sandbox ``sandbox_id`` to ``target``, where it is about to
+        wake (see the module doc); returns the (host, volume id) copies left at the sources, to remove once the old
+        host forgot the sandbox. 409 when one is read by another sandbox too, or lost without a stored copy."""
+        left: list[tuple[str, str]] = []
+        for attachment in await asyncio.to_thread(self.records.attachments_of, sandbox_id):
+            row = await asyncio.to_thread(self.records.by_id, attachment.volume_id)
+            if row.host != target:
+                await self._carry(row, sandbox_id, target)
+                left.append((row.host, row.id))
+        return left
+
+    async def _carry(self, row: VolumeRow, sandbox_id: str, target: str) -> VolumeRow:
+        token = await asyncio.to_thread(
+            functools.partial(
+                self.records.begin_move, row.id, row.host, target, self._clock(), LEASE_STALE_S, holder=sandbox_id
+            )
+        )
+        fetched = False
+        try:
+            if await self.host_state(row.host) != "down":
+                stored = await self._store(row, await self.fleet.agent(row.host))
+                sha = stored.manifest_sha256
+                await asyncio.to_thread(self.records.record_stored, row.id, token, sha, self._clock())
+            elif row.stored_sha256 is not None:
+                sha = row.stored_sha256  # stored by the drain, after the sandbox hibernated: nothing wrote since
+            else:
+                raise StateError(
+                    f"volume {row.name!r} of sandbox {sandbox_id} is lost: its host {row.host} is down and it was "
+                    "never stored",
+                    state="lost",
+                    required="ready",
+                    details={"volume": row.name, "host": row.host},
+                )
+            fetched = True
+            await (await self.fleet.agent(target)).fetch_volume(VolumeFetch(volume_id=row.id, manifest_sha256=sha))
+            moved = await asyncio.to_thread(self.records.finish_move, row.id, token, target)
+        except BaseException:
+            await asyncio.to_thread(self.records.abort_move, row.id, token)
+            if fetched:
+                await self.remove_copy(target, row.id)
+            raise
+        log.info("volume %s followed sandbox %s from %s to %s", row.id, sandbox_id, row.host, target)
+        return moved
+
+    async def store_held(self, sandbox_id: str) -> None:
+        """Store every volume attached to the hibernated sandbox ``sandbox_id`` where it is (a drain: the copies
+        its wake elsewhere needs if the host is gone by then)."""
+        for attachment in await asyncio.to_thread(self.records.attachments_of, sandbox_id):
+            await self.store(await asyncio.to_thread(self.records.by_id, attachment.volume_id))
+
+    async def remove_copy(self, host: str, volume_id: str) -> None:
         try:
             await (await self.fleet.agent(host)).delete_volume(volume_id)
         except CryoboxError as err:
@@ -170,7 +231,7 @@ class VolumeMover:
         except BaseException:
             await asyncio.to_thread(self.records.abort_move, row.id, token)
             with contextlib.suppress(NotFound):
-                await self._remove(target, row.id)
+                await self.remove_copy(target, row.id)
             raise
         log.warning(
             "volume %s restored on %s from its copy stored at %.0f: writes on %s since then are lost",

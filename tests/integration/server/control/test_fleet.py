@@ -551,3 +551,57 @@ def test_a_volume_written_on_one_agent_is_read_on_another_after_its_agent_drains
             client.http.post(f"/v1/agents/{source}/undrain")
             client.delete_all()
             client.http.delete("/v1/volumes/fleetvol")
+
+
+def test_a_drained_sandbox_wakes_elsewhere_with_its_volumes_mounted_in_their_slots(fleet: Fleet) -> None:
+    """A sandbox writing two volumes is drained with its agent: the drain stores its hibernation and then the
+    volumes; its next request wakes it on another agent, where its volumes arrived first, each in the slot its
+    guest has it mounted from: the files are there, new writes land in the moved volume, and the old agent keeps
+    no copy."""
+    for name in ("a0", "a1", "a2"):
+        fleet.wait_agent_status(name, "up", 60)
+    with api(fleet) as client:
+        vols = [client.call("POST", "/v1/volumes", 201, json={"name": f"dv{i}", "size_mb": 32}) for i in (1, 2)]
+        source = vols[0]["host"]
+        try:
+            mounts = [{"name": "dv1", "path": "/data1"}, {"name": "dv2", "path": "/data2"}]
+            sandbox = client.create(volumes=mounts)
+            home = sandbox["host"]
+            pid = client.sh(
+                sandbox["id"],
+                "echo one > /data1/f && echo two > /data2/f && sync && nohup sleep 100000 >/dev/null 2>&1 & echo $!",
+            ).strip()
+            report = client.call("POST", f"/v1/agents/{home}/drain")
+            assert (report["count"], report["errors"]) == (1, []), report
+            for vol in vols:
+                view = client.call("GET", f"/v1/volumes/{vol['name']}")
+                assert view["host"] == home and view["stored_at"] is not None  # stored by the drain
+
+            answer = client.sh(
+                sandbox["id"],
+                f"cat /data1/f /data2/f; kill -0 {pid} && echo alive; echo three > /data2/g && sync && cat /data2/g",
+            )
+
+            assert answer == "one\ntwo\nalive\nthree\n"
+            row = client.call("GET", f"/v1/sandboxes/{sandbox['id']}")
+            assert row["host"] != home and row["status"] == "running"
+            for vol in vols:
+                view = client.call("GET", f"/v1/volumes/{vol['name']}")
+                assert view["host"] == row["host"] and [a["sandbox_id"] for a in view["attached_to"]] == [row["id"]]
+            held = httpx.get(
+                f"{fleet.agent(home).url}/agent/v1/volumes",
+                headers={"Authorization": f"Bearer {fleet.node_token}"},
+                timeout=30,
+                trust_env=False,
+            ).json()
+            assert not {v["volume_id"] for v in held} & {v["id"] for v in vols}, held  # the old copies went
+            client.call("DELETE", f"/v1/sandboxes/{sandbox['id']}", 204)
+            reader = client.create(volumes=[{"name": "dv2", "path": "/data", "read_only": True}])
+            assert client.sh(reader["id"], "cat /data/f /data/g") == "two\nthree\n"  # the write after the wake
+            assert source == home
+        finally:
+            client.delete_all()
+            for name in ("a0", "a1", "a2"):
+                client.http.post(f"/v1/agents/{name}/undrain")
+            for i in (1, 2):
+                client.http.delete(f"/v1/volumes/dv{i}")

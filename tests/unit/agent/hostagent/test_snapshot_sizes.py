@@ -55,7 +55,7 @@ def test_snapshot_info_carries_the_manifests_sizes(tmp_path: Path) -> None:
 
 async def test_a_stored_hibernation_reports_the_images_sizes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     published = SimpleNamespace(key="hibernations/sb-1", manifest_sha256="ab" * 32)
-    monkeypatch.setattr(hibernation_ops, "publish_hibernation", lambda *args: published)  # the upload is not this
+    monkeypatch.setattr(hibernation_ops, "publish_hibernation", lambda *args, **kw: published)  # the upload is not this
     image = _image(tmp_path, size_bytes=30, unique_bytes=10, shared_bytes=20)
     sandbox = SimpleNamespace(
         id="sb-1",

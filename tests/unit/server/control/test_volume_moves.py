@@ -71,7 +71,8 @@ async def test_an_attached_volume_on_a_draining_host_does_not_move(made: Fleetis
     with pytest.raises(StateError) as refused:
         await c.control.create(request(c, read_only=True))
     assert refused.value.details.get("attached_to") == [first.id]
-    assert c.control.volumes.records.by_id(vol.id).host == "a" and "store_volume" not in c.a.call_names()
+    assert c.control.volumes.records.by_id(vol.id).host == "a" and "fetch_volume" not in c.b.call_names()
+    assert c.a.call_names().count("store_volume") == 1  # the drain's, once its reader hibernated; no move
 
 
 async def test_two_replicas_never_both_move_a_volume(made: Fleetish, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -128,6 +129,7 @@ async def test_a_lost_hosts_volume_is_lost_until_restored_from_its_last_stored_c
     vol = await volume_on_a(c)
     writer = await c.control.create(request(c))
     assert writer.host == "a"
+    await c.a.delete(writer.id)
     await c.control.volumes.sandbox_gone(writer.id)  # detached, then stored (as a drain's last detach would)
     stored = await c.control.volumes.mover.store(c.control.volumes.records.by_id(vol.id))
     assert stored.stored_sha256 is not None and stored.host == "a"
@@ -163,3 +165,70 @@ async def test_a_never_stored_lost_volume_cannot_be_restored(made: Fleetish, clo
     assert c.control.volumes.records.by_id(vol.id) == replace(vol)  # nothing written
     await c.beat("a")  # the host comes back: so does the volume, with every write
     assert (await c.control.volumes.get(c.ws, "data")).status == "ready"
+
+
+async def drained_writer(c: Fleetish) -> tuple[VolumeRow, str]:
+    """A volume on ``a`` written by a sandbox on ``a``; then ``a`` is drained (no errors)."""
+    vol = await volume_on_a(c)
+    writer = await c.control.create(request(c))
+    assert writer.host == "a" and c.a.held[writer.id] == [vol.id]
+    report = await c.control.hibernations.drain("a")
+    assert report.errors == [] and [d.id for d in report.drained] == [writer.id]
+    return vol, writer.id
+
+
+async def test_a_drain_stores_a_sandboxs_volumes_and_they_follow_it_to_where_it_wakes(made: Fleetish) -> None:
+    c = made
+    vol, sandbox_id = await drained_writer(c)
+    names = c.a.call_names()
+    assert names.index("store_volume") > names.index("store_hibernation")  # stored once the guest hibernated
+    drained = c.control.volumes.records.by_id(vol.id)
+    assert drained.host == "a" and drained.stored_sha256 is not None  # a copy the wake can use if a is gone
+    assert [a.sandbox_id for a in drained.attachments] == [sandbox_id]
+
+    moved, agent = await c.exec(sandbox_id)
+
+    assert agent is c.b and moved.host == "b" and c.b.held[sandbox_id] == [vol.id]  # woke with its volume
+    row = c.control.volumes.records.by_id(vol.id)
+    assert (row.host, row.move_target, [a.sandbox_id for a in row.attachments]) == ("b", None, [sandbox_id])
+    assert row.writer == sandbox_id  # still its read-write holder
+    b_names = c.b.call_names()
+    assert b_names.index("fetch_volume") < b_names.index("wake_stored")  # the volume was there first
+    assert vol.id not in c.a.volumes and sandbox_id not in c.a.sandboxes  # the old host's copies went
+
+
+async def test_a_drained_sandbox_wakes_with_the_drains_copy_of_its_volume_when_its_host_is_gone(
+    made: Fleetish, clock: FakeClock
+) -> None:
+    c = made
+    vol, sandbox_id = await drained_writer(c)
+    pinned = c.control.volumes.records.by_id(vol.id).stored_sha256
+    clock.now = T0 + DEADLINE_S + 1
+    await c.beat("b")
+    assert await c.control.fleet.check_stale() == ["a"]
+
+    moved, agent = await c.exec(sandbox_id)
+
+    assert agent is c.b and moved.host == "b" and c.b.held[sandbox_id] == [vol.id]
+    assert c.a.call_names().count("store_volume") == 1  # only the drain's: a is gone
+    fetched = [args[0] for name, args in c.b.calls if name == "fetch_volume"]
+    assert [f.manifest_sha256 for f in fetched] == [pinned]
+    assert c.control.volumes.records.by_id(vol.id).host == "b"
+
+
+async def test_a_volume_another_sandbox_reads_does_not_follow_and_the_wake_is_refused(made: Fleetish) -> None:
+    c = made
+    vol = await volume_on_a(c)
+    first = await c.control.create(request(c, read_only=True))
+    second = await c.control.create(request(c, read_only=True))
+    assert first.host == second.host == "a"
+    await c.control.hibernations.drain("a")
+
+    with pytest.raises(StateError) as refused:
+        await c.exec(first.id)
+
+    assert refused.value.state == "attached" and sorted(refused.value.details["attached_to"]) == sorted(
+        [first.id, second.id]
+    )
+    assert c.control.volumes.records.by_id(vol.id).host == "a" and "wake_stored" not in c.b.call_names()
+    assert c.row(first.id).host == "a" and c.registry.fleet.reservations() == []  # nothing changed

@@ -83,13 +83,14 @@ class Intervals:
 
 def wire_registration(control: ControlPlane) -> None:
     """What happens when an agent registers: template rows, custom template builds, snapshot reconcile, and the
-    copies of sandboxes that moved elsewhere meanwhile are forgotten."""
+    copies of sandboxes and volumes that moved elsewhere (or went) meanwhile are forgotten."""
 
     async def registered(name: str, hb: am.Heartbeat) -> None:
         agent = await control.fleet.agent(name)
         await control.templates.agent_registered(name, agent, dict(hb.capacity.templates_ready))
         await control.snapshots.reconcile(name, agent, {s.id for s in hb.sandboxes})
         await control.hibernations.agent_registered(name, hb)
+        await control.volumes.mover.forget_strays(name)
 
     control.fleet.on_register(registered)
 

@@ -37,13 +37,14 @@ class MoveRecords:
         checked = envseal.seal_changes(_check_fields(SandboxRow, changes), self._sealer)
         return {_attr(name): value for name, value in checked.items()}
 
-    def hibernated(self, sandbox_id: str, host: str, egress: EgressPolicy | None) -> bool:
+    def hibernated(self, sandbox_id: str, host: str, egress: EgressPolicy | None, now: float | None = None) -> bool:
         """The row of ``sandbox_id`` on ``host`` is hibernated there (image local), with the network policy its
-        agent hibernated it with (what a wake elsewhere applies); ``False`` when no such row."""
+        agent hibernated it with (what a wake elsewhere applies), stamped ``hibernated_at`` ``now`` unless it was
+        hibernated already; ``False`` when no such row."""
         changes = {"status": HIBERNATED, "hibernation": HIBERNATION_LOCAL, "egress": egress}
         values = self._values({**changes, "hibernation_manifest_sha256": None})  # a stored one is not this image
         kept = and_(m.Sandbox.status == HIBERNATED, m.Sandbox.hibernated_at.is_not(None))  # its retention runs on
-        values["hibernated_at"] = case((kept, m.Sandbox.hibernated_at), else_=time.time())
+        values["hibernated_at"] = case((kept, m.Sandbox.hibernated_at), else_=time.time() if now is None else now)
         with self._db.session(what=f"sandbox {sandbox_id}") as s:
             done = s.execute(update(m.Sandbox).where(m.Sandbox.id == sandbox_id, m.Sandbox.host == host).values(values))
             return bool(done.rowcount)  # type: ignore[attr-defined]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from sqlalchemy import delete, func, select, update
@@ -280,12 +281,12 @@ class VolumeRecords:
         stale_s: float,
         *,
         attached_ok: bool = False,
-        holder: str | None = None,
+        holders: Collection[str] = (),
     ) -> str:
         """Take the move lease of a volume that is on ``source``, has no attachment (unless ``attached_ok``: a
-        restore from a lost host; or only ``holder``'s: a hibernated sandbox the volume follows to its new host) and
-        no fresh lease (one older than ``stale_s`` is taken over); returns its token. 409 otherwise, nothing
-        written. The row is locked first, so an attachment recorded concurrently is seen."""
+        restore from a lost host; or only ``holders``' attachments: hibernated sandboxes it follows to their new
+        host) and no fresh lease (one older than ``stale_s`` is taken over); returns its token. 409 otherwise,
+        nothing written. The row is locked first, so an attachment recorded concurrently is seen."""
         token = secrets.token_hex(16)
         with self._db.session(what=f"volume {volume_id}") as s:
             vol = s.scalar(select(m.Volume).where(m.Volume.id == volume_id).with_for_update())
@@ -300,15 +301,15 @@ class VolumeRecords:
                 )
             if vol.move_token is not None and (vol.move_started_at or 0.0) > now - stale_s:
                 raise _moving(volume_id, vol.move_target)
-            holders = sorted(
+            holders_now = sorted(
                 s.scalars(select(m.VolumeAttachment.sandbox_id).where(m.VolumeAttachment.volume_id == volume_id))
             )
-            if holders and not attached_ok and set(holders) != {holder}:
+            if holders_now and not attached_ok and not set(holders_now) <= set(holders):
                 raise StateError(
-                    f"volume {volume_id} is attached to {', '.join(holders)} on {source}: it cannot move",
+                    f"volume {volume_id} is attached to {', '.join(holders_now)} on {source}: it cannot move",
                     state="attached",
                     required="detached",
-                    details={"attached_to": holders},
+                    details={"attached_to": holders_now},
                 )
             held = m.Volume.move_token.is_(None) if vol.move_token is None else m.Volume.move_token == vol.move_token
             taken = s.execute(

@@ -176,7 +176,7 @@ class HibernationControl:
 
     async def _drain_one(self, agent: Agent, host: str, row: SandboxRow) -> None:
         info = await agent.hibernate(row.id)
-        if not await asyncio.to_thread(self.moves.hibernated, row.id, host, info.egress):
+        if not await asyncio.to_thread(self.moves.hibernated, row.id, host, info.egress, self.fleet.clock()):
             raise NotFound(f"sandbox {row.id} went during the drain", details={"id": row.id})
         stored = await self._store(agent, row.id)
         if self.volumes is not None:  # its volumes' copies, before it is portable (its host may be gone by its wake)
@@ -222,6 +222,8 @@ class HibernationControl:
         if not portable(row):  # moved (or woken at home) by the request before us
             return row
         home = await self._reachable(row.host)
+        if home is not None and home[0] == AGENT_UP and await self._volumes_left(row):
+            home = None  # a sibling took a volume they share elsewhere: its stored image wakes there
         if home is not None:
             status, agent = home
             try:
@@ -241,6 +243,10 @@ class HibernationControl:
                     return row
         return await self._wake_elsewhere(row)
 
+    async def _volumes_left(self, row: SandboxRow) -> bool:
+        """Whether a sibling sharing a volume with ``row`` took it to another host (``row`` must wake there)."""
+        return self.volumes is not None and await self.volumes.placed_with(row.id, row.host) is not None
+
     async def _reachable(self, name: str) -> tuple[str, Agent] | None:
         try:
             agent = await self.fleet.agent(name)
@@ -256,8 +262,13 @@ class HibernationControl:
             return await self._place_and_wake(row)
 
     async def _place_and_wake(self, row: SandboxRow) -> SandboxRow:
-        request = PlacementRequest(
-            memory_mib=row.memory_mib, cpus=row.cpus, template=row.template, generation=row.hibernation_generation
+        pinned = await self.volumes.placed_with(row.id, row.host) if self.volumes is not None else None
+        request = PlacementRequest(  # where a sibling took a volume they share, if one did
+            memory_mib=row.memory_mib,
+            cpus=row.cpus,
+            template=row.template,
+            generation=row.hibernation_generation,
+            only=pinned,
         )
         reservation = await self.placement.reserve(request, row.id)
         target = reservation.agent
@@ -266,7 +277,7 @@ class HibernationControl:
         try:
             agent = await self.fleet.agent(target)
             if self.volumes is not None:  # its volumes first: the guest wakes with them mounted
-                carried = await self.volumes.follow(row.id, target)
+                carried = await self.volumes.follow(row, target)
             info = await agent.wake_stored(wake_spec(row))
         except BaseException as err:
             with contextlib.suppress(CryoboxError):

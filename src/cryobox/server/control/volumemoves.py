@@ -31,7 +31,9 @@ forgot it (:meth:`VolumeMover.remove_copy`).
 create asking for it is 409 ``lost``, until the host comes back (then it is ``ready`` again, on that host, with
 every write it had) or an operator **restores** it from its last stored copy (:meth:`VolumeMover.restore`):
 the copy is fetched on a live host, the row names that host and the lost host's attachments are dropped. Writes
-made after ``stored_at`` are lost; if the old host returns, its copy is stale and no longer the volume's.
+made after ``stored_at`` are lost; if the old host returns, its copy is stale and no longer the volume's: it is
+removed when that agent registers (:meth:`VolumeMover.forget_strays`), as are copies left by a move whose source
+could not be reached and images of volumes deleted meanwhile.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from ...agentapi import Agent
 from ...agentapi.models_volumes import StoredVolume, VolumeFetch
 from ...errors import CryoboxError, HostUnavailable, NotFound, StateError
 from ...objstore.keys import volume_prefix
+from ...registry import HIBERNATED, HIBERNATION_STORED, SandboxRow
 from ...registry.volumes import VolumeRecords, VolumeRow
 from .fleet import Fleet
 from .ownership import StoreOwnership
@@ -56,6 +59,18 @@ log = logging.getLogger(__name__)
 LEASE_STALE_S = 900.0
 """A move lease older than this belonged to a replica that died mid-move: another may take it over."""
 HostState = str  # "up" | "draining" | "down"
+
+
+def _stored_since(volume: VolumeRow, sandbox: SandboxRow) -> bool:
+    """Whether the volume's stored copy was taken after ``sandbox`` hibernated (so it is what the guest's memory
+    has mounted: the drain's copy)."""
+    stamped = sandbox.hibernated_at
+    return (
+        volume.stored_sha256 is not None
+        and volume.stored_at is not None
+        and stamped is not None
+        and (volume.stored_at >= stamped)
+    )
 
 
 @dataclass(frozen=True)
@@ -139,39 +154,67 @@ class VolumeMover:
             await self.after_store(stored)
         return stored
 
-    async def follow(self, sandbox_id: str, target: str) -> list[tuple[str, str]]:
-        """Move every volume attached to the hibernated sandbox ``sandbox_id`` to ``target``, where it is about to
-        wake (see the module doc); returns the (host, volume id) copies left at the sources, to remove once the old
-        host forgot the sandbox. 409 when one is read by another sandbox too, or lost without a stored copy."""
+    async def follow(self, sandbox: SandboxRow, target: str) -> list[tuple[str, str]]:
+        """Move every volume attached to the hibernated ``sandbox`` to ``target``, where it is about to wake (see
+        the module doc); returns the (host, volume id) copies left at the sources, to remove once the old host
+        forgot the sandbox. 409 when another sandbox that is not a stored hibernation holds one, or one is on a
+        host that is down without a copy stored since the sandbox hibernated."""
         left: list[tuple[str, str]] = []
-        for attachment in await asyncio.to_thread(self.records.attachments_of, sandbox_id):
+        for attachment in await asyncio.to_thread(self.records.attachments_of, sandbox.id):
             row = await asyncio.to_thread(self.records.by_id, attachment.volume_id)
             if row.host != target:
-                await self._carry(row, sandbox_id, target)
+                await self._carry(row, sandbox, target)
                 left.append((row.host, row.id))
         return left
 
-    async def _carry(self, row: VolumeRow, sandbox_id: str, target: str) -> VolumeRow:
-        token = await asyncio.to_thread(
-            functools.partial(
-                self.records.begin_move, row.id, row.host, target, self._clock(), LEASE_STALE_S, holder=sandbox_id
+    async def placed_with(self, sandbox_id: str, home: str) -> str | None:
+        """The host where the volumes of ``sandbox_id`` (hibernated on ``home``) already are, when a sibling that
+        shares one took it away from ``home``: the sandbox must wake there (409 if they are on two hosts)."""
+        rows = [
+            await asyncio.to_thread(self.records.by_id, a.volume_id)
+            for a in await asyncio.to_thread(self.records.attachments_of, sandbox_id)
+        ]
+        hosts = sorted({row.host for row in rows if row.host != home})
+        if len(hosts) > 1:
+            raise StateError(
+                f"the volumes of sandbox {sandbox_id} are on {', '.join(hosts)}: it cannot wake with all of them",
+                state="elsewhere",
+                required="one host",
+                details={"hosts": hosts},
             )
+        return hosts[0] if hosts else None
+
+    async def _portable_holders(self, row: VolumeRow) -> list[str]:
+        """The holders of ``row`` that are stored hibernations (no VM writes it; each wakes where it goes)."""
+        out = []
+        for attachment in row.attachments:
+            with contextlib.suppress(NotFound):
+                held = await asyncio.to_thread(self.fleet.registry.get_sandbox, attachment.sandbox_id)
+                if held.status == HIBERNATED and held.hibernation == HIBERNATION_STORED:
+                    out.append(held.id)
+        return out
+
+    async def _carry(self, row: VolumeRow, sandbox: SandboxRow, target: str) -> VolumeRow:
+        holders = {sandbox.id, *await self._portable_holders(row)}
+        begin = functools.partial(
+            self.records.begin_move, row.id, row.host, target, self._clock(), LEASE_STALE_S, holders=holders
         )
+        token = await asyncio.to_thread(begin)
         fetched = False
         try:
             if await self.host_state(row.host) != "down":
                 stored = await self._store(row, await self.fleet.agent(row.host))
                 sha = stored.manifest_sha256
                 await asyncio.to_thread(self.records.record_stored, row.id, token, sha, self._clock())
-            elif row.stored_sha256 is not None:
-                sha = row.stored_sha256  # stored by the drain, after the sandbox hibernated: nothing wrote since
+            elif _stored_since(row, sandbox):
+                sha = row.stored_sha256 or ""  # stored by the drain, after the sandbox hibernated
             else:
                 raise StateError(
-                    f"volume {row.name!r} of sandbox {sandbox_id} is lost: its host {row.host} is down and it was "
-                    "never stored",
+                    f"volume {row.name!r} of sandbox {sandbox.id} is lost: its host {row.host} is down and no copy "
+                    "of it was stored since the sandbox hibernated",
                     state="lost",
                     required="ready",
-                    details={"volume": row.name, "host": row.host},
+                    details={"volume": row.name, "host": row.host, "stored_at": row.stored_at},
                 )
             fetched = True
             await (await self.fleet.agent(target)).fetch_volume(VolumeFetch(volume_id=row.id, manifest_sha256=sha))
@@ -181,14 +224,43 @@ class VolumeMover:
             if fetched:
                 await self.remove_copy(target, row.id)
             raise
-        log.info("volume %s followed sandbox %s from %s to %s", row.id, sandbox_id, row.host, target)
+        log.info("volume %s followed sandbox %s from %s to %s", row.id, sandbox.id, row.host, target)
         return moved
 
     async def store_held(self, sandbox_id: str) -> None:
         """Store every volume attached to the hibernated sandbox ``sandbox_id`` where it is (a drain: the copies
-        its wake elsewhere needs if the host is gone by then)."""
+        its wake elsewhere needs if the host is gone by then). A volume another sandbox of the host still runs
+        with is left to that sandbox's turn in the drain (the agent stores only what no VM writes)."""
         for attachment in await asyncio.to_thread(self.records.attachments_of, sandbox_id):
-            await self.store(await asyncio.to_thread(self.records.by_id, attachment.volume_id))
+            try:
+                await self.store(await asyncio.to_thread(self.records.by_id, attachment.volume_id))
+            except StateError as err:
+                if err.state != "attached":
+                    raise
+                log.info("volume %s is stored with the last of its holders to drain: %s", attachment.volume_id, err)
+
+    async def forget_strays(self, host: str) -> list[str]:
+        """Remove the copies ``host`` holds that no row places there (an agent registering): of a volume deleted
+        while it was away, of one that moved or was restored elsewhere meanwhile (a restored volume's old copy
+        holds only the writes its restore gave up: the restore said so). A copy a move is fetching there stays."""
+        try:
+            held = [v.volume_id for v in await (await self.fleet.agent(host)).list_volumes()]
+        except CryoboxError as err:  # an agent without a volume store, or gone again
+            log.info("agent %s: its volume copies were not checked: %s", host, err.message)
+            return []
+        if not held:
+            return []
+        rows = {row.id: row for row in await asyncio.to_thread(self.records.list_volumes)}
+        strays = [
+            volume_id
+            for volume_id in held
+            if (row := rows.get(volume_id)) is None or (row.host != host and row.move_target != host)
+        ]
+        for volume_id in strays:
+            await self.remove_copy(host, volume_id)
+        if strays:
+            log.warning("agent %s held %d volume copy(ies) placed elsewhere or deleted: removed", host, len(strays))
+        return strays
 
     async def remove_copy(self, host: str, volume_id: str) -> None:
         try:

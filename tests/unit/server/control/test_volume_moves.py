@@ -14,7 +14,7 @@ import pytest
 from cryobox.agentapi.models_volumes import StoredVolume
 from cryobox.errors import StateError
 from cryobox.registry import Registry
-from cryobox.registry.volumes import VolumeRow
+from cryobox.registry.volumes import VolumeRecords, VolumeRow
 from cryobox.server.control.createrequest import CreateRequest
 from cryobox.server.control.volumemoves import LEASE_STALE_S
 from cryobox.server.control.volumes import MountRequest
@@ -100,7 +100,6 @@ async def test_two_replicas_never_both_move_a_volume(made: Fleetish, monkeypatch
 
 
 def test_the_lease_is_one_holders_and_a_stale_one_is_taken_over(registry: Registry, clock: FakeClock) -> None:
-    from cryobox.registry.volumes import VolumeRecords
 
     records = VolumeRecords(registry.database)
     ws = registry.ensure_workspace("w").id
@@ -216,19 +215,71 @@ async def test_a_drained_sandbox_wakes_with_the_drains_copy_of_its_volume_when_i
     assert c.control.volumes.records.by_id(vol.id).host == "b"
 
 
-async def test_a_volume_another_sandbox_reads_does_not_follow_and_the_wake_is_refused(made: Fleetish) -> None:
+async def test_readers_drained_together_take_their_volume_along_and_wake_on_one_host(made: Fleetish) -> None:
     c = made
     vol = await volume_on_a(c)
     first = await c.control.create(request(c, read_only=True))
     second = await c.control.create(request(c, read_only=True))
     assert first.host == second.host == "a"
-    await c.control.hibernations.drain("a")
+    report = await c.control.hibernations.drain("a")
+    assert report.errors == []  # the volume is stored with the last of its readers to drain
 
+    woken, _ = await c.exec(first.id)
+
+    assert woken.host == "b" and c.control.volumes.records.by_id(vol.id).host == "b"
+    await c.control.hibernations.undrain("a")  # a takes sandboxes again and has far more room than b: the
+    c.a.memory_mib = 1 << 20  # second reader still goes where the volume is, not home nor to the roomier host
+    await c.beat()
+    later, _ = await c.exec(second.id)
+    assert later.host == "b" and c.b.held[second.id] == [vol.id] and c.b.held[first.id] == [vol.id]
+    row = c.control.volumes.records.by_id(vol.id)
+    assert sorted(a.sandbox_id for a in row.attachments) == sorted([first.id, second.id])
+
+
+def test_a_lease_for_following_sandboxes_is_refused_while_another_holds_the_volume(
+    registry: Registry, clock: FakeClock
+) -> None:
+
+    records = VolumeRecords(registry.database)
+    ws = registry.ensure_workspace("w").id
+    row = records.add(VolumeRow("vol-0000000000ab", ws, "v", 64 << 20, "a", T0))
+    records.attach(row.id, "sb-1", "/mnt/v", read_only=True)
+    records.attach(row.id, "sb-2", "/mnt/v", read_only=True)
     with pytest.raises(StateError) as refused:
-        await c.exec(first.id)
+        records.begin_move(row.id, "a", "b", T0, LEASE_STALE_S, holders={"sb-1"})
+    assert refused.value.details["attached_to"] == ["sb-1", "sb-2"] and records.by_id(row.id).move_target is None
+    assert records.begin_move(row.id, "a", "b", T0, LEASE_STALE_S, holders={"sb-1", "sb-2"})
 
-    assert refused.value.state == "attached" and sorted(refused.value.details["attached_to"]) == sorted(
-        [first.id, second.id]
-    )
-    assert c.control.volumes.records.by_id(vol.id).host == "a" and "wake_stored" not in c.b.call_names()
-    assert c.row(first.id).host == "a" and c.registry.fleet.reservations() == []  # nothing changed
+
+async def test_a_returning_host_forgets_its_stale_copy_of_a_restored_volume_and_of_a_deleted_one(
+    made: Fleetish, clock: FakeClock
+) -> None:
+    c = made
+    restored = await volume_on_a(c, "restored")
+    await c.control.volumes.mover.store(restored)
+    kept = await c.control.volumes.create(c.ws, "kept", 64 << 20)  # b: the host holding fewer
+    gone = await volume_on_a(c, "gone")
+    clock.now = T0 + DEADLINE_S + 1
+    await c.beat("b")
+    assert await c.control.fleet.check_stale() == ["a"]
+    await c.control.volumes.restore(c.ws, "restored")  # now on b; a's copy holds what the restore gave up
+    c.control.volumes.records.delete(gone.id)  # deleted while a was away (its image stays there)
+    assert kept.row.host == "b"
+    c.a.volumes["vol-elsewhere"] = 64 << 20  # a stray no row names at all
+    assert {restored.id, gone.id} <= set(c.a.volumes)
+
+    await c.beat("a")  # a registers again
+
+    assert set(c.a.volumes) == set() and restored.id in c.b.volumes and kept.row.id in c.b.volumes
+    assert c.control.volumes.records.by_id(restored.id).host == "b"
+
+
+async def test_a_registering_host_keeps_the_copy_a_move_is_fetching_there(made: Fleetish) -> None:
+    c = made
+    vol = await volume_on_a(c)
+    c.control.volumes.records.begin_move(vol.id, "a", "b", T0, LEASE_STALE_S)
+    c.b.volumes[vol.id] = 64 << 20  # the fetch under way
+
+    assert await c.control.volumes.mover.forget_strays("b") == []
+    assert await c.control.volumes.mover.forget_strays("a") == []
+    assert vol.id in c.b.volumes and vol.id in c.a.volumes

@@ -48,6 +48,8 @@ class PlacementRequest:
     only: str | None = None
     """Only this agent (a fork boots from a copy of the parent's disk, which is there)."""
     locality_bonus_mib: int = LOCALITY_BONUS_MIB
+    avoid: frozenset[str] = frozenset()
+    """Not these agents (the full host a create's volumes move away from)."""
 
 
 def free_memory_mib(load: AgentLoad) -> int:
@@ -78,7 +80,7 @@ def choose(request: PlacementRequest, loads: list[AgentLoad]) -> str | None:
     """The agent for ``request`` (see the module docstring), or ``None`` when none fits."""
     best: tuple[int, str] | None = None
     for load in sorted(loads, key=lambda item: item.agent.name):
-        if request.only is not None and load.agent.name != request.only:
+        if (request.only is not None and load.agent.name != request.only) or load.agent.name in request.avoid:
             continue
         if load.agent.status != "up" or not serves(load, request.template, request.generation):
             continue

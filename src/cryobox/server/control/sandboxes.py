@@ -49,6 +49,7 @@ from .systemsandboxes import SystemSandboxes
 from .templates import TemplateJobs
 from .timeouts import OnTimeout, TimeoutActions, TimeoutReport
 from .volumecontent import VolumeContent
+from .volumeplace import place_moving_volumes
 from .volumes import MountRequest, VolumeControl
 
 log = logging.getLogger(__name__)
@@ -192,6 +193,7 @@ class ControlPlane:
         sandbox_id = new_sandbox_id()
         with step(timing, "volumes"):
             attached, volume_host = await self.volumes.claim(request.workspace_id, sandbox_id, mounts)
+        movable = volume_host is not None and placement.only is None  # placed only by its volumes
         if volume_host is not None:  # a sandbox goes where its volumes are
             if placement.only is not None and placement.only != volume_host:
                 await self.volumes.sandbox_gone(sandbox_id)
@@ -219,7 +221,12 @@ class ControlPlane:
                     request.workspace_id, placement.cpus, placement.memory_mib, sandbox_ids=[sandbox_id]
                 )
             with admission:
-                row = await self.place(placement, spec, timing, request.on_timeout)
+                try:
+                    row = await self.place(placement, spec, timing, request.on_timeout)
+                except HostUnavailable as full:  # its volumes' host is full: they move, if they can
+                    if not movable:
+                        raise
+                    row = await place_moving_volumes(self, placement, spec, mounts, full, request.on_timeout)
         except (HostUnavailable, WorkspaceQuotaExceeded):
             await self.volumes.sandbox_gone(sandbox_id)
             self.metrics.observe_create("refused", "restore")

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from cryobox.agentapi.models_volumes import StoredVolume
-from cryobox.errors import StateError
+from cryobox.errors import HostUnavailable, StateError
 from cryobox.registry import Registry
 from cryobox.registry.volumes import VolumeRecords, VolumeRow
 from cryobox.server.control.createrequest import CreateRequest
@@ -283,3 +283,35 @@ async def test_a_registering_host_keeps_the_copy_a_move_is_fetching_there(made: 
     assert await c.control.volumes.mover.forget_strays("b") == []
     assert await c.control.volumes.mover.forget_strays("a") == []
     assert vol.id in c.b.volumes and vol.id in c.a.volumes
+
+
+async def test_a_create_whose_volumes_host_is_full_moves_them_to_a_host_with_room(made: Fleetish) -> None:
+    c = made
+    vol = await volume_on_a(c)
+    c.a.memory_mib = 256  # a is up but has no room for a 512 MiB sandbox
+    await c.beat("a")
+
+    row = await c.control.create(request(c))
+
+    assert row.host == "b" and c.b.held[row.id] == [vol.id]
+    moved = c.control.volumes.records.by_id(vol.id)
+    assert (moved.host, moved.move_target, [a.sandbox_id for a in moved.attachments]) == ("b", None, [row.id])
+    assert vol.id not in c.a.volumes and c.registry.fleet.reservations() == []
+
+
+async def test_a_full_hosts_volume_another_sandbox_reads_stays_and_the_create_is_the_503(made: Fleetish) -> None:
+    c = made
+    vol = await volume_on_a(c)
+    reader = await c.control.create(request(c, read_only=True))
+    assert reader.host == "a"
+    c.a.memory_mib = 600  # room for the reader only
+    await c.beat("a")
+
+    with pytest.raises(HostUnavailable) as refused:
+        await c.control.create(request(c, read_only=True))
+
+    assert refused.value.retry_after_s is not None
+    row = c.control.volumes.records.by_id(vol.id)
+    assert (row.host, [a.sandbox_id for a in row.attachments]) == ("a", [reader.id])  # nothing changed
+    assert "fetch_volume" not in c.b.call_names() and c.registry.fleet.reservations() == []
+    assert len(c.registry.list_sandboxes()) == 1

@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+import functools
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from cryobox.errors import InvalidArgument, NotFound, StateError
@@ -82,3 +87,51 @@ def test_attach_by_name_only_where_its_host_is_alive(registry: Registry) -> None
         None,
         [("sb-c", True)],
     )
+
+
+ROUNDS = 5
+RACERS = 6
+
+
+def test_racing_replicas_take_a_volumes_move_lease_once_and_never_beside_an_attachment(registry: Registry) -> None:
+    """Replicas race (threads, each its own session: PostgreSQL's ``FOR UPDATE`` row lock, SQLite's write lock):
+    of several leases asked at once exactly one is granted, and a lease and an attachment asked at once never
+    both succeed."""
+    records = VolumeRecords(registry.database)
+    ws = registry.ensure_workspace("w").id
+
+    def race(calls: list[Callable[[], object]]) -> list[object]:
+        barrier = threading.Barrier(len(calls))
+
+        def run(call: Callable[[], object]) -> object:
+            barrier.wait()
+            try:
+                return call()
+            except StateError as err:
+                return err
+
+        with ThreadPoolExecutor(len(calls)) as pool:
+            return list(pool.map(run, calls))
+
+    for n in range(ROUNDS):
+        row = records.add(volume(ws, f"race{n}", f"vol-{n:012x}"))
+        leases = race([functools.partial(records.begin_move, row.id, "h1", f"t{i}", 1.0, 900.0) for i in range(RACERS)])
+        won = [r for r in leases if isinstance(r, str)]
+        assert len(won) == 1 and all(isinstance(r, StateError) and r.state == "moving" for r in leases if r not in won)
+        assert records.by_id(row.id).move_target == f"t{leases.index(won[0])}"
+        records.abort_move(row.id, won[0])
+
+        lease, attach = race(
+            [
+                functools.partial(records.begin_move, row.id, "h1", "b", 2.0, 900.0),
+                functools.partial(records.attach, row.id, f"sb-{n}", "/mnt/v", read_only=False),
+            ]
+        )
+        assert isinstance(lease, StateError) != isinstance(attach, StateError), (lease, attach)  # one of the two
+        after = records.by_id(row.id)
+        if isinstance(lease, str):
+            assert isinstance(attach, StateError) and attach.state == "moving"
+            assert after.attachments == () and after.move_target == "b"
+        else:
+            assert isinstance(lease, StateError) and lease.state == "attached"
+            assert after.move_target is None and after.writer == f"sb-{n}"

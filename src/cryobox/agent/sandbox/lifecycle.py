@@ -85,6 +85,7 @@ class Lifecycle:
         *,
         mount: bool = True,
         alongside: Awaitable[object] | None = None,
+        beside_rejoin: Callable[[], Awaitable[object]] | None = None,
     ) -> int:
         """Continue a pooled VM or load ``source``'s state into a waiting one, then make the guest rejoin the
         world (clock, names, entropy, identity, its resume hooks: :mod:`.fidelity`). Returns the clock step.
@@ -92,7 +93,8 @@ class Lifecycle:
         ``volumes`` are attached while the vCPUs are still stopped (:mod:`..vm.volumes`) and, with ``mount``,
         mounted by the guest in the same ``resume`` call (a woken guest has them mounted already). A paused VM's
         attach runs side by side with ``alongside`` (host-side work of the same create: its egress), which is
-        otherwise awaited first. Without volumes the path is exactly the volume-less one."""
+        otherwise awaited first. Without volumes the path is exactly the volume-less one. ``beside_rejoin`` (the
+        create's durable record) runs while the guest rejoins, once its vCPUs run; both end before this returns."""
         if vm.state is VmState.PAUSED and volumes:  # a warm pool VM: state already loaded from the template
             await both(attach_volumes(vm, volumes), alongside)
             await vm.resume()
@@ -105,8 +107,16 @@ class Lifecycle:
                 await vm.restore(source.vmstate, prepare=functools.partial(attach_volumes, vm, volumes))
             else:
                 await vm.restore(source.vmstate)
-        report = await rejoin(await vm.connect_guest(), instance_id, volumes=vm.volumes if mount else ())
-        return report.step_ns
+
+        async def join() -> int:
+            report = await rejoin(await vm.connect_guest(), instance_id, volumes=vm.volumes if mount else ())
+            return report.step_ns
+
+        if beside_rejoin is None:
+            return await join()
+        joining = asyncio.ensure_future(join())
+        await both(joining, beside_rejoin())
+        return joining.result()
 
     async def pause(self, sandbox_id: str, workspace_id: str | None = None) -> Sandbox:
         """Freeze the vCPUs in place (idempotent)."""

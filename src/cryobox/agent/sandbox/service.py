@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -227,16 +228,15 @@ class SandboxService(Lifecycle, GuestCalls):
             try:
                 self._take(sandbox)
                 granting = self.factory.apply_egress(vm, sandbox_id, egress)
-                step_ns = await self._bring_up(vm, source, sandbox.instance_id, volumes, alongside=granting)
-                sandbox.volumes = vm.volumes
+                recording = functools.partial(self._record_running, sandbox, started)
+                step_ns = await self._bring_up(
+                    vm, source, sandbox.instance_id, volumes, alongside=granting, beside_rejoin=recording
+                )
                 sandbox.boot_ms = round((time.monotonic() - started) * 1000, 1)
-                sandbox.state = SandboxState.RUNNING
-                self.crash("create.restored")
-                await self.persist(sandbox)
-                self.crash("create.recorded")
             except BaseException as err:
                 sandbox.state = SandboxState.ERROR
                 self._let_go(sandbox)
+                await self.forget_record(sandbox.id)  # written beside the guest's rejoin, which failed
                 cause = await self.factory.explain_failure(vm) if isinstance(err, Exception) else None
                 await self.factory.destroy(vm)
                 if cause is not None:
@@ -251,6 +251,18 @@ class SandboxService(Lifecycle, GuestCalls):
                 step_ns / 1e9,
             )
             return sandbox
+
+    async def _record_running(self, sandbox: Sandbox, started: float) -> None:
+        """A new sandbox's durable record, written while its guest rejoins (its VM runs; the create answers only
+        once both ended, so an agent that dies before finds a record or an unrecorded VM it reclaims, and a
+        rejoin that fails removes it). Its ``boot_ms`` is the restore until the guest was let run (the answer's
+        counts the rejoin too; a later state change records that one)."""
+        sandbox.volumes = sandbox.vm.volumes
+        sandbox.state = SandboxState.RUNNING
+        sandbox.boot_ms = round((time.monotonic() - started) * 1000, 1)
+        self.crash("create.restored")
+        await self.persist(sandbox)
+        self.crash("create.recorded")
 
     @contextlib.contextmanager
     def _counting_restore(self) -> Iterator[None]:

@@ -10,7 +10,9 @@ keeps running.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,6 +25,15 @@ from ..sandbox.service import SandboxService
 
 CALL_TIMEOUT_S = 30.0
 FS_KINDS = frozenset({"create", "write", "remove", "rename", "chmod"})
+
+
+KILL_SETTLE_S = 2.0
+"""How long a ``SIGKILL`` waits for the guest to list the process ended."""
+KILL_POLL_S = 0.005
+
+
+def _selects(process: am.ProcSelector, info: am.ProcInfo) -> bool:
+    return info.pid == process.pid if process.pid is not None else info.tag == process.tag
 
 
 def selector_args(process: am.ProcSelector) -> dict[str, Any]:
@@ -109,7 +120,19 @@ class ProcEndpoints:
         await self._call(sandbox_id, "proc_input", args)
 
     async def proc_signal(self, sandbox_id: str, request: am.ProcSignal) -> None:
+        """Signal the process; a ``SIGKILL`` answers once the guest lists it ended (its reaper runs a moment after
+        the signal: a list right after a kill never shows it running), at most :data:`KILL_SETTLE_S` later."""
         await self._call(sandbox_id, "proc_signal", {**selector_args(request.process), "signal": request.signal})
+        if request.signal == signal.SIGKILL:
+            await self._until_ended(sandbox_id, request.process)
+
+    async def _until_ended(self, sandbox_id: str, process: am.ProcSelector) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + KILL_SETTLE_S
+        while any(p.running and _selects(process, p) for p in await self.proc_list(sandbox_id)):
+            if loop.time() >= deadline:
+                return
+            await asyncio.sleep(KILL_POLL_S)
 
     async def proc_resize(self, sandbox_id: str, request: am.ProcResize) -> None:
         size = {"cols": request.size.cols, "rows": request.size.rows}

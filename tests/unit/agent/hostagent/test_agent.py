@@ -6,8 +6,11 @@ idempotent, a failing metrics source never fails a scrape, and the host's accele
 from __future__ import annotations
 
 import asyncio
+import signal
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +18,7 @@ from cryobox.agentapi import Agent, InProcessAgent
 from cryobox.agentapi import models as am
 from cryobox.errors import HostUnavailable, InvalidArgument, NotFound
 from tests.support.fake_host import AgentRig, make_agent
+from tests.support.fake_vm import FakeGuest
 
 
 def spec(sandbox_id: str, **kw: object) -> am.CreateSpec:
@@ -150,3 +154,25 @@ async def test_a_failing_metrics_source_never_fails_a_scrape(tmp_path: Path) -> 
     agent = InProcessAgent(make_agent(tmp_path, metrics_sources=sources).agent)
     text = (await agent.metrics_text()).decode()
     assert "cryobox_faults_total 0.0" in text and "cryobox_admission_queue_depth 0.0" in text
+
+
+async def test_a_sigkill_answers_once_the_guest_lists_the_process_ended(
+    agent: Agent, rigged: AgentRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A list right after a kill never shows the process running (E2B's SDK lists right after ``kill()``)."""
+    await agent.create(spec("sb-1"))
+    lists: list[float] = []
+    answer = FakeGuest.call
+
+    async def call(guest: FakeGuest, op: str, args: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
+        if op == "proc_list":  # the guest's reaper ends it on the third look
+            lists.append(time.monotonic())
+            running = len(lists) < 3
+            return {"processes": [{"pid": 42, "cmd": "sleep", "running": running}, {"pid": 7, "cmd": "x"}]}
+        return await answer(guest, op, args, **kw)
+
+    monkeypatch.setattr(FakeGuest, "call", call)
+    await agent.proc_signal("sb-1", am.ProcSignal(process=am.ProcSelector(pid=42), signal=signal.SIGKILL))
+    assert len(lists) == 3
+    await agent.proc_signal("sb-1", am.ProcSignal(process=am.ProcSelector(pid=42), signal=signal.SIGTERM))
+    assert len(lists) == 3  # only a SIGKILL waits: the process may handle any other signal

@@ -53,6 +53,10 @@ def reserve_from_env(env: Mapping[str, str] | None = None) -> int:
     return mib << 20
 
 
+POPULATE_CHUNK = 16 << 20
+"""Faulted in per ``madvise`` call (a multiple of the huge page size)."""
+
+
 def _populate(buffer: mmap.mmap, size: int) -> None:
     """Fault in ``buffer``'s ``size`` bytes with ``madvise(MADV_POPULATE_WRITE)`` through ctypes, which lets go
     of the GIL for the call: ``mmap.madvise`` holds it, and faulting in 512 MiB (~0.25 s here) that way stalled
@@ -61,9 +65,12 @@ def _populate(buffer: mmap.mmap, size: int) -> None:
     view = ctypes.c_char.from_buffer(buffer)  # the mapping's address; released before the buffer can close
     try:
         madvise = ctypes.CDLL(None, use_errno=True).madvise  # the process's own libc: dlopen(NULL) is cheap
-        if madvise(ctypes.c_void_p(ctypes.addressof(view)), ctypes.c_size_t(size), MADV_POPULATE_WRITE) != 0:
-            code = ctypes.get_errno()
-            raise OSError(code, f"madvise(MADV_POPULATE_WRITE): {os.strerror(code)}")
+        base = ctypes.addressof(view)
+        for offset in range(0, size, POPULATE_CHUNK):  # the call holds the mmap lock: the loop's own mmap waits
+            length = min(POPULATE_CHUNK, size - offset)  # at most one chunk's faults, never the whole reserve's
+            if madvise(ctypes.c_void_p(base + offset), ctypes.c_size_t(length), MADV_POPULATE_WRITE) != 0:
+                code = ctypes.get_errno()
+                raise OSError(code, f"madvise(MADV_POPULATE_WRITE): {os.strerror(code)}")
     finally:
         del view
 

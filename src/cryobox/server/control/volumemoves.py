@@ -125,25 +125,31 @@ class VolumeMover:
         """Move the volume to ``target`` (see the module doc); its row afterwards."""
         now = self._clock()
         token = await asyncio.to_thread(self.records.begin_move, row.id, row.host, target, now, LEASE_STALE_S)
-        fetched = False
         try:
             source = await self.fleet.agent(row.host)  # 503: the source cannot store it
             stored = await self._store(row, source)
             row = await asyncio.to_thread(
                 self.records.record_stored, row.id, token, stored.manifest_sha256, self._clock()
             )
-            agent = await self.fleet.agent(target)
-            fetched = True
-            await agent.fetch_volume(VolumeFetch(volume_id=row.id, manifest_sha256=stored.manifest_sha256))
-            moved = await asyncio.to_thread(self.records.finish_move, row.id, token, target)
+            moved = await self._land(row, token, target, stored.manifest_sha256)
         except BaseException:
             await asyncio.to_thread(self.records.abort_move, row.id, token)
-            if fetched:
-                await self.remove_copy(target, row.id)
             raise
         await self.remove_copy(row.host, row.id)
         log.info("volume %s moved from %s to %s through the object store", row.id, row.host, target)
         return moved
+
+    async def _land(self, row: VolumeRow, token: str, target: str, manifest_sha256: str) -> VolumeRow:
+        """The last steps of a move under ``token``: ``target`` fetches the stored copy pinned by
+        ``manifest_sha256``, then the row names it; on failure what ``target`` fetched goes (the caller releases
+        the lease)."""
+        agent = await self.fleet.agent(target)
+        try:
+            await agent.fetch_volume(VolumeFetch(volume_id=row.id, manifest_sha256=manifest_sha256))
+            return await asyncio.to_thread(self.records.finish_move, row.id, token, target)
+        except BaseException:
+            await self.remove_copy(target, row.id)
+            raise
 
     async def _store(self, row: VolumeRow, source: Agent) -> StoredVolume:
         owners = self._owners()
@@ -200,7 +206,6 @@ class VolumeMover:
             self.records.begin_move, row.id, row.host, target, self._clock(), LEASE_STALE_S, holders=holders
         )
         token = await asyncio.to_thread(begin)
-        fetched = False
         try:
             if await self.host_state(row.host) != "down":
                 stored = await self._store(row, await self.fleet.agent(row.host))
@@ -216,13 +221,9 @@ class VolumeMover:
                     required="ready",
                     details={"volume": row.name, "host": row.host, "stored_at": row.stored_at},
                 )
-            fetched = True
-            await (await self.fleet.agent(target)).fetch_volume(VolumeFetch(volume_id=row.id, manifest_sha256=sha))
-            moved = await asyncio.to_thread(self.records.finish_move, row.id, token, target)
+            moved = await self._land(row, token, target, sha)
         except BaseException:
             await asyncio.to_thread(self.records.abort_move, row.id, token)
-            if fetched:
-                await self.remove_copy(target, row.id)
             raise
         log.info("volume %s followed sandbox %s from %s to %s", row.id, sandbox.id, row.host, target)
         return moved

@@ -185,6 +185,7 @@ def create_app(
             await control.templates.close()
             await control.snapshots.close()
             await control.hibernations.close()
+            await control.placement.close()
             await control.fleet.close()
             await app.state.ctx.proxy.aclose()
             await app.state.envd.aclose()

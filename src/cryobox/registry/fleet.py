@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from sqlalchemy import and_, delete, or_, select, update
@@ -254,6 +254,22 @@ class FleetRecords:
         """Give the room back (idempotent)."""
         with self._db.session(what=f"reservation {reservation_id}") as s:
             s.execute(delete(m.Reservation).where(m.Reservation.id == reservation_id))
+
+    def extend(self, reservation_ids: Collection[str], expires_at: float) -> set[str]:
+        """Push the expiry of the still-stored ``reservation_ids`` to ``expires_at`` (never earlier); the ids
+        still stored are returned (one committed, released or expired-and-deleted meanwhile is not)."""
+        ids = sorted(set(reservation_ids))
+        if not ids:
+            return set()
+        with self._db.session(what="reservations") as s:
+            present = set(s.scalars(select(m.Reservation.id).where(m.Reservation.id.in_(ids))))
+            if present:
+                s.execute(
+                    update(m.Reservation)
+                    .where(m.Reservation.id.in_(present), m.Reservation.expires_at < expires_at)
+                    .values(expires_at=float(expires_at))
+                )
+            return present
 
     def reservations(self, agent: str | None = None) -> list[ReservationRow]:
         """Stored reservations, oldest first (expired ones stay until the next :meth:`reserve` deletes them)."""

@@ -9,6 +9,11 @@ inserted and the reservation deleted in one transaction) or releases it; one tha
 ``ttl_s``, so a lost request cannot leak capacity. No agent fits: :class:`~cryobox.errors.HostUnavailable`
 (503 ``capacity`` with ``Retry-After``).
 
+While this process holds reservations it renews them every third of ``ttl_s`` (one ``UPDATE`` for all): a
+request slower than the TTL (a restore on a loaded TCG host, a wake fetching its volumes) keeps its room, and
+its sandbox — listed by its agent before the row exists — is never taken for a stray
+(:mod:`.strays`). Only a replica that died stops renewing; its reservations then expire as before.
+
 :func:`choose` is the policy, a pure function: among live agents that serve the template (the right generation
 for a snapshot) and have the memory and a sandbox slot free, the highest score wins::
 
@@ -22,12 +27,16 @@ score; ties go to the first agent by name.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ...errors import StateError
 from ...registry import AgentLoad, AgentRow, Registry, ReservationRow, SandboxRow
+
+log = logging.getLogger(__name__)
 
 DEFAULT_RESERVATION_TTL_S = 60.0
 IN_FLIGHT_PENALTY_MIB = 512
@@ -115,7 +124,8 @@ def require_servable(request: PlacementRequest, agents: list[AgentRow]) -> None:
 
 
 class Placement:
-    """Reserve / commit / release against the registry (shared by every control-plane replica)."""
+    """Reserve / commit / release against the registry (shared by every control-plane replica); the reservations
+    this process handed out are renewed until they are committed, released or gone (see the module docstring)."""
 
     def __init__(
         self,
@@ -124,17 +134,21 @@ class Placement:
         deadline_s: float,
         ttl_s: float = DEFAULT_RESERVATION_TTL_S,
         clock: Callable[[], float] = time.time,
+        renew_every_s: float | None = None,
     ) -> None:
         self.registry = registry
         self.deadline_s = deadline_s
         self.ttl_s = ttl_s
         self.clock = clock
+        self.renew_every_s = ttl_s / 3 if renew_every_s is None else renew_every_s
+        self._held: set[str] = set()
+        self._renewing: asyncio.Task[None] | None = None
 
     async def reserve(self, request: PlacementRequest, sandbox_id: str | None = None) -> ReservationRow:
         now = self.clock()
         if request.generation is not None:  # a snapshot's: is its generation served anywhere (409 if not)
             require_servable(request, await asyncio.to_thread(self.registry.fleet.list_agents))
-        return await asyncio.to_thread(
+        reservation = await asyncio.to_thread(
             lambda: self.registry.fleet.reserve(
                 memory_mib=request.memory_mib,
                 cpus=request.cpus,
@@ -145,9 +159,44 @@ class Placement:
                 live_after=now - self.deadline_s,
             )
         )
+        self._hold(reservation.id)
+        return reservation
 
     async def commit(self, reservation: ReservationRow, row: SandboxRow) -> None:
         await asyncio.to_thread(self.registry.fleet.commit, reservation.id, row)
+        self._held.discard(reservation.id)
 
     async def release(self, reservation: ReservationRow) -> None:
         await asyncio.to_thread(self.registry.fleet.release, reservation.id)
+        self._held.discard(reservation.id)
+
+    @property
+    def held(self) -> frozenset[str]:
+        """The reservations this process is renewing."""
+        return frozenset(self._held)
+
+    def _hold(self, reservation_id: str) -> None:
+        self._held.add(reservation_id)
+        if self._renewing is None or self._renewing.done():
+            self._renewing = asyncio.create_task(self._renew(), name="reservation-renewal")
+
+    async def _renew(self) -> None:
+        """Renew what is held until nothing is (ended elsewhere too: a wake's move deletes its reservation in the
+        transaction that moves the row, so an id the registry no longer stores is dropped here)."""
+        while self._held:
+            await asyncio.sleep(self.renew_every_s)
+            ids = set(self._held)
+            try:
+                stored = await asyncio.to_thread(self.registry.fleet.extend, ids, self.clock() + self.ttl_s)
+            except Exception:  # the registry is unreachable: the next round tries again
+                log.exception("renewing %d reservation(s) failed", len(ids))
+                continue
+            self._held -= ids - stored
+
+    async def close(self) -> None:
+        """Stop renewing (the process is ending; what it still holds expires after ``ttl_s``)."""
+        task, self._renewing = self._renewing, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

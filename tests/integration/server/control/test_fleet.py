@@ -182,14 +182,17 @@ def replicas_check(fleet: Fleet, second: ControlProcess, notes: NotifySocket) ->
         assert set(faults) == {"a0", "a1", "a2", ""} and all(faults[a] > 0 for a in ("a0", "a1", "a2")), faults
         assert faults[""] == faults["a0"] + faults["a1"] + faults["a2"], faults
     finally:
-        first.delete_all()
-        pid = second.pid
-        stopped = second.stop()
-        second.cleanup()
+        try:
+            first.delete_all()
+        finally:  # a failure above keeps this frame (and an unclosed client's socket) until a later test's GC
+            first.http.close()
+            pid = second.pid
+            stopped = second.stop()
+            second.cleanup()
     assert stopped == 0  # a clean stop (its interpreter's finalization skipped: os._exit)
     notes.wait_for("STOPPING=1", pid)
-    assert first.call("GET", "/v1/sandboxes")["items"] == []
-    first.http.close()
+    with api(fleet) as after:
+        assert after.call("GET", "/v1/sandboxes")["items"] == []
 
 
 def test_snapshot_restores_elsewhere_lost_agent_fork_tree_and_restart(fleet: Fleet) -> None:

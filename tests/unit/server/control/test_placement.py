@@ -16,6 +16,7 @@ import pytest
 
 from cryobox.errors import HostUnavailable, StateError
 from cryobox.registry import AgentLoad, AgentRow, Registry, ReservationRow, SandboxRow
+from cryobox.registry.strays import unknown_sandboxes
 from cryobox.server.control.placement import (
     IN_FLIGHT_PENALTY_MIB,
     LOCALITY_BONUS_MIB,
@@ -431,3 +432,53 @@ async def test_silent_and_draining_agents_get_nothing(registry: Registry, clock:
     with pytest.raises(HostUnavailable) as info:
         await p.reserve(BASE)
     assert info.value.details["live_agents"] == 1  # only b is live and up (and full)
+
+
+async def _until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "not reached in time"
+        await asyncio.sleep(0.005)
+
+
+async def test_held_reservations_are_renewed_until_they_end(registry: Registry, clock: FakeClock) -> None:
+    """A create slower than the TTL keeps its room, and its sandbox (listed by its agent before the row exists)
+    is never a stray; one that ended anywhere stops being renewed; a closed (dead) replica renews nothing."""
+    register(registry, "a", T0, max_sandboxes=4)
+    p = Placement(registry, deadline_s=1e9, ttl_s=10.0, clock=clock, renew_every_s=0.01)
+    slow = await p.reserve(BASE, "sb-slow")
+    done = await p.reserve(BASE, "sb-done")
+    elsewhere = await p.reserve(BASE, "sb-woken")  # a wake's move deletes its reservation with the row's move
+    assert p.held == {slow.id, done.id, elsewhere.id}
+    clock.now = T0 + 9.0
+
+    def expiry(reservation_id: str) -> float | None:
+        return next((r.expires_at for r in registry.fleet.reservations() if r.id == reservation_id), None)
+
+    await _until(lambda: expiry(slow.id) == T0 + 19.0)
+    clock.now = T0 + 15.0  # past the first TTL: without renewal sb-slow would be deleted as a stray
+    assert unknown_sandboxes(registry.database, ["sb-slow", "sb-stray"], now=clock.now) == ["sb-stray"]
+    ws = registry.ensure_workspace("default").id
+    await p.commit(done, sandbox_row("sb-done", ws, "a"))
+    registry.fleet.release(elsewhere.id)
+    await _until(lambda: p.held == {slow.id})  # the one deleted elsewhere was dropped
+    await p.close()  # the replica dies: its reservation is not renewed any more and expires
+    clock.now = T0 + 30.0
+    await asyncio.sleep(0.05)
+    assert expiry(slow.id) is not None and expiry(slow.id) < clock.now
+    assert unknown_sandboxes(registry.database, ["sb-slow"], now=clock.now) == ["sb-slow"]
+
+
+async def test_renewal_ends_when_nothing_is_held(registry: Registry, clock: FakeClock) -> None:
+    register(registry, "a", T0)
+    p = Placement(registry, deadline_s=1e9, ttl_s=10.0, clock=clock, renew_every_s=0.01)
+    r = await p.reserve(BASE, "sb-1")
+    await p.release(r)
+    assert p.held == frozenset()
+    await asyncio.sleep(0.05)
+    assert [t for t in asyncio.all_tasks() if t.get_name() == "reservation-renewal"] == []  # none left behind
+    again = await p.reserve(BASE, "sb-2")  # a new hold starts a new renewal
+    clock.now = T0 + 5.0
+    await _until(lambda: registry.fleet.reservations()[0].expires_at == T0 + 15.0)
+    await p.release(again)
+    await p.close()

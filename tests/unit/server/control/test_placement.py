@@ -465,7 +465,8 @@ async def test_held_reservations_are_renewed_until_they_end(registry: Registry, 
     await p.close()  # the replica dies: its reservation is not renewed any more and expires
     clock.now = T0 + 30.0
     await asyncio.sleep(0.05)
-    assert expiry(slow.id) is not None and expiry(slow.id) < clock.now
+    expires = expiry(slow.id)
+    assert expires is not None and expires < clock.now
     assert unknown_sandboxes(registry.database, ["sb-slow"], now=clock.now) == ["sb-slow"]
 
 

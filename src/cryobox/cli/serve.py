@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import signal
 import socket
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ from ..compose.listeners import serve as serve_listeners
 from ..compose.parts import AgentOptions, boot_agent, build_control, fleet_config, on_stop_mode
 from ..compose.processexit import exit_now
 from ..compose.sdnotify import notify, readiness
+from ..compose.standby import SPAWNED_ENV, StandbyDesk, StandbySettings
 from ..config import Paths
 from ..image.specs import DEFAULT_TEMPLATES, TemplateSpec
 from ..registry import Registry
@@ -35,6 +38,14 @@ from ..server.access.ratelimit import RateLimitConfig, RateLimiter
 from ..server.control.snapshots import RetentionPolicy
 from ..server.metrics import Metrics
 from ..util.progress import RoutedReporter, open_reporter
+from .serve_standby import (
+    is_supervised,
+    keep_standby,
+    record_stop_signals,
+    restore_priority,
+    stand_by,
+    supervision_env,
+)
 
 DEFAULT_WORKSPACE = "default"
 
@@ -70,6 +81,7 @@ class ServeOptions:
 def serve(options: ServeOptions, console: Console) -> None:
     activation = take_activation()  # first: before any thread or child process could see the variables
     handover = take_handover()  # started by a running serve's upgrade (SIGUSR2): tell it when ready
+    supervised = is_supervised(activation)  # a supervisor restarts it: the only case a standby is for
     if activation.get("http") is None:  # bound here, not by uvicorn: an upgrade hands this socket over
         activation.sockets["http"] = bind_http(options.host, options.port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -94,16 +106,28 @@ def serve(options: ServeOptions, console: Console) -> None:
         options.snapshot_grace_s, options.orphan_sweep_interval_s, paused_s=options.paused_retention_s
     )
     stop_mode = [on_stop_mode(options.on_stop)]  # an upgrade stops as keep whatever the option says
+    standby = StandbySettings.from_env()
+    spawned = os.environ.pop(SPAWNED_ENV, None) == "1"
     paths.ensure()
     registry = Registry.for_data_dir(paths.data_dir)
+    checked: list[bool] = []  # a standby checks the schema while it waits: not after the takeover (~0.17 s)
+    prepare = lambda: checked.append(registry.migrated_already())  # noqa: E731
+    may_stand_by = handover is None and standby.enabled and supervised
+    start = stand_by(paths.data_dir, console, spawned, prepare) if may_stand_by else None
+    if spawned and start is None:  # spawned as a standby, but its server stopped before it registered
+        console.print("standby: the process that started this one no longer serves; exiting")
+        exit_now()
+    took_over = start is not None
+    restore_priority()  # imports (and a standby's wait) ran niced: the start itself does not
 
     async def main() -> None:
-        migrated = False
-        if handover is not None:  # imports are done: the predecessor stops now, and releases the data dir
+        migrated = bool(checked) and checked[0]
+        if handover is not None or took_over:  # imports are done: the data dir is released now or soon
             # a schema at its newest revision needs no migration: known now, not after the hand-over (~0.3 s)
-            migrated = await asyncio.to_thread(registry.migrated_already)
-            announce_ready(handover)
-            console.print("upgrade: ready; waiting for the previous process to hand over the data dir")
+            migrated = migrated or await asyncio.to_thread(registry.migrated_already)
+            if handover is not None:
+                announce_ready(handover)
+                console.print("upgrade: ready; waiting for the previous process to hand over the data dir")
             await asyncio.to_thread(wait_unlocked, paths.data_dir)
         console.print(
             f"[bold]cryobox[/bold] data dir {paths.data_dir}, cache {paths.cache_dir}, "
@@ -159,6 +183,14 @@ def serve(options: ServeOptions, console: Console) -> None:
             console.print(f"API key (workspace {DEFAULT_WORKSPACE}): [bold]{key}[/bold]", soft_wrap=True)
         _print_urls(console, options, key)
         server = http_server(app, options.host, options.port)
+        stop_signals = record_stop_signals(server)
+
+        def hand_over_to_standby() -> None:  # a supervisor's start with another configuration or code
+            stop_mode[0] = OnStop.KEEP
+            server.should_exit = True
+
+        keeps_standby = standby.enabled and supervised and options.tls is None
+        desk = StandbyDesk(paths.data_dir, hand_over_to_standby) if keeps_standby else None
         upgrading: list[asyncio.Task[None]] = []
         handed_over: list[int] = []
 
@@ -167,7 +199,9 @@ def serve(options: ServeOptions, console: Console) -> None:
             if options.tls is not None or sock is None:
                 console.print("upgrade refused: a TLS listener is not handed over (restart instead)")
                 return
-            successor = spawn_successor(sock, own_command())
+            if desk is not None:  # the standby runs the old binary: the successor replaces it
+                await desk.close(hand_over=False)
+            successor = spawn_successor(sock, own_command(), supervision_env(supervised))
             console.print(f"upgrade: successor pid {successor.process.pid} starting; serving until it is ready")
             if not await successor.wait_ready():
                 console.print(f"upgrade failed: the successor exited ({successor.process.poll()}); still serving")
@@ -185,11 +219,25 @@ def serve(options: ServeOptions, console: Console) -> None:
 
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, on_upgrade)
         console.print(f"listening on {activation.describe('http')}", soft_wrap=True)
+        keeping = (
+            asyncio.create_task(keep_standby(desk, server, activation, start, standby.grace_s, console))
+            if desk is not None
+            else None
+        )
         try:
             async with readiness(server, stopping=lambda: not handed_over):  # after a hand-over: the successor's
                 await serve_listeners(server, options.tls, activation)
         finally:
             on_stop = stop_mode[0]
+            if keeping is not None:
+                keeping.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await keeping
+            if desk is not None:  # a restart (SIGTERM, keep) leaves the data dir to the standby; a stop does not
+                restart = stop_signals[-1:] == [signal.SIGTERM] and on_stop is OnStop.KEEP and not handed_over
+                heir = await desk.close(hand_over=restart)
+                if heir is not None:
+                    console.print(f"standby pid {heir} takes over once this process has stopped")
             await host.close(on_stop)
             console.print(f"stopped ({on_stop.value}: {host.service.running()} sandbox(es) left running)")
 

@@ -69,6 +69,11 @@ from ..server.routes.volumes import router as volumes_router
 log = logging.getLogger(__name__)
 
 
+REGISTER_AFTER_S = 1.0
+"""A restarted process registers its local agents this long after it serves (the previous process's heartbeats keep
+them alive meanwhile): the new boot's reconcile took 0.1-0.4 s of the loop that the first requests waited for."""
+
+
 @dataclass(frozen=True)
 class Intervals:
     reap_s: float = 5.0
@@ -125,6 +130,7 @@ def create_app(
                 await control.snapshots.store_pending(row.name)
 
         async def register_logged() -> None:
+            await asyncio.sleep(REGISTER_AFTER_S)  # the first requests after a restart go first
             try:
                 await register()
             except Exception:  # the next beat registers it (every heartbeat_s)

@@ -5,17 +5,24 @@ moment before the stop whose request has not been read yet counts as one of them
 disconnected without sending a response", a request failed by an upgrade or a restart (found by
 ``tests/integration/compose/test_upgrade.py``: one of 152 execs, each on a new connection). Here such a
 connection gets :data:`IDLE_GRACE_S` to send its request, which is served and then closes the connection
-(``keep_alive`` off); one that sends nothing in that time is closed as before.
+(``keep_alive`` off); one that sends nothing in that time is closed as before. A request already in the socket's
+receive buffer (``FIONREAD``) is waited for however long the loop takes to read it; the grace itself is short
+(it was 0.25 s, which every stop with an idle keep-alive connection waited out, and so every restart's window).
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import sys
+import termios
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-IDLE_GRACE_S = 0.25
-"""How long a stopping server waits for the request of a connection it accepted but has read nothing of."""
+IDLE_GRACE_S = 0.05
+"""How long a stopping server waits for the request of an idle connection with nothing in its receive buffer."""
+PENDING_GRACE_S = 1.0
+"""How long it waits for the loop to read a request already in the receive buffer."""
 
 
 class DrainingH11Protocol(H11Protocol):
@@ -28,7 +35,8 @@ class DrainingH11Protocol(H11Protocol):
         if self.cycle is None or self.cycle.response_complete:
             self.draining = True
             if self._grace is None:
-                self._grace = self.loop.call_later(IDLE_GRACE_S, self._close_if_idle)
+                grace = PENDING_GRACE_S if _pending(self.transport) else IDLE_GRACE_S
+                self._grace = self.loop.call_later(grace, self._close_if_idle)
         else:
             self.cycle.keep_alive = False
 
@@ -45,3 +53,16 @@ class DrainingH11Protocol(H11Protocol):
         if self._grace is not None:
             self._grace.cancel()
         super().connection_lost(exc)
+
+
+def _pending(transport: asyncio.BaseTransport) -> bool:
+    """Whether the connection's socket holds bytes not read yet (a request the loop has not got to)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    try:
+        buffered = bytearray(4)
+        fcntl.ioctl(sock.fileno(), termios.FIONREAD, buffered)
+    except OSError:
+        return False
+    return int.from_bytes(buffered, sys.byteorder) > 0

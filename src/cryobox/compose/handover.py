@@ -20,7 +20,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
 from ..errors import InvalidArgument
@@ -63,27 +63,45 @@ def own_command() -> list[str]:
 
 
 def spawn_successor(
-    sock: socket.socket, argv: list[str], env: MutableMapping[str, str] | None = None, name: str = "http"
+    sock: socket.socket,
+    argv: list[str],
+    extra_env: Mapping[str, str] | None = None,
+    env: MutableMapping[str, str] | None = None,
+    name: str = "http",
 ) -> Successor:
-    """Start ``argv`` with ``sock`` passed as systemd would and the handover pipe's write end."""
+    """Start ``argv`` with ``sock`` passed as systemd would, ``extra_env`` and the handover pipe's write end."""
     read_fd, write_fd = os.pipe()
     high = fcntl.fcntl(write_fd, fcntl.F_DUPFD, _HIGH_FD)
     os.close(write_fd)
-    child_env = {**(os.environ if env is None else env), "LISTEN_FDS": "1", "LISTEN_FDNAMES": name}
-    child_env[HANDOVER_ENV] = str(high)
     try:
-        process = subprocess.Popen(
-            [sys.executable, "-c", LAUNCHER, str(sock.fileno()), *argv],
-            env=child_env,
-            stdin=subprocess.DEVNULL,
-            pass_fds=(sock.fileno(), high),
-        )
+        variables = {**(extra_env or {}), HANDOVER_ENV: str(high)}
+        process = spawn_with_socket(sock, argv, variables, env=env, name=name, keep_fds=(high,))
     except BaseException:
         os.close(read_fd)
         raise
     finally:
         os.close(high)
     return Successor(process, read_fd)
+
+
+def spawn_with_socket(
+    sock: socket.socket,
+    argv: list[str],
+    extra_env: Mapping[str, str],
+    *,
+    env: MutableMapping[str, str] | None = None,
+    name: str = "http",
+    keep_fds: tuple[int, ...] = (),
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` with ``sock`` passed as systemd's socket activation passes one (fd 3, ``LISTEN_FDS``), plus
+    ``extra_env`` and the fds ``keep_fds`` (a successor's handover pipe, a standby's marker)."""
+    child_env = {**(os.environ if env is None else env), "LISTEN_FDS": "1", "LISTEN_FDNAMES": name, **extra_env}
+    return subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, str(sock.fileno()), *argv],
+        env=child_env,
+        stdin=subprocess.DEVNULL,
+        pass_fds=(sock.fileno(), *keep_fds),
+    )
 
 
 def take_handover(env: MutableMapping[str, str] | None = None) -> int | None:

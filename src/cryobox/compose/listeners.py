@@ -29,6 +29,7 @@ from ..util.tcp import listen_tcp
 from .activation import Activation
 from .draining import DrainingH11Protocol
 from .parts import GRACEFUL_STOP_S
+from .promptserver import PromptServer
 
 HTTPS_PORT = 443
 """Where the E2B SDK sends a sandbox host's traffic, and so the HTTPS listener's default port."""
@@ -63,7 +64,7 @@ def tls_listener(cert: Path | None, key: Path | None, host: str, port: int = HTT
 
 def http_server(app: ASGIApp, host: str, port: int) -> uvicorn.Server:
     """The plain listener's server (lifespan on)."""
-    return uvicorn.Server(_config(app, host, port, lifespan="on"))
+    return PromptServer(_config(app, host, port, lifespan="on"))
 
 
 def _config(

@@ -29,7 +29,7 @@ def test_a_restart_under_exec_load_fails_no_request(
         cache_dir=cache_dir,
         prespawn=1,
         extra_args=SMALL,
-        extra_env={"CRYOBOX_ON_STOP": "keep"},
+        extra_env={"CRYOBOX_ON_STOP": "keep", "CRYOBOX_STANDBY": "0"},  # the plain restart (test_standby.py: with one)
         listen_socket=listener,
     )
     stop = threading.Event()

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import pytest
 from starlette.types import Receive, Scope, Send
 
+from cryobox.compose.draining import _pending
 from cryobox.compose.listeners import http_server
 from cryobox.util.tcp import listen_tcp
 
@@ -23,8 +25,10 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-@pytest.mark.parametrize("sends_after_s", [0.05, None])
+@pytest.mark.parametrize("sends_after_s", [0.0, 0.02, None])
 async def test_a_connection_accepted_before_the_stop_gets_its_answer(sends_after_s: float | None) -> None:
+    """0.0: the request is in the socket's buffer when the stop begins (``FIONREAD``: waited for however long the
+    loop takes); 0.02: it arrives within the short grace; None: nothing arrives, the connection is closed."""
     sock = listen_tcp("127.0.0.1", 0)
     server = http_server(app, "127.0.0.1", sock.getsockname()[1])
     server.config.log_level = "warning"
@@ -36,14 +40,36 @@ async def test_a_connection_accepted_before_the_stop_gets_its_answer(sends_after
         if server.server_state.connections:
             break
         await asyncio.sleep(0.01)
+    request = b"POST /v1/sandboxes/x/exec HTTP/1.1\r\nhost: t\r\ncontent-length: 0\r\n\r\n"
+    if sends_after_s == 0.0:
+        writer.write(request)  # in the server's receive buffer before it reads: its stop sees it pending
     server.should_exit = True  # a stop (an upgrade's hand-over) while the request is still on its way
-    await asyncio.sleep(0.15)  # the stop has begun: the server no longer accepts
     if sends_after_s is None:  # a connection that never sends is closed after the grace
         assert await asyncio.wait_for(reader.read(), 5) == b""
     else:
-        writer.write(b"POST /v1/sandboxes/x/exec HTTP/1.1\r\nhost: t\r\ncontent-length: 0\r\n\r\n")
+        if sends_after_s > 0:
+            await asyncio.sleep(sends_after_s)  # the stop has begun: the server no longer accepts
+            writer.write(request)
         answer = await asyncio.wait_for(reader.read(), 5)  # read to the end: the server closes after answering
         assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"\r\n\r\nok"), answer
     writer.close()
     await asyncio.wait_for(serving, 10)
     sock.close()
+
+
+class _Transport:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def get_extra_info(self, name: str) -> socket.socket | None:
+        return self.sock if name == "socket" else None
+
+
+def test_pending_sees_bytes_not_read_yet() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        assert not _pending(_Transport(ours))  # type: ignore[arg-type]
+        theirs.sendall(b"GET / HTTP/1.1\r\n")
+        assert _pending(_Transport(ours))  # type: ignore[arg-type]
+        ours.recv(100)
+        assert not _pending(_Transport(ours))  # type: ignore[arg-type]

@@ -124,9 +124,19 @@ async def adopt(service: SandboxService, found: Survey, hibernation: SnapshotSto
     async def one(record: SandboxRecord) -> Sandbox | None:
         async with gate:
             try:
-                return await _adopt_live(service, record)
+                sandbox = await _adopt_live(service, record)
             except Exception as err:
                 log.error("could not adopt sandbox %s (VM %s): %r", record.id, record.vm and record.vm.vm_id, err)
+            else:  # held, and its record written again (the state may have been mended) beside the others' QMP
+                await service.adopt(sandbox)
+                log.info(
+                    "adopted sandbox %s (VM %s, pid %s, %s)",
+                    sandbox.id,
+                    sandbox.vm.vm_id,
+                    sandbox.vm.pid,
+                    sandbox.state.value,
+                )
+                return sandbox
         await asyncio.to_thread(_kill_recorded, record)
         if record.vm is not None and record.vm.slot_index is not None:
             with contextlib.suppress(Exception):
@@ -135,13 +145,7 @@ async def adopt(service: SandboxService, found: Survey, hibernation: SnapshotSto
         lost.append(record.id)
         return None
 
-    for sandbox in await asyncio.gather(*(one(r) for r in found.live)):  # in parallel: QMP and pings
-        if sandbox is None:
-            continue
-        await service.adopt(sandbox)  # its record is written again: the state may have been mended
-        log.info(
-            "adopted sandbox %s (VM %s, pid %s, %s)", sandbox.id, sandbox.vm.vm_id, sandbox.vm.pid, sandbox.state.value
-        )
+    await asyncio.gather(*(one(r) for r in found.live))  # in parallel: QMP, pings and the records' writes
     for record in found.hibernated:
         assert record.hibernation is not None
         image = await asyncio.to_thread(hibernation.load, Path(record.hibernation).name)

@@ -20,7 +20,9 @@ from ..fleetproc.system import in_thread
 from ..server import ServeProcess, release_serve_state
 from .analysis import parse_meminfo
 
-KEEP_ENV = {"CRYOBOX_ON_STOP": "keep"}
+KEEP_ENV = {"CRYOBOX_ON_STOP": "keep", "CRYOBOX_RATE_LIMIT_PER_S": "0"}
+"""Sandboxes kept across restarts; no request rate limit (the exec clients' tight loops would meet it with few VMs,
+and a refused request is not what a restart costs)."""
 
 
 class BenchServe(ServeProcess):

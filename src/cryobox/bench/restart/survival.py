@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from .host import (
     signal_and_wait,
     timed_start,
 )
+from .standbys import follow_server, log_size, wait_registered
 from .successor import Adopted, become_subreaper, wait_successor
 
 SIGNALS = {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM}
@@ -53,15 +56,21 @@ def restart_round(
     loops: list[ExecLoop],
     processes: dict[str, tuple[int, str]],
     next_on_stop: str = "keep",
+    launched: list[subprocess.Popen[bytes]] | None = None,
 ) -> dict[str, Any]:
     """One restart by ``kind``; the new process runs with ``CRYOBOX_ON_STOP=next_on_stop`` (the last one with
-    ``kill``, so that stopping it afterwards leaves nothing running)."""
+    ``kill``, so that stopping it afterwards leaves nothing running). With ``launched`` the bench is a supervisor
+    with a warm standby (:mod:`.standbys`): every process it started is kept there, and after a SIGKILL or SIGTERM
+    the standby serves while the restart stands by (or, with another ``next_on_stop``, takes over at once)."""
     running_before, _ = _survivors(serve, processes)
     t_round = time.monotonic()
     if not wait_successes(loops, t_round, 2, RECOVER_TIMEOUT_S):
         raise RuntimeError(f"exec clients not answered before a {kind} restart")
+    offset = log_size(serve.log_path)
     if kind == UPGRADE:
         stop, t_exit, t_launch, startup_s, marks = _upgrade(serve)
+    elif launched is not None:
+        stop, t_exit, t_launch, startup_s, marks = _supervised(serve, SIGNALS[kind], next_on_stop, launched)
     else:
         t_signal = time.monotonic()
         stop = signal_and_wait(serve, SIGNALS[kind], timeout_s=60)
@@ -69,6 +78,8 @@ def restart_round(
         serve.extra_env["CRYOBOX_ON_STOP"] = next_on_stop
         t_launch = time.monotonic()
         startup_s, marks = timed_start(serve)
+    if launched is not None:  # the next restart finds a standby, as a service's does
+        wait_registered(serve.log_path, offset, RECOVER_TIMEOUT_S)
     t_ready = t_launch + startup_s
     recovered = wait_successes(loops, t_exit, 1, RECOVER_TIMEOUT_S)
     per_client = [loop.between(t_round, time.monotonic()) for loop in loops]
@@ -122,6 +133,35 @@ def _upgrade(serve: BenchServe) -> tuple[dict[str, Any], float, float, float, di
     return stop, t_exit, t_signal, ready - t_signal, marks
 
 
+def _supervised(
+    serve: BenchServe, sig: int, next_on_stop: str, launched: list[subprocess.Popen[bytes]]
+) -> tuple[dict[str, Any], float, float, float, dict[str, float]]:
+    """SIGKILL or SIGTERM, then the supervisor's restart (``cryobox serve`` again, handed the socket): the start-up
+    and its marks count from the exit, since the standby takes over then, before the restart's process exists."""
+    proc = serve.proc
+    if proc is None or proc.poll() is not None:
+        raise RuntimeError("serve is not running")
+    old = proc.pid
+    t_signal = time.monotonic()
+    stop = signal_and_wait(serve, sig, timeout_s=60)
+    t_exit = t_signal + float(stop["signal_to_exit_s"])
+    watch = LogWatch(serve.log_path, STARTUP_MARKS, t_exit)
+    watch.start()
+    try:
+        asked = serve.extra_env.get("CRYOBOX_ON_STOP") != next_on_stop  # another configuration: it takes over
+        serve.extra_env["CRYOBOX_ON_STOP"] = next_on_stop
+        serve.launch()
+        assert serve.proc is not None
+        claimer = serve.proc
+        launched.append(claimer)
+        follow_server(serve, launched, old, claimer, asked=asked, timeout_s=RECOVER_TIMEOUT_S)
+        serve.wait_ready(RECOVER_TIMEOUT_S)
+        ready = time.monotonic()
+    finally:
+        marks = watch.finish()
+    return stop, t_exit, t_exit, ready - t_exit, marks
+
+
 def run_survival(
     root: Path,
     *,
@@ -139,7 +179,11 @@ def run_survival(
     args = ["--templates", template, "--net-pool", "2"]
     if memory_mib is not None:
         args += ["--memory-mib", str(memory_mib)]
-    serve = BenchServe(data_dir, cache_dir=cache_dir, prespawn=1, extra_env=KEEP_ENV, extra_args=args)
+    listener = socket.create_server(("127.0.0.1", 0), backlog=4096)  # the supervisor's, as systemd's .socket unit
+    serve = BenchServe(
+        data_dir, cache_dir=cache_dir, prespawn=1, extra_env=dict(KEEP_ENV), extra_args=args, listen_socket=listener
+    )
+    launched: list[subprocess.Popen[bytes]] = []
     loops: list[ExecLoop] = []
     extra: dict[str, Any] = {}
     samples: list[dict[str, Any]] = []
@@ -147,6 +191,9 @@ def run_survival(
     try:
         extra["python_import_s"] = round(import_seconds(), 3)
         extra["first_startup_s"] = round(timed_start(serve, serve.start_timeout_s)[0], 3)
+        assert serve.proc is not None
+        launched.append(serve.proc)
+        wait_registered(serve.log_path, 0, RECOVER_TIMEOUT_S)  # its standby, spawned once it served
         console.print(f"[bold]survival[/bold]: {n} sandboxes with a background process (serve pid {serve.pid})")
         processes: dict[str, tuple[int, str]] = {}
         with Api(serve.url, serve.api_key) as api:
@@ -161,7 +208,7 @@ def run_survival(
         for index in range(rounds):
             for kind in KINDS:
                 last = index == rounds - 1 and kind == KINDS[-1]
-                sample = restart_round(serve, kind, loops, processes, "kill" if last else "keep")
+                sample = restart_round(serve, kind, loops, processes, "kill" if last else "keep", launched)
                 samples.append({"round": index, **sample})
                 console.print(
                     f"  {kind} #{index}: window {sample['window_s']} s (start-up {sample['startup_s']} s, "
@@ -179,6 +226,7 @@ def run_survival(
     finally:
         serve.cleanup()
         extra["reclaimed_pids"] = len(reclaim_data_dir(data_dir, cache_dir))
+        listener.close()
     survival = survival_summary(n, samples)
     window = window_summary(samples)
     window["clients"] = len(loops)

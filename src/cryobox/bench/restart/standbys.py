@@ -1,0 +1,55 @@
+"""The bench as the service's supervisor with a warm standby (:mod:`cryobox.compose.standby`): it holds the
+listening socket, restarts ``cryobox serve`` after every SIGKILL or SIGTERM as systemd's ``Restart=`` would, and
+follows which process serves (the standby that took over) and which stands by (the start that claimed it)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from ..server import ServeProcess
+from .successor import Adopted, lock_holder
+
+REGISTERED = re.compile(r"standby pid (\d+) registered")
+
+
+def log_size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def wait_registered(path: Path, offset: int, timeout_s: float) -> int:
+    """The pid of the first standby the log shows registered after ``offset``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(path, "rb") as log:
+            log.seek(offset)
+            found = REGISTERED.search(log.read().decode(errors="replace"))
+        if found:
+            return int(found.group(1))
+        time.sleep(0.05)
+    raise RuntimeError(f"no standby registered within {timeout_s:.0f} s (see {path})")
+
+
+def follow_server(
+    serve: ServeProcess,
+    launched: list[subprocess.Popen[bytes]],
+    old: int,
+    claimer: subprocess.Popen[bytes],
+    *,
+    asked: bool,
+    timeout_s: float,
+) -> None:
+    """Point ``serve.proc`` at the process that serves the data dir after ``old`` (the lock's holder): the
+    ``claimer`` (the bench's restart) when it ``asked`` to take over (another configuration), else the standby that
+    took over — a ``Popen`` this bench launched, or one it adopted as the subreaper."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        holder = lock_holder(serve.data_dir)
+        if holder is not None and holder != old and (holder == claimer.pid) == asked:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no process took {serve.data_dir} over from pid {old} (holder {holder})")
+        time.sleep(0.01)
+    serve.proc = next((p for p in launched if p.pid == holder), None) or Adopted(holder)

@@ -222,6 +222,9 @@ class Host:
         finally:
             if self.ownership is not None:
                 self.ownership.release()
+            # process-private memory: unmapped after the lock is let go (~0.1 s a restart's successor, or a
+            # standby, need not wait for)
+            self.snapshots.staging.close()
 
     async def _close(self, on_stop: OnStop, release: bool) -> None:
         if self.observer is not None:
@@ -238,7 +241,6 @@ class Host:
             self.warming.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.warming
-        self.snapshots.staging.close()
         await self.localizer.close()
         if on_stop is OnStop.KEEP:
             await self.memserver.aclose(keep=True)

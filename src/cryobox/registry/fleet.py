@@ -281,6 +281,14 @@ class FleetRecords:
 
     # -- reconciliation --------------------------------------------------------------------------------------
 
+    def host_statuses(self, host: str) -> dict[str, str]:
+        """Sandbox id -> status of ``host``'s rows."""
+        with self._db.session(write=False) as s:
+            return {
+                i: status
+                for i, status in s.execute(select(m.Sandbox.id, m.Sandbox.status).where(m.Sandbox.host == host))
+            }
+
     def reconcile_host(
         self,
         host: str,
@@ -288,6 +296,7 @@ class FleetRecords:
         *,
         snapshot_dir_exists: Callable[[str], bool] | None = None,
         absent_status: str | None = LOST,
+        expected: Mapping[str, str] | None = None,
     ) -> HostReconcile:
         """Make the rows of ``host`` (and only those) agree with what its agent reports.
 
@@ -297,7 +306,8 @@ class FleetRecords:
         ``lost`` get ``absent_status`` (``None``: absent rows are left alone, e.g. for a routine heartbeat while
         creates and deletes are in flight). Reported ids without a row of this host are ignored. With
         ``snapshot_dir_exists``, the host's ``local`` snapshot rows whose files are gone are deleted (``stored``
-        ones stay: other hosts can fetch them).
+        ones stay: other hosts can fetch them). With ``expected`` (id -> status) a reported row changes only while
+        its status is still the expected one (compare-and-set: another writer's change since wins).
         """
         for sandbox_id, status in reported.items():
             if not isinstance(sandbox_id, str) or not isinstance(status, str) or not status:
@@ -322,6 +332,8 @@ class FleetRecords:
                 if status == HIBERNATED and hibernation == HIBERNATION_STORED and sandbox_id not in reported:
                     continue  # portable: any agent can wake it from the store
                 if sandbox_id in reported:
+                    if expected is not None and expected.get(sandbox_id) != status:
+                        continue  # changed since it was read
                     if reported[sandbox_id] != status:
                         targets.setdefault(reported[sandbox_id], []).append(sandbox_id)
                         updated.append(sandbox_id)
@@ -340,7 +352,10 @@ class FleetRecords:
                     if status == HIBERNATED:  # it was not before: its image is on its host only
                         changes["hibernation"] = HIBERNATION_LOCAL
                         changes["hibernated_at"] = time.time()
-                    s.execute(update(m.Sandbox).where(m.Sandbox.host == host, m.Sandbox.id.in_(chunk)).values(changes))
+                    where = [m.Sandbox.host == host, m.Sandbox.id.in_(chunk)]
+                    if expected is not None:  # per row: the status it was read with (rows read above may be stale)
+                        where.append(or_(*(and_(m.Sandbox.id == i, m.Sandbox.status == expected[i]) for i in chunk)))
+                    s.execute(update(m.Sandbox).where(*where).values(changes))
             for chunk in _chunks(gone):
                 s.execute(delete(m.Snapshot).where(m.Snapshot.id.in_(chunk), *_local_snapshots(host)))
         return HostReconcile(lost=sorted(lost), updated=sorted(updated), deleted_snapshots=gone)

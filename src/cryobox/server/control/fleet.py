@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ...agentapi import Agent, HttpAgent
 from ...agentapi import models as am
-from ...errors import HostUnavailable, StateError
+from ...errors import CryoboxError, HostUnavailable, StateError
 from ...registry import HIBERNATED, HIBERNATION_STORED, AgentRow, Registry, SandboxRow
 from .strays import delete_strays
 
@@ -205,9 +205,33 @@ class Fleet:
             return am.HeartbeatReply(reconciled=True)
         # a normal beat only refreshes the states of what the agent reports (rows of sandboxes being created
         # or deleted right now may be ahead of or behind the report: absent rows are left alone)
-        await asyncio.to_thread(lambda: self.registry.fleet.reconcile_host(name, reported, absent_status=None))
+        await self._refresh_states(name, reported)
         await self._delete_strays(name, hb)
         return am.HeartbeatReply()
+
+    async def _refresh_states(self, name: str, reported: Mapping[str, str]) -> None:
+        """Rows whose state the report contradicts get the agent's state *now*, each only if its row still says
+        what it said when read: a report is a snapshot, and one taken just before a change this control plane made
+        and recorded (a hibernation at the timeout) would otherwise undo it until the next beat (a command arriving
+        meanwhile woke a sandbox that does not wake on requests: E2B's timeouts test, once)."""
+        rows = await asyncio.to_thread(self.registry.fleet.host_statuses, name)
+        contradicted = sorted(i for i, state in reported.items() if i in rows and rows[i] != state)
+        if not contradicted:
+            return
+        agent = await self.agent(name)
+        changes: dict[str, str] = {}
+        for sandbox_id in contradicted:
+            try:
+                state = (await agent.get(sandbox_id)).state
+            except CryoboxError:  # gone meanwhile: its delete settles the row
+                continue
+            if state != rows[sandbox_id]:
+                changes[sandbox_id] = state
+        if changes:
+            expected = {sandbox_id: rows[sandbox_id] for sandbox_id in changes}
+            await asyncio.to_thread(
+                lambda: self.registry.fleet.reconcile_host(name, changes, absent_status=None, expected=expected)
+            )
 
     async def _delete_strays(self, name: str, hb: am.Heartbeat) -> None:
         """Sandboxes the agent runs with no row and no unexpired reservation go (:mod:`.strays`)."""

@@ -345,6 +345,21 @@ async def test_a_routine_heartbeat_updates_states_but_does_not_mark_absent_rows_
     assert (c.status(s1.id), c.status(s2.id), c.status(s3.id)) == ("paused", "lost", "running")
 
 
+async def test_a_report_taken_before_a_change_does_not_undo_it(cluster: MakeCluster, clock: FakeClock) -> None:
+    """A beat's report taken just before the control plane hibernated a sandbox (at its timeout) and written just
+    after: the row stays hibernated (it was set back to running until the next beat, and a command that arrived
+    meanwhile woke a sandbox that does not wake on requests: E2B's timeouts test, once)."""
+    c = await cluster(clock, a=fake("a", clock))
+    made = await c.create()
+    clock.now += 2
+    await c.beat("a")
+    stale = await heartbeat_of(c.agents["a"])  # taken while it runs
+    await c.control.hibernate(made.id, None)
+    assert c.status(made.id) == "hibernated"
+    await c.control.fleet.heartbeat(stale)  # written after the hibernation
+    assert c.status(made.id) == "hibernated"
+
+
 # -- the TTL reaper ----------------------------------------------------------------------------------------------
 
 

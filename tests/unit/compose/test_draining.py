@@ -73,3 +73,26 @@ def test_pending_sees_bytes_not_read_yet() -> None:
         assert _pending(_Transport(ours))  # type: ignore[arg-type]
         ours.recv(100)
         assert not _pending(_Transport(ours))  # type: ignore[arg-type]
+
+
+async def test_a_connection_idle_past_the_grace_does_not_hold_the_stop() -> None:
+    """A keep-alive connection left idle longer than the grace is closed at once: the stop does not wait 0.25 s for
+    a request its client is not about to send (uvicorn's ticks are gone too: the whole stop is well under it)."""
+    sock = listen_tcp("127.0.0.1", 0)
+    server = http_server(app, "127.0.0.1", sock.getsockname()[1])
+    server.config.log_level = "warning"
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.01)
+    reader, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+    writer.write(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")
+    assert (await asyncio.wait_for(reader.readuntil(b"ok"), 5)).startswith(b"HTTP/1.1 200 ")
+    await asyncio.sleep(0.4)  # idle, kept alive, past the grace
+    asked = asyncio.get_running_loop().time()
+    server.should_exit = True
+    assert await asyncio.wait_for(reader.read(), 5) == b""  # closed without a grace
+    await asyncio.wait_for(serving, 10)
+    took = asyncio.get_running_loop().time() - asked
+    writer.close()
+    sock.close()
+    assert took < 0.2, took

@@ -219,14 +219,19 @@ class Fleet:
         if not contradicted:
             return
         agent = await self.agent(name)
-        changes: dict[str, str] = {}
-        for sandbox_id in contradicted:
+
+        async def now(sandbox_id: str) -> str | None:
             try:
-                state = (await agent.get(sandbox_id)).state
+                return (await agent.get(sandbox_id)).state
             except CryoboxError:  # gone meanwhile: its delete settles the row
-                continue
-            if state != rows[sandbox_id]:
-                changes[sandbox_id] = state
+                return None
+
+        states = await asyncio.gather(*(now(sandbox_id) for sandbox_id in contradicted))
+        changes = {
+            sandbox_id: state
+            for sandbox_id, state in zip(contradicted, states, strict=True)
+            if state is not None and state != rows[sandbox_id]
+        }
         if changes:
             expected = {sandbox_id: rows[sandbox_id] for sandbox_id in changes}
             await asyncio.to_thread(

@@ -7,6 +7,7 @@ import asyncio
 import socket
 
 import pytest
+import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from cryobox.compose.draining import _pending
@@ -25,16 +26,22 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-@pytest.mark.parametrize("sends_after_s", [0.0, 0.1, None])
-async def test_a_connection_accepted_before_the_stop_gets_its_answer(sends_after_s: float | None) -> None:
-    """0.0: the request is in the socket's buffer when the stop begins (``FIONREAD``: waited for however long the
-    loop takes); 0.1: it arrives within the grace; None: nothing arrives, the connection is closed."""
+async def serving_app() -> tuple[socket.socket, uvicorn.Server, asyncio.Task[None]]:
+    """:func:`app` served by ``http_server`` on a loopback socket, once it serves: (the socket, server, task)."""
     sock = listen_tcp("127.0.0.1", 0)
     server = http_server(app, "127.0.0.1", sock.getsockname()[1])
     server.config.log_level = "warning"
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         await asyncio.sleep(0.01)
+    return sock, server, serving
+
+
+@pytest.mark.parametrize("sends_after_s", [0.0, 0.1, None])
+async def test_a_connection_accepted_before_the_stop_gets_its_answer(sends_after_s: float | None) -> None:
+    """0.0: the request is in the socket's buffer when the stop begins (``FIONREAD``: waited for however long the
+    loop takes); 0.1: it arrives within the grace; None: nothing arrives, the connection is closed."""
+    sock, server, serving = await serving_app()
     reader, writer = await asyncio.open_connection(*sock.getsockname()[:2])
     for _ in range(100):  # until the server has accepted it
         if server.server_state.connections:
@@ -78,12 +85,7 @@ def test_pending_sees_bytes_not_read_yet() -> None:
 async def test_a_connection_idle_past_the_grace_does_not_hold_the_stop() -> None:
     """A keep-alive connection left idle longer than the grace is closed at once: the stop does not wait 0.25 s for
     a request its client is not about to send (uvicorn's ticks are gone too: the whole stop is well under it)."""
-    sock = listen_tcp("127.0.0.1", 0)
-    server = http_server(app, "127.0.0.1", sock.getsockname()[1])
-    server.config.log_level = "warning"
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        await asyncio.sleep(0.01)
+    sock, server, serving = await serving_app()
     reader, writer = await asyncio.open_connection(*sock.getsockname()[:2])
     writer.write(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")
     assert (await asyncio.wait_for(reader.readuntil(b"ok"), 5)).startswith(b"HTTP/1.1 200 ")

@@ -11,11 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from starlette.types import Receive, Scope, Send
 
 from cryobox.cli.serve_standby import is_supervised
 from cryobox.compose.activation import Activation
-from cryobox.compose.listeners import http_server
 from cryobox.compose.standby import (
     SPAWNED_ENV,
     SUPERVISED_ENV,
@@ -27,6 +25,7 @@ from cryobox.compose.standby import (
 )
 from cryobox.errors import InvalidArgument
 from cryobox.util.tcp import listen_tcp
+from tests.unit.compose.test_draining import serving_app
 
 
 def test_settings_from_the_environment() -> None:
@@ -122,26 +121,12 @@ async def test_a_start_that_differs_asks_to_take_over(tmp_path: Path) -> None:
     assert await asyncio.wait_for(asyncio.to_thread(standing.wait_turn), 5) is True
 
 
-async def _app(scope: Scope, receive: Receive, send: Send) -> None:
-    if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            await send({"type": f"{message['type']}.complete"})
-            if message["type"] == "lifespan.shutdown":
-                return
-
-
 async def test_the_server_stops_without_waiting_for_a_tick() -> None:
     """uvicorn's own server needs at least its 0.1 s sleep after asking connections to close, plus up to a 0.1 s
     tick to notice the stop; ``http_server``'s stops at once (the best of three runs, against a loaded host)."""
     took = []
     for _ in range(3):
-        sock = listen_tcp("127.0.0.1", 0)
-        server = http_server(_app, "127.0.0.1", sock.getsockname()[1])
-        server.config.log_level = "warning"
-        serving = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started:
-            await asyncio.sleep(0.01)
+        sock, server, serving = await serving_app()
         await asyncio.sleep(0.03)  # into a tick
         asked = time.monotonic()
         server.should_exit = True

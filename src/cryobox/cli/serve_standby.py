@@ -8,7 +8,8 @@ import contextlib
 import enum
 import os
 import signal
-from collections.abc import Callable, MutableMapping
+import sys
+from collections.abc import Callable, MutableMapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -97,6 +98,24 @@ def restore_priority() -> None:
             os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) - IMPORT_NICENESS)
 
 
+def restarts_under_way(argv: Sequence[str], proc: Path = Path("/proc")) -> list[int]:
+    """Other processes running this command line (``argv``: the arguments after the program), e.g. a supervisor's
+    restart still importing under load: a takeover waits for it to claim this process rather than stop at the end
+    of its grace (the restart would then find nobody serving and start from scratch: a second outage)."""
+    tail = [arg.encode() for arg in argv]
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            args = [a for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
+        except OSError:
+            continue
+        if tail and args[-len(tail) :] == tail:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
 def record_stop_signals(server: uvicorn.Server) -> list[int]:
     """The signals that stopped ``server`` (uvicorn installs ``handle_exit`` as the handler when it serves)."""
     seen: list[int] = []
@@ -126,14 +145,21 @@ async def keep_standby(
         await asyncio.sleep(0.02)
     await desk.open()
     if start is Start.STOOD_BY:
-        try:
-            await asyncio.wait_for(desk.claimed.wait(), grace_s)
-        except TimeoutError:
-            console.print(
-                f"standby: took over and nobody restarted the service within {grace_s:g} s; stopping (keep)",
-                soft_wrap=True,
-            )
-            server.should_exit = True
+        while True:
+            try:
+                await asyncio.wait_for(desk.claimed.wait(), grace_s)
+                return
+            except TimeoutError:
+                pass
+            starting = await asyncio.to_thread(restarts_under_way, sys.argv[1:])
+            if not starting:
+                break
+            console.print(f"standby: a restart (pid {starting[0]}) is still starting; waiting for it", soft_wrap=True)
+        console.print(
+            f"standby: took over and nobody restarted the service within {grace_s:g} s; stopping (keep)",
+            soft_wrap=True,
+        )
+        server.should_exit = True
         return
     sock = activation.get("http")
     if sock is None:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from cryobox.cli.serve_standby import is_supervised
+from cryobox.cli.serve_standby import is_supervised, restarts_under_way
 from cryobox.compose.activation import Activation
 from cryobox.compose.standby import (
     SPAWNED_ENV,
@@ -134,3 +135,21 @@ async def test_the_server_stops_without_waiting_for_a_tick() -> None:
         took.append(time.monotonic() - asked)
         sock.close()
     assert min(took) < 0.09, took
+
+
+def test_a_restart_under_way_is_found_by_its_command_line(tmp_path: Path) -> None:
+    """What keeps an unclaimed takeover waiting past its grace: another process running this command line (the
+    supervisor's restart, still importing); not this process, not one with other arguments."""
+    argv = ["serve", "--data-dir", "/var/lib/cryobox"]
+    for pid, cmdline in {
+        "101": [sys.executable, "-m", "cryobox.cli.main", *argv],  # a spawned or relaunched serve
+        "102": ["/opt/cryobox/venv/bin/cryobox", *argv],  # systemd's ExecStart
+        "103": ["/opt/cryobox/venv/bin/cryobox", "serve", "--data-dir", "/elsewhere"],
+        "104": [],  # a zombie: no command line
+        str(os.getpid()): ["/opt/cryobox/venv/bin/cryobox", *argv],  # this process
+    }.items():
+        (tmp_path / pid).mkdir()
+        (tmp_path / pid / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in cmdline))
+    (tmp_path / "self").mkdir()
+    assert restarts_under_way(argv, proc=tmp_path) == [101, 102]
+    assert restarts_under_way(["serve", "--data-dir", "/nowhere"], proc=tmp_path) == []

@@ -22,6 +22,7 @@ from ..compose.handover import own_command, spawn_with_socket
 from ..compose.processexit import exit_now
 from ..compose.sdnotify import notify
 from ..compose.standby import SPAWNED_ENV, SUPERVISED_ENV, StandbyDesk, fingerprint, register
+from ..util.procfs import PROC, cmdline, pids
 from . import IMPORT_NICENESS
 
 if TYPE_CHECKING:
@@ -98,21 +99,18 @@ def restore_priority() -> None:
             os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) - IMPORT_NICENESS)
 
 
-def restarts_under_way(argv: Sequence[str], proc: Path = Path("/proc")) -> list[int]:
+def restarts_under_way(argv: Sequence[str], proc: Path = PROC) -> list[int]:
     """Other processes running this command line (``argv``: the arguments after the program), e.g. a supervisor's
     restart still importing under load: a takeover waits for it to claim this process rather than stop at the end
     of its grace (the restart would then find nobody serving and start from scratch: a second outage)."""
-    tail = [arg.encode() for arg in argv]
+    tail = list(argv)
+    if not tail:
+        return []
     found = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            args = [a for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
-        except OSError:
-            continue
-        if tail and args[-len(tail) :] == tail:
-            found.append(int(entry.name))
+    for pid in pids(proc):
+        args = cmdline(pid, proc) if pid != os.getpid() else None
+        if args is not None and args[-len(tail) :] == tail:
+            found.append(pid)
     return sorted(found)
 
 

@@ -31,6 +31,7 @@ from ..server.control.sandboxes import ControlPlane
 from ..server.control.snapshots import RetentionPolicy, SnapshotControl
 from ..server.control.templates import TemplateJobs
 from ..server.metrics import Metrics
+from ..util.envvars import positive_seconds
 from ..util.proc import Progress
 
 NODE_TOKEN_ENV = "CRYOBOX_NODE_TOKEN"
@@ -97,14 +98,7 @@ def fleet_config(env: dict[str, str] | None = None, deadline_s: float | None = N
 def reservation_ttl_s(env: dict[str, str] | None = None) -> float:
     """How long a reservation holds room without its row (``CRYOBOX_RESERVATION_TTL_S``, default 60 s): the
     longest a create may take from placement to its row, and how long a dead replica's strays live."""
-    raw = (os.environ if env is None else env).get(RESERVATION_TTL_ENV, "")
-    try:
-        ttl = float(raw) if raw else DEFAULT_RESERVATION_TTL_S
-    except ValueError:
-        raise InvalidArgument(f"{RESERVATION_TTL_ENV} must be a number of seconds, not {raw!r}") from None
-    if not ttl > 0:
-        raise InvalidArgument(f"{RESERVATION_TTL_ENV} must be positive, not {raw!r}")
-    return ttl
+    return positive_seconds(os.environ if env is None else env, RESERVATION_TTL_ENV, DEFAULT_RESERVATION_TTL_S)
 
 
 def build_control(

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InvalidArgument
+from ..util.envvars import positive_seconds
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +78,7 @@ class StandbySettings:
         flag = env.get(ENABLE_ENV, "1").strip()
         if flag not in ("0", "1"):
             raise InvalidArgument(f"{ENABLE_ENV} must be 0 or 1, not {flag!r}")
-        raw = env.get(GRACE_ENV, "").strip()
-        try:
-            grace = float(raw) if raw else DEFAULT_GRACE_S
-        except ValueError:
-            raise InvalidArgument(f"{GRACE_ENV} must be a number of seconds, not {raw!r}") from None
-        if not grace > 0:
-            raise InvalidArgument(f"{GRACE_ENV} must be positive, not {raw!r}")
-        return cls(enabled=flag == "1", grace_s=grace)
+        return cls(enabled=flag == "1", grace_s=positive_seconds(env, GRACE_ENV, DEFAULT_GRACE_S))
 
 
 def fingerprint(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> str:

@@ -19,19 +19,23 @@ from tests.support.teardown import reclaim_data_dir
 SMALL = ["--templates", "base", "--net-pool", "2"]
 
 
+def supervised(
+    data_dir: Path, cache_dir: Path, prespawn: int, env: dict[str, str]
+) -> tuple[socket.socket, ServeProcess]:
+    """A small ``serve`` whose supervisor is the test: it holds the listening socket, as systemd's ``.socket``."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=4096)
+    serve = ServeProcess(
+        data_dir, cache_dir=cache_dir, prespawn=prespawn, extra_args=SMALL, extra_env=env, listen_socket=listener
+    )
+    return listener, serve
+
+
 def test_a_restart_under_exec_load_fails_no_request(
     tmp_path: Path, cache_dir: Path, templates: dict[str, Template]
 ) -> None:
     data_dir = tmp_path / "data"
-    listener = socket.create_server(("127.0.0.1", 0), backlog=4096)
-    serve = ServeProcess(
-        data_dir,
-        cache_dir=cache_dir,
-        prespawn=1,
-        extra_args=SMALL,
-        extra_env={"CRYOBOX_ON_STOP": "keep", "CRYOBOX_STANDBY": "0"},  # the plain restart (test_standby.py: with one)
-        listen_socket=listener,
-    )
+    # the plain restart (test_standby.py: with a standby)
+    listener, serve = supervised(data_dir, cache_dir, 1, {"CRYOBOX_ON_STOP": "keep", "CRYOBOX_STANDBY": "0"})
     stop = threading.Event()
     calls: list[Call] = []
     workers: list[threading.Thread] = []

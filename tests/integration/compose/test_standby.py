@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -25,8 +24,7 @@ from pathlib import Path
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.restart.standbys import REGISTERED, log_size, wait_registered
 from cryobox.bench.restart.successor import lock_holder
-from cryobox.bench.server import ServeProcess
-from tests.integration.compose.test_activation import SMALL
+from tests.integration.compose.test_activation import supervised
 from tests.support.execload import Call, start_load
 from tests.support.pids import alive
 from tests.support.serve import Client
@@ -88,14 +86,8 @@ def test_a_standby_takes_over_restarts_and_stops_as_the_supervisor_means(
     tmp_path: Path, cache_dir: Path, templates: dict[str, Template]
 ) -> None:
     data_dir = tmp_path / "data"
-    listener = socket.create_server(("127.0.0.1", 0), backlog=4096)
-    serve = ServeProcess(
-        data_dir,
-        cache_dir=cache_dir,
-        prespawn=1,
-        extra_args=SMALL,
-        extra_env={"CRYOBOX_ON_STOP": "keep", "CRYOBOX_STANDBY_GRACE_S": str(GRACE_S)},
-        listen_socket=listener,
+    listener, serve = supervised(
+        data_dir, cache_dir, 1, {"CRYOBOX_ON_STOP": "keep", "CRYOBOX_STANDBY_GRACE_S": str(GRACE_S)}
     )
     launched: list[subprocess.Popen[bytes]] = []
     clients: list[Client] = []
@@ -189,15 +181,7 @@ def test_a_takeover_nobody_claims_stops_after_the_grace(
     """A SIGTERM that was a stop (no supervisor starts the service again): the standby serves for the grace, then
     stops too, keeping the sandboxes as ``keep`` promises."""
     data_dir = tmp_path / "data"
-    listener = socket.create_server(("127.0.0.1", 0), backlog=4096)
-    serve = ServeProcess(
-        data_dir,
-        cache_dir=cache_dir,
-        prespawn=0,
-        extra_args=SMALL,
-        extra_env={"CRYOBOX_ON_STOP": "keep", "CRYOBOX_STANDBY_GRACE_S": "3"},
-        listen_socket=listener,
-    )
+    listener, serve = supervised(data_dir, cache_dir, 0, {"CRYOBOX_ON_STOP": "keep", "CRYOBOX_STANDBY_GRACE_S": "3"})
     try:
         serve.start()
         assert serve.proc is not None

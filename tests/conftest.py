@@ -18,7 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.teardown import reclaim_dead_postgres, reclaim_previous_run, sweep_shared_store
+from tests.support.teardown import (
+    forget_owner_records,
+    reclaim_dead_postgres,
+    reclaim_previous_run,
+    sweep_shared_store,
+)
 
 HostState = dict[str, set[str]]
 BEFORE = pytest.StashKey[HostState]()
@@ -117,8 +122,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         # a passed run keeps none of its ~10 GiB of data dirs (a failed one keeps them to look at, until the next
         # run's start reclaims them): the disk is shared with the store and the images
         shutil.rmtree(basetemp, ignore_errors=True)
-    if basetemp:  # what the suite's data dirs stored goes with them (a full disk stopped CI)
-        print(f"\n{sweep_shared_store()}")
+    if basetemp:  # what the suite's data dirs stored goes with them (a full disk stopped CI), and their records
+        print(
+            f"\n{sweep_shared_store()}; {forget_owner_records(Path(basetemp))} owner records of gone data dirs removed"
+        )
 
 
 def _mounts_below(root: Path) -> bool:

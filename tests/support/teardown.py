@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from cryobox.agent.host.gcscan import remove_cgroups
+from cryobox.agent.host.ownership import owners_dir_from_env, read_owners, remove_owner
 from cryobox.agent.net.netlink import reclaim as reclaim_net
 from cryobox.agent.net.slots import tag_for
 from cryobox.bench.server import release_serve_state
@@ -48,6 +49,14 @@ def reclaim_data_dir(data_dir: Path, cache_dir: Path | None) -> None:
     subprocess.run(["nft", "delete", "table", "inet", f"cryobox_{tag}"], capture_output=True, check=False)
     with contextlib.suppress(OSError):  # the jail's cgroups of the VMs just killed (one still busy stays)
         remove_cgroups(CGROUP_ROOT, tag)
+
+
+def forget_owner_records(root: Path) -> int:
+    """Remove the owner records of the suite's data dirs (under ``root``) that are gone, as ``cryobox gc`` would:
+    a stopped agent leaves its record for ``gc``, and every start reads them all. Returns how many went."""
+    owners, prefix = owners_dir_from_env(), f"{root.resolve()}/"
+    gone = [r for r in read_owners(owners) if r.data_dir.startswith(prefix) and not Path(r.data_dir).exists()]
+    return sum(remove_owner(record.tag, owners) for record in gone)
 
 
 def reclaim_previous_run(root: Path) -> list[str]:

@@ -15,6 +15,7 @@ from types import FrameType
 from rich.console import Console
 
 from ..agent.host.ownership import wait_unlocked
+from ..agent.host.prewarm import prewarm
 from ..agent.host.startup import HostConfig
 from ..agent.host.stopmode import OnStop
 from ..agent.memory.settings import StorageConfig
@@ -111,7 +112,11 @@ def serve(options: ServeOptions, console: Console) -> None:
     paths.ensure()
     registry = Registry.for_data_dir(paths.data_dir)
     checked: list[bool] = []  # a standby checks the schema while it waits: not after the takeover (~0.17 s)
-    prepare = lambda: checked.append(registry.migrated_already())  # noqa: E731
+
+    def prepare() -> None:  # and computes what a start computes from the host alone (agent/host/prewarm.py)
+        checked.append(registry.migrated_already())
+        prewarm()
+
     may_stand_by = handover is None and standby.enabled and supervised
     start = stand_by(paths.data_dir, console, spawned, prepare) if may_stand_by else None
     if spawned and start is None:  # spawned as a standby, but its server stopped before it registered

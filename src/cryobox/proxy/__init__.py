@@ -17,6 +17,7 @@ import httpx
 from starlette.types import Receive, Scope, Send
 
 from ..errors import CryoboxError, InvalidArgument
+from ..util.tls import default_tls_context
 from .headers import CREDENTIALS, HOP_BY_HOP, request_headers
 from .http import forward_http
 from .replies import reply_error
@@ -100,6 +101,7 @@ class PortProxy:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.client = httpx.AsyncClient(
+            verify=default_tls_context(),
             trust_env=False,
             follow_redirects=False,
             http1=True,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
-import functools
 import os
 import random
 import ssl
@@ -34,6 +33,7 @@ from ..errors import (
     QuotaExceeded,
     StoreError,
 )
+from ..util.tls import default_tls_context
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 CONNECT_TIMEOUT_S = 10.0
@@ -76,12 +76,10 @@ class ClientConfig:
         return httpx.AsyncClient(**self.client_options())
 
 
-@functools.cache
 def tls_context() -> ssl.SSLContext:
-    """httpx's default TLS verification (its CA bundle, ``SSL_CERT_FILE``/``SSL_CERT_DIR``), made once per process
-    and shared by every client the SDK makes: ``httpx.Client()`` builds a new one each time, reading and parsing
-    the CA bundle (29 ms p50 here), which every ``Sandbox.create`` paid — with it shared, 1 ms."""
-    return httpx.create_ssl_context()
+    """The process's one default TLS context (:func:`cryobox.util.tls.default_tls_context`), shared by every client
+    the SDK makes: ``httpx.Client()`` builds a new one each time, which every ``Sandbox.create`` paid (29 ms)."""
+    return default_tls_context()
 
 
 class SharedClient:

@@ -6,7 +6,8 @@ complete is *hibernated*; anything else is *lost* (its QEMU died with or after t
 marks it ``lost`` when the agent's report omits it). Reclaim then spares exactly the live VMs' processes, run
 directories, network slots and hot memory. :func:`adopt` reconnects each live VM (QMP, guest
 agent), rebuilds its :class:`~.sandbox.Sandbox` from the record (:mod:`..sandbox.mapping`) and hands it to the
-service (``SandboxService.adopt``); a VM that does not answer is killed and counted lost.
+service (``SandboxService.adopt``) at once, and finishes each in the background while the agent serves (its
+guest's ping, its slot rules and policy, its record); a VM that does not answer is killed and counted lost.
 """
 
 from __future__ import annotations
@@ -30,10 +31,14 @@ from ..sandbox.sandbox import Sandbox, SandboxState
 from ..sandbox.service import SandboxService
 from ..snapshot.store import SnapshotStore
 from ..vm import VmState
+from ..vm.readiness import GuestReadiness, wait_turn
 
 log = logging.getLogger(__name__)
 ADOPT_GUEST_TIMEOUT_S = 15.0
 ADOPT_CONCURRENCY = 16
+SETTLE_CONCURRENCY = 4
+"""Adoptions finished at once in the background while the agent serves (a guest a request waits for goes ahead):
+each ping wakes a guest, and under TCG every guest woken at once takes CPU from the one a request waits for."""
 
 
 @dataclass
@@ -74,12 +79,15 @@ def survey(records: SandboxRecords, run_dir: Path) -> Survey:
     return found
 
 
-async def _adopt_live(service: SandboxService, record: SandboxRecord) -> Sandbox:
+async def _take_over(service: SandboxService, record: SandboxRecord) -> tuple[Sandbox, bool]:
+    """QMP reconnected, and the VM's run state mended where an operation the dead agent never finished left it.
+    Returns the sandbox and whether its guest is still to be pinged (:func:`_settle`)."""
     assert record.vm is not None
     vm = await service.factory.adopt(record.vm)
     try:
         now = service.clock()
         wanted = SandboxState(record.state)
+        ping = False
         if wanted is SandboxState.RUNNING and vm.state is VmState.PAUSED:
             # stopped by an operation the dead agent never finished (a snapshot's or fork's pause, a hibernation
             # whose record was not yet written): continue it, and step its clock over the gap
@@ -89,18 +97,64 @@ async def _adopt_live(service: SandboxService, record: SandboxRecord) -> Sandbox
         elif wanted is SandboxState.PAUSED and vm.state is VmState.RUNNING:
             await vm.pause()
         elif wanted is SandboxState.RUNNING:  # a paused guest cannot answer; QMP did
-            # the guest reopens its port when it sees the old agent's connection close; a ping that arrives
-            # while it is closed is dropped, so ping until one is answered
-            await vm.wait_guest_ready(ADOPT_GUEST_TIMEOUT_S)
+            ping = True
         sandbox = adopted_sandbox(record, vm, now, state=wanted, slot=service.factory.slot_of(vm))
-        if sandbox.slot is not None:  # today's slot rules (an older agent built it), its policy served again
-            if record.vm.slot_rules != slot_rules_digest(sandbox.slot):  # an nsenter + nft: most of an adoption
-                await asyncio.to_thread(load_slot_rules, sandbox.slot)
-            await service.factory.apply_egress(vm, sandbox.id, sandbox.egress)
     except BaseException:
         await service.factory.destroy(vm)
         raise
-    return sandbox
+    return sandbox, ping
+
+
+async def _settle(service: SandboxService, sandbox: Sandbox, record: SandboxRecord, ping: bool) -> None:
+    """What an adoption finishes while the agent serves: the guest answers, the slot has today's rules and the
+    sandbox's policy is served again, the record is written again if it changed."""
+    assert record.vm is not None
+    if ping:
+        # the guest reopens its port when it sees the old agent's connection close; a ping that arrives while it
+        # is closed is dropped, so ping until one is answered
+        await sandbox.vm.wait_guest_ready(ADOPT_GUEST_TIMEOUT_S)
+    if sandbox.slot is not None:  # today's slot rules (an older agent built it), its policy served again
+        if record.vm.slot_rules != slot_rules_digest(sandbox.slot):  # an nsenter + nft
+            await asyncio.to_thread(load_slot_rules, sandbox.slot)
+        await service.factory.apply_egress(sandbox.vm, sandbox.id, sandbox.egress)
+    await service.persist(sandbox, read=record)
+
+
+async def _settle_in_turn(
+    service: SandboxService, sandbox: Sandbox, record: SandboxRecord, ping: bool, gate: asyncio.Semaphore
+) -> None:
+    """:func:`_settle` among at most ``gate``'s many at once, or at once for a guest a request waits for; the
+    sandbox's lock (taken before it was held) is released after, so no lifecycle change starts before. A guest
+    that does not answer is lost: its VM is killed and its record removed."""
+    readiness = sandbox.vm.readiness
+    try:
+        held = await wait_turn(gate, readiness.wanted if readiness is not None else asyncio.Event())
+        try:
+            await _settle(service, sandbox, record, ping)
+        finally:
+            if held:
+                gate.release()
+    except Exception as err:
+        log.error("could not adopt sandbox %s (VM %s): %r", sandbox.id, sandbox.vm.vm_id, err)
+        if readiness is not None:
+            readiness.settle(err)
+        try:
+            await service.lose(sandbox)
+        finally:
+            sandbox.lock.release()
+        return
+    except BaseException as err:  # the agent stops meanwhile
+        if readiness is not None:
+            readiness.settle(err)
+        sandbox.lock.release()
+        raise
+    sandbox.vm.readiness = None
+    if readiness is not None:
+        readiness.settle()
+    sandbox.lock.release()
+    log.info(
+        "adopted sandbox %s (VM %s, pid %s, %s)", sandbox.id, sandbox.vm.vm_id, sandbox.vm.pid, sandbox.state.value
+    )
 
 
 def _kill_recorded(record: SandboxRecord) -> None:
@@ -112,7 +166,11 @@ def _kill_recorded(record: SandboxRecord) -> None:
 
 
 async def adopt(service: SandboxService, found: Survey, hibernation: SnapshotStore) -> list[str]:
-    """Put every live and hibernated sandbox of ``found`` into ``service``; returns the ids that were lost."""
+    """Put every live and hibernated sandbox of ``found`` into ``service``; returns the ids that were lost.
+
+    A live sandbox is held as soon as its QMP answers, with its lock taken and its guest calls waiting
+    (:class:`~..vm.readiness.GuestReadiness`); the rest of its adoption (:func:`_settle`) runs in the service's
+    background, so the agent serves before every guest has answered."""
     lost = [r.id for r in found.lost]
     for record in found.lost:
         _kill_recorded(record)
@@ -121,22 +179,12 @@ async def adopt(service: SandboxService, found: Survey, hibernation: SnapshotSto
             await asyncio.to_thread(hibernation.delete, Path(record.hibernation).name)
     gate = asyncio.Semaphore(ADOPT_CONCURRENCY)
 
-    async def one(record: SandboxRecord) -> Sandbox | None:
+    async def one(record: SandboxRecord) -> tuple[Sandbox, bool] | None:
         async with gate:
             try:
-                sandbox = await _adopt_live(service, record)
+                return await _take_over(service, record)
             except Exception as err:
                 log.error("could not adopt sandbox %s (VM %s): %r", record.id, record.vm and record.vm.vm_id, err)
-            else:  # held, and its record written again (the state may have been mended) beside the others' QMP
-                await service.adopt(sandbox)
-                log.info(
-                    "adopted sandbox %s (VM %s, pid %s, %s)",
-                    sandbox.id,
-                    sandbox.vm.vm_id,
-                    sandbox.vm.pid,
-                    sandbox.state.value,
-                )
-                return sandbox
         await asyncio.to_thread(_kill_recorded, record)
         if record.vm is not None and record.vm.slot_index is not None:
             with contextlib.suppress(Exception):
@@ -145,7 +193,17 @@ async def adopt(service: SandboxService, found: Survey, hibernation: SnapshotSto
         lost.append(record.id)
         return None
 
-    await asyncio.gather(*(one(r) for r in found.live))  # in parallel: QMP, pings and the records' writes
+    taken = await asyncio.gather(*(one(r) for r in found.live))  # in parallel: QMP
+    settling = asyncio.Semaphore(SETTLE_CONCURRENCY)
+    for record, took in zip(found.live, taken, strict=True):
+        if took is None:
+            continue
+        sandbox, ping = took
+        await sandbox.lock.acquire()  # at once: nobody knows the sandbox yet
+        if ping:
+            sandbox.vm.readiness = GuestReadiness()
+        service.adopt(sandbox)
+        service.in_background(_settle_in_turn(service, sandbox, record, ping, settling))
     for record in found.hibernated:
         assert record.hibernation is not None
         image = await asyncio.to_thread(hibernation.load, Path(record.hibernation).name)
@@ -153,7 +211,7 @@ async def adopt(service: SandboxService, found: Survey, hibernation: SnapshotSto
         sandbox = adopted_sandbox(
             record, placeholder, service.clock(), state=SandboxState.HIBERNATED, hibernation=image
         )
-        await service.adopt(sandbox)  # its record stays as it was read
+        service.adopt(sandbox)  # its record stays as it was read
         log.info("adopted hibernated sandbox %s (image %s)", sandbox.id, image.id)
     if lost:
         log.warning("%d sandbox(es) did not survive the restart: %s", len(lost), ", ".join(lost))

@@ -24,6 +24,7 @@ import httpx
 from ...errors import ERRORS_BY_CODE, ChunkFetchFailed, CryoboxError, IntegrityError, VmmError
 from ...objstore.pins import pinned_sha256
 from ...util.system import scrubbed_env
+from ...util.tls import default_tls_context
 from .mounts import unmount
 from .server.fusefs import INDEX_NAME, file_name, parse_name
 
@@ -145,7 +146,9 @@ class MemoryServerProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._pid: int | None = None
         self._client = httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(uds=str(config.control)), base_url="http://memserver", timeout=10.0
+            transport=httpx.AsyncHTTPTransport(uds=str(config.control), verify=default_tls_context()),
+            base_url="http://memserver",
+            timeout=10.0,
         )
 
     @property

@@ -7,6 +7,7 @@ Linux guest cannot boot, so those hosts run guests under TCG.
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import re
 import subprocess
@@ -61,12 +62,14 @@ def detect_accel(
     return Accel.KVM if has_vt and has_module else Accel.TCG
 
 
+@functools.cache
 def host_tsc_khz(
     sysfs: Path = Path("/sys/devices/system/cpu/cpu0/tsc_freq_khz"),
     cpuinfo: Path = Path("/proc/cpuinfo"),
     dmesg: str | None = None,
 ) -> int:
-    """The host TSC rate in kHz, passed to TCG guests as ``tsc_early_khz`` (PIT calibration is unreliable)."""
+    """The host TSC rate in kHz, passed to TCG guests as ``tsc_early_khz`` (PIT calibration is unreliable). Read
+    once per process (``dmesg`` is a subprocess: 0.1 s of a restart's start on a busy host)."""
     try:
         return int(sysfs.read_text().strip())
     except (OSError, ValueError):

@@ -34,6 +34,7 @@ from ...util.system import scrubbed_env
 from ..guest.client import GuestClient
 from .jail import VmJail
 from .machine import MachineConfig, MemoryBacking, NetAttach, VmPaths, qemu_argv
+from .readiness import GuestReadiness
 from .states import VmState, require
 from .vmstream import config_prefix
 from .volumes import AttachedVolume
@@ -96,6 +97,9 @@ class MicroVM:
         self.volume_doorbell = False
         """Its volume doorbell node exists (:func:`.volumes.ensure_doorbell`)."""
         self.guest: GuestClient | None = None
+        self.readiness: GuestReadiness | None = None
+        """Set on a VM adopted from an earlier agent until its guest has answered (:mod:`.readiness`): guest calls
+        wait for it."""
         self.violation: str | None = None
         """Why the VM was killed for breaking the guest protocol, if it was."""
         self._background: set[asyncio.Task[None]] = set()
@@ -145,7 +149,7 @@ class MicroVM:
             vm._qmp = await vm._connect_qmp(time.monotonic() + timeout)
             status = await vm.execute("query-status")
             vm.state = VmState.RUNNING if status.get("status") == "running" else VmState.PAUSED
-            await vm.connect_guest(timeout)
+            await vm._open_guest(timeout)
         except BaseException:
             await vm.detach()
             raise
@@ -349,7 +353,13 @@ class MicroVM:
         self.state = VmState.SAVED
 
     async def connect_guest(self, timeout: float = 10.0) -> GuestClient:
-        """Open the host end of the guest-agent port (the socket exists as soon as QEMU is up)."""
+        """Open the host end of the guest-agent port (the socket exists as soon as QEMU is up); on an adopted VM,
+        once its guest is known to answer."""
+        if self.readiness is not None:
+            await self.readiness.wait()
+        return await self._open_guest(timeout)
+
+    async def _open_guest(self, timeout: float = 10.0) -> GuestClient:
         if self.guest is not None and not self.guest.closed:
             return self.guest
         await _poll(self.paths.agent.exists, timeout, "the agent socket", self.alive)
@@ -366,7 +376,7 @@ class MicroVM:
 
     async def wait_guest_ready(self, timeout: float, ping_timeout: float = 0.5) -> dict[str, Any]:
         """Ping the guest agent until it answers (pings sent before the guest opens its port are lost)."""
-        guest = await self.connect_guest()
+        guest = await self._open_guest()
         deadline = time.monotonic() + timeout
         while True:
             if not self.alive():
@@ -382,6 +392,7 @@ class MicroVM:
         if self.state is VmState.KILLED:
             return
         self.state = VmState.KILLED
+        self._unready("its VM was stopped")
         if self.guest is not None:
             await self.guest.aclose()
         if self._proc is not None and self._proc.poll() is None:
@@ -401,9 +412,15 @@ class MicroVM:
         if self.state is VmState.KILLED:
             return
         self.state = VmState.KILLED
+        self._unready("the agent is stopping")
         if self.guest is not None:
             await self.guest.aclose()
         await self._disconnect_qmp()
+
+    def _unready(self, why: str) -> None:
+        """Guest calls still waiting for an adopted guest will not get it (see :mod:`.readiness`)."""
+        if self.readiness is not None:
+            self.readiness.settle(VmmError(why))
 
     async def _disconnect_qmp(self) -> None:
         if self._qmp is not None:

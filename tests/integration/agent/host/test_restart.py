@@ -67,6 +67,8 @@ def test_sandboxes_survive_sigkill_and_sigterm(
         client.call("POST", f"/v1/sandboxes/{paused}/pause", 204)
         snap = client.snapshot(running, retain=True)
         before = set(find_own_qemus(run_dir))
+        record = data_dir / "vol" / "sandboxes" / f"{running}.json"
+        written = record.stat().st_mtime_ns
         client.http.close()
         first.stop(signal.SIGKILL)
         assert before and all(alive(pid) for pid in before), "QEMUs outlive a SIGKILLed server"
@@ -77,6 +79,7 @@ def test_sandboxes_survive_sigkill_and_sigterm(
         check = "cat /run/mark; kill -0 $(cat /root/pid) && echo alive"
         assert client.sh(running, check) == f"{running}\nalive\n"  # same process, same memory
         assert reached(client, running) == {"example.org"}  # its policy served again by the new agent
+        assert record.stat().st_mtime_ns == written  # adopted as it was: its record is not written again
         client.call("POST", f"/v1/sandboxes/{paused}/resume", 204)
         assert client.sh(paused, check) == f"{paused}\nalive\n"
         # its volume stayed attached through the SIGKILL of the agent: the same mount, the fsynced file, writable

@@ -261,18 +261,26 @@ def _record(sandbox_id: str, state: str, **fields: object) -> SandboxRecord:
 
 async def test_adopt_holds_what_an_earlier_agent_left(rig: Rig) -> None:
     vm = rig.factory._make(MACHINE, VmState.RUNNING)
-    live = adopted_sandbox(_record("sb-live", "running", ttl_s=30), vm, rig.clock(), state=SandboxState.RUNNING)
-    await rig.service.adopt(live)
-    assert rig.service.get("sb-live") is live and live.adopted and rig.recorded() == {"sb-live": "running"}
+    read = _record("sb-live", "running", ttl_s=30)
+    live = adopted_sandbox(read, vm, rig.clock(), state=SandboxState.RUNNING)
+    rig.service.adopt(live)
+    assert rig.service.get("sb-live") is live and live.adopted and rig.recorded() == {}  # held, not written
+    await rig.service.persist(live, read=read)  # the adoption settled: its record differs from what was read
+    assert rig.recorded() == {"sb-live": "running"}
+    rig.records.remove("sb-live")
+    await rig.service.persist(live, read=rig.service.record_of(live))  # the same record: not written again
+    assert rig.recorded() == {}
+    await rig.service.persist(live)
+    assert rig.recorded() == {"sb-live": "running"}
 
     image = await rig.hibernation.begin(rig.factory._make(MACHINE, VmState.RUNNING), "sb-hib.h1", _info("sb-hib"))
     placeholder = rig.factory.placeholder("sb-hib", image.machine)
     record = _record("sb-hib", "hibernated", mapped_image="old")
     hib = adopted_sandbox(record, placeholder, 0.0, state=SandboxState.HIBERNATED, hibernation=image)
-    await rig.service.adopt(hib)
+    rig.service.adopt(hib)
     assert hib.mapped_image is None and rig.recorded() == {"sb-live": "running"}  # its record stays as read
     with pytest.raises(StateError, match="already exists"):
-        await rig.service.adopt(adopted_sandbox(_record("sb-live", "paused"), vm, 0.0, state=SandboxState.PAUSED))
+        rig.service.adopt(adopted_sandbox(_record("sb-live", "paused"), vm, 0.0, state=SandboxState.PAUSED))
     assert rig.service.get("sb-live") is live and rig.recorded() == {"sb-live": "running"}
     assert (await rig.service.wake("sb-hib")).state is SandboxState.RUNNING  # an adopted hibernation wakes
     assert rig.recorded() == {"sb-live": "running", "sb-hib": "running"}

@@ -1,0 +1,196 @@
+"""A restarted agent serves before its adopted guests have answered: :func:`adopt` holds every live sandbox at
+once (locked, its guest calls waiting), pings the guests in the background, checks a guest a call waits for ahead
+of the queue, and loses only a guest that does not answer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cryobox.agent.host import adopt as adoption
+from cryobox.agent.host.adopt import Survey, adopt
+from cryobox.agent.sandbox.records import SandboxRecord, VmRecord
+from cryobox.agent.sandbox.sandbox import Sandbox
+from cryobox.agent.vm import VmState
+from cryobox.agent.vm.readiness import GuestReadiness
+from cryobox.errors import GuestError
+
+
+class FakeVm:
+    """What adoption touches of a MicroVM; its guest answers a ping when the test says so."""
+
+    def __init__(self, vm_id: str) -> None:
+        self.vm_id = vm_id
+        self.pid = 4242
+        self.state = VmState.RUNNING
+        self.volumes: tuple[object, ...] = ()
+        self.readiness: GuestReadiness | None = None
+        self.pinged = asyncio.Event()
+        self.answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def wait_guest_ready(self, timeout: float) -> dict[str, Any]:
+        self.pinged.set()
+        await self.answer
+        return {}
+
+    async def connect_guest(self) -> str:
+        if self.readiness is not None:
+            await self.readiness.wait()
+        return f"guest of {self.vm_id}"
+
+
+class FakeFactory:
+    def __init__(self, vms: dict[str, FakeVm]) -> None:
+        self.vms = vms
+        self.destroyed: list[str] = []
+
+    async def adopt(self, record: VmRecord) -> FakeVm:
+        return self.vms[record.vm_id]
+
+    def slot_of(self, vm: FakeVm) -> None:
+        return None
+
+    async def destroy(self, vm: FakeVm) -> None:
+        self.destroyed.append(vm.vm_id)
+
+
+class FakeService:
+    def __init__(self, vms: dict[str, FakeVm]) -> None:
+        self.factory = FakeFactory(vms)
+        self.held: dict[str, Sandbox] = {}
+        self.lost: list[str] = []
+        self.persisted: list[tuple[str, SandboxRecord | None]] = []
+        self.background: set[asyncio.Task[None]] = set()
+
+    def clock(self) -> float:
+        return 1000.0
+
+    def adopt(self, sandbox: Sandbox) -> None:
+        self.held[sandbox.id] = sandbox
+
+    def in_background(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self.background.add(task)
+
+    async def persist(self, sandbox: Sandbox, *, read: SandboxRecord | None = None) -> None:
+        self.persisted.append((sandbox.id, read))
+
+    async def lose(self, sandbox: Sandbox) -> None:
+        assert sandbox.lock.locked()  # the caller holds it
+        self.held.pop(sandbox.id)
+        self.lost.append(sandbox.id)
+        await self.factory.destroy(sandbox.vm)  # type: ignore[arg-type]
+
+    async def forget_record(self, sandbox_id: str) -> None:
+        raise AssertionError("no record is forgotten here")
+
+    async def close(self) -> None:
+        for task in self.background:
+            task.cancel()
+        await asyncio.gather(*self.background, return_exceptions=True)
+
+
+def _record(i: int, state: str = "running") -> SandboxRecord:
+    vm = VmRecord(
+        vm_id=f"vm-{i}",
+        pid=4242,
+        start_ticks=1,
+        root=f"/nonexistent/run/vm-{i}",
+        disk="/nonexistent/disk",
+        memory_path="/nonexistent/memory",
+        memory_share=False,
+        write_trackable=True,
+        machine={},
+    )
+    return SandboxRecord(id=f"sb-{i}", template="base", cpus=1, memory_mib=256, state=state, created_at=1.0, vm=vm)
+
+
+@pytest.fixture
+async def twenty() -> tuple[FakeService, list[SandboxRecord]]:
+    records = [_record(i) for i in range(20)]  # more than the settling's concurrency: some wait for a place
+    return FakeService({f"vm-{i}": FakeVm(f"vm-{i}") for i in range(20)}), records
+
+
+async def _adopted(service: FakeService, records: list[SandboxRecord]) -> list[str]:
+    return await adopt(service, Survey(live=records), hibernation=None)  # type: ignore[arg-type]
+
+
+async def test_every_sandbox_is_held_and_locked_before_any_guest_answers(
+    twenty: tuple[FakeService, list[SandboxRecord]],
+) -> None:
+    service, records = twenty
+    try:
+        assert await asyncio.wait_for(_adopted(service, records), 2) == []
+        assert set(service.held) == {r.id for r in records}
+        for sandbox in service.held.values():
+            assert sandbox.lock.locked() and sandbox.vm.readiness is not None
+        await asyncio.sleep(0.05)
+        pinged = sum(vm.pinged.is_set() for vm in service.factory.vms.values())
+        assert pinged == adoption.SETTLE_CONCURRENCY  # the rest wait for a place
+        assert not service.persisted
+    finally:
+        await service.close()
+
+
+async def test_a_call_waiting_for_a_queued_guest_has_it_pinged_at_once_and_goes_on_when_it_answers(
+    twenty: tuple[FakeService, list[SandboxRecord]],
+) -> None:
+    service, records = twenty
+    try:
+        await _adopted(service, records)
+        await asyncio.sleep(0.05)
+        last = service.held["sb-19"]
+        vm = service.factory.vms["vm-19"]
+        assert not vm.pinged.is_set()  # queued behind the first SETTLE_CONCURRENCY
+        call = asyncio.create_task(vm.connect_guest())
+        await asyncio.wait_for(vm.pinged.wait(), 1)  # ahead of the queue
+        assert not call.done()
+        vm.answer.set_result(None)
+        assert await asyncio.wait_for(call, 1) == "guest of vm-19"
+        await asyncio.sleep(0.01)
+        assert not last.lock.locked() and vm.readiness is None
+        assert service.persisted == [("sb-19", records[19])]  # written again only if it changed (persist decides)
+    finally:
+        await service.close()
+
+
+async def test_a_guest_that_does_not_answer_is_lost_and_its_waiting_call_fails(
+    twenty: tuple[FakeService, list[SandboxRecord]],
+) -> None:
+    service, records = twenty
+    try:
+        await _adopted(service, records)
+        vm = service.factory.vms["vm-0"]
+        call = asyncio.create_task(vm.connect_guest())
+        await asyncio.wait_for(vm.pinged.wait(), 1)
+        vm.answer.set_exception(GuestError("guest agent did not answer within 15s"))
+        with pytest.raises(GuestError, match="did not come back"):
+            await asyncio.wait_for(call, 1)
+        await asyncio.sleep(0.01)
+        assert service.lost == ["sb-0"] and service.factory.destroyed == ["vm-0"]
+        assert "sb-0" not in service.held
+    finally:
+        await service.close()
+
+
+async def test_a_paused_sandbox_needs_no_ping_and_a_stop_during_adoption_unlocks_everything(tmp_path: Path) -> None:
+    records = [_record(0, state="paused"), _record(1)]
+    vms = {"vm-0": FakeVm("vm-0"), "vm-1": FakeVm("vm-1")}
+    vms["vm-0"].state = VmState.PAUSED
+    service = FakeService(vms)
+    await _adopted(service, records)
+    await asyncio.sleep(0.01)
+    paused = service.held["sb-0"]
+    assert not paused.lock.locked() and paused.vm.readiness is None and not vms["vm-0"].pinged.is_set()
+    running = service.held["sb-1"]
+    waiting = asyncio.create_task(running.vm.connect_guest())
+    await asyncio.sleep(0.01)
+    await service.close()  # the agent stops before the guest answered
+    assert not running.lock.locked()
+    with pytest.raises(GuestError):
+        await waiting
+    assert service.lost == []  # a stop loses nothing

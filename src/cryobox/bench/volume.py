@@ -31,6 +31,7 @@ from ..config import Paths
 from ..image.specs import BASE
 from . import volume_upload, volumeio
 from .report import write_result
+from .server import release_serve_state
 from .stats import stats
 
 VOLUME_BYTES = 64 << 20
@@ -109,6 +110,7 @@ async def run(
         io = await _io(service, config.paths.volume_dir / "volumes", progress, io_runs) if io_runs else None
     finally:
         await host.close()
+        release_serve_state(data_dir, cache_dir)  # the owner record a stopped agent leaves for `cryobox gc`
     summary = {label: stats(values) for label, values in samples.items()}
     base = summary["none"]["p50"]
     return {

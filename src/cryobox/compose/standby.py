@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -90,11 +91,21 @@ def fingerprint(argv: list[str] | None = None, env: Mapping[str, str] | None = N
         digest.update(arg.encode() + b"\0")
     for key in sorted(k for k in env if k.startswith("CRYOBOX_") and k not in (SPAWNED_ENV, SUPERVISED_ENV)):
         digest.update(f"{key}={env[key]}".encode() + b"\0")
+    digest.update(code_fingerprint().encode())
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def code_fingerprint() -> str:
+    """The installed package's files' modification times, read once per process (the code it runs does not change
+    under it): ~600 ``stat`` calls, 15-25 ms under load, which a standby reads when it registers and not again on a
+    takeover's path."""
+    digest = hashlib.sha256()
     package = Path(__file__).resolve().parent.parent
     for path in sorted(package.rglob("*.py")):
         with contextlib.suppress(OSError):
             digest.update(f"{path.relative_to(package)}:{path.stat().st_mtime_ns}".encode() + b"\0")
-    return digest.hexdigest()[:16]
+    return digest.hexdigest()
 
 
 def usable(data_dir: Path) -> bool:

@@ -21,6 +21,7 @@ from cryobox.compose.standby import (
     Registration,
     StandbyDesk,
     StandbySettings,
+    code_fingerprint,
     fingerprint,
     register,
 )
@@ -47,6 +48,13 @@ def test_the_fingerprint_follows_the_command_line_and_cryobox_variables_only() -
     )
     assert base != fingerprint(["serve", "--port", "8081"], {"CRYOBOX_ON_STOP": "keep"})
     assert base != fingerprint(["serve", "--port", "8080"], {"CRYOBOX_ON_STOP": "kill"})
+
+
+def test_the_code_is_read_once_per_process() -> None:
+    code_fingerprint.cache_clear()
+    fingerprint(["serve"], {})
+    fingerprint(["serve", "--port", "1"], {"CRYOBOX_ON_STOP": "kill"})
+    assert code_fingerprint.cache_info().misses == 1  # a takeover's desk does not walk the package again
 
 
 def test_supervised_when_a_socket_was_passed_or_a_parent_says_so() -> None:

@@ -130,7 +130,8 @@ def serve(options: ServeOptions, console: Console) -> None:
         if handover is not None or took_over:  # imports are done: the data dir is released now or soon
             # a schema at its newest revision needs no migration: known now, not after the hand-over (~0.3 s)
             migrated = migrated or await asyncio.to_thread(registry.migrated_already)
-            if handover is not None:
+            if handover is not None:  # an upgrade's successor computes ahead as a standby does, while still served
+                await asyncio.to_thread(prewarm)
                 announce_ready(handover)
                 console.print("upgrade: ready; waiting for the previous process to hand over the data dir")
             await asyncio.to_thread(wait_unlocked, paths.data_dir)

@@ -61,7 +61,8 @@ def _create(client: httpx.Client, template: str) -> tuple[str, float, float]:
 def measure_hop(sides: Sequence[Side], template: str, k: int, settle_s: float) -> dict[str, dict[str, list[float]]]:
     """Per side, ``k`` creates (call, and to the first exec answered) and ``k`` execs of ``true`` on one sandbox,
     the sides taking turns. A first round per side warms up and is not counted; after each create the sandbox is
-    deleted and ``settle_s`` passes (the pool refills, as for a caller pausing between creates)."""
+    deleted and ``settle_s`` passes before the next create, either side's (the pool refills, as for a caller pausing
+    between creates)."""
     out: dict[str, dict[str, list[float]]] = {side.name: {op: [] for op in OPS} for side in sides}
     clients = {
         side.name: httpx.Client(
@@ -82,7 +83,9 @@ def measure_hop(sides: Sequence[Side], template: str, k: int, settle_s: float) -
                     client.delete(f"/v1/sandboxes/{sandbox_id}")
                 else:
                     kept[side.name] = sandbox_id  # the exec phase's sandbox
-            time.sleep(settle_s)
+                # after every create, not every round: the second create of a round met the first side's pool
+                # refilling (a QEMU spawned and warmed on the same 2 cores), and each side's samples alternated
+                time.sleep(settle_s)
         for i in range(k):
             for side in turns(i, sides):
                 t0 = time.monotonic()

@@ -109,15 +109,15 @@ class Chaos:
         """Every QEMU is a running sandbox's (a crashed create, wake or delete left none behind), every run dir a
         QEMU's, every hibernation image and record a sandbox's."""
         deadline = time.monotonic() + 30
-        while True:
+        while True:  # a stray's deletion kills its QEMU first and removes its run dir after (QMP's close: up to 2 s)
             states = self.states()
             live = sum(1 for s in states.values() if s in ("running", "paused"))
             qemus = len(find_own_qemus(self.run_dir))
-            if qemus == live or time.monotonic() > deadline:
+            vm_dirs = [p for p in self.run_dir.iterdir() if p.name.startswith("vm-")]
+            if (qemus == live and len(vm_dirs) == live) or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
         assert qemus == live, f"{qemus} QEMUs for {live} running/paused sandboxes: {states}"
-        vm_dirs = [p for p in self.run_dir.iterdir() if p.name.startswith("vm-")]
         assert len(vm_dirs) == live, f"run dirs {sorted(p.name for p in vm_dirs)} for {live} VMs"
         records = {p.stem for p in (self.data_dir / "vol" / "sandboxes").glob("*.json")}
         assert records == set(states), f"records {sorted(records)} != sandboxes {sorted(states)}"

@@ -12,7 +12,6 @@ import subprocess
 import time
 from pathlib import Path
 
-from cryobox.agent.host.gcscan import remove_cgroups
 from cryobox.agent.host.ownership import owners_dir_from_env, read_owners, remove_owner
 from cryobox.agent.net.netlink import reclaim as reclaim_net
 from cryobox.agent.net.slots import tag_for
@@ -43,12 +42,10 @@ def reclaim_data_dir(data_dir: Path, cache_dir: Path | None) -> None:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
         time.sleep(0.05)
-    release_serve_state(data_dir, cache_dir)
+    release_serve_state(data_dir, cache_dir)  # also the VMs' cgroups and the owner record
     tag = tag_for(data_dir)
     reclaim_net(tag)
     subprocess.run(["nft", "delete", "table", "inet", f"cryobox_{tag}"], capture_output=True, check=False)
-    with contextlib.suppress(OSError):  # the jail's cgroups of the VMs just killed (one still busy stays)
-        remove_cgroups(CGROUP_ROOT, tag)
 
 
 def forget_owner_records(root: Path) -> int:

@@ -39,6 +39,7 @@ from ..server.access.ratelimit import RateLimitConfig, RateLimiter
 from ..server.control.snapshots import RetentionPolicy
 from ..server.metrics import Metrics
 from ..util.progress import RoutedReporter, open_reporter
+from ..util.system import yield_cpu
 from .serve_standby import (
     is_supervised,
     keep_standby,
@@ -244,7 +245,7 @@ def serve(options: ServeOptions, console: Console) -> None:
                 heir = await desk.close(hand_over=restart)
                 if heir is not None:
                     console.print(f"standby pid {heir} takes over once this process has stopped")
-            await host.close(on_stop)
+            await host.close(on_stop, released=yield_cpu)  # its teardown gives way to the standby or restart
             console.print(f"stopped ({on_stop.value}: {host.service.running()} sandbox(es) left running)")
 
     # uvicorn shuts down gracefully on SIGTERM/SIGINT (open requests get GRACEFUL_STOP_S), then re-raises the

@@ -244,7 +244,7 @@ def create_app(
     sandbox_access = SandboxAccess(control, limiter)
     app.add_middleware(
         AuthGateMiddleware,
-        authenticate=keys.authenticate,
+        authenticate=keys.check,
         sandbox_token=sandbox_access.verify,
         sessions=sessions,
         failures=failures,

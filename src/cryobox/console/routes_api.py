@@ -38,7 +38,7 @@ def _still_allowed(request: Request, caller: Caller) -> Any:
 
     async def check() -> bool:
         if key is not None:
-            return await asyncio.to_thread(caller.app.keys.authenticate, key) is not None
+            return await caller.app.keys.check(key) is not None
         if token is not None:
             return await asyncio.to_thread(caller.app.sessions.authenticate, token) is not None
         return False

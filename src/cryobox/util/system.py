@@ -1,10 +1,13 @@
-"""Small OS helpers shared by the agent and the bench harness: a throwaway thread, a PID liveness check."""
+"""Small OS helpers shared by the agent and the bench harness: a throwaway thread, a PID liveness check, a
+stopping process's priority."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -27,6 +30,22 @@ def in_fresh_thread(fn: Callable[[], T], *, name: str = "cryobox-netns") -> T:
     if error:
         raise error[0]
     return result[0]
+
+
+YIELD_NICENESS = 19
+
+
+def yield_cpu(niceness: int = YIELD_NICENESS, tasks: Path = Path("/proc/self/task")) -> int:
+    """Lower every thread of this process to ``niceness`` (Linux keeps a niceness per thread); returns how many
+    were lowered. For a process whose remaining work is its own teardown, once its successor may start: a stopping
+    ``serve`` unmapped its staging reserve and exited (~0.25-0.5 s under load) on the same 2 cores as the standby
+    taking over, at the same priority."""
+    lowered = 0
+    for tid in os.listdir(tasks):
+        with contextlib.suppress(OSError, ValueError):  # a thread that ended meanwhile
+            os.setpriority(os.PRIO_PROCESS, int(tid), max(niceness, os.getpriority(os.PRIO_PROCESS, int(tid))))
+            lowered += 1
+    return lowered
 
 
 def pid_alive(pid: int) -> bool:

@@ -9,8 +9,8 @@ import functools
 import ipaddress
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ...config import Paths
 from ...errors import InvalidArgument
@@ -60,6 +60,7 @@ from .bakereclaim import reclaim_bakes_dirs
 from .ownership import Ownership
 from .recipes import build_recipe
 from .reclaim import reclaim
+from .started import Started
 from .stopmode import OnStop
 
 log = logging.getLogger(__name__)
@@ -210,10 +211,14 @@ class Host:
     """The images of the volumes this host holds (:mod:`..volumes`)."""
     _closed: bool = False
 
-    async def close(self, on_stop: OnStop = OnStop.KILL, release: bool = True) -> None:
+    async def close(
+        self, on_stop: OnStop = OnStop.KILL, release: bool = True, released: Callable[[], object] | None = None
+    ) -> None:
         """Stop the agent's host side. ``KEEP`` leaves running sandboxes' QEMUs, slots, hot
         memory, the memory server and the volume mount in place for the next agent; ``HIBERNATE`` hibernates
-        every sandbox first and then stops everything but their images and records; ``KILL`` removes it all."""
+        every sandbox first and then stops everything but their images and records; ``KILL`` removes it all.
+        ``released`` is called once the data dir's lock is let go (a process that ends with this stop gives way
+        to its successor there: :func:`cryobox.util.system.yield_cpu`)."""
         if self._closed:
             return
         self._closed = True
@@ -222,6 +227,8 @@ class Host:
         finally:
             if self.ownership is not None:
                 self.ownership.release()
+            if released is not None:
+                released()
             # process-private memory: unmapped after the lock is let go (~0.1 s a restart's successor, or a
             # standby, need not wait for)
             self.snapshots.staging.close()
@@ -257,51 +264,10 @@ class Host:
             await asyncio.to_thread(release_volume, self.config.paths.data_dir)
 
 
-@dataclass
-class _Started:
-    """What start_host has brought up so far (torn down in reverse if a later step fails)."""
-
-    slots: SlotPool | None = None
-    firewall: Firewall | None = None
-    egress: EgressService | None = None
-    memserver: MemoryServerProcess | None = None
-    volume: Volume | None = None
-    ownership: Ownership | None = None
-    adopted: bool = False
-    """VMs of the previous agent run on: leave their slots, memory server and volume for the next try."""
-
-    async def undo(self, data_dir: Path) -> None:
-        try:
-            await self._undo(data_dir)
-        finally:
-            if self.ownership is not None:
-                self.ownership.release()
-
-    async def _undo(self, data_dir: Path) -> None:
-        if self.egress is not None:
-            await self.egress.close()
-        if self.adopted:
-            if self.slots is not None:
-                await self.slots.detach()
-            if self.memserver is not None:
-                await self.memserver.aclose(keep=True)
-            return
-        if self.memserver is not None:
-            await self.memserver.aclose()
-        if self.slots is not None:
-            await self.slots.close()
-        if self.firewall is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(self.firewall.remove)
-        if self.volume is not None and self.volume.image is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(release_volume, data_dir)
-
-
 async def start_host(config: HostConfig, progress: Progress) -> Host:
     """Mount the data volume, adopt the VMs a previous agent left running, reclaim the rest of what it left
     behind, make sure templates exist, start. A failure at any step undoes the steps before it."""
-    started = _Started()
+    started = Started()
     try:
         return await _start_host(config, progress, started)
     except BaseException:
@@ -309,7 +275,7 @@ async def start_host(config: HostConfig, progress: Progress) -> Host:
         raise
 
 
-async def _start_host(config: HostConfig, progress: Progress, started: _Started) -> Host:
+async def _start_host(config: HostConfig, progress: Progress, started: Started) -> Host:
     paths = config.paths
     paths.ensure()
     # one agent per data dir (StateError if another holds it); the owner record lets `cryobox gc` find what

@@ -223,12 +223,13 @@ class VmFactory:
         slot = self.slot_of(vm)
         return vm_record(vm, slot, self.slots.plan.cidr if slot is not None else None)
 
-    async def adopt(self, record: VmRecord) -> MicroVM:
-        """Take over the recorded QEMU (started by an earlier agent) and its network slot."""
+    def adopt(self, record: VmRecord) -> MicroVM:
+        """Hold the recorded QEMU (started by an earlier agent) and its network slot; its connections are made
+        later (:meth:`MicroVM.reconnect`)."""
         net = NetAttach(record.netns, record.tap) if record.netns is not None else None
         origin = Path(record.memory_origin) if record.memory_origin is not None else None
         memory = MemoryBacking(Path(record.memory_path), record.memory_share, record.write_trackable, origin)
-        vm = await MicroVM.adopt(
+        vm = MicroVM.adopted(
             record.vm_id,
             MachineConfig.from_json(record.machine),
             VmPaths(Path(record.root)),

@@ -8,8 +8,9 @@ Lifecycle (``@require`` guards every transition)::
     any --kill()--> KILLED                               (idempotent)
     any --detach()--> KILLED                             (connections closed, QEMU left running for the next agent)
 
-A VM started by an earlier agent process is taken over with :meth:`MicroVM.adopt` (pid + process start time,
-QMP and guest sockets reconnected; the state is what QMP reports).
+A VM started by an earlier agent process is taken over with :meth:`MicroVM.adopted` (pid + process start time)
+and :meth:`MicroVM.reconnect` (QMP and guest sockets; the state is what QMP reports), which a restarted agent runs
+after it serves (:mod:`cryobox.agent.host.adopt`).
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ class MicroVM:
         )
 
     @classmethod
-    async def adopt(
+    def adopted(
         cls,
         vm_id: str,
         config: MachineConfig,
@@ -134,26 +135,37 @@ class MicroVM:
         pid: int,
         start_ticks: int,
         jail: VmJail | None = None,
-        timeout: float = 5.0,
     ) -> MicroVM:
-        """Take over a QEMU an earlier agent started: reconnect QMP and the guest agent, read its run state.
+        """A QEMU an earlier agent started, held by pid and start time; :meth:`reconnect` reads its run state
+        (``PAUSED`` until then; :meth:`kill` works from here on).
 
-        :raises VmmError: the process is not the recorded one, or QMP does not answer.
+        :raises VmmError: the process is not the recorded one.
         """
         vm = cls(vm_id, config, paths, memory, disk, net, jail)
         vm._pid, vm.start_ticks = pid, start_ticks
         if not vm.alive():
             raise VmmError(f"QEMU {pid} of VM {vm_id} is gone")
-        vm.state = VmState.PAUSED  # until QMP says otherwise; kill() works from here on
-        try:
-            vm._qmp = await vm._connect_qmp(time.monotonic() + timeout)
-            status = await vm.execute("query-status")
-            vm.state = VmState.RUNNING if status.get("status") == "running" else VmState.PAUSED
-            await vm._open_guest(timeout)
-        except BaseException:
-            await vm.detach()
-            raise
+        vm.state = VmState.PAUSED
         return vm
+
+    async def reconnect(self, timeout: float = 5.0) -> VmState:
+        """Connect QMP and the guest agent's port of an :meth:`adopted` VM; returns its run state.
+
+        :raises VmmError: QMP does not answer (what was connected is closed again; :meth:`kill` still works).
+        """
+        try:
+            self._qmp = await self._connect_qmp(time.monotonic() + timeout)
+            status = await self.execute("query-status")
+            self.state = VmState.RUNNING if status.get("status") == "running" else VmState.PAUSED
+            await self._open_guest(timeout)
+        except BaseException:
+            if self.guest is not None:
+                await self.guest.aclose()
+                self.guest = None
+            await self._disconnect_qmp()
+            self._qmp = None
+            raise
+        return self.state
 
     @property
     def qmp(self) -> QMPClient:

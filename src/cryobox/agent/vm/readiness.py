@@ -9,6 +9,7 @@ of the others still queued (:func:`wait_turn`): the first request after a restar
 from __future__ import annotations
 
 import asyncio
+from typing import Literal
 
 from ...errors import GuestError
 
@@ -39,6 +40,20 @@ class GuestReadiness:
             return
         self._error = error
         self._settled.set()
+
+
+class WantedLock(asyncio.Lock):
+    """The lock of a sandbox still being adopted (taken by its adoption): whoever waits for it — a lifecycle
+    change, which takes the lock but makes no guest call — marks the adoption ``wanted`` as a guest call does."""
+
+    def __init__(self, wanted: asyncio.Event) -> None:
+        super().__init__()
+        self._wanted = wanted
+
+    async def acquire(self) -> Literal[True]:
+        if self.locked():
+            self._wanted.set()
+        return await super().acquire()
 
 
 async def wait_turn(gate: asyncio.Semaphore, wanted: asyncio.Event) -> bool:

@@ -8,7 +8,6 @@ as for ``/v1``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 from collections.abc import Callable, Coroutine
@@ -63,7 +62,7 @@ async def e2b_caller(request: Request, ctx: Annotated[AppContext, Depends(contex
     key = (request.headers.get("x-api-key") or "").strip() or bearer_key(request.headers.get("authorization"))
     if not key:
         raise Unauthorized("missing API key (X-API-Key: <a cryobox key>)")
-    workspace = await asyncio.to_thread(ctx.keys.authenticate, key)
+    workspace = await ctx.keys.check(key)
     if workspace is None:
         raise Unauthorized("invalid or revoked API key")
     ctx.limiter.check(workspace.id)

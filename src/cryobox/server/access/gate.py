@@ -14,7 +14,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -101,7 +101,7 @@ class AuthGateMiddleware:
     def __init__(
         self,
         app: ASGIApp,
-        authenticate: Callable[[str], object | None],
+        authenticate: Callable[[str], Awaitable[object | None]],
         failures: FailedAuth | None = None,
         max_json_bytes: int = MAX_JSON_BYTES,
         sandbox_token: Callable[..., bool] | None = None,
@@ -146,7 +146,7 @@ class AuthGateMiddleware:
             if token is not None:
                 await self._cookie(scope, receive, send, token)
                 return
-        if key is None or await asyncio.to_thread(self.authenticate, key) is None:
+        if key is None or await self.authenticate(key) is None:
             self.failures.failed(client)
             missing = "missing bearer API key (Authorization: Bearer <key>)"
             message = missing if key is None else "invalid or revoked API key"

@@ -81,7 +81,7 @@ async def authenticated(request: Request, ctx: Annotated[AppContext, Depends(con
     else:
         if key is None:
             raise Unauthorized("missing bearer API key (Authorization: Bearer <key>)")
-        found = await asyncio.to_thread(ctx.keys.authenticate, key)
+        found = await ctx.keys.check(key)
         if found is None:
             raise Unauthorized("invalid or revoked API key")
         workspace = found

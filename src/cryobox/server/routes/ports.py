@@ -17,7 +17,6 @@ are the guest's.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, cast
 from urllib.parse import unquote
 
@@ -43,7 +42,7 @@ async def _workspace(scope: Scope, receive: Receive, ctx: AppContext) -> str:
     key = bearer_key(Headers(scope=scope).get("authorization"))
     if key is None:
         raise Unauthorized("missing bearer API key (Authorization: Bearer <key>)")
-    workspace = await asyncio.to_thread(ctx.keys.authenticate, key)
+    workspace = await ctx.keys.check(key)
     if workspace is None:
         raise Unauthorized("invalid or revoked API key")
     ctx.limiter.check(workspace.id)

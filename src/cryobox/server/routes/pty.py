@@ -48,7 +48,7 @@ async def _workspace(websocket: WebSocket, ctx: AppContext, sandbox_id: str) -> 
     key = bearer_key(websocket.headers.get("authorization"))
     if key is None:
         raise Unauthorized("missing API key (Authorization: Bearer <key>) or terminal ticket (?ticket=)")
-    workspace = await asyncio.to_thread(ctx.keys.authenticate, key)
+    workspace = await ctx.keys.check(key)
     if workspace is None:
         raise Unauthorized("invalid or revoked API key")
     return workspace.id

@@ -17,7 +17,7 @@ from cryobox.agent.sandbox.records import SandboxRecord, VmRecord
 from cryobox.agent.sandbox.sandbox import Sandbox
 from cryobox.agent.vm import VmState
 from cryobox.agent.vm.readiness import GuestReadiness
-from cryobox.errors import GuestError
+from cryobox.errors import GuestError, VmmError
 
 
 class FakeVm:
@@ -31,6 +31,18 @@ class FakeVm:
         self.readiness: GuestReadiness | None = None
         self.pinged = asyncio.Event()
         self.answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.reconnected = asyncio.Event()
+        self.qmp_answers = asyncio.Event()
+        """Cleared: QMP does not answer yet (the test sets it)."""
+        self.qmp_answers.set()
+        self.qmp_error: Exception | None = None
+
+    async def reconnect(self, timeout: float) -> VmState:
+        self.reconnected.set()
+        await self.qmp_answers.wait()
+        if self.qmp_error is not None:
+            raise self.qmp_error
+        return self.state
 
     async def wait_guest_ready(self, timeout: float) -> dict[str, Any]:
         self.pinged.set()
@@ -48,7 +60,7 @@ class FakeFactory:
         self.vms = vms
         self.destroyed: list[str] = []
 
-    async def adopt(self, record: VmRecord) -> FakeVm:
+    def adopt(self, record: VmRecord) -> FakeVm:
         return self.vms[record.vm_id]
 
     def slot_of(self, vm: FakeVm) -> None:
@@ -64,6 +76,9 @@ class FakeService:
         self.held: dict[str, Sandbox] = {}
         self.lost: list[str] = []
         self.persisted: list[tuple[str, SandboxRecord | None]] = []
+        self.writing = asyncio.Event()
+        """Cleared: a record's write waits for it (the test sets it)."""
+        self.writing.set()
         self.background: set[asyncio.Task[None]] = set()
 
     def clock(self) -> float:
@@ -77,6 +92,7 @@ class FakeService:
         self.background.add(task)
 
     async def persist(self, sandbox: Sandbox, *, read: SandboxRecord | None = None) -> None:
+        await self.writing.wait()
         self.persisted.append((sandbox.id, read))
 
     async def lose(self, sandbox: Sandbox) -> None:
@@ -130,7 +146,8 @@ async def test_every_sandbox_is_held_and_locked_before_any_guest_answers(
             assert sandbox.lock.locked() and sandbox.vm.readiness is not None
         await asyncio.sleep(0.05)
         pinged = sum(vm.pinged.is_set() for vm in service.factory.vms.values())
-        assert pinged == adoption.SETTLE_CONCURRENCY  # the rest wait for a place
+        reconnected = sum(vm.reconnected.is_set() for vm in service.factory.vms.values())
+        assert pinged == reconnected == adoption.SETTLE_CONCURRENCY  # the rest wait for a place, QMP included
         assert not service.persisted
     finally:
         await service.close()
@@ -154,6 +171,71 @@ async def test_a_call_waiting_for_a_queued_guest_has_it_pinged_at_once_and_goes_
         await asyncio.sleep(0.01)
         assert not last.lock.locked() and vm.readiness is None
         assert service.persisted == [("sb-19", records[19])]  # written again only if it changed (persist decides)
+    finally:
+        await service.close()
+
+
+async def test_calls_go_ahead_once_the_guest_answers_and_lifecycle_changes_wait_for_the_rest(
+    twenty: tuple[FakeService, list[SandboxRecord]],
+) -> None:
+    service, records = twenty
+    service.writing.clear()  # the record's write (the last of an adoption) does not finish yet
+    try:
+        await _adopted(service, records)
+        sandbox, vm = service.held["sb-0"], service.factory.vms["vm-0"]
+        call = asyncio.create_task(vm.connect_guest())
+        await asyncio.wait_for(vm.pinged.wait(), 1)
+        vm.answer.set_result(None)
+        assert await asyncio.wait_for(call, 1) == "guest of vm-0"  # not waiting for the policy or the record
+        assert vm.readiness is None
+        assert sandbox.lock.locked() and not service.persisted  # a lifecycle change would still wait
+        service.writing.set()
+        await asyncio.sleep(0.01)
+        assert not sandbox.lock.locked() and service.persisted[0] == ("sb-0", records[0])
+    finally:
+        await service.close()
+
+
+async def test_a_lifecycle_change_waiting_for_a_queued_sandbox_has_its_adoption_go_ahead(
+    twenty: tuple[FakeService, list[SandboxRecord]],
+) -> None:
+    service, records = twenty
+    try:
+        await _adopted(service, records)
+        await asyncio.sleep(0.05)
+        sandbox, vm = service.held["sb-19"], service.factory.vms["vm-19"]
+        assert not vm.reconnected.is_set()  # queued
+
+        async def change() -> None:  # e.g. a pause: takes the lock, makes no guest call
+            async with sandbox.lock:
+                pass
+
+        changing = asyncio.create_task(change())
+        await asyncio.wait_for(vm.reconnected.wait(), 1)  # ahead of the queue
+        await asyncio.wait_for(vm.pinged.wait(), 1)
+        assert not changing.done()
+        vm.answer.set_result(None)
+        await asyncio.wait_for(changing, 1)
+        queued = [v for v in service.factory.vms.values() if not v.reconnected.is_set()]
+        assert len(queued) == 20 - adoption.SETTLE_CONCURRENCY - 1  # the others still wait for a place
+    finally:
+        await service.close()
+
+
+async def test_a_vm_whose_qmp_fails_is_lost_and_its_waiting_call_fails(
+    twenty: tuple[FakeService, list[SandboxRecord]],
+) -> None:
+    service, records = twenty
+    vm = service.factory.vms["vm-0"]
+    vm.qmp_error = VmmError("QMP of VM vm-0 did not answer")
+    try:
+        await _adopted(service, records)
+        call = asyncio.create_task(vm.connect_guest())
+        with pytest.raises(GuestError, match="did not come back"):
+            await asyncio.wait_for(call, 1)
+        await asyncio.sleep(0.01)
+        assert service.lost == ["sb-0"] and service.factory.destroyed == ["vm-0"]  # its QEMU killed
+        assert not vm.pinged.is_set()
     finally:
         await service.close()
 

@@ -32,8 +32,12 @@ class App:
         await send({"type": "http.response.body", "body": body})
 
 
+async def _authenticate(key: str) -> object | None:
+    return object() if key == "good" else None
+
+
 def _client(app: App, failures: FailedAuth | None = None) -> httpx.AsyncClient:
-    gate = AuthGateMiddleware(app, authenticate=lambda key: object() if key == "good" else None, failures=failures)
+    gate = AuthGateMiddleware(app, authenticate=_authenticate, failures=failures)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://t")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from cryobox.registry import WorkspaceInfo
 from cryobox.server.access.keycache import MAX_ENTRIES, KeyCache
 
@@ -44,3 +46,21 @@ def test_unknown_keys_are_cached_too_and_the_cache_is_bounded() -> None:
     lookups.calls.clear()
     cache.authenticate("nope")  # evicted first (least recently used)
     assert lookups.calls == ["nope"]
+
+
+async def test_check_answers_a_hit_on_the_loop_and_looks_up_a_miss_on_a_thread() -> None:
+    lookups = Lookups()
+    threads: list[str] = []
+
+    def lookup(key: str) -> WorkspaceInfo | None:
+        threads.append(threading.current_thread().name)
+        return lookups(key)
+
+    cache = KeyCache(lookup, ttl_s=5.0, clock=lambda: 0.0)
+    assert cache.cached("good") == (False, None)
+    assert await cache.check("good") == WS
+    assert threads and threads[0] != threading.current_thread().name  # the miss: on a worker thread
+    assert cache.cached("good") == (True, WS)
+    assert await cache.check("good") == WS
+    assert await cache.check("nope") is None and await cache.check("nope") is None
+    assert lookups.calls == ["good", "nope"]  # hits cost no lookup

@@ -180,6 +180,8 @@ def serve(options: ServeOptions, console: Console) -> None:
             local_agents={agent.name: local},
             sandbox_domain=options.sandbox_domain,
         )
+        # cached before serving: a restart's first requests missed it at once, queued behind the adoption's threads
+        await app.state.ctx.keys.check(key)
         service = host.service
         console.print(f"templates ready: {', '.join(service.templates)}")
         if generated:

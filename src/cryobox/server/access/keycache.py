@@ -37,6 +37,7 @@ class KeyCache:
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, tuple[float, WorkspaceInfo | None]] = OrderedDict()
+        self._lookups: dict[str, asyncio.Future[WorkspaceInfo | None]] = {}
 
     def cached(self, key: str) -> tuple[bool, WorkspaceInfo | None]:
         """``(True, answer)`` when a fresh answer for ``key`` is cached, else ``(False, None)``: never a lookup."""
@@ -50,11 +51,17 @@ class KeyCache:
         return False, None
 
     async def check(self, key: str) -> WorkspaceInfo | None:
-        """:meth:`authenticate` from the event loop: a hit answered at once, a lookup on a thread."""
+        """:meth:`authenticate` from the event loop: a hit answered at once, a lookup on a thread, shared by the
+        requests that miss on the same key meanwhile (the first requests after a start all miss at once)."""
         hit, workspace = self.cached(key)
         if hit:
             return workspace
-        return await asyncio.to_thread(self.authenticate, key)
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        lookup = self._lookups.get(digest)
+        if lookup is None:
+            lookup = self._lookups[digest] = asyncio.ensure_future(asyncio.to_thread(self.authenticate, key))
+            lookup.add_done_callback(lambda _: self._lookups.pop(digest, None))
+        return await asyncio.shield(lookup)  # a caller that gives up does not cancel the others' lookup
 
     def authenticate(self, key: str) -> WorkspaceInfo | None:
         hit, found = self.cached(key)

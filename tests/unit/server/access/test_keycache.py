@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 from cryobox.registry import WorkspaceInfo
@@ -64,3 +65,25 @@ async def test_check_answers_a_hit_on_the_loop_and_looks_up_a_miss_on_a_thread()
     assert await cache.check("good") == WS
     assert await cache.check("nope") is None and await cache.check("nope") is None
     assert lookups.calls == ["good", "nope"]  # hits cost no lookup
+
+
+async def test_requests_missing_on_one_key_at_once_share_one_lookup() -> None:
+    started, release = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def slow(key: str) -> WorkspaceInfo | None:
+        calls.append(key)
+        started.set()
+        release.wait(5)
+        return WS if key == "good" else None
+
+    cache = KeyCache(slow, ttl_s=5.0, clock=lambda: 0.0)
+    first = asyncio.ensure_future(cache.check("good"))
+    await asyncio.to_thread(started.wait, 5)
+    others = [asyncio.ensure_future(cache.check("good")) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    first.cancel()  # a caller that gives up does not take the others' lookup with it
+    release.set()
+    assert await asyncio.gather(*others) == [WS, WS, WS]
+    assert calls == ["good"]
+    assert cache._lookups == {}  # noqa: SLF001 (nothing kept once answered)

@@ -141,11 +141,15 @@ async def _settle_in_turn(
     readiness = sandbox.vm.readiness
     try:
         held = await wait_turn(gate, readiness.wanted if readiness is not None else asyncio.Event())
+        if not held:  # a request waits for it: its QEMU and guest answer ahead of the idle ones too
+            service.factory.set_urgent(sandbox.vm, True)
         try:
             await _settle(service, sandbox, record)
         finally:
             if held:
                 gate.release()
+            else:
+                service.factory.set_urgent(sandbox.vm, False)
     except Exception as err:
         log.error("could not adopt sandbox %s (VM %s): %r", sandbox.id, sandbox.vm.vm_id, err)
         if readiness is not None:

@@ -263,6 +263,12 @@ class VmFactory:
         if self.jail is not None and self.jail.cgroups is not None and vm.jail is not None:
             self.jail.cgroups.set_background(vm.vm_id, background)
 
+    def set_urgent(self, vm: MicroVM, urgent: bool) -> None:
+        """A VM a request waits for gets a large CPU weight while it is adopted: see
+        :meth:`~..vm.cgroups.CgroupHost.set_urgent`. Nothing without the jail's cgroups."""
+        if self.jail is not None and self.jail.cgroups is not None and vm.jail is not None:
+            self.jail.cgroups.set_urgent(vm.vm_id, urgent)
+
     async def destroy(self, vm: MicroVM) -> None:
         """Kill the VM and remove its run directory. Idempotent."""
         await vm.kill()

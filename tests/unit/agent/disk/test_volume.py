@@ -174,11 +174,15 @@ class FakeHost:
         self.fail: dict[str, int] = {}  # argv[0] (or "umount -l") -> how many more calls fail
         self.volume_reflink = True
         self.data_dir_reflink = data_dir_reflink
+        self.fstype = "xfs"
+        self.probed: list[Path] = []
         monkeypatch.setattr(volume, "is_mount_point", lambda path: path in self.mounted)
+        monkeypatch.setattr(volume, "_mounted", lambda path: (self.fstype, None) if path in self.mounted else None)
         monkeypatch.setattr(volume, "supports_reflink", self.supports_reflink)
         monkeypatch.setattr(volume, "UMOUNT_RETRY_DELAY_S", 0.0)
 
     def supports_reflink(self, directory: Path) -> bool:
+        self.probed.append(directory)
         return self.volume_reflink if directory in self.mounted else self.data_dir_reflink
 
     def __call__(self, argv: list[str]) -> None:
@@ -213,9 +217,11 @@ def test_ensure_volume_creates_formats_and_mounts(tmp_path: Path, monkeypatch: p
     assert image.stat().st_size == 3 << 30 and allocated_bytes(image) == 0  # sparse
     assert not tmp_image.exists()
 
-    # mounted already (e.g. after an agent crash): reused as is
+    # mounted already (e.g. after an agent crash): reused as is, and not probed again (probed when mounted)
+    host.probed.clear()
     assert ensure_volume(tmp_path, size_gib=3, runner=host) == vol
     assert len(host.calls) == 2
+    assert host.probed == [tmp_path]  # the data dir's own file system only
 
     # image exists but is not mounted (e.g. after a reboot): mounted, not formatted again
     assert release_volume(tmp_path, runner=host) is True
@@ -240,6 +246,17 @@ def test_ensure_volume_without_reflink_unmounts_and_fails(tmp_path: Path, monkey
         ensure_volume(tmp_path, runner=host)
     assert [argv[0] for argv in host.calls] == ["mkfs.xfs", "mount", "umount"]
     assert host.mounted == set()
+
+
+def test_a_mount_in_place_that_is_not_xfs_is_probed_and_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = FakeHost(monkeypatch)
+    host.mounted.add(tmp_path / "vol")  # someone else's mount where the volume goes
+    host.fstype, host.volume_reflink = "ext4", False
+    with pytest.raises(VmmError, match="does not support reflink"):
+        ensure_volume(tmp_path, runner=host)
+    assert host.probed == [tmp_path, tmp_path / "vol"]
 
 
 def test_ensure_volume_refuses_to_hide_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -59,12 +59,16 @@ class FakeFactory:
     def __init__(self, vms: dict[str, FakeVm]) -> None:
         self.vms = vms
         self.destroyed: list[str] = []
+        self.urgent: list[tuple[str, bool]] = []
 
     def adopt(self, record: VmRecord) -> FakeVm:
         return self.vms[record.vm_id]
 
     def slot_of(self, vm: FakeVm) -> None:
         return None
+
+    def set_urgent(self, vm: FakeVm, urgent: bool) -> None:
+        self.urgent.append((vm.vm_id, urgent))
 
     async def destroy(self, vm: FakeVm) -> None:
         self.destroyed.append(vm.vm_id)
@@ -166,9 +170,11 @@ async def test_a_call_waiting_for_a_queued_guest_has_it_pinged_at_once_and_goes_
         call = asyncio.create_task(vm.connect_guest())
         await asyncio.wait_for(vm.pinged.wait(), 1)  # ahead of the queue
         assert not call.done()
+        assert service.factory.urgent == [("vm-19", True)]  # its QEMU and guest answer ahead of the idle ones
         vm.answer.set_result(None)
         assert await asyncio.wait_for(call, 1) == "guest of vm-19"
         await asyncio.sleep(0.01)
+        assert service.factory.urgent == [("vm-19", True), ("vm-19", False)]  # the normal weight again
         assert not last.lock.locked() and vm.readiness is None
         assert service.persisted == [("sb-19", records[19])]  # written again only if it changed (persist decides)
     finally:

@@ -236,13 +236,20 @@ def run_fleet_bench(
             prespawn=prespawn,
             net_pool=4,
         )
-        with ServeProcess(root / "serve", cache_dir=cache_dir, prespawn=prespawn, extra_args=serve_args) as serve, one:
-            samples = measure_hop(
-                [Side("inproc", serve.url, serve.api_key), Side("http", one.url, one.api_key)], template, k, settle_s
+        with one:
+            # serve's registry in the fleet's PostgreSQL (a database of its own): the sides differ by the hop alone,
+            # not by SQLite against PostgreSQL on every registry read of the path as well
+            assert one.postgres is not None
+            serve_db = {"CRYOBOX_DATABASE_URL": one.postgres.create_database("serve")}
+            serve = ServeProcess(
+                root / "serve", cache_dir=cache_dir, prespawn=prespawn, extra_args=serve_args, extra_env=serve_db
             )
+            with serve:
+                sides = [Side("inproc", serve.url, serve.api_key), Side("http", one.url, one.api_key)]
+                samples = measure_hop(sides, template, k, settle_s)
         inproc, http = by_side(samples, "inproc"), by_side(samples, "http")
         stages.advance(2)
-        hop = hop_summary(inproc, http)
+        hop = {**hop_summary(inproc, http), "registry": "postgresql, both sides"}
         per_agent = math.ceil(n / agents)
         admission = {"CRYOBOX_ADMISSION_QUEUE": str(max(64, n)), "CRYOBOX_ADMISSION_TIMEOUT_S": "900"}
         console.print(f"[bold]burst[/bold]: {n} creates at once over {agents} agents (lazy memory from S3)")

@@ -101,15 +101,21 @@ class PostgresProcess:
                 server_log = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
                 raise RuntimeError(f"{err}\n{server_log}") from None
             if self.database != "postgres":
-                self._pg(
-                    [str(bindir / "createdb"), "-h", str(root), "-p", str(PG_SOCKET_PORT), "-U", "postgres"]
-                    + [self.database],
-                    "createdb",
-                )
+                self.create_database(self.database)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def create_database(self, name: str) -> str:
+        """Create database ``name`` in this cluster; returns its URL (as :attr:`url` is the default one's)."""
+        if self.root is None or self._bindir is None:
+            raise RuntimeError("PostgresProcess not started")
+        self._pg(
+            [str(self._bindir / "createdb"), "-h", str(self.root), "-p", str(PG_SOCKET_PORT), "-U", "postgres", name],
+            "createdb",
+        )
+        return f"postgresql+psycopg://postgres@/{quote(name)}?host={self.root}&port={PG_SOCKET_PORT}"
 
     def stop(self) -> None:
         root, bindir = self.root, self._bindir

@@ -247,8 +247,10 @@ def serve(options: ServeOptions, console: Console) -> None:
                 heir = await desk.close(hand_over=restart)
                 if heir is not None:
                     console.print(f"standby pid {heir} takes over once this process has stopped")
+            kept = host.service.running()  # counted before: a keep stop lets go of them (it printed 0)
             await host.close(on_stop, released=yield_cpu)  # its teardown gives way to the standby or restart
-            console.print(f"stopped ({on_stop.value}: {host.service.running()} sandbox(es) left running)")
+            left = kept if on_stop is OnStop.KEEP else host.service.running()
+            console.print(f"stopped ({on_stop.value}: {left} sandbox(es) left running)")
 
     # uvicorn shuts down gracefully on SIGTERM/SIGINT (open requests get GRACEFUL_STOP_S), then re-raises the
     # signal with the previous handler: make that handler a clean exit so a graceful stop exits 0.

@@ -198,10 +198,16 @@ def scan(roots: Roots, explicit: Path | None = None, deep: bool = False) -> tupl
 
 
 def cgroup_tags(root: Path) -> tuple[str, ...]:
-    """Tags of the jail's per-agent cgroup directories (``cryobox-<tag>`` at any depth under ``root``)."""
-    if not root.is_dir():
-        return ()
-    return tuple(sorted({p.name.removeprefix(CGROUP_PREFIX) for p in root.glob(f"**/{CGROUP_PREFIX}*") if p.is_dir()}))
+    """Tags of the jail's per-agent cgroup directories (``cryobox-<tag>`` at any depth under ``root``).
+
+    A directory that goes while it is walked (an agent deleting a VM meanwhile: its cgroup is removed) is skipped:
+    ``Path.glob`` raised ``FileNotFoundError`` out of ``cryobox gc`` there (the suite's other worker caught it)."""
+    tags: set[str] = set()
+    for _, dirnames, _ in os.walk(root):  # errors (a directory gone meanwhile) are skipped, not raised
+        ours = [d for d in dirnames if d.startswith(CGROUP_PREFIX)]
+        tags.update(d.removeprefix(CGROUP_PREFIX) for d in ours)
+        dirnames[:] = [d for d in dirnames if d not in ours]  # only VM cgroups below one of ours
+    return tuple(sorted(tags))
 
 
 def remove_cgroups(root: Path, tag: str) -> int:

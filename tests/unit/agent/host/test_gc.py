@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from cryobox.agent.host.gc import Action, DirState, Effects, HostState, Plan, ProcInfo, apply, plan, tag_of
 from cryobox.agent.host.gcscan import cgroup_tags, remove_cgroups, runs_cryobox
@@ -298,6 +302,22 @@ def test_cgroup_tags_finds_them_at_any_depth(tmp_path: Path) -> None:
     assert cgroup_tags(tmp_path) == ()
     _cgroup_tree(tmp_path)
     assert cgroup_tags(tmp_path) == (CG_TAG, "fedcba")
+
+
+def test_cgroup_tags_skips_a_directory_removed_while_it_is_walked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _cgroup_tree(tmp_path)
+    gone = tmp_path / "memory" / "process_api"  # an agent removes a cgroup below while gc walks the tree
+    scandir = os.scandir
+
+    def racing(path: Any = ".") -> Any:
+        if Path(path) == gone:
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", racing)
+    assert "fedcba" in cgroup_tags(tmp_path)  # the rest is still found, and nothing is raised
 
 
 def test_remove_cgroups_removes_one_tag_only(tmp_path: Path) -> None:

@@ -139,8 +139,9 @@ async def _settle_in_turn(
     sandbox's lock (taken before it was held) is released after, so no lifecycle change starts before. A guest
     that does not answer is lost: its VM is killed and its record removed."""
     readiness = sandbox.vm.readiness
+    assert readiness is not None  # set by _hold
     try:
-        held = await wait_turn(gate, readiness.wanted if readiness is not None else asyncio.Event())
+        held = await wait_turn(gate, readiness.wanted)
         if not held:  # a request waits for it: its QEMU and guest answer ahead of the idle ones too
             service.factory.set_urgent(sandbox.vm, True)
         try:
@@ -152,16 +153,14 @@ async def _settle_in_turn(
                 service.factory.set_urgent(sandbox.vm, False)
     except Exception as err:
         log.error("could not adopt sandbox %s (VM %s): %r", sandbox.id, sandbox.vm.vm_id, err)
-        if readiness is not None:
-            readiness.settle(err)
+        readiness.settle(err)
         try:
             await service.lose(sandbox)
         finally:
             sandbox.lock.release()
         return
     except BaseException as err:  # the agent stops meanwhile
-        if readiness is not None:
-            readiness.settle(err)
+        readiness.settle(err)
         sandbox.lock.release()
         raise
     _ready(sandbox)

@@ -159,11 +159,7 @@ class MicroVM:
             self.state = VmState.RUNNING if status.get("status") == "running" else VmState.PAUSED
             await self._open_guest(timeout)
         except BaseException:
-            if self.guest is not None:
-                await self.guest.aclose()
-                self.guest = None
-            await self._disconnect_qmp()
-            self._qmp = None
+            await self._close_connections()
             raise
         return self.state
 
@@ -425,9 +421,15 @@ class MicroVM:
             return
         self.state = VmState.KILLED
         self._unready("the agent is stopping")
+        await self._close_connections()
+
+    async def _close_connections(self) -> None:
+        """Close the guest agent's and QMP's connections (QEMU runs on)."""
         if self.guest is not None:
             await self.guest.aclose()
+            self.guest = None
         await self._disconnect_qmp()
+        self._qmp = None
 
     def _unready(self, why: str) -> None:
         """Guest calls still waiting for an adopted guest will not get it (see :mod:`.readiness`)."""

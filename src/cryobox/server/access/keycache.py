@@ -41,7 +41,9 @@ class KeyCache:
 
     def cached(self, key: str) -> tuple[bool, WorkspaceInfo | None]:
         """``(True, answer)`` when a fresh answer for ``key`` is cached, else ``(False, None)``: never a lookup."""
-        digest = hashlib.sha256(key.encode()).hexdigest()
+        return self._cached(_digest(key))
+
+    def _cached(self, digest: str) -> tuple[bool, WorkspaceInfo | None]:
         now = self._clock()
         with self._lock:
             hit = self._entries.get(digest)
@@ -53,10 +55,10 @@ class KeyCache:
     async def check(self, key: str) -> WorkspaceInfo | None:
         """:meth:`authenticate` from the event loop: a hit answered at once, a lookup on a thread, shared by the
         requests that miss on the same key meanwhile (the first requests after a start all miss at once)."""
-        hit, workspace = self.cached(key)
+        digest = _digest(key)
+        hit, workspace = self._cached(digest)
         if hit:
             return workspace
-        digest = hashlib.sha256(key.encode()).hexdigest()
         lookup = self._lookups.get(digest)
         if lookup is None:
             lookup = self._lookups[digest] = asyncio.ensure_future(asyncio.to_thread(self.authenticate, key))
@@ -64,10 +66,10 @@ class KeyCache:
         return await asyncio.shield(lookup)  # a caller that gives up does not cancel the others' lookup
 
     def authenticate(self, key: str) -> WorkspaceInfo | None:
-        hit, found = self.cached(key)
+        digest = _digest(key)
+        hit, found = self._cached(digest)
         if hit:
             return found
-        digest = hashlib.sha256(key.encode()).hexdigest()
         now = self._clock()
         workspace = self._lookup(key)
         with self._lock:
@@ -76,3 +78,8 @@ class KeyCache:
             while len(self._entries) > MAX_ENTRIES:
                 self._entries.popitem(last=False)
         return workspace
+
+
+def _digest(key: str) -> str:
+    """What a key is kept under (never its plaintext)."""
+    return hashlib.sha256(key.encode()).hexdigest()

@@ -5,7 +5,7 @@ of the queue, and loses only a guest that does not answer."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -130,9 +130,11 @@ def _record(i: int, state: str = "running") -> SandboxRecord:
 
 
 @pytest.fixture
-async def twenty() -> tuple[FakeService, list[SandboxRecord]]:
+async def twenty() -> AsyncIterator[tuple[FakeService, list[SandboxRecord]]]:
     records = [_record(i) for i in range(20)]  # more than the settling's concurrency: some wait for a place
-    return FakeService({f"vm-{i}": FakeVm(f"vm-{i}") for i in range(20)}), records
+    service = FakeService({f"vm-{i}": FakeVm(f"vm-{i}") for i in range(20)})
+    yield service, records
+    await service.close()  # whatever the test left settling is cancelled
 
 
 async def _adopted(service: FakeService, records: list[SandboxRecord]) -> list[str]:
@@ -143,42 +145,36 @@ async def test_every_sandbox_is_held_and_locked_before_any_guest_answers(
     twenty: tuple[FakeService, list[SandboxRecord]],
 ) -> None:
     service, records = twenty
-    try:
-        assert await asyncio.wait_for(_adopted(service, records), 2) == []
-        assert set(service.held) == {r.id for r in records}
-        for sandbox in service.held.values():
-            assert sandbox.lock.locked() and sandbox.vm.readiness is not None
-        await asyncio.sleep(0.05)
-        pinged = sum(vm.pinged.is_set() for vm in service.factory.vms.values())
-        reconnected = sum(vm.reconnected.is_set() for vm in service.factory.vms.values())
-        assert pinged == reconnected == adoption.SETTLE_CONCURRENCY  # the rest wait for a place, QMP included
-        assert not service.persisted
-    finally:
-        await service.close()
+    assert await asyncio.wait_for(_adopted(service, records), 2) == []
+    assert set(service.held) == {r.id for r in records}
+    for sandbox in service.held.values():
+        assert sandbox.lock.locked() and sandbox.vm.readiness is not None
+    await asyncio.sleep(0.05)
+    pinged = sum(vm.pinged.is_set() for vm in service.factory.vms.values())
+    reconnected = sum(vm.reconnected.is_set() for vm in service.factory.vms.values())
+    assert pinged == reconnected == adoption.SETTLE_CONCURRENCY  # the rest wait for a place, QMP included
+    assert not service.persisted
 
 
 async def test_a_call_waiting_for_a_queued_guest_has_it_pinged_at_once_and_goes_on_when_it_answers(
     twenty: tuple[FakeService, list[SandboxRecord]],
 ) -> None:
     service, records = twenty
-    try:
-        await _adopted(service, records)
-        await asyncio.sleep(0.05)
-        last = service.held["sb-19"]
-        vm = service.factory.vms["vm-19"]
-        assert not vm.pinged.is_set()  # queued behind the first SETTLE_CONCURRENCY
-        call = asyncio.create_task(vm.connect_guest())
-        await asyncio.wait_for(vm.pinged.wait(), 1)  # ahead of the queue
-        assert not call.done()
-        assert service.factory.urgent == [("vm-19", True)]  # its QEMU and guest answer ahead of the idle ones
-        vm.answer.set_result(None)
-        assert await asyncio.wait_for(call, 1) == "guest of vm-19"
-        await asyncio.sleep(0.01)
-        assert service.factory.urgent == [("vm-19", True), ("vm-19", False)]  # the normal weight again
-        assert not last.lock.locked() and vm.readiness is None
-        assert service.persisted == [("sb-19", records[19])]  # written again only if it changed (persist decides)
-    finally:
-        await service.close()
+    await _adopted(service, records)
+    await asyncio.sleep(0.05)
+    last = service.held["sb-19"]
+    vm = service.factory.vms["vm-19"]
+    assert not vm.pinged.is_set()  # queued behind the first SETTLE_CONCURRENCY
+    call = asyncio.create_task(vm.connect_guest())
+    await asyncio.wait_for(vm.pinged.wait(), 1)  # ahead of the queue
+    assert not call.done()
+    assert service.factory.urgent == [("vm-19", True)]  # its QEMU and guest answer ahead of the idle ones
+    vm.answer.set_result(None)
+    assert await asyncio.wait_for(call, 1) == "guest of vm-19"
+    await asyncio.sleep(0.01)
+    assert service.factory.urgent == [("vm-19", True), ("vm-19", False)]  # the normal weight again
+    assert not last.lock.locked() and vm.readiness is None
+    assert service.persisted == [("sb-19", records[19])]  # written again only if it changed (persist decides)
 
 
 async def test_calls_go_ahead_once_the_guest_answers_and_lifecycle_changes_wait_for_the_rest(
@@ -186,46 +182,40 @@ async def test_calls_go_ahead_once_the_guest_answers_and_lifecycle_changes_wait_
 ) -> None:
     service, records = twenty
     service.writing.clear()  # the record's write (the last of an adoption) does not finish yet
-    try:
-        await _adopted(service, records)
-        sandbox, vm = service.held["sb-0"], service.factory.vms["vm-0"]
-        call = asyncio.create_task(vm.connect_guest())
-        await asyncio.wait_for(vm.pinged.wait(), 1)
-        vm.answer.set_result(None)
-        assert await asyncio.wait_for(call, 1) == "guest of vm-0"  # not waiting for the policy or the record
-        assert vm.readiness is None
-        assert sandbox.lock.locked() and not service.persisted  # a lifecycle change would still wait
-        service.writing.set()
-        await asyncio.sleep(0.01)
-        assert not sandbox.lock.locked() and service.persisted[0] == ("sb-0", records[0])
-    finally:
-        await service.close()
+    await _adopted(service, records)
+    sandbox, vm = service.held["sb-0"], service.factory.vms["vm-0"]
+    call = asyncio.create_task(vm.connect_guest())
+    await asyncio.wait_for(vm.pinged.wait(), 1)
+    vm.answer.set_result(None)
+    assert await asyncio.wait_for(call, 1) == "guest of vm-0"  # not waiting for the policy or the record
+    assert vm.readiness is None
+    assert sandbox.lock.locked() and not service.persisted  # a lifecycle change would still wait
+    service.writing.set()
+    await asyncio.sleep(0.01)
+    assert not sandbox.lock.locked() and service.persisted[0] == ("sb-0", records[0])
 
 
 async def test_a_lifecycle_change_waiting_for_a_queued_sandbox_has_its_adoption_go_ahead(
     twenty: tuple[FakeService, list[SandboxRecord]],
 ) -> None:
     service, records = twenty
-    try:
-        await _adopted(service, records)
-        await asyncio.sleep(0.05)
-        sandbox, vm = service.held["sb-19"], service.factory.vms["vm-19"]
-        assert not vm.reconnected.is_set()  # queued
+    await _adopted(service, records)
+    await asyncio.sleep(0.05)
+    sandbox, vm = service.held["sb-19"], service.factory.vms["vm-19"]
+    assert not vm.reconnected.is_set()  # queued
 
-        async def change() -> None:  # e.g. a pause: takes the lock, makes no guest call
-            async with sandbox.lock:
-                pass
+    async def change() -> None:  # e.g. a pause: takes the lock, makes no guest call
+        async with sandbox.lock:
+            pass
 
-        changing = asyncio.create_task(change())
-        await asyncio.wait_for(vm.reconnected.wait(), 1)  # ahead of the queue
-        await asyncio.wait_for(vm.pinged.wait(), 1)
-        assert not changing.done()
-        vm.answer.set_result(None)
-        await asyncio.wait_for(changing, 1)
-        queued = [v for v in service.factory.vms.values() if not v.reconnected.is_set()]
-        assert len(queued) == 20 - adoption.SETTLE_CONCURRENCY - 1  # the others still wait for a place
-    finally:
-        await service.close()
+    changing = asyncio.create_task(change())
+    await asyncio.wait_for(vm.reconnected.wait(), 1)  # ahead of the queue
+    await asyncio.wait_for(vm.pinged.wait(), 1)
+    assert not changing.done()
+    vm.answer.set_result(None)
+    await asyncio.wait_for(changing, 1)
+    queued = [v for v in service.factory.vms.values() if not v.reconnected.is_set()]
+    assert len(queued) == 20 - adoption.SETTLE_CONCURRENCY - 1  # the others still wait for a place
 
 
 async def test_a_vm_whose_qmp_fails_is_lost_and_its_waiting_call_fails(
@@ -234,35 +224,29 @@ async def test_a_vm_whose_qmp_fails_is_lost_and_its_waiting_call_fails(
     service, records = twenty
     vm = service.factory.vms["vm-0"]
     vm.qmp_error = VmmError("QMP of VM vm-0 did not answer")
-    try:
-        await _adopted(service, records)
-        call = asyncio.create_task(vm.connect_guest())
-        with pytest.raises(GuestError, match="did not come back"):
-            await asyncio.wait_for(call, 1)
-        await asyncio.sleep(0.01)
-        assert service.lost == ["sb-0"] and service.factory.destroyed == ["vm-0"]  # its QEMU killed
-        assert not vm.pinged.is_set()
-    finally:
-        await service.close()
+    await _adopted(service, records)
+    call = asyncio.create_task(vm.connect_guest())
+    with pytest.raises(GuestError, match="did not come back"):
+        await asyncio.wait_for(call, 1)
+    await asyncio.sleep(0.01)
+    assert service.lost == ["sb-0"] and service.factory.destroyed == ["vm-0"]  # its QEMU killed
+    assert not vm.pinged.is_set()
 
 
 async def test_a_guest_that_does_not_answer_is_lost_and_its_waiting_call_fails(
     twenty: tuple[FakeService, list[SandboxRecord]],
 ) -> None:
     service, records = twenty
-    try:
-        await _adopted(service, records)
-        vm = service.factory.vms["vm-0"]
-        call = asyncio.create_task(vm.connect_guest())
-        await asyncio.wait_for(vm.pinged.wait(), 1)
-        vm.answer.set_exception(GuestError("guest agent did not answer within 15s"))
-        with pytest.raises(GuestError, match="did not come back"):
-            await asyncio.wait_for(call, 1)
-        await asyncio.sleep(0.01)
-        assert service.lost == ["sb-0"] and service.factory.destroyed == ["vm-0"]
-        assert "sb-0" not in service.held
-    finally:
-        await service.close()
+    await _adopted(service, records)
+    vm = service.factory.vms["vm-0"]
+    call = asyncio.create_task(vm.connect_guest())
+    await asyncio.wait_for(vm.pinged.wait(), 1)
+    vm.answer.set_exception(GuestError("guest agent did not answer within 15s"))
+    with pytest.raises(GuestError, match="did not come back"):
+        await asyncio.wait_for(call, 1)
+    await asyncio.sleep(0.01)
+    assert service.lost == ["sb-0"] and service.factory.destroyed == ["vm-0"]
+    assert "sb-0" not in service.held
 
 
 async def test_a_paused_sandbox_needs_no_ping_and_a_stop_during_adoption_unlocks_everything(tmp_path: Path) -> None:

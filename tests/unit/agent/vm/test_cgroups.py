@@ -353,17 +353,3 @@ def test_a_background_vm_gets_a_sixteenth_of_the_cpu_weight_and_then_the_normal_
     assert (shares.read_text(), weight.read_text()) == ("1024", "100")
     v1.set_background("vm-gone", True)  # best effort: a cgroup gone is no error
     assert not (tmp_path / "cpu" / "agent" / f"{PREFIX}{TAG}" / "vm-gone").exists()
-
-
-def test_an_urgent_vm_gets_sixteen_times_the_cpu_weight_and_then_the_normal_one(tmp_path: Path) -> None:
-    v1, v2 = _v1_host(tmp_path), _v2_host(tmp_path)
-    v1.create("vm-1", LIMITS)
-    v2.create("vm-1", LIMITS)
-    shares, weight = v1.dirs("vm-1")[1] / "cpu.shares", v2.dirs("vm-1")[0] / "cpu.weight"
-    v1.set_urgent("vm-1", True)
-    v2.set_urgent("vm-1", True)
-    assert (shares.read_text(), weight.read_text()) == ("16384", "1600")
-    v1.set_urgent("vm-1", False)
-    v2.set_urgent("vm-1", False)
-    assert (shares.read_text(), weight.read_text()) == ("1024", "100")
-    v2.set_urgent("vm-gone", True)  # best effort

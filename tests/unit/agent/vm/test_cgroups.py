@@ -340,16 +340,25 @@ def test_memory_peak_v2(tmp_path: Path) -> None:
     assert host.memory_peak("vm-1") is None
 
 
-def test_a_background_vm_gets_a_sixteenth_of_the_cpu_weight_and_then_the_normal_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("setting", "weights"),
+    [
+        ("set_background", ("64", "6")),  # a warming pool QEMU: a sixteenth of the normal weight
+        ("set_urgent", ("16384", "1600")),  # the VM a request waits for while it is adopted: sixteen times
+    ],
+)
+def test_a_vm_gets_its_cpu_weight_and_then_the_normal_one(
+    tmp_path: Path, setting: str, weights: tuple[str, str]
+) -> None:
     v1, v2 = _v1_host(tmp_path), _v2_host(tmp_path)
     v1.create("vm-1", LIMITS)
     v2.create("vm-1", LIMITS)
     shares, weight = v1.dirs("vm-1")[1] / "cpu.shares", v2.dirs("vm-1")[0] / "cpu.weight"
-    v1.set_background("vm-1", True)
-    v2.set_background("vm-1", True)
-    assert (shares.read_text(), weight.read_text()) == ("64", "6")
-    v1.set_background("vm-1", False)
-    v2.set_background("vm-1", False)
+    getattr(v1, setting)("vm-1", True)
+    getattr(v2, setting)("vm-1", True)
+    assert (shares.read_text(), weight.read_text()) == weights
+    getattr(v1, setting)("vm-1", False)
+    getattr(v2, setting)("vm-1", False)
     assert (shares.read_text(), weight.read_text()) == ("1024", "100")
-    v1.set_background("vm-gone", True)  # best effort: a cgroup gone is no error
+    getattr(v1, setting)("vm-gone", True)  # best effort: a cgroup gone is no error
     assert not (tmp_path / "cpu" / "agent" / f"{PREFIX}{TAG}" / "vm-gone").exists()

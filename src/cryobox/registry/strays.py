@@ -26,7 +26,11 @@ def unknown_sandboxes(db: Database, reported: Collection[str], now: float, adopt
     with db.session(write=False) as s:
         for start in range(0, len(ids), CHUNK):
             chunk = ids[start : start + CHUNK]
-            known.update(s.scalars(select(m.Sandbox.id).where(m.Sandbox.id.in_(chunk))))
+            # reservations first, rows second: a create's commit writes its row and deletes its reservation in one
+            # transaction, and PostgreSQL (READ COMMITTED) gives each statement a snapshot of its own. Read the
+            # other way round, a commit between the two statements hid both, and a sandbox created that moment was
+            # deleted as a stray (its first exec answered 404: `bench fleet`, once). This way a statement that no
+            # longer sees the reservation runs before one that sees the row.
             known.update(
                 sid
                 for sid in s.scalars(
@@ -36,4 +40,5 @@ def unknown_sandboxes(db: Database, reported: Collection[str], now: float, adopt
                 )
                 if sid is not None and sid not in old
             )
+            known.update(s.scalars(select(m.Sandbox.id).where(m.Sandbox.id.in_(chunk))))
     return [i for i in ids if i not in known]

@@ -3,6 +3,10 @@ their agent; one still settling (its reservation names it) or recorded is left a
 
 from __future__ import annotations
 
+from typing import Any
+
+from sqlalchemy import event
+
 from cryobox.agentapi import models as am
 from cryobox.registry import Registry
 from cryobox.registry.strays import unknown_sandboxes
@@ -67,3 +71,26 @@ async def test_delete_strays_deletes_only_unknown_ones(registry: Registry) -> No
     assert await delete_strays(registry, "a", agent, reported, now=110.0) == ["sb-stray"]  # type: ignore[arg-type]
     assert agent.deleted == ["sb-stray"]
     assert registry.get_sandbox("sb-row").status == "running"
+
+
+def test_a_create_committing_between_the_two_reads_is_not_a_stray(registry: Registry) -> None:
+    """A create commits its row and deletes its reservation in one transaction; on PostgreSQL each statement has a
+    snapshot of its own, so that commit can land between the two reads of :func:`unknown_sandboxes`. Whichever
+    read it lands after, the sandbox is known (it was once deleted as a stray right after its create)."""
+    _setup(registry)
+    (reservation_id,) = [r.id for r in registry.fleet.reservations() if r.sandbox_id == "sb-settling"]
+    ws = registry.ensure_workspace("default")
+    fired: list[str] = []
+
+    def commit_after_first_read(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if not fired and statement.lstrip().upper().startswith("SELECT"):
+            fired.append(statement)
+            registry.fleet.commit(reservation_id, sandbox("sb-settling", ws.id, host="a", status="running"))
+
+    event.listen(registry.database.engine, "after_cursor_execute", commit_after_first_read)
+    try:
+        assert unknown_sandboxes(registry.database, ["sb-settling", "sb-stray"], now=110.0) == ["sb-stray"]
+    finally:
+        event.remove(registry.database.engine, "after_cursor_execute", commit_after_first_read)
+    assert fired, "the commit was never injected"
+    assert registry.get_sandbox("sb-settling").status == "running"

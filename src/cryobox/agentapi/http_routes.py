@@ -103,16 +103,29 @@ def _form(op: Op) -> dict[str, Any]:
     return {"response_model": op.wire_type}
 
 
+HOT = ("exec", "exec_stream", "read_file", "write_file", "file_op", "get", "create", "delete")
+"""Operations matched first: a request is matched against the routes in order (~5 µs each), and no two routes
+match one path and method (a test checks), so the order changes nothing but the cost."""
+
+
+def _hot_first(op: Op) -> int:
+    return HOT.index(op.name) if op.name in HOT else len(HOT)
+
+
 def add_operation_routes(
-    router: APIRouter, agent: Agent, overrides: Mapping[str, Callable[..., Awaitable[Any]]] | None = None
+    router: APIRouter,
+    agent: Agent,
+    overrides: Mapping[str, Callable[..., Awaitable[Any]]] | None = None,
+    *,
+    prefix: str = "",
 ) -> None:
     """A route on ``router`` for every operation of ``agent`` that has one; ``overrides`` answers an operation
     with another callable than the agent's method (``metrics_text``: the agent process's whole registry)."""
-    for op in OPERATIONS.values():
+    for op in sorted(OPERATIONS.values(), key=_hot_first):
         if op.path is None:
             continue
         call = (overrides or {}).get(op.name) or getattr(agent, op.name)
-        router.add_api_route(op.path, _endpoint(op, call), methods=[op.method], name=op.name, **_form(op))
+        router.add_api_route(prefix + op.path, _endpoint(op, call), methods=[op.method], name=op.name, **_form(op))
 
 
 __all__ = ["add_operation_routes"]

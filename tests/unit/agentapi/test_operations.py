@@ -5,13 +5,15 @@ everything that must match it: the protocol itself, both transports, the agent a
 from __future__ import annotations
 
 import inspect
+import re
 
 from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
-from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.routing import BaseRoute, Match, Route, WebSocketRoute
 
 from cryobox.agent.hostagent.agent import HostAgent
 from cryobox.agentapi import MAX_FILE_BYTES, OPERATIONS, Agent, HttpAgent, InProcessAgent, create_agent_app
+from cryobox.agentapi.http_routes import HOT
 from cryobox.agentapi.http_server import HEALTHZ, PREFIX
 from cryobox.agentapi.interface import MAX_PTY_INPUT_BYTES
 from cryobox.agentapi.operations import Reply, Timeout
@@ -76,6 +78,23 @@ def test_the_app_serves_every_operation_with_a_route_and_nothing_else() -> None:
         if isinstance(route, APIRoute) and route.name in OPERATIONS:
             op = OPERATIONS[route.name]
             assert route.status_code == (204 if op.reply is Reply.NONE else None), route.name
+
+
+def test_no_two_operation_routes_match_one_request() -> None:
+    """The app matches the hot operations first (``http_routes.HOT``): that changes nothing only while no two
+    routes of one method match the same path. Each route's path, its parameters filled in, is matched by its own
+    route alone; and the app's routes are its own, not an included router's (FastAPI matches those twice)."""
+    app = create_agent_app(FakeAgent(), "token")
+    api = [r for r in app.routes if isinstance(r, APIRoute)]
+    assert {r.name for r in api} >= set(HOT)
+    order = [r.name for r in api]
+    assert order[1 : 1 + len(HOT)] == list(HOT)  # after healthz
+    for route in api:
+        example = re.sub(r"\{[^}]+\}", "x1", route.path)
+        for method in route.methods or ():
+            scope = {"type": "http", "path": example, "method": method}
+            full = [r.name for r in api if r.matches(scope)[0] is Match.FULL]
+            assert full == [route.name], (method, example, full)
 
 
 def test_the_table_keeps_the_wire_contract() -> None:

@@ -147,6 +147,11 @@ class Database:
         self._reader = sessionmaker(bind=self._reader_bind, expire_on_commit=False)
 
     @property
+    def writer(self) -> sessionmaker[Session]:
+        """The factory of writing sessions (what :mod:`.watch` listens to)."""
+        return self._writer
+
+    @property
     def dialect(self) -> str:
         return self.engine.dialect.name
 

@@ -18,14 +18,18 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ...agentapi import Agent, HttpAgent
 from ...agentapi import models as am
-from ...errors import CryoboxError, HostUnavailable, StateError
+from ...errors import CryoboxError, HostUnavailable, NotFound, StateError
 from ...registry import HIBERNATED, HIBERNATION_STORED, AgentRow, Registry, SandboxRow
+from ...registry.watch import watch_sandboxes
+from .routecache import RouteCache
 from .strays import delete_strays
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_HEARTBEAT_INTERVAL_S = 2.0
 DEFAULT_DEADLINE_S = 10.0
@@ -64,8 +68,14 @@ class Fleet:
     """Given a hibernated row and its agent, wakes it there (inside the workspace's quota) and returns the row;
     set by the control plane, used by :meth:`route` with ``wake``."""
 
+    routes: RouteCache = field(init=False)
+    """Rows of running sandboxes read in the last second: a guest call's route (:meth:`route` with ``cached``)."""
+    _unwatch: Callable[[], None] = field(init=False)
+
     def __post_init__(self) -> None:
         self._started_at = self.clock()
+        self.routes = RouteCache(self.clock)
+        self._unwatch = watch_sandboxes(self.registry.database, self.routes.forget)
 
     def on_register(self, hook: RegisterHook) -> None:
         """Run ``hook(name, heartbeat)`` after an agent registered (new boot) or came back and was reconciled."""
@@ -137,13 +147,20 @@ class Fleet:
         return client
 
     async def route(
-        self, sandbox_id: str, workspace_id: str | None, *, wake: bool = False, explicit: bool = False
+        self,
+        sandbox_id: str,
+        workspace_id: str | None,
+        *,
+        wake: bool = False,
+        explicit: bool = False,
     ) -> tuple[SandboxRow, Agent]:
         """The sandbox's row and its agent (404 across workspaces; 409 when it is lost, stopped or failed). With
         ``wake`` a hibernated sandbox is woken (by the ``waker``) before the caller's request reaches it — when
         its row's ``auto_wake`` says so or the caller resumes it ``explicit``-ly; 409 ``hibernated`` otherwise,
-        before anything moves."""
+        before anything moves. A running row read is kept a second for :meth:`on_guest`."""
+        generation = self.routes.generation()
         row = await asyncio.to_thread(self.registry.get_sandbox, sandbox_id, workspace_id)
+        self.routes.put(row, generation)
         if wake and row.status == HIBERNATED and not (row.auto_wake or explicit):
             raise StateError(
                 f"sandbox {sandbox_id} is hibernated (paused) and does not wake on requests: resume it first",
@@ -166,6 +183,25 @@ class Fleet:
         if wake and self.waker is not None and row.status == HIBERNATED:
             row = await self.waker(row, agent)
         return row, agent
+
+    async def on_guest(self, sandbox_id: str, workspace_id: str | None, call: Callable[[Agent], Awaitable[T]]) -> T:
+        """``call`` made with the agent of the sandbox (woken first if need be, as :meth:`route` with ``wake``),
+        routed without a registry read when its running row was read in the last second (:mod:`.routecache`). An
+        agent found that way that answers it does not run the sandbox (not found, or in another state: another
+        replica moved or hibernated it meanwhile) does not have the last word: the sandbox is routed again from
+        the registry, and if that finds it elsewhere or otherwise, ``call`` is made there. Only for calls that an
+        agent refuses before doing anything (an exec: "not found" and "hibernated" are answered first)."""
+        hit = self.routes.get(sandbox_id, workspace_id)
+        if hit is None:
+            return await call((await self.route(sandbox_id, workspace_id, wake=True))[1])
+        try:
+            return await call(await self.agent(hit.host))
+        except (NotFound, StateError):
+            self.routes.forget(frozenset({sandbox_id}))
+            row, agent = await self.route(sandbox_id, workspace_id, wake=True)
+            if row.host == hit.host and row.status == hit.status:
+                raise
+            return await call(agent)
 
     async def live_agents(self) -> list[tuple[AgentRow, Agent]]:
         out = []
@@ -272,6 +308,7 @@ class Fleet:
         return down
 
     async def close(self) -> None:
+        self._unwatch()
         for _, client in self._clients.values():
             await client.close()
         self._clients.clear()

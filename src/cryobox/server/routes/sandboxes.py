@@ -152,8 +152,10 @@ async def exec_command(sandbox_id: str, body: models.ExecRequest, ctx: Ctx) -> m
     started = time.monotonic()
     started_at = time.time()
     try:
-        agent = await ctx.control.agent_for(sandbox_id, ctx.workspace_id)
-        result = await agent.exec(sandbox_id, exec_spec(body))
+        spec = exec_spec(body)
+        result = await ctx.control.fleet.on_guest(
+            sandbox_id, ctx.workspace_id, lambda agent: agent.exec(sandbox_id, spec)
+        )
     except CryoboxError:
         ctx.app.metrics.observe_exec("error", time.monotonic() - started)
         raise

@@ -69,7 +69,7 @@ class Fleet:
     set by the control plane, used by :meth:`route` with ``wake``."""
 
     routes: RouteCache = field(init=False)
-    """Rows of running sandboxes read in the last second: a guest call's route (:meth:`route` with ``cached``)."""
+    """Rows of running sandboxes read in the last second: a guest call's route (:meth:`on_guest`)."""
     _unwatch: Callable[[], None] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -147,12 +147,7 @@ class Fleet:
         return client
 
     async def route(
-        self,
-        sandbox_id: str,
-        workspace_id: str | None,
-        *,
-        wake: bool = False,
-        explicit: bool = False,
+        self, sandbox_id: str, workspace_id: str | None, *, wake: bool = False, explicit: bool = False
     ) -> tuple[SandboxRow, Agent]:
         """The sandbox's row and its agent (404 across workspaces; 409 when it is lost, stopped or failed). With
         ``wake`` a hibernated sandbox is woken (by the ``waker``) before the caller's request reaches it — when

@@ -229,14 +229,7 @@ def release_volume(data_dir: Path, runner: Runner = subprocess_runner) -> bool:
 
 def is_mount_point(path: Path) -> bool:
     """Whether ``path`` (symlinks resolved) is a mount point of this process's mount namespace."""
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
-        return os.path.realpath(path) in _mount_points(fh.read())
-
-
-def _mount_points(text: str) -> set[str]:
-    """Mount points listed in a ``/proc/<pid>/mountinfo`` text (field 5, octal escapes like ``\\040`` decoded)."""
-    rows = (line.split(" ") for line in text.splitlines())
-    return {_OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), row[4]) for row in rows if len(row) >= 5}
+    return _mounted(path) is not None
 
 
 @contextmanager

@@ -211,13 +211,23 @@ def cgroup_tags(root: Path) -> tuple[str, ...]:
 
 
 def remove_cgroups(root: Path, tag: str) -> int:
-    """Remove every (empty) VM cgroup of ``tag`` and then its per-agent directories; returns how many went."""
+    """Remove every (empty) VM cgroup of ``tag`` and then its per-agent directories; returns how many went. Walked
+    as :func:`cgroup_tags` is, and for the same reason: other agents' cgroups come and go meanwhile (a glob of the
+    tree raised ``FileNotFoundError`` for one removed under it); a cgroup already gone is not an error either."""
+    name = f"{CGROUP_PREFIX}{tag}"
+    bases: list[Path] = []
+    for parent, dirnames, _ in os.walk(root):  # errors (a directory gone meanwhile) are skipped, not raised
+        if name in dirnames:
+            bases.append(Path(parent) / name)
+        dirnames[:] = [d for d in dirnames if not d.startswith(CGROUP_PREFIX)]  # nothing of ours below another's
     removed = 0
-    for base in sorted(root.glob(f"**/{CGROUP_PREFIX}{tag}")):
-        for child in (c for c in base.iterdir() if c.is_dir()):
-            child.rmdir()
-            removed += 1
-        base.rmdir()
+    for base in sorted(bases):
+        with contextlib.suppress(FileNotFoundError):
+            for child in [c for c in base.iterdir() if c.is_dir()]:
+                with contextlib.suppress(FileNotFoundError):
+                    child.rmdir()
+                    removed += 1
+            base.rmdir()
     return removed
 
 

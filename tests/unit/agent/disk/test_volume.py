@@ -10,7 +10,7 @@ import pytest
 from cryobox.agent.disk import volume
 from cryobox.agent.disk.volume import (
     Volume,
-    _mount_points,
+    _mounted,
     allocated_bytes,
     clone_file,
     copy_sparse,
@@ -135,16 +135,18 @@ MOUNTINFO = r"""22 27 0:21 / /proc rw,relatime - proc proc rw
 """
 
 
-def test_mount_points_parsing() -> None:
-    assert _mount_points(MOUNTINFO) == {
-        "/proc",
-        "/dev/shm",
-        "/",
-        "/tmp/my data/vol",
-        "/tmp/tab\tand\\backslash",
-        "/srv/bind\nline",
-    }
-    assert _mount_points("") == set()
+def test_mountinfo_parsing(tmp_path: Path) -> None:
+    info = tmp_path / "mountinfo"
+    info.write_text(MOUNTINFO)
+    assert _mounted(Path("/tmp/my data/vol"), info) == ("xfs", "/dev/loop0")  # octal escapes decoded
+    assert _mounted(Path("/tmp/tab\tand\\backslash"), info) == ("xfs", "/dev/loop1")
+    assert _mounted(Path("/srv/bind\nline"), info) == ("ext4", "/dev/vda")  # optional fields before the "-"
+    assert _mounted(Path("/proc"), info) == ("proc", "proc")
+    assert _mounted(Path("/tmp"), info) is None
+    info.write_text(MOUNTINFO + "304 22 0:100 / /proc rw - tmpfs over rw\n")
+    assert _mounted(Path("/proc"), info) == ("tmpfs", "over")  # the last mount over a point is the one seen
+    info.write_text("")
+    assert _mounted(Path("/"), info) is None
 
 
 def test_is_mount_point(tmp_path: Path) -> None:

@@ -332,6 +332,35 @@ def test_remove_cgroups_removes_one_tag_only(tmp_path: Path) -> None:
     assert remove_cgroups(tmp_path, CG_TAG) == 0  # nothing left: fine
 
 
+def test_remove_cgroups_while_other_agents_cgroups_come_and_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The glob it walked with raised ``FileNotFoundError`` for a cgroup removed under it meanwhile, as
+    :func:`cgroup_tags` did; and a VM cgroup its own agent removed between the listing and the ``rmdir`` is gone,
+    not an error."""
+    _cgroup_tree(tmp_path)
+    gone = tmp_path / "memory" / "system.slice"  # another service's cgroup, removed while the tree is walked
+    scandir, rmdir = os.scandir, Path.rmdir
+    raced = tmp_path / "cpu,cpuacct" / "process_api" / "abc" / f"cryobox-{CG_TAG}" / "vm-1"
+
+    def racing_scandir(path: Any = ".") -> Any:
+        if Path(path) == gone:
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return scandir(path)
+
+    def racing_rmdir(self: Path) -> None:
+        if self == raced:
+            rmdir(self)  # its agent removed it first
+            raise FileNotFoundError(2, "No such file or directory", str(self))
+        rmdir(self)
+
+    monkeypatch.setattr(os, "scandir", racing_scandir)
+    monkeypatch.setattr(Path, "rmdir", racing_rmdir)
+    assert raced.is_dir()
+    assert remove_cgroups(tmp_path, CG_TAG) == 2  # the two under memory; the raced one was not this call's
+    monkeypatch.undo()
+    assert not list(tmp_path.glob(f"**/cryobox-{CG_TAG}"))
+    assert cgroup_tags(tmp_path) == ("fedcba",)
+
+
 def test_only_cryobox_itself_runs_on_a_data_dir() -> None:
     """A wrapper that names cryobox in its arguments (``timeout 120 cryobox gc --data-dir D``) used to count as a
     cryobox process on D, and ``gc --data-dir D`` then refused D ("a live cryobox process runs on it")."""

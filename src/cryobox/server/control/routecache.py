@@ -2,7 +2,7 @@
 
 Reading the sandbox's row cost each exec 0.36 ms (SQLite) to 0.55 ms (PostgreSQL) p50 on a quiet machine, a
 worker thread included, and about three times that on a loaded one. Only ``running`` rows are kept, for
-``ttl_s``; every commit of this process that changes a sandbox row drops it (:func:`~cryobox.registry.watch.
+``ttl_s`` (read by a route, or just committed by a create: its first exec goes without a read); every commit of this process that changes a sandbox row drops it (:func:`~cryobox.registry.watch.
 watch_sandboxes`), so a single control plane routes exactly as with a read. What another replica changes is seen
 here within ``ttl_s``: a call routed meanwhile to a sandbox's old agent is answered there "not found" or
 "hibernated", and :meth:`.sandboxes.SandboxControl.on_guest` then routes it again from the registry.

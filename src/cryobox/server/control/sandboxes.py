@@ -317,6 +317,7 @@ class ControlPlane:
             with contextlib.suppress(CryoboxError):
                 await agent.delete(info.id)
             raise
+        self.fleet.routes.put(row, self.fleet.routes.generation())  # its first exec is routed without a read
         return row
 
     # -- network -------------------------------------------------------------------------------------------

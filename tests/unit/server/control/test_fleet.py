@@ -117,6 +117,7 @@ async def test_create_commits_the_row_on_the_chosen_agent_and_leaves_no_reservat
     assert first.host == "a"  # equal agents: the first by name
     row = c.registry.get_sandbox(first.id, c.ws)
     assert row == first
+    assert c.control.fleet.routes.get(first.id, c.ws) == row  # the first exec is routed without a registry read
     assert (row.status, row.template, row.metadata, row.memory_mib) == ("running", "base", {"k": "v"}, 512)
     assert c.held("a") == {first.id} and c.held("b") == set()
     [spec] = c.creates("a")

@@ -1,11 +1,12 @@
 """Where a running sandbox runs, remembered for a moment: a guest call (an exec) is routed without a registry read.
 
 Reading the sandbox's row cost each exec 0.36 ms (SQLite) to 0.55 ms (PostgreSQL) p50 on a quiet machine, a
-worker thread included, and about three times that on a loaded one. Only ``running`` rows are kept, for
-``ttl_s`` (read by a route, or just committed by a create: its first exec goes without a read); every commit of this process that changes a sandbox row drops it (:func:`~cryobox.registry.watch.
-watch_sandboxes`), so a single control plane routes exactly as with a read. What another replica changes is seen
-here within ``ttl_s``: a call routed meanwhile to a sandbox's old agent is answered there "not found" or
-"hibernated", and :meth:`.sandboxes.SandboxControl.on_guest` then routes it again from the registry.
+worker thread included, and about three times that on a loaded one. Only ``running`` rows are kept, for ``ttl_s``:
+read by a route, or just committed by a create (its first exec goes without a read). Every commit of this process
+that changes a sandbox row drops it (:func:`~cryobox.registry.watch.watch_sandboxes`), so a single control plane
+routes exactly as with a read. What another replica changes is seen here within ``ttl_s``: a call routed meanwhile
+to a sandbox's old agent is answered there "not found" or "hibernated", and :meth:`.fleet.Fleet.on_guest` then
+routes it again from the registry.
 
 A read that raced a commit must not put back what the commit just dropped: :meth:`put` keeps a row only if nothing
 was dropped since the :meth:`generation` taken before the read.

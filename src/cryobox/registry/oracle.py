@@ -29,10 +29,14 @@ log = logging.getLogger(__name__)
 
 MACHINE_ID = Path("/etc/machine-id")
 _IDENTITY = text("SELECT value FROM registry_meta WHERE key = 'registry_id'")
-_SNAPSHOTS = text("SELECT id FROM snapshots")
-_SANDBOXES = text("SELECT id FROM sandboxes")
-_TEMPLATES = text("SELECT name FROM templates")
-_VOLUMES = text("SELECT id FROM volumes")
+_LISTED = text(
+    "SELECT 'snapshots', id FROM snapshots UNION ALL SELECT 'sandboxes', id FROM sandboxes"
+    " UNION ALL SELECT 'templates', name FROM templates UNION ALL SELECT 'volumes', id FROM volumes"
+)
+"""Everything a registry lists, in one statement: one snapshot of the database on either backend. Read table by
+table (PostgreSQL gives each statement a snapshot of its own, and a plain SQLite connection reads each outside a
+transaction), a commit between two reads that moved a reference from a table read later to one read earlier hid
+it from both."""
 
 
 def machine_id(path: Path = MACHINE_ID) -> str:
@@ -96,8 +100,13 @@ def _read(engine: Engine, registry_id: str) -> Listing:
         found = conn.execute(_IDENTITY).scalar_one_or_none()
         if found != registry_id:
             return Listing("gone")
-        snapshots = frozenset(str(v) for v in conn.execute(_SNAPSHOTS).scalars())
-        sandboxes = frozenset(str(v) for v in conn.execute(_SANDBOXES).scalars())
-        templates = frozenset(str(v) for v in conn.execute(_TEMPLATES).scalars())
-        volumes = frozenset(str(v) for v in conn.execute(_VOLUMES).scalars())
-    return Listing("live", snapshots, sandboxes, templates, volumes)
+        listed: dict[str, set[str]] = {"snapshots": set(), "sandboxes": set(), "templates": set(), "volumes": set()}
+        for table, key in conn.execute(_LISTED):
+            listed[str(table)].add(str(key))
+    return Listing(
+        "live",
+        snapshots=frozenset(listed["snapshots"]),
+        sandboxes=frozenset(listed["sandboxes"]),
+        templates=frozenset(listed["templates"]),
+        volumes=frozenset(listed["volumes"]),
+    )

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy import Engine, delete, event
 
 from cryobox.objstore.client import open_store
 from cryobox.objstore.owners import record_key
 from cryobox.registry import Registry, TemplateRow
+from cryobox.registry import models as m
 from cryobox.registry.oracle import RegistryOracle, machine_id
+from cryobox.registry.rows import _to_orm
 from cryobox.server.control.ownership import StoreOwnership, registry_record
 from tests.support import registry as registry_support
 from tests.support.registry import migrated, sandbox, snapshot
@@ -39,6 +43,36 @@ def test_a_registry_lists_its_snapshots_and_sandboxes(registry: Registry, db_url
     assert listing.verdict("templates", "tpl") == "listed" and listing.verdict("templates", "other") == "unlisted"
     registry.delete_snapshot("snap-1")
     assert oracle.consult(record).verdict("snapshots", "snap-1") == "unlisted"
+
+
+def test_a_commit_during_the_read_cannot_hide_what_it_moves(registry: Registry, db_url: str) -> None:
+    """A commit that moves a reference between tables while the registry is read: the listing shows it before or
+    after the move, never nowhere. Read table by table, the commit landed between two statements (PostgreSQL gives
+    each its own snapshot, SQLite read each outside a transaction) and the reference was in neither."""
+    filled(registry)
+    ws = registry.ensure_workspace("default").id
+    registry.add_sandbox(sandbox("sb-moving", ws))
+    record = registry_record(registry, "m1")
+    oracle = RegistryOracle("m1", [db_url] if record.kind == "postgres" else [])
+    moved: list[str] = []
+
+    def move_during_the_read(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if moved or "FROM snapshots" not in statement:
+            return
+        moved.append(statement)
+        with registry.database.session() as s:  # one transaction: the sandbox's image becomes a snapshot's
+            s.execute(delete(m.Sandbox).where(m.Sandbox.id == "sb-moving"))
+            s.add(_to_orm(snapshot("snap-moved", ws), m.Snapshot))
+
+    event.listen(Engine, "after_cursor_execute", move_during_the_read)
+    try:
+        listing = oracle.consult(record)
+    finally:
+        event.remove(Engine, "after_cursor_execute", move_during_the_read)
+    assert moved, "the move was never made during the read"
+    assert listing.state == "live"
+    assert "sb-moving" in listing.sandboxes or "snap-moved" in listing.snapshots
+    assert oracle.consult(record).verdict("snapshots", "snap-moved") == "listed"  # and the next read sees it moved
 
 
 def test_a_registry_this_run_cannot_judge_is_unknown(registry: Registry, db_url: str) -> None:

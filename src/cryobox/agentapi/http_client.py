@@ -62,15 +62,6 @@ def request_params(op: Op, arguments: dict[str, Any]) -> dict[str, str] | None:
     return {name: ("true" if v else "false") if isinstance(v, bool) else str(v) for name, v in values.items()}
 
 
-def request_json(op: Op, arguments: dict[str, Any]) -> Any:
-    """The JSON body of a call of ``op``: its model, or an object of its plain parameters (``None``: no body)."""
-    body = op.body_model(arguments)
-    if body is not None:
-        return body.model_dump(mode="json")
-    fields = op.of(Arg.FIELD)
-    return {p.name: arguments[p.name] for p in fields} if fields else None
-
-
 def _retry_after(value: str | None) -> float | None:
     try:
         seconds = float(value) if value is not None else math.nan
@@ -142,15 +133,13 @@ class HttpAgent:
         self._connect_s = min(CONNECT_TIMEOUT_S, timeout_s)
         self._headers = {"Authorization": f"Bearer {token}", "User-Agent": "cryobox-control-plane"}
         self._default_timeout = httpx.Timeout(timeout_s, connect=self._connect_s)
-        # one connection pool for both paths below; open terminals and streams each hold a connection: never make
-        # other calls queue behind them. The agent is reached directly, never through a proxy named by the
-        # environment (HTTP_PROXY): it is a host of this deployment, not the internet.
+        # requests go straight to the connection pool, built here rather than by ``httpx.AsyncClient``: the client's
+        # layers (URL merging, cookies, auth, redirects) were a third of the control plane's CPU per call to an
+        # agent, and the hop's cost in ``bench fleet`` is mostly CPU time on a busy host. Open terminals and streams
+        # each hold a connection: never make other calls queue behind them. The agent is reached directly, never
+        # through a proxy named by the environment (HTTP_PROXY): it is a host of this deployment, not the internet.
         self._transport = transport or httpx.AsyncHTTPTransport(
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=32)
-        )
-        # streams go through the client; a plain call goes straight to the pool (:meth:`_call`)
-        self._client = httpx.AsyncClient(
-            base_url=self.url, headers=self._headers, timeout=self._default_timeout, transport=self._transport
         )
 
     def __repr__(self) -> str:
@@ -173,7 +162,7 @@ class HttpAgent:
         )
 
     async def close(self) -> None:
-        await self._client.aclose()  # closes the transport too
+        await self._transport.aclose()
 
     if TYPE_CHECKING:
         # the operations, installed by ``install`` above; typed as ``Agent``'s where the control plane holds one
@@ -182,7 +171,7 @@ class HttpAgent:
     # -- plumbing ------------------------------------------------------------------------------------------------
 
     def _timeout(self, op: Op, arguments: dict[str, Any]) -> httpx.Timeout | None:
-        """``None``: the client's own timeout."""
+        """``None``: the agent's own timeout (``timeout_s``)."""
         if op.route.timeout is Timeout.LONG:
             return httpx.Timeout(max(self.timeout_s, LONG_CALL_TIMEOUT_S), connect=self._connect_s)
         if op.route.timeout is Timeout.NONE:
@@ -205,24 +194,9 @@ class HttpAgent:
             details={"agent": self.name},
         )
 
-    def _request(self, op: Op, arguments: dict[str, Any]) -> dict[str, Any]:
-        raw = op.of(Arg.RAW)
-        request: dict[str, Any] = {
-            "method": op.method,
-            "url": PREFIX + request_path(op, arguments),
-            "json": request_json(op, arguments),
-            "content": arguments[raw[0].name] if raw else None,
-            "params": request_params(op, arguments),
-        }
-        timeout = self._timeout(op, arguments)
-        if timeout is not None:
-            request["timeout"] = timeout
-        return request
-
-    def _plain_request(self, op: Op, arguments: dict[str, Any]) -> httpx.Request:
-        """The request of a call that is not streamed, built here rather than by ``httpx.AsyncClient``: the
-        client's layers (URL merging, cookies, auth, redirects) were a third of the control plane's CPU per call
-        to an agent, and the hop's cost in ``bench fleet`` is mostly CPU time on a busy host."""
+    def _request(self, op: Op, arguments: dict[str, Any]) -> httpx.Request:
+        """The request of a call of ``op``: its path, query, body (its model, an object of its plain parameters, or
+        its raw bytes), the node token and its timeout."""
         raw = op.of(Arg.RAW)
         headers = self._headers
         if raw:
@@ -251,18 +225,23 @@ class HttpAgent:
     async def _send(self, request: httpx.Request) -> httpx.Response:
         """``request`` through the pool, its whole answer read."""
         try:
-            response = await self._transport.handle_async_request(request)
+            response = await self._open(request)
             try:
                 await response.aread()
             finally:
                 await response.aclose()
         except httpx.TransportError as err:
             raise self._transport_error(err) from err
+        return response
+
+    async def _open(self, request: httpx.Request) -> httpx.Response:
+        """``request`` sent, its answer's head read (close it)."""
+        response = await self._transport.handle_async_request(request)
         response.request = request
         return response
 
     async def _call(self, op: Op, arguments: dict[str, Any]) -> Any:
-        response = await self._send(self._plain_request(op, arguments))
+        response = await self._send(self._request(op, arguments))
         if response.status_code >= 400:
             raise error_from_response(response)
         if op.reply is Reply.NONE:
@@ -285,13 +264,16 @@ class HttpAgent:
 
     async def _stream(self, op: Op, arguments: dict[str, Any]) -> AsyncIterator[Any]:
         try:
-            async with self._client.stream(**self._request(op, arguments)) as response:
+            response = await self._open(self._request(op, arguments))
+            try:
                 if response.status_code >= 400:
                     await response.aread()
                     raise error_from_response(response)
                 async for line in response.aiter_lines():
                     if line.strip():
                         yield self._stream_item(op.reply_type, line, response)
+            finally:
+                await response.aclose()
         except httpx.TransportError as err:
             raise self._transport_error(err) from err
 

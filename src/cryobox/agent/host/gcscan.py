@@ -7,7 +7,7 @@ import contextlib
 import os
 import re
 import subprocess
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -197,31 +197,27 @@ def scan(roots: Roots, explicit: Path | None = None, deep: bool = False) -> tupl
     return state, record
 
 
-def cgroup_tags(root: Path) -> tuple[str, ...]:
-    """Tags of the jail's per-agent cgroup directories (``cryobox-<tag>`` at any depth under ``root``).
+def _tag_dirs(root: Path) -> Iterator[Path]:
+    """Every per-agent cgroup directory (``cryobox-<tag>``) at any depth under ``root``, not looking below one.
 
     A directory that goes while it is walked (an agent deleting a VM meanwhile: its cgroup is removed) is skipped:
     ``Path.glob`` raised ``FileNotFoundError`` out of ``cryobox gc`` there (the suite's other worker caught it)."""
-    tags: set[str] = set()
-    for _, dirnames, _ in os.walk(root):  # errors (a directory gone meanwhile) are skipped, not raised
+    for parent, dirnames, _ in os.walk(root):  # errors (a directory gone meanwhile) are skipped, not raised
         ours = [d for d in dirnames if d.startswith(CGROUP_PREFIX)]
-        tags.update(d.removeprefix(CGROUP_PREFIX) for d in ours)
+        yield from (Path(parent) / d for d in ours)
         dirnames[:] = [d for d in dirnames if d not in ours]  # only VM cgroups below one of ours
-    return tuple(sorted(tags))
+
+
+def cgroup_tags(root: Path) -> tuple[str, ...]:
+    """Tags of the jail's per-agent cgroup directories (``cryobox-<tag>`` at any depth under ``root``)."""
+    return tuple(sorted({d.name.removeprefix(CGROUP_PREFIX) for d in _tag_dirs(root)}))
 
 
 def remove_cgroups(root: Path, tag: str) -> int:
-    """Remove every (empty) VM cgroup of ``tag`` and then its per-agent directories; returns how many went. Walked
-    as :func:`cgroup_tags` is, and for the same reason: other agents' cgroups come and go meanwhile (a glob of the
-    tree raised ``FileNotFoundError`` for one removed under it); a cgroup already gone is not an error either."""
-    name = f"{CGROUP_PREFIX}{tag}"
-    bases: list[Path] = []
-    for parent, dirnames, _ in os.walk(root):  # errors (a directory gone meanwhile) are skipped, not raised
-        if name in dirnames:
-            bases.append(Path(parent) / name)
-        dirnames[:] = [d for d in dirnames if not d.startswith(CGROUP_PREFIX)]  # nothing of ours below another's
+    """Remove every (empty) VM cgroup of ``tag`` and then its per-agent directories; returns how many went. A
+    cgroup already gone (its agent removed it meanwhile) is not an error."""
     removed = 0
-    for base in sorted(bases):
+    for base in sorted(d for d in _tag_dirs(root) if d.name == f"{CGROUP_PREFIX}{tag}"):
         with contextlib.suppress(FileNotFoundError):
             for child in [c for c in base.iterdir() if c.is_dir()]:
                 with contextlib.suppress(FileNotFoundError):

@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 CRYOBOX := $(VENV)/bin/cryobox
-APT_PACKAGES := qemu-system-x86 qemu-utils debootstrap busybox-static e2fsprogs postgresql xfsprogs nftables fuse3 libfuse3-3 protobuf-compiler libprotobuf-dev chromium firefox-esr fonts-dejavu-core docker-registry skopeo musl-tools systemd kmod
+APT_PACKAGES := qemu-system-x86 qemu-utils debootstrap busybox-static e2fsprogs postgresql xfsprogs nftables iptables fuse3 libfuse3-3 protobuf-compiler libprotobuf-dev chromium firefox-esr fonts-dejavu-core docker-registry skopeo musl-tools systemd kmod
 PYTEST_ARGS ?=
 # two workers (pytest-xdist), a file's tests on one worker; a short base temp dir, because VM sockets live under it
 # and a unix socket path has 107 bytes (pytest's own /tmp/pytest-of-root/pytest-N/popen-gwN/... is too long)

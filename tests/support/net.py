@@ -10,14 +10,15 @@ from cryobox.agent.net import Slot
 
 
 class FakeNft:
-    """Records the scripts ``Firewall`` sends (``nft -f -``); lists no tables."""
+    """Records the scripts ``Firewall`` sends (``nft -f -``); lists the ``inet`` tables named in ``tables``."""
 
     def __init__(self) -> None:
         self.scripts: list[str] = []
+        self.tables: list[str] = []
 
     def __call__(self, argv: Sequence[str], stdin: str | None) -> str:
         if list(argv[:3]) == ["nft", "list", "tables"]:
-            return ""
+            return "".join(f"table inet {t}\n" for t in self.tables)
         assert list(argv) == ["nft", "-f", "-"] and stdin is not None
         self.scripts.append(stdin)
         return ""

@@ -1,5 +1,7 @@
-"""``cryobox bench net``, egress section: what the host-side egress proxy costs a guest's TCP, against the kernel
-routing slots used before it, measured side by side in one run, with no VM.
+"""``cryobox bench net``, egress section: what host-side egress enforcement costs a guest's TCP, against plain
+kernel routing, measured side by side in one run, with no VM. The mode measured is the agents' own
+(``CRYOBOX_EGRESS_MODE``: ``forward``, the default — the egress gate decides, the kernel forwards; ``proxy`` —
+the egress proxy carries every connection); the result names it (``egress_mode``).
 
 * A "server" namespace ``cryobox-<tag>-srv`` behind a veth from the host, on a free ``/30`` of ``10.199.0.0/16``,
   runs :mod:`.egress_peer`'s servers (a process of its own): greeting + echo, bulk, HTTP, and a name server
@@ -255,26 +257,32 @@ async def measure_egress(
     from ..agent.net.egress.proxy import ProxyEnv
     from ..agent.net.egress.resolver import Resolver, Upstream
     from ..agent.net.egress.service import EgressService
+    from ..agent.net.firewall import Firewall
     from ..agent.net.netlink import host_networks
+    from ..agent.net.slots import egress_mode_from_env
     from ..netpolicy import EgressPolicy
 
     rig = pick_rig(await asyncio.to_thread(host_networks), secrets.token_hex(3))
     s.server_cidr, s.slot_cidr = str(rig.server_net), rig.slot_cidr
-    slot = SlotPlan(rig.tag, rig.slot_cidr).slot(0)
-    console.print(f"egress: tag {rig.tag}, server {rig.server_net}, slot CIDR {rig.slot_cidr}")
+    plan = SlotPlan(rig.tag, rig.slot_cidr, egress=egress_mode_from_env())
+    slot, s.mode = plan.slot(0), plan.egress
+    floor = deny_networks(exceptions=[rig.server_net])
+    firewall = Firewall(plan, floor=floor)  # forward mode: the host routes the slot's decided connections
+    console.print(f"egress: mode {plan.egress}, tag {rig.tag}, server {rig.server_net}, slot CIDR {rig.slot_cidr}")
     raw_policy = EgressPolicy(allow=[str(rig.server_net)])
     metrics = EgressMetrics()
     env = ProxyEnv(
         Resolver(Upstream(rig.server_ip, DNS_PORT)),
-        floor=deny_networks(exceptions=[rig.server_net]),
+        floor=floor,
         observer=metrics,
     )
-    service = EgressService(env, metrics=metrics)
+    service = EgressService(env, metrics=metrics, mode=plan.egress)
     server: asyncio.subprocess.Process | None = None
     try:
         with ip_forward_on() as was:
             s.ip_forward_was = was
             try:
+                await asyncio.to_thread(firewall.ensure, fresh=True)
                 await asyncio.to_thread(_build, rig, slot, create_slot)
                 server = await _start_server(rig)
                 await service.attach(SANDBOX, slot.netns, raw_policy)
@@ -322,6 +330,7 @@ async def measure_egress(
                         await _stop(server)
                 finally:
                     await asyncio.to_thread(_remove, rig)
+                    await asyncio.to_thread(firewall.remove)
     finally:
         left = await asyncio.to_thread(_leftovers, rig)
         if left:

@@ -1,8 +1,10 @@
 """The pure parts of ``cryobox bench net``'s egress section (unit-tested): the samples, the figures and ratios
 merged into the bench net JSON (new keys only, all prefixed ``egress_``), their notes and the table.
 
-The paths compared: ``direct`` is a guest namespace routed by the host kernel (what slots did before the egress
-proxy), ``proxied`` a real slot whose guest's TCP the slot's nft ``redirect`` hands to the egress proxy.
+The paths compared: ``direct`` is a guest namespace routed by the host kernel with nothing deciding, ``proxied``
+a real slot whose guest's TCP goes through the agents' egress enforcement in ``egress_mode``: ``forward`` (its
+first packets queued to the egress gate, the rest forwarded by the kernel) or ``proxy`` (redirected to the egress
+proxy, which connects from the host). The key names stay ``proxied`` whichever mode ran.
 """
 
 from __future__ import annotations
@@ -27,15 +29,18 @@ EGRESS_NOTES = {
     "egress_connect_p50_ms": (
         "from connect() to the server's first byte (it sends one at once), p50 over the alternating connections "
         "of each path; delta = proxied - direct (target <= +1 ms). direct: a guest namespace routed by the host "
-        "kernel (ip_forward), as slots were before the proxy; proxied: a real slot whose fake guest's TCP is "
-        "redirected to the egress proxy (policy: allow the server's /30), which connects from the host"
+        "kernel (ip_forward) with nothing deciding; proxied: a real slot whose fake guest's TCP goes through "
+        "the egress enforcement of egress_mode (policy: allow the server's /30): forward = the egress gate decides "
+        "from the first packets and the kernel forwards the rest; proxy = the egress proxy connects from the host"
     ),
+    "egress_mode": "CRYOBOX_EGRESS_MODE of the run (the agents' setting): forward (the default) or proxy",
     "egress_connect_p95_ms": "as egress_connect_p50_ms, p95",
     "egress_connect_ms": "full statistics of those samples, per path",
     "egress_http_p50_ms": (
         "one HTTP/1.1 GET / with Host: bench.example, from connect() to the whole response (Content-Length), p50; "
-        "proxied under a name rule (allow bench.example): the proxy reads the Host, resolves the name (cached "
-        "after the warm-up; a name server in the server's namespace answers) and connects to what it resolved"
+        "proxied under a name rule (allow bench.example): the gate or proxy reads the Host and resolves the name "
+        "(cached after the warm-up; a name server in the server's namespace answers); the gate lets the connection "
+        "on when the address is the name's, the proxy connects to what it resolved"
     ),
     "egress_http_ms": "full statistics of those samples, per path",
     "egress_throughput_mbps": (
@@ -48,7 +53,7 @@ EGRESS_NOTES = {
         "figures above); egress_in_process = the same client on a thread of the bench process, which also runs "
         "the proxy's event loop (GIL contention between the two)"
     ),
-    "egress_proxied_connections": "allowed connections in the proxy's decision log: every proxied one went through it",
+    "egress_proxied_connections": "connections the gate or proxy allowed (its counters): every proxied one was decided",
 }
 
 
@@ -67,6 +72,7 @@ class EgressSamples:
     in_process_bulk_bytes: int = 0
     proxied_connections: int = 0
     ip_forward_was: str = ""
+    mode: str = ""
 
 
 def _paths(samples: dict[str, list[float]], what: str) -> None:
@@ -112,6 +118,7 @@ def build_egress_result(s: EgressSamples) -> dict[str, Any]:
     connect = compare_latency(s.connect_ms, 50)
     throughput = compare_throughput(s.throughput_mbps)
     result: dict[str, Any] = {
+        "egress_mode": s.mode,
         "egress_server_cidr": s.server_cidr,
         "egress_slot_cidr": s.slot_cidr,
         "egress_client": "process",
@@ -152,7 +159,7 @@ def _fmt(value: float) -> str:
 def egress_table(result: dict[str, Any]) -> Table:
     """Direct vs proxied, side by side, with what the proxy adds and the target."""
     targets = result["egress_targets"]
-    table = Table(title="egress proxy vs direct routing (host-side, no VM)")
+    table = Table(title=f"egress enforcement ({result.get('egress_mode') or 'proxy'}) vs direct routing (no VM)")
     for col in ("metric", "direct", "proxied", "proxied vs direct", "target"):
         table.add_column(col, justify="left" if col == "metric" else "right")
 
@@ -180,5 +187,5 @@ def egress_table(result: dict[str, Any]) -> Table:
     if inproc:
         latency("client in the bench process: connect p50", inproc["connect_p50_ms"])
         throughput("  throughput MB/s", inproc["throughput_mbps"])
-    table.caption = f"{result['egress_proxied_connections']} connections through the proxy's decision log"
+    table.caption = f"{result['egress_proxied_connections']} connections decided by the gate or proxy"
     return table

@@ -277,7 +277,7 @@ def measure_creates(api: Api, prespawn: int, creates: int, s: Samples, console: 
 
 def _egress(console: Console, progress: Reporter) -> dict[str, Any]:
     """Part 4: the egress section's keys for the result (printed as a table of their own)."""
-    console.print("egress proxy vs direct routing: connect, HTTP by name, throughput (no VM)")
+    console.print("egress enforcement vs direct routing: connect, HTTP by name, throughput (no VM)")
     samples = EgressSamples()
     asyncio.run(measure_egress(samples, console, progress))
     part = build_egress_result(samples)

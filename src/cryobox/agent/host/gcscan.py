@@ -230,10 +230,13 @@ def remove_cgroups(root: Path, tag: str) -> int:
 def host_effects(roots: Roots) -> Effects:
     from pyroute2 import netns as pyroute_netns
 
+    from ..net.firewall import release_forwarding
     from ..net.netlink import reclaim
 
     def nft(argv: list[str]) -> None:
         roots.nft(argv)
+        if argv[:2] == ["nft", "delete"]:  # a table gone: the last one takes the routing forward mode turned on
+            release_forwarding()
 
     return Effects(
         kill=os.kill,

@@ -34,7 +34,7 @@ from ..net.firewall import Firewall
 from ..net.netlink import host_networks
 from ..net.netlink import reclaim as reclaim_net
 from ..net.pool import SlotPool
-from ..net.slots import SlotPlan, tag_for
+from ..net.slots import SlotPlan, egress_mode_from_env, tag_for
 from ..observe.sampler import ObserveConfig, SandboxObserver
 from ..publish.prefetch import ensure_trace
 from ..publish.templates import fetch_template, publish_template
@@ -302,20 +302,23 @@ async def _start_host(config: HostConfig, progress: Progress, started: Started) 
     def pick(taken: list[ipaddress.IPv4Network]) -> str:
         return adopted_cidr if adopted_cidr is not None else SlotPlan.from_env(tag, taken=taken).cidr
 
-    plan = SlotPlan(tag, await asyncio.to_thread(ownership.claim_slots, pick, host_networks))
+    cidr = await asyncio.to_thread(ownership.claim_slots, pick, host_networks)
+    plan = SlotPlan(tag, cidr, egress=egress_mode_from_env())
     leftovers = await asyncio.to_thread(functools.partial(reclaim_net, tag, found.slots(plan), defer=True))
     await asyncio.to_thread(reclaim_bakes)
     await asyncio.to_thread(reclaim_bakes_dirs, paths.bake_dir, paths.templates_dir)
     endpoints = endpoint_networks([config.resolved_store_url, os.environ.get("CRYOBOX_DATABASE_URL")])
     own = await asyncio.to_thread(host_networks)
     deny = deny_networks([*own, *endpoints], exceptions_from_env())
-    firewall = started.firewall = Firewall(plan)
+    firewall = started.firewall = Firewall(plan, floor=deny)
     await asyncio.to_thread(functools.partial(firewall.ensure, fresh=True))
     slots = started.slots = SlotPool(plan, size=config.net_pool)
     slots.reclaim_later(leftovers.deferred)  # destroyed in the background once the pool starts
     egress_metrics = EgressMetrics()
     egress = started.egress = EgressService(
-        ProxyEnv(Resolver(upstream_from_env()), floor=deny, observer=egress_metrics), metrics=egress_metrics
+        ProxyEnv(Resolver(upstream_from_env()), floor=deny, observer=egress_metrics),
+        metrics=egress_metrics,
+        mode=plan.egress,
     )
     progress(f"network slots from {plan.cidr} (tag {plan.tag}, {config.net_pool} pre-built)")
     hot = HotImages(paths.hot_dir, default_budget(paths.hot_dir))

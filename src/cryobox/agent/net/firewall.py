@@ -1,77 +1,152 @@
-"""The host-side nft table ``inet cryobox_<tag>``: a second wall around the slots.
+"""The host-side nft table ``inet cryobox_<tag>``: a second wall around the slots, and the guests' way out.
 
-Guests never route through the host: every TCP connection a guest opens is redirected, inside its slot's
-namespace, to the egress proxy (:mod:`.egress`), which connects from the host itself after judging it, and the
-slot forwards nothing else out (:func:`.netlink.slot_ruleset`). This table holds, for packets arriving from a
-slot's host veth (``cb<tag>h*``), should a slot's own rules ever be missing or wrong:
+What a guest may reach is decided inside its slot's namespace (:func:`.netlink.slot_ruleset`, :mod:`.egress`).
+This table holds, for packets arriving from a slot's host veth (``cb<tag>h*``), should a slot's own rules ever
+be missing or wrong:
 
 * **input** (to the host itself: API, agent, metrics, SSH, anything): dropped unless it belongs to a connection the
   host opened (``ct state established,related``). A guest can answer the host, never call it.
-* **forward**: dropped, whatever the destination (another slot, the host's networks, the internet); towards a
-  slot only replies pass.
+* **forward**: ``proxy`` mode — dropped, whatever the destination (the proxy connects from the host itself).
+  ``forward`` mode — only TCP from the slots' own addresses, never to another slot (of any agent) nor into the
+  floor (:mod:`.denylist`: private, link-local, the host's networks …), masqueraded behind the host's address.
+  Towards a slot only replies pass.
+
+``forward`` mode needs the host to route (``net.ipv4.ip_forward``). Where it was off, the first table that needs it
+turns it on, remembers that in ``/run/cryobox/ip_forward.<netns>.was``, and every such table then drops forwarding
+between interfaces that are not cryobox's (the host routes nothing it did not before); once the last cryobox table
+is gone (:func:`release_forwarding`) it is turned off again.
 
 The table only *adds* drops: other tables (a host firewall, Docker) still see every packet and may drop more.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import threading
+from collections.abc import Sequence
+from pathlib import Path
 
 from .netlink import Runner, run_command
 from .slots import LINK_PREFIX, SlotPlan, link_prefix
+
+IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+STATE_DIR = Path("/run/cryobox")
+
+
+def was_file(state_dir: Path) -> Path:
+    """Where the routing this network namespace had before cryobox turned it on is kept (``ip_forward`` is per
+    namespace, ``/run`` is not: agents in namespaces of their own must not read each other's)."""
+    return state_dir / f"ip_forward.{os.stat('/proc/thread-self/ns/net').st_ino}.was"
+
+
+def _tables(runner: Runner) -> list[str]:
+    lines = runner(["nft", "list", "tables", "inet"], None).splitlines()
+    return [line.strip().removeprefix("table inet ") for line in lines if line.strip().startswith("table inet ")]
+
+
+def release_forwarding(
+    *, runner: Runner = run_command, state_dir: Path = STATE_DIR, ip_forward: Path = IP_FORWARD
+) -> bool:
+    """Turn ``ip_forward`` back off if a cryobox table turned it on and no cryobox table is left; idempotent.
+    Returns whether it did."""
+    was = was_file(state_dir)
+    if not was.exists() or any(t.startswith("cryobox_") for t in _tables(runner)):
+        return False
+    ip_forward.write_text(was.read_text().strip() or "0")
+    was.unlink(missing_ok=True)
+    return True
 
 
 class Firewall:
     """The host table of one agent (one tag). ``ensure``/``remove`` are idempotent; ``runner`` runs ``nft``
     (inject a fake for unit tests)."""
 
-    def __init__(self, plan: SlotPlan, *, runner: Runner = run_command) -> None:
+    def __init__(
+        self,
+        plan: SlotPlan,
+        *,
+        floor: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network] = (),
+        runner: Runner = run_command,
+        state_dir: Path = STATE_DIR,
+        ip_forward: Path = IP_FORWARD,
+    ) -> None:
         self.plan = plan
         self.table = f"cryobox_{plan.tag}"
+        self.floor = [net for net in floor if isinstance(net, ipaddress.IPv4Network)]
         self._runner = runner
+        self._state_dir = state_dir
+        self._ip_forward = ip_forward
         self._lock = threading.Lock()
 
     def _nft(self, script: str) -> None:
         self._runner(["nft", "-f", "-"], script)
 
-    def ruleset(self, *, fresh: bool = False) -> str:
+    def ruleset(self, *, fresh: bool = False, routed_before: bool = True) -> str:
         """The nft script ``ensure`` loads, as one transaction; ``fresh`` drops an older table (of any earlier
-        version of these rules) first, in the same transaction."""
-        t, slots = self.table, f"{link_prefix(self.plan.tag)}*"
+        version of these rules) first, in the same transaction; ``routed_before``: whether the host forwarded
+        before cryobox turned it on (if not, forwarding not involving cryobox's interfaces is dropped)."""
+        t, slots, ours = self.table, f"{link_prefix(self.plan.tag)}*", f"{LINK_PREFIX}*"
         head = f"add table inet {t}\ndelete table inet {t}\n" if fresh else ""
+        if self.plan.egress == "forward":
+            floor = ", ".join(str(net) for net in ipaddress.collapse_addresses(self.floor))
+            out = (f'iifname "{slots}" ip daddr {{ {floor} }} drop\n    ' if floor else "") + (
+                f'iifname "{slots}" ip saddr {self.plan.cidr} meta l4proto tcp accept\n    '
+            )
+            others = "" if routed_before else f'iifname != "{ours}" oifname != "{ours}" drop\n    '
+            nat = f"""
+  chain postrouting {{
+    type nat hook postrouting priority srcnat; policy accept;
+    ip saddr {self.plan.cidr} oifname != "{ours}" masquerade
+  }}"""
+        else:
+            out, others, nat = "", "", ""
         return f"""\
 {head}table inet {t} {{
   chain input {{ type filter hook input priority filter; policy accept; }}
   chain forward {{ type filter hook forward priority filter; policy accept; }}
 }}
-flush chain inet {t} input
-flush chain inet {t} forward
+flush table inet {t}
 table inet {t} {{
   chain input {{
     iifname "{slots}" ct state established,related accept
     iifname "{slots}" drop
   }}
   chain forward {{
-    iifname "{slots}" drop
+    iifname "{slots}" oifname "{ours}" drop
+    {out}iifname "{slots}" drop
     oifname "{slots}" ct state established,related accept
     oifname "{slots}" drop
-  }}
+    {others}}}{nat}
 }}
 """
 
     def ensure(self, *, fresh: bool = False) -> None:
-        """Create or refresh the table."""
+        """Create or refresh the table (and, in ``forward`` mode, let the host route)."""
         with self._lock:
-            self._nft(self.ruleset(fresh=fresh))
+            routed_before = self._route() if self.plan.egress == "forward" else True
+            self._nft(self.ruleset(fresh=fresh, routed_before=routed_before))
+
+    def _route(self) -> bool:
+        """Turn ``ip_forward`` on; returns whether the host routed before cryobox turned it on."""
+        was = was_file(self._state_dir)
+        if was.exists():
+            return was.read_text().strip() == "1"
+        if self._ip_forward.read_text().strip() == "1":
+            return True
+        self._state_dir.mkdir(parents=True, exist_ok=True)
+        was.write_text("0\n")
+        self._ip_forward.write_text("1")
+        return False
 
     def remove(self) -> None:
-        """Delete the table; a missing table is fine."""
+        """Delete the table (a missing table is fine); the last cryobox table gone, routing is as it was."""
         with self._lock:
             self._nft(f"add table inet {self.table}\ndelete table inet {self.table}\n")
+            release_forwarding(runner=self._runner, state_dir=self._state_dir, ip_forward=self._ip_forward)
 
     def exists(self) -> bool:
-        lines = self._runner(["nft", "list", "tables", "inet"], None).splitlines()
-        return f"table inet {self.table}" in (line.strip() for line in lines)
+        return self.table in _tables(self._runner)
 
 
-__all__ = ["LINK_PREFIX", "Firewall"]
+__all__ = ["LINK_PREFIX", "Firewall", "release_forwarding"]

@@ -51,6 +51,9 @@ from .slots import (
     GATEWAY_MAC,
     GUEST_IP,
     GUEST_PREFIXLEN,
+    MARK_ALLOW,
+    MARK_DENY,
+    MARK_PASS,
     NETNS_DIR,
     PROXY_PORT,
     Slot,
@@ -108,42 +111,94 @@ def in_netns(name: str, *argv: str) -> list[str]:
 def slot_ruleset(slot: Slot) -> str:
     """The slot netns' own nft table (loaded whole: re-loading it replaces the previous one atomically).
 
-    * prerouting: the host reaches the guest at ``address``: DNAT it to the one baked ``GUEST_IP``; every TCP
-      connection the guest opens to anything but its gateway is redirected to the egress proxy
+    * prerouting: the host reaches the guest at ``address``: DNAT it to the one baked ``GUEST_IP``. In ``proxy``
+      mode every TCP connection the guest opens to anything but its gateway is redirected to the egress proxy
       (:mod:`.egress`, on ``GATEWAY_IP:PROXY_PORT`` in this namespace), which judges it by the sandbox's policy
       and, if allowed, makes the connection itself from the host.
-    * forward: nothing the guest starts is routed out (UDP other than DNS, QUIC, ICMP, IPv6 are all dropped here:
-      only the proxy and the name server speak for it); only DNAT'ed traffic from the host and replies enter.
-    * input: the guest reaches the proxy only through the redirect, and DNS on the gateway address (answered by
-      the egress service's name server, per policy); nothing else of the namespace itself.
+    * forward (``forward`` mode): the guest's TCP goes out only as the egress gate decided it. Its packets reach
+      this chain after :func:`slot_queue_rules` queued them to the gate, marked with a verdict
+      (:mod:`.egress.gate`): a decision's mark is copied to the connection, a deny is sticky and answered with a
+      reset, a connection nobody decides (no gate serving the queue) is reset. Nothing else the guest starts is
+      routed out (UDP other than DNS, QUIC, ICMP, IPv6 are dropped here); only DNAT'ed traffic from the host and
+      replies enter.
+    * input: DNS on the gateway address (answered by the egress service's name server, per policy), the proxy
+      through the redirect in ``proxy`` mode; nothing else of the namespace itself.
+    * output (``forward`` mode): nothing of the namespace's own goes out towards the host (QEMU lives here: were
+      a guest to take it over, it would still not reach what the gate did not allow; the host table lets the
+      slot addresses' TCP through, so this is the wall).
     """
+    if slot.egress == "proxy":
+        own = ""
+        redirect = f'\n    iifname "{slot.tap}" ip daddr != {GATEWAY_IP} meta l4proto tcp redirect to :{PROXY_PORT}'
+        proxy_in = f'\n    iifname "{slot.tap}" meta l4proto tcp th dport {PROXY_PORT} ct status dnat accept'
+        forward = f"""
+    iifname "{slot.ns_veth}" oifname "{slot.tap}" ip daddr {GUEST_IP} ct status dnat accept
+    ct direction reply ct state established,related accept"""
+    else:
+        redirect, proxy_in = "", ""
+        own = f"""
+  chain output {{
+    type filter hook output priority filter; policy accept;
+    oifname "{slot.ns_veth}" drop
+  }}"""
+        forward = f"""
+    ct mark {MARK_ALLOW:#x} accept
+    ct status dnat accept
+    ct state related accept
+    meta mark {MARK_PASS:#x} accept
+    meta mark {MARK_DENY:#x} ct mark set {MARK_DENY:#x} reject with tcp reset
+    ct mark {MARK_DENY:#x} reject with tcp reset
+    meta mark {MARK_ALLOW:#x} ct mark set {MARK_ALLOW:#x} accept
+    iifname "{slot.tap}" meta l4proto tcp reject with tcp reset"""
     return f"""\
 table inet {NS_TABLE}
 delete table inet {NS_TABLE}
 table inet {NS_TABLE} {{
   chain prerouting {{
     type nat hook prerouting priority dstnat; policy accept;
-    iifname "{slot.ns_veth}" ip daddr {slot.address} dnat ip to {GUEST_IP}
-    iifname "{slot.tap}" ip daddr != {GATEWAY_IP} meta l4proto tcp redirect to :{PROXY_PORT}
+    iifname "{slot.ns_veth}" ip daddr {slot.address} dnat ip to {GUEST_IP}{redirect}
   }}
   chain postrouting {{
     type nat hook postrouting priority srcnat; policy accept;
     oifname "{slot.ns_veth}" ip saddr {GUEST_IP} snat ip to {slot.address}
   }}
   chain forward {{
-    type filter hook forward priority filter; policy drop;
-    ct state established,related accept
-    iifname "{slot.ns_veth}" oifname "{slot.tap}" ip daddr {GUEST_IP} ct status dnat accept
+    type filter hook forward priority filter + 10; policy drop;{forward}
   }}
   chain input {{
     type filter hook input priority filter; policy accept;
-    iifname "{slot.tap}" ct state established,related accept
-    iifname "{slot.tap}" meta l4proto tcp th dport {PROXY_PORT} ct status dnat accept
+    iifname "{slot.tap}" ct state established,related accept{proxy_in}
     iifname "{slot.tap}" ip daddr {GATEWAY_IP} meta l4proto {{ udp, tcp }} th dport 53 accept
     iifname "{slot.tap}" drop
-  }}
+  }}{own}
 }}
 """
+
+
+def slot_queue_rules(slot: Slot) -> str:
+    """The slot's ``iptables-nft-restore`` input: in ``forward`` mode, the packets of a guest's connection nothing
+    decided yet (both ways), and what the server still sends on a denied one (the gate turns it into a reset for
+    the guest), go to NFQUEUE 0, where the egress gate serves them (``--queue-bypass``: with no gate serving, they
+    go on unmarked, and :func:`slot_ruleset`'s last rules reset or drop them). xtables' NFQUEUE
+    target because nft's own ``queue`` statement needs ``CONFIG_NFT_QUEUE``, which not every kernel has (this
+    project's CI hosts do not); it runs at ``filter`` priority, before the nft chain (``filter + 10``) that reads
+    its verdicts' marks."""
+    to_gate = "-m mark --mark 0 -j NFQUEUE --queue-num 0 --queue-bypass"
+    out, back = f"-i {slot.tap} -o {slot.ns_veth} -p tcp", f"-i {slot.ns_veth} -o {slot.tap} -p tcp"
+    queue = (
+        f"-A FORWARD -m connmark --mark {MARK_ALLOW:#x} -j ACCEPT\n"  # the bulk of the packets: out at once
+        f"-A FORWARD {out} -m connmark --mark 0 -m conntrack --ctdir ORIGINAL {to_gate}\n"
+        f"-A FORWARD {back} -m connmark --mark 0 -m conntrack --ctdir REPLY {to_gate}\n"
+        f"-A FORWARD {back} -m connmark --mark {MARK_DENY:#x} -m conntrack --ctdir REPLY {to_gate}\n"
+        if slot.egress == "forward"
+        else ""
+    )
+    return f"*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n{queue}COMMIT\n"
+
+
+def _load_rules(slot: Slot, runner: Runner) -> None:
+    runner(in_netns(slot.netns, "nft", "-f", "-"), slot_ruleset(slot))
+    runner(in_netns(slot.netns, "iptables-nft-restore"), slot_queue_rules(slot))
 
 
 def _not_on_event_loop(what: str) -> None:
@@ -202,13 +257,13 @@ def _build_in_new_netns(slot: Slot, progress: set[str]) -> None:
 def slot_rules_digest(slot: Slot) -> str:
     """What identifies the rules :func:`slot_ruleset` gives ``slot`` today (a VM's record keeps the digest of the
     rules its slot was loaded with: an adopting agent that has the same rules does not load them again)."""
-    return hashlib.sha256(slot_ruleset(slot).encode()).hexdigest()[:16]
+    return hashlib.sha256((slot_ruleset(slot) + slot_queue_rules(slot)).encode()).hexdigest()[:16]
 
 
 def load_slot_rules(slot: Slot, *, runner: Runner = run_command) -> None:
     """(Re)load the slot's nft table as :func:`slot_ruleset` has it now: an adopted VM's slot, built by an
     agent of an older version, gets today's rules (the table is replaced in one transaction)."""
-    runner(in_netns(slot.netns, "nft", "-f", "-"), slot_ruleset(slot))
+    _load_rules(slot, runner)
 
 
 def create_slot(slot: Slot, *, runner: Runner = run_command) -> None:
@@ -221,7 +276,7 @@ def create_slot(slot: Slot, *, runner: Runner = run_command) -> None:
     progress: set[str] = set()
     try:
         in_fresh_thread(lambda: _build_in_new_netns(slot, progress))
-        runner(in_netns(slot.netns, "nft", "-f", "-"), slot_ruleset(slot))
+        _load_rules(slot, runner)
     except BaseException as exc:
         try:
             if "veth" in progress:

@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, cast
 
 from cryobox.errors import InvalidArgument
 
@@ -35,6 +36,18 @@ PROXY_PORT = 15001
 """Where the slot's nft ``redirect`` sends the guest's TCP: the egress proxy's listener on ``GATEWAY_IP`` inside
 the slot's namespace."""
 
+EgressMode = Literal["forward", "proxy"]
+EGRESS_MODE_ENV = "CRYOBOX_EGRESS_MODE"
+"""How a guest's TCP leaves (:mod:`.egress`): ``forward`` (the default) — the kernel forwards every connection once
+the egress gate has decided it from its first packets; ``proxy`` — every connection ends at the egress proxy,
+which opens its own towards the address it resolved, and the host never routes a guest's packet."""
+EGRESS_MODES: tuple[EgressMode, ...] = ("forward", "proxy")
+MARK_ALLOW = 0xCB01
+MARK_DENY = 0xCB02
+MARK_PASS = 0xCB03
+"""``forward`` mode: the packet marks of the egress gate's verdicts, which the slot's rules read: allowed (copied to
+the connection), denied (copied, sticky, answered with a reset), and let through undecided (the handshake; not
+copied, so the connection's next packet is queued again)."""
 DEFAULT_CIDR = "10.200.0.0/16"
 CIDR_ENV = "CRYOBOX_NET_CIDR"
 NETNS_DIR = Path("/run/netns")
@@ -58,6 +71,12 @@ def pick_cidr(taken: Iterable[ipaddress.IPv4Network]) -> str:
         if not any(candidate.overlaps(net) for net in used):
             return str(candidate)
     raise InvalidArgument("no free 10.N.0.0/16 for network slots; set CRYOBOX_NET_CIDR", details={"env": CIDR_ENV})
+
+
+def egress_mode_from_env(env: Mapping[str, str] | None = None) -> EgressMode:
+    """``CRYOBOX_EGRESS_MODE`` (unset: ``forward``); an unknown value is refused when the plan is made."""
+    source = os.environ if env is None else env
+    return cast(EgressMode, source.get(EGRESS_MODE_ENV, "").strip().lower() or "forward")
 
 
 def tag_for(data_dir: Path) -> str:
@@ -99,6 +118,7 @@ class Slot:
     host_veth: str
     ns_veth: str = NS_VETH
     tap: str = TAP
+    egress: EgressMode = "forward"
 
     @property
     def prefixlen(self) -> int:
@@ -115,9 +135,15 @@ class SlotPlan:
 
     tag: str
     cidr: str = DEFAULT_CIDR
+    egress: EgressMode = "forward"
 
     def __post_init__(self) -> None:
         check_tag(self.tag)
+        if self.egress not in EGRESS_MODES:
+            raise InvalidArgument(
+                f"{EGRESS_MODE_ENV} must be one of {', '.join(EGRESS_MODES)}, got {self.egress!r}",
+                details={"env": EGRESS_MODE_ENV, "value": self.egress},
+            )
         try:
             net = ipaddress.ip_network(self.cidr, strict=True)
         except ValueError as exc:
@@ -137,9 +163,7 @@ class SlotPlan:
         overlaps none of the ``taken`` networks (the host's routes: a LAN, or another cryobox on this host)."""
         source = os.environ if env is None else env
         explicit = source.get(CIDR_ENV, "").strip()
-        if explicit:
-            return cls(tag=tag, cidr=explicit)
-        return cls(tag=tag, cidr=pick_cidr(taken))
+        return cls(tag=tag, cidr=explicit or pick_cidr(taken), egress=egress_mode_from_env(source))
 
     @property
     def network(self) -> ipaddress.IPv4Network:
@@ -170,4 +194,5 @@ class SlotPlan:
             address=str(ipaddress.IPv4Address(base + 2)),
             netns=f"{netns_prefix(self.tag)}{index}",
             host_veth=host_veth,
+            egress=self.egress,
         )

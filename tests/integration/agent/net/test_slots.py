@@ -10,6 +10,7 @@ exercised exactly as in production.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import secrets
@@ -36,8 +37,8 @@ from cryobox.agent.net import (
     list_tagged,
     reclaim,
 )
-from cryobox.agent.net.netlink import Reclaimed
-from cryobox.bench.egress import ip_forward_on
+from cryobox.agent.net.netlink import Reclaimed, in_netns
+from cryobox.agent.net.slots import EGRESS_MODES
 from tests.support.netutil import (
     Listener,
     attach_fake_guest,
@@ -66,9 +67,9 @@ def assert_nothing_tagged(tag: str) -> None:
 
 
 @pytest.fixture
-def plan() -> Iterator[SlotPlan]:
+def plan(request: pytest.FixtureRequest) -> Iterator[SlotPlan]:
     tag = secrets.token_hex(3)
-    plan = SlotPlan(tag, f"10.{random.randint(230, 239)}.0.0/16")
+    plan = SlotPlan(tag, f"10.{random.randint(230, 239)}.0.0/16", egress=getattr(request, "param", "forward"))
     try:
         yield plan
     finally:
@@ -78,14 +79,12 @@ def plan() -> Iterator[SlotPlan]:
 
 @pytest.fixture
 def firewall(plan: SlotPlan) -> Iterator[Firewall]:
-    before = IP_FORWARD.read_text()
-    fw = Firewall(plan)
+    fw = Firewall(plan)  # forward mode turns the host's routing on, and off again with the last cryobox table
     try:
         fw.ensure(fresh=True)
         yield fw
     finally:
         fw.remove()
-        IP_FORWARD.write_text(before)  # leave the host's forwarding as we found it
 
 
 @pytest.fixture
@@ -93,6 +92,18 @@ def outside(plan: SlotPlan) -> Iterator[tuple[str, str]]:
     """A stand-in for "the internet": a netns behind its own non-cb veth from the host. Yields (cidr, server ip)."""
     with outside_network(plan.tag) as found:
         yield found
+
+
+@contextlib.contextmanager
+def routing_on() -> Iterator[None]:
+    """The host routes while this lasts, turned on and back off the way forward-mode agents do it (never behind
+    the back of one that runs meanwhile)."""
+    fw = Firewall(SlotPlan(secrets.token_hex(3), "10.255.252.0/30"))
+    fw.ensure(fresh=True)
+    try:
+        yield
+    finally:
+        fw.remove()
 
 
 def _kind(link: Any) -> str | None:
@@ -118,7 +129,6 @@ def _inspect_netns() -> dict[str, Any]:
 
 def test_create_slot_builds_the_layout(plan: SlotPlan) -> None:
     slot = plan.slot(3)
-    forward_before = IP_FORWARD.read_text()
     started = time.perf_counter()
     create_slot(slot)
     print(f"cold create_slot: {1000 * (time.perf_counter() - started):.1f} ms")
@@ -137,8 +147,7 @@ def test_create_slot_builds_the_layout(plan: SlotPlan) -> None:
     assert set(inside["links"]) == {"lo", "eth0", "tap0"}
     assert {("eth0", slot.address, 30), ("tap0", GATEWAY_IP, 30)} <= inside["addrs"]
     assert inside["default"] == [slot.host_ip]
-    assert inside["forward"] == "1"
-    assert IP_FORWARD.read_text() == forward_before  # the sysctl went to the slot, not the host
+    assert inside["forward"] == "1"  # the slot's own (the host's is the host table's business: test_firewall)
     rules = subprocess.run(
         ["nsenter", f"--net=/run/netns/{slot.netns}", "nft", "list", "table", "inet", "cryobox"],
         capture_output=True,
@@ -224,7 +233,8 @@ def test_reclaim_removes_a_crashed_pools_leftovers(plan: SlotPlan) -> None:
     assert_nothing_tagged(plan.tag)
 
 
-def test_guests_reach_nothing_but_the_egress_proxy(
+@pytest.mark.parametrize("plan", EGRESS_MODES, indirect=True)
+def test_guests_reach_nothing_no_gate_or_proxy_allowed(
     plan: SlotPlan, firewall: Firewall, outside: tuple[str, str]
 ) -> None:
     a, b = plan.slot(0), plan.slot(1)
@@ -247,17 +257,25 @@ def test_guests_reach_nothing_but_the_egress_proxy(
         assert probe(None, a.host_ip, on_host.port) == "ok"
         assert probe(None, server_ip, on_outside.port) == "ok"
 
-        # every TCP connection of a guest goes to its slot's egress proxy: none runs here, so each is refused
-        # by the slot itself (a reset), whatever it aimed at: another guest, the host, the internet
+        # every TCP connection of a guest waits for its slot's egress gate (forward) or goes to its proxy (proxy):
+        # none runs here, so each is refused by the slot itself (a reset), whatever it aimed at
         for target, port in ((b.address, on_b.port), (a.host_ip, on_host.port), (server_ip, on_outside.port)):
             assert probe(guest_a, target, port) == "refused"
-        # the slot's namespace itself routes nowhere through the host (the host table's drops)
+        # the slot's namespace itself (where QEMU runs) reaches nothing either
         for target, port in ((b.address, on_b.port), (a.host_ip, on_host.port), (server_ip, on_outside.port)):
             assert probe(a.netns, target, port) == DENIED
-
+        if plan.egress == "forward":
+            # two walls: the slot's own output rule, and behind it the host table, which routes a slot's TCP out
+            # (the decided connections of its guest) but never to another slot or to the host
+            subprocess.run(in_netns(a.netns, "nft", "flush", "chain", "inet", "cryobox", "output"), check=True)
+            assert probe(a.netns, server_ip, on_outside.port) == "ok"
+            assert probe(a.netns, b.address, on_b.port) == DENIED
+            assert probe(a.netns, a.host_ip, on_host.port) == DENIED
+            assert probe(guest_a, server_ip, on_outside.port) == "refused"  # the guest still waits for a gate
+            return
         # control: those drops are the host table's doing (without it a host that forwards routes slot to slot;
-        # whether this host forwards is its own setting, 0 after a boot here: on for the control, then put back)
-        with ip_forward_on():
+        # whether this host forwards is its own setting: on for the control as a forward-mode agent turns it on)
+        with routing_on():
             firewall.remove()
             assert probe(a.netns, b.address, on_b.port) == "ok"
             assert probe(a.netns, a.host_ip, on_host.port) == "ok"

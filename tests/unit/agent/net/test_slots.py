@@ -11,10 +11,18 @@ from pathlib import Path
 import pytest
 
 from cryobox.agent.net import GUEST_IP, Slot, SlotPlan, SlotPool, tag_for
-from cryobox.agent.net.firewall import Firewall
-from cryobox.agent.net.netlink import in_netns, slot_rules_digest, slot_ruleset
+from cryobox.agent.net.firewall import Firewall, was_file
+from cryobox.agent.net.netlink import in_netns, slot_queue_rules, slot_rules_digest, slot_ruleset
 from cryobox.agent.net.pool import IndexAllocator
-from cryobox.agent.net.slots import IFNAME_MAX, MAX_SLOTS, PROXY_PORT
+from cryobox.agent.net.slots import (
+    EGRESS_MODES,
+    IFNAME_MAX,
+    MARK_ALLOW,
+    MARK_DENY,
+    MARK_PASS,
+    MAX_SLOTS,
+    PROXY_PORT,
+)
 from cryobox.errors import HostUnavailable, InvalidArgument, StateError
 from cryobox.netpolicy import parse_cidrs
 from tests.support.net import FakeBuilder, FakeNft
@@ -98,22 +106,79 @@ def test_from_env() -> None:
 
 
 def test_slot_netns_ruleset_nats_to_the_baked_guest() -> None:
-    slot = SlotPlan(TAG, "10.23.0.0/16").slot(1)
-    rules = slot_ruleset(slot)
-    assert f'iifname "eth0" ip daddr 10.23.0.6 dnat ip to {GUEST_IP}' in rules
-    assert f'oifname "eth0" ip saddr {GUEST_IP} snat ip to 10.23.0.6' in rules
-    assert f'iifname "tap0" ip daddr != 172.16.0.1 meta l4proto tcp redirect to :{PROXY_PORT}' in rules
-    assert "type filter hook forward priority filter; policy drop;" in rules
-    assert rules.startswith("table inet cryobox\ndelete table inet cryobox\n")  # a reload replaces it whole
+    for mode in EGRESS_MODES:
+        slot = SlotPlan(TAG, "10.23.0.0/16", egress=mode).slot(1)
+        rules = slot_ruleset(slot)
+        assert f'iifname "eth0" ip daddr 10.23.0.6 dnat ip to {GUEST_IP}' in rules
+        assert f'oifname "eth0" ip saddr {GUEST_IP} snat ip to 10.23.0.6' in rules
+        redirect = f'iifname "tap0" ip daddr != 172.16.0.1 meta l4proto tcp redirect to :{PROXY_PORT}'
+        assert (redirect in rules) == (mode == "proxy")
+        assert "type filter hook forward priority filter + 10; policy drop;" in rules
+        assert rules.startswith("table inet cryobox\ndelete table inet cryobox\n")  # a reload replaces it whole
+        queue = slot_queue_rules(slot)
+        assert queue.startswith("*filter\n") and queue.endswith("COMMIT\n")
+        assert ("NFQUEUE --queue-num 0 --queue-bypass" in queue) == (mode == "forward")
     assert in_netns(slot.netns, "nft", "-f", "-")[:2] == ["nsenter", "--net=/run/netns/cryobox-0a1b2c-1"]
+
+
+def test_forward_mode_rules_read_the_gates_marks_deny_first_and_reset_what_nobody_decided() -> None:
+    rules = slot_ruleset(SlotPlan(TAG, "10.23.0.0/16").slot(1))
+    order = [
+        f"ct mark {MARK_ALLOW:#x} accept",  # the bulk of the packets: out at once (a cut sets the deny mark)
+        f"meta mark {MARK_PASS:#x} accept",
+        f"meta mark {MARK_DENY:#x} ct mark set {MARK_DENY:#x} reject with tcp reset",
+        f"ct mark {MARK_DENY:#x} reject with tcp reset",  # sticky: a later allow mark cannot lift it
+        f"meta mark {MARK_ALLOW:#x} ct mark set {MARK_ALLOW:#x} accept",
+        'iifname "tap0" meta l4proto tcp reject with tcp reset',
+    ]
+    at = [rules.index(rule) for rule in order]
+    assert at == sorted(at)
+    assert 'oifname "eth0" drop' in rules.split("chain output")[1]  # the namespace's own sockets go nowhere
 
 
 # -- firewall against a fake nft ---------------------------------------------------------------------------------
 
 
-def test_firewall_ensure_and_remove() -> None:
+def test_proxy_mode_firewall_routes_nothing(tmp_path: Path) -> None:
     nft = FakeNft()
-    fw = Firewall(SlotPlan(TAG, "10.23.0.0/16"), runner=nft)
+    fw = Firewall(SlotPlan(TAG, "10.23.0.0/16", egress="proxy"), runner=nft, state_dir=tmp_path)
+    fw.ensure()
+    assert "masquerade" not in nft.scripts[-1] and " accept\n    iifname" not in nft.scripts[-1].split("forward {")[2]
+    assert not was_file(tmp_path).exists()  # proxy mode never touches the host's routing
+
+
+def test_forward_mode_turns_routing_on_only_when_off_and_back_with_the_last_table(tmp_path: Path) -> None:
+    nft, ip_forward = FakeNft(), tmp_path / "ip_forward"
+    ip_forward.write_text("0\n")
+    floor: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = [
+        ipaddress.IPv4Network("10.0.0.0/8"),
+        ipaddress.IPv4Network("10.1.0.0/16"),
+        ipaddress.IPv6Network("fd00::/8"),
+    ]
+    fw = Firewall(SlotPlan(TAG, "10.23.0.0/16"), runner=nft, floor=floor, state_dir=tmp_path, ip_forward=ip_forward)
+    fw.ensure()
+    assert ip_forward.read_text() == "1" and was_file(tmp_path).read_text() == "0\n"
+    script = nft.scripts[-1]
+    assert 'iifname "cb0a1b2ch*" ip daddr { 10.0.0.0/8 } drop' in script  # the floor, collapsed, IPv4 only
+    assert 'iifname != "cb*" oifname != "cb*" drop' in script  # the host routes nothing else it did not before
+    fw.ensure()  # again (a restart): still knows it was off
+    assert 'iifname != "cb*" oifname != "cb*" drop' in nft.scripts[-1]
+    nft.tables = ["cryobox_ffffff"]  # another agent's table is still there: routing stays on
+    fw.remove()
+    assert ip_forward.read_text() == "1"
+    nft.tables = []
+    fw.remove()
+    assert ip_forward.read_text() == "0" and not was_file(tmp_path).exists()
+    ip_forward.write_text("1")  # a host that routed before: left as it is, and nothing else of it dropped
+    fw.ensure()
+    assert 'oifname != "cb*" drop' not in nft.scripts[-1] and not was_file(tmp_path).exists()
+
+
+def test_firewall_ensure_and_remove(tmp_path: Path) -> None:
+    nft = FakeNft()
+    ip_forward = tmp_path / "ip_forward"
+    ip_forward.write_text("1")
+    fw = Firewall(SlotPlan(TAG, "10.23.0.0/16"), runner=nft, state_dir=tmp_path, ip_forward=ip_forward)
     fw.ensure()
     script = nft.scripts[-1]
     assert script.startswith("table inet cryobox_0a1b2c {")
@@ -123,7 +188,8 @@ def test_firewall_ensure_and_remove() -> None:
         'oifname "cb0a1b2ch*" ct state established,related accept',
     ):
         assert rule in script
-    assert "masquerade" not in script and "@egress" not in script  # nothing routes out: the proxy connects
+    assert "masquerade" in script and 'iifname "cb0a1b2ch*" ip saddr 10.23.0.0/16 meta l4proto tcp accept' in script
+    assert 'iifname "cb0a1b2ch*" oifname "cb*" drop' in script  # never slot to slot, of any agent
     fw.ensure(fresh=True)
     assert nft.scripts[-1].startswith("add table inet cryobox_0a1b2c\ndelete table inet cryobox_0a1b2c\n")
     fw.remove()
@@ -267,4 +333,6 @@ def test_the_rules_digest_tells_whether_a_slot_needs_its_rules_again() -> None:
     assert slot_rules_digest(one) != slot_rules_digest(two)  # another slot's addresses
     other_plan = SlotPlan(TAG, "10.24.0.0/16").slot(1)
     assert slot_rules_digest(one) != slot_rules_digest(other_plan)
-    assert slot_rules_digest(one) == hashlib.sha256(slot_ruleset(one).encode()).hexdigest()[:16]
+    rules = slot_ruleset(one) + slot_queue_rules(one)
+    assert slot_rules_digest(one) == hashlib.sha256(rules.encode()).hexdigest()[:16]
+    assert slot_rules_digest(one) != slot_rules_digest(SlotPlan(TAG, PLAN.cidr, egress="proxy").slot(1))

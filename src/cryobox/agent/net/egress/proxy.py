@@ -92,6 +92,9 @@ class SlotProxy:
         self.flows: set[Flow] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
+    def open_connections(self) -> int:
+        return len(self.flows)
+
     def set_policy(self, policy: EgressPolicy) -> int:
         """Put ``policy`` in force for new connections and cut open ones it denies; returns how many were cut."""
         self.policy = policy

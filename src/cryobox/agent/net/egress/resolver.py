@@ -4,6 +4,10 @@ connects to an address *it* resolved), and the guests' DNS service forwards the 
 Both ask one upstream server (``CRYOBOX_DNS_UPSTREAM``, ``address[:port]``; unset, the host's first IPv4
 ``nameserver``). Answers are cached by their TTL (at most :data:`MAX_TTL_S`, bounded in entries), so a
 connection right after the guest's own lookup costs no second round trip.
+
+Every address an answer gave (the guest's own lookups included) is also *pinned* to the names that led to it for
+at least :data:`PIN_S`: the egress gate (:mod:`.gate`) lets a guest open a connection to an address only a name
+could allow when some allowed name resolved to it here (:meth:`Resolver.names_of`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ TIMEOUT_S = 3.0
 MAX_TTL_S = 300.0
 NEGATIVE_TTL_S = 5.0
 MAX_CACHE = 4096
+PIN_S = 600.0
+MAX_PINS = 16384
 RESOLV_CONF = Path("/etc/resolv.conf")
 
 
@@ -87,6 +93,7 @@ class Resolver:
         self._max = max_cache
         self._cache: OrderedDict[str, tuple[float, list[ipaddress.IPv4Address]]] = OrderedDict()
         self._inflight: dict[str, asyncio.Future[list[ipaddress.IPv4Address]]] = {}
+        self._pins: OrderedDict[ipaddress.IPv4Address, dict[str, float]] = OrderedDict()
 
     async def exchange(self, query: dns.message.Message) -> dns.message.Message:
         """``query`` answered by the upstream (UDP, then TCP when the answer was truncated).
@@ -99,7 +106,35 @@ class Resolver:
         answer = await dns.asyncquery.udp(query, where, timeout=self._timeout, port=port)
         if answer.flags & dns.flags.TC:
             answer = await dns.asyncquery.tcp(query, where, timeout=self._timeout, port=port)
+        self._pin_answer(answer)
         return answer
+
+    def names_of(self, ip: ipaddress.IPv4Address) -> list[str]:
+        """The names an answer seen here in the last :data:`PIN_S` (or its TTL, if longer) gave ``ip`` for."""
+        pinned = self._pins.get(ip)
+        if not pinned:
+            return []
+        now = self._clock()
+        return [name for name, until in pinned.items() if until > now]
+
+    def _pin_answer(self, answer: dns.message.Message) -> None:
+        names = {q.name.to_text(omit_final_dot=True).lower() for q in answer.question}
+        until = self._clock()
+        addresses: list[ipaddress.IPv4Address] = []
+        for rrset in answer.answer:
+            if rrset.rdtype == dns.rdatatype.A:
+                names.add(rrset.name.to_text(omit_final_dot=True).lower())
+                until = max(until, self._clock() + float(rrset.ttl))
+                addresses += [ipaddress.IPv4Address(r.address) for r in rrset]
+        until = max(until, self._clock() + PIN_S)
+        for ip in addresses:
+            pinned = self._pins.setdefault(ip, {})
+            pinned.update(dict.fromkeys(names, until))
+            self._pins.move_to_end(ip)
+            while len(pinned) > 64:  # one address many names point at (a CDN's): the oldest go first
+                del pinned[next(iter(pinned))]
+        while len(self._pins) > MAX_PINS:
+            self._pins.popitem(last=False)
 
     async def addresses(self, name: str) -> list[ipaddress.IPv4Address]:
         """The IPv4 addresses ``name`` has now (``[]``: none, or the upstream did not answer)."""
@@ -145,4 +180,4 @@ class Resolver:
             self._cache.popitem(last=False)
 
 
-__all__ = ["UPSTREAM_ENV", "Resolver", "Upstream", "host_resolvers", "upstream_from_env"]
+__all__ = ["PIN_S", "UPSTREAM_ENV", "Resolver", "Upstream", "host_resolvers", "upstream_from_env"]

@@ -124,3 +124,24 @@ def _read_all(sock: socket.socket) -> bytes:
     while chunk := sock.recv(65536):
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def open_download(guest: str, ip: str, host: str, *, size: int = 8 * 2**30, timeout: float = 5.0) -> socket.socket:
+    """Start a download of ``size`` bytes and read its headers and first bytes; the caller reads on (``read``)."""
+    sock = socket_in(guest)
+    sock.settimeout(timeout)
+    sock.connect((ip, 80))
+    sock.sendall(f"GET /blob?size={size} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+    read(sock, 65536)
+    return sock
+
+
+def read(sock: socket.socket, n: int) -> int:
+    """Read ``n`` bytes (fewer only at the end of the stream); how many came."""
+    got = 0
+    while got < n:
+        chunk = sock.recv(min(65536, n - got))
+        if not chunk:
+            break
+        got += len(chunk)
+    return got

@@ -1,8 +1,9 @@
-"""The egress proxy and the guests' name server, for real: a real slot (netns, veth, nft rules of today) whose
-tap is replaced by a fake guest's veth, the egress service on this test's event loop, and the tests' own
-internet (:mod:`tests.support.internet`: DNS, HTTP and HTTPS under several names, two names on one address, names
-answering private addresses). Every connection the guest opens goes through the slot's redirect to the proxy,
-exactly as a VM's would. Nothing leaves this machine.
+"""Egress enforcement and the guests' name server, for real, in both modes: a real slot (netns, veth, nft and
+queue rules of today) whose tap is replaced by a fake guest's veth, the host table, the egress service on this
+test's event loop, and the tests' own internet (:mod:`tests.support.internet`: DNS, HTTP and HTTPS under several
+names, two names on one address, names answering private addresses). Every connection the guest opens is queued
+to the egress gate and forwarded by the kernel (``forward``), or redirected to the proxy (``proxy``), exactly as a
+VM's would. Nothing leaves this machine.
 """
 
 from __future__ import annotations
@@ -24,9 +25,20 @@ from cryobox.agent.net.egress.metrics import EgressMetrics
 from cryobox.agent.net.egress.proxy import ProxyEnv
 from cryobox.agent.net.egress.resolver import Resolver, Upstream
 from cryobox.agent.net.egress.service import EgressService
-from cryobox.agent.net.slots import PROXY_PORT, Slot
+from cryobox.agent.net.firewall import Firewall
+from cryobox.agent.net.slots import PROXY_PORT, EgressMode, Slot
 from cryobox.netpolicy import EgressPolicy
-from tests.integration.agent.net.egress.guestside import DENIED, http, https, raw, raw6, resolve, udp
+from tests.integration.agent.net.egress.guestside import (
+    DENIED,
+    http,
+    https,
+    open_download,
+    raw,
+    raw6,
+    read,
+    resolve,
+    udp,
+)
 from tests.support.internet import Internet, internet
 from tests.support.netutil import OUTSIDE_RANGE, attach_fake_guest, in_thread_netns
 
@@ -39,28 +51,39 @@ class Rig:
     slot: Slot
     guest: str
 
+    @property
+    def forward(self) -> bool:
+        return self.slot.egress == "forward"
 
-@pytest.fixture(scope="module")
-def rig() -> Iterator[Rig]:
+
+def _floor() -> list[ipaddress.IPv4Network]:
+    return deny_networks(exceptions=[ipaddress.IPv4Network(OUTSIDE_RANGE)])
+
+
+@pytest.fixture(scope="module", params=["forward", "proxy"])
+def rig(request: pytest.FixtureRequest) -> Iterator[Rig]:
+    mode: EgressMode = request.param
     tag = secrets.token_hex(3)
-    plan = SlotPlan(tag, f"10.{random.randint(230, 239)}.0.0/16")
+    plan = SlotPlan(tag, f"10.{random.randint(230, 239)}.0.0/16", egress=mode)
     slot = plan.slot(0)
+    firewall = Firewall(plan, floor=_floor())
     try:
         with internet(tag) as net:
+            firewall.ensure(fresh=True)
             create_slot(slot)
             guest = attach_fake_guest(slot)
             yield Rig(net, slot, guest)
     finally:
         destroy_slot(slot)
         reclaim(tag)
+        firewall.remove()
 
 
 @pytest.fixture
 async def service(rig: Rig) -> AsyncIterator[EgressService]:
-    floor = deny_networks(exceptions=[ipaddress.IPv4Network(OUTSIDE_RANGE)])
     metrics = EgressMetrics()
-    env = ProxyEnv(Resolver(Upstream(rig.net.dns)), floor=floor, observer=metrics, first_bytes_s=0.3)
-    egress = EgressService(env, metrics=metrics)
+    env = ProxyEnv(Resolver(Upstream(rig.net.dns)), floor=_floor(), observer=metrics, first_bytes_s=0.3)
+    egress = EgressService(env, metrics=metrics, mode=rig.slot.egress)
     rig.net.clear_queries()
     try:
         yield egress
@@ -76,8 +99,20 @@ def _ip(rig: Rig, name: str) -> str:
     return rig.net.addr(name)
 
 
+async def _ended(service: EgressService) -> None:
+    """Until every connection the guest opened has ended here (``forward``: conntrack's word comes a moment after
+    the guest's socket closed), so the log holds them all."""
+    for _ in range(100):
+        if not service.open_connections(SANDBOX):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{service.open_connections(SANDBOX)} connection(s) still open")
+
+
 async def test_allow_by_name_and_wildcard_deny_wins_on_a_shared_address(rig: Rig, service: EgressService) -> None:
     await _attach(service, rig, allow=["example.org", "*.example.net"], deny=["cdn-b.example.net"])
+    # as a client does: resolve first (forward mode opens an address a wildcard allows only once a name led to it)
+    assert await asyncio.to_thread(resolve, rig.guest, "cdn-a.example.net") == [_ip(rig, "cdn-a.example.net")]
     got = await asyncio.to_thread(http, rig.guest, _ip(rig, "example.org"), "example.org")
     assert got["host"] == "example.org" and got["server"] == _ip(rig, "example.org")
     assert (await asyncio.to_thread(http, rig.guest, _ip(rig, "cdn-a.example.net"), "cdn-a.example.net"))[
@@ -95,6 +130,7 @@ async def test_allow_by_name_and_wildcard_deny_wins_on_a_shared_address(rig: Rig
     assert (
         await asyncio.to_thread(https, rig.guest, _ip(rig, "cdn-b.example.net"), "cdn-b.example.net", ctx()) == DENIED
     )
+    await _ended(service)
     log = service.read_log(SANDBOX)
     decided = [(d.name, d.allowed, d.reason) for d in log.items]
     assert ("cdn-b.example.net", False, "deny-name") in decided and ("example.org", True, "allow-name") in decided
@@ -112,13 +148,17 @@ async def test_a_name_rule_never_opens_raw_addresses_and_a_claimed_name_goes_whe
     # no name (a raw TCP protocol, an IP literal Host): judged by address only, and no CIDR rule allows it
     assert await asyncio.to_thread(raw, rig.guest, _ip(rig, "example.org"), 7000) == DENIED
     assert await asyncio.to_thread(http, rig.guest, _ip(rig, "example.org"), _ip(rig, "example.org")) == DENIED
-    # the guest asks for other.example.com's address but claims example.org: it reaches example.org's address
-    got = await asyncio.to_thread(http, rig.guest, _ip(rig, "other.example.com"), "example.org")
-    assert got["server"] == _ip(rig, "example.org") and got["host"] == "example.org"
-    got = await asyncio.to_thread(
-        https, rig.guest, _ip(rig, "other.example.com"), "example.org", rig.net.client_context()
-    )
-    assert got["server"] == _ip(rig, "example.org") and got["sni"] == "example.org"
+    # the guest asks for other.example.com's address but claims example.org: the proxy connects to example.org's
+    # address instead; the gate lets the connection go only where it asked, which no name here allows
+    other = _ip(rig, "other.example.com")
+    got = await asyncio.to_thread(http, rig.guest, other, "example.org")
+    got_tls = await asyncio.to_thread(https, rig.guest, other, "example.org", rig.net.client_context())
+    if rig.forward:
+        assert got == DENIED and got_tls == DENIED
+        assert {(d.ip, d.reason) for d in service.read_log(SANDBOX).items} >= {(other, "default")}
+    else:
+        assert got["server"] == _ip(rig, "example.org") and got["host"] == "example.org"
+        assert got_tls["server"] == _ip(rig, "example.org") and got_tls["sni"] == "example.org"
 
 
 async def test_cidr_rules_ports_and_the_floor(rig: Rig, service: EgressService) -> None:
@@ -132,11 +172,21 @@ async def test_cidr_rules_ports_and_the_floor(rig: Rig, service: EgressService) 
     # the floor: no policy opens private, link-local or loopback addresses, whatever the name says
     await _attach(service, rig, default="allow", allow=["rebind.example.org", "10.0.0.0/8", "169.254.0.0/16"])
     for name in ("rebind.example.org", "meta.example.org"):
-        assert await asyncio.to_thread(http, rig.guest, _ip(rig, "example.org"), name) == DENIED
+        if rig.forward:  # the connection goes where the guest asked: the private address its name resolved to
+            answer = await asyncio.to_thread(resolve, rig.guest, name)
+            assert isinstance(answer, list) and len(answer) == 1
+            private = answer[0]
+            assert ipaddress.IPv4Address(private).is_private
+            assert await asyncio.to_thread(http, rig.guest, private, name) == DENIED
+        else:  # the proxy connects where the name resolves: the private address
+            assert await asyncio.to_thread(http, rig.guest, _ip(rig, "example.org"), name) == DENIED
     assert await asyncio.to_thread(raw, rig.guest, "10.0.0.5", 80) == DENIED
     assert await asyncio.to_thread(raw, rig.guest, "127.0.0.1", 22) == DENIED
     reasons = {(d.name, d.reason) for d in service.read_log(SANDBOX).items if not d.allowed}
-    assert {("rebind.example.org", "floor"), ("meta.example.org", "floor"), (None, "port")} <= reasons
+    if rig.forward:  # refused as it opened, before any name
+        assert {(None, "floor"), (None, "port")} <= reasons
+    else:
+        assert {("rebind.example.org", "floor"), ("meta.example.org", "floor"), (None, "port")} <= reasons
 
 
 async def test_dns_is_answered_per_policy_and_denied_names_never_go_upstream(rig: Rig, service: EgressService) -> None:
@@ -204,6 +254,36 @@ async def test_live_update_both_ways_cuts_what_it_denies(rig: Rig, service: Egre
     cut = [d for d in service.read_log(SANDBOX).items if d.error == "cut"]
     assert len(cut) == 1 and cut[0].bytes_in > 0
     assert await asyncio.to_thread(http, rig.guest, ip, "example.org") == DENIED
+
+
+@pytest.mark.parametrize("rig", ["forward"], indirect=True)
+async def test_forwarded_connections_outlive_the_service_and_its_successor_cuts_them(
+    rig: Rig, service: EgressService
+) -> None:
+    """An agent that stops (its VMs kept) leaves the connections the kernel forwards going; the next one adopts
+    them, and cuts them when a policy change needs the names they were allowed by."""
+    await _attach(service, rig, allow=[rig.net.cidr])
+    sock = await asyncio.to_thread(open_download, rig.guest, _ip(rig, "example.org"), "example.org")
+    try:
+        await service.close()  # the agent stops: nothing serves the slot's queue any more
+        assert await asyncio.to_thread(read, sock, 1 << 20) == 1 << 20  # the kernel still forwards it
+        assert await asyncio.to_thread(http, rig.guest, _ip(rig, "example.org"), "example.org") == DENIED  # new: reset
+        successor = EgressService(service.env, mode="forward")
+        try:
+            await successor.attach(SANDBOX, rig.slot.netns, EgressPolicy(allow=[rig.net.cidr]))
+            assert successor.open_connections(SANDBOX) == 1  # adopted
+            assert await asyncio.to_thread(read, sock, 1 << 20) == 1 << 20
+            # without name rules it is judged by its address (still allowed), with them it cannot be
+            assert successor.update(SANDBOX, EgressPolicy(allow=[rig.net.cidr], ports=[80])) == 0
+            assert successor.update(SANDBOX, EgressPolicy(allow=["example.org"])) == 1  # names it cannot tell
+            with pytest.raises(ConnectionResetError):
+                await asyncio.to_thread(read, sock, 8 * 2**30)
+            (cut,) = [d for d in successor.read_log(SANDBOX).items if d.error == "cut"]
+            assert cut.bytes_in > 2 << 20 and cut.reason == "inherited"
+        finally:
+            await successor.close()
+    finally:
+        sock.close()
 
 
 async def test_detach_stops_serving_and_forget_drops_the_log(rig: Rig, service: EgressService) -> None:

@@ -54,7 +54,17 @@ def host_state() -> dict[str, set[str]]:
         "/dev/shm entries": {p.name for p in Path("/dev/shm").iterdir()},
         "cgroups": _vm_cgroups(),
         "template bakes": _test_bakes(),
+        "host routing": _routing(),
     }
+
+
+def _routing() -> set[str]:
+    """The host's ``ip_forward`` and the records of forward-mode agents that turned it on: the last agent to stop
+    puts it back, so after the run both are as before."""
+    value = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
+    run = Path("/run/cryobox")
+    records = {p.name for p in run.glob("ip_forward.*.was")} if run.is_dir() else set()
+    return {f"ip_forward={value}", *records}
 
 
 # bakes in the host's shared template cache that outlive a run on purpose: the built-ins' (every server uses them)

@@ -293,16 +293,17 @@ class Gate:
             flow.timer = None
         held, flow.held = flow.held, []
         replies, flow.replies = flow.replies, []
-        mark = MARK_ALLOW if verdict.allowed else MARK_DENY
-        for packet_id in held:
-            self._verdict(packet_id, mark)
-        for n, (packet_id, packet) in enumerate(replies):
-            if verdict.allowed:
+        if verdict.allowed:  # in the order they came (ids grow): a server's bytes before the guest's reply to them
+            for packet_id in sorted([*held, *(packet_id for packet_id, _ in replies)]):
                 self._verdict(packet_id, MARK_ALLOW)
-            elif n == 0 and (reset := reset_of(packet)) is not None:  # the guest learns at once: reset
-                self.queue.verdict(packet_id, NF_ACCEPT, mark=MARK_PASS, packet=reset)
-            else:
-                self.queue.verdict(packet_id, NF_DROP)
+        else:
+            for packet_id in held:
+                self._verdict(packet_id, MARK_DENY)
+            for n, (packet_id, packet) in enumerate(replies):
+                if n == 0 and (reset := reset_of(packet)) is not None:  # the guest learns at once: reset
+                    self.queue.verdict(packet_id, NF_ACCEPT, mark=MARK_PASS, packet=reset)
+                else:
+                    self.queue.verdict(packet_id, NF_DROP)
         if verdict.allowed:
             flow.state = "allowed"
             flow.head = bytearray()

@@ -40,6 +40,7 @@ def tcp(src: str, dst: str, sport: int, dport: int, seq: int, flags: int, payloa
 @dataclass
 class FakeQueue:
     verdicts: dict[int, tuple[int, int | None, bytes | None]] = field(default_factory=dict)
+    order: list[int] = field(default_factory=list)  # packet ids in the order they got their verdicts
     ids: Iterator[int] = field(default_factory=lambda: iter(range(1, 1 << 30)))
 
     def __post_init__(self) -> None:
@@ -54,6 +55,7 @@ class FakeQueue:
     def verdict(self, packet_id: int, verdict: int, *, mark: int | None = None, packet: bytes | None = None) -> None:
         assert packet_id not in self.verdicts, f"packet {packet_id} got two verdicts"
         self.verdicts[packet_id] = (verdict, mark, packet)
+        self.order.append(packet_id)
 
     def close(self) -> None:
         os.close(self._r)
@@ -290,3 +292,16 @@ async def test_at_most_max_open_connections(make: Make) -> None:
     assert [rig.queue.verdicts[rig.syn()] for _ in range(3)] == [marked(MARK_ALLOW)] * 2 + [marked(MARK_DENY)]
     assert rig.log() == [(None, False, "limit", None)]
     assert rig.queue.verdicts[rig.send(b"\x60" + bytes(60))] == (NF_DROP, None, None)  # not IPv4 TCP
+
+
+async def test_what_waited_goes_out_in_the_order_it_came(make: Make) -> None:
+    """A server that greets and closes before the guest's first bytes: its greeting and FIN reach the guest before
+    the guest's bytes reach it (which a closed server answers with a reset)."""
+    rig: Rig = make(EgressPolicy(allow=["198.51.100.0/24", "example.org"]))
+    rig.syn(port=7000)
+    greeting = rig.reply(b"hi", port=7000)
+    fin = rig.send(tcp(SERVER, GUEST_IP, 7000, rig.sport, 5002, ACK | 0x01, ack=1001))
+    data = rig.data(b"GET / HTTP/1.0\r\n\r\n", port=7000)
+    await settle()
+    assert rig.queue.order[-3:] == [greeting, fin, data]
+    assert {rig.queue.verdicts[i] for i in (greeting, fin, data)} == {marked(MARK_ALLOW)}

@@ -128,7 +128,7 @@ async def _settle(service: SandboxService, sandbox: Sandbox, record: SandboxReco
     if sandbox.slot is not None:  # today's slot rules (an older agent built it), its policy served again
         if record.vm.slot_rules != slot_rules_digest(sandbox.slot):  # an nsenter + nft
             await asyncio.to_thread(load_slot_rules, sandbox.slot)
-        await service.factory.apply_egress(sandbox.vm, sandbox.id, sandbox.egress)
+        await service.factory.apply_egress(sandbox.vm, sandbox.id, sandbox.egress, adopt=True)
     await service.persist(sandbox, read=record)
 
 

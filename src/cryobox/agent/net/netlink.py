@@ -111,7 +111,9 @@ def in_netns(name: str, *argv: str) -> list[str]:
 def slot_ruleset(slot: Slot) -> str:
     """The slot netns' own nft table (loaded whole: re-loading it replaces the previous one atomically).
 
-    * prerouting: the host reaches the guest at ``address``: DNAT it to the one baked ``GUEST_IP``. In ``proxy``
+    * prerouting: the host reaches the guest at ``address``: DNAT it to the one baked ``GUEST_IP`` (from the host's
+      end of the veth only: a stray packet of a guest connection whose conntrack entry is gone must not be taken
+      for the host calling). In ``proxy``
       mode every TCP connection the guest opens to anything but its gateway is redirected to the egress proxy
       (:mod:`.egress`, on ``GATEWAY_IP:PROXY_PORT`` in this namespace), which judges it by the sandbox's policy
       and, if allowed, makes the connection itself from the host.
@@ -156,7 +158,7 @@ delete table inet {NS_TABLE}
 table inet {NS_TABLE} {{
   chain prerouting {{
     type nat hook prerouting priority dstnat; policy accept;
-    iifname "{slot.ns_veth}" ip daddr {slot.address} dnat ip to {GUEST_IP}{redirect}
+    iifname "{slot.ns_veth}" ip saddr {slot.host_ip} ip daddr {slot.address} dnat ip to {GUEST_IP}{redirect}
   }}
   chain postrouting {{
     type nat hook postrouting priority srcnat; policy accept;

@@ -105,9 +105,12 @@ class VmFactory:
             self._extra[vm_id] = index
         return VmJail(self.jail, uid)
 
-    async def apply_egress(self, vm: MicroVM, sandbox_id: str, policy: EgressPolicy | None) -> None:
-        """Serve ``vm``'s slot under ``sandbox_id``'s policy (``None``: nothing allowed): its proxy and name
-        server start, or the policy in force is replaced. :raises VmmError: the VM has no slot."""
+    async def apply_egress(
+        self, vm: MicroVM, sandbox_id: str, policy: EgressPolicy | None, *, adopt: bool = False
+    ) -> None:
+        """Serve ``vm``'s slot under ``sandbox_id``'s policy (``None``: nothing allowed): its gate (or proxy) and
+        name server start, or the policy in force is replaced; ``adopt``: a VM an earlier agent ran, whose guest's
+        connections may still be open. :raises VmmError: the VM has no slot."""
         slot = self.slot_of(vm)
         if slot is None:
             raise VmmError(f"VM {vm.vm_id} has no network slot")
@@ -115,7 +118,7 @@ class VmFactory:
         if self._egress_of.get(vm.vm_id) == sandbox_id:
             self.egress.update(sandbox_id, wanted)
             return
-        await self.egress.attach(sandbox_id, slot.netns, wanted)
+        await self.egress.attach(sandbox_id, slot.netns, wanted, adopt=adopt)
         self._egress_of[vm.vm_id] = sandbox_id
 
     async def forget_egress(self, sandbox_id: str) -> None:

@@ -277,7 +277,8 @@ def test_guests_reach_nothing_no_gate_or_proxy_allowed(
         # whether this host forwards is its own setting: on for the control as a forward-mode agent turns it on)
         with routing_on():
             firewall.remove()
-            assert probe(a.netns, b.address, on_b.port) == "ok"
+            # routed to b's slot now, where only the host's own end of the veth is DNAT'ed to the guest: refused
+            assert probe(a.netns, b.address, on_b.port) == "refused"
             assert probe(a.netns, a.host_ip, on_host.port) == "ok"
             assert probe(guest_a, b.address, on_b.port) == "refused"  # the guest still only meets the redirect
             firewall.ensure()

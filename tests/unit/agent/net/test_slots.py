@@ -109,7 +109,7 @@ def test_slot_netns_ruleset_nats_to_the_baked_guest() -> None:
     for mode in EGRESS_MODES:
         slot = SlotPlan(TAG, "10.23.0.0/16", egress=mode).slot(1)
         rules = slot_ruleset(slot)
-        assert f'iifname "eth0" ip daddr 10.23.0.6 dnat ip to {GUEST_IP}' in rules
+        assert f'iifname "eth0" ip saddr 10.23.0.5 ip daddr 10.23.0.6 dnat ip to {GUEST_IP}' in rules
         assert f'oifname "eth0" ip saddr {GUEST_IP} snat ip to 10.23.0.6' in rules
         redirect = f'iifname "tap0" ip daddr != 172.16.0.1 meta l4proto tcp redirect to :{PROXY_PORT}'
         assert (redirect in rules) == (mode == "proxy")

@@ -77,9 +77,10 @@ class Gate:
 
     # -- wiring ----------------------------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Adopt the connections an earlier process allowed, then serve the queue and the tracker's events."""
-        for entry in self.tracker.dump():
+    def start(self, *, adopt: bool = False) -> None:
+        """Serve the queue and the tracker's events; ``adopt``: first take on the connections an earlier process
+        allowed (the slot's guest ran under another agent)."""
+        for entry in self.tracker.dump() if adopt else ():
             if entry.mark == MARK_ALLOW and entry.tcp_state not in ENDED_STATES and entry.key not in self.flows:
                 self.flows[entry.key] = self._flow(entry.key, state="allowed", inherited=True, reason="inherited")
         loop = self._loop = asyncio.get_running_loop()
@@ -98,6 +99,10 @@ class Gate:
         for flow in self.flows.values():
             if flow.timer is not None:
                 flow.timer.cancel()
+
+    def known(self) -> list[FlowKey]:
+        """The connections it let out or is deciding, and those it denied lately."""
+        return [*self.flows, *self._denied]
 
     def open_connections(self) -> int:
         return sum(1 for flow in self.flows.values() if flow.state == "allowed")

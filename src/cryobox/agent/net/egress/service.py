@@ -26,7 +26,7 @@ from ....agentapi.models import EgressLog
 from ....netpolicy import EgressPolicy
 from ....util.system import in_fresh_thread
 from ....util.tcp import tcp_socket
-from ..slots import GATEWAY_IP, GUEST_IP, NETNS_DIR, PROXY_PORT, EgressMode
+from ..slots import GATEWAY_IP, NETNS_DIR, PROXY_PORT, EgressMode
 from .conntrack import Conntrack
 from .decisions import DecisionLog
 from .gate import Gate
@@ -129,10 +129,9 @@ class _Attached:
             await self.proxy.close()
         if self.gate is not None:
             await self.gate.close()
-        if self.bound.tracker is not None and end_connections:
-            for entry in self.bound.tracker.dump():
-                if entry.key.src == GUEST_IP:
-                    self.bound.tracker.delete(entry.key)
+        if self.gate is not None and self.bound.tracker is not None and end_connections:
+            for key in self.gate.known():  # what it let out (or denied): nothing of it outlives the sandbox here
+                self.bound.tracker.delete(key)
         await self.dns.close()
         self.bound.close()
 
@@ -151,8 +150,10 @@ class EgressService:
     def log_of(self, sandbox_id: str) -> DecisionLog:
         return self._logs.setdefault(sandbox_id, DecisionLog())
 
-    async def attach(self, sandbox_id: str, netns: str, policy: EgressPolicy) -> None:
-        """Serve ``sandbox_id``'s guest in slot ``netns`` under ``policy`` (replacing whatever served it)."""
+    async def attach(self, sandbox_id: str, netns: str, policy: EgressPolicy, *, adopt: bool = False) -> None:
+        """Serve ``sandbox_id``'s guest in slot ``netns`` under ``policy`` (replacing whatever served it).
+        ``adopt``: the guest ran under an earlier agent; its connections the kernel still forwards are taken on
+        (a conntrack dump: it walks the host's whole table, ~10 ms here, so only then)."""
         await self.detach(sandbox_id)
         bound = await asyncio.to_thread(_bind_in_netns, netns, GATEWAY_IP, self.mode)
         decisions = self.log_of(sandbox_id)
@@ -160,7 +161,7 @@ class EgressService:
             if bound.queue is not None and bound.tracker is not None:
                 gate = Gate(sandbox_id, policy, self.env, decisions, bound.queue, bound.tracker)
                 attached = _Attached(netns, gate, bound, self._dns(sandbox_id, gate), gate=gate)
-                gate.start()
+                gate.start(adopt=adopt)
             else:
                 assert bound.listener is not None
                 proxy = SlotProxy(sandbox_id, policy, self.env, decisions)

@@ -270,7 +270,7 @@ async def test_forwarded_connections_outlive_the_service_and_its_successor_cuts_
         assert await asyncio.to_thread(http, rig.guest, _ip(rig, "example.org"), "example.org") == DENIED  # new: reset
         successor = EgressService(service.env, mode="forward")
         try:
-            await successor.attach(SANDBOX, rig.slot.netns, EgressPolicy(allow=[rig.net.cidr]))
+            await successor.attach(SANDBOX, rig.slot.netns, EgressPolicy(allow=[rig.net.cidr]), adopt=True)
             assert successor.open_connections(SANDBOX) == 1  # adopted
             assert await asyncio.to_thread(read, sock, 1 << 20) == 1 << 20
             # without name rules it is judged by its address (still allowed), with them it cannot be
@@ -289,7 +289,14 @@ async def test_forwarded_connections_outlive_the_service_and_its_successor_cuts_
 async def test_detach_stops_serving_and_forget_drops_the_log(rig: Rig, service: EgressService) -> None:
     await _attach(service, rig, default="allow")
     assert (await asyncio.to_thread(http, rig.guest, _ip(rig, "example.org"), "example.org"))["host"] == "example.org"
+    sock = await asyncio.to_thread(open_download, rig.guest, _ip(rig, "example.org"), "example.org")
     await service.detach(SANDBOX)
+    try:  # what was open ends with it (forward: its conntrack entry is gone, the guest's next packet is reset)
+        with pytest.raises((ConnectionResetError, BrokenPipeError)):
+            await asyncio.to_thread(sock.sendall, b"\n")
+            await asyncio.to_thread(read, sock, 8 * 2**30)
+    finally:
+        sock.close()
     assert await asyncio.to_thread(http, rig.guest, _ip(rig, "example.org"), "example.org") == DENIED  # no proxy: RST
     assert service.read_log(SANDBOX).items
     await service.forget(SANDBOX)

@@ -278,13 +278,19 @@ async def test_a_change_cuts_what_it_denies_and_inherited_connections_by_what_it
     # a successor adopts live connections (not ended ones) and judges them by address while names play no part
     old = FlowKey(GUEST_IP, 50000, SERVER, 443)
     ended = FlowKey(GUEST_IP, 50001, SERVER, 443)
+    entries = [CtEvent(old, False, 3, MARK_ALLOW, 1, 1), CtEvent(ended, False, 7, MARK_ALLOW, 1, 1)]
+    fresh: Rig = make(EgressPolicy(allow=["198.51.100.0/24"]))
+    fresh.tracker.entries = entries
+    fresh.gate.start()  # a new sandbox's slot: no dump (it walks the host's whole conntrack table)
+    assert fresh.gate.open_connections() == 0
     heir: Rig = make(EgressPolicy(allow=["198.51.100.0/24"]))
-    heir.tracker.entries = [CtEvent(old, False, 3, MARK_ALLOW, 1, 1), CtEvent(ended, False, 7, MARK_ALLOW, 1, 1)]
-    heir.gate.start()
+    heir.tracker.entries = entries
+    heir.gate.start(adopt=True)
     assert heir.gate.open_connections() == 1
     assert heir.gate.set_policy(EgressPolicy(allow=["198.51.100.0/24"], ports=[443])) == 0
     assert heir.gate.set_policy(EgressPolicy(allow=["198.51.100.0/24", "example.org"])) == 1  # its name is unknown
     assert heir.tracker.marks == {old: MARK_DENY}
+    assert old in heir.gate.known() and allowed in rig.gate.known()  # what a detach deletes from conntrack
 
 
 async def test_at_most_max_open_connections(make: Make) -> None:

@@ -157,18 +157,19 @@ class EgressService:
         await self.detach(sandbox_id)
         bound = await asyncio.to_thread(_bind_in_netns, netns, GATEWAY_IP, self.mode)
         decisions = self.log_of(sandbox_id)
+        if bound.queue is not None and bound.tracker is not None:
+            gate = Gate(sandbox_id, policy, self.env, decisions, bound.queue, bound.tracker)
+            attached = _Attached(netns, gate, bound, self._dns(sandbox_id, gate), gate=gate)
+        else:
+            assert bound.listener is not None
+            proxy = SlotProxy(sandbox_id, policy, self.env, decisions)
+            attached = _Attached(netns, proxy, bound, self._dns(sandbox_id, proxy), proxy=proxy)
         try:
-            if bound.queue is not None and bound.tracker is not None:
-                gate = Gate(sandbox_id, policy, self.env, decisions, bound.queue, bound.tracker)
-                attached = _Attached(netns, gate, bound, self._dns(sandbox_id, gate), gate=gate)
-                gate.start(adopt=adopt)
-            else:
-                assert bound.listener is not None
-                proxy = SlotProxy(sandbox_id, policy, self.env, decisions)
-                attached = _Attached(netns, proxy, bound, self._dns(sandbox_id, proxy), proxy=proxy)
             await attached.dns.start(bound.udp, bound.tcp)
+            if attached.gate is not None:
+                attached.gate.start(adopt=adopt)
         except BaseException:
-            bound.close()
+            await attached.close(end_connections=False)  # idempotent: whatever of it started stops
             raise
         if attached.proxy is not None and bound.listener is not None:
             attached.accepting = asyncio.get_running_loop().create_task(attached.proxy.serve(bound.listener))

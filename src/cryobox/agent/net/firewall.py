@@ -40,6 +40,29 @@ def was_file(state_dir: Path) -> Path:
     return state_dir / f"ip_forward.{os.stat('/proc/thread-self/ns/net').st_ino}.was"
 
 
+def live_netns(proc: Path = Path("/proc"), mounts: Path = Path("/run/netns")) -> set[int]:
+    """The inodes of the network namespaces something still holds: a process, or a bind mount under ``mounts``."""
+    found: set[int] = set()
+    for holder in [*proc.glob("[0-9]*/ns/net"), *(mounts.iterdir() if mounts.is_dir() else [])]:
+        try:
+            found.add(os.stat(holder).st_ino)
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+def prune_records(state_dir: Path, live: set[int]) -> list[Path]:
+    """Remove the routing records of network namespaces that are gone (an agent in a namespace of its own killed
+    with it: its ``ip_forward`` went with the namespace, its record would stay forever). Returns what it removed."""
+    gone = []
+    for record in state_dir.glob("ip_forward.*.was"):
+        inode = record.name.split(".")[1]
+        if inode.isdigit() and int(inode) not in live:
+            record.unlink(missing_ok=True)
+            gone.append(record)
+    return gone
+
+
 def _tables(runner: Runner) -> list[str]:
     lines = runner(["nft", "list", "tables", "inet"], None).splitlines()
     return [line.strip().removeprefix("table inet ") for line in lines if line.strip().startswith("table inet ")]
@@ -49,7 +72,8 @@ def release_forwarding(
     *, runner: Runner = run_command, state_dir: Path = STATE_DIR, ip_forward: Path = IP_FORWARD
 ) -> bool:
     """Turn ``ip_forward`` back off if a cryobox table turned it on and no cryobox table is left; idempotent.
-    Returns whether it did."""
+    Returns whether it did. Records of namespaces that are gone are removed on the way."""
+    prune_records(state_dir, live_netns())
     was = was_file(state_dir)
     if not was.exists() or any(t.startswith("cryobox_") for t in _tables(runner)):
         return False
@@ -129,6 +153,7 @@ table inet {t} {{
 
     def _route(self) -> bool:
         """Turn ``ip_forward`` on; returns whether the host routed before cryobox turned it on."""
+        prune_records(self._state_dir, live_netns())
         was = was_file(self._state_dir)
         if was.exists():
             return was.read_text().strip() == "1"
@@ -149,4 +174,4 @@ table inet {t} {{
         return self.table in _tables(self._runner)
 
 
-__all__ = ["LINK_PREFIX", "Firewall", "release_forwarding"]
+__all__ = ["LINK_PREFIX", "Firewall", "live_netns", "prune_records", "release_forwarding", "was_file"]

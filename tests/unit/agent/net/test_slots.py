@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import ipaddress
+import os
 import re
 from pathlib import Path
 
 import pytest
 
 from cryobox.agent.net import GUEST_IP, Slot, SlotPlan, SlotPool, tag_for
-from cryobox.agent.net.firewall import Firewall, was_file
+from cryobox.agent.net.firewall import Firewall, live_netns, prune_records, was_file
 from cryobox.agent.net.netlink import in_netns, slot_queue_rules, slot_rules_digest, slot_ruleset
 from cryobox.agent.net.pool import IndexAllocator
 from cryobox.agent.net.slots import (
@@ -172,6 +173,24 @@ def test_forward_mode_turns_routing_on_only_when_off_and_back_with_the_last_tabl
     ip_forward.write_text("1")  # a host that routed before: left as it is, and nothing else of it dropped
     fw.ensure()
     assert 'oifname != "cb*" drop' not in nft.scripts[-1] and not was_file(tmp_path).exists()
+
+
+def test_routing_records_of_namespaces_that_are_gone_are_pruned(tmp_path: Path) -> None:
+    """An agent killed with its own network namespace leaves its routing record behind (found after a fleet bench):
+    the next start or stop of any agent removes it, and only it."""
+    proc, mounts, state = tmp_path / "proc", tmp_path / "netns", tmp_path / "state"
+    for d in (proc / "42" / "ns", mounts, state):
+        d.mkdir(parents=True)
+    (proc / "42" / "ns" / "net").write_text("")  # a process's namespace (stand-ins: their files' inodes)
+    (mounts / "cryobox-x").write_text("")  # a mounted one
+    live = live_netns(proc, mounts)
+    assert live == {os.stat(proc / "42" / "ns" / "net").st_ino, os.stat(mounts / "cryobox-x").st_ino}
+    kept = [state / f"ip_forward.{inode}.was" for inode in live]
+    stale = state / "ip_forward.1.was"
+    for record in (*kept, stale):
+        record.write_text("0\n")
+    assert prune_records(state, live) == [stale]
+    assert sorted(state.iterdir()) == sorted(kept)
 
 
 def test_firewall_ensure_and_remove(tmp_path: Path) -> None:

@@ -184,6 +184,10 @@ class AgentNetns:
         if self.path.exists():
             run(["ip", "netns", "del", self.name], check=False)
         (STATE_DIR / f"{self.name}.pid").unlink(missing_ok=True)
+        from ...agent.net import firewall
+
+        # the routing record its (killed) agent kept for the namespace: nothing else would remove it
+        firewall.prune_records(firewall.STATE_DIR, firewall.live_netns())
 
     # -- checks --------------------------------------------------------------------------------------------------
 

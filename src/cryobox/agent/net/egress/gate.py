@@ -31,7 +31,7 @@ import collections
 import ipaddress
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Literal
 
 from ....agentapi.models import EgressDecision
@@ -351,14 +351,16 @@ class Gate:
             self._finish(flow, sizes=(event.bytes_orig or 0, event.bytes_reply or 0) if counted else None)
         self._forget_stale()
 
-    def _finish(
-        self, flow: Flow, *, sizes: tuple[int | None, int | None] | None = None, error: str | None = None
-    ) -> None:
+    def _finish(self, flow: Flow, *, sizes: tuple[int, int] | None = None, error: str | None = None) -> None:
         self.flows.pop(flow.key, None)
         if flow.timer is not None:
             flow.timer.cancel()
-        counted = sizes if sizes is not None else self.tracker.counters(flow.key)
-        sent, received = (counted[0] or 0, counted[1] or 0) if counted is not None else (0, 0)
+        if sizes is None:
+            try:
+                sizes = self.tracker.counters(flow.key)
+            except OSError:  # no counters (accounting was off as it began), or conntrack did not answer
+                log.warning("egress gate of %s: no byte counts for %s", self.sandbox_id, flow.key, exc_info=True)
+        sent, received = sizes if sizes is not None else (0, 0)
         self.env.observer.on_bytes(sent, received)
         self._record(flow, flow.state == "allowed", flow.reason, sent=sent, received=received, error=error)
 
@@ -400,8 +402,7 @@ class Gate:
             )
         )
 
-    def _spawn(self, work: object) -> None:
-        assert asyncio.iscoroutine(work)
+    def _spawn(self, work: Coroutine[object, object, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._done)

@@ -67,6 +67,7 @@ class FakeTracker:
     entries: list[CtEvent] = field(default_factory=list)
     marks: dict[FlowKey, int] = field(default_factory=dict)
     sizes: dict[FlowKey, tuple[int, int]] = field(default_factory=dict)
+    uncounted: set[FlowKey] = field(default_factory=set)  # counters() fails for these (accounting off)
 
     def __post_init__(self) -> None:
         self._r, self._w = os.pipe()
@@ -82,6 +83,8 @@ class FakeTracker:
         return True
 
     def counters(self, key: FlowKey) -> tuple[int, int] | None:
+        if key in self.uncounted:
+            raise OSError(61, "conntrack entry without counters")
         return self.sizes.get(key)
 
     def dump(self) -> list[CtEvent]:
@@ -291,6 +294,12 @@ async def test_a_change_cuts_what_it_denies_and_inherited_connections_by_what_it
     assert heir.gate.set_policy(EgressPolicy(allow=["198.51.100.0/24", "example.org"])) == 1  # its name is unknown
     assert heir.tracker.marks == {old: MARK_DENY}
     assert old in heir.gate.known() and allowed in rig.gate.known()  # what a detach deletes from conntrack
+    # a connection conntrack has no byte counts for is still cut and logged (with none)
+    rig.gate.set_policy(EgressPolicy(allow=["198.51.100.0/24"]))
+    assert rig.queue.verdicts[rig.syn()] == marked(MARK_ALLOW)
+    rig.tracker.uncounted.add(rig.key())
+    assert rig.gate.set_policy(EgressPolicy(allow=["198.51.100.7/32"], ports=[443])) == 1
+    assert rig.gate.decisions.read().items[-1].bytes_in == 0
 
 
 async def test_at_most_max_open_connections(make: Make) -> None:

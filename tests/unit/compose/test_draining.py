@@ -64,6 +64,27 @@ async def test_a_connection_accepted_before_the_stop_gets_its_answer(sends_after
     sock.close()
 
 
+async def test_a_fresh_connection_gets_its_grace_however_long_ago_it_was_accepted() -> None:
+    """A connection that has sent nothing yet since its accept is about to send its first request, however slow
+    its client (a loaded host): it gets the whole pending grace from the stop, not what is left of the idle grace
+    counted from the accept (a restart under a full suite's load reset one exec this way)."""
+    sock, server, serving = await serving_app()
+    reader, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+    for _ in range(100):
+        if server.server_state.connections:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.4)  # accepted longer ago than the idle grace
+    server.should_exit = True
+    await asyncio.sleep(0.3)  # past the idle grace, within the pending one
+    writer.write(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")
+    answer = await asyncio.wait_for(reader.read(), 5)
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"\r\n\r\nok"), answer
+    writer.close()
+    await asyncio.wait_for(serving, 10)
+    sock.close()
+
+
 class _Transport:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock

@@ -75,12 +75,20 @@ def _run_until_signalled(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
 
 async def _serve_notifying(server: uvicorn.Server, tls: TlsListener | None, activation: Activation) -> None:
-    """Serve (:func:`..compose.listeners.serve`), telling systemd (``Type=notify``) when it serves and stops."""
+    """Serve (:func:`..compose.listeners.serve`), telling systemd (``Type=notify``) when it serves and stops; the
+    garbage collector paused since the start (:mod:`..compose.gcpause`) collects again once it serves."""
+    import asyncio
+
+    from ..compose import gcpause
     from ..compose.listeners import serve
     from ..compose.sdnotify import readiness
 
-    async with readiness(server):
-        await serve(server, tls, activation)
+    releasing = asyncio.create_task(gcpause.release_once_serving(server), name="collect once serving")
+    try:
+        async with readiness(server):
+            await serve(server, tls, activation)
+    finally:
+        releasing.cancel()
 
 
 def _activation() -> Activation:
@@ -143,6 +151,7 @@ def agent(
     from ..agent.sandbox.factory import PoolMode
     from ..agentapi import create_agent_app
     from ..agentapi.heartbeat import HeartbeatSender
+    from ..compose import gcpause
     from ..compose.listeners import http_server
     from ..compose.parts import AgentOptions, boot_agent, on_stop_mode
     from ..config import Paths
@@ -184,6 +193,7 @@ def agent(
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
     async def main() -> None:
+        gcpause.hold(asyncio.get_running_loop())  # until it serves (compose/gcpause.py)
         options = AgentOptions(
             name=agent_name, url=url, memory_mib=memory_mib, vcpus=vcpus, max_sandboxes=max_sandboxes
         )

@@ -22,6 +22,7 @@ from ..agent.memory.settings import StorageConfig
 from ..agent.sandbox.admission import AdmissionConfig
 from ..agent.sandbox.factory import PoolMode
 from ..agentapi import Agent, InProcessAgent
+from ..compose import gcpause
 from ..compose.activation import take_activation
 from ..compose.app import Intervals, create_app
 from ..compose.handover import announce_ready, bind_http, own_command, spawn_successor, take_handover
@@ -39,6 +40,7 @@ from ..server.access.ratelimit import RateLimitConfig, RateLimiter
 from ..server.control.snapshots import RetentionPolicy
 from ..server.metrics import Metrics
 from ..util.progress import RoutedReporter, open_reporter
+from ..util.steptimes import StepTimes
 from ..util.system import yield_cpu
 from .serve_standby import (
     is_supervised,
@@ -126,6 +128,8 @@ def serve(options: ServeOptions, console: Console) -> None:
     took_over = start is not None
     restore_priority()  # imports (and a standby's wait) ran niced: the start itself does not
 
+    start_times = StepTimes("start")  # from the data dir's lock (a standby's or a successor's takeover)
+
     async def main() -> None:
         migrated = bool(checked) and checked[0]
         if handover is not None or took_over:  # imports are done: the data dir is released now or soon
@@ -136,6 +140,8 @@ def serve(options: ServeOptions, console: Console) -> None:
                 announce_ready(handover)
                 console.print("upgrade: ready; waiting for the previous process to hand over the data dir")
             await asyncio.to_thread(wait_unlocked, paths.data_dir)
+        start_times.begin()
+        held = gcpause.hold(asyncio.get_running_loop())  # released once serving (compose/gcpause.py)
         console.print(
             f"[bold]cryobox[/bold] data dir {paths.data_dir}, cache {paths.cache_dir}, "
             f"accelerator {config.accel.value}, registry {registry.url}"
@@ -145,6 +151,7 @@ def serve(options: ServeOptions, console: Console) -> None:
         workspace = await asyncio.to_thread(registry.ensure_workspace, DEFAULT_WORKSPACE)
         key, generated = load_or_create_key(paths.data_dir)
         await asyncio.to_thread(registry.import_key, workspace.id, key, "bootstrap")
+        start_times.mark("registry")
         with open_reporter(console) as reporter, reporter.phase("preparing images and templates") as preparing:
 
             def lines(line: str) -> None:
@@ -164,6 +171,7 @@ def serve(options: ServeOptions, console: Console) -> None:
                 ),
                 progress,
             )
+        start_times.mark("host")
         local: Agent = InProcessAgent(agent)
         metrics = Metrics()
 
@@ -182,6 +190,7 @@ def serve(options: ServeOptions, console: Console) -> None:
         )
         # cached before serving: a restart's first requests missed it at once, queued behind the adoption's threads
         await app.state.ctx.keys.check(key)
+        start_times.mark("app")
         service = host.service
         console.print(f"templates ready: {', '.join(service.templates)}")
         if generated:
@@ -192,6 +201,7 @@ def serve(options: ServeOptions, console: Console) -> None:
             console.print(f"API key (workspace {DEFAULT_WORKSPACE}): [bold]{key}[/bold]", soft_wrap=True)
         _print_urls(console, options, key)
         server = http_server(app, options.host, options.port)
+        releasing = asyncio.create_task(gcpause.release_once_serving(server), name="collect once serving")
         stop_signals = record_stop_signals(server)
 
         def hand_over_to_standby() -> None:  # a supervisor's start with another configuration or code
@@ -228,6 +238,7 @@ def serve(options: ServeOptions, console: Console) -> None:
 
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, on_upgrade)
         console.print(f"listening on {activation.describe('http')}", soft_wrap=True)
+        console.print(start_times.describe(), soft_wrap=True)
         keeping = (
             asyncio.create_task(keep_standby(desk, server, activation, start, standby.grace_s, console))
             if desk is not None
@@ -237,6 +248,9 @@ def serve(options: ServeOptions, console: Console) -> None:
             async with readiness(server, stopping=lambda: not handed_over):  # after a hand-over: the successor's
                 await serve_listeners(server, options.tls, activation)
         finally:
+            releasing.cancel()
+            held.cancel()
+            gcpause.hold(asyncio.get_running_loop())  # nor may a collection delay the data dir's hand-over
             on_stop = stop_mode[0]
             if keeping is not None:
                 keeping.cancel()
@@ -245,12 +259,20 @@ def serve(options: ServeOptions, console: Console) -> None:
             if desk is not None:  # a restart (SIGTERM, keep) leaves the data dir to the standby; a stop does not
                 restart = stop_signals[-1:] == [signal.SIGTERM] and on_stop is OnStop.KEEP and not handed_over
                 heir = await desk.close(hand_over=restart)
+                server.stop_times.mark("standby told")
                 if heir is not None:
                     console.print(f"standby pid {heir} takes over once this process has stopped")
             kept = host.service.running()  # counted before: a keep stop lets go of them (it printed 0)
-            await host.close(on_stop, released=yield_cpu)  # its teardown gives way to the standby or restart
+
+            def released() -> None:
+                server.stop_times.mark("lock released")
+                yield_cpu()  # its teardown gives way to the standby or restart
+
+            await host.close(on_stop, released=released)
+            server.stop_times.mark("host closed")
             left = kept if on_stop is OnStop.KEEP else host.service.running()
             console.print(f"stopped ({on_stop.value}: {left} sandbox(es) left running)")
+            console.print(server.stop_times.describe(), soft_wrap=True)
 
     # uvicorn shuts down gracefully on SIGTERM/SIGINT (open requests get GRACEFUL_STOP_S), then re-raises the
     # signal with the previous handler: make that handler a clean exit so a graceful stop exits 0.

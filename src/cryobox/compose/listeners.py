@@ -62,7 +62,7 @@ def tls_listener(cert: Path | None, key: Path | None, host: str, port: int = HTT
     return TlsListener(host=host, port=port, cert=cert, key=key)
 
 
-def http_server(app: ASGIApp, host: str, port: int) -> uvicorn.Server:
+def http_server(app: ASGIApp, host: str, port: int) -> PromptServer:
     """The plain listener's server (lifespan on)."""
     return PromptServer(_config(app, host, port, lifespan="on"))
 

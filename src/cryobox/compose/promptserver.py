@@ -16,6 +16,8 @@ import socket
 
 import uvicorn
 
+from ..util.steptimes import StepTimes
+
 log = logging.getLogger("uvicorn.error")
 
 POLL_S = 0.005
@@ -28,6 +30,7 @@ class PromptServer(uvicorn.Server):
         self._exit_requested = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._should_exit = False
+        self.stop_times = StepTimes("stop")
         super().__init__(config)
 
     @property
@@ -37,6 +40,8 @@ class PromptServer(uvicorn.Server):
     @should_exit.setter
     def should_exit(self, value: bool) -> None:
         self._should_exit = value
+        if value:
+            self.stop_times.begin()
         if value and self._loop is not None:  # from a signal handler too: call_soon_threadsafe is the safe way in
             self._loop.call_soon_threadsafe(self._exit_requested.set)
 
@@ -65,8 +70,10 @@ class PromptServer(uvicorn.Server):
             log.error("Cancel %s running task(s), timeout graceful shutdown exceeded", len(self.server_state.tasks))
             for task in self.server_state.tasks:
                 task.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
+        self.stop_times.mark("drained")
         if not self.force_exit:
             await self.lifespan.shutdown()
+            self.stop_times.mark("app closed")
 
     async def _wait_tasks_to_complete(self) -> None:
         if self.server_state.connections and not self.force_exit:

@@ -22,6 +22,8 @@ class Started:
 
     slots: SlotPool | None = None
     firewall: Firewall | None = None
+    firewalling: asyncio.Future[None] | None = None
+    """The host table's load, running beside the later steps (waited for before it is removed)."""
     egress: EgressService | None = None
     memserver: MemoryServerProcess | None = None
     volume: Volume | None = None
@@ -37,6 +39,9 @@ class Started:
                 self.ownership.release()
 
     async def _undo(self, data_dir: Path) -> None:
+        if self.firewalling is not None:
+            with contextlib.suppress(Exception):  # its own failure is what is being undone, or it is done
+                await self.firewalling
         if self.egress is not None:
             await self.egress.close()
         if self.adopted:

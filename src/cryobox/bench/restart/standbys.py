@@ -4,6 +4,7 @@ follows which process serves (the standby that took over) and which stands by (t
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import time
@@ -17,6 +18,26 @@ REGISTERED = re.compile(r"standby pid (\d+) registered")
 
 def log_size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
+
+
+def logged_steps(path: Path, offset: int, what: str = "stop") -> dict[str, float]:
+    """The steps of the first stop (or start: ``what``) a serve logged after ``offset`` (its ``stop: drained
+    +0.012 s, …`` line, :mod:`cryobox.util.steptimes`): seconds from its beginning to each step's end; empty if
+    none."""
+    if not path.exists():
+        return {}
+    prefix = f"{what}: "
+    with open(path, "rb") as log:
+        log.seek(offset)
+        lines = [line for line in log.read().decode(errors="replace").splitlines() if line.startswith(prefix)]
+    if not lines:
+        return {}
+    steps: dict[str, float] = {}
+    for part in lines[0].removeprefix(prefix).split(", "):
+        step, _, seconds = part.rpartition(" +")
+        with contextlib.suppress(ValueError):
+            steps[step] = float(seconds.removesuffix(" s"))
+    return steps
 
 
 def wait_registered(path: Path, offset: int, timeout_s: float) -> int:

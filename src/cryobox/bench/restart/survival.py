@@ -34,7 +34,7 @@ from .host import (
     signal_and_wait,
     timed_start,
 )
-from .standbys import follow_server, log_size, wait_registered
+from .standbys import follow_server, log_size, logged_steps, wait_registered
 from .successor import Adopted, become_subreaper, wait_successor
 
 SIGNALS = {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM}
@@ -96,6 +96,9 @@ def restart_round(
         "startup_s": round(startup_s, 3),
         "startup_marks_s": marks,
         "stopped_mark_s": stop["marks_s"].get("stopped"),
+        "stop_steps_s": logged_steps(serve.log_path, offset, "stop"),
+        "start_steps_s": logged_steps(serve.log_path, offset, "start"),
+        "host_start_steps_s": logged_steps(serve.log_path, offset, "host start"),
         "loadavg_1m": round(os.getloadavg()[0], 2),
         "window_s": round(window, 3) if window is not None else None,
         "recovered": recovered,

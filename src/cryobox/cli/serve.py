@@ -40,7 +40,7 @@ from ..server.access.ratelimit import RateLimitConfig, RateLimiter
 from ..server.control.snapshots import RetentionPolicy
 from ..server.metrics import Metrics
 from ..util.progress import RoutedReporter, open_reporter
-from ..util.steptimes import StepTimes
+from ..util.steps import StepTimes
 from ..util.system import yield_cpu
 from .serve_standby import (
     is_supervised,

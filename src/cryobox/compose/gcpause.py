@@ -2,7 +2,7 @@
 
 A full collection walks every object the process holds: after ``serve``'s imports about 180,000, 62-70 ms on a
 quiet core of these machines, about twice that under a restart's load. During a restart's start it landed on
-whichever step ran then: ``bench restart``'s step lines (:mod:`cryobox.util.steptimes`) showed a 0.11-0.15 s gap
+whichever step ran then: ``bench restart``'s step lines (:mod:`cryobox.util.steps`) showed a 0.11-0.15 s gap
 wandering from step to step. :func:`hold` moves what exists by then (imports, what a standby prepared) out of the
 collector's reach for good (``gc.freeze``: these live as long as the process) and pauses collection for the start;
 :func:`release_once_serving` freezes what the start built (the app, the control plane, the host: long-lived too)

@@ -16,7 +16,7 @@ import socket
 
 import uvicorn
 
-from ..util.steptimes import StepTimes
+from ..util.steps import StepTimes
 
 log = logging.getLogger("uvicorn.error")
 

@@ -1,4 +1,6 @@
-"""Where a request's time went, step by step, for ``Server-Timing`` (``name;dur=ms``, comma-separated)."""
+"""Where time went, step by step: a request's, for ``Server-Timing`` (``name;dur=ms``, comma-separated), and a stop's
+or a start's, as one log line (:class:`StepTimes`: ``stop: drained +0.012 s, …``), so an operator (and ``cryobox bench
+restart``) sees where a restart's window goes."""
 
 from __future__ import annotations
 
@@ -25,3 +27,30 @@ def step(
 def server_timing(timing: MutableMapping[str, float]) -> str:
     """``Server-Timing``'s value for ``timing`` (in its order; names as given, durations to 0.01 ms)."""
     return ", ".join(f"{name};dur={ms:.2f}" for name, ms in timing.items())
+
+
+class StepTimes:
+    """Marks of one stop or start. :meth:`begin` (the signal, the lock taken) sets the origin; a mark before it
+    counts from the first mark."""
+
+    def __init__(self, what: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.what = what
+        self._clock = clock
+        self._origin: float | None = None
+        self.marks: list[tuple[str, float]] = []
+
+    def begin(self) -> None:
+        if self._origin is None:
+            self._origin = self._clock()
+
+    def mark(self, step: str) -> None:
+        now = self._clock()
+        if self._origin is None:
+            self._origin = now
+        self.marks.append((step, now - self._origin))
+
+    def describe(self) -> str:
+        """``{what}: drained +0.012 s, …`` (empty when nothing was marked)."""
+        if not self.marks:
+            return ""
+        return f"{self.what}: " + ", ".join(f"{step} +{seconds:.3f} s" for step, seconds in self.marks)

@@ -19,7 +19,7 @@ from ...image.specs import DEFAULT_TEMPLATES, TemplateSpec
 from ...objstore.client import ObjectStore, open_store
 from ...util.proc import Progress
 from ...util.progress import as_reporter
-from ...util.steptimes import StepTimes
+from ...util.steps import StepTimes
 from ..crashpoints import CrashPoints
 from ..disk.volume import Volume, ensure_volume, release_volume
 from ..memory.client import MemoryServerProcess, MemServerConfig

@@ -22,7 +22,7 @@ def log_size(path: Path) -> int:
 
 def logged_steps(path: Path, offset: int, what: str = "stop") -> dict[str, float]:
     """The steps of the first stop (or start: ``what``) a serve logged after ``offset`` (its ``stop: drained
-    +0.012 s, …`` line, :mod:`cryobox.util.steptimes`): seconds from its beginning to each step's end; empty if
+    +0.012 s, …`` line, :mod:`cryobox.util.steps`): seconds from its beginning to each step's end; empty if
     none."""
     if not path.exists():
         return {}

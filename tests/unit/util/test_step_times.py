@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cryobox.bench.restart.standbys import logged_steps
-from cryobox.util.steptimes import StepTimes
+from cryobox.util.steps import StepTimes
 
 
 class Clock:

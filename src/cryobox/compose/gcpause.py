@@ -7,7 +7,9 @@ wandering from step to step. :func:`hold` moves what exists by then (imports, wh
 collector's reach for good (``gc.freeze``: these live as long as the process) and pauses collection for the start;
 :func:`release_once_serving` freezes what the start built (the app, the control plane, the host: long-lived too)
 and resumes collection once the server serves, or :data:`HOLD_MAX_S` after the hold at most (a first start that bakes
-templates for minutes collects as usual). Later full passes walk only what was allocated since.
+templates for minutes collects as usual). Later full passes walk only what was allocated since. The price, as for
+any ``gc.freeze``: reference cycles that were already garbage when frozen (what the imports and the start dropped
+while collection was paused) are never freed; that is once per process, not per request.
 """
 
 from __future__ import annotations

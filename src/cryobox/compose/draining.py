@@ -10,9 +10,10 @@ receive buffer (``FIONREAD``) is waited for however long the loop takes to read 
 counts from the connection's last answer: a client that has left it idle for longer is not about to send on it, and
 its connection is closed at once instead of holding the stop (and so a restart's window) for 0.25 s; the clients the
 grace is for, sending again right after an answer, still get all of it. A connection not answered yet since its
-accept is a client about to send its first request, however slow it is (a loaded host): it gets
-:data:`PENDING_GRACE_S` from the stop (a full suite's restart test reset one exec of 68 when this was the idle
-grace counted from the accept). The timer re-reads the receive buffer before it closes, so a request that arrived
+accept is a client about to send its first request, however slow it is (a loaded host): it gets up to
+:data:`PENDING_GRACE_S` counted from its accept (a full suite's restart test reset one exec of 68 when this was the
+idle grace); one accepted longer ago that has still sent nothing (a browser's speculative connection) is not about
+to, and is closed at once. The timer re-reads the receive buffer before it closes, so a request that arrived
 meanwhile is read instead of reset.
 """
 
@@ -29,8 +30,8 @@ IDLE_GRACE_S = 0.25
 """How long a stopping server waits for the request of an idle connection with nothing in its receive buffer (50 ms
 was tried: under load a keep-alive client's next request then met the close, one ReadError per few upgrades)."""
 PENDING_GRACE_S = 1.0
-"""How long it waits for the loop to read a request already in the receive buffer, or for the first request of a
-connection it has not answered yet."""
+"""How long it waits for the loop to read a request already in the receive buffer, or (from its accept) for the first
+request of a connection it has not answered yet."""
 
 
 class DrainingH11Protocol(H11Protocol):
@@ -39,7 +40,12 @@ class DrainingH11Protocol(H11Protocol):
     draining = False
     _grace: asyncio.TimerHandle | None = None
     _idle_since: float | None = None
+    _accepted_at = 0.0
     _extended = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._accepted_at = self.loop.time()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -49,10 +55,13 @@ class DrainingH11Protocol(H11Protocol):
         if self.cycle is None or self.cycle.response_complete:
             self.draining = True
             if self._grace is None:
-                if self._idle_since is None or _pending(self.transport):
+                now = self.loop.time()
+                if _pending(self.transport):
                     grace = PENDING_GRACE_S
+                elif self._idle_since is None:  # not answered yet: its first request is on its way
+                    grace = max(0.0, PENDING_GRACE_S - (now - self._accepted_at))
                 else:
-                    grace = max(0.0, IDLE_GRACE_S - (self.loop.time() - self._idle_since))
+                    grace = max(0.0, IDLE_GRACE_S - (now - self._idle_since))
                 self._grace = self.loop.call_later(grace, self._close_if_idle)
         else:
             self.cycle.keep_alive = False

@@ -66,8 +66,8 @@ async def test_a_connection_accepted_before_the_stop_gets_its_answer(sends_after
 
 async def test_a_fresh_connection_gets_its_grace_however_long_ago_it_was_accepted() -> None:
     """A connection that has sent nothing yet since its accept is about to send its first request, however slow
-    its client (a loaded host): it gets the whole pending grace from the stop, not what is left of the idle grace
-    counted from the accept (a restart under a full suite's load reset one exec this way)."""
+    its client (a loaded host): it gets the pending grace counted from its accept, not what is left of the idle
+    grace (a restart under a full suite's load reset one exec this way)."""
     sock, server, serving = await serving_app()
     reader, writer = await asyncio.open_connection(*sock.getsockname()[:2])
     for _ in range(100):
@@ -91,6 +91,26 @@ class _Transport:
 
     def get_extra_info(self, name: str) -> socket.socket | None:
         return self.sock if name == "socket" else None
+
+
+async def test_a_connection_silent_since_long_before_the_stop_does_not_hold_it() -> None:
+    """A connection accepted more than the pending grace before the stop that has sent nothing (a browser's
+    speculative connection) is not about to send: it is closed at once, not waited for."""
+    sock, server, serving = await serving_app()
+    reader, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+    for _ in range(100):
+        if server.server_state.connections:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(1.1)
+    asked = asyncio.get_running_loop().time()
+    server.should_exit = True
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    await asyncio.wait_for(serving, 10)
+    took = asyncio.get_running_loop().time() - asked
+    writer.close()
+    sock.close()
+    assert took < 0.2, took
 
 
 def test_pending_sees_bytes_not_read_yet() -> None:

@@ -37,16 +37,21 @@ async def serving_app() -> tuple[socket.socket, uvicorn.Server, asyncio.Task[Non
     return sock, server, serving
 
 
+async def accepted(server: uvicorn.Server) -> None:
+    """Until the server has accepted the test's connection."""
+    for _ in range(100):
+        if server.server_state.connections:
+            return
+        await asyncio.sleep(0.01)
+
+
 @pytest.mark.parametrize("sends_after_s", [0.0, 0.1, None])
 async def test_a_connection_accepted_before_the_stop_gets_its_answer(sends_after_s: float | None) -> None:
     """0.0: the request is in the socket's buffer when the stop begins (``FIONREAD``: waited for however long the
     loop takes); 0.1: it arrives within the grace; None: nothing arrives, the connection is closed."""
     sock, server, serving = await serving_app()
     reader, writer = await asyncio.open_connection(*sock.getsockname()[:2])
-    for _ in range(100):  # until the server has accepted it
-        if server.server_state.connections:
-            break
-        await asyncio.sleep(0.01)
+    await accepted(server)
     request = b"POST /v1/sandboxes/x/exec HTTP/1.1\r\nhost: t\r\ncontent-length: 0\r\n\r\n"
     if sends_after_s == 0.0:
         writer.write(request)  # in the server's receive buffer before it reads: its stop sees it pending
@@ -70,10 +75,7 @@ async def test_a_fresh_connection_gets_its_grace_however_long_ago_it_was_accepte
     grace (a restart under a full suite's load reset one exec this way)."""
     sock, server, serving = await serving_app()
     reader, writer = await asyncio.open_connection(*sock.getsockname()[:2])
-    for _ in range(100):
-        if server.server_state.connections:
-            break
-        await asyncio.sleep(0.01)
+    await accepted(server)
     await asyncio.sleep(0.4)  # accepted longer ago than the idle grace
     server.should_exit = True
     await asyncio.sleep(0.3)  # past the idle grace, within the pending one
@@ -98,10 +100,7 @@ async def test_a_connection_silent_since_long_before_the_stop_does_not_hold_it()
     speculative connection) is not about to send: it is closed at once, not waited for."""
     sock, server, serving = await serving_app()
     reader, writer = await asyncio.open_connection(*sock.getsockname()[:2])
-    for _ in range(100):
-        if server.server_state.connections:
-            break
-        await asyncio.sleep(0.01)
+    await accepted(server)
     await asyncio.sleep(1.1)
     asked = asyncio.get_running_loop().time()
     server.should_exit = True

@@ -15,6 +15,7 @@ from cryobox.bench.restart.analysis import (
     client_window,
     drain_summary,
     first_success_after,
+    first_timing_after,
     memory_used,
     missing_keys,
     parse_meminfo,
@@ -40,6 +41,9 @@ def test_client_window_spans_last_success_before_to_first_after() -> None:
     samples = [Sample(0.0, 0.1, True), Sample(0.1, 0.2, True), Sample(0.2, 0.3, False), Sample(0.3, 2.5, True)]
     assert client_window(samples, pivot=0.25) == pytest.approx(2.3)
     assert first_success_after(samples, 0.25) == 2.5
+    timed = [*samples[:3], Sample(0.3, 2.6, True, timing="agent;dur=9.00"), Sample(0.3, 2.5, True, timing="x")]
+    assert first_timing_after(timed, 0.25) == "x"  # the first answered, whatever the order of the list
+    assert first_timing_after(samples[:3], 0.25) is None
 
 
 def test_client_window_counts_a_success_answered_during_a_graceful_stop_as_before() -> None:

@@ -31,6 +31,8 @@ class Sample:
     end: float
     ok: bool
     error: str = ""
+    timing: str = ""
+    """Its answer's ``Server-Timing`` (``control``, ``agent``, ``guest``), when it had one."""
 
 
 def client_window(samples: Iterable[Sample], pivot: float) -> float | None:
@@ -46,6 +48,13 @@ def client_window(samples: Iterable[Sample], pivot: float) -> float | None:
 def first_success_after(samples: Iterable[Sample], pivot: float) -> float | None:
     after = [s.end for s in samples if s.ok and s.end > pivot]
     return min(after) if after else None
+
+
+def first_timing_after(samples: Iterable[Sample], pivot: float) -> str | None:
+    """The ``Server-Timing`` of the first success after ``pivot`` (where the first exec after a restart spent its
+    time on the server's side; the rest of its wait was before the server read it)."""
+    after = sorted((s for s in samples if s.ok and s.end > pivot), key=lambda s: s.end)
+    return after[0].timing if after else None
 
 
 def round_window(per_client: Sequence[Sequence[Sample]], pivot: float) -> float | None:

@@ -103,9 +103,10 @@ class ExecLoop(threading.Thread):
         with httpx.Client(base_url=self.url, headers=headers, timeout=self.timeout, trust_env=False) as client:
             while not self._halt.is_set():
                 t0 = time.monotonic()
-                error = ""
+                error = timing = ""
                 try:
                     response = client.post(path, json=body)
+                    timing = response.headers.get("server-timing", "")
                     if response.status_code != 200:
                         error = f"http {response.status_code}"
                     elif response.json().get("exit_code") != 0:
@@ -114,7 +115,7 @@ class ExecLoop(threading.Thread):
                     error = type(err).__name__
                 except ValueError:
                     error = "bad body"
-                self.samples.append(Sample(t0, time.monotonic(), not error, error))
+                self.samples.append(Sample(t0, time.monotonic(), not error, error, timing))
                 if error:
                     self._halt.wait(self.retry_s)
 

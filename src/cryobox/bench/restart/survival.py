@@ -20,7 +20,15 @@ from typing import Any
 
 from rich.console import Console
 
-from .analysis import KINDS, UPGRADE, first_success_after, round_window, survival_summary, window_summary
+from .analysis import (
+    KINDS,
+    UPGRADE,
+    first_success_after,
+    first_timing_after,
+    round_window,
+    survival_summary,
+    window_summary,
+)
 from .api import Api, ExecLoop, wait_successes
 from .host import (
     KEEP_ENV,
@@ -105,6 +113,7 @@ def restart_round(
         "exec_after_healthz_s": round(max(f for f in firsts if f is not None) - t_ready, 3)
         if all(f is not None for f in firsts)
         else None,
+        "first_exec_server_timing": [first_timing_after(samples, t_exit) for samples in per_client],
         "failed_attempts": len(failed),
         "failures_by_error": {e: failed.count(e) for e in sorted(set(failed))},
         "running_before": running_before,

@@ -12,10 +12,11 @@ from fastapi import APIRouter, Body, Request, Response
 from fastapi.responses import StreamingResponse
 
 from ... import models
+from ...agentapi import Agent
 from ...agentapi import models as am
 from ...errors import CryoboxError, SandboxTimeout
 from ...registry import HIBERNATED
-from ...util.steps import server_timing
+from ...util.steps import server_timing, step
 from ...util.times import rfc3339
 from ..control.createrequest import INHERIT, CreateRequest
 from ..control.sandboxes import UNSET
@@ -148,14 +149,21 @@ def _timeout_message(body: models.ExecRequest) -> str:
 
 
 @router.post("/{sandbox_id}/exec", response_model=models.ExecResponse)
-async def exec_command(sandbox_id: str, body: models.ExecRequest, ctx: Ctx) -> models.ExecResponse:
+async def exec_command(sandbox_id: str, body: models.ExecRequest, ctx: Ctx, response: Response) -> models.ExecResponse:
+    """Run a command to its end. ``Server-Timing`` splits the call: ``control`` (routing, the record), ``agent``
+    (the agent's call, the guest's included: after a restart, waiting for the sandbox's adoption too) and
+    ``guest`` (the command itself, as the guest timed it)."""
     started = time.monotonic()
     started_at = time.time()
+    timing: dict[str, float] = {}
     try:
         spec = exec_spec(body)
-        result = await ctx.control.fleet.on_guest(
-            sandbox_id, ctx.workspace_id, lambda agent: agent.exec(sandbox_id, spec)
-        )
+
+        async def call(agent: Agent) -> am.ExecResult:
+            with step(timing, "agent"):
+                return await agent.exec(sandbox_id, spec)
+
+        result = await ctx.control.fleet.on_guest(sandbox_id, ctx.workspace_id, call)
     except CryoboxError:
         ctx.app.metrics.observe_exec("error", time.monotonic() - started)
         raise
@@ -172,6 +180,8 @@ async def exec_command(sandbox_id: str, body: models.ExecRequest, ctx: Ctx) -> m
             timed_out=result.timed_out,
         ),
     )
+    control_ms = (time.monotonic() - started) * 1000 - timing.get("agent", 0.0)
+    response.headers["Server-Timing"] = server_timing({"control": control_ms, **timing, "guest": result.duration_ms})
     if result.timed_out:
         raise SandboxTimeout(
             _timeout_message(body),

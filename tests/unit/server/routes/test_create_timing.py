@@ -1,5 +1,6 @@
 """A create's ``Server-Timing`` says where its time went, step by step: the control plane's own share
-(``control``), each of its steps, and the agent's (``agent``: the restore)."""
+(``control``), each of its steps, and the agent's (``agent``: the restore); an exec's says ``control``, ``agent``
+and ``guest`` (the command as the guest timed it)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,16 @@ async def test_a_create_reports_each_step(env: Env) -> None:
     timing = parse(made.headers["server-timing"])
     assert list(timing) == STEPS  # the answer is built from what the create did: no registry read ("view")
     assert all(ms >= 0 for ms in timing.values())
+
+
+async def test_an_exec_reports_the_control_plane_the_agent_and_the_guest(env: Env) -> None:
+    made = await env.client.post("/v1/sandboxes", json={"template": "base"})
+    ran = await env.client.post(f"/v1/sandboxes/{made.json()['id']}/exec", json={"cmd": "true"})
+    assert ran.status_code == 200, ran.text
+    timing = parse(ran.headers["server-timing"])
+    assert list(timing) == ["control", "agent", "guest"]
+    assert timing["guest"] == pytest.approx(ran.json()["duration_ms"], abs=0.01)
+    assert timing["agent"] >= 0 and timing["control"] >= 0
 
 
 def test_steps_add_up_per_name_and_render_in_order() -> None:

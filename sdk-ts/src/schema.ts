@@ -362,7 +362,12 @@ export type paths = {
         };
         get?: never;
         put?: never;
-        /** Exec Command */
+        /**
+         * Exec Command
+         * @description Run a command to its end. ``Server-Timing`` splits the call: ``control`` (routing, the record), ``agent``
+         *     (the agent's call, the guest's included: after a restart, waiting for the sandbox's adoption too) and
+         *     ``guest`` (the command itself, as the guest timed it).
+         */
         post: operations["exec_command_v1_sandboxes__sandbox_id__exec_post"];
         delete?: never;
         options?: never;

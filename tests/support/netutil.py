@@ -74,6 +74,11 @@ class Listener:
         self.sock.close()
 
 
+REACH_S = 5.0
+"""How long a probe expected to answer ``"ok"`` may take: under a full suite's load 1 s was once not enough for the
+first connection to a fresh slot (a probe expected to be dropped keeps the short default: it waits it all out)."""
+
+
 def probe(name: str | None, addr: str, port: int, timeout: float = 1.0) -> str:
     """Connect from netns ``name`` (None: host): "ok", "timeout" (dropped), "refused" or an errno."""
     sock = socket_in(name)

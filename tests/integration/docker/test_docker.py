@@ -19,7 +19,7 @@ from cryobox.bench.server import ServeProcess
 from tests.integration.conftest import ALLOW_PRIVATE
 from tests.support.docker_registry import InternetRegistry, registry_on
 from tests.support.internet import Internet
-from tests.support.netutil import OUTSIDE_RANGE, Listener, outside_network, probe
+from tests.support.netutil import OUTSIDE_RANGE, REACH_S, Listener, outside_network, probe
 from tests.support.oci import Files, busybox_files, write_docker_archive
 from tests.support.serve import cli
 
@@ -226,7 +226,8 @@ def test_a_privileged_container_stays_inside_its_vm(
                 "other sandbox": (other_ip, 8080),
             }
             for name in ("public", "metadata", "private", "host"):
-                assert probe(None, *targets[name]) == "ok", name  # the host itself reaches every one of them
+                # the host itself reaches every one of them
+                assert probe(None, *targets[name], timeout=REACH_S) == "ok", name
             script = "; ".join(
                 f"echo {name.replace(' ', '_')}=$(echo GET / | nc -w 3 {ip} {port} 2>/dev/null | head -c 2)"
                 for name, (ip, port) in targets.items()

@@ -19,7 +19,7 @@ import pytest
 
 from cryobox.agent.templates.bake import Template
 from cryobox.bench.server import ServeProcess
-from tests.support.netutil import Listener, outside_network, probe
+from tests.support.netutil import REACH_S, Listener, outside_network, probe
 from tests.support.serve import Client, cli
 
 GUEST_PROBE = (
@@ -184,7 +184,8 @@ def test_private_and_metadata_addresses_stay_refused_even_with_egress_allowed_ev
         listeners = [Listener(f"cryobox-{tag}-out", ip) for tag, ip in zip(tags, ips, strict=True)]
         try:
             for listener, ip in zip(listeners, ips, strict=True):
-                assert probe(None, ip, listener.port) == "ok", ip  # the host itself reaches every one of them
+                # the host itself reaches every one of them
+                assert probe(None, ip, listener.port, timeout=REACH_S) == "ok", ip
             sbx = client.create(network={"egress": "allow", "allow": ["0.0.0.0/0"]})
             wanted = [f"{ip}:{lst.port}" for ip, lst in zip(ips, listeners, strict=True)]
             out = client.sh(sbx["id"], " ".join(["python3 -c", shlex.quote(GUEST_PROBES), *wanted]), timeout=30)

@@ -40,6 +40,7 @@ from cryobox.agent.net import (
 from cryobox.agent.net.netlink import Reclaimed, in_netns
 from cryobox.agent.net.slots import EGRESS_MODES
 from tests.support.netutil import (
+    REACH_S,
     Listener,
     attach_fake_guest,
     in_thread_netns,
@@ -247,15 +248,15 @@ def test_guests_reach_nothing_no_gate_or_proxy_allowed(
     on_outside = Listener(f"cryobox-{plan.tag}-out", server_ip)
     try:
         # the host reaches each guest at its slot address (DNAT to the one baked guest IP)
-        assert probe(None, b.address, on_b.port) == "ok"
+        assert probe(None, b.address, on_b.port, timeout=REACH_S) == "ok"
         on_a = Listener(guest_a, GUEST_IP)
         try:
-            assert probe(None, a.address, on_a.port) == "ok"
+            assert probe(None, a.address, on_a.port, timeout=REACH_S) == "ok"
         finally:
             on_a.close()
         # controls: the host listener and the outside server are up and reachable from the host itself
-        assert probe(None, a.host_ip, on_host.port) == "ok"
-        assert probe(None, server_ip, on_outside.port) == "ok"
+        assert probe(None, a.host_ip, on_host.port, timeout=REACH_S) == "ok"
+        assert probe(None, server_ip, on_outside.port, timeout=REACH_S) == "ok"
 
         # every TCP connection of a guest waits for its slot's egress gate (forward) or goes to its proxy (proxy):
         # none runs here, so each is refused by the slot itself (a reset), whatever it aimed at
@@ -268,7 +269,7 @@ def test_guests_reach_nothing_no_gate_or_proxy_allowed(
             # two walls: the slot's own output rule, and behind it the host table, which routes a slot's TCP out
             # (the decided connections of its guest) but never to another slot or to the host
             subprocess.run(in_netns(a.netns, "nft", "flush", "chain", "inet", "cryobox", "output"), check=True)
-            assert probe(a.netns, server_ip, on_outside.port) == "ok"
+            assert probe(a.netns, server_ip, on_outside.port, timeout=REACH_S) == "ok"
             assert probe(a.netns, b.address, on_b.port) == DENIED
             assert probe(a.netns, a.host_ip, on_host.port) == DENIED
             assert probe(guest_a, server_ip, on_outside.port) == "refused"  # the guest still waits for a gate
@@ -279,7 +280,7 @@ def test_guests_reach_nothing_no_gate_or_proxy_allowed(
             firewall.remove()
             # routed to b's slot now, where only the host's own end of the veth is DNAT'ed to the guest: refused
             assert probe(a.netns, b.address, on_b.port) == "refused"
-            assert probe(a.netns, a.host_ip, on_host.port) == "ok"
+            assert probe(a.netns, a.host_ip, on_host.port, timeout=REACH_S) == "ok"
             assert probe(guest_a, b.address, on_b.port) == "refused"  # the guest still only meets the redirect
             firewall.ensure()
             assert probe(a.netns, b.address, on_b.port) == DENIED

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from ...agent.net import firewall
 from ...agent.net.slots import NETNS_DIR
 from ...util.system import pid_alive
 from ..childproc import stop_popen
@@ -184,8 +185,6 @@ class AgentNetns:
         if self.path.exists():
             run(["ip", "netns", "del", self.name], check=False)
         (STATE_DIR / f"{self.name}.pid").unlink(missing_ok=True)
-        from ...agent.net import firewall
-
         # the routing record its (killed) agent kept for the namespace: nothing else would remove it
         firewall.prune_records(firewall.STATE_DIR, firewall.live_netns())
 

@@ -29,6 +29,15 @@ def server_timing(timing: MutableMapping[str, float]) -> str:
     return ", ".join(f"{name};dur={ms:.2f}" for name, ms in timing.items())
 
 
+def call_timing(
+    started: float, timing: MutableMapping[str, float], clock: Callable[[], float] = time.monotonic, **after: float
+) -> str:
+    """``Server-Timing`` of a call that began at ``started`` (``clock``'s time): ``control`` first, what of it was
+    not the agent's (``timing["agent"]``), then ``timing``'s steps, then ``after`` (ms)."""
+    control_ms = (clock() - started) * 1000 - timing.get("agent", 0.0)
+    return server_timing({"control": control_ms, **timing, **after})
+
+
 class StepTimes:
     """Marks of one stop or start. :meth:`begin` (the signal, the lock taken) sets the origin; a mark before it
     counts from the first mark."""

@@ -16,7 +16,7 @@ from ...agentapi import Agent
 from ...agentapi import models as am
 from ...errors import CryoboxError, SandboxTimeout
 from ...registry import HIBERNATED
-from ...util.steps import server_timing, step
+from ...util.steps import call_timing, step
 from ...util.times import rfc3339
 from ..control.createrequest import INHERIT, CreateRequest
 from ..control.sandboxes import UNSET
@@ -63,8 +63,7 @@ async def create_sandbox(
     view = sandbox_view(row)
     if body.volumes or body.from_snapshot is not None:  # mounts asked for, or a snapshot's re-attached
         view.volumes = [models.SandboxVolume(name=m.name, path=m.path, read_only=m.read_only) for m in mounts]
-    control_ms = (time.monotonic() - started) * 1000 - timing.get("agent", 0.0)
-    response.headers["Server-Timing"] = server_timing({"control": control_ms, **timing})
+    response.headers["Server-Timing"] = call_timing(started, timing)
     return view
 
 
@@ -180,8 +179,7 @@ async def exec_command(sandbox_id: str, body: models.ExecRequest, ctx: Ctx, resp
             timed_out=result.timed_out,
         ),
     )
-    control_ms = (time.monotonic() - started) * 1000 - timing.get("agent", 0.0)
-    response.headers["Server-Timing"] = server_timing({"control": control_ms, **timing, "guest": result.duration_ms})
+    response.headers["Server-Timing"] = call_timing(started, timing, guest=result.duration_ms)
     if result.timed_out:
         raise SandboxTimeout(
             _timeout_message(body),

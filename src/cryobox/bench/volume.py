@@ -23,7 +23,7 @@ from typing import Any
 
 from ..agent.guest.exec import ExecSpec, run_exec
 from ..agent.host.startup import HostConfig, start_host
-from ..agent.sandbox.factory import PoolMode
+from ..agent.sandbox.pool import PoolMode
 from ..agent.vm.volumes import VolumeAttach
 from ..agent.volumes.store import VolumeStore
 from ..agentapi.models_volumes import VolumeSpec

@@ -148,7 +148,7 @@ def agent(
     from ..agent.host.startup import HostConfig
     from ..agent.memory.settings import MemoryMode, StorageConfig, TemplateSource
     from ..agent.sandbox.admission import AdmissionConfig
-    from ..agent.sandbox.factory import PoolMode
+    from ..agent.sandbox.pool import PoolMode
     from ..agentapi import create_agent_app
     from ..agentapi.heartbeat import HeartbeatSender
     from ..compose import gcpause

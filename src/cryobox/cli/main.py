@@ -168,7 +168,7 @@ def serve(
 ) -> None:
     """Start the platform: build images and templates if needed, then serve the HTTP API."""
     from ..agent.memory.settings import MemoryMode, StorageConfig, TemplateSource
-    from ..agent.sandbox.factory import PoolMode
+    from ..agent.sandbox.pool import PoolMode
     from ..errors import CryoboxError
     from ..objstore.faults import StoreFaults
     from .serve import ServeOptions

@@ -20,7 +20,7 @@ from ..agent.host.startup import HostConfig
 from ..agent.host.stopmode import OnStop
 from ..agent.memory.settings import StorageConfig
 from ..agent.sandbox.admission import AdmissionConfig
-from ..agent.sandbox.factory import PoolMode
+from ..agent.sandbox.pool import PoolMode
 from ..agentapi import Agent, InProcessAgent
 from ..compose import gcpause
 from ..compose.activation import take_activation

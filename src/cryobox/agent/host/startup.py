@@ -39,9 +39,10 @@ from ..net.slots import SlotPlan, egress_mode_from_env, tag_for
 from ..observe.sampler import ObserveConfig, SandboxObserver
 from ..publish.prefetch import ensure_trace
 from ..publish.templates import fetch_template, publish_template
-from ..sandbox.factory import PoolMode, VmFactory
+from ..sandbox.factory import VmFactory
 from ..sandbox.forking import Forking
 from ..sandbox.memsource import MemorySource
+from ..sandbox.pool import PoolMode
 from ..sandbox.records import SandboxRecords
 from ..sandbox.service import SandboxService
 from ..snapshot.staging import StagingPool, reserve_from_env, start_warming

@@ -35,12 +35,13 @@ from ..snapshot.store import SnapshotImage, SnapshotStore
 from ..templates.bake import Template
 from ..vm import MicroVM
 from ..vm.volumes import VolumeAttach, assign_slots, settle_volumes
-from .factory import PoolMode, PrespawnPool, RestoreSource, VmFactory, new_id
+from .factory import RestoreSource, VmFactory, new_id
 from .fidelity import rejoin
 from .guestcalls import GuestCalls
 from .lifecycle import ADOPTED_GUEST_TIMEOUT_S as ADOPTED_GUEST_TIMEOUT_S
 from .lifecycle import Lifecycle, RestoreGate
 from .mapping import sandbox_record
+from .pool import PoolMode, PrespawnPool
 from .records import SandboxRecord, SandboxRecords
 from .sandbox import Sandbox, SandboxState
 from .volumehold import join_booted

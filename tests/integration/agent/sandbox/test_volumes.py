@@ -20,7 +20,7 @@ import pytest
 
 from cryobox.agent.guest.exec import ExecResult, ExecSpec, run_exec
 from cryobox.agent.host.startup import Host, HostConfig, start_host
-from cryobox.agent.sandbox.factory import PoolMode
+from cryobox.agent.sandbox.pool import PoolMode
 from cryobox.agent.sandbox.sandbox import Sandbox
 from cryobox.agent.templates.bake import Template
 from cryobox.agent.vm.slots import volume_slots

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from cryobox.agent.sandbox.factory import PoolMode, PrespawnPool
+from cryobox.agent.sandbox.pool import PoolMode, PrespawnPool
 from cryobox.agent.vm import MachineConfig, MemoryBacking, MicroVM, VmPaths, VmState
 from cryobox.agent.vm.accel import Accel
 
@@ -97,5 +97,28 @@ async def test_a_pooled_vm_warms_with_a_small_cpu_weight_and_gets_the_normal_one
     assert factory.background == {"vm-fresh-1": True}  # yields the cores while it warms and waits
     taken = await pool.take()
     assert taken.vm_id == "vm-fresh-1" and factory.background["vm-fresh-1"] is False  # a sandbox's share now
+    await factory.destroy(taken)
+    await pool.close()
+
+
+async def test_a_vm_taken_from_the_pool_is_replaced_after_the_create_not_beside_it(tmp_path: Path) -> None:
+    """A replacement spawned at once ran beside the create that took the VM (its loop work and its QEMU's start):
+    it starts ``refill_after_take_s`` later."""
+    factory = FakeFactory(tmp_path)
+    pool = PrespawnPool(factory, object(), size=1, mode=PoolMode.WARM, refill_after_take_s=0.15)  # type: ignore[arg-type]
+    pool.refill()
+    for _ in range(100):
+        if pool.ready_count == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert factory.spawned == 1
+    taken = await pool.take()
+    await asyncio.sleep(0.05)
+    assert factory.spawned == 1 and pool.held_count == 0  # the create still has the cores to itself
+    for _ in range(100):
+        if pool.ready_count == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert pool.ready_count == 1 and factory.spawned == 2  # replaced after the delay
     await factory.destroy(taken)
     await pool.close()

@@ -8,10 +8,11 @@ only stores and reads. Every method is synchronous and runs one short transactio
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
 
 from ..errors import InvalidArgument, NotFound
 from . import models as m
@@ -70,8 +71,8 @@ class WorkspaceUse:
     overrides: QuotaOverrides
     sandboxes: list[SandboxUse]
     """Rows in :data:`COUNTED_STATUSES`."""
-    snapshot_bytes: int
-    templates: list[str]
+    snapshot_bytes: int = 0
+    templates: list[str] = field(default_factory=list)
     """Names of the workspace's custom templates (any status: a failed build still holds its name)."""
     volumes: int = 0
     volume_bytes: int = 0
@@ -129,18 +130,19 @@ class QuotaRecords:
         with self._db.session(what=f"quota of workspace {workspace_id}") as s:
             s.execute(delete(m.WorkspaceQuota).where(m.WorkspaceQuota.workspace_id == workspace_id))
 
+    def sandbox_use(self, workspace_id: str) -> WorkspaceUse:
+        """The workspace's overrides and the sandboxes it counts, in one (reading) transaction: what admitting a
+        sandbox checks. Its snapshots, templates and volumes are not read (empty, zero)."""
+        with self._db.session(write=False) as s:
+            return WorkspaceUse(
+                overrides=_overrides(s.get(m.WorkspaceQuota, workspace_id)), sandboxes=_sandboxes(s, workspace_id)
+            )
+
     def use(self, workspace_id: str) -> WorkspaceUse:
         """The workspace's overrides and usage, in one (reading) transaction."""
         with self._db.session(write=False) as s:
             overrides = _overrides(s.get(m.WorkspaceQuota, workspace_id))
-            sandboxes = [
-                SandboxUse(id=row.id, status=row.status, cpus=row.cpus, memory_mib=row.memory_mib)
-                for row in s.execute(
-                    select(m.Sandbox.id, m.Sandbox.status, m.Sandbox.cpus, m.Sandbox.memory_mib).where(
-                        m.Sandbox.workspace_id == workspace_id, m.Sandbox.status.in_(COUNTED_STATUSES)
-                    )
-                )
-            ]
+            sandboxes = _sandboxes(s, workspace_id)
             snapshot_bytes = s.scalar(
                 select(func.coalesce(func.sum(m.Snapshot.size_bytes), 0)).where(m.Snapshot.workspace_id == workspace_id)
             )
@@ -158,3 +160,14 @@ class QuotaRecords:
             volumes=int(volumes),
             volume_bytes=int(volume_bytes or 0),
         )
+
+
+def _sandboxes(s: Session, workspace_id: str) -> list[SandboxUse]:
+    return [
+        SandboxUse(id=row.id, status=row.status, cpus=row.cpus, memory_mib=row.memory_mib)
+        for row in s.execute(
+            select(m.Sandbox.id, m.Sandbox.status, m.Sandbox.cpus, m.Sandbox.memory_mib).where(
+                m.Sandbox.workspace_id == workspace_id, m.Sandbox.status.in_(COUNTED_STATUSES)
+            )
+        )
+    ]

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from ...errors import GuestError, InvalidArgument, NotFound, StateError
+from ...errors import CryoboxError, GuestError, InvalidArgument, NotFound, StateError
 from ...guest import protocol
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class GuestClient:
         self._queues: dict[int, asyncio.Queue[Any]] = {}
         self._write_lock = asyncio.Lock()
         self._closed = False
+        self._posted: set[asyncio.Task[None]] = set()
         self._log = log.getChild(name) if name else log
         self._task = asyncio.create_task(self._read_loop(), name=f"guest-reader-{name}")
 
@@ -171,6 +172,29 @@ class GuestClient:
         finally:
             self._forget(request_id)
 
+    async def post(self, op: str, args: dict[str, Any], timeout: float) -> None:
+        """Send ``op`` now and return without waiting for its reply, which is checked in the background (a failure
+        or no answer within ``timeout`` is logged). For an inline op (answered on the guest's reader thread in
+        the order sent: :data:`cryobox.guest.agent.INLINE_OPS`) every request sent after this one is read by the
+        guest after it took effect."""
+        request_id, queue = await self._send(op, args)
+
+        async def reply() -> None:
+            try:
+                async with asyncio.timeout(timeout):
+                    message = await queue.get()
+                self._final(op, message)
+            except TimeoutError:
+                self._log.warning("guest agent did not answer %s within %ss", op, timeout)
+            except CryoboxError as err:
+                self._log.warning("guest %s failed: %s", op, err)
+            finally:
+                self._forget(request_id)
+
+        task = asyncio.create_task(reply(), name=f"guest-{op}-{request_id}")
+        self._posted.add(task)
+        task.add_done_callback(self._posted.discard)
+
     async def stream(self, op: str, args: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Yield event messages, then one final ``{"event": "result", "result": {...}}``.
 
@@ -223,6 +247,8 @@ class GuestClient:
 
     async def aclose(self) -> None:
         self._closed = True
+        for posted in list(self._posted):
+            posted.cancel()
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._task

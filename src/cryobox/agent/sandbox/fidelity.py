@@ -34,7 +34,8 @@ RESUME_TIMEOUT_S = 180.0
 @dataclass(frozen=True)
 class RejoinReport:
     step_ns: int
-    """How far the guest clock was stepped (host minus guest before)."""
+    """How far the resume stepped the guest clock (host minus guest before; the refinement sent after it is a
+    transit's worth and not counted)."""
     instance_id: str
     neighbours_flushed: int = 0
     resolver: str = "none"
@@ -42,14 +43,6 @@ class RejoinReport:
     hooks: list[dict[str, Any]] = field(default_factory=list)
     volumes: list[dict[str, Any]] = field(default_factory=list)
     """The guest's report of each volume it mounted (``path``, ``device``, ``ms``)."""
-
-
-async def sync_clock(guest: GuestClient) -> int:
-    """Step the guest's wall clock to the host's (``set_clock``, answered on the agent's reader thread, no
-    process start). Returns the step in ns (host minus the guest's clock before it)."""
-    host_ns = time.time_ns()
-    reply = await guest.call("set_clock", {"epoch_ns": host_ns}, timeout=10)
-    return host_ns - int(reply["before_ns"])
 
 
 def check_mounts(wanted: list[dict[str, Any]], reply: dict[str, Any]) -> list[dict[str, Any]]:
@@ -97,10 +90,13 @@ async def rejoin(
             details={"errors": errors, "failed_hooks": failed},
         )
     # The first step's error is the request's transit, which in a freshly restored QEMU under TCG includes
-    # translating the agent's code (measured ~225 ms); the agent's path is warm now, so step once more.
-    refine_ns = await sync_clock(guest)
+    # translating the agent's code (measured ~225 ms); the agent's path is warm now, so step once more. Not
+    # waited for: set_clock is answered on the guest's reader thread in the order sent, so any later call
+    # (the sandbox's first exec, a file write) is read after it took effect; its round trip (~1.6 ms under
+    # TCG) was the last step of every create, resume and wake.
+    await guest.post("set_clock", {"epoch_ns": time.time_ns()}, timeout=10)
     return RejoinReport(
-        step_ns=int(reply["step_ns"]) + refine_ns,
+        step_ns=int(reply["step_ns"]),
         instance_id=str(reply["instance_id"]),
         neighbours_flushed=int(reply.get("neighbours_flushed", 0)),
         resolver=str(reply.get("resolver", "none")),

@@ -29,8 +29,10 @@ workspace at the same instant may overshoot by what they admit at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from types import TracebackType
@@ -174,6 +176,10 @@ class Admission:
         self.release()
 
 
+SEEN_WORKSPACES = 4096
+"""Workspaces whose last read limits a control plane remembers (for :meth:`QuotaGuard.ttl`)."""
+
+
 class QuotaGuard:
     """Per-workspace limits against registry usage plus this process's admissions in flight."""
 
@@ -182,16 +188,31 @@ class QuotaGuard:
         self.defaults = defaults if defaults is not None else Quota.from_env()
         self._locks: dict[str, asyncio.Lock] = {}
         self._claims: dict[str, list[_Claim]] = {}
+        self._seen: OrderedDict[str, Quota] = OrderedDict()
+        """The limits each workspace had at its last read here (:data:`SEEN_WORKSPACES` at most): what a create's
+        first TTL check uses; the admission's fresh read decides (:func:`ttl_for`)."""
+
+    def _saw(self, workspace_id: str, quota: Quota) -> Quota:
+        self._seen[workspace_id] = quota
+        self._seen.move_to_end(workspace_id)
+        while len(self._seen) > SEEN_WORKSPACES:
+            self._seen.popitem(last=False)
+        return quota
 
     def _lock(self, workspace_id: str) -> asyncio.Lock:
         return self._locks.setdefault(workspace_id, asyncio.Lock())
 
-    async def _read(self, workspace_id: str) -> tuple[Quota, Usage]:
-        use = await asyncio.to_thread(self.records.use, workspace_id)
-        return self.defaults.with_overrides(use.overrides), usage_of(use, self._claims.get(workspace_id, ()))
+    async def _read(self, workspace_id: str, *, sandboxes_only: bool = False) -> tuple[Quota, Usage]:
+        """The limits and the usage now; ``sandboxes_only``: of what admitting a sandbox checks (sandboxes, vCPUs,
+        memory), the rest read as zero (two queries fewer, ~1 ms of a create)."""
+        read = self.records.sandbox_use if sandboxes_only else self.records.use
+        use = await asyncio.to_thread(read, workspace_id)
+        quota = self._saw(workspace_id, self.defaults.with_overrides(use.overrides))
+        return quota, usage_of(use, self._claims.get(workspace_id, ()))
 
     async def limits(self, workspace_id: str) -> Quota:
-        return self.defaults.with_overrides(await asyncio.to_thread(self.records.get, workspace_id))
+        overrides = await asyncio.to_thread(self.records.get, workspace_id)
+        return self._saw(workspace_id, self.defaults.with_overrides(overrides))
 
     async def status(self, workspace_id: str) -> tuple[Quota, Usage]:
         """The workspace's effective limits and its usage now (admissions in flight included)."""
@@ -214,7 +235,7 @@ class QuotaGuard:
             raise ValueError(f"{count} sandboxes admitted with {len(ids)} ids")
         claim = _Claim(sandbox_ids=ids, vcpus=vcpus, memory_mib=memory_mib)
         async with self._lock(workspace_id):
-            quota, used = await self._read(workspace_id)
+            quota, used = await self._read(workspace_id, sandboxes_only=True)
             _require("sandboxes", quota.sandboxes, used.sandboxes, count)
             _require("vcpus", quota.vcpus, used.vcpus, vcpus * count)
             _require("memory_mib", quota.memory_mib, used.memory_mib, memory_mib * count)
@@ -275,12 +296,23 @@ class QuotaGuard:
         _require("snapshot_bytes", quota.snapshot_bytes, used.snapshot_bytes, size_bytes)
 
     async def ttl(self, workspace_id: str, ttl_s: int | None, persistent: bool) -> int | None:
-        """The TTL a create gets: the default when none is asked for (and not persistent); 400 above the max."""
-        quota = await self.limits(workspace_id)
-        check_ttl(quota, ttl_s)
-        if ttl_s is None and not persistent and quota.default_ttl_s is not None:
-            return min(quota.default_ttl_s, quota.max_ttl_s)
-        return ttl_s
+        """The TTL a create gets (:func:`ttl_for`) by the limits last read here for the workspace (read now if
+        none were): a create's first check, so that a TTL above the maximum is refused before anything else. The
+        create's admission reads the limits again, and they decide: ``ttl_for(admission.quota, ...)``."""
+        seen = self._seen.get(workspace_id)
+        if seen is not None:
+            with contextlib.suppress(InvalidArgument):  # refused: the maximum may have been raised since
+                return ttl_for(seen, ttl_s, persistent)
+        return ttl_for(await self.limits(workspace_id), ttl_s, persistent)
+
+
+def ttl_for(quota: Quota, ttl_s: int | None, persistent: bool) -> int | None:
+    """The TTL a create gets under ``quota``: the default when none is asked for (and not persistent); 400 above
+    the max."""
+    check_ttl(quota, ttl_s)
+    if ttl_s is None and not persistent and quota.default_ttl_s is not None:
+        return min(quota.default_ttl_s, quota.max_ttl_s)
+    return ttl_s
 
 
 def check_ttl(quota: Quota, ttl_s: int | None) -> None:

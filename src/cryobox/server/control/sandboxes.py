@@ -43,7 +43,7 @@ from .fleet import Fleet
 from .hibernations import HibernationControl
 from .network import NetworkControl, reconcile
 from .placement import Placement, PlacementRequest
-from .quotas import QuotaGuard, check_ttl
+from .quotas import QuotaGuard, check_ttl, ttl_for
 from .snapshots import SnapshotControl
 from .systemsandboxes import SystemSandboxes
 from .templates import TemplateJobs
@@ -221,6 +221,9 @@ class ControlPlane:
                     request.workspace_id, placement.cpus, placement.memory_mib, sandbox_ids=[sandbox_id]
                 )
             with admission:
+                ttl_s = ttl_for(admission.quota, request.ttl_s, request.persistent)  # the limits read just now
+                if ttl_s != spec.ttl_s:  # they changed since this replica last read them
+                    spec = replace(spec, ttl_s=ttl_s)
                 try:
                     row = await self.place(placement, spec, timing, request.on_timeout)
                 except HostUnavailable as full:  # its volumes' host is full: they move, if they can

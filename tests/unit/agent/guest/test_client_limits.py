@@ -163,3 +163,29 @@ def test_evidence_keeps_at_most_the_cap_of_the_newest_log_bytes(
     evidence.collect_logs(snap, {"console.log": log, "qemu.log": tmp_path / "missing.log"})
     assert (snap / "evidence" / "console.log").read_bytes() == b"456789abcdef"
     assert not (snap / "evidence" / "qemu.log").exists()
+
+
+async def test_a_posted_request_goes_out_before_the_next_call_and_is_forgotten_answered_or_not(
+    pair: tuple[GuestClient, Guest, list[str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``post`` (the clock's refinement after a rejoin) does not wait for its reply, yet its frame precedes the
+    next call's on the wire; a guest that never answers it cannot make the host hold its request for longer than
+    its timeout, and a failed one is logged."""
+    client, guest, _ = pair
+    await client.post("set_clock", {"epoch_ns": 1}, timeout=0.2)
+    calling = asyncio.ensure_future(client.call("ping"))
+    first, second = await guest.request(), await guest.request()
+    assert (first["op"], second["op"]) == ("set_clock", "ping")
+    await guest.send({"id": second["id"], "ok": True, "result": {"pong": True}})
+    assert await calling == {"pong": True}  # answered while the posted one still waits
+    async with asyncio.timeout(5):
+        while client._queues:
+            await asyncio.sleep(0.02)
+    assert "did not answer set_clock within 0.2s" in caplog.text
+    await client.post("set_clock", {"epoch_ns": 2}, timeout=5)
+    third = await guest.request()
+    await guest.send({"id": third["id"], "ok": False, "error": {"code": "permission_denied", "message": "no clock"}})
+    async with asyncio.timeout(5):
+        while client._queues:
+            await asyncio.sleep(0.02)
+    assert "guest set_clock failed: no clock" in caplog.text

@@ -168,6 +168,21 @@ async def test_the_default_ttl_is_applied_and_a_longer_one_than_the_max_refused(
     assert (env.ttls()[longer], env.ttls()[plain]) == (7200, None)
 
 
+@limits(default_ttl_s=600, max_ttl_s=3600)
+async def test_limits_changed_by_another_replica_decide_the_ttl_of_the_next_create(env: Env) -> None:
+    """A create checks its TTL first by the limits this replica last read (no read of its own); its admission
+    reads them again, and those decide. Here they are changed in the registry, as another replica would."""
+    first = await env.made()
+    assert env.ttls()[first] == 600  # this replica has read the workspace's limits
+    env.records.set(env.ws, max_ttl_s=1000, default_ttl_s=60)  # lowered elsewhere
+    above = await env.create(ttl_seconds=2000)  # allowed by what this replica saw last, not by the registry
+    assert above.status_code == 400 and above.json()["details"] == {"ttl_seconds": 2000, "max_ttl_seconds": 1000}
+    assert env.calls("create") == 1  # refused before any restore
+    plain = await env.made()
+    assert env.ttls()[plain] == 60  # the new default, not the one seen before
+    assert len(env.registry.list_sandboxes(env.ws)) == 2  # the refused create left nothing
+
+
 # -- snapshots and templates -------------------------------------------------------------------------------------
 
 

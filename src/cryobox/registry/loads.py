@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from . import models as m
 from .rows import ACTIVE_STATUSES, AgentLoad, AgentRow, _from_orm
 
 
-def agent_loads(s: Session, agents: Sequence[m.Agent], now: float) -> list[AgentLoad]:
-    """The load of each agent, from ONE statement (one snapshot: a concurrent commit is counted once, not 0 or 2)."""
-    if not agents:
-        return []
+def _loads_statement() -> Select[str, Any, Any, Any, Any, Any, Any]:
+    """Per agent named in ``:names``: its active sandboxes' memory, cpus and count, and its reservations' unexpired
+    at ``:now``. Built once (:data:`LOADS`): building it took half of a reservation's time (~0.9 of 1.7 ms)."""
     committed = (
         select(
             m.Sandbox.host.label("host"),
@@ -33,11 +33,11 @@ def agent_loads(s: Session, agents: Sequence[m.Agent], now: float) -> list[Agent
             func.sum(m.Reservation.cpus).label("cpus"),
             func.count().label("n"),
         )
-        .where(m.Reservation.expires_at > now)
+        .where(m.Reservation.expires_at > bindparam("now"))
         .group_by(m.Reservation.agent)
         .subquery()
     )
-    query = (
+    return (
         select(
             m.Agent.name,
             func.coalesce(committed.c.memory, 0),
@@ -50,9 +50,19 @@ def agent_loads(s: Session, agents: Sequence[m.Agent], now: float) -> list[Agent
         .select_from(m.Agent)
         .outerjoin(committed, committed.c.host == m.Agent.name)
         .outerjoin(reserved, reserved.c.agent == m.Agent.name)
-        .where(m.Agent.name.in_([a.name for a in agents]))
+        .where(m.Agent.name.in_(bindparam("names", expanding=True)))
     )
-    sums = {name: tuple(int(v) for v in values) for name, *values in s.execute(query)}
+
+
+LOADS = _loads_statement()
+
+
+def agent_loads(s: Session, agents: Sequence[m.Agent], now: float) -> list[AgentLoad]:
+    """The load of each agent, from ONE statement (one snapshot: a concurrent commit is counted once, not 0 or 2)."""
+    if not agents:
+        return []
+    rows = s.execute(LOADS, {"now": float(now), "names": [a.name for a in agents]})
+    sums: dict[str, tuple[int, ...]] = {str(row[0]): tuple(int(v) for v in row[1:]) for row in rows}
     loads = []
     for obj in agents:
         c_mem, c_cpus, c_n, r_mem, r_cpus, r_n = sums.get(obj.name, (0, 0, 0, 0, 0, 0))

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import bindparam, delete, func, select
 from sqlalchemy.orm import Session
 
 from ..errors import InvalidArgument, NotFound
@@ -162,12 +162,14 @@ class QuotaRecords:
         )
 
 
+COUNTED = select(m.Sandbox.id, m.Sandbox.status, m.Sandbox.cpus, m.Sandbox.memory_mib).where(
+    m.Sandbox.workspace_id == bindparam("workspace_id"), m.Sandbox.status.in_(COUNTED_STATUSES)
+)
+"""A workspace's counted sandboxes; built once (every create's admission reads it)."""
+
+
 def _sandboxes(s: Session, workspace_id: str) -> list[SandboxUse]:
     return [
         SandboxUse(id=row.id, status=row.status, cpus=row.cpus, memory_mib=row.memory_mib)
-        for row in s.execute(
-            select(m.Sandbox.id, m.Sandbox.status, m.Sandbox.cpus, m.Sandbox.memory_mib).where(
-                m.Sandbox.workspace_id == workspace_id, m.Sandbox.status.in_(COUNTED_STATUSES)
-            )
-        )
+        for row in s.execute(COUNTED, {"workspace_id": workspace_id})
     ]

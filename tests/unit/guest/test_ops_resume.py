@@ -306,6 +306,36 @@ def test_volumes_are_mounted_after_the_clock_and_before_any_hook(
     assert bad["ok"] is False and bad["error"]["code"] == "invalid_argument"
 
 
+def test_a_rejoined_vm_keeps_its_names_and_identity_and_runs_its_hooks(
+    fakes: Fakes, hooks_dir: Path, log: Recorder
+) -> None:
+    """``rejoined`` (a warm pool VM handed out: it ran the sequence at warm-up as the same instance, in the same
+    slot): the clock is stepped and every hook runs, the neighbour and resolver flushes and the reseed are not
+    redone. Only when the instance id file says that instance already; otherwise the whole sequence runs."""
+    write_order_hooks(hooks_dir, log, fakes)
+    agent = make_agent(fakes, hooks_dir)
+    ok(agent, resume_args(run_hooks=False))  # the warm-up: as sbx-0001, no user code
+    assert log.lines() == ["clock-set", "neighbours", "resolvers", "reseed"]
+    result = ok(agent, resume_args(rejoined=True, epoch_ns=EPOCH_NS + 5))
+    handed_out = log.lines()[4:]
+    assert handed_out == [line for line in ONE_RESUME if line not in ("neighbours", "resolvers", "reseed")]
+    assert fakes.clock_calls == [EPOCH_NS, EPOCH_NS + 5] and fakes.entropy == [ENTROPY]
+    assert (result["rejoined"], result["reseeded"], result["neighbours_flushed"], result["errors"]) == (
+        True,
+        False,
+        0,
+        {},
+    )
+    assert fakes.instance_id_path.read_text() == "sbx-0001\n"
+    other = ok(agent, resume_args(rejoined=True, instance_id="sbx-0002"))  # not what the file says: all of it
+    assert other["rejoined"] is False and other["reseeded"] is True and other["neighbours_flushed"] == 3
+    assert fakes.instance_id_path.read_text() == "sbx-0002\n"
+    plain = ok(agent, resume_args(instance_id="sbx-0002"))  # not asked: all of it
+    assert plain["rejoined"] is False and plain["reseeded"] is True
+    bad = call(agent, resume_args(rejoined="yes"))
+    assert bad["ok"] is False and bad["error"]["code"] == "invalid_argument"
+
+
 def test_instance_id_written_atomically(fakes: Fakes, hooks_dir: Path) -> None:
     agent = make_agent(fakes, hooks_dir)
     ok(agent, resume_args())

@@ -62,23 +62,32 @@ def check_mounts(wanted: list[dict[str, Any]], reply: dict[str, Any]) -> list[di
 
 
 async def rejoin(
-    guest: GuestClient, instance_id: str, *, run_hooks: bool = True, volumes: Sequence[AttachedVolume] = ()
+    guest: GuestClient,
+    instance_id: str,
+    *,
+    run_hooks: bool = True,
+    volumes: Sequence[AttachedVolume] = (),
+    rejoined: bool = False,
 ) -> RejoinReport:
     """Run the guest's ``resume`` sequence, mounting ``volumes`` (those with a mount path) first; raises
-    :class:`GuestError` naming every step or hook that failed, :class:`StateError` for a volume."""
+    :class:`GuestError` naming every step or hook that failed, :class:`StateError` for a volume. ``rejoined``: the
+    guest ran it as ``instance_id`` while it warmed in the pool (``MicroVM.rejoined_as``), so its names and
+    identity are kept if it says that instance still (:mod:`cryobox.guest.ops_resume`)."""
     args: dict[str, Any] = {
         "epoch_ns": time.time_ns(),
         "entropy": b64(os.urandom(ENTROPY_BYTES)),
         "instance_id": instance_id,
         "run_hooks": run_hooks,
     }
+    if rejoined:
+        args["rejoined"] = True
     mounts = [m for m in (v.guest_mount() for v in volumes) if m is not None]
     if mounts:
         args["volumes"] = mounts
     reply = await guest.call("resume", args, timeout=RESUME_TIMEOUT_S)
     mounted = check_mounts(mounts, reply) if mounts else []
     errors: dict[str, str] = dict(reply.get("errors") or {})
-    if not reply.get("reseeded"):
+    if not reply.get("reseeded") and not (rejoined and reply.get("rejoined") is True):
         errors.setdefault("reseed", "the guest RNG was not reseeded")
     failed = [h for h in reply.get("hooks", []) if not h.get("ok")]
     if errors or failed:

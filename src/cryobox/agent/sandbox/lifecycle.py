@@ -108,8 +108,11 @@ class Lifecycle:
             else:
                 await vm.restore(source.vmstate)
 
+        rejoined, vm.rejoined_as = vm.rejoined_as == instance_id, None  # a warm pool VM, warmed as this instance
+
         async def join() -> int:
-            report = await rejoin(await vm.connect_guest(), instance_id, volumes=vm.volumes if mount else ())
+            guest = await vm.connect_guest()
+            report = await rejoin(guest, instance_id, volumes=vm.volumes if mount else (), rejoined=rejoined)
             return report.step_ns
 
         if beside_rejoin is None:

@@ -5,7 +5,9 @@ translation. A pool VM is a new QEMU, so before it waits (paused) it runs, once 
 path), a login shell started as E2B's SDKs start every command (``/bin/bash -l -c CMD`` as ``user``; the
 process is forgotten when it ends), and the ``resume``
 sequence a create runs at hand-out — with volume slots, mounting a throwaway volume (:mod:`..vm.volumewarm`).
-Nothing of it stays visible to the sandbox the VM becomes: no listed process, no mount, no file.
+That ``resume`` is done as the instance the VM becomes (``MicroVM.rejoined_as``): the create's own keeps its
+neighbour and resolver flushes, its reseed and its instance id (:mod:`cryobox.guest.ops_resume`, ``rejoined``).
+Nothing else of it stays visible to the sandbox the VM becomes: no listed process, no mount, no file.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +72,12 @@ class PoolWarmer:
                 self._volume_data = await asyncio.to_thread(WarmupData.read, self.volume_image)
             await warm_volumes(vm, self.volume_image, self._volume_data)
         else:
-            await rejoin(guest, "pool-warm", run_hooks=False)  # translates the rejoin path; redone at hand-out
+            # translates the rejoin path, and does what a hand-out need not redo (the VM stays in this slot and
+            # is not cloned again): the create's rejoin keeps its names and identity
+            instance_id = uuid.uuid4().hex
+            await rejoin(guest, instance_id, run_hooks=False)
             await vm.pause()
+            vm.rejoined_as = instance_id
 
 
 async def warm_volumes(vm: MicroVM, image: Path, data: WarmupData) -> None:
@@ -83,10 +90,12 @@ async def warm_volumes(vm: MicroVM, image: Path, data: WarmupData) -> None:
         os.close(fd)
     await vm.resume()
     guest = await vm.connect_guest()
-    await rejoin(guest, "pool-warm", run_hooks=False, volumes=vm.volumes)
+    instance_id = uuid.uuid4().hex
+    await rejoin(guest, instance_id, run_hooks=False, volumes=vm.volumes)
     reply = await guest.call("volumes_settle", {"paths": [WARMUP_MOUNT], "mode": "unmount"}, timeout=60)
     if reply.get("errors"):
         raise VmmError(f"the volume warm-up did not unmount: {reply['errors']}")
     await guest.call("delete", {"path": WARMUP_MOUNT}, timeout=60)
     await vm.pause()
     await detach_volumes(vm)
+    vm.rejoined_as = instance_id

@@ -227,7 +227,7 @@ class SandboxService(Lifecycle, GuestCalls):
                 persistent=persistent,
                 last_active=now,
                 from_snapshot=from_snapshot.id if from_snapshot is not None else None,
-                instance_id=uuid.uuid4().hex,
+                instance_id=vm.rejoined_as or uuid.uuid4().hex,  # a warm pool VM's guest has taken one already
                 slot=self.factory.slot_of(vm),
                 egress=egress,
             )

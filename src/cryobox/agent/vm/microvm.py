@@ -101,6 +101,10 @@ class MicroVM:
         self.readiness: GuestReadiness | None = None
         """Set on a VM adopted from an earlier agent until its guest has answered (:mod:`.readiness`): guest calls
         wait for it."""
+        self.rejoined_as: str | None = None
+        """The instance id its guest rejoined as while it warmed in the pool, in the slot it has (its neighbours and
+        caches flushed there, its RNG reseeded after it was cloned): the sandbox it becomes keeps it
+        (:func:`cryobox.agent.sandbox.fidelity.rejoin` ``rejoined``). Cleared when a create takes it."""
         self.violation: str | None = None
         """Why the VM was killed for breaking the guest protocol, if it was."""
         self._background: set[asyncio.Task[None]] = set()

@@ -60,6 +60,24 @@ async def test_create_restores_from_the_template_and_records_before_it_reports(r
     ]
 
 
+async def test_a_warm_pool_vm_becomes_the_instance_it_warmed_as_and_keeps_its_names_and_identity(rig: Rig) -> None:
+    """A pool VM rejoined as an instance while it warmed (in its slot, after it was cloned): the sandbox it becomes
+    is that instance, and its create's rejoin says so, so the guest keeps what it did then. A VM spawned for the
+    create (the pool was empty) rejoins from scratch as a new instance."""
+    warm = rig.factory._make(MACHINE, VmState.PAUSED)
+    warm.rejoined_as = "warmed-instance-1"
+    rig.service.pools["base"]._ready.append(warm)
+    pooled = await rig.service.create("base", sandbox_id="sb-pooled")
+    [(op, args), *_] = warm.fake_guest.calls
+    assert (op, args["instance_id"], args.get("rejoined")) == ("resume", "warmed-instance-1", True)
+    assert pooled.instance_id == "warmed-instance-1" and warm.rejoined_as is None  # not offered again
+    assert pooled.vm is warm and warm.restored_from is None  # continued, not loaded
+    spawned = await rig.service.create("base", sandbox_id="sb-spawned")
+    [(op, args), *_] = rig.vm("sb-spawned").fake_guest.calls
+    assert op == "resume" and "rejoined" not in args
+    assert args["instance_id"] == spawned.instance_id not in ("", "warmed-instance-1")
+
+
 async def test_the_record_is_written_while_the_guest_rejoins(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
     """The durable record is not on the create's critical path after the guest's rejoin (it takes ~2 ms of
     fsyncs): the guest's ``resume`` is answered only once the record exists, which would never happen if the

@@ -109,27 +109,50 @@ async def _settle(service: SandboxService, sandbox: Sandbox, record: SandboxReco
     first exec after a restart under load)."""
     assert record.vm is not None
     vm = sandbox.vm
-    found = await vm.reconnect(ADOPT_QMP_TIMEOUT_S)
     wanted = SandboxState(record.state)
-    if wanted is SandboxState.RUNNING and found is VmState.PAUSED:
-        # stopped by an operation the dead agent never finished (a snapshot's or fork's pause, a hibernation
-        # whose record was not yet written): continue it, and step its clock over the gap before any call
-        await vm.resume()
-        await vm.wait_guest_ready(ADOPT_GUEST_TIMEOUT_S)
-        assert vm.guest is not None
-        await rejoin(vm.guest, record.instance_id)
-    elif wanted is SandboxState.PAUSED and found is VmState.RUNNING:
-        await vm.pause()
-    elif wanted is SandboxState.RUNNING:
-        # the guest reopens its port when it sees the old agent's connection close; a ping that arrives while it
-        # is closed is dropped, so ping until one is answered (a paused guest cannot answer; QMP did)
-        await vm.wait_guest_ready(ADOPT_GUEST_TIMEOUT_S)
+    answered: asyncio.Future[None] | None = None
+    if wanted is SandboxState.RUNNING:
+        # the guest's answer is all its calls wait for: pinged beside QMP's reconnect (connecting and greeting a
+        # QEMU among 50 busy ones is the slower of the two), its calls go once it answers. The guest reopens its
+        # port when it sees the old agent's connection close; a ping that arrives while it is closed is dropped,
+        # so ping until one is answered (a paused guest cannot answer: QMP says why)
+        await vm.open_guest()
+        answered = asyncio.ensure_future(_answers(sandbox))
+    try:
+        found = await vm.reconnect(ADOPT_QMP_TIMEOUT_S)
+        if wanted is SandboxState.RUNNING and found is VmState.PAUSED:
+            # stopped by an operation the dead agent never finished (a snapshot's or fork's pause, a hibernation
+            # whose record was not yet written): continue it, and step its clock over the gap before any call
+            await _cancelled(answered)
+            await vm.resume()
+            await vm.wait_guest_ready(ADOPT_GUEST_TIMEOUT_S)
+            assert vm.guest is not None
+            await rejoin(vm.guest, record.instance_id)
+        elif wanted is SandboxState.PAUSED and found is VmState.RUNNING:
+            await vm.pause()
+        elif answered is not None:
+            await answered
+    finally:
+        await _cancelled(answered)
     _ready(sandbox)
     if sandbox.slot is not None:  # today's slot rules (an older agent built it), its policy served again
         if record.vm.slot_rules != slot_rules_digest(sandbox.slot):  # an nsenter + nft
             await asyncio.to_thread(load_slot_rules, sandbox.slot)
         await service.factory.apply_egress(sandbox.vm, sandbox.id, sandbox.egress, adopt=True)
     await service.persist(sandbox, read=record)
+
+
+async def _answers(sandbox: Sandbox) -> None:
+    """Ping the adopted guest until it answers; then its calls go ahead (lifecycle changes wait for the lock)."""
+    await sandbox.vm.wait_guest_ready(ADOPT_GUEST_TIMEOUT_S)
+    _ready(sandbox)
+
+
+async def _cancelled(task: asyncio.Future[None] | None) -> None:
+    """``task`` ended: cancelled if it still runs (what it raised is the caller's to find out otherwise)."""
+    if task is not None and not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def _settle_in_turn(

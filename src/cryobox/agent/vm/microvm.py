@@ -371,6 +371,11 @@ class MicroVM:
             await self.readiness.wait()
         return await self._open_guest(timeout)
 
+    async def open_guest(self, timeout: float = 10.0) -> GuestClient:
+        """The guest-agent port's connection, opened if need be, not waiting for the guest to be known to answer
+        (what an adoption uses to find out: :meth:`wait_guest_ready`)."""
+        return await self._open_guest(timeout)
+
     async def _open_guest(self, timeout: float = 10.0) -> GuestClient:
         if self.guest is not None and not self.guest.closed:
             return self.guest

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from cryobox.agent.host.ownership import owners_dir_from_env, read_owners, remove_owner
+from cryobox.agent.net.firewall import remove_table
 from cryobox.agent.net.netlink import reclaim as reclaim_net
 from cryobox.agent.net.slots import tag_for
 from cryobox.bench.server import release_serve_state
@@ -45,7 +46,7 @@ def reclaim_data_dir(data_dir: Path, cache_dir: Path | None) -> None:
     release_serve_state(data_dir, cache_dir)  # also the VMs' cgroups and the owner record
     tag = tag_for(data_dir)
     reclaim_net(tag)
-    subprocess.run(["nft", "delete", "table", "inet", f"cryobox_{tag}"], capture_output=True, check=False)
+    remove_table(tag)  # and the host's routing as it was, if it was the last (a bare ``nft delete`` left it on)
 
 
 def forget_owner_records(root: Path) -> int:
@@ -76,7 +77,7 @@ def reclaim_previous_run(root: Path) -> list[str]:
         tag = tag_for(directory)
         if tag in tags:
             reclaim_net(tag)
-            subprocess.run(["nft", "delete", "table", "inet", f"cryobox_{tag}"], capture_output=True, check=False)
+            remove_table(tag)
             gone.append(f"network objects tagged {tag}")
             tags.discard(tag)
     return gone

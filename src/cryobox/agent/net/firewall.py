@@ -82,6 +82,17 @@ def release_forwarding(
     return True
 
 
+def remove_table(
+    tag: str, *, runner: Runner = run_command, state_dir: Path = STATE_DIR, ip_forward: Path = IP_FORWARD
+) -> None:
+    """Delete the host table of ``tag`` (a missing one is fine); the last cryobox table gone, routing is as it
+    was (:func:`release_forwarding`). What a stop does, for what a dead agent left: a table deleted any other way
+    leaves the host routing."""
+    table = f"cryobox_{tag}"
+    runner(["nft", "-f", "-"], f"add table inet {table}\ndelete table inet {table}\n")
+    release_forwarding(runner=runner, state_dir=state_dir, ip_forward=ip_forward)
+
+
 class Firewall:
     """The host table of one agent (one tag). ``ensure``/``remove`` are idempotent; ``runner`` runs ``nft``
     (inject a fake for unit tests)."""
@@ -167,11 +178,10 @@ table inet {t} {{
     def remove(self) -> None:
         """Delete the table (a missing table is fine); the last cryobox table gone, routing is as it was."""
         with self._lock:
-            self._nft(f"add table inet {self.table}\ndelete table inet {self.table}\n")
-            release_forwarding(runner=self._runner, state_dir=self._state_dir, ip_forward=self._ip_forward)
+            remove_table(self.plan.tag, runner=self._runner, state_dir=self._state_dir, ip_forward=self._ip_forward)
 
     def exists(self) -> bool:
         return self.table in _tables(self._runner)
 
 
-__all__ = ["LINK_PREFIX", "Firewall", "live_netns", "prune_records", "release_forwarding", "was_file"]
+__all__ = ["LINK_PREFIX", "Firewall", "live_netns", "prune_records", "release_forwarding", "remove_table", "was_file"]

@@ -166,9 +166,11 @@ def reclaim_data_dir(data_dir: Path, cache_dir: Path | None) -> list[int]:
         time.sleep(0.05)
     release_serve_state(data_dir, cache_dir)
     if data_dir.exists():
-        from ...agent.net.netlink import reclaim
+        from ...agent.net.firewall import remove_table
+        from ...agent.net.netlink import NetworkSetupError, reclaim
 
         tag = tag_for(data_dir)
         in_thread(lambda: reclaim(tag))  # netlink calls must not run on an event loop thread
-        subprocess.run(["nft", "delete", "table", "inet", f"cryobox_{tag}"], capture_output=True, check=False)
+        with contextlib.suppress(NetworkSetupError):  # nft is missing: there is no table either
+            remove_table(tag)  # and the host's routing as it was, if it was the last
     return pids

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cryobox.agent.net import GUEST_IP, Slot, SlotPlan, SlotPool, tag_for
-from cryobox.agent.net.firewall import Firewall, live_netns, prune_records, was_file
+from cryobox.agent.net.firewall import Firewall, live_netns, prune_records, remove_table, was_file
 from cryobox.agent.net.netlink import in_netns, slot_queue_rules, slot_rules_digest, slot_ruleset
 from cryobox.agent.net.pool import IndexAllocator
 from cryobox.agent.net.slots import (
@@ -173,6 +173,23 @@ def test_forward_mode_turns_routing_on_only_when_off_and_back_with_the_last_tabl
     ip_forward.write_text("1")  # a host that routed before: left as it is, and nothing else of it dropped
     fw.ensure()
     assert 'oifname != "cb*" drop' not in nft.scripts[-1] and not was_file(tmp_path).exists()
+
+
+def test_the_table_of_a_dead_agent_removed_by_tag_gives_the_routing_back_with_the_last(tmp_path: Path) -> None:
+    """What reclaims a killed agent's data dir (the suite's teardown, the restart bench) removes its table with
+    ``remove_table``: a bare ``nft delete`` of the last table left the host routing (found when two workers'
+    servers overlapped)."""
+    nft, ip_forward = FakeNft(), tmp_path / "ip_forward"
+    ip_forward.write_text("0\n")
+    Firewall(SlotPlan(TAG, "10.23.0.0/16"), runner=nft, state_dir=tmp_path, ip_forward=ip_forward).ensure()
+    assert ip_forward.read_text() == "1"
+    nft.tables = ["cryobox_ffffff"]  # another agent's: routing stays on
+    remove_table(TAG, runner=nft, state_dir=tmp_path, ip_forward=ip_forward)
+    assert nft.scripts[-1] == f"add table inet cryobox_{TAG}\ndelete table inet cryobox_{TAG}\n"
+    assert ip_forward.read_text() == "1" and was_file(tmp_path).exists()
+    nft.tables = []
+    remove_table("ffffff", runner=nft, state_dir=tmp_path, ip_forward=ip_forward)  # the last one
+    assert ip_forward.read_text() == "0" and not was_file(tmp_path).exists()
 
 
 def test_routing_records_of_namespaces_that_are_gone_are_pruned(tmp_path: Path) -> None:

@@ -161,7 +161,7 @@ class MicroVM:
             self._qmp = await self._connect_qmp(time.monotonic() + timeout)
             status = await self.execute("query-status")
             self.state = VmState.RUNNING if status.get("status") == "running" else VmState.PAUSED
-            await self._open_guest(timeout)
+            await self.open_guest(timeout)
         except BaseException:
             await self._close_connections()
             raise
@@ -369,14 +369,11 @@ class MicroVM:
         once its guest is known to answer."""
         if self.readiness is not None:
             await self.readiness.wait()
-        return await self._open_guest(timeout)
+        return await self.open_guest(timeout)
 
     async def open_guest(self, timeout: float = 10.0) -> GuestClient:
         """The guest-agent port's connection, opened if need be, not waiting for the guest to be known to answer
         (what an adoption uses to find out: :meth:`wait_guest_ready`)."""
-        return await self._open_guest(timeout)
-
-    async def _open_guest(self, timeout: float = 10.0) -> GuestClient:
         if self.guest is not None and not self.guest.closed:
             return self.guest
         await _poll(self.paths.agent.exists, timeout, "the agent socket", self.alive)
@@ -393,7 +390,7 @@ class MicroVM:
 
     async def wait_guest_ready(self, timeout: float, ping_timeout: float = 0.5) -> dict[str, Any]:
         """Ping the guest agent until it answers (pings sent before the guest opens its port are lost)."""
-        guest = await self._open_guest()
+        guest = await self.open_guest()
         deadline = time.monotonic() + timeout
         while True:
             if not self.alive():

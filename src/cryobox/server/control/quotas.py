@@ -204,7 +204,7 @@ class QuotaGuard:
 
     async def _read(self, workspace_id: str, *, sandboxes_only: bool = False) -> tuple[Quota, Usage]:
         """The limits and the usage now; ``sandboxes_only``: of what admitting a sandbox checks (sandboxes, vCPUs,
-        memory), the rest read as zero (two queries fewer, ~1 ms of a create)."""
+        memory), the rest read as zero (three queries fewer, ~1 ms of a create)."""
         read = self.records.sandbox_use if sandboxes_only else self.records.use
         use = await asyncio.to_thread(read, workspace_id)
         quota = self._saw(workspace_id, self.defaults.with_overrides(use.overrides))

@@ -1,6 +1,7 @@
 """Last-resort cleanup of everything a ``cryobox serve``/``agent`` with one data dir may leave running (its
 VMs outlive it by design): every process naming the data dir, the memory server's mount, the volume, the hot
-directory, network namespaces and the nft table of its tag."""
+directory, network namespaces and the nft table of its tag (:func:`cryobox.bench.restart.host.reclaim_data_dir`,
+one data dir's; here, what a whole interrupted run left)."""
 
 from __future__ import annotations
 
@@ -16,37 +17,10 @@ from cryobox.agent.host.ownership import owners_dir_from_env, read_owners, remov
 from cryobox.agent.net.firewall import remove_table
 from cryobox.agent.net.netlink import reclaim as reclaim_net
 from cryobox.agent.net.slots import tag_for
-from cryobox.bench.server import release_serve_state
+from cryobox.bench.restart.host import processes_naming as processes_naming
+from cryobox.bench.restart.host import reclaim_data_dir as reclaim_data_dir  # the bench's, shared by the tests
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-
-def processes_naming(path: Path) -> list[int]:
-    needle = str(path).encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            with contextlib.suppress(OSError):
-                if needle in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-    return found
-
-
-def reclaim_data_dir(data_dir: Path, cache_dir: Path | None) -> None:
-    pids = processes_naming(data_dir)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
-        for pid in pids:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-        time.sleep(0.05)
-    release_serve_state(data_dir, cache_dir)  # also the VMs' cgroups and the owner record
-    tag = tag_for(data_dir)
-    reclaim_net(tag)
-    remove_table(tag)  # and the host's routing as it was, if it was the last (a bare ``nft delete`` left it on)
 
 
 def forget_owner_records(root: Path) -> int:

@@ -116,7 +116,7 @@ def guest_cpu_cores(data_dir: Path, seconds: float = 3.0) -> float:
 
     def ticks() -> int:
         total = 0
-        for pid in _processes_naming(data_dir):
+        for pid in processes_naming(data_dir):
             with contextlib.suppress(OSError, ValueError, IndexError):
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
                 total += int(fields[11]) + int(fields[12])  # utime, stime
@@ -138,7 +138,7 @@ def mem_available_kb() -> int:
     return parse_meminfo(Path("/proc/meminfo").read_text()).get("MemAvailable", 0)
 
 
-def _processes_naming(path: Path) -> list[int]:
+def processes_naming(path: Path) -> list[int]:
     needle = str(path).encode()
     found = []
     for entry in Path("/proc").iterdir():
@@ -154,7 +154,7 @@ def reclaim_data_dir(data_dir: Path, cache_dir: Path | None) -> list[int]:
     every process naming the data dir (QEMUs, the memory server; all started by this bench), then release the
     memory server's mount, the volume, the hot directory, the network namespaces and nft table of its tag.
     Returns the pids it killed."""
-    pids = _processes_naming(data_dir)
+    pids = processes_naming(data_dir)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -164,13 +164,12 @@ def reclaim_data_dir(data_dir: Path, cache_dir: Path | None) -> list[int]:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
         time.sleep(0.05)
-    release_serve_state(data_dir, cache_dir)
-    if data_dir.exists():
-        from ...agent.net.firewall import remove_table
-        from ...agent.net.netlink import NetworkSetupError, reclaim
+    release_serve_state(data_dir, cache_dir)  # also the VMs' cgroups and the owner record
+    from ...agent.net.firewall import remove_table
+    from ...agent.net.netlink import NetworkSetupError, reclaim
 
-        tag = tag_for(data_dir)
-        in_thread(lambda: reclaim(tag))  # netlink calls must not run on an event loop thread
-        with contextlib.suppress(NetworkSetupError):  # nft is missing: there is no table either
-            remove_table(tag)  # and the host's routing as it was, if it was the last
+    tag = tag_for(data_dir)
+    in_thread(lambda: reclaim(tag))  # netlink calls must not run on an event loop thread
+    with contextlib.suppress(NetworkSetupError):  # nft is missing: there is no table either
+        remove_table(tag)  # and the host's routing as it was, if it was the last (a bare ``nft delete`` left it on)
     return pids

@@ -8,6 +8,10 @@ becomes ``retry_after_s``). Failing to reach the agent (connect error or timeout
 ``HostUnavailable``; a transport failure after the request went out (the agent died or stalled mid-answer, so
 the call may have taken effect) is a plain ``CryoboxError``. Streams are async generators over NDJSON lines:
 close them (``aclose()`` or ``contextlib.aclosing``) when stopping early, which closes the HTTP response.
+
+A call that is not a stream goes through :mod:`.http_conn` (keep-alive connections of its own, answers parsed by
+httptools): it is the hop every create and exec of a fleet pays, and httpx's layers were a third of it. Streams go
+through httpx. Given a ``transport`` (tests: an ASGI app, a mock), every call goes through it.
 """
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ import json
 import math
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 from pydantic import BaseModel, ValidationError
 
 from ..errors import ERRORS_BY_CODE, CryoboxError, HostUnavailable, InvalidArgument, QuotaExceeded
 from ..proxy.target import PortTarget
+from .http_conn import Answer, ConnectFailed, ConnectionPool, ExchangeFailed
 from .interface import OPERATIONS
 from .operations import Arg, Op, Reply, Timeout, install
 
@@ -87,13 +92,17 @@ def rebuild_error(body: Any, *, status: int = 500, retry_after_s: float | None =
     return cls(message, details=details)  # StateError takes state/required from details
 
 
-def error_from_response(response: httpx.Response) -> CryoboxError:
+def error_from_answer(status: int, content: bytes, retry_after: str | None) -> CryoboxError:
+    """The error an agent's answer with ``status`` ≥ 400 stands for."""
     try:
-        body = response.json()
+        body = json.loads(content)
     except ValueError:
         body = None
-    retry = _retry_after(response.headers.get("retry-after"))
-    return rebuild_error(body, status=response.status_code, retry_after_s=retry)
+    return rebuild_error(body, status=status, retry_after_s=_retry_after(retry_after))
+
+
+def error_from_response(response: httpx.Response) -> CryoboxError:
+    return error_from_answer(response.status_code, response.content, response.headers.get("retry-after"))
 
 
 def _method(op: Op) -> Callable[..., Any]:
@@ -131,8 +140,14 @@ class HttpAgent:
         self.name = name
         self.timeout_s = timeout_s
         self._connect_s = min(CONNECT_TIMEOUT_S, timeout_s)
+        if any(c in token for c in "\r\n\0"):
+            raise InvalidArgument("an agent token is one line")
         self._headers = {"Authorization": f"Bearer {token}", "User-Agent": "cryobox-control-plane"}
         self._default_timeout = httpx.Timeout(timeout_s, connect=self._connect_s)
+        self._pool = ConnectionPool(self.url, ssl_context=httpx.create_ssl_context) if transport is None else None
+        self._head = "".join(f"{name}: {value}\r\n" for name, value in self._headers.items())
+        if self._pool is not None:
+            self._head = f"Host: {self._pool.origin.host_header}\r\n{self._head}"
         # requests go straight to the connection pool, built here rather than by ``httpx.AsyncClient``: the client's
         # layers (URL merging, cookies, auth, redirects) were a third of the control plane's CPU per call to an
         # agent, and the hop's cost in ``bench fleet`` is mostly CPU time on a busy host. Open terminals and streams
@@ -162,6 +177,8 @@ class HttpAgent:
         )
 
     async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.aclose()
         await self._transport.aclose()
 
     if TYPE_CHECKING:
@@ -182,36 +199,27 @@ class HttpAgent:
         return None
 
     def _transport_error(self, err: httpx.TransportError) -> CryoboxError:
-        who = self.name or self.url
-        if isinstance(err, _CONNECT_FAILURES):
-            return HostUnavailable(
-                f"agent {who} is unreachable: {type(err).__name__}: {err}",
-                retry_after_s=UNREACHABLE_RETRY_S,
-                details={"agent": self.name},
-            )
+        return self._unreachable(err) if isinstance(err, _CONNECT_FAILURES) else self._midway(err)
+
+    def _unreachable(self, err: Exception) -> CryoboxError:
+        return HostUnavailable(
+            f"agent {self.name or self.url} is unreachable: {type(err).__name__}: {err}",
+            retry_after_s=UNREACHABLE_RETRY_S,
+            details={"agent": self.name},
+        )
+
+    def _midway(self, err: Exception) -> CryoboxError:
         return CryoboxError(
-            f"request to agent {who} failed mid-way (it may have taken effect): {type(err).__name__}: {err}",
+            f"request to agent {self.name or self.url} failed mid-way (it may have taken effect): "
+            f"{type(err).__name__}: {err}",
             details={"agent": self.name},
         )
 
     def _request(self, op: Op, arguments: dict[str, Any]) -> httpx.Request:
         """The request of a call of ``op``: its path, query, body (its model, an object of its plain parameters, or
         its raw bytes), the node token and its timeout."""
-        raw = op.of(Arg.RAW)
-        headers = self._headers
-        if raw:
-            content = arguments[raw[0].name]
-        else:
-            body = op.body_model(arguments)
-            fields = op.of(Arg.FIELD)
-            if body is not None:
-                content = body.model_dump_json().encode()
-            elif fields:
-                content = json.dumps({p.name: arguments[p.name] for p in fields}, separators=(",", ":")).encode()
-            else:
-                content = None
-            if content is not None:
-                headers = {**headers, "Content-Type": "application/json"}
+        content, is_json = self._content(op, arguments)
+        headers = {**self._headers, "Content-Type": "application/json"} if is_json else self._headers
         timeout = self._timeout(op, arguments) or self._default_timeout
         return httpx.Request(
             op.method,
@@ -240,26 +248,70 @@ class HttpAgent:
         response.request = request
         return response
 
+    def _content(self, op: Op, arguments: dict[str, Any]) -> tuple[bytes | None, bool]:
+        """A call's body (its model, an object of its plain parameters, or its raw bytes) and whether it is JSON."""
+        raw = op.of(Arg.RAW)
+        if raw:
+            return arguments[raw[0].name], False
+        body = op.body_model(arguments)
+        if body is not None:
+            return body.model_dump_json().encode(), True
+        fields = op.of(Arg.FIELD)
+        if fields:
+            return json.dumps({p.name: arguments[p.name] for p in fields}, separators=(",", ":")).encode(), True
+        return None, False
+
+    def _read_s(self, op: Op, arguments: dict[str, Any]) -> float | None:
+        timeout = self._timeout(op, arguments)
+        return self.timeout_s if timeout is None else timeout.read
+
+    async def _exchange(self, op: Op, arguments: dict[str, Any]) -> tuple[str, Answer]:
+        """A call of ``op`` through the pool: its path, and the agent's whole answer."""
+        assert self._pool is not None
+        path = PREFIX + request_path(op, arguments)
+        params = request_params(op, arguments)
+        target = self._pool.origin.base_path + path + (f"?{urlencode(params)}" if params else "")
+        content, is_json = self._content(op, arguments)
+        head = f"{op.method} {target} HTTP/1.1\r\n{self._head}"
+        if is_json:
+            head += "Content-Type: application/json\r\n"
+        if content is not None or op.method in ("POST", "PUT", "PATCH"):
+            head += f"Content-Length: {len(content) if content is not None else 0}\r\n"
+        try:
+            answer = await self._pool.request(
+                (head + "\r\n").encode(), content, connect_s=self._connect_s, read_s=self._read_s(op, arguments)
+            )
+        except ConnectFailed as err:
+            raise self._unreachable(err) from err
+        except ExchangeFailed as err:
+            raise self._midway(err) from err
+        return path, answer
+
     async def _call(self, op: Op, arguments: dict[str, Any]) -> Any:
-        response = await self._send(self._request(op, arguments))
-        if response.status_code >= 400:
-            raise error_from_response(response)
+        if self._pool is not None:
+            path, answer = await self._exchange(op, arguments)
+            status, content, retry_after = answer.status, answer.body, answer.headers.get("retry-after")
+        else:
+            response = await self._send(self._request(op, arguments))
+            path, status = response.request.url.path, response.status_code
+            content, retry_after = response.content, response.headers.get("retry-after")
+        if status >= 400:
+            raise error_from_answer(status, content, retry_after)
         if op.reply is Reply.NONE:
             return None
         if op.reply is Reply.BYTES:
-            return response.content
+            return content
         assert op.reply_adapter is not None
         try:
-            reply = op.reply_adapter.validate_json(response.content)
+            reply = op.reply_adapter.validate_json(content)
         except ValidationError as err:
-            raise self._unexpected(response, err) from err
+            raise self._unexpected(op.method, path, status, err) from err
         return getattr(reply, op.route.reply_key) if op.route.reply_key is not None else reply
 
-    def _unexpected(self, response: httpx.Response, err: Exception) -> CryoboxError:
-        request = response.request
+    def _unexpected(self, method: str, path: str, status: int, err: Exception) -> CryoboxError:
         return CryoboxError(
-            f"unexpected answer from agent {self.name or self.url} to {request.method} {request.url.path}: {err}",
-            details={"agent": self.name, "status": response.status_code},
+            f"unexpected answer from agent {self.name or self.url} to {method} {path}: {err}",
+            details={"agent": self.name, "status": status},
         )
 
     async def _stream(self, op: Op, arguments: dict[str, Any]) -> AsyncIterator[Any]:
@@ -288,7 +340,8 @@ class HttpAgent:
                 raise rebuild_error(item["error"], retry_after_s=retry_s)
             return model.model_validate(item["event"])
         except (ValueError, KeyError) as err:  # includes ValidationError and JSONDecodeError
-            raise self._unexpected(response, err) from err
+            request = response.request
+            raise self._unexpected(request.method, request.url.path, response.status_code, err) from err
 
 
-__all__ = ["HttpAgent", "error_from_response", "rebuild_error"]
+__all__ = ["HttpAgent", "error_from_answer", "error_from_response", "rebuild_error"]

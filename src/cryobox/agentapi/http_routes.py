@@ -12,7 +12,7 @@ A reply of ``None`` is ``204`` without a body, ``bytes`` the raw body, a stream 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response
@@ -108,7 +108,8 @@ HOT = ("exec", "exec_stream", "read_file", "write_file", "file_op", "get", "crea
 match one path and method (a test checks), so the order changes nothing but the cost."""
 
 
-def _hot_first(op: Op) -> int:
+def hot_first(op: Op) -> int:
+    """A sort key: the operations of :data:`HOT` first, in its order."""
     return HOT.index(op.name) if op.name in HOT else len(HOT)
 
 
@@ -118,14 +119,16 @@ def add_operation_routes(
     overrides: Mapping[str, Callable[..., Awaitable[Any]]] | None = None,
     *,
     prefix: str = "",
+    skip: Collection[str] = (),
 ) -> None:
-    """A route on ``router`` for every operation of ``agent`` that has one; ``overrides`` answers an operation
-    with another callable than the agent's method (``metrics_text``: the agent process's whole registry)."""
-    for op in sorted(OPERATIONS.values(), key=_hot_first):
-        if op.path is None:
+    """A route on ``router`` for every operation of ``agent`` that has one, but those named in ``skip`` (served
+    elsewhere); ``overrides`` answers an operation with another callable than the agent's method
+    (``metrics_text``: the agent process's whole registry)."""
+    for op in sorted(OPERATIONS.values(), key=hot_first):
+        if op.path is None or op.name in skip:
             continue
         call = (overrides or {}).get(op.name) or getattr(agent, op.name)
         router.add_api_route(prefix + op.path, _endpoint(op, call), methods=[op.method], name=op.name, **_form(op))
 
 
-__all__ = ["add_operation_routes"]
+__all__ = ["HOT", "add_operation_routes", "hot_first"]

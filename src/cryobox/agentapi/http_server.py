@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import math
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -24,10 +23,12 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import CryoboxError, HostUnavailable, InvalidArgument, QuotaExceeded
+from ..errors import CryoboxError, InvalidArgument
+from .http_errors import cryobox_error_response, error_response, validation_response
+from .http_fast import FastRoutes, fits
 from .http_ports import add_port_routes
-from .http_routes import add_operation_routes
-from .interface import MAX_FILE_BYTES, Agent
+from .http_routes import add_operation_routes, hot_first
+from .interface import MAX_FILE_BYTES, OPERATIONS, Agent
 
 log = logging.getLogger(__name__)
 
@@ -38,32 +39,6 @@ MAX_BODY_BYTES = MAX_FILE_BYTES + (32 << 20)
 MetricsText = Callable[[], Awaitable[bytes]]
 
 _STATUS_CODES = {400: "invalid_argument", 401: "unauthorized", 404: "not_found", 413: "payload_too_large"}
-
-
-# --- errors ------------------------------------------------------------------------------------------------------
-
-
-def error_response(
-    status: int, message: str, code: str, details: dict[str, Any] | None = None, headers: dict[str, str] | None = None
-) -> JSONResponse:
-    return JSONResponse({"error": message or code, "code": code, "details": details or {}}, status, headers)
-
-
-def cryobox_error_response(exc: CryoboxError) -> JSONResponse:
-    headers = None
-    if isinstance(exc, HostUnavailable | QuotaExceeded):
-        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
-    status = exc.http_status if exc.http_status >= 400 else 500
-    if status == 500:
-        log.error("agent call failed: %s", exc, exc_info=exc)
-    return error_response(status, exc.message, exc.code, exc.details, headers)
-
-
-def validation_response(exc: RequestValidationError) -> JSONResponse:
-    problems = [{"loc": [str(p) for p in err.get("loc", ())], "msg": str(err.get("msg", ""))} for err in exc.errors()]
-    first = problems[0] if problems else {"loc": [], "msg": "invalid request"}
-    message = f"invalid request: {'.'.join(first['loc'])}: {first['msg']}"
-    return error_response(400, message, "invalid_argument", {"errors": problems})
 
 
 class _AgentRoute(APIRoute):
@@ -180,11 +155,14 @@ class AgentGuard:
 # --- the app ------------------------------------------------------------------------------------------------------
 
 
-def create_agent_app(agent: Agent, token: str, *, metrics_text: MetricsText | None = None) -> FastAPI:
+def create_agent_app(
+    agent: Agent, token: str, *, metrics_text: MetricsText | None = None, plain_routes: bool = True
+) -> FastAPI:
     """The agent's HTTP API for ``agent``, accepting requests that carry ``token``.
 
     ``metrics_text``, if given, produces the body of ``GET /agent/v1/metrics`` instead of
-    ``agent.metrics_text()`` (e.g. the agent process's whole Prometheus registry).
+    ``agent.metrics_text()`` (e.g. the agent process's whole Prometheus registry). The operations whose wire form
+    is plain are answered without FastAPI (:mod:`.http_fast`) unless ``plain_routes`` is off (a test compares).
     """
     if not token or token != token.strip():
         raise InvalidArgument("the agent's node token must be a non-empty string without surrounding whitespace")
@@ -197,11 +175,14 @@ def create_agent_app(agent: Agent, token: str, *, metrics_text: MetricsText | No
     async def healthz() -> dict[str, bool]:
         return {"ok": True}
 
-    add_operation_routes(
-        app.router, agent, {"metrics_text": metrics_text} if metrics_text is not None else None, prefix=PREFIX
-    )
+    overrides = {"metrics_text": metrics_text} if metrics_text is not None else {}
+    plain = [op for op in sorted(OPERATIONS.values(), key=hot_first) if fits(op) and op.name not in overrides]
+    plain = plain if plain_routes else []
+    add_operation_routes(app.router, agent, overrides, prefix=PREFIX, skip={op.name for op in plain})
     add_port_routes(app, agent, token=token)
     _install_error_handlers(app)
+    if plain:
+        app.add_middleware(FastRoutes, agent=agent, ops=plain, prefix=PREFIX)
     app.add_middleware(AgentGuard, token=token)
     return app
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from typing import Any
 
 from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
@@ -13,6 +14,7 @@ from starlette.routing import BaseRoute, Match, Route, WebSocketRoute
 
 from cryobox.agent.hostagent.agent import HostAgent
 from cryobox.agentapi import MAX_FILE_BYTES, OPERATIONS, Agent, HttpAgent, InProcessAgent, create_agent_app
+from cryobox.agentapi.http_fast import FastRoutes, fits
 from cryobox.agentapi.http_routes import HOT
 from cryobox.agentapi.http_server import HEALTHZ, PREFIX
 from cryobox.agentapi.interface import MAX_PTY_INPUT_BYTES
@@ -66,11 +68,33 @@ def routes(app: FastAPI) -> list[BaseRoute]:
     return found
 
 
+def plain_routes(app: FastAPI) -> FastRoutes | None:
+    """The app's plain routes (:mod:`cryobox.agentapi.http_fast`), as its middleware stack will build them."""
+    for middleware in app.user_middleware:
+        factory: Any = middleware.cls
+        if factory is FastRoutes:
+            args: Any = middleware.args
+            kwargs: Any = middleware.kwargs
+            return FastRoutes(app, *args, **kwargs)
+    return None
+
+
 def test_the_app_serves_every_operation_with_a_route_and_nothing_else() -> None:
-    app = create_agent_app(FakeAgent(), "token")
-    served = {(m, r.path): r.name for r in routes(app) if isinstance(r, APIRoute) for m in r.methods or ()}
     expected = {(op.method, PREFIX + op.path): name for name, op in OPERATIONS.items() if op.path is not None}
-    assert served == {**expected, ("GET", HEALTHZ): "healthz"}
+    plain = {name for name, op in OPERATIONS.items() if fits(op)}
+    assert {"exec", "create", "get", "delete"} <= plain and "exec_stream" not in plain and "write_file" not in plain
+    for with_plain in (True, False):
+        app = create_agent_app(FakeAgent(), "token", plain_routes=with_plain)
+        served = {(m, r.path): r.name for r in routes(app) if isinstance(r, APIRoute) for m in r.methods or ()}
+        fastapi = {key: name for key, name in expected.items() if not with_plain or name not in plain}
+        assert served == {**fastapi, ("GET", HEALTHZ): "healthz"}
+        fast = plain_routes(app)
+        assert (fast is not None) == with_plain
+        for (method, path), name in expected.items():
+            example = re.sub(r"\{[^}]+\}", "x1", path)
+            hit = fast.match(method, example) if fast is not None else None
+            assert (hit[0].name if hit else None) == (name if with_plain and name in plain else None), (method, path)
+    app = create_agent_app(FakeAgent(), "token")
     ports = {r.path for r in routes(app) if isinstance(r, Route | WebSocketRoute) and not isinstance(r, APIRoute)}
     port_route = PREFIX + "/sandboxes/{sandbox_id}/ports/{port}"
     assert ports == {port_route, port_route + "/{path:path}"}  # port_target's far end, written by hand
@@ -84,7 +108,7 @@ def test_no_two_operation_routes_match_one_request() -> None:
     """The app matches the hot operations first (``http_routes.HOT``): that changes nothing only while no two
     routes of one method match the same path. Each route's path, its parameters filled in, is matched by its own
     route alone; and the app's routes are its own, not an included router's (FastAPI matches those twice)."""
-    app = create_agent_app(FakeAgent(), "token")
+    app = create_agent_app(FakeAgent(), "token", plain_routes=False)  # every operation a FastAPI route
     api = [r for r in app.routes if isinstance(r, APIRoute)]
     assert {r.name for r in api} >= set(HOT)
     order = [r.name for r in api]

@@ -17,6 +17,7 @@ anything was sent is :class:`ConnectFailed`, any other :class:`ExchangeFailed` (
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import select
 import socket
 import ssl
@@ -151,7 +152,8 @@ class _Connection(asyncio.Protocol):
     def close(self) -> None:
         self.closed = True
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.abort()
+            with contextlib.suppress(RuntimeError):  # its loop is closed: so is the socket, with it
+                self.transport.abort()
 
     def stale(self, now: float) -> bool:
         """Closed, expired, or readable while idle (the agent's close not seen by the loop yet)."""
@@ -179,6 +181,8 @@ class ConnectionPool:
     ) -> None:
         self.origin = Origin.of(url)
         self._ssl = ssl_context
+        self._tls: ssl.SSLContext | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._idle: list[_Connection] = []
         self._max_idle = max_idle
         self._clock = clock
@@ -192,7 +196,9 @@ class ConnectionPool:
 
     async def _connect(self, connect_s: float) -> _Connection:
         loop = asyncio.get_running_loop()
-        tls = self._ssl() if self.origin.scheme == "https" else None
+        if self.origin.scheme == "https" and self._tls is None:
+            self._tls = self._ssl()  # once: loading the trust store takes milliseconds
+        tls = self._tls
         host = self.origin.host
         try:
             async with asyncio.timeout(connect_s):
@@ -205,6 +211,12 @@ class ConnectionPool:
         return conn
 
     async def _acquire(self, connect_s: float) -> _Connection:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # connections belong to the loop they were made in (a CLI's asyncio.run each)
+            self._loop = loop
+            idle, self._idle = self._idle, []
+            for conn in idle:
+                conn.close()
         now = self._clock()
         while self._idle:
             conn = self._idle.pop()

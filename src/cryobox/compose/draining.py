@@ -1,4 +1,8 @@
-"""uvicorn's HTTP/1.1 protocol with a graceful stop that drops no request it accepted.
+"""uvicorn's HTTP/1.1 protocol (httptools) with a graceful stop that drops no request it accepted.
+
+httptools rather than h11: the agent's answer to each of the control plane's calls is parsed and written here, and
+h11's pure-Python state machine was ~0.07 ms of the agent's 0.16 ms of CPU per call on a warm core (a stub agent on
+loopback; several times that right after a guest ran), part of the hop every fleet create and exec pays.
 
 uvicorn's ``shutdown`` closes every connection without a request in progress at once. A connection accepted a
 moment before the stop whose request has not been read yet counts as one of them: its client sees "Server
@@ -24,7 +28,7 @@ import fcntl
 import sys
 import termios
 
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 IDLE_GRACE_S = 0.25
 """How long a stopping server waits for the request of an idle connection with nothing in its receive buffer (50 ms
@@ -34,8 +38,8 @@ PENDING_GRACE_S = 1.0
 request of a connection it has not answered yet."""
 
 
-class DrainingH11Protocol(H11Protocol):
-    """:class:`H11Protocol` whose :meth:`shutdown` lets an idle connection's arriving request through."""
+class DrainingProtocol(HttpToolsProtocol):
+    """:class:`HttpToolsProtocol` whose :meth:`shutdown` lets an idle connection's arriving request through."""
 
     draining = False
     _grace: asyncio.TimerHandle | None = None
@@ -76,8 +80,8 @@ class DrainingH11Protocol(H11Protocol):
             return
         super().shutdown()
 
-    def handle_events(self) -> None:
-        super().handle_events()
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
         if self.draining and self.cycle is not None and not self.cycle.response_complete:
             self.cycle.keep_alive = False  # the request that arrived while stopping: answered, then closed
 

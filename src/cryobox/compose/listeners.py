@@ -27,7 +27,7 @@ from starlette.types import ASGIApp
 from ..errors import InvalidArgument
 from ..util.tcp import listen_tcp
 from .activation import Activation
-from .draining import DrainingH11Protocol
+from .draining import DrainingProtocol
 from .parts import GRACEFUL_STOP_S
 from .promptserver import PromptServer
 
@@ -77,7 +77,7 @@ def _config(
         log_level="info",
         lifespan=lifespan,
         ws="websockets-sansio",  # the PTY websocket; the legacy implementation is deprecated
-        http=DrainingH11Protocol,  # a graceful stop answers the requests of connections it accepted
+        http=DrainingProtocol,  # a graceful stop answers the requests of connections it accepted
         timeout_graceful_shutdown=GRACEFUL_STOP_S,
         ssl_certfile=tls.cert if tls is not None else None,
         ssl_keyfile=tls.key if tls is not None else None,

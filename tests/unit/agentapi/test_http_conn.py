@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -241,6 +242,60 @@ async def test_chunked_answer_and_large_body(server: Scripted) -> None:
     await post(pool)
     assert server.accepted == 1
     await pool.aclose()
+
+
+def test_connections_stay_with_their_loop() -> None:
+    """A pool used from one ``asyncio.run`` and then another (a CLI) makes new connections in the second."""
+    accepted = []
+
+    async def serve_twice(port_box: list[int], ready: asyncio.Event) -> None:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(1)
+            while True:
+                try:
+                    await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    break
+                writer.write(ok(b"x"))
+            writer.close()
+
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port_box.append(srv.sockets[0].getsockname()[1])
+        ready.set()
+        async with srv:
+            await asyncio.to_thread(stop.wait, 30)
+
+    box: list[int] = []
+    started, stop = threading.Event(), threading.Event()
+
+    def server_thread() -> None:
+        async def main() -> None:
+            ready = asyncio.Event()
+            task = asyncio.create_task(serve_twice(box, ready))
+            await ready.wait()
+            started.set()
+            await task
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=server_thread, daemon=True)
+    thread.start()
+    assert started.wait(5)
+    pool = ConnectionPool(f"http://127.0.0.1:{box[0]}")
+    head = b"GET / HTTP/1.1\r\nHost: h\r\n\r\n"
+    first, second = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        assert first.run_until_complete(pool.request(head, None, connect_s=2.0, read_s=2.0)).body == b"x"
+        assert pool.idle == 1
+        assert second.run_until_complete(pool.request(head, None, connect_s=2.0, read_s=2.0)).body == b"x"
+        assert pool.opened == 2 and pool.idle == 1  # the first loop's connection was closed, not used
+        second.run_until_complete(pool.aclose())
+        first.run_until_complete(asyncio.sleep(0.01))  # the first loop carries out the close it was asked for
+    finally:
+        first.close()
+        second.close()
+        stop.set()
+    thread.join(5)
 
 
 def test_origin() -> None:

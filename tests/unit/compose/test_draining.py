@@ -64,6 +64,8 @@ async def test_a_connection_accepted_before_the_stop_gets_its_answer(sends_after
             writer.write(request)
         answer = await asyncio.wait_for(reader.read(), 5)  # read to the end: the server closes after answering
         assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"\r\n\r\nok"), answer
+        if sends_after_s > 0:  # arrived while stopping: told to close, not left to find out
+            assert b"\r\nconnection: close\r\n" in answer.lower(), answer
     writer.close()
     await asyncio.wait_for(serving, 10)
     sock.close()

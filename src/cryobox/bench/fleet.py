@@ -43,6 +43,7 @@ from rich.table import Table
 from ..errors import CryoboxError
 from ..util.progress import Reporter
 from .fleet_result import (
+    HOP_OPS,
     assemble,
     burst_summary,
     figures_delta,
@@ -54,7 +55,7 @@ from .fleet_result import (
     restore_summary,
 )
 from .fleetproc import AgentProcess, Fleet
-from .hop import Side, by_side, checked, exec_ok, measure_hop
+from .hop import HOP_SETTLE_S, Side, by_side, checked, exec_ok, measure_hop
 from .report import write_result
 from .server import ServeProcess
 
@@ -148,7 +149,7 @@ def _restore_once(
         return {**sample, "ms": round((time.monotonic() - t0) * 1000, 1), "error": str(err)}
     sample.update(host=host_to_agent(body.get("host"), view), ms=round((time.monotonic() - t0) * 1000, 1))
     try:
-        seen = exec_ok(client, body["id"], f"cat {MARKER_PATH}")["stdout"].strip()
+        seen = exec_ok(client, body["id"], f"cat {MARKER_PATH}").json()["stdout"].strip()
         sample["ok"] = seen == token
         if not sample["ok"]:
             sample["error"] = f"marker {seen!r} != {token!r}"
@@ -208,7 +209,7 @@ def run_fleet_bench(
     restores: int = 3,
     template: str = "base",
     prespawn: int = 1,
-    settle_s: float = 1.0,
+    settle_s: float = HOP_SETTLE_S,
     isolation: Literal["netns", "loopback"] = "netns",
     kill_source: bool = True,
     out_dir: Path,
@@ -304,7 +305,7 @@ def _print(result: Mapping[str, Any], console: Console) -> None:
     table = Table(title=f"HTTP hop ({hop['k']} samples each, interleaved)")
     for column in ("", "in-process p50", "in-process p99", "HTTP p50", "HTTP p99", "hop p50", "p-value"):
         table.add_column(column, justify="right")
-    for op in ("create", "first_exec", "exec"):
+    for op in HOP_OPS:
         keys = (f"{op}_p50_ms_inproc", f"{op}_p99_ms_inproc", f"{op}_p50_ms_http", f"{op}_p99_ms_http")
         table.add_row(op, *(str(hop[key]) for key in keys), str(hop[f"{op}_hop_p50_ms"]), str(hop[f"{op}_hop_p_value"]))
     console.print(table)

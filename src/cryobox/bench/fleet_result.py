@@ -14,6 +14,7 @@ HOP_KEYS = tuple(
 )
 BURST_KEYS = ("n", "per_agent", "store_gets_per_agent", "unique_chunks_per_agent")
 TOP_KEYS = ("hop", "burst", "cross_host_restore_ok", "cross_host_restore_p50_ms", "same_host_restore_p50_ms")
+HOP_OPS = ("create", "first_exec", "exec", "create_agent", "exec_agent")
 SIGNIFICANT = 0.01
 """A hop difference counts as real below this p-value (medians compared by a permutation test)."""
 _METRIC_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
@@ -24,10 +25,11 @@ def quantile(samples: Sequence[float], q: float) -> float | None:
 
 
 def hop_summary(inproc: Mapping[str, Sequence[float]], http: Mapping[str, Sequence[float]]) -> dict[str, Any]:
-    """``{create,exec,first_exec}_{p50,p99}_ms_{inproc,http}``, the HTTP hop's added p50 (ms), and whether that
-    difference is real: ``{op}_hop_p_value`` (a permutation test of the medians) and ``{op}_hop_significant``."""
+    """``{op}_{p50,p99}_ms_{inproc,http}``, the HTTP hop's added p50 (ms), and whether that difference is real:
+    ``{op}_hop_p_value`` (a permutation test of the medians) and ``{op}_hop_significant``; for ``create``,
+    ``first_exec``, ``exec``, and ``create_agent``/``exec_agent`` (their ``Server-Timing`` agent step)."""
     out: dict[str, Any] = {"k": len(inproc.get("create_ms", ()))}
-    for op in ("create", "first_exec", "exec"):
+    for op in HOP_OPS:
         for q in (50, 99):
             for side, samples in (("inproc", inproc), ("http", http)):
                 out[f"{op}_p{q}_ms_{side}"] = quantile(samples.get(f"{op}_ms", ()), q)

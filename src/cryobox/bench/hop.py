@@ -16,7 +16,15 @@ import httpx
 
 from ..errors import CryoboxError
 
-OPS = ("create_ms", "first_exec_ms", "exec_ms")
+OPS = ("create_ms", "first_exec_ms", "exec_ms", "create_agent_ms", "exec_agent_ms")
+"""Per side: the create call, create to its first exec answered, an exec; and of the create and the exec, the
+control plane's ``agent`` step as its ``Server-Timing`` gives it (the call to the agent, in process or over HTTP:
+the hop without the registry steps' spread, which both sides share)."""
+HOP_SETTLE_S = 2.0
+"""The pause after each create's delete, before the next create (either side's). The create takes a pool VM, whose
+replacement starts 0.25 s later and takes ~1.2 s to restore and warm under TCG; with 1 s the next create met the
+other side's refill, and a side's create p50 spread 5-6 ms (sd) against 2.4-3.7 ms with 2 s (a scratch run of 30
+each, 2026-12-07)."""
 
 
 @dataclass(frozen=True)
@@ -41,21 +49,35 @@ def checked(response: httpx.Response, what: str) -> dict[str, Any]:
     return body
 
 
-def exec_ok(client: httpx.Client, sandbox_id: str, cmd: str) -> dict[str, Any]:
-    """``cmd`` run in the sandbox; anything but exit code 0 raises."""
-    body = checked(client.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": cmd, "timeout_seconds": 120}), "exec")
+def exec_ok(client: httpx.Client, sandbox_id: str, cmd: str) -> httpx.Response:
+    """``cmd`` run in the sandbox (its answer); anything but exit code 0 raises."""
+    response = client.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": cmd, "timeout_seconds": 120})
+    body = checked(response, "exec")
     if body.get("exit_code") != 0:
         raise CryoboxError(f"exec {cmd!r} exited {body.get('exit_code')}: {body.get('stderr', '')[:300]}")
-    return body
+    return response
 
 
-def _create(client: httpx.Client, template: str) -> tuple[str, float, float]:
-    """A sandbox: its id, the create call's ms and the ms to its first exec answered."""
+def step_ms(response: httpx.Response, name: str) -> float | None:
+    """Step ``name``'s duration in the answer's ``Server-Timing`` (``name;dur=ms, ...``), if it names one."""
+    for entry in response.headers.get("server-timing", "").split(","):
+        key, _, rest = entry.strip().partition(";")
+        if key == name and rest.startswith("dur="):
+            try:
+                return float(rest[4:])
+            except ValueError:
+                return None
+    return None
+
+
+def _create(client: httpx.Client, template: str) -> tuple[str, float, float, float | None]:
+    """A sandbox: its id, the create call's ms, the ms to its first exec answered, its ``agent`` step."""
     t0 = time.monotonic()
-    sandbox = checked(client.post("/v1/sandboxes", json={"template": template, "ttl_seconds": 600}), "create")
+    response = client.post("/v1/sandboxes", json={"template": template, "ttl_seconds": 600})
     t1 = time.monotonic()
+    sandbox = checked(response, "create")
     exec_ok(client, sandbox["id"], "true")
-    return str(sandbox["id"]), (t1 - t0) * 1000, (time.monotonic() - t0) * 1000
+    return str(sandbox["id"]), (t1 - t0) * 1000, (time.monotonic() - t0) * 1000, step_ms(response, "agent")
 
 
 def measure_hop(sides: Sequence[Side], template: str, k: int, settle_s: float) -> dict[str, dict[str, list[float]]]:
@@ -75,10 +97,12 @@ def measure_hop(sides: Sequence[Side], template: str, k: int, settle_s: float) -
         for i in range(k + 1):
             for side in turns(i, sides):
                 client = clients[side.name]
-                sandbox_id, call_ms, first_ms = _create(client, template)
+                sandbox_id, call_ms, first_ms, agent_ms = _create(client, template)
                 if i:
                     out[side.name]["create_ms"].append(call_ms)
                     out[side.name]["first_exec_ms"].append(first_ms)
+                    if agent_ms is not None:
+                        out[side.name]["create_agent_ms"].append(agent_ms)
                 if i < k:
                     client.delete(f"/v1/sandboxes/{sandbox_id}")
                 else:
@@ -89,8 +113,11 @@ def measure_hop(sides: Sequence[Side], template: str, k: int, settle_s: float) -
         for i in range(k):
             for side in turns(i, sides):
                 t0 = time.monotonic()
-                exec_ok(clients[side.name], kept[side.name], "true")
+                response = exec_ok(clients[side.name], kept[side.name], "true")
                 out[side.name]["exec_ms"].append((time.monotonic() - t0) * 1000)
+                agent_ms = step_ms(response, "agent")
+                if agent_ms is not None:
+                    out[side.name]["exec_agent_ms"].append(agent_ms)
     finally:
         for name, sandbox_id in kept.items():
             try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
+import httpx
 import pytest
 
 from cryobox.bench import fleet_result as fleet
@@ -35,13 +36,14 @@ from cryobox.bench.fleetproc import (
     s3_store_url,
     slot_cidrs,
 )
-from cryobox.bench.hop import Side, turns
+from cryobox.bench.hop import Side, step_ms, turns
 from cryobox.bench.stats import permutation_p
 
 
 def _hop() -> dict[str, Any]:
     inproc = {"create_ms": [10.0, 30.0, 20.0, 40.0], "first_exec_ms": [15.0, 35.0, 25.0, 45.0], "exec_ms": [1.0, 3.0]}
     http = {"create_ms": [14.0, 34.0, 24.0, 90.0], "first_exec_ms": [20.0, 41.0, 30.0, 99.0], "exec_ms": [2.0, 6.0]}
+    inproc["create_agent_ms"], http["create_agent_ms"] = [8.0, 9.0, 7.0], [9.5, 10.0, 8.0]
     return hop_summary(inproc, http)
 
 
@@ -55,6 +57,15 @@ def test_hop_has_every_promised_key_with_nearest_rank_percentiles() -> None:
     assert hop["create_hop_p50_ms"] == 4.0 and hop["exec_hop_p50_ms"] == 1.0
     assert hop["k"] == 4
     assert hop["samples_ms"]["http"]["exec_ms"] == [2.0, 6.0]
+    assert (hop["create_agent_p50_ms_inproc"], hop["create_agent_p50_ms_http"]) == (8.0, 9.5)
+    assert hop["create_agent_hop_p50_ms"] == 1.5 and hop["exec_agent_hop_p50_ms"] is None  # no agent steps given
+
+
+def test_server_timing_steps() -> None:
+    answer = httpx.Response(200, headers={"Server-Timing": "control;dur=3.25, agent;dur=12.5,guest;dur=x"})
+    assert step_ms(answer, "agent") == 12.5 and step_ms(answer, "control") == 3.25
+    assert step_ms(answer, "guest") is None and step_ms(answer, "restore") is None
+    assert step_ms(httpx.Response(200), "agent") is None
 
 
 def test_hop_without_samples_reports_none_not_a_crash() -> None:

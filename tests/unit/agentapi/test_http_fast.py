@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -39,8 +40,15 @@ class Failing(FakeAgent):
         return await super().exec(sandbox_id, request)
 
 
+@dataclass(frozen=True)
+class Both:
+    fake: Failing
+    clients: tuple[httpx.AsyncClient, httpx.AsyncClient]
+    """With the plain routes, and without them."""
+
+
 @pytest.fixture
-async def both() -> AsyncIterator[tuple[Failing, httpx.AsyncClient, httpx.AsyncClient]]:
+async def both() -> AsyncIterator[Both]:
     fake = Failing()
     clients = [
         httpx.AsyncClient(
@@ -50,7 +58,7 @@ async def both() -> AsyncIterator[tuple[Failing, httpx.AsyncClient, httpx.AsyncC
         )
         for plain in (True, False)
     ]
-    yield fake, clients[0], clients[1]
+    yield Both(fake, (clients[0], clients[1]))
     for client in clients:
         await client.aclose()
 
@@ -95,30 +103,22 @@ def valid(model: type[BaseModel], body: bytes, headers: dict[str, str]) -> bool:
 
 
 @pytest.mark.parametrize("name", WITH_BODY)
-async def test_bodies_that_do_not_validate(
-    both: tuple[Failing, httpx.AsyncClient, httpx.AsyncClient], name: str
-) -> None:
-    _, *clients = both
+async def test_bodies_that_do_not_validate(both: Both, name: str) -> None:
     op = OPERATIONS[name]
     for body in BAD_BODIES:
         for headers in (JSON, {}, {"Content-Type": "text/plain"}):  # a body not declared JSON is not read as JSON
-            answer = await same((clients[0], clients[1]), op.method, example(name), content=body, headers=headers)
+            answer = await same(both.clients, op.method, example(name), content=body, headers=headers)
             if not valid(op.of(Arg.MODEL)[0].annotation, body, headers):  # else: the fake's answer (404), alike
                 assert answer.status_code == 400 and answer.json()["code"] == "invalid_argument", (name, body)
 
 
 @pytest.mark.parametrize("name", BODILESS)
-async def test_unknown_ids_and_bodiless_calls(
-    both: tuple[Failing, httpx.AsyncClient, httpx.AsyncClient], name: str
-) -> None:
-    _, *clients = both
-    op = OPERATIONS[name]
-    await same((clients[0], clients[1]), op.method, example(name, "no-such-thing"))
+async def test_unknown_ids_and_bodiless_calls(both: Both, name: str) -> None:
+    await same(both.clients, OPERATIONS[name].method, example(name, "no-such-thing"))
 
 
-async def test_a_sandbox_through_both(both: tuple[Failing, httpx.AsyncClient, httpx.AsyncClient]) -> None:
-    fake, *pair = both
-    clients = (pair[0], pair[1])
+async def test_a_sandbox_through_both(both: Both) -> None:
+    fake, clients = both.fake, both.clients
     spec = m.CreateSpec(sandbox_id="sb-1", template="base", workspace_id="ws")
     created = await same(clients, "POST", example("create"), content=spec.model_dump_json(), headers=JSON)
     assert created.status_code == 200 and created.json()["id"] == "sb-1"

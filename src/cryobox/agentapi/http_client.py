@@ -16,6 +16,7 @@ through httpx. Given a ``transport`` (tests: an ASGI app, a mock), every call go
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import AsyncIterator, Callable
@@ -144,7 +145,10 @@ class HttpAgent:
             raise InvalidArgument("an agent token is one line")
         self._headers = {"Authorization": f"Bearer {token}", "User-Agent": "cryobox-control-plane"}
         self._default_timeout = httpx.Timeout(timeout_s, connect=self._connect_s)
-        self._pool = ConnectionPool(self.url, ssl_context=httpx.create_ssl_context) if transport is None else None
+        self._pool: ConnectionPool | None = None
+        if transport is None:
+            with contextlib.suppress(ValueError):  # not an http(s) URL: httpx's calls then fail as HostUnavailable
+                self._pool = ConnectionPool(self.url, ssl_context=httpx.create_ssl_context)
         self._head = "".join(f"{name}: {value}\r\n" for name, value in self._headers.items())
         if self._pool is not None:
             self._head = f"Host: {self._pool.origin.host_header}\r\n{self._head}"

@@ -327,3 +327,14 @@ async def test_http_agent_says_whether_anything_was_sent(server: Scripted) -> No
         lines
     )
     assert m.ExecRequest.model_validate_json(body).cmd == "true"
+
+
+@pytest.mark.parametrize("url", ["10.0.0.2:7480", "ftp://10.0.0.2/"])
+async def test_an_agent_url_that_is_no_http_url_is_unavailable_not_a_crash(url: str) -> None:
+    """An agent registered with a URL the control plane cannot speak to (an ``--advertise`` without its scheme)
+    answers its callers 503, as an unreachable agent does, not 500."""
+    async with HttpAgent(url, "tok", name="odd") as agent:
+        with pytest.raises(HostUnavailable):
+            await agent.info()
+        with pytest.raises(HostUnavailable):
+            await agent.exec("sb-1", m.ExecRequest(cmd="true"))

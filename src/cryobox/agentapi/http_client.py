@@ -144,7 +144,6 @@ class HttpAgent:
         if any(c in token for c in "\r\n\0"):
             raise InvalidArgument("an agent token is one line")
         self._headers = {"Authorization": f"Bearer {token}", "User-Agent": "cryobox-control-plane"}
-        self._default_timeout = httpx.Timeout(timeout_s, connect=self._connect_s)
         self._pool: ConnectionPool | None = None
         if transport is None:
             with contextlib.suppress(ValueError):  # not an http(s) URL: httpx's calls then fail as HostUnavailable
@@ -191,16 +190,16 @@ class HttpAgent:
 
     # -- plumbing ------------------------------------------------------------------------------------------------
 
-    def _timeout(self, op: Op, arguments: dict[str, Any]) -> httpx.Timeout | None:
-        """``None``: the agent's own timeout (``timeout_s``)."""
+    def _read_s(self, op: Op, arguments: dict[str, Any]) -> float | None:
+        """How long a call of ``op`` waits for its answer (``None``: however long it takes)."""
         if op.route.timeout is Timeout.LONG:
-            return httpx.Timeout(max(self.timeout_s, LONG_CALL_TIMEOUT_S), connect=self._connect_s)
+            return max(self.timeout_s, LONG_CALL_TIMEOUT_S)
         if op.route.timeout is Timeout.NONE:
-            return httpx.Timeout(None, connect=self._connect_s)
+            return None
         if op.route.timeout is Timeout.EXEC:
             limit = getattr(op.body_model(arguments), "timeout_s", None)
-            return httpx.Timeout(None if limit is None else limit + EXEC_READ_MARGIN_S, connect=self._connect_s)
-        return None
+            return None if limit is None else limit + EXEC_READ_MARGIN_S
+        return self.timeout_s
 
     def _transport_error(self, err: httpx.TransportError) -> CryoboxError:
         return self._unreachable(err) if isinstance(err, _CONNECT_FAILURES) else self._midway(err)
@@ -224,7 +223,7 @@ class HttpAgent:
         its raw bytes), the node token and its timeout."""
         content, is_json = self._content(op, arguments)
         headers = {**self._headers, "Content-Type": "application/json"} if is_json else self._headers
-        timeout = self._timeout(op, arguments) or self._default_timeout
+        timeout = httpx.Timeout(self._read_s(op, arguments), connect=self._connect_s)
         return httpx.Request(
             op.method,
             self.url + PREFIX + request_path(op, arguments),
@@ -264,10 +263,6 @@ class HttpAgent:
         if fields:
             return json.dumps({p.name: arguments[p.name] for p in fields}, separators=(",", ":")).encode(), True
         return None, False
-
-    def _read_s(self, op: Op, arguments: dict[str, Any]) -> float | None:
-        timeout = self._timeout(op, arguments)
-        return self.timeout_s if timeout is None else timeout.read
 
     async def _exchange(self, op: Op, arguments: dict[str, Any]) -> tuple[str, Answer]:
         """A call of ``op`` through the pool: its path, and the agent's whole answer."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import CryoboxError
@@ -46,18 +47,10 @@ def fits(op: Op) -> bool:
 class _Route:
     op: Op
     pattern: re.Pattern[str]
-    model: type[BaseModel] | None
+    """Starlette's own, for the route's path: what FastAPI would match."""
+    body: tuple[str, type[BaseModel]] | None
+    """The model parameter's name and model."""
     call: Any
-
-
-def _pattern(prefix: str, path: str) -> re.Pattern[str]:
-    parts = []
-    for part in path.split("/"):
-        if part.startswith("{") and part.endswith("}"):
-            parts.append(f"(?P<{part[1:-1]}>[^/]+)")  # Starlette's ``str`` segment
-        else:
-            parts.append(re.escape(part))
-    return re.compile(re.escape(prefix) + "/".join(parts) + "$")
 
 
 def _is_json(content_type: str) -> bool:
@@ -95,40 +88,42 @@ class FastRoutes:
             if not fits(op):
                 raise ValueError(f"{op.name} does not fit the fast routes")
             assert op.path is not None
+            pattern, _, _ = compile_path(prefix + op.path)  # every segment ``str``: fits() refuses ``{name:path}``
             models = op.of(Arg.MODEL)
-            route = _Route(
-                op, _pattern(prefix, op.path), models[0].annotation if models else None, getattr(agent, op.name)
-            )
-            self._routes.setdefault(op.method, []).append(route)
+            body = (models[0].name, models[0].annotation) if models else None
+            self._routes.setdefault(op.method, []).append(_Route(op, pattern, body, getattr(agent, op.name)))
 
-    def match(self, method: str, path: str) -> tuple[Op, dict[str, Any]] | None:
-        """The operation answering ``method path`` here, and its path segments; ``None``: FastAPI's to answer."""
+    def _find(self, method: str, path: str) -> tuple[_Route, dict[str, Any]] | None:
         for route in self._routes.get(method, ()):
             found = route.pattern.match(path)
             if found is not None:
-                return route.op, found.groupdict()
+                return route, found.groupdict()
         return None
 
+    def match(self, method: str, path: str) -> tuple[Op, dict[str, Any]] | None:
+        """The operation answering ``method path`` here, and its path segments; ``None``: FastAPI's to answer."""
+        hit = self._find(method, path)
+        return (hit[0].op, hit[1]) if hit is not None else None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            for route in self._routes.get(scope["method"], ()):
-                found = route.pattern.match(scope["path"])
-                if found is not None:
-                    await self._serve(route, found.groupdict(), scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
+        hit = self._find(scope["method"], scope["path"]) if scope["type"] == "http" else None
+        if hit is None:
+            await self.app(scope, receive, send)
+            return
+        await self._serve(hit[0], hit[1], scope, receive, send)
 
     async def _serve(
         self, route: _Route, arguments: dict[str, Any], scope: Scope, receive: Receive, send: Send
     ) -> None:
         op = route.op
         try:
-            if route.model is not None:
-                parsed = parse_body(route.model, await _body(receive), _header(scope, b"content-type"))
+            if route.body is not None:
+                name, model = route.body
+                parsed = parse_body(model, await _body(receive), _header(scope, b"content-type"))
                 if isinstance(parsed, list):
                     await _answer(send, 400, bytes(invalid_response(parsed).body))
                     return
-                arguments[op.of(Arg.MODEL)[0].name] = parsed
+                arguments[name] = parsed
             if op.route.check is not None:
                 op.route.check(arguments)
             positional, keywords = op.call_args(arguments)

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from ..errors import CryoboxError
+from ..util.steps import read_server_timing
 
 OPS = ("create_ms", "first_exec_ms", "exec_ms", "create_agent_ms", "exec_agent_ms")
 """Per side: the create call, create to its first exec answered, an exec; and of the create and the exec, the
@@ -60,14 +61,7 @@ def exec_ok(client: httpx.Client, sandbox_id: str, cmd: str) -> httpx.Response:
 
 def step_ms(response: httpx.Response, name: str) -> float | None:
     """Step ``name``'s duration in the answer's ``Server-Timing`` (``name;dur=ms, ...``), if it names one."""
-    for entry in response.headers.get("server-timing", "").split(","):
-        key, _, rest = entry.strip().partition(";")
-        if key == name and rest.startswith("dur="):
-            try:
-                return float(rest[4:])
-            except ValueError:
-                return None
-    return None
+    return read_server_timing(response.headers.get("server-timing", "")).get(name)
 
 
 def _create(client: httpx.Client, template: str) -> tuple[str, float, float, float | None]:

@@ -29,6 +29,18 @@ def server_timing(timing: MutableMapping[str, float]) -> str:
     return ", ".join(f"{name};dur={ms:.2f}" for name, ms in timing.items())
 
 
+def read_server_timing(value: str) -> dict[str, float]:
+    """The steps of a ``Server-Timing`` value and their durations (ms); an entry without a readable ``dur`` is
+    left out."""
+    steps: dict[str, float] = {}
+    for entry in value.split(","):
+        name, _, rest = entry.strip().partition(";")
+        if name and rest.startswith("dur="):
+            with contextlib.suppress(ValueError):
+                steps[name] = float(rest[4:])
+    return steps
+
+
 def call_timing(
     started: float, timing: MutableMapping[str, float], clock: Callable[[], float] = time.monotonic, **after: float
 ) -> str:

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from cryobox.util.steps import server_timing, step
+from cryobox.util.steps import read_server_timing, server_timing, step
 from tests.support.app import Env, agent, env, quota, registry
 
 __all__ = ["agent", "env", "quota", "registry"]  # fixtures
@@ -51,6 +51,8 @@ def test_steps_add_up_per_name_and_render_in_order() -> None:
             pass
     assert timing == pytest.approx({"a": 2.5, "b": 3.0})
     assert server_timing({"control": 1.234, **timing}) == "control;dur=1.23, a;dur=2.50, b;dur=3.00"
+    assert read_server_timing(server_timing({"control": 1.234, **timing})) == {"control": 1.23, "a": 2.5, "b": 3.0}
+    assert read_server_timing("agent;dur=x, guest, ;dur=1,restore;dur=8.4") == {"restore": 8.4}
     ran = []
     with step(None, "ignored"):  # no timing asked for: nothing recorded, the block still runs
         ran.append(True)
